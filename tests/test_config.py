@@ -1,0 +1,127 @@
+"""Tests for transformer.config: valid configs resolve, every invalid config is one ConfigError line."""
+
+import copy
+
+import hypothesis
+from hypothesis import strategies as st
+import ml_collections
+import pytest
+
+from configs import base
+from transformer import config as config_lib
+
+
+def _base_dict():
+  return base.get_config().to_dict()
+
+
+def _set(d, key, value):
+  parts = key.split(".")
+  for part in parts[:-1]:
+    d = d[part]
+  d[parts[-1]] = value
+
+
+def test_base_config_validates_and_resolves_derived_sizes():
+  """The defaults are valid and 0-sizes resolve: kv heads = heads, head_dim = d_model / heads."""
+  cfg = config_lib.from_configdict(base.get_config())
+  assert cfg.model.num_kv_heads == 8 and cfg.model.head_dim == 64 and cfg.model.v_head_dim == 64
+  assert cfg.model.norm_position == "post" and cfg.model.positional == "sinusoidal"
+  assert cfg.train.label_smoothing == 0.1 and cfg.model.tie_embeddings
+  hash(cfg)  # usable as a jit static argument
+
+
+def test_to_dict_round_trips():
+  """to_dict gives a plain dict that validates back to an equal Config."""
+  cfg = config_lib.from_configdict(base.get_config())
+  assert config_lib.from_configdict(config_lib.to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("model.num_heads", 6, "model.num_heads=6 must divide model.d_model=512"),
+    ("model.positional", "rotary",
+     "model.positional='rotary' is not one of sinusoidal|learned|rope|relative|alibi|none"),
+    ("model.num_kv_heads", 3, "model.num_kv_heads=3 must divide model.num_heads=8"),
+    ("model.d_model", -4, "model.d_model=-4 must be > 0"),
+    ("model.d_model", "big", "model.d_model='big' must be of type int"),
+    ("model.use_bias", 1, "model.use_bias=1 must be of type bool"),
+    ("model.dropout_rate", 1.5, "model.dropout_rate=1.5 must be in [0, 1]"),
+    ("data.batch_size", 0, "data.batch_size=0 must be > 0"),
+    ("train.learning_rate", None, "config key train.learning_rate is unset"),
+    ("eval.decode.method", "sampling", "eval.decode.method='sampling' is not one of"),
+    ("parallel.mesh_shape.fsdp", 0, "parallel.mesh_shape.fsdp=0 must be > 0 or -1"),
+])
+def test_each_invalid_value_names_the_key(key, value, message):
+  """Each invalid value is rejected with a one-line message naming the key and the reason."""
+  d = _base_dict()
+  _set(d, key, value)
+  with pytest.raises(config_lib.ConfigError) as info:
+    config_lib.from_configdict(d)
+  assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_odd_head_dim_with_rope():
+  """RoPE rotates pairs of dimensions, so an odd head_dim is rejected."""
+  d = _base_dict()
+  _set(d, "model.positional", "rope")
+  _set(d, "model.head_dim", 7)
+  with pytest.raises(config_lib.ConfigError, match=r"model.head_dim=7 must be even"):
+    config_lib.from_configdict(d)
+
+
+def test_unknown_and_missing_keys():
+  """A misspelt key is reported as unknown; a removed key as missing."""
+  d = _base_dict()
+  d["model"]["num_layer"] = 4
+  with pytest.raises(config_lib.ConfigError, match=r"unknown config key model.num_layer"):
+    config_lib.from_configdict(d)
+  d = _base_dict()
+  del d["train"]["warmup_steps"]
+  with pytest.raises(config_lib.ConfigError, match=r"config key train.warmup_steps is missing"):
+    config_lib.from_configdict(d)
+
+
+def test_unset_placeholder_is_rejected():
+  """ml_collections placeholders come back as None when unset; the validator names them."""
+  cd = base.get_config()
+  cd.train.learning_rate = ml_collections.config_dict.placeholder(float)
+  with pytest.raises(config_lib.ConfigError, match=r"train.learning_rate is unset"):
+    config_lib.from_configdict(cd)
+
+
+def test_model_config_overrides():
+  """model_config applies overrides on the defaults and validates them."""
+  m = config_lib.model_config(d_model=32, num_heads=4, num_kv_heads=2)
+  assert (m.head_dim, m.num_kv_heads) == (8, 2)
+  with pytest.raises(config_lib.ConfigError, match="unknown config key model.heads"):
+    config_lib.model_config(heads=2)
+
+
+def _leaf_keys(d, prefix=""):
+  for k, v in d.items():
+    if isinstance(v, dict):
+      yield from _leaf_keys(v, prefix + k + ".")
+    else:
+      yield prefix + k
+
+
+LEAVES = sorted(_leaf_keys(_base_dict()))
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 1024),
+                   st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
+                   st.sampled_from(sorted({v for opts in config_lib.CHOICES.values() for v in opts})),
+                   st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(st.lists(st.tuples(st.sampled_from(LEAVES), VALUES), min_size=1, max_size=4))
+def test_random_configs_validate_or_raise_config_error(changes):
+  """Property: any mutation of the defaults either validates or raises ConfigError, nothing else."""
+  d = copy.deepcopy(_base_dict())
+  for key, value in changes:
+    _set(d, key, value)
+  try:
+    cfg = config_lib.from_configdict(d)
+  except config_lib.ConfigError as e:
+    assert "\n" not in str(e)
+  else:
+    assert cfg.model.d_model % cfg.model.num_heads == 0

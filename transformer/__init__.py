@@ -1,0 +1,1 @@
+"""A JAX/Flax transformer research library: build, train, decode and inspect transformers."""

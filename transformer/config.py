@@ -1,0 +1,345 @@
+"""Validates an ml_collections ConfigDict into frozen, typed, hashable dataclasses.
+
+`from_configdict(cd)` checks every key before anything compiles: unknown and missing keys, wrong
+types, unset placeholders, choices, sizes and the relations between them. Each problem is one
+`ConfigError` line that names the key, e.g. `model.num_heads=6 must divide model.d_model=256`.
+Field names are exactly the keys of configs/base.py, which holds the defaults and their meaning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Mapping
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+  """An invalid configuration; the message is one line naming the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  arch: str
+  vocab_size: int
+  source_vocab_size: int
+  d_model: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  v_head_dim: int
+  mlp_dim: int
+  num_encoder_layers: int
+  num_decoder_layers: int
+  positional: str
+  rope_base: float
+  relative_num_buckets: int
+  relative_max_distance: int
+  norm: str
+  norm_position: str
+  norm_eps: float
+  ffn: str
+  use_bias: bool
+  dropout_rate: float
+  attention_dropout_rate: float
+  ffn_dropout_rate: float
+  tie_embeddings: bool
+  share_src_tgt_embeddings: bool
+  scale_embeddings: bool
+  prefix_lm: bool
+  attention_impl: str
+  scan_layers: bool
+  remat: str
+  dtype: str
+  param_dtype: str
+  max_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  dataset: str
+  data_dir: str
+  train_split: str
+  eval_split: str
+  source_key: str
+  target_key: str
+  train_file: str
+  dev_file: str
+  test_file: str
+  text_file: str
+  text_split: str
+  train_fraction: float
+  tokenizer: str
+  source_tokenizer: str
+  spm_model_type: str
+  spm_vocab_size: int
+  max_source_len: int
+  max_target_len: int
+  too_long: str
+  batching: str
+  batch_size: int
+  shuffle_seed: int
+  num_workers: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledSamplingConfig:
+  schedule: str
+  k: float
+  c: float
+  min_teacher_forcing: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  num_steps: int
+  optimizer: str
+  learning_rate: float
+  schedule: str
+  warmup_steps: int
+  min_learning_rate_ratio: float
+  b1: float
+  b2: float
+  eps: float
+  momentum: float
+  weight_decay: float
+  weight_decay_norms_and_biases: bool
+  weight_decay_embeddings: bool
+  grad_clip: float
+  grad_accum_steps: int
+  label_smoothing: float
+  z_loss: float
+  scheduled_sampling: ScheduledSamplingConfig
+  early_stop_patience: int
+  early_stop_metric: str
+  early_stop_mode: str
+  log_every_steps: int
+  profile_start_step: int
+  profile_num_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  method: str
+  beam_size: int
+  length_penalty: float
+  temperature: float
+  top_k: int
+  top_p: float
+  max_decode_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  every_steps: int
+  num_batches: int
+  batch_size: int
+  num_decode_examples: int
+  metrics: str
+  decode: DecodeConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  every_steps: int
+  keep: int
+  keep_best_by: str
+  best_mode: str
+  async_save: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+  data: int
+  fsdp: int
+  tensor: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+  mode: str
+  mesh_shape: MeshShape
+  distributed: str
+  coordinator_address: str
+  num_processes: int
+  process_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  seed: int
+  peak_flops: float
+  model: ModelConfig
+  data: DataConfig
+  train: TrainConfig
+  eval: EvalConfig
+  checkpoint: CheckpointConfig
+  parallel: ParallelConfig
+
+
+# Keys whose value must be one of a fixed set.
+CHOICES = {
+    "model.arch": ("encoder_decoder", "decoder_only"),
+    "model.positional": ("sinusoidal", "learned", "rope", "relative", "alibi", "none"),
+    "model.norm": ("layernorm", "rmsnorm"),
+    "model.norm_position": ("post", "pre"),
+    "model.ffn": ("relu", "gelu", "swiglu", "geglu"),
+    "model.attention_impl": ("einsum", "fused"),
+    "model.remat": ("none", "full", "dots", "dots_no_batch"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.param_dtype": ("float32", "bfloat16", "float16"),
+    "data.text_split": ("fraction", "document"),
+    "data.tokenizer": ("char", "byte", "symbol", "sentencepiece"),
+    "data.source_tokenizer": ("", "char", "byte", "symbol", "sentencepiece"),
+    "data.spm_model_type": ("bpe", "unigram"),
+    "data.too_long": ("drop", "truncate"),
+    "data.batching": ("pack", "bucket", "pad"),
+    "train.optimizer": ("adam", "adamw", "adafactor", "sgd"),
+    "train.schedule": ("rsqrt", "warmup_cosine", "warmup_linear", "constant"),
+    "train.scheduled_sampling.schedule": ("none", "linear", "exponential", "inverse_sigmoid"),
+    "train.early_stop_mode": ("min", "max"),
+    "eval.decode.method": ("greedy", "sample", "beam"),
+    "checkpoint.best_mode": ("min", "max"),
+    "parallel.mode": ("mesh", "pmap"),
+    "parallel.distributed": ("auto", "on", "off"),
+}
+
+# Sizes that must be > 0 (those written 0 = "derive" are checked after resolution).
+POSITIVE = (
+    "model.d_model", "model.num_heads", "model.mlp_dim", "model.max_len",
+    "model.relative_num_buckets", "model.relative_max_distance",
+    "data.max_source_len", "data.max_target_len", "data.batch_size", "data.spm_vocab_size",
+    "train.num_steps", "train.grad_accum_steps", "train.log_every_steps",
+    "eval.every_steps", "eval.decode.beam_size", "checkpoint.every_steps", "checkpoint.keep",
+)
+NON_NEGATIVE = (
+    "model.vocab_size", "model.source_vocab_size", "model.num_kv_heads", "model.head_dim",
+    "model.v_head_dim", "model.num_encoder_layers", "model.num_decoder_layers",
+    "train.warmup_steps", "train.weight_decay", "train.grad_clip", "train.z_loss",
+    "train.early_stop_patience", "eval.num_batches", "eval.batch_size",
+    "eval.num_decode_examples", "eval.decode.top_k", "eval.decode.max_decode_len",
+    "data.num_workers", "peak_flops",
+)
+UNIT_INTERVAL = (
+    "model.dropout_rate", "model.attention_dropout_rate", "model.ffn_dropout_rate",
+    "train.label_smoothing", "train.min_learning_rate_ratio", "data.train_fraction",
+    "train.scheduled_sampling.min_teacher_forcing",
+)
+
+
+def _convert(cls: type, value: Any, path: str) -> Any:
+  """Builds dataclass `cls` from a mapping, checking keys and leaf types."""
+  if not isinstance(value, (Mapping, ml_collections.ConfigDict)):
+    raise ConfigError(f"{path or 'config'} must be a section (dict), got {value!r}")
+  items = dict(value.items())
+  hints = typing.get_type_hints(cls)
+  names = [f.name for f in dataclasses.fields(cls)]
+  for key in items:
+    if key not in hints:
+      raise ConfigError(f"unknown config key {path}{key} (known: {', '.join(names)})")
+  kwargs = {}
+  for name in names:
+    key = f"{path}{name}"
+    if name not in items:
+      raise ConfigError(f"config key {key} is missing")
+    kind, v = hints[name], items[name]
+    if dataclasses.is_dataclass(kind):
+      kwargs[name] = _convert(kind, v, key + ".")
+      continue
+    if v is None:
+      raise ConfigError(f"config key {key} is unset (a placeholder with no value)")
+    if kind is bool:
+      ok = isinstance(v, bool)
+    elif kind is int:
+      ok = isinstance(v, int) and not isinstance(v, bool)
+    elif kind is float:
+      ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+      v = float(v) if ok else v
+    else:
+      ok = isinstance(v, str)
+    if not ok:
+      raise ConfigError(f"{key}={v!r} must be of type {kind.__name__}")
+    kwargs[name] = v
+  return cls(**kwargs)
+
+
+def _get(cfg: Config, key: str) -> Any:
+  value = cfg
+  for part in key.split("."):
+    value = getattr(value, part)
+  return value
+
+
+def _resolve_model(m: ModelConfig) -> ModelConfig:
+  """Fills the sizes written 0 (derive) and checks the relations between model sizes."""
+  if m.d_model % m.num_heads:
+    raise ConfigError(f"model.num_heads={m.num_heads} must divide model.d_model={m.d_model}")
+  kv_heads = m.num_kv_heads or m.num_heads
+  if m.num_heads % kv_heads:
+    raise ConfigError(
+        f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads}")
+  head_dim = m.head_dim or m.d_model // m.num_heads
+  if m.positional == "rope" and head_dim % 2:
+    raise ConfigError(f"model.head_dim={head_dim} must be even with model.positional='rope'")
+  if m.arch == "encoder_decoder" and not m.num_encoder_layers:
+    raise ConfigError("model.num_encoder_layers=0 must be > 0 with model.arch='encoder_decoder'")
+  if not m.num_decoder_layers:
+    raise ConfigError("model.num_decoder_layers=0 must be > 0")
+  return dataclasses.replace(m, num_kv_heads=kv_heads, head_dim=head_dim,
+                             v_head_dim=m.v_head_dim or head_dim)
+
+
+def _validate(cfg: Config) -> Config:
+  """Checks choices, ranges and cross-field relations; returns cfg with derived sizes filled."""
+  for key, options in CHOICES.items():
+    value = _get(cfg, key)
+    if value not in options:
+      raise ConfigError(f"{key}={value!r} is not one of {'|'.join(o or repr(o) for o in options)}")
+  for key in POSITIVE:
+    if _get(cfg, key) <= 0:
+      raise ConfigError(f"{key}={_get(cfg, key)} must be > 0")
+  for key in NON_NEGATIVE:
+    if _get(cfg, key) < 0:
+      raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0")
+  for key in UNIT_INTERVAL:
+    if not 0.0 <= _get(cfg, key) <= 1.0:
+      raise ConfigError(f"{key}={_get(cfg, key)} must be in [0, 1]")
+  d = cfg.data
+  if d.max_source_len > cfg.model.max_len or d.max_target_len > cfg.model.max_len:
+    longest = max(d.max_source_len, d.max_target_len)
+    raise ConfigError(
+        f"data.max_source_len/max_target_len={longest} must be <= model.max_len={cfg.model.max_len}")
+  if cfg.train.learning_rate <= 0:
+    raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")
+  if not 0.0 < cfg.eval.decode.top_p <= 1.0:
+    raise ConfigError(f"eval.decode.top_p={cfg.eval.decode.top_p} must be in (0, 1]")
+  if cfg.eval.decode.temperature <= 0:
+    raise ConfigError(f"eval.decode.temperature={cfg.eval.decode.temperature} must be > 0")
+  for axis, size in dataclasses.asdict(cfg.parallel.mesh_shape).items():
+    if size == 0 or size < -1:
+      raise ConfigError(f"parallel.mesh_shape.{axis}={size} must be > 0 or -1 (the rest)")
+  if list(dataclasses.asdict(cfg.parallel.mesh_shape).values()).count(-1) > 1:
+    raise ConfigError("parallel.mesh_shape: at most one axis may be -1")
+  return dataclasses.replace(cfg, model=_resolve_model(cfg.model))
+
+
+def from_configdict(cd: ml_collections.ConfigDict | Mapping[str, Any]) -> Config:
+  """Validates a ConfigDict (or a plain nested dict) into a frozen Config; raises ConfigError."""
+  return _validate(_convert(Config, cd, ""))
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+  """The plain nested dict of a Config (for config.json)."""
+  return dataclasses.asdict(cfg)
+
+
+def model_config(**overrides: Any) -> ModelConfig:
+  """A validated ModelConfig: base.py's model defaults plus `overrides` (for tests, notebooks)."""
+  from configs import base  # pylint: disable=g-import-not-at-top
+  cd = base.get_config()
+  for key, value in overrides.items():
+    if key not in cd.model:
+      raise ConfigError(f"unknown config key model.{key}")
+    cd.model[key] = value
+  return from_configdict(cd).model
