@@ -1,0 +1,93 @@
+"""Evaluation metrics: token accuracy, bits per unit, edit distance, WER/PER (G2P), corpus BLEU.
+
+The array metrics return *sums* (numerator and denominator) so that callers can add them over
+batches and hosts before dividing. The string metrics take whole corpora and return fractions.
+"""
+
+from collections.abc import Hashable, Sequence
+import math
+
+import jax.numpy as jnp
+import sacrebleu
+
+
+def token_accuracy(logits: jnp.ndarray, targets: jnp.ndarray,
+                   weights: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """(weighted count of argmax == target, weight sum) for logits [b,t,v], targets/weights [b,t]."""
+  if logits.ndim != targets.ndim + 1 or logits.shape[:-1] != targets.shape:
+    raise ValueError(f"token_accuracy: logits {logits.shape} do not match targets {targets.shape}")
+  weights = jnp.asarray(weights, jnp.float32)
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return jnp.sum(correct * weights), jnp.sum(weights)
+
+
+def bits_per_unit(loss_nats: float) -> float:
+  """Mean cross-entropy in nats per unit (character, byte, token) -> bits per unit."""
+  return float(loss_nats) / math.log(2.0)
+
+
+def perplexity(loss_nats: float) -> float:
+  """exp(mean loss in nats); inf instead of an overflow error for a diverged model."""
+  loss_nats = float(loss_nats)
+  return math.exp(loss_nats) if loss_nats < 700.0 else math.inf
+
+
+def edit_distance(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
+  """Levenshtein distance (unit-cost insertions, deletions, substitutions) between two sequences."""
+  if len(a) < len(b):
+    a, b = b, a  # keep the row over the shorter sequence
+  previous = list(range(len(b) + 1))
+  for i, x in enumerate(a, start=1):
+    current = [i]
+    for j, y in enumerate(b, start=1):
+      current.append(min(previous[j] + 1,              # delete x
+                         current[j - 1] + 1,           # insert y
+                         previous[j - 1] + (x != y)))  # substitute (or match)
+    previous = current
+  return previous[-1]
+
+
+def wer_per(hypotheses: Sequence[Sequence[str]],
+            references: Sequence[Sequence[Sequence[str]]]) -> tuple[float, float]:
+  """(WER, PER) as fractions, for G2P with any number of reference pronunciations per word.
+
+  hypotheses[i] is the predicted phoneme list of word i, references[i] its list of accepted
+  pronunciations (each a phoneme list).
+  WER: the share of words whose hypothesis equals none of its references.
+  PER: for each word the reference with the smallest edit distance to the hypothesis is chosen (on a
+  tie, the shorter reference, then the earlier one: the rule that never lowers PER); PER is the sum of
+  those distances divided by the summed lengths of the chosen references.
+  """
+  if len(hypotheses) != len(references):
+    raise ValueError(f"wer_per: {len(hypotheses)} hypotheses but {len(references)} references")
+  if not hypotheses:
+    raise ValueError("wer_per: no words to score")
+  word_errors, phone_errors, phone_total = 0, 0, 0
+  for i, (hyp, refs) in enumerate(zip(hypotheses, references)):
+    if not refs:
+      raise ValueError(f"wer_per: word {i} has no reference pronunciation")
+    hyp = list(hyp)
+    word_errors += not any(hyp == list(ref) for ref in refs)
+    distance, length = min((edit_distance(hyp, ref), len(ref)) for ref in refs)
+    phone_errors += distance
+    phone_total += length
+  per = phone_errors / phone_total if phone_total else float(phone_errors > 0)
+  return word_errors / len(hypotheses), per
+
+
+def bleu(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]) -> float:
+  """Corpus BLEU (0-100) of detokenised strings with sacrebleu's standard 13a tokenisation.
+
+  references is one reference string per hypothesis, or a list of reference strings per hypothesis
+  (all of the same length).
+  """
+  if len(hypotheses) != len(references):
+    raise ValueError(f"bleu: {len(hypotheses)} hypotheses but {len(references)} references")
+  if references and not isinstance(references[0], str):
+    counts = {len(r) for r in references}
+    if len(counts) != 1:
+      raise ValueError(f"bleu: every hypothesis needs the same number of references, got {counts}")
+    streams = [[r[j] for r in references] for j in range(counts.pop())]
+  else:
+    streams = [list(references)]
+  return float(sacrebleu.corpus_bleu(list(hypotheses), streams).score)
