@@ -1,0 +1,173 @@
+"""Optimizers, learning-rate schedules and gradient accumulation (optax).
+
+Step convention. optax counts updates from 0; the papers count training steps from 1. Every schedule
+here is written in the paper's step `s = count + 1`, so the first update (count 0) already gets a
+non-zero learning rate (no wasted step with lr 0) and warmup ends exactly at `s = warmup_steps`:
+
+  rsqrt ("Noam", Vaswani et al. 2017, eq. 3):
+      lr(s) = learning_rate * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
+      (warmup_steps = 0 gives the pure inverse square root learning_rate * d_model^-0.5 * s^-0.5)
+  warmup_cosine: peak * s / warmup while s < warmup, then
+      min + (peak - min) * (1 + cos(pi * p)) / 2,  p = (s - warmup) / (num_steps - warmup) in [0, 1]
+  warmup_linear: the same warmup, then peak + (min - peak) * p
+  constant: peak * min(1, s / warmup)
+where peak = train.learning_rate and min = train.min_learning_rate_ratio * peak. The decays reach
+`min` at s = num_steps (the last update) and stay there if training runs longer.
+
+Optimizers (`train.optimizer`), chained as clip -> [L2] -> preconditioner -> [decay] -> -lr:
+  adam      optax.scale_by_adam(b1, b2, eps); weight_decay > 0 adds the classical L2 term
+            weight_decay * param to the *gradient* (coupled, before Adam's preconditioning).
+  adamw     Adam plus decoupled weight decay (Loshchilov & Hutter): update += weight_decay * param
+            after preconditioning, then scaled by the learning rate (optax.adamw's convention).
+  adafactor factored second moments (optax defaults: decay 0.8, block-RMS clipping at 1.0, updates
+            scaled by the parameter RMS); b1/b2/eps are ignored; decoupled weight decay as adamw.
+  sgd       heavy-ball momentum `train.momentum` (0 = plain SGD); decoupled weight decay as adamw.
+Global-norm clipping is applied to the raw gradients when `train.grad_clip > 0`.
+
+Weight-decay mask (by parameter *names*, never by rank, so it also holds for scanned layers whose
+parameters carry a leading 'layers' axis):
+  * a norm scale or bias: the leaf is named 'scale' or 'bias', or any enclosing module name
+    contains 'norm' (LayerNorm_0, RMSNorm, pre_attention_norm, ...): decayed only if
+    `train.weight_decay_norms_and_biases`;
+  * an embedding: the leaf is named 'embedding' or any module/leaf name contains 'embed' (Embed_0,
+    token_embed, pos_embedding, relative position tables named *embed*): decayed only if
+    `train.weight_decay_embeddings`. Tied output logits reuse the embedding, so they follow it;
+  * everything else (kernels) is decayed.
+"""
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+SCHEDULES = ("rsqrt", "warmup_cosine", "warmup_linear", "constant")
+OPTIMIZERS = ("adam", "adamw", "adafactor", "sgd")
+
+
+def make_schedule(train_cfg: Any, d_model: int) -> optax.Schedule:
+  """Returns the learning-rate schedule `count -> lr` named by `train.schedule` (see module doc)."""
+  name = train_cfg.schedule
+  peak = float(train_cfg.learning_rate)
+  warmup = int(train_cfg.warmup_steps)
+  num_steps = int(train_cfg.num_steps)
+  low = float(train_cfg.min_learning_rate_ratio) * peak
+  if name not in SCHEDULES:
+    raise ValueError(f"train.schedule={name!r} is not one of {', '.join(SCHEDULES)}")
+  if warmup < 0:
+    raise ValueError(f"train.warmup_steps={warmup} must be >= 0")
+  if name in ("warmup_cosine", "warmup_linear") and num_steps <= warmup:
+    raise ValueError(f"train.schedule={name} needs train.num_steps={num_steps} > "
+                     f"train.warmup_steps={warmup}")
+
+  def warmup_factor(s):
+    return jnp.minimum(1.0, s / warmup) if warmup > 0 else jnp.ones_like(s)
+
+  def schedule(count):
+    s = jnp.asarray(count, jnp.float32) + 1.0  # the paper's step, counted from 1
+    if name == "rsqrt":
+      decay = jax.lax.rsqrt(s)
+      if warmup > 0:
+        decay = jnp.minimum(decay, s * warmup**-1.5)
+      return peak * d_model**-0.5 * decay
+    if name == "constant":
+      return peak * warmup_factor(s)
+    p = jnp.clip((s - warmup) / (num_steps - warmup), 0.0, 1.0)
+    if name == "warmup_cosine":
+      decayed = low + (peak - low) * 0.5 * (1.0 + jnp.cos(jnp.pi * p))
+    else:
+      decayed = peak + (low - peak) * p
+    return jnp.where(s < warmup, peak * warmup_factor(s), decayed)
+
+  return schedule
+
+
+def _path_names(path) -> list[str]:
+  """The dict keys along a pytree path (ignores attribute keys such as a Partitioned box's value)."""
+  return [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
+
+
+def is_norm_or_bias(path) -> bool:
+  """True for norm scales/biases and all biases, by name (see the module doc)."""
+  names = _path_names(path)
+  if not names:
+    return False
+  return names[-1] in ("scale", "bias") or any("norm" in n.lower() for n in names[:-1])
+
+
+def is_embedding(path) -> bool:
+  """True for embedding tables, by name (see the module doc)."""
+  return any("embed" in n.lower() for n in _path_names(path))
+
+
+def weight_decay_mask(train_cfg: Any) -> Callable[[Any], Any]:
+  """Returns `params -> pytree of bools` (True = decayed) following the module doc's rules."""
+  def mask(params):
+    def decide(path, _):
+      if is_embedding(path):
+        return bool(train_cfg.weight_decay_embeddings)
+      if is_norm_or_bias(path):
+        return bool(train_cfg.weight_decay_norms_and_biases)
+      return True
+    return jax.tree_util.tree_map_with_path(decide, params)
+  return mask
+
+
+def make_optimizer(train_cfg: Any, d_model: int) -> optax.GradientTransformation:
+  """Returns the optax optimizer named by `train.optimizer` with clipping, decay and schedule."""
+  name = train_cfg.optimizer
+  if name not in OPTIMIZERS:
+    raise ValueError(f"train.optimizer={name!r} is not one of {', '.join(OPTIMIZERS)}")
+  wd = float(train_cfg.weight_decay)
+  if wd < 0:
+    raise ValueError(f"train.weight_decay={wd} must be >= 0")
+  decay = optax.add_decayed_weights(wd, mask=weight_decay_mask(train_cfg)) if wd > 0 else None
+  chain = []
+  if train_cfg.grad_clip > 0:
+    chain.append(optax.clip_by_global_norm(float(train_cfg.grad_clip)))
+  if name in ("adam", "adamw"):
+    if name == "adam" and decay is not None:
+      chain.append(decay)  # L2: added to the gradient before preconditioning
+    chain.append(optax.scale_by_adam(b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps))
+  elif name == "adafactor":
+    chain += [optax.scale_by_factored_rms(), optax.clip_by_block_rms(1.0),
+              optax.scale_by_param_block_rms()]
+  else:
+    if train_cfg.momentum > 0:
+      chain.append(optax.trace(decay=float(train_cfg.momentum)))
+  if name != "adam" and decay is not None:
+    chain.append(decay)  # decoupled: after preconditioning, scaled by the learning rate below
+  chain.append(optax.scale_by_learning_rate(make_schedule(train_cfg, d_model)))
+  return optax.chain(*chain)
+
+
+def split_micro_batches(batch: Any, num_micro: int) -> Any:
+  """Reshapes every leaf [B, ...] -> [num_micro, B // num_micro, ...] (for accumulate_gradients)."""
+  def split(x):
+    if x.shape[0] % num_micro:
+      raise ValueError(f"batch size {x.shape[0]} is not divisible by "
+                       f"train.grad_accum_steps={num_micro}")
+    return x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:])
+  return jax.tree.map(split, batch)
+
+
+def accumulate_gradients(loss_and_grad_fn: Callable, params: Any, micro_batches: Any):
+  """Sums `((loss_sum, weight_sum), grads)` of `loss_and_grad_fn(params, mb)` over micro-batches.
+
+  `micro_batches` is a pytree whose leaves have a leading micro-batch axis (split_micro_batches;
+  per-micro-batch dropout keys can ride along in it). `loss_and_grad_fn` must return *sums* over
+  tokens (not means) and the gradient of that loss sum, so that dividing the totals by the total
+  weight gives exactly the large batch's mean loss and gradient, whatever the padding per
+  micro-batch. Runs as one `lax.scan`, so memory is that of one micro-batch.
+  Returns (loss_sum, weight_sum, grads) summed over the micro-batches.
+  """
+  def body(carry, mb):
+    (loss_sum, weight_sum), grads = loss_and_grad_fn(params, mb)
+    acc_loss, acc_weight, acc_grads = carry
+    return (acc_loss + loss_sum, acc_weight + weight_sum,
+            jax.tree.map(jnp.add, acc_grads, grads)), None
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
+  (loss_sum, weight_sum, grads), _ = jax.lax.scan(body, init, micro_batches)
+  return loss_sum, weight_sum, grads
