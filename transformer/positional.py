@@ -1,0 +1,169 @@
+"""Positional encodings: sinusoidal, learned absolute, RoPE, T5 relative bias, ALiBi.
+
+Every function takes explicit integer positions ([b, t]) rather than assuming `arange(t)`, so packed
+rows (positions restart per segment) and cached decoding (absolute offsets) need no special cases.
+Absolute encodings (sinusoidal, learned) are added to the embeddings by the model; relative biases
+(T5 buckets, ALiBi) are computed once per stack as [b, n, t, s] and passed to attention as `bias`;
+RoPE rotates queries and keys inside attention. 'none' needs nothing from this file.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sinusoidal (Vaswani et al. 2017, section 3.5)
+# ----------------------------------------------------------------------------------------------------
+def sinusoidal(positions: Array, d: int, max_timescale: float = 10000.0) -> Array:
+  """[b, t] int positions -> [b, t, d] float32: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos."""
+  # Column j uses frequency index i = j // 2; even columns are sin, odd columns cos (interleaved,
+  # exactly the paper's formula). An odd d simply ends with a sin column.
+  i = jnp.arange(d) // 2
+  inv_freq = max_timescale ** (-(2.0 * i) / d)  # [d]
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq.astype(jnp.float32)  # [b, t, d]
+  return jnp.where(jnp.arange(d) % 2 == 0, jnp.sin(angles), jnp.cos(angles))
+
+
+def sinusoidal_table(length: int, d: int, max_timescale: float = 10000.0) -> Array:
+  """The [length, d] float32 sinusoidal table for positions 0..length-1."""
+  return sinusoidal(jnp.arange(length)[None], d, max_timescale)[0]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Learned absolute positions
+# ----------------------------------------------------------------------------------------------------
+class LearnedPositions(nn.Module):
+  """A learned [max_len, features] table looked up by position (logical axes 'length', 'embed').
+
+  Positions >= max_len raise ValueError when the positions are concrete (eager calls); under jit
+  they cannot be inspected and are clipped to max_len - 1 (jnp.take's 'clip' mode), so the config
+  validator's `max_len` is what guarantees correctness there.
+  """
+  max_len: int
+  features: int
+  param_dtype: Any = jnp.float32
+  dtype: Any = jnp.float32
+  embedding_init: Any = nn.initializers.normal(stddev=0.02)
+
+  @nn.compact
+  def __call__(self, positions: Array) -> Array:
+    """[b, t] int positions -> [b, t, features]."""
+    table = self.param('embedding',
+                       nn.with_logical_partitioning(self.embedding_init, ('length', 'embed')),
+                       (self.max_len, self.features), self.param_dtype)
+    if not isinstance(positions, jax.core.Tracer):
+      hi = int(np.max(np.asarray(positions), initial=0))
+      if hi >= self.max_len:
+        raise ValueError(f'position {hi} >= model.max_len={self.max_len} (learned positions)')
+    return jnp.take(jnp.asarray(table, self.dtype), positions, axis=0, mode='clip')
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rotary position embedding (Su et al. 2021)
+# ----------------------------------------------------------------------------------------------------
+def apply_rope(x: Array, positions: Array, base: float = 10000.0) -> Array:
+  """Rotates [b, t, n, h] queries or keys by their [b, t] positions; returns x's shape and dtype.
+
+  Pairing convention ("rotate half", as in GPT-NeoX/LLaMA rather than the paper's interleaving):
+  feature i is paired with feature i + h/2 for i < h/2, and the pair is rotated by the angle
+  position * base^(-2i/h). Both conventions give the same relative-position property; they differ
+  only by a fixed permutation of the head features, so this one avoids strided gathers.
+  """
+  h = x.shape[-1]
+  if h % 2:
+    raise ValueError(f'RoPE needs an even head dimension, got head_dim={h}')
+  half = h // 2
+  inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / h)  # [h/2]
+  angles = positions.astype(jnp.float32)[:, :, None, None] * inv_freq  # [b, t, 1, h/2]
+  sin, cos = jnp.sin(angles), jnp.cos(angles)
+  x1 = x[..., :half].astype(jnp.float32)
+  x2 = x[..., half:].astype(jnp.float32)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# T5 relative position buckets (Raffel et al. 2020)
+# ----------------------------------------------------------------------------------------------------
+def relative_position_bucket(relative_position: Array, bidirectional: bool = True,
+                             num_buckets: int = 32, max_distance: int = 128) -> Array:
+  """Maps relative_position = key_pos - query_pos to a bucket in [0, num_buckets) (int32).
+
+  Bidirectional: half of the buckets for keys before the query, half for keys after. Within a half
+  (of size m), offsets 0..m/2-1 get their own bucket and larger ones share log-spaced buckets up to
+  max_distance; farther offsets land in the last bucket. Causal (bidirectional=False): keys after the
+  query (positive offsets) fold into bucket 0, like offset 0, since a causal mask hides them anyway.
+  """
+  relative_position = jnp.asarray(relative_position, jnp.int32)
+  distance = -relative_position  # > 0 for keys in the past
+  bucket = jnp.zeros_like(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    bucket = bucket + jnp.where(distance < 0, num_buckets, 0)
+    distance = jnp.abs(distance)
+  else:
+    distance = jnp.maximum(distance, 0)
+  max_exact = num_buckets // 2
+  # log-spaced bucket for distance >= max_exact; maximum(., 1) keeps log finite on the unused branch.
+  log_ratio = (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
+               / np.log(max_distance / max_exact))
+  large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(jnp.int32)
+  large = jnp.minimum(large, num_buckets - 1)
+  return bucket + jnp.where(distance < max_exact, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+  """T5-style learned scalar bias per (relative-position bucket, head); table logical axes
+  ('relpos_buckets', 'heads'). Returns [b, n, t, s] float32 to add to attention logits."""
+  num_buckets: int
+  max_distance: int
+  num_heads: int
+  bidirectional: bool = True
+  param_dtype: Any = jnp.float32
+  embedding_init: Any = nn.initializers.normal(stddev=0.02)
+
+  @nn.compact
+  def __call__(self, q_positions: Array, k_positions: Array) -> Array:
+    """q_positions [b, t], k_positions [b, s] -> bias [b, n, t, s]."""
+    table = self.param('rel_embedding',
+                       nn.with_logical_partitioning(self.embedding_init, ('relpos_buckets', 'heads')),
+                       (self.num_buckets, self.num_heads), self.param_dtype)
+    rel = k_positions[:, None, :] - q_positions[:, :, None]  # [b, t, s]
+    buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
+    values = jnp.take(jnp.asarray(table, jnp.float32), buckets, axis=0)  # [b, t, s, n]
+    return jnp.transpose(values, (0, 3, 1, 2))
+
+
+# ----------------------------------------------------------------------------------------------------
+# ALiBi (Press et al. 2022)
+# ----------------------------------------------------------------------------------------------------
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  """The paper's head slopes [n] float32: 2^(-8i/n) for i = 1..n when n is a power of two.
+
+  Otherwise (the paper's rule): take the slopes for the closest smaller power of two p, then add
+  every other slope of the 2p sequence until there are n.
+  """
+  if num_heads < 1:
+    raise ValueError(f'alibi_slopes needs num_heads >= 1, got {num_heads}')
+
+  def power_of_two(n):
+    return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+
+  p = 2 ** int(np.floor(np.log2(num_heads)))
+  slopes = power_of_two(p)
+  if p < num_heads:
+    slopes += power_of_two(2 * p)[0::2][:num_heads - p]
+  return np.asarray(slopes, np.float32)
+
+
+def alibi_bias(q_positions: Array, k_positions: Array, slopes: Any) -> Array:
+  """-slope * |q_pos - k_pos| as [b, n, t, s] float32 (symmetric: encoder or under a causal mask)."""
+  dist = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [b, t, s]
+  slopes = jnp.asarray(slopes, jnp.float32)
+  return -slopes[None, :, None, None] * dist[:, None]
