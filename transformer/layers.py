@@ -1,0 +1,107 @@
+"""Building blocks: token embedding (with tied output logits), feed-forward networks and norms.
+
+Every parameter carries logical axis names ('vocab', 'embed', 'mlp', 'norm') so that a mesh can
+shard it later; `dtype` is the compute dtype and `param_dtype` the storage dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.config import ConfigError, ModelConfig
+
+Array = jax.Array
+
+
+def _dense(features: int, axes: tuple[str, str], cfg: ModelConfig, name: str) -> nn.Dense:
+  """A Dense layer whose kernel and bias carry logical axis names."""
+  return nn.Dense(
+      features, use_bias=cfg.use_bias, dtype=jnp.dtype(cfg.dtype),
+      param_dtype=jnp.dtype(cfg.param_dtype),
+      kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes[1],)),
+      name=name)
+
+
+class Embed(nn.Module):
+  """Token embedding [vocab, d_model]; `attend` gives logits against the same table (tying).
+
+  The table is initialised with stddev d_model**-0.5; with `config.scale_embeddings` the lookup
+  is multiplied by sqrt(d_model) as in the paper, so embedded tokens have unit variance while
+  tied logits x @ E^T stay O(1).
+  """
+  config: ModelConfig
+  num_embeddings: int
+
+  def setup(self):
+    cfg = self.config
+    self.embedding = self.param(
+        'embedding',
+        nn.with_logical_partitioning(
+            nn.initializers.normal(stddev=cfg.d_model**-0.5), ('vocab', 'embed')),
+        (self.num_embeddings, cfg.d_model), jnp.dtype(cfg.param_dtype))
+
+  def __call__(self, tokens: Array) -> Array:
+    """[b, t] int -> [b, t, d] in the compute dtype."""
+    cfg = self.config
+    x = jnp.take(jnp.asarray(self.embedding, jnp.dtype(cfg.dtype)), tokens, axis=0)
+    if cfg.scale_embeddings:
+      x = x * jnp.asarray(cfg.d_model**0.5, x.dtype)
+    return x
+
+  def attend(self, x: Array) -> Array:
+    """[b, t, d] -> logits [b, t, vocab] against the embedding table (tied output layer)."""
+    table = jnp.asarray(self.embedding, jnp.dtype(self.config.dtype))
+    return jnp.einsum('btd,vd->btv', x.astype(table.dtype), table)
+
+
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    'relu': nn.relu,
+    'gelu': lambda x: nn.gelu(x, approximate=False),
+    'swiglu': nn.silu,
+    'geglu': lambda x: nn.gelu(x, approximate=False),
+}
+
+
+class FeedForward(nn.Module):
+  """Position-wise feed-forward: relu | gelu (W2 act(W1 x)) or swiglu | geglu (W2 (act(Wg x) * Wu x)).
+
+  The hidden size is `config.mlp_dim` for every variant; dropout (`ffn_dropout_rate`) acts on the
+  hidden layer.
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool = True) -> Array:
+    """[b, t, d] -> [b, t, d]."""
+    cfg = self.config
+    if cfg.ffn not in _ACTIVATIONS:
+      raise ConfigError(f"model.ffn={cfg.ffn!r} is not one of {'|'.join(_ACTIVATIONS)}")
+    act = _ACTIVATIONS[cfg.ffn]
+    if cfg.ffn in ('swiglu', 'geglu'):
+      gate = _dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_gate')(x)  # [b, t, f]
+      up = _dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_up')(x)  # [b, t, f]
+      h = act(gate) * up
+    else:
+      h = act(_dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi')(x))  # [b, t, f]
+    h = nn.Dropout(cfg.ffn_dropout_rate)(h, deterministic=deterministic)
+    return _dense(cfg.d_model, ('mlp', 'embed'), cfg, 'wo')(h)
+
+
+def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
+  """LayerNorm or RMSNorm per `config.norm`, epsilon `config.norm_eps`; scale axis 'norm'."""
+  kwargs = dict(
+      epsilon=config.norm_eps, dtype=jnp.dtype(config.dtype),
+      param_dtype=jnp.dtype(config.param_dtype),
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ('norm',)),
+      name=name)
+  if config.norm == 'layernorm':
+    return nn.LayerNorm(
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',)), **kwargs)
+  if config.norm == 'rmsnorm':
+    return nn.RMSNorm(**kwargs)
+  raise ConfigError(f"model.norm={config.norm!r} is not one of layernorm|rmsnorm")

@@ -1,0 +1,369 @@
+"""Transformer models: encoder/decoder blocks and stacks, EncoderDecoder and DecoderOnly.
+
+One `DecoderBlock` serves both architectures: with cross-attention it is the encoder-decoder's
+decoder block, without it the decoder-only block. Residual wiring is post-LN, the paper's
+x = Norm(x + Dropout(Sublayer(x))), or pre-LN, x = x + Dropout(Sublayer(Norm(x))) with a final norm
+at the end of each stack. Positional information: absolute encodings are added to the embeddings,
+relative (T5) and ALiBi biases are computed once per stack and passed to every layer, RoPE is applied
+inside attention from the positions given to it.
+
+Decoding cache ('cache' collection): each attention layer owns its keys/values; the Decoder stack owns
+the bookkeeping (`cache_index` [b], `cached_positions`, `cached_segment_ids`, `cached_prefix` [b, L])
+from which it builds the mask and bias over all L cache slots. Every leaf has the batch on axis 0,
+except that under `scan_layers` the layers' leaves (under 'layers') are stacked on a leading axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer import attention as attn
+from transformer import positional
+from transformer.config import ConfigError, ModelConfig
+from transformer.layers import Embed, FeedForward, make_norm
+
+Array = jax.Array
+
+_REMAT_POLICIES = {
+    'full': None,  # save nothing: recompute the whole block in the backward pass
+    'dots': jax.checkpoint_policies.checkpoint_dots,
+    'dots_no_batch': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
+  """Decoder inputs [b, t]: targets shifted right by one, 0 (start token) at every segment start."""
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segment_ids is not None:
+    previous = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
+    shifted = jnp.where(segment_ids == previous, shifted, 0)
+  return shifted
+
+
+def _residual(cfg: ModelConfig, x: Array, sublayer, norm: nn.Module, deterministic: bool) -> Array:
+  """Post-LN Norm(x + Dropout(f(x))) or pre-LN x + Dropout(f(Norm(x)))."""
+  drop = nn.Dropout(cfg.dropout_rate)
+  if cfg.norm_position == 'pre':
+    return x + drop(sublayer(norm(x)), deterministic=deterministic)
+  return norm(x + drop(sublayer(x), deterministic=deterministic))
+
+
+class EncoderBlock(nn.Module):
+  """Bidirectional self-attention + feed-forward. `scanned` makes it return (x, None) for nn.scan."""
+  config: ModelConfig
+  deterministic: bool = True
+  scanned: bool = False
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array | None, bias: Array | None,
+               positions: Array | None) -> Any:
+    """x [b, s, d], mask [b, 1, s, s], bias [b, n, s, s] or None, positions [b, s] (RoPE) or None."""
+    cfg, det = self.config, self.deterministic
+    self_attention = attn.MultiHeadAttention(cfg, name='self_attention')
+    x = _residual(cfg, x, lambda y: self_attention(
+        y, mask=mask, bias=bias, positions=positions, deterministic=det),
+                  make_norm(cfg, 'attention_norm'), det)
+    ffn = FeedForward(cfg, name='ffn')
+    x = _residual(cfg, x, lambda y: ffn(y, deterministic=det), make_norm(cfg, 'ffn_norm'), det)
+    return (x, None) if self.scanned else x
+
+
+class DecoderBlock(nn.Module):
+  """Causal self-attention, cross-attention (if `cross_attention`), feed-forward.
+
+  Without cross-attention this is the decoder-only block. In decode mode the attention layers read
+  and write their KV caches at `cache_index` [b]; cross-attention recomputes its cached keys/values
+  when `encoded` is given and reuses them when it is None.
+  """
+  config: ModelConfig
+  cross_attention: bool = False
+  deterministic: bool = True
+  decode: bool = False
+  scanned: bool = False
+
+  @nn.compact
+  def __call__(self, x: Array, encoded: Array | None, self_mask: Array | None,
+               cross_mask: Array | None, bias: Array | None, positions: Array | None,
+               cache_index: Array | None) -> Any:
+    """x [b, t, d]; encoded [b, s, d]; masks [b, 1, t, L|s]; bias [b, n, t, L]; positions [b, t]."""
+    cfg, det, dec = self.config, self.deterministic, self.decode
+    self_attention = attn.MultiHeadAttention(cfg, name='self_attention')
+    x = _residual(cfg, x, lambda y: self_attention(
+        y, mask=self_mask, bias=bias, positions=positions, deterministic=det, decode=dec,
+        cache_index=cache_index), make_norm(cfg, 'attention_norm'), det)
+    if self.cross_attention:
+      cross = attn.MultiHeadAttention(cfg, cross=True, name='cross_attention')
+      x = _residual(cfg, x, lambda y: cross(
+          y, encoded, mask=cross_mask, deterministic=det, decode=dec, cache_index=cache_index),
+                    make_norm(cfg, 'cross_attention_norm'), det)
+    ffn = FeedForward(cfg, name='ffn')
+    x = _residual(cfg, x, lambda y: ffn(y, deterministic=det), make_norm(cfg, 'ffn_norm'), det)
+    return (x, None) if self.scanned else x
+
+
+def _run_layers(cfg: ModelConfig, block: type[nn.Module], num_layers: int, x: Array,
+                args: tuple[Any, ...], training_only_remat: bool = True, **fields) -> Array:
+  """Applies `num_layers` blocks (unrolled as layers_i, or one nn.scan named 'layers')."""
+  cls = block
+  if cfg.remat != 'none' and training_only_remat:
+    cls = nn.remat(cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
+  if cfg.scan_layers:
+    scanned = nn.scan(
+        cls, variable_axes={'params': 0, 'cache': 0, 'intermediates': 0},
+        split_rngs={'params': True, 'dropout': True}, in_axes=(nn.broadcast,) * len(args),
+        length=num_layers, metadata_params={nn.PARTITION_NAME: 'layers'})
+    x, _ = scanned(cfg, scanned=True, name='layers', **fields)(x, *args)
+    return x
+  for i in range(num_layers):
+    x = cls(cfg, name=f'layers_{i}', **fields)(x, *args)
+  return x
+
+
+def _embed(cfg: ModelConfig, embed: Embed, tokens: Array, positions: Array,
+           deterministic: bool) -> Array:
+  """Token embeddings plus absolute positional encodings (if configured), then dropout."""
+  x = embed(tokens)  # [b, t, d]
+  if cfg.positional == 'sinusoidal':
+    x = x + positional.sinusoidal(positions, cfg.d_model).astype(x.dtype)
+  elif cfg.positional == 'learned':
+    x = x + positional.LearnedPositions(
+        cfg.max_len, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
+        dtype=jnp.dtype(cfg.dtype), name='position_embed')(positions)
+  return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+def _position_bias(cfg: ModelConfig, q_pos: Array, k_pos: Array,
+                   bidirectional: bool) -> Array | None:
+  """Relative (T5) or ALiBi bias [b, n, t, s] computed once per stack; None for other encodings."""
+  if cfg.positional == 'relative':
+    return positional.RelativePositionBias(
+        cfg.relative_num_buckets, cfg.relative_max_distance, cfg.num_heads,
+        bidirectional=bidirectional, param_dtype=jnp.dtype(cfg.param_dtype),
+        name='relative_bias')(q_pos, k_pos)
+  if cfg.positional == 'alibi':
+    return positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(cfg.num_heads))
+  return None
+
+
+def _default_positions(tokens: Array) -> Array:
+  return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+class Encoder(nn.Module):
+  """Embedding + bidirectional EncoderBlocks (+ final norm for pre-LN)."""
+  config: ModelConfig
+  embed: Embed
+
+  @nn.compact
+  def __call__(self, tokens: Array, positions: Array | None = None,
+               segment_ids: Array | None = None, deterministic: bool = True) -> Array:
+    """tokens [b, s] -> encoded [b, s, d]; segment ids default to (tokens != 0)."""
+    cfg = self.config
+    if positions is None:
+      positions = _default_positions(tokens)
+    if segment_ids is None:
+      segment_ids = (tokens != 0).astype(jnp.int32)
+    x = _embed(cfg, self.embed, tokens, positions, deterministic)
+    mask = attn.segment_mask(segment_ids, segment_ids)  # same nonzero segment
+    bias = _position_bias(cfg, positions, positions, bidirectional=True)
+    rope_positions = positions if cfg.positional == 'rope' else None
+    x = _run_layers(cfg, EncoderBlock, cfg.num_encoder_layers, x, (mask, bias, rope_positions),
+                    deterministic=deterministic)
+    if cfg.norm_position == 'pre':
+      x = make_norm(cfg, 'final_norm')(x)
+    return x
+
+
+class Decoder(nn.Module):
+  """Embedding + causal DecoderBlocks (+ final norm for pre-LN) + output logits (float32)."""
+  config: ModelConfig
+  embed: Embed
+  cross_attention: bool = False
+
+  def _update_cache(self, positions, segment_ids, prefix):
+    """Writes this call's tokens into the stack's cache; returns slot indices and key features."""
+    b, t = segment_ids.shape
+    initialized = self.has_variable('cache', 'cache_index')
+    index = self.variable('cache', 'cache_index', jnp.zeros, (b,), jnp.int32)
+    new = {'cached_positions': positions, 'cached_segment_ids': segment_ids,
+           'cached_prefix': prefix.astype(jnp.int32)}
+    cached = {k: self.variable('cache', k, jnp.zeros, (b, t), jnp.int32) for k in new}
+    cache_index = index.value
+    if not initialized:  # init: the cache is created empty; compute as a plain forward pass.
+      q_idx = _default_positions(segment_ids)
+      return cache_index, q_idx, q_idx, new
+    start = cache_index[0]  # all entries are equal
+    keys = {}
+    for k, value in new.items():
+      keys[k] = jax.lax.dynamic_update_slice(cached[k].value, value.astype(jnp.int32),
+                                             (jnp.int32(0), start))
+      cached[k].value = keys[k]
+    index.value = cache_index + t
+    q_idx = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)  # [b, t] slot of each query
+    k_idx = jnp.broadcast_to(jnp.arange(keys['cached_positions'].shape[1], dtype=jnp.int32),
+                             keys['cached_positions'].shape)  # [b, L]
+    return cache_index, q_idx, k_idx, keys
+
+  @nn.compact
+  def __call__(self, tokens: Array, positions: Array | None = None,
+               segment_ids: Array | None = None, prefix: Array | None = None,
+               encoded: Array | None = None, encoder_segment_ids: Array | None = None,
+               deterministic: bool = True, decode: bool = False) -> Array:
+    """tokens [b, t] (already shifted) -> logits [b, t, vocab] float32.
+
+    segment_ids default to all ones (decoder inputs start with token 0), prefix [b, t] marks
+    positions attending bidirectionally among themselves (prefix-LM). In decode mode, positions
+    default to the cache slots being written.
+    """
+    cfg = self.config
+    if segment_ids is None:
+      segment_ids = jnp.ones(tokens.shape, jnp.int32)
+    if prefix is None:
+      prefix = jnp.zeros(tokens.shape, bool)
+    prefix = prefix.astype(bool)
+    cache_index = None
+    if decode:
+      if positions is None and self.has_variable('cache', 'cache_index'):
+        index = self.get_variable('cache', 'cache_index')
+        positions = index[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)
+      if positions is None:
+        positions = _default_positions(tokens)
+      cache_index, q_idx, k_idx, keys = self._update_cache(positions, segment_ids, prefix)
+      k_pos, k_seg = keys['cached_positions'], keys['cached_segment_ids']
+      k_prefix = keys['cached_prefix'] != 0
+    else:
+      if positions is None:
+        positions = _default_positions(tokens)
+      q_idx = k_idx = _default_positions(tokens)
+      k_pos, k_seg, k_prefix = positions, segment_ids, prefix
+    x = _embed(cfg, self.embed, tokens, positions, deterministic)
+    # Same nonzero segment, and causal by slot/index or both positions in the prefix.
+    self_mask = attn.prefix_lm_mask_from_positions(q_idx, k_idx, prefix, k_prefix, segment_ids,
+                                                   k_seg)
+    cross_mask = None
+    if self.cross_attention and encoder_segment_ids is not None:
+      cross_mask = attn.segment_mask(segment_ids, encoder_segment_ids)
+    bias = _position_bias(cfg, positions, k_pos, bidirectional=False)
+    rope_positions = positions if cfg.positional == 'rope' else None
+    x = _run_layers(cfg, DecoderBlock, cfg.num_decoder_layers, x,
+                    (encoded, self_mask, cross_mask, bias, rope_positions, cache_index),
+                    training_only_remat=not decode, cross_attention=self.cross_attention,
+                    deterministic=deterministic, decode=decode)
+    if cfg.norm_position == 'pre':
+      x = make_norm(cfg, 'final_norm')(x)
+    if cfg.tie_embeddings:
+      logits = self.embed.attend(x)[..., :cfg.vocab_size]
+    else:
+      logits = nn.Dense(
+          cfg.vocab_size, use_bias=False, dtype=jnp.dtype(cfg.dtype),
+          param_dtype=jnp.dtype(cfg.param_dtype),
+          kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
+                                                   ('embed', 'vocab')),
+          name='logits_dense')(x)
+    return logits.astype(jnp.float32)
+
+
+class EncoderDecoder(nn.Module):
+  """The encoder-decoder Transformer; `__call__` shifts the targets right inside the model."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    if cfg.share_src_tgt_embeddings:
+      # One table for both sides, large enough for either vocabulary.
+      self.token_embed = Embed(cfg, max(cfg.vocab_size, cfg.source_vocab_size))
+      source_embed = target_embed = self.token_embed
+    else:
+      self.source_embed = Embed(cfg, cfg.source_vocab_size)
+      self.target_embed = Embed(cfg, cfg.vocab_size)
+      source_embed, target_embed = self.source_embed, self.target_embed
+    self.encoder = Encoder(cfg, source_embed)
+    self.decoder = Decoder(cfg, target_embed, cross_attention=True)
+
+  def encode(self, inputs: Array, inputs_positions: Array | None = None,
+             inputs_segment_ids: Array | None = None, deterministic: bool = True) -> Array:
+    """inputs [b, s] -> encoded [b, s, d]."""
+    return self.encoder(inputs, inputs_positions, inputs_segment_ids, deterministic)
+
+  def decode(self, encoded: Array | None, decoder_input_tokens: Array,
+             encoder_segment_ids: Array | None = None, decoder_positions: Array | None = None,
+             decoder_segment_ids: Array | None = None, deterministic: bool = True,
+             decode: bool = False) -> Array:
+    """Decoder logits [b, t, vocab] float32 given the encoder output.
+
+    With decode=True, `encoded` may be None after the first (prefill) call: the cross-attention
+    keys/values cached then are reused. Without encoder_segment_ids every source slot is attended.
+    """
+    return self.decoder(decoder_input_tokens, decoder_positions, decoder_segment_ids, None,
+                        encoded, encoder_segment_ids, deterministic, decode)
+
+  def __call__(self, inputs: Array, targets: Array, inputs_positions: Array | None = None,
+               inputs_segment_ids: Array | None = None, targets_positions: Array | None = None,
+               targets_segment_ids: Array | None = None, deterministic: bool = True) -> Array:
+    """Teacher-forced logits [b, t, vocab] float32 for inputs [b, s] and targets [b, t]."""
+    if inputs_segment_ids is None:
+      inputs_segment_ids = (inputs != 0).astype(jnp.int32)
+    if targets_segment_ids is None:
+      targets_segment_ids = (targets != 0).astype(jnp.int32)
+    encoded = self.encode(inputs, inputs_positions, inputs_segment_ids, deterministic)
+    return self.decode(encoded, shift_right(targets, targets_segment_ids), inputs_segment_ids,
+                       targets_positions, targets_segment_ids, deterministic)
+
+
+class DecoderOnly(nn.Module):
+  """A causal language model; a prefix-LM (bidirectional over the prefix) given a prefix mask."""
+  config: ModelConfig
+
+  def setup(self):
+    self.token_embed = Embed(self.config, self.config.vocab_size)
+    self.decoder = Decoder(self.config, self.token_embed, cross_attention=False)
+
+  def decode(self, decoder_input_tokens: Array, decoder_positions: Array | None = None,
+             decoder_segment_ids: Array | None = None, decoder_prefix_mask: Array | None = None,
+             deterministic: bool = True, decode: bool = False) -> Array:
+    """Logits [b, t, vocab] float32 for already-shifted decoder inputs."""
+    prefix = decoder_prefix_mask if self.config.prefix_lm else None
+    return self.decoder(decoder_input_tokens, decoder_positions, decoder_segment_ids, prefix,
+                        None, None, deterministic, decode)
+
+  def __call__(self, targets: Array, targets_positions: Array | None = None,
+               targets_segment_ids: Array | None = None, prefix_mask: Array | None = None,
+               deterministic: bool = True) -> Array:
+    """Teacher-forced logits [b, t, vocab] float32; prefix_mask [b, t] marks target-side prefix."""
+    if targets_segment_ids is None:
+      targets_segment_ids = (targets != 0).astype(jnp.int32)
+    decoder_prefix = None
+    if prefix_mask is not None:
+      # The input at i is target i-1: the prefix extends one position so the source's last token
+      # (separator/EOS) is in it, and the segment's start token too.
+      prefix_mask = prefix_mask.astype(jnp.int32)
+      decoder_prefix = (prefix_mask + shift_right(prefix_mask, targets_segment_ids)) > 0
+    return self.decode(shift_right(targets, targets_segment_ids), targets_positions,
+                       targets_segment_ids, decoder_prefix, deterministic)
+
+
+def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly:
+  """The model named by `model_config.arch`; vocabulary sizes must be filled in (not 0)."""
+  cfg = model_config
+  if cfg.vocab_size <= 0:
+    raise ConfigError(f"model.vocab_size={cfg.vocab_size} must be set (> 0) before build_model")
+  if cfg.arch == 'encoder_decoder':
+    if cfg.source_vocab_size <= 0:
+      raise ConfigError(
+          f"model.source_vocab_size={cfg.source_vocab_size} must be set (> 0) before build_model")
+    return EncoderDecoder(cfg)
+  if cfg.arch == 'decoder_only':
+    return DecoderOnly(cfg)
+  raise ConfigError(f"model.arch={cfg.arch!r} is not one of encoder_decoder|decoder_only")
+
+
+def reorder_cache(cache: Any, indices: Array, scan_layers: bool) -> Any:
+  """Gathers every cache leaf along its batch axis (beam search): axis 0, or 1 for scanned layers."""
+  def gather(path, leaf):
+    scanned = scan_layers and any(getattr(key, 'key', None) == 'layers' for key in path)
+    return jnp.take(leaf, indices, axis=1 if scanned else 0)
+  return jax.tree_util.tree_map_with_path(gather, cache)
