@@ -1,0 +1,290 @@
+"""Checkpoints with orbax: async saves, keep latest K + best, exact resume, preemption, compatibility.
+
+Layout: `<workdir>/checkpoints/<step>/` with the items
+  state    the train-state pytree (ocp StandardSave; restores onto any mesh via abstract shardings)
+  data     the Grain iterator state (grain.checkpoint.CheckpointSave), when an iterator is given
+  meta     JSON: {"step", "config", "metrics"} (the run's config and that step's metrics)
+  metrics  orbax's own copy of the metrics, only when they contain `checkpoint.keep_best_by`
+
+Retention (the trap in NOTES-jax.md: orbax's max_to_keep together with best_fn keeps the K *best*
+and may delete the newest checkpoint, which breaks resume). We use an explicit preservation policy:
+keep a checkpoint if it is among the latest `checkpoint.keep` OR it is the single best by
+`checkpoint.keep_best_by` (`best_mode` min|max). Checkpoints saved without that metric count only
+toward "latest". A save that was killed leaves `<step>.orbax-checkpoint-tmp-*`; it is never listed
+as a step and is removed when the next Checkpointer opens the directory.
+
+Usage in a training loop:
+  check_compatible(workdir, config_dict)        # before anything writes into workdir
+  ckpt = Checkpointer(workdir, cfg.checkpoint, config=config_dict)
+  if ckpt.latest_step() is not None:
+    state = ckpt.restore(None, abstract_state, data_iterator=it)
+  preempt = install_preemption_handler()
+  for step ...:
+    ckpt.save(step, state, it, metrics)          # saves when step % every_steps == 0
+    if preempt.should_stop(step): ckpt.save(step, state, it, force=True); break
+  ckpt.close()                                   # waits for the last async save
+"""
+
+import json
+import math
+import os
+import signal
+from typing import Any, Mapping
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as cm
+
+# Model keys that change neither parameter shapes nor names: a run may resume with other values.
+NON_STRUCTURAL_MODEL_KEYS = frozenset({
+    "dropout_rate", "attention_dropout_rate", "ffn_dropout_rate", "attention_impl", "remat",
+    "dtype", "norm_eps", "rope_base", "prefix_lm"})
+# Derived sizes: 0 means "derive" in an unresolved config, so 0 on either side is not a mismatch.
+DERIVED_MODEL_KEYS = frozenset({
+    "vocab_size", "source_vocab_size", "num_kv_heads", "head_dim", "v_head_dim"})
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be used with this config (one-line message)."""
+
+
+def _as_dict(config: Any) -> dict[str, Any]:
+  """A plain dict from a Config dataclass, a ConfigDict or a mapping."""
+  if config is None:
+    return {}
+  if hasattr(config, "to_dict"):  # ml_collections.ConfigDict
+    return config.to_dict()
+  if hasattr(config, "__dataclass_fields__"):
+    import dataclasses  # pylint: disable=g-import-not-at-top
+    return dataclasses.asdict(config)
+  return dict(config)
+
+
+def _jsonable_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
+  """Metric values (numpy/jax scalars) as Python floats for JSON."""
+  return {str(k): float(v) for k, v in (metrics or {}).items()}
+
+
+def abstract_of(tree: Any) -> Any:
+  """Replaces every array of `tree` by a jax.ShapeDtypeStruct with the same sharding."""
+  def leaf(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+  return jax.tree.map(leaf, tree)
+
+
+class Checkpointer:
+  """Asynchronous orbax checkpoints of (train state, Grain iterator, config, metrics) in a workdir."""
+
+  def __init__(self, workdir: str, ckpt_cfg: Any, config: Any = None):
+    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    self.config = _as_dict(config)
+    self._best_key = ckpt_cfg.keep_best_by
+    if ckpt_cfg.keep < 1:
+      raise CheckpointError(f"checkpoint.keep={ckpt_cfg.keep} must be >= 1 (the latest is needed "
+                            "to resume)")
+    if ckpt_cfg.best_mode not in ("min", "max"):
+      raise CheckpointError(f"checkpoint.best_mode={ckpt_cfg.best_mode!r} is not min or max")
+    worst = math.inf if ckpt_cfg.best_mode == "min" else -math.inf
+
+    def metric(metrics):  # NaN/inf losses must never rank as the best checkpoint
+      value = float(metrics[self._best_key])
+      return value if math.isfinite(value) else worst
+
+    policies = [cm.LatestN(n=ckpt_cfg.keep)]
+    if self._best_key:
+      # BestN keeps the last n after an ascending sort; reverse=True puts the lowest last.
+      policies.append(cm.BestN(get_metric_fn=metric, reverse=ckpt_cfg.best_mode == "min", n=1,
+                               keep_checkpoints_without_metrics=False))
+    options = ocp.CheckpointManagerOptions(
+        save_decision_policy=cm.AnySavePolicy([
+            cm.FixedIntervalPolicy(max(1, ckpt_cfg.every_steps)),
+            cm.PreemptionCheckpointingPolicy()]),
+        preservation_policy=cm.AnyPreservationPolicy(policies),
+        best_fn=metric if self._best_key else None,  # orbax records metrics only with a best_fn
+        best_mode=ckpt_cfg.best_mode,
+        enable_async_checkpointing=bool(ckpt_cfg.async_save),
+        cleanup_tmp_directories=True,
+        create=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def save(self, step: int, state: Any, data_iterator: Any = None,
+           metrics: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+    """Starts an async save if `step` is due (every_steps, preemption) or `force`; True if saved.
+
+    A step that is not newer than the latest saved one is skipped (returns False), so a forced save
+    right after a periodic one at the same step is harmless.
+    """
+    latest = self.latest_step()
+    if latest is not None and step <= latest:
+      return False
+    metrics = _jsonable_metrics(metrics)
+    items = dict(state=ocp.args.StandardSave(state),
+                 meta=ocp.args.JsonSave({"step": int(step), "config": self.config,
+                                         "metrics": metrics}))
+    if data_iterator is not None:
+      import grain  # pylint: disable=g-import-not-at-top
+      items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    best_metrics = metrics if self._best_key in metrics else None
+    return self._manager.save(step, args=ocp.args.Composite(**items), metrics=best_metrics,
+                              force=force)
+
+  def should_save(self, step: int) -> bool:
+    """True if `save(step, ...)` would save without `force`."""
+    return self._manager.should_save(step)
+
+  def latest_step(self) -> int | None:
+    """The newest complete (committed) step, or None."""
+    return self._manager.latest_step()
+
+  def best_step(self) -> int | None:
+    """The step with the best `keep_best_by` metric, or None if no checkpoint carries it."""
+    if not self._best_key:
+      return None
+    return self._manager.best_step()
+
+  def all_steps(self) -> list[int]:
+    """All complete steps on disk, ascending."""
+    return sorted(self._manager.all_steps())
+
+  def metadata(self, step: int | None = None) -> dict[str, Any]:
+    """The `meta` item ({"step", "config", "metrics"}) of `step` (default: the latest)."""
+    step = self._step_or_latest(step)
+    restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(restored["meta"])
+
+  def restore(self, step: int | None, abstract_state: Any, data_iterator: Any = None) -> Any:
+    """Restores the train state of `step` (None = latest) onto `abstract_state`'s shardings.
+
+    `abstract_state` leaves are jax.ShapeDtypeStruct with the target shardings (see abstract_of /
+    jax.eval_shape), so a state saved on one mesh restores onto another device count. When
+    `data_iterator` is given its position is restored in place.
+    """
+    step = self._step_or_latest(step)
+    self._manager.wait_until_finished()
+    items = dict(state=ocp.args.StandardRestore(abstract_state))
+    if data_iterator is not None:
+      import grain  # pylint: disable=g-import-not-at-top
+      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+      raise CheckpointError(
+          f"cannot restore {self.directory}/{step} into this train state (did the model or "
+          f"optimizer config change? see check_compatible): {first}") from e
+    return restored["state"]
+
+  def _step_or_latest(self, step: int | None) -> int:
+    if step is None:
+      step = self.latest_step()
+    if step is None or step not in self._manager.all_steps():
+      raise CheckpointError(f"no checkpoint for step {step} in {self.directory} "
+                            f"(steps: {self.all_steps()})")
+    return step
+
+  def wait(self) -> None:
+    """Blocks until the pending async save is committed."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Waits for pending saves and releases the manager."""
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+def _saved_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
+  """The config of the latest checkpoint in workdir (else workdir/config.json), and its source."""
+  directory = os.path.join(workdir, "checkpoints")
+  if os.path.isdir(directory):
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
+    try:
+      step = manager.latest_step()
+      if step is not None:
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        if meta.get("config"):
+          return meta["config"], f"{directory}/{step}"
+    finally:
+      manager.close()
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f), path
+  return None, ""
+
+
+def check_compatible(workdir: str, config: Any) -> None:
+  """Raises CheckpointError naming the first model key (or train.optimizer) that differs from the
+  run already in `workdir`; does nothing for an empty workdir.
+
+  Only keys that change parameter or optimizer-state structure are compared (see
+  NON_STRUCTURAL_MODEL_KEYS); derived sizes written 0 are not compared.
+  """
+  saved, source = _saved_config(workdir)
+  if not saved:
+    return
+  new = _as_dict(config)
+  pairs = [(f"model.{k}", v, new.get("model", {}).get(k))
+           for k, v in saved.get("model", {}).items() if k not in NON_STRUCTURAL_MODEL_KEYS]
+  pairs.append(("train.optimizer", saved.get("train", {}).get("optimizer"),
+                new.get("train", {}).get("optimizer")))
+  for key, old, cur in pairs:
+    if key.split(".")[1] in DERIVED_MODEL_KEYS and (not old or not cur):
+      continue
+    if cur is None or old is None:
+      continue
+    if old != cur:
+      raise CheckpointError(f"workdir {workdir} holds a run with {key}={old!r}, this config has "
+                            f"{cur!r} (from {source}); use another --workdir or the same config")
+
+
+class PreemptionHandler:
+  """Turns SIGTERM (how cloud TPUs announce preemption) into a flag the training loop polls.
+
+  Single host: a Python SIGTERM handler sets `.requested`. Multi-host with jax's preemption service
+  (jax.distributed initialized): jax already listens for SIGTERM and agrees on a common step, so no
+  Python handler is installed and `should_stop(step)` asks
+  `multihost_utils.reached_preemption_sync_point(step)`; every host must call it at every step.
+  """
+
+  def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+    self.requested = False
+    self.signum = None
+    self._previous = {}
+    if not self._jax_sync_available():
+      for sig in signals:
+        try:
+          self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread (e.g. some notebook kernels): flag stays False
+          pass
+
+  @staticmethod
+  def _jax_sync_available() -> bool:
+    return jax.distributed.is_initialized() and bool(jax.config.jax_enable_preemption_service)
+
+  def _handle(self, signum, frame):
+    del frame
+    self.requested, self.signum = True, signum
+
+  def should_stop(self, step: int) -> bool:
+    """True once preemption was announced (all hosts agree on the step when multi-host)."""
+    if self.requested:
+      return True
+    if self._jax_sync_available():
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      try:
+        self.requested = bool(multihost_utils.reached_preemption_sync_point(step))
+      except RuntimeError:  # the preemption service is off after all
+        pass
+    return self.requested
+
+  def uninstall(self) -> None:
+    """Restores the previous signal handlers."""
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
+
+
+def install_preemption_handler() -> PreemptionHandler:
+  """Installs the SIGTERM handler; the loop checks `.should_stop(step)` (or `.requested`)."""
+  return PreemptionHandler()
+
