@@ -1,0 +1,246 @@
+"""Training: the train state, one jit-compiled train step, evaluation, and the loop.
+
+Read top to bottom: `TrainState`; the model's forward on a batch; scheduled sampling; `train_step`
+(loss sums -> gradients of sums -> optional psum over devices -> normalise -> optax update) and
+`eval_step`; then `train_and_evaluate`, the loop behind `train.py`.
+
+Randomness: the state holds one PRNG key derived from `config.seed`; the step's key is
+`fold_in(state.rng, state.step)`, so a run resumed from a checkpoint draws the same numbers as an
+uninterrupted one. Losses are sums over tokens until the very end of the step, so gradient
+accumulation and data parallelism give exactly the large batch's mean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Iterable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from transformer import optim
+from transformer.config import Config
+from transformer.losses import cross_entropy
+from transformer.models import shift_right
+
+Array = jax.Array
+PyTree = Any
+
+
+class TrainingDiverged(RuntimeError):
+  """The loss or gradient norm became NaN/Inf; the message is one line naming the step."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a step updates; plain arrays only, so it checkpoints and shards cleanly."""
+  step: Array  # int32 []: updates applied so far
+  params: PyTree
+  opt_state: PyTree
+  rng: Array  # uint32 [2]: the run's key; step keys are fold_in(rng, step)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model's forward on a batch.
+
+
+def model_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
+  """The keyword arguments of the model's __call__ for a batch (features absent -> None)."""
+  g = batch.get
+  if arch == "encoder_decoder":
+    return dict(inputs=batch["inputs"], targets=batch["targets"],
+                inputs_positions=g("inputs_positions"), inputs_segment_ids=g("inputs_segment_ids"),
+                targets_positions=g("targets_positions"),
+                targets_segment_ids=g("targets_segment_ids"))
+  return dict(targets=batch["targets"], targets_positions=g("targets_positions"),
+              targets_segment_ids=g("targets_segment_ids"), prefix_mask=g("prefix_mask"))
+
+
+def _segments(batch: dict[str, Any], key: str) -> Array:
+  seg = batch.get(f"{key}_segment_ids")
+  return seg if seg is not None else (batch[key] != 0).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduled sampling (Mihaylova & Martins 2019, "Scheduled Sampling for Transformers").
+
+
+def teacher_forcing_prob(ss_cfg: Any, step: Array) -> Array:
+  """Probability of feeding the gold token at `step`, in [min_teacher_forcing, 1].
+
+  linear: max(min, k - c * step); exponential: max(min, k ** step);
+  inverse_sigmoid: max(min, k / (k + exp(step / k))); none: 1.
+  """
+  step = jnp.asarray(step, jnp.float32)
+  k, c, floor = ss_cfg.k, ss_cfg.c, ss_cfg.min_teacher_forcing
+  if ss_cfg.schedule == "none":
+    return jnp.ones((), jnp.float32)
+  if ss_cfg.schedule == "linear":
+    p = k - c * step
+  elif ss_cfg.schedule == "exponential":
+    p = jnp.power(jnp.float32(k), step)
+  elif ss_cfg.schedule == "inverse_sigmoid":
+    p = k / (k + jnp.exp(step / k))
+  else:
+    raise ValueError(f"train.scheduled_sampling.schedule={ss_cfg.schedule!r} is unknown")
+  return jnp.clip(p, floor, 1.0)
+
+
+def two_pass_logits(model: nn.Module, arch: str, params: PyTree, batch: dict[str, Any],
+                    tf_prob: Array, rng: Array, deterministic: bool) -> Array:
+  """Scheduled sampling's second-pass logits [b, t, v].
+
+  Pass 1 decodes with the gold decoder inputs (under stop_gradient); each decoder input token is
+  then replaced by pass 1's argmax prediction of it with probability 1 - tf_prob, and pass 2
+  decodes the mixture. Source-prefix inputs (decoder-only) and padding are never replaced.
+  """
+  drop1, drop2, coin = jax.random.split(rng, 3)
+  variables = {"params": params}
+  targets, positions = batch["targets"], batch.get("targets_positions")
+  segments = _segments(batch, "targets")
+  gold_in = shift_right(targets, segments)  # exactly the model's own teacher-forced inputs
+  replaceable = segments != 0
+  extra: dict[str, Any] = {}
+  args: tuple[Array, ...] = ()
+  if arch == "encoder_decoder":
+    in_segments = _segments(batch, "inputs")
+    args = (model.apply(variables, batch["inputs"], inputs_positions=batch.get("inputs_positions"),
+                        inputs_segment_ids=in_segments, deterministic=deterministic,
+                        rngs={"dropout": drop2}, method="encode"),)  # encoded [b, s, d]
+    extra["encoder_segment_ids"] = in_segments
+  elif batch.get("prefix_mask") is not None:
+    prefix = batch["prefix_mask"].astype(jnp.int32)  # extended by one, as DecoderOnly.__call__ does
+    extra["decoder_prefix_mask"] = (prefix + shift_right(prefix, segments)) > 0
+    replaceable &= ~extra["decoder_prefix_mask"]
+
+  def decode(tokens, key):
+    return model.apply(variables, *args, tokens, decoder_positions=positions,
+                       decoder_segment_ids=segments, deterministic=deterministic, decode=False,
+                       rngs={"dropout": key}, method="decode", **extra)
+
+  first = jax.lax.stop_gradient(decode(gold_in, drop1))  # [b, t, v]
+  predicted_in = shift_right(jnp.argmax(first, axis=-1).astype(gold_in.dtype), segments)
+  use_model = jax.random.bernoulli(coin, 1.0 - tf_prob, gold_in.shape) & replaceable
+  return decode(jnp.where(use_model, predicted_in, gold_in), drop2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Train and eval steps.
+
+
+def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformation) -> Callable:
+  """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)`.
+
+  One function serves jit-over-a-mesh (axis_name None) and pmap (axis_name = the device axis,
+  where the loss, weight and gradient sums are `psum`med before normalising). `rng` overrides the
+  state's key (None = state.rng). Metrics stay on device: loss, weight_sum, grad_norm,
+  learning_rate, teacher_forcing, finite.
+  """
+  arch, tc = cfg.model.arch, cfg.train
+  lr_fn = optim.make_schedule(tc, d_model=cfg.model.d_model)
+  use_ss = tc.scheduled_sampling.schedule != "none"
+  deterministic = not (cfg.model.dropout_rate or cfg.model.attention_dropout_rate
+                       or cfg.model.ffn_dropout_rate)
+
+  def loss_sums(params, micro):
+    batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
+    if use_ss:
+      logits = two_pass_logits(model, arch, params, batch, tf_prob, key, deterministic)
+    else:
+      logits = model.apply({"params": params}, **model_kwargs(arch, batch),
+                           deterministic=deterministic, rngs={"dropout": key})
+    weights = batch.get("weights")
+    if weights is None:
+      weights = (batch["targets"] != 0).astype(jnp.float32)
+    loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights,
+                                            label_smoothing=tc.label_smoothing, z_loss=tc.z_loss)
+    return loss_sum, weight_sum
+
+  grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
+
+  def train_step(state: TrainState, batch: dict[str, Any], rng: Array | None = None,
+                 axis_name: str | None = None):
+    key = jax.random.fold_in(state.rng if rng is None else rng, state.step)
+    if axis_name is not None:  # a different dropout mask on every device
+      key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
+    tf_prob = teacher_forcing_prob(tc.scheduled_sampling, state.step)
+    batch = {k: v for k, v in batch.items() if v is not None}
+    n = tc.grad_accum_steps
+    micro = dict(batch=optim.split_micro_batches(batch, n), rng=jax.random.split(key, n),
+                 tf_prob=jnp.broadcast_to(tf_prob, (n,)))
+    if n == 1:
+      (loss_sum, weight_sum), grads = grad_fn(state.params, jax.tree.map(lambda x: x[0], micro))
+    else:
+      loss_sum, weight_sum, grads = optim.accumulate_gradients(grad_fn, state.params, micro)
+    if axis_name is not None:
+      loss_sum, weight_sum, grads = jax.lax.psum((loss_sum, weight_sum, grads), axis_name)
+    denom = jnp.maximum(weight_sum, 1.0)
+    grads = jax.tree.map(lambda g: g / denom, grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    loss, grad_norm = loss_sum / denom, optax.tree.norm(grads)
+    metrics = dict(loss=loss, weight_sum=weight_sum, grad_norm=grad_norm,
+                   learning_rate=lr_fn(state.step), teacher_forcing=tf_prob,
+                   finite=jnp.isfinite(loss) & jnp.isfinite(grad_norm))
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(cfg: Config, model: nn.Module) -> Callable:
+  """Returns `eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight)."""
+  arch = cfg.model.arch
+
+  def eval_step(params, batch):
+    batch = {k: v for k, v in batch.items() if v is not None}
+    logits = model.apply({"params": params}, **model_kwargs(arch, batch), deterministic=True)
+    weights = batch.get("weights")
+    if weights is None:
+      weights = (batch["targets"] != 0).astype(jnp.float32)
+    loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights)
+    correct = (jnp.argmax(logits, -1) == batch["targets"]).astype(jnp.float32)
+    return dict(loss_sum=loss_sum, weight_sum=weight_sum, correct_sum=jnp.sum(correct * weights))
+
+  return eval_step
+
+
+def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
+  """Host-side totals -> eval/loss, eval/accuracy, eval/perplexity."""
+  w = max(float(sums["weight_sum"]), 1.0)
+  loss = float(sums["loss_sum"]) / w
+  return {"eval/loss": loss, "eval/accuracy": float(sums["correct_sum"]) / w,
+          "eval/perplexity": math.exp(min(loss, 80.0))}
+
+
+# ---------------------------------------------------------------------------------------------
+# State creation.
+
+
+def init_params(cfg: Config, model: nn.Module, rng: Array, example_batch: dict[str, Any],
+                unbox: bool = True) -> PyTree:
+  """Initial parameters from an example batch (only shapes matter); boxed keeps logical axes."""
+  batch = {k: jnp.asarray(v) for k, v in example_batch.items() if v is not None}
+  variables = model.init({"params": rng, "dropout": rng}, **model_kwargs(cfg.model.arch, batch),
+                         deterministic=True)
+  return nn.meta.unbox(variables["params"]) if unbox else variables["params"]
+
+
+def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch: dict[str, Any],
+                       tx: optax.GradientTransformation | None = None,
+                       unbox: bool = True) -> TrainState:
+  """A fresh TrainState: params from `rng`, optimizer state, step 0, the run key `rng`.
+
+  With unbox=False the parameters (and their optimizer moments) keep flax's logical-axis boxes,
+  which is what `jax.eval_shape` of this function should see to derive shardings.
+  """
+  tx = tx or optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  params = init_params(cfg, model, jax.random.fold_in(rng, 1), example_batch, unbox)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    rng=jnp.asarray(rng, jnp.uint32))
