@@ -1,0 +1,109 @@
+"""Tests for transformer.layers against NumPy references built from the same parameters."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer.config import model_config
+from transformer.layers import Embed, FeedForward, make_norm
+
+
+def _cfg(**overrides):
+  base = dict(vocab_size=13, source_vocab_size=13, d_model=16, num_heads=2, mlp_dim=24,
+              num_encoder_layers=1, num_decoder_layers=1)
+  base.update(overrides)
+  return model_config(**base)
+
+
+@pytest.mark.parametrize('scale', [True, False])
+def test_embed_lookup_and_tied_logits(scale):
+  """Embed returns table rows (times sqrt(d_model) iff scale_embeddings) and attend = x @ E^T."""
+  cfg = _cfg(scale_embeddings=scale)
+  embed = Embed(cfg, 13)
+  tokens = jnp.array([[1, 5, 0], [12, 3, 3]])
+  variables = embed.init(jax.random.key(0), tokens)
+  boxed = variables['params']['embedding']
+  assert boxed.names == ('vocab', 'embed')
+  table = np.asarray(nn.meta.unbox(boxed))
+  assert table.shape == (13, 16)
+  out = embed.apply(variables, tokens)
+  np.testing.assert_allclose(out, table[np.asarray(tokens)] * (4.0 if scale else 1.0), rtol=1e-6)
+  x = np.random.default_rng(0).normal(size=(2, 3, 16)).astype(np.float32)
+  logits = embed.apply(variables, jnp.asarray(x), method='attend')
+  np.testing.assert_allclose(logits, x @ table.T, rtol=1e-5, atol=1e-5)
+
+
+def _np_gelu(x):
+  from math import erf, sqrt
+  return x * 0.5 * (1 + np.vectorize(erf)(x / sqrt(2)))
+
+
+_NP_ACTS = {
+    'relu': lambda x: np.maximum(x, 0),
+    'gelu': _np_gelu,
+    'swiglu': lambda x: x / (1 + np.exp(-x)),
+    'geglu': _np_gelu,
+}
+
+
+@pytest.mark.parametrize('ffn', ['relu', 'gelu', 'swiglu', 'geglu'])
+def test_feedforward_matches_numpy(ffn):
+  """Each FFN variant equals W2 act(W1 x) (+ biases), gated variants W2 (act(Wg x) * Wu x);
+  the hidden size is mlp_dim and kernels carry ('embed', 'mlp') / ('mlp', 'embed') axes."""
+  cfg = _cfg(ffn=ffn)
+  x = np.random.default_rng(1).normal(size=(2, 3, 16)).astype(np.float32)
+  variables = FeedForward(cfg).init(jax.random.key(1), jnp.asarray(x))
+  boxed = variables['params']
+  assert boxed['wo']['kernel'].names == ('mlp', 'embed')
+  p = jax.tree.map(np.asarray, nn.meta.unbox(boxed))
+  act = _NP_ACTS[ffn]
+  dense = lambda name, y: y @ p[name]['kernel'] + p[name]['bias']
+  if ffn in ('swiglu', 'geglu'):
+    assert p['wi_gate']['kernel'].shape == (16, 24) and p['wi_up']['kernel'].shape == (16, 24)
+    hidden = act(dense('wi_gate', x)) * dense('wi_up', x)
+  else:
+    assert p['wi']['kernel'].shape == (16, 24)
+    hidden = act(dense('wi', x))
+  want = dense('wo', hidden)
+  got = FeedForward(cfg).apply(variables, jnp.asarray(x))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_feedforward_dropout_only_when_not_deterministic():
+  """ffn_dropout_rate drops hidden units in training mode only; without bias a dropped unit is 0."""
+  cfg = _cfg(ffn_dropout_rate=0.5, use_bias=False, mlp_dim=8)  # d > f: hidden recoverable
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(1, 4, 16)), jnp.float32)
+  variables = FeedForward(cfg).init(jax.random.key(0), x)
+  det = FeedForward(cfg).apply(variables, x, deterministic=True)
+  p = jax.tree.map(np.asarray, nn.meta.unbox(variables['params']))
+  np.testing.assert_allclose(det, np.maximum(np.asarray(x) @ p['wi']['kernel'], 0)
+                             @ p['wo']['kernel'], rtol=1e-4, atol=1e-5)
+  train = FeedForward(cfg).apply(variables, x, deterministic=False,
+                                 rngs={'dropout': jax.random.key(3)})
+  assert not np.allclose(det, train)
+  # Recover the dropped hidden units: the output is W2 (mask * h / keep_prob).
+  hidden = np.maximum(np.asarray(x) @ p['wi']['kernel'], 0)
+  coeffs = np.linalg.lstsq(p['wo']['kernel'].T, np.asarray(train)[0].T, rcond=None)[0].T
+  ratio = coeffs[hidden[0] > 1e-3] / hidden[0][hidden[0] > 1e-3]
+  assert np.all(np.isclose(ratio, 0, atol=1e-3) | np.isclose(ratio, 2, atol=1e-3))
+
+
+@pytest.mark.parametrize('norm', ['layernorm', 'rmsnorm'])
+def test_norms_match_formula(norm):
+  """LayerNorm = (x - mean) / sqrt(var + eps), RMSNorm = x / sqrt(mean(x^2) + eps), eps from
+  config.norm_eps; the scale carries the 'norm' axis."""
+  eps = 0.5  # large so that a wrong epsilon shows
+  cfg = _cfg(norm=norm, norm_eps=eps)
+  x = np.random.default_rng(3).normal(size=(2, 3, 16)).astype(np.float32) * 2 + 1
+  module = make_norm(cfg)
+  variables = module.init(jax.random.key(0), jnp.asarray(x))
+  assert variables['params']['scale'].names == ('norm',)
+  got = module.apply(variables, jnp.asarray(x))
+  if norm == 'layernorm':
+    centered = x - x.mean(-1, keepdims=True)
+    want = centered / np.sqrt(centered.var(-1, keepdims=True) + eps)
+  else:
+    want = x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
