@@ -1,0 +1,206 @@
+"""Autoregressive decoding: greedy, temperature/top-k/top-p sampling and beam search with a KV cache.
+
+Two layers:
+- search loops over a pure `step_fn(tokens [B], cache, j) -> (logits [B, V] float32, cache)` that feeds
+  generated token j and returns the logits of token j+1 (`sample_search`, `beam_search`); they know
+  nothing about transformers, so they are testable on an enumerable toy distribution;
+- `generate`, which wires a model into them: the encoder runs once (encoder-decoder) or the left-padded
+  prompt is prefilled in one call (decoder-only), then one cached decoder step per token.
+
+Every loop is a `lax.while_loop` that stops when every row (or every beam) has finished. Generated
+sequences include EOS and are 0-padded after it. Pad (id 0) is not masked out of the search.
+"""
+
+from collections.abc import Callable
+import functools
+from typing import Any, NamedTuple
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+StepFn = Callable[[jnp.ndarray, Any, jnp.ndarray], tuple[jnp.ndarray, Any]]
+ReorderFn = Callable[[Any, jnp.ndarray], Any]
+NEG_INF = -1e30  # finite so that (NEG_INF - NEG_INF) never makes NaNs
+
+
+class Search(NamedTuple):
+  """The decoding settings that change the compiled program (hashable: part of the jit cache key)."""
+  method: str = "greedy"  # greedy | sample | beam
+  beam_size: int = 1
+  length_penalty: float = 0.0  # GNMT alpha
+  temperature: float = 1.0
+  top_k: int = 0  # 0 = off
+  top_p: float = 1.0  # 1.0 = off
+
+
+def search_settings(decode_cfg: Any) -> Search:
+  """Validates the decode config (eval.decode) and keeps only the fields its method uses."""
+  method = decode_cfg.method
+  if method == "greedy":
+    return Search("greedy")
+  if method == "beam":
+    if decode_cfg.beam_size < 1:
+      raise ValueError(f"eval.decode.beam_size={decode_cfg.beam_size} must be >= 1")
+    return Search("beam", beam_size=int(decode_cfg.beam_size),
+                  length_penalty=float(decode_cfg.length_penalty))
+  if method == "sample":
+    if not decode_cfg.temperature > 0:
+      raise ValueError(f"eval.decode.temperature={decode_cfg.temperature} must be > 0")
+    if decode_cfg.top_k < 0:
+      raise ValueError(f"eval.decode.top_k={decode_cfg.top_k} must be >= 0 (0 = off)")
+    if not 0.0 < decode_cfg.top_p <= 1.0:
+      raise ValueError(f"eval.decode.top_p={decode_cfg.top_p} must be in (0, 1]")
+    return Search("sample", temperature=float(decode_cfg.temperature), top_k=int(decode_cfg.top_k),
+                  top_p=float(decode_cfg.top_p))
+  raise ValueError(f"eval.decode.method={method!r} must be one of greedy, sample, beam")
+
+
+# ----------------------------------------------------------------------------- sampling and greedy
+
+
+def filter_logits(logits: jnp.ndarray, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0) -> jnp.ndarray:
+  """Scales logits [..., v] by 1/temperature, then keeps the top-k, then the top-p nucleus."""
+  logits = logits.astype(jnp.float32) / temperature
+  vocab = logits.shape[-1]
+  if 0 < top_k < vocab:
+    kth = lax.top_k(logits, top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, NEG_INF, logits)
+  if top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    # A token is in the nucleus if the mass strictly before it is < p (so the top token always is).
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    kept = jnp.where(mass_before < top_p, sorted_logits, jnp.inf)
+    threshold = jnp.min(kept, axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, NEG_INF, logits)
+  return logits
+
+
+def _choose(logits: jnp.ndarray, key: jnp.ndarray, search: Search) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Next token [B] and its log-probability under the unmodified model distribution."""
+  if search.method == "greedy":
+    tokens = jnp.argmax(logits, axis=-1)
+  else:
+    filtered = filter_logits(logits, search.temperature, search.top_k, search.top_p)
+    tokens = jax.random.categorical(key, filtered, axis=-1)
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return tokens.astype(jnp.int32), jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
+
+
+def sample_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, search: Search,
+                  eos_id: int, max_len: int, rng: jnp.ndarray | None = None
+                  ) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Greedy or sampled decoding: (tokens [b, max_len], summed log-probs [b], EOS included)."""
+  b = first_logits.shape[0]
+  rng = jax.random.key(0) if rng is None else rng
+
+  def update(state, logits):
+    i, seqs, done, scores, cache = state
+    tokens, log_probs = _choose(logits, jax.random.fold_in(rng, i), search)
+    tokens = jnp.where(done, 0, tokens)
+    seqs = lax.dynamic_update_slice(seqs, tokens[:, None], (0, i))
+    scores = scores + jnp.where(done, 0.0, log_probs)
+    return i + 1, seqs, done | (tokens == eos_id), scores, cache
+
+  def cond(state):
+    i, _, done, _, _ = state
+    return (i < max_len) & ~jnp.all(done)
+
+  def body(state):
+    i, seqs, done, scores, cache = state
+    logits, cache = step_fn(seqs[:, i - 1], cache, i - 1)
+    return update((i, seqs, done, scores, cache), logits)
+
+  state = (jnp.int32(0), jnp.zeros((b, max_len), jnp.int32), jnp.zeros((b,), bool),
+           jnp.zeros((b,), jnp.float32), cache)
+  state = lax.while_loop(cond, body, update(state, first_logits))
+  return state[1], state[3]
+
+
+# ----------------------------------------------------------------------------- beam search
+
+
+def length_penalty(length: jnp.ndarray, alpha: float) -> jnp.ndarray:
+  """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016); 1 when alpha is 0."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _gather_beams(x: jnp.ndarray, indices: jnp.ndarray) -> jnp.ndarray:
+  """x [b, m, ...], indices [b, k] -> [b, k, ...]."""
+  return jax.vmap(lambda row, idx: row[idx])(x, indices)
+
+
+def take_rows(cache: Any, indices: jnp.ndarray) -> Any:
+  """Default cache reordering: every leaf gathered along axis 0."""
+  return jax.tree_util.tree_map(lambda x: jnp.take(x, indices, axis=0), cache)
+
+
+class _Beams(NamedTuple):
+  i: jnp.ndarray          # [] index of the token being chosen
+  alive_seqs: jnp.ndarray  # [b, k, L]
+  alive_logp: jnp.ndarray  # [b, k] summed log-probs
+  fin_seqs: jnp.ndarray   # [b, k, L]
+  fin_scores: jnp.ndarray  # [b, k] length-penalised, best first
+  cache: Any              # b*k rows
+
+
+def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_size: int,
+                alpha: float, eos_id: int, max_len: int, reorder_fn: ReorderFn = take_rows,
+                return_all_beams: bool = False) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Beam search with the GNMT length penalty; the score of a hypothesis is logp / lp(len).
+
+  len counts the generated tokens including EOS; a hypothesis still alive at max_len ends there.
+  first_logits [b, v] and `cache` are for b rows; the cache is tiled to b*k rows here and step_fn
+  runs on b*k rows. Returns the best (tokens [b, L], scores [b]), or all k ([b, k, L], [b, k]).
+  """
+  b, vocab = first_logits.shape
+  k, L = beam_size, max_len
+  num_candidates = min(2 * k, k * vocab)  # 2k: at most k of them end in EOS, k stay alive
+  offsets = (jnp.arange(b) * k)[:, None]
+
+  def update(state: _Beams, logits: jnp.ndarray) -> _Beams:
+    i = state.i
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, vocab)
+    candidate_logp = (state.alive_logp[:, :, None] + log_probs).reshape(b, k * vocab)
+    top_logp, top_index = lax.top_k(candidate_logp, num_candidates)  # [b, 2k]
+    beam, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
+    seqs = _gather_beams(state.alive_seqs, beam)
+    seqs = lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, i))  # [b, 2k, L]
+    ends = (token == eos_id) | (i == L - 1)
+    # A hypothesis ends only if it ranks among the k best candidates of this step (ended hypotheses
+    # take beam slots, so beam 1 is greedy); none grown from the dead start beams (logp ~ NEG_INF).
+    accepted = ends & (jnp.arange(num_candidates) < k) & (top_logp > NEG_INF / 2)
+    # Stay alive: the k best that did not end.
+    alive_logp, keep = lax.top_k(jnp.where(ends, NEG_INF, top_logp), k)
+    alive_seqs = _gather_beams(seqs, keep)
+    cache = reorder_fn(state.cache, (offsets + _gather_beams(beam, keep)).reshape(-1))
+    # Finished: merge the newly ended with the previous k best.
+    new_scores = jnp.where(accepted, top_logp / length_penalty(i + 1, alpha), NEG_INF)
+    fin_scores, best = lax.top_k(jnp.concatenate([state.fin_scores, new_scores], axis=1), k)
+    fin_seqs = _gather_beams(jnp.concatenate([state.fin_seqs, seqs], axis=1), best)
+    return _Beams(i + 1, alive_seqs, alive_logp, fin_seqs, fin_scores, cache)
+
+  def cond(state: _Beams) -> jnp.ndarray:
+    # Log-probs only fall as a hypothesis grows, so an alive beam can at best reach its current
+    # logp divided by the largest penalty still ahead; stop once the k-th finished beats that.
+    best_penalty = jnp.maximum(length_penalty(state.i + 1, alpha), length_penalty(L, alpha))
+    best_alive = jnp.max(state.alive_logp, axis=1) / best_penalty
+    all_done = jnp.all(state.fin_scores[:, -1] >= best_alive)
+    return (state.i < L) & ~all_done
+
+  def body(state: _Beams) -> _Beams:
+    tokens = state.alive_seqs[:, :, state.i - 1].reshape(-1)
+    logits, cache = step_fn(tokens, state.cache, state.i - 1)
+    return update(state._replace(cache=cache), logits)
+
+  # Beam 0 alone is live at the start, so the first expansion picks k distinct tokens.
+  alive_logp = jnp.tile(jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF), (b, 1))
+  state = _Beams(jnp.int32(0), jnp.zeros((b, k, L), jnp.int32), alive_logp,
+                 jnp.zeros((b, k, L), jnp.int32), jnp.full((b, k), NEG_INF),
+                 reorder_fn(cache, jnp.repeat(jnp.arange(b), k)))
+  state = lax.while_loop(cond, body, update(state, jnp.repeat(first_logits, k, axis=0)))
+  if return_all_beams:
+    return state.fin_seqs, state.fin_scores
+  return state.fin_seqs[:, 0], state.fin_scores[:, 0]
