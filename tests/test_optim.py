@@ -107,6 +107,22 @@ def test_weight_decay_mask_rules():
   assert all(jax.tree.leaves(both))
 
 
+def test_weight_decay_mask_on_the_real_model():
+  """On build_model's (boxed) param tree exactly the kernels are decayed by default."""
+  from transformer.config import model_config  # pylint: disable=g-import-not-at-top
+  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
+  cfg = model_config(vocab_size=11, source_vocab_size=11, d_model=8, num_heads=2, mlp_dim=16,
+                     num_encoder_layers=1, num_decoder_layers=1, ffn="swiglu")
+  tokens = jnp.ones((1, 3), jnp.int32)
+  params = jax.eval_shape(lambda: build_model(cfg).init(jax.random.key(0), tokens, tokens))
+  params = params["params"]
+  mask = optim.weight_decay_mask(train_cfg())(params)
+  flat = jax.tree_util.tree_flatten_with_path(mask)[0]
+  assert len(flat) > 20
+  for path, decayed in flat:
+    assert decayed == jax.tree_util.keystr(path).endswith("['kernel'].value"), path
+
+
 def test_adamw_decays_only_masked_params():
   """With zero gradients AdamW's update is exactly -lr * wd * param on decayed leaves, 0 elsewhere."""
   cfg = train_cfg(optimizer="adamw", schedule="constant", learning_rate=0.5, warmup_steps=0,
