@@ -25,7 +25,7 @@ import numpy as np
 import optax
 
 from transformer import optim
-from transformer.config import Config
+from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.losses import cross_entropy
 from transformer.models import shift_right
 
@@ -244,3 +244,206 @@ def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch:
   params = init_params(cfg, model, jax.random.fold_in(rng, 1), example_batch, unbox)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                     rng=jnp.asarray(rng, jnp.uint32))
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop.
+
+
+def check_loop_config(cfg: Config) -> None:
+  """Relations the loop needs that transformer.config cannot check alone; raises ConfigError."""
+  tc = cfg.train
+  if cfg.data.batch_size % tc.grad_accum_steps:
+    raise ConfigError(f"data.batch_size={cfg.data.batch_size} must be divisible by "
+                      f"train.grad_accum_steps={tc.grad_accum_steps}")
+  for key, value in (("train.early_stop_metric", tc.early_stop_metric),
+                     ("checkpoint.keep_best_by", cfg.checkpoint.keep_best_by)):
+    if value and not value.startswith("eval/"):
+      raise ConfigError(f"{key}={value!r} must name an evaluation metric such as 'eval/loss'")
+
+
+def fill_vocab_sizes(cfg: Config, task: Any) -> Config:
+  """Sets model.vocab_size/source_vocab_size written 0 from the task's tokenizers."""
+  m = cfg.model
+  vocab = m.vocab_size or task.target_tokenizer.vocab_size
+  source = task.source_tokenizer.vocab_size if task.source_tokenizer is not None else vocab
+  return dataclasses.replace(cfg, model=dataclasses.replace(
+      m, vocab_size=vocab, source_vocab_size=m.source_vocab_size or source))
+
+
+def decode_metrics(cfg: Config, model: nn.Module, params: PyTree, task: Any, split: str,
+                   num_examples: int = 0) -> dict[str, float]:
+  """Task metrics from decoding `split` (WER/PER or BLEU); {} until transformer.decoding lands."""
+  try:
+    from transformer import evaluation  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return {}
+  fn = getattr(evaluation, "decode_metrics", None)
+  return fn(cfg, model, params, task, split, num_examples) if fn else {}
+
+
+class _EarlyStopping:
+  """Counts evaluations without improvement of `train.early_stop_metric`; state is two floats."""
+
+  def __init__(self, tc: Any, saved: dict[str, float]):
+    self.patience, self.key, self.sign = tc.early_stop_patience, tc.early_stop_metric, (
+        1.0 if tc.early_stop_mode == "min" else -1.0)
+    self.best = saved.get("early_stop/best", math.inf)
+    self.bad = int(saved.get("early_stop/bad_evals", 0))
+
+  def update(self, metrics: dict[str, float]) -> bool:
+    """Records one evaluation; True when the run should stop."""
+    if not self.patience or self.key not in metrics:
+      return False
+    value = self.sign * metrics[self.key]
+    if value < self.best:
+      self.best, self.bad = value, 0
+    else:
+      self.bad += 1
+    return self.bad >= self.patience
+
+  def state(self) -> dict[str, float]:
+    return {"early_stop/best": self.best, "early_stop/bad_evals": float(self.bad)}
+
+
+def _host_tokens(batch: dict[str, Any]) -> tuple[int, int]:
+  """(all, non-padding) token positions of a host batch, counted on the host."""
+  keys = [k for k in ("inputs", "targets") if batch.get(k) is not None]
+  return (sum(int(np.size(batch[k])) for k in keys),
+          sum(int(np.count_nonzero(batch[k])) for k in keys))
+
+
+def evaluate(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, float]:
+  """Teacher-forced loss/accuracy/perplexity over `eval.num_batches` batches of the eval split."""
+  totals: dict[str, float] = {}
+  batches = task.eval_batches(cfg.data.eval_split, batch_size=cfg.eval.batch_size or None)
+  for i, batch in enumerate(batches):
+    if cfg.eval.num_batches and i >= cfg.eval.num_batches:
+      break
+    sums = jax.device_get(run_eval.step(state, run_eval.prepare_batch(batch)))
+    for k, v in sums.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+  return summarize_eval(totals) if totals else {}
+
+
+def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str, float]:
+  """Trains `config` (a ConfigDict or Config) in `workdir`, resuming from its latest checkpoint.
+
+  Returns the final metrics (the last evaluation, train/loss, step). `task` overrides
+  `transformer.data.load_task` (tests, notebooks). Raises ConfigError, CheckpointError or
+  TrainingDiverged, each with a one-line message.
+  """
+  from transformer import checkpoints, parallel, reporting  # pylint: disable=g-import-not-at-top
+  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
+  cfg = config if isinstance(config, Config) else from_configdict(config)
+  check_loop_config(cfg)
+  parallel.initialize_distributed(cfg.parallel)
+  if task is None:
+    from transformer.data import load_task  # pylint: disable=g-import-not-at-top
+    task = load_task(cfg, workdir)
+  cfg = fill_vocab_sizes(cfg, task)
+  config_dict = to_dict(cfg)
+  checkpoints.check_compatible(workdir, config_dict)
+  tc, mode = cfg.train, cfg.parallel.mode
+
+  # ---- model, optimizer, mesh and the (abstract) train state
+  model = build_model(cfg.model)
+  tx = optim.make_optimizer(tc, d_model=cfg.model.d_model)
+  example = {k: np.asarray(v)[:1] for k, v in next(iter(task.train_iterator())).items()
+             if v is not None}
+  rng = jax.random.PRNGKey(cfg.seed)
+  init = lambda r, unbox=True: create_train_state(cfg, model, r, example, tx, unbox)  # pylint: disable=unnecessary-lambda-assignment
+  mesh = parallel.make_mesh(cfg.parallel) if mode == "mesh" else None
+  if mesh is not None:
+    shardings = parallel.state_shardings(jax.eval_shape(lambda r: init(r, False), rng), mesh)
+  else:  # pmap: the state lives on one device until prepare_state replicates it
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shardings = jax.tree.map(lambda _: device, jax.eval_shape(init, rng))
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          jax.eval_shape(init, rng), shardings)
+
+  ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint, config=config_dict)
+  train_iter = task.train_iterator()
+  saved: dict[str, float] = {}
+  if ckpt.latest_step() is not None:
+    state = ckpt.restore(None, abstract, data_iterator=train_iter)
+    saved = ckpt.metadata()["metrics"]
+  else:
+    state = jax.jit(init, out_shardings=shardings)(rng)
+  start = int(state.step)
+  if start >= tc.num_steps or saved.get("train/stopped_early"):
+    ckpt.close()  # a finished run: report, never retrain
+    return {k: v for k, v in saved.items() if not k.startswith("early_stop/")} | {"step": start}
+
+  run = parallel.compile_train_step(make_train_step(cfg, model, tx), mode, mesh, shardings)
+  eval_step = make_eval_step(cfg, model)
+  run_eval = parallel.compile_eval_step(lambda s, b: eval_step(s.params, b), mode, mesh, shardings)
+  state = run.prepare_state(state)
+  global_batch = cfg.data.batch_size
+  reporter = reporting.Reporter(
+      workdir, config_dict, parallel.is_main_process(), total_steps=tc.num_steps,
+      start_step=start, mesh_shape=dict(mesh.shape) if mesh is not None else None,
+      flops_per_step=reporting.model_flops_per_step(
+          cfg.model, global_batch, cfg.data.max_source_len, cfg.data.max_target_len),
+      peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops))
+  preempt = checkpoints.install_preemption_handler()
+  early = _EarlyStopping(tc, saved)
+
+  # ---- the loop: dispatch step s, then check step s-1 (a one-step lag keeps the device busy)
+  step, pending, window, last_eval = start, None, [], {}
+  final: dict[str, float] = {}
+
+  def check(entry):
+    s, m = entry
+    if not bool(m["finite"]):
+      ckpt.wait()  # the last good checkpoint stays; this state is never saved
+      raise TrainingDiverged(
+          f"non-finite training loss={float(m['loss'])} grad_norm={float(m['grad_norm'])} at step "
+          f"{s}; stopped (last good checkpoint: step {ckpt.latest_step()} in {ckpt.directory})")
+
+  try:
+    stop_reason = ""
+    while step < tc.num_steps:
+      batch = next(train_iter)
+      reporter.add_tokens(*_host_tokens(batch))
+      with reporting.maybe_profile(step, tc, workdir):
+        state, metrics = run.step(state, run.prepare_batch(batch))
+      step += 1
+      if pending is not None:
+        check(pending)
+      pending = (step, metrics)
+      window.append(metrics)
+      reporter.progress(step)
+      if step % tc.log_every_steps == 0 or step == tc.num_steps:
+        check(pending)
+        fetched = jax.device_get(window)
+        window = []
+        scalars = {f"train/{k}": float(np.mean([m[k] for m in fetched]))
+                   for k in ("loss", "grad_norm")}
+        scalars |= {f"train/{k}": float(fetched[-1][k]) for k in ("learning_rate", "teacher_forcing")}
+        reporter.write_scalars(step, scalars | reporter.throughput())
+        final |= scalars
+      evaluated = step % cfg.eval.every_steps == 0 or step == tc.num_steps
+      if evaluated:
+        check(pending)
+        last_eval = evaluate(cfg, run_eval, state, task)
+        last_eval |= decode_metrics(cfg, model, run.fetch_state(state).params, task,
+                                    cfg.data.eval_split, cfg.eval.num_decode_examples)
+        reporter.write_scalars(step, last_eval)
+        reporter.reset_throughput()
+        if early.update(last_eval):
+          stop_reason = "early_stop"
+      if preempt.should_stop(step):
+        stop_reason = "preempted"
+      if stop_reason or step == tc.num_steps or ckpt.should_save(step):
+        check(pending)
+        extra = {"train/stopped_early": 1.0} if stop_reason == "early_stop" else {}
+        ckpt.save(step, run.fetch_state(state), train_iter,
+                  (last_eval if evaluated else {}) | early.state() | extra, force=True)
+      if stop_reason:
+        break
+  finally:
+    ckpt.close()
+    reporter.close()
+    preempt.uninstall()
+  return final | last_eval | {"step": step} | ({stop_reason: 1.0} if stop_reason else {})
