@@ -240,3 +240,38 @@ def test_sigterm_sets_the_preemption_flag():
   finally:
     handler.uninstall()
   assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_sigkill_during_async_saves_leaves_a_restorable_latest(tmp_path):
+  """A process SIGKILLed while saving every step leaves a latest step that restores exactly.
+
+  The child saves {'w': full(n, step)} asynchronously every step; whatever moment the kill hits,
+  the latest complete step on disk must restore to the values of that very step.
+  """
+  script = textwrap.dedent(f"""
+      import sys, jax.numpy as jnp
+      from transformer import checkpoints
+      from tests.test_checkpoints import ckpt_cfg
+      ckpt = checkpoints.Checkpointer({str(tmp_path)!r}, ckpt_cfg(every_steps=1, keep=2))
+      for step in range(1, 10_000):
+        ckpt.save(step, {{"w": jnp.full((100_000,), step, jnp.float32)}})
+        print(step, flush=True)
+  """)
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+  try:
+    for line in proc.stdout:
+      if int(line) >= 6:
+        break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  ckpt = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(every_steps=1, keep=2))
+  latest = ckpt.latest_step()
+  assert latest is not None and latest >= 5
+  restored = ckpt.restore(None, {"w": jax.ShapeDtypeStruct((100_000,), jnp.float32)})
+  np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((100_000,), latest, np.float32))
+  ckpt.close()
