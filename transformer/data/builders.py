@@ -1,0 +1,237 @@
+"""TFDS builders (`cmudict_g2p`, `text_files`, `tsv_pairs`) and the lookup of a dataset by name.
+
+`open_dataset(data_cfg)` turns `cfg.data.dataset` into a `Dataset`: random-access sources per
+split (`tfds` array_record data sources, read without TensorFlow), the task kind and the feature
+names. Local builders are prepared offline on first use into `data.data_dir`; catalog datasets
+(`tiny_shakespeare`, `lm1b`, `wmt14_translate/de-en`, ...) must already be prepared there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import importlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from absl import logging
+import tensorflow_datasets as tfds
+
+from transformer.data.cmudict import CmudictG2p  # pylint: disable=unused-import  (registers it)
+
+LOCAL_BUILDERS = ("cmudict_g2p", "text_files", "tsv_pairs")
+SPLITS = ("train", "validation", "test")
+
+
+def default_data_dir() -> str:
+  """The usual TFDS directory: $TFDS_DATA_DIR or ~/tensorflow_datasets."""
+  return os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
+
+
+def _files_fingerprint(paths: Sequence[str], *extra: Any) -> str:
+  """A short name identifying local input files (path, size, mtime) and options."""
+  stats = [(os.path.abspath(p), os.path.getsize(p), int(os.path.getmtime(p))) for p in paths]
+  return "f" + hashlib.sha256(json.dumps([stats, extra]).encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(eq=False)
+class TextFilesConfig(tfds.core.BuilderConfig):
+  """Which local text files, and how they are split."""
+  files: tuple[str, ...] = ()
+  text_split: str = "fraction"
+  train_fraction: float = 0.9
+
+
+class TextFiles(tfds.core.GeneratorBasedBuilder):
+  """Language modelling over local text files; one record per document (file) per split.
+
+  `fraction`: the files' concatenated text, the first `train_fraction` of its characters is
+  `train`, the rest `validation` (nanoGPT's tiny-shakespeare convention). `document`: the first
+  round(n * train_fraction) files (sorted by path) are `train`, the others `validation`.
+  """
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(builder=self, description=self.__doc__,
+                                 features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    c = self.builder_config
+    texts = []
+    for path in c.files:
+      with open(path, encoding="utf-8") as f:
+        texts.append(f.read())
+    if c.text_split == "fraction":
+      text = "".join(texts)
+      cut = int(len(text) * c.train_fraction)
+      parts = {"train": [text[:cut]], "validation": [text[cut:]]}
+    else:
+      if len(texts) < 2:
+        raise ValueError(f"data.text_split='document' needs several files; data.text_file "
+                         f"matched {len(texts)}")
+      n = min(max(round(len(texts) * c.train_fraction), 1), len(texts) - 1)
+      parts = {"train": texts[:n], "validation": texts[n:]}
+    return {name: self._generate_examples(docs) for name, docs in parts.items()}
+
+  def _generate_examples(self, docs: list[str]):
+    for i, doc in enumerate(docs):
+      yield f"{i:09d}", {"text": doc}
+
+
+@dataclasses.dataclass(eq=False)
+class TsvPairsConfig(tfds.core.BuilderConfig):
+  """Local `source<TAB>target` files per split ("" = no such split)."""
+  files: tuple[tuple[str, str], ...] = ()  # (split, path)
+
+
+class TsvPairs(tfds.core.GeneratorBasedBuilder):
+  """Sequence-to-sequence pairs from local `source<TAB>target` files (e.g. a published G2P split)."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self, description=self.__doc__, supervised_keys=("source", "target"),
+        features=tfds.features.FeaturesDict({"source": tfds.features.Text(),
+                                             "target": tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {split: self._generate_examples(path) for split, path in self.builder_config.files}
+
+  def _generate_examples(self, path: str):
+    yield from read_tsv_pairs(path)
+
+
+def read_tsv_pairs(path: str):
+  """Yields (key, {'source', 'target'}) from a `source<TAB>target` file; bad lines name file:line."""
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      line = line.rstrip("\n\r")
+      if not line.strip():
+        continue
+      source, sep, target = line.partition("\t")
+      if not sep or not source.strip() or not target.strip():
+        raise ValueError(f"{path}:{n}: expected 'source<TAB>target', got {line[:60]!r}")
+      yield f"{n:09d}", {"source": source.strip(), "target": target.strip()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """A dataset resolved from the config: sources per split and what the features mean."""
+  name: str  # TFDS name with config, e.g. 'cmudict_g2p/no_stress'
+  kind: str  # 'seq2seq' | 'lm'
+  source_key: str | None  # None for lm
+  target_key: str
+  root: str  # directory of the prepared data; tokenizers are saved under root/tokenizers
+  splits: tuple[str, ...]
+  _open: Callable[[str], Sequence[Any]] = dataclasses.field(repr=False, compare=False)
+
+  def source(self, split: str) -> Sequence[Any]:
+    """Random-access source of `split` (len, __getitem__); records are dicts of str/bytes."""
+    if split not in self.splits:
+      raise ValueError(f"split {split!r} of {self.name} does not exist; it has "
+                       f"{', '.join(self.splits)}")
+    return self._open(split)
+
+
+def _prepare(builder: tfds.core.DatasetBuilder) -> None:
+  """Prepares a local builder offline (array_record) unless it is already there."""
+  if builder.is_prepared():
+    return
+  logging.info("Preparing %s into %s (first use, offline)...", builder.info.full_name,
+               builder.data_dir)
+  start = time.time()
+  builder.download_and_prepare(file_format="array_record")
+  logging.info("Prepared %s in %.1f s.", builder.info.full_name, time.time() - start)
+
+
+def _local_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
+  """The builder of cmudict_g2p / text_files / tsv_pairs for data config `d`."""
+  name, _, config = d.dataset.partition("/")
+  given = [(s, getattr(d, k)) for s, k in zip(SPLITS, ("train_file", "dev_file", "test_file"))
+           if getattr(d, k)]
+  if name == "tsv_pairs" or (name == "cmudict_g2p" and given):
+    if not any(s == "train" for s, _ in given):
+      raise ValueError(f"data.dataset={d.dataset!r} needs data.train_file (source<TAB>target)")
+    for s, path in given:
+      if not os.path.isfile(path):
+        key = dict(zip(SPLITS, ("train_file", "dev_file", "test_file")))[s]
+        raise FileNotFoundError(f"data.{key}={path!r}: no such file")
+    cfg = TsvPairsConfig(name=_files_fingerprint([p for _, p in given], given),
+                         files=tuple(given))
+    return TsvPairs(config=cfg, data_dir=data_dir)
+  if name == "cmudict_g2p":
+    return CmudictG2p(config=config or None, data_dir=data_dir)
+  if not d.text_file:
+    raise ValueError("data.dataset='text_files' needs data.text_file (a path or a glob)")
+  files = tuple(sorted(glob.glob(os.path.expanduser(d.text_file))))
+  if not files:
+    raise FileNotFoundError(f"data.text_file={d.text_file!r}: no such file")
+  cfg = TextFilesConfig(
+      name=_files_fingerprint(files, d.text_split, d.train_fraction), files=files,
+      text_split=d.text_split, train_fraction=d.train_fraction)
+  return TextFiles(config=cfg, data_dir=data_dir)
+
+
+def _catalog_builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
+  """A catalog builder by TFDS name (WMT builders live in a module TFDS does not import)."""
+  base = name.split("/")[0]
+  if base.startswith("wmt") and base.endswith("_translate"):
+    importlib.import_module(f"tensorflow_datasets.translate.{base[:-len('_translate')]}")
+  try:
+    return tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ValueError(f"data.dataset={name!r} is neither a TFDS catalog dataset nor one of "
+                     f"{'|'.join(LOCAL_BUILDERS)}") from None
+
+
+def _catalog_source(name: str, split: str, data_dir: str) -> Sequence[Any]:
+  """tfds.data_source without ever downloading; a missing dataset is a one-line error."""
+  try:
+    return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  except Exception as e:  # pylint: disable=broad-except  (tfds raises many kinds)
+    raise FileNotFoundError(
+        f"data.dataset={name!r} split {split!r} is not prepared as array_record under "
+        f"data.data_dir={data_dir!r}: on a machine with internet run `tfds build {name} "
+        f"--file_format=array_record --data_dir=DIR`, copy DIR here and set data.data_dir=DIR "
+        f"({type(e).__name__})") from None
+
+
+def open_dataset(d: Any) -> Dataset:
+  """Resolves data config `d` (cfg.data) to a Dataset, preparing local builders on first use."""
+  data_dir = os.path.expanduser(d.data_dir) if d.data_dir else default_data_dir()
+  base = d.dataset.split("/")[0]
+  if base in LOCAL_BUILDERS:
+    builder = _local_builder(d, data_dir)
+    _prepare(builder)
+    open_split = builder.as_data_source
+    splits = tuple(builder.info.splits.keys())
+  else:
+    builder = _catalog_builder(d.dataset, data_dir)
+    splits = tuple(builder.info.splits.keys()) or SPLITS  # unknown until prepared (or mocked)
+    open_split = lambda split: _catalog_source(d.dataset, split, data_dir)
+  features = set(builder.info.features.keys())
+  source_key, target_key = d.source_key or None, d.target_key or None
+  if not target_key:
+    supervised = builder.info.supervised_keys
+    if supervised and isinstance(supervised, tuple) and len(supervised) == 2:
+      source_key, target_key = source_key or supervised[0], supervised[1]
+    elif "text" in features:
+      target_key = "text"
+    else:
+      raise ValueError(f"data.target_key: say which feature of {d.dataset} to predict "
+                       f"({', '.join(sorted(features))})")
+  for key, value in (("source_key", source_key), ("target_key", target_key)):
+    if value is not None and value not in features:
+      raise ValueError(f"data.{key}={value!r} is not a feature of {d.dataset} "
+                       f"({', '.join(sorted(features))})")
+  return Dataset(name=builder.info.full_name.rsplit("/", 1)[0], kind="seq2seq" if source_key
+                 else "lm", source_key=source_key, target_key=target_key,
+                 root=str(builder.data_dir), splits=splits, _open=open_split)

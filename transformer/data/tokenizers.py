@@ -1,0 +1,264 @@
+"""Tokenizers behind one small interface: char, byte, symbol and SentencePiece (BPE / unigram).
+
+Every tokenizer uses the same special ids, so batches, losses and decoding never need to know
+which one is in use:
+
+  pad 0 (padding; also the decoder's start token, the model shifts targets right itself)
+  eos 1 (end of sequence)
+  bos 2 (beginning of sequence; reserved, the pipelines never emit it for the decoder)
+  unk 3 (unknown character / symbol / piece)
+
+Ordinary tokens start at id 4 (`NUM_SPECIAL`). `encode` never adds specials; the pipeline appends
+EOS where the task needs it. Unknown input maps to `unk_id` and is counted in `num_unknown`.
+A tokenizer is saved as a directory holding `tokenizer.json` (plus `spm.model` for SentencePiece);
+`load(dir)` gives back exactly the same vocabulary.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
+NUM_SPECIAL = 4
+_SPECIAL_STRINGS = ("<pad>", "</s>", "<s>", "<unk>")
+_JSON = "tokenizer.json"
+_SPM_FILE = "spm.model"
+KINDS = ("char", "byte", "symbol", "sentencepiece")
+
+
+class Tokenizer:
+  """Base class: the special ids and the shared decode rule (stop at EOS, drop pad and BOS)."""
+
+  kind = ""
+  pad_id, eos_id, bos_id, unk_id = PAD_ID, EOS_ID, BOS_ID, UNK_ID
+
+  def __init__(self):
+    self.num_unknown = 0  # unknown characters / symbols / pieces seen by `encode`
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of ids, specials included."""
+    raise NotImplementedError
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, without BOS/EOS."""
+    raise NotImplementedError
+
+  def _decode_ids(self, ids: list[int]) -> str:
+    raise NotImplementedError
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of `ids`: stops at the first EOS, drops pad and BOS, shows unknowns as <unk>."""
+    kept = []
+    for i in ids:
+      i = int(i)
+      if i == EOS_ID:
+        break
+      if i not in (PAD_ID, BOS_ID):
+        kept.append(i)
+    return self._decode_ids(kept)
+
+  def _config(self) -> dict[str, Any]:
+    raise NotImplementedError
+
+  def save(self, directory: str) -> None:
+    """Writes the tokenizer to `directory` (created if missing)."""
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, _JSON + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump({"type": self.kind, **self._config()}, f, ensure_ascii=False, indent=1)
+    os.replace(tmp, os.path.join(directory, _JSON))
+
+  def __eq__(self, other: object) -> bool:
+    return type(self) is type(other) and self._config() == other._config()  # pytype: disable=attribute-error
+
+  def __hash__(self) -> int:
+    return hash((self.kind, json.dumps(self._config(), sort_keys=True)))
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+class _VocabTokenizer(Tokenizer):
+  """A fixed list of units (characters or symbols) mapped to ids NUM_SPECIAL, NUM_SPECIAL+1, ..."""
+
+  def __init__(self, units: Sequence[str]):
+    super().__init__()
+    self.units = list(units)
+    self._ids = {u: i + NUM_SPECIAL for i, u in enumerate(self.units)}
+    if len(self._ids) != len(self.units):
+      raise ValueError(f"{self.kind} tokenizer: duplicate units in the vocabulary")
+
+  @property
+  def vocab_size(self) -> int:
+    return NUM_SPECIAL + len(self.units)
+
+  def _split(self, text: str) -> Sequence[str]:
+    raise NotImplementedError
+
+  def encode(self, text: str) -> list[int]:
+    ids = [self._ids.get(u, UNK_ID) for u in self._split(text)]
+    self.num_unknown += ids.count(UNK_ID)
+    return ids
+
+  def _unit(self, i: int) -> str:
+    if NUM_SPECIAL <= i < self.vocab_size:
+      return self.units[i - NUM_SPECIAL]
+    return _SPECIAL_STRINGS[UNK_ID]
+
+  def _config(self) -> dict[str, Any]:
+    return {"units": self.units}
+
+
+class CharTokenizer(_VocabTokenizer):
+  """One id per Unicode character of the training text."""
+
+  kind = "char"
+
+  def _split(self, text: str) -> Sequence[str]:
+    return text
+
+  def _decode_ids(self, ids: list[int]) -> str:
+    return "".join(self._unit(i) for i in ids)
+
+
+class SymbolTokenizer(_VocabTokenizer):
+  """One id per whitespace-separated symbol (phones); decodes with single spaces."""
+
+  kind = "symbol"
+
+  def _split(self, text: str) -> Sequence[str]:
+    return text.split()
+
+  def _decode_ids(self, ids: list[int]) -> str:
+    return " ".join(self._unit(i) for i in ids)
+
+
+class ByteTokenizer(Tokenizer):
+  """UTF-8 bytes: byte b is id b + NUM_SPECIAL (vocabulary 260); nothing is ever unknown."""
+
+  kind = "byte"
+
+  @property
+  def vocab_size(self) -> int:
+    return NUM_SPECIAL + 256
+
+  def encode(self, text: str) -> list[int]:
+    return [b + NUM_SPECIAL for b in text.encode("utf-8")]
+
+  def _decode_ids(self, ids: list[int]) -> str:
+    data = bytes(i - NUM_SPECIAL for i in ids if NUM_SPECIAL <= i < self.vocab_size)
+    return data.decode("utf-8", errors="replace")
+
+  def _config(self) -> dict[str, Any]:
+    return {}
+
+
+class SentencePieceTokenizer(Tokenizer):
+  """A SentencePiece model (BPE or unigram) with our special ids."""
+
+  kind = "sentencepiece"
+
+  def __init__(self, model_proto: bytes):
+    super().__init__()
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    self.model_proto = model_proto
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    got = (self._sp.pad_id(), self._sp.eos_id(), self._sp.bos_id(), self._sp.unk_id())
+    if got != (PAD_ID, EOS_ID, BOS_ID, UNK_ID):
+      raise ValueError(f"SentencePiece model has special ids (pad, eos, bos, unk)={got}, "
+                       f"expected {(PAD_ID, EOS_ID, BOS_ID, UNK_ID)}")
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    ids = self._sp.encode(text)
+    self.num_unknown += ids.count(UNK_ID)
+    return ids
+
+  def _decode_ids(self, ids: list[int]) -> str:
+    return self._sp.decode(ids)
+
+  def _config(self) -> dict[str, Any]:
+    return {"model_file": _SPM_FILE}
+
+  def save(self, directory: str) -> None:
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, _SPM_FILE), "wb") as f:
+      f.write(self.model_proto)
+    super().save(directory)
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, SentencePieceTokenizer) and self.model_proto == other.model_proto
+
+  def __hash__(self) -> int:
+    return hash(self.model_proto)
+
+
+def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
+                        max_sentences: int = 1_000_000) -> SentencePieceTokenizer:
+  """Trains SentencePiece on `texts` (the training split) deterministically (one thread, no
+  sampling shuffle), with our special ids."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  if model_type not in ("bpe", "unigram"):
+    raise ValueError(f"data.spm_model_type={model_type!r} is not one of bpe|unigram")
+
+  def lines():
+    for n, text in enumerate(texts):
+      if n >= max_sentences:
+        return
+      for line in text.splitlines():
+        if line.strip():
+          yield line
+
+  out = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=lines(), model_writer=out, vocab_size=vocab_size, model_type=model_type,
+        pad_id=PAD_ID, eos_id=EOS_ID, bos_id=BOS_ID, unk_id=UNK_ID, character_coverage=1.0,
+        num_threads=1, shuffle_input_sentence=False, input_sentence_size=max_sentences,
+        hard_vocab_limit=False, minloglevel=2)
+  except RuntimeError as e:
+    raise ValueError(f"data.spm_vocab_size={vocab_size}: SentencePiece training failed: "
+                     f"{str(e).splitlines()[0]}") from None
+  return SentencePieceTokenizer(out.getvalue())
+
+
+def build(kind: str, texts: Iterable[str], *, spm_vocab_size: int = 8000,
+          spm_model_type: str = "bpe") -> Tokenizer:
+  """A new tokenizer of `kind` whose vocabulary comes from `texts` (the training split)."""
+  if kind == "byte":
+    return ByteTokenizer()
+  if kind == "char":
+    return CharTokenizer(sorted(set().union(*map(set, texts))))
+  if kind == "symbol":
+    return SymbolTokenizer(sorted(set().union(*(t.split() for t in texts))))
+  if kind == "sentencepiece":
+    return train_sentencepiece(texts, spm_vocab_size, spm_model_type)
+  raise ValueError(f"data.tokenizer={kind!r} is not one of {'|'.join(KINDS)}")
+
+
+def load(directory: str) -> Tokenizer:
+  """Reads a tokenizer written by `Tokenizer.save(directory)`."""
+  path = os.path.join(directory, _JSON)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"no tokenizer at {path}")
+  with open(path, encoding="utf-8") as f:
+    spec = json.load(f)
+  kind = spec.get("type")
+  if kind == "char":
+    return CharTokenizer(spec["units"])
+  if kind == "symbol":
+    return SymbolTokenizer(spec["units"])
+  if kind == "byte":
+    return ByteTokenizer()
+  if kind == "sentencepiece":
+    with open(os.path.join(directory, spec["model_file"]), "rb") as f:
+      return SentencePieceTokenizer(f.read())
+  raise ValueError(f"{path}: unknown tokenizer type {kind!r}")
