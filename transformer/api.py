@@ -1,0 +1,194 @@
+"""The notebook API: `restore(workdir)` gives a `Run` to decode, score and look inside.
+
+  run = transformer.restore("runs/g2p")           # latest checkpoint; step='best' or an int
+  run.generate(["hello", "world"], method="beam", beam_size=4)  # ['HH AH L OW', 'W ER L D']
+  run.score(["hello"], ["HH AH L OW"])            # log p(target | source), summed over tokens
+  att = run.attention("hello")                    # every layer and head, see `Attention`
+  viz.plot_attention(att.cross[0], att.target_tokens, att.source_tokens)
+
+Everything comes from the workdir: config.json, the orbax checkpoint, and the task built by
+`transformer.data.load_task(config, workdir)`, which reuses the tokenizers training saved under
+`<workdir>/tokenizers`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer import evaluation
+from transformer.config import Config
+
+
+@dataclasses.dataclass
+class Attention:
+  """Attention weights of one example, one [heads, queries, keys] float32 array per layer.
+
+  encoder_self: encoder self-attention (queries and keys: source_tokens); empty for decoder-only.
+  decoder_self: decoder self-attention (queries and keys: target_tokens, the decoder inputs).
+  cross: cross-attention (queries: target_tokens, keys: source_tokens); empty for decoder-only.
+  For a decoder-only model target_tokens is the whole sequence: prompt, then the output.
+  """
+  source_tokens: list[str]
+  target_tokens: list[str]
+  encoder_self: list[np.ndarray]
+  decoder_self: list[np.ndarray]
+  cross: list[np.ndarray]
+
+
+def _token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+  """One display label per id: the unit's text, or <pad>/<s>/</s>/<unk> for special ids."""
+  names = {tokenizer.pad_id: "<s>", tokenizer.eos_id: "</s>", tokenizer.bos_id: "<bos>",
+           tokenizer.unk_id: "<unk>"}
+  return [names[i] if i in names else tokenizer.decode([i]) for i in map(int, ids)]
+
+
+def _collect_weights(tree: Any) -> dict[tuple[str, str], list[np.ndarray]]:
+  """(stack, kind) -> per-layer [b, n, t, s] weights from the sown 'intermediates' tree."""
+  found: dict[tuple[str, str], dict[int, np.ndarray]] = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    keys = [str(getattr(p, "key", getattr(p, "idx", ""))) for p in path]
+    if "attention_weights" not in keys:
+      continue
+    stack = "encoder" if "encoder" in keys else "decoder"
+    kind = "cross" if "cross_attention" in keys else "self"
+    layer_keys = [k for k in keys if k.startswith("layers")]
+    leaf = np.asarray(leaf, np.float32)
+    slot = found.setdefault((stack, kind), {})
+    if layer_keys and layer_keys[0] == "layers":  # scan_layers: layers stacked on axis 0
+      for i in range(leaf.shape[0]):
+        slot[i] = leaf[i]
+    else:
+      slot[int(layer_keys[0].split("_")[1]) if layer_keys else 0] = leaf
+  return {k: [v[i] for i in sorted(v)] for k, v in found.items()}
+
+
+class Run:
+  """A restored run: config, model, params and tokenizers, with decoding and inspection helpers."""
+
+  def __init__(self, config: Config, model: Any, params: Any, task: Any, step: int, workdir: str):
+    self.config, self.model, self.params, self.task = config, model, params, task
+    self.source_tokenizer, self.target_tokenizer = task.source_tokenizer, task.target_tokenizer
+    self.step, self.workdir = step, workdir
+    self.kind = getattr(task, "kind", "seq2seq")
+    self._forward = jax.jit(self._logits_fn)
+
+  def __repr__(self) -> str:
+    m = self.config.model
+    return (f"Run({self.workdir!r}, step={self.step}, arch={m.arch}, d_model={m.d_model}, "
+            f"layers={m.num_encoder_layers}+{m.num_decoder_layers})")
+
+  # ---- encoding
+
+  def encode_source(self, text: str) -> list[int]:
+    """Encoder input (or decoder-only prompt) ids of `text`, EOS included for seq2seq tasks."""
+    return evaluation.source_ids(self.task, text)
+
+  def _pad(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
+    width = max(1, max(len(r) for r in rows))
+    out = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+      out[i, :len(r)] = r
+    return out
+
+  def _teacher_forced_batch(self, sources: Sequence[str], targets: Sequence[str]
+                            ) -> dict[str, np.ndarray]:
+    """Model inputs for (source, target) pairs; targets end with EOS."""
+    eos = self.target_tokenizer.eos_id
+    tgt = [list(self.target_tokenizer.encode(t)) + [eos] for t in targets]
+    if self.config.model.arch == "encoder_decoder":
+      return dict(inputs=self._pad([self.encode_source(s) for s in sources]),
+                  targets=self._pad(tgt))
+    src = [self.encode_source(s) for s in sources]
+    full = self._pad([s + t for s, t in zip(src, tgt)])
+    prefix = np.zeros_like(full)
+    for i, s in enumerate(src):
+      prefix[i, :len(s)] = 1
+    return dict(targets=full, prefix_mask=prefix if self.kind == "seq2seq" else None)
+
+  def _logits_fn(self, params, batch):
+    from transformer.training import model_kwargs  # pylint: disable=g-import-not-at-top
+    return self.model.apply({"params": params}, **model_kwargs(self.config.model.arch, batch),
+                            deterministic=True)
+
+  # ---- the API
+
+  def logits(self, sources: Sequence[str], targets: Sequence[str]) -> np.ndarray:
+    """Teacher-forced logits [b, t, vocab] float32 (decoder-only: over prompt + target)."""
+    batch = self._teacher_forced_batch(sources, targets)
+    return np.asarray(self._forward(self.params, {k: v for k, v in batch.items() if v is not None}))
+
+  def score(self, sources: Sequence[str], targets: Sequence[str]) -> np.ndarray:
+    """log p(target + EOS | source) [b] in nats, summed over the target tokens."""
+    if len(sources) != len(targets):
+      raise ValueError(f"score: {len(sources)} sources but {len(targets)} targets")
+    batch = self._teacher_forced_batch(sources, targets)
+    logits = self.logits(sources, targets)
+    log_probs = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
+    tokens = batch["targets"]
+    picked = np.asarray(jnp.take_along_axis(log_probs, jnp.asarray(tokens)[..., None], -1))[..., 0]
+    weights = (tokens != 0).astype(np.float32)
+    if batch.get("prefix_mask") is not None:
+      weights *= 1 - batch["prefix_mask"]
+    return (picked * weights).sum(axis=1)
+
+  def generate(self, texts: Sequence[str] | str, method: str | None = None,
+               beam_size: int | None = None, temperature: float | None = None,
+               top_k: int | None = None, top_p: float | None = None,
+               length_penalty: float | None = None, max_decode_len: int | None = None,
+               seed: int = 0) -> list[str]:
+    """Decodes each text; unset options come from the run's eval.decode config."""
+    if isinstance(texts, str):
+      texts = [texts]
+    options = dict(method=method, beam_size=beam_size, temperature=temperature, top_k=top_k,
+                   top_p=top_p, length_penalty=length_penalty, max_decode_len=max_decode_len)
+    decode_cfg = dataclasses.replace(self.config.eval.decode,
+                                     **{k: v for k, v in options.items() if v is not None})
+    from transformer.decoding import search_settings  # pylint: disable=g-import-not-at-top
+    search_settings(decode_cfg)  # one-line ValueError for bad options, before anything compiles
+    ids = [self.encode_source(t) for t in texts]
+    tok = self.target_tokenizer
+    tokens, _ = evaluation.decode_batches(self.config, self.model, self.params, ids, decode_cfg,
+                                          eos_id=tok.eos_id, batch_size=len(ids),
+                                          rng=jax.random.key(seed))
+    return [tok.decode(t) for t in tokens]
+
+  def attention(self, text: str, target: str | None = None) -> Attention:
+    """Attention weights of every layer and head for `text` and `target` (default: greedy output)."""
+    if target is None:
+      target = self.generate([text], method="greedy")[0]
+    batch = self._teacher_forced_batch([text], [target])
+    batch = {k: jnp.asarray(v) for k, v in batch.items() if v is not None}
+    from transformer.models import shift_right  # pylint: disable=g-import-not-at-top
+    from transformer.training import model_kwargs  # pylint: disable=g-import-not-at-top
+    _, state = self.model.apply({"params": self.params},
+                                **model_kwargs(self.config.model.arch, batch),
+                                deterministic=True, mutable=["intermediates"])
+    found = _collect_weights(state["intermediates"])
+    decoder_inputs = np.asarray(shift_right(batch["targets"]))[0]
+    src_tok = self.source_tokenizer or self.target_tokenizer
+    source = (_token_labels(src_tok, np.asarray(batch["inputs"])[0])
+              if "inputs" in batch else [])
+    first = lambda key: [w[0] for w in found.get(key, [])]  # noqa: E731  (batch of one)
+    return Attention(source_tokens=source,
+                     target_tokens=_token_labels(self.target_tokenizer, decoder_inputs),
+                     encoder_self=first(("encoder", "self")),
+                     decoder_self=first(("decoder", "self")), cross=first(("decoder", "cross")))
+
+
+def restore(workdir: str, step: int | str | None = None, task: Any = None) -> Run:
+  """Restores the run in `workdir` (step: None/'latest', 'best' or an int) as a `Run`.
+
+  `task` overrides `transformer.data.load_task(config, workdir)` (tests).
+  """
+  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
+  cfg = evaluation.load_config(workdir)
+  if task is None:
+    from transformer.data import load_task  # pylint: disable=g-import-not-at-top
+    task = load_task(cfg, workdir)
+  params, step = evaluation.restore_params(cfg, workdir, step)
+  return Run(cfg, build_model(cfg.model), params, task, step, workdir)

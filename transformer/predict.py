@@ -1,0 +1,104 @@
+r"""Decodes words or sentences with a trained run from the command line.
+
+  python -m transformer.predict --workdir=runs/g2p hello world
+  printf 'hello\nworld\n' | python -m transformer.predict --workdir=runs/g2p --method=beam --beam_size=8
+
+Prints one `input<TAB>output` line per input (inputs from the arguments, else one per stdin line).
+An input that cannot be decoded (empty, characters outside the model's vocabulary, longer than the
+model was trained on) gets a one-line `error:` message on stderr and the others are still decoded;
+the exit status is 1 if any input (or the workdir) was bad, 0 otherwise. Inputs with no unknown
+characters once lower-cased are lower-cased (CMUdict words are lower case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+
+def _unknown_units(tokenizer: Any, text: str) -> list[str]:
+  """The characters (or symbols) of `text` that the tokenizer maps to its unknown id."""
+  units = text.split() if getattr(tokenizer, "kind", "") == "symbol" else list(dict.fromkeys(text))
+  return [u for u in dict.fromkeys(units) if tokenizer.unk_id in tokenizer.encode(u)]
+
+
+def check_input(run: Any, text: str, max_decode_len: int) -> tuple[str | None, str]:
+  """(error message or None, the text to decode) for one input."""
+  if not text.strip():
+    return "is empty", text
+  text = text.strip()
+  tokenizer = run.source_tokenizer or run.target_tokenizer
+  unknown = _unknown_units(tokenizer, text)
+  if unknown and not _unknown_units(tokenizer, text.lower()):
+    text, unknown = text.lower(), []
+  if unknown:
+    shown = " ".join(repr(u) for u in unknown[:10])
+    return f"has characters outside the model's vocabulary: {shown}", text
+  cfg = run.config
+  length = len(run.encode_source(text))
+  if cfg.model.arch == "encoder_decoder":
+    limit, key = cfg.data.max_source_len, "data.max_source_len"
+  else:
+    limit, key = cfg.model.max_len - max_decode_len, "model.max_len - max_decode_len"
+  if length > limit:
+    return f"is too long: {length} tokens, the model takes at most {limit} ({key})", text
+  return None, text
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(prog="python -m transformer.predict",
+                                   description="Decode inputs with a trained run.")
+  parser.add_argument("--workdir", required=True, help="the training run's workdir")
+  parser.add_argument("--step", default="latest", help="an integer, 'latest' or 'best'")
+  parser.add_argument("--method", choices=("greedy", "beam", "sample"), default=None,
+                      help="default: the run's eval.decode.method")
+  parser.add_argument("--beam_size", type=int, default=None)
+  parser.add_argument("--length_penalty", type=float, default=None)
+  parser.add_argument("--temperature", type=float, default=None)
+  parser.add_argument("--top_k", type=int, default=None)
+  parser.add_argument("--top_p", type=float, default=None)
+  parser.add_argument("--max_decode_len", type=int, default=None)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("inputs", nargs="*", help="texts to decode (default: lines of stdin)")
+  return parser.parse_args(list(argv))
+
+
+def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
+  """Runs the command line; returns the exit status."""
+  args = _parse(sys.argv[1:] if argv is None else argv)
+  texts = args.inputs or [line.rstrip("\n") for line in (stdin or sys.stdin)]
+  from transformer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
+  from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
+  step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
+  try:
+    run = api.restore(args.workdir, step)
+  except (ValueError, CheckpointError, FileNotFoundError) as e:
+    print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+    return 1
+  options = dict(method=args.method, beam_size=args.beam_size, length_penalty=args.length_penalty,
+                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                 max_decode_len=args.max_decode_len)
+  max_decode_len = args.max_decode_len or (run.config.eval.decode.max_decode_len
+                                           or run.config.data.max_target_len)
+  good, status = [], 0
+  for n, text in enumerate(texts, start=1):
+    error, cleaned = check_input(run, text, max_decode_len)
+    if error:
+      print(f"error: input {n} {text.strip()!r} {error}", file=sys.stderr)
+      status = 1
+    else:
+      good.append((text, cleaned))
+  if good:
+    try:
+      outputs = run.generate([c for _, c in good], seed=args.seed, **options)
+    except ValueError as e:  # bad decoding options: one line naming the option
+      print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+      return 1
+    for (text, _), output in zip(good, outputs):
+      print(f"{text.strip()}\t{output}")
+  return status
+
+
+if __name__ == "__main__":
+  sys.exit(main())

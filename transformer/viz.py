@@ -1,0 +1,143 @@
+"""Plots for looking at a model: attention heat maps, positional encodings, learning curves.
+
+Every function returns a matplotlib Figure (Agg backend: works headless) and, given `path`, also
+saves it as a PNG. Typical use with the notebook API:
+
+  att = transformer.restore("runs/g2p").attention("phoneme")
+  plot_attention(att.cross[-1], queries=att.target_tokens, keys=att.source_tokens, path="x.png")
+  plot_positional_encoding(max_len=64, d_model=128)
+  plot_learning_curves("runs/g2p")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Sequence
+
+import matplotlib
+
+if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
+  matplotlib.use("Agg")  # headless by default; notebooks keep their inline backend
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _finish(fig: Any, path: str | None) -> Any:
+  """Saves `fig` as a PNG at `path` (directories created) when given; returns it."""
+  if path:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+  return fig
+
+
+def plot_attention(weights: Any, queries: Sequence[str] | None = None,
+                   keys: Sequence[str] | None = None, title: str = "", ncols: int = 4,
+                   path: str | None = None) -> Any:
+  """A grid of heat maps, one per head, of one layer's weights [heads, queries, keys].
+
+  Rows are queries (y tick labels `queries`), columns keys (x tick labels `keys`); each row of a
+  head sums to 1. A [queries, keys] array is drawn as a single head.
+  """
+  w = np.asarray(weights, np.float32)
+  if w.ndim == 2:
+    w = w[None]
+  if w.ndim != 3:
+    raise ValueError(f"plot_attention: weights must be [heads, queries, keys], got {w.shape}")
+  heads, t, s = w.shape
+  for name, labels, size in (("queries", queries, t), ("keys", keys, s)):
+    if labels is not None and len(labels) != size:
+      raise ValueError(f"plot_attention: {len(labels)} {name} labels for {size} {name}")
+  ncols = max(1, min(ncols, heads))
+  nrows = math.ceil(heads / ncols)
+  cell = 0.28
+  fig, axes = plt.subplots(nrows, ncols, squeeze=False,
+                           figsize=(max(2.5, cell * s + 1.0) * ncols, max(2.5, cell * t + 1.0) * nrows))
+  for h in range(nrows * ncols):
+    ax = axes[h // ncols][h % ncols]
+    if h >= heads:
+      ax.axis("off")
+      continue
+    ax.imshow(w[h], vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    ax.set_title(f"head {h}", fontsize=9)
+    ax.set_xticks(range(s))
+    ax.set_yticks(range(t))
+    ax.set_xticklabels(keys if keys is not None else range(s), rotation=90, fontsize=7)
+    ax.set_yticklabels(queries if queries is not None else range(t), fontsize=7)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  return _finish(fig, path)
+
+
+def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any = None,
+                             path: str | None = None) -> Any:
+  """The sinusoidal table [positions, d_model] and its dot-product similarity [pos, pos].
+
+  `table` plots a given [positions, d] table instead (e.g. learned position embeddings).
+  """
+  if table is None:
+    from transformer.positional import sinusoidal_table  # pylint: disable=g-import-not-at-top
+    table = sinusoidal_table(max_len, d_model)
+  table = np.asarray(table, np.float32)
+  if table.ndim != 2:
+    raise ValueError(f"plot_positional_encoding: table must be [positions, d], got {table.shape}")
+  similarity = table @ table.T  # [pos, pos]: depends (mostly) on the distance between positions
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+  image = left.imshow(table, aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
+  left.set(title="positional encoding", xlabel="dimension", ylabel="position")
+  fig.colorbar(image, ax=left)
+  image = right.imshow(similarity, cmap="viridis")
+  right.set(title="dot-product similarity", xlabel="position", ylabel="position")
+  fig.colorbar(image, ax=right)
+  fig.tight_layout()
+  return _finish(fig, path)
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+  """The records of a metrics.jsonl file (or of `<workdir>/metrics.jsonl`)."""
+  if os.path.isdir(path):
+    path = os.path.join(path, "metrics.jsonl")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: no metrics were logged")
+  records = []
+  with open(path) as f:
+    for n, line in enumerate(f, start=1):
+      if line.strip():
+        try:
+          records.append(json.loads(line))
+        except json.JSONDecodeError:
+          raise ValueError(f"{path}:{n}: not a JSON line") from None
+  return records
+
+
+def plot_learning_curves(path: str, keys: Sequence[str] | None = None,
+                         save_path: str | None = None) -> Any:
+  """One panel per metric against the step, from a workdir or its metrics.jsonl.
+
+  `keys` default: every train/* loss and every eval/* metric that was logged (those that exist).
+  """
+  records = read_metrics(path)
+  logged = sorted({k for r in records for k, v in r.items()
+                   if k != "step" and isinstance(v, (int, float))})
+  if keys is None:
+    keys = [k for k in logged if k == "train/loss" or k.startswith("eval/")] or logged[:4]
+  keys = [k for k in keys if k in logged]
+  if not keys:
+    raise ValueError(f"plot_learning_curves: none of the requested metrics is in {path} "
+                     f"(logged: {logged})")
+  ncols = min(3, len(keys))
+  nrows = math.ceil(len(keys) / ncols)
+  fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(4.2 * ncols, 3.2 * nrows))
+  for i, ax in enumerate(axes.flat):
+    if i >= len(keys):
+      ax.axis("off")
+      continue
+    points = [(r["step"], r[keys[i]]) for r in records if keys[i] in r and "step" in r]
+    steps, values = zip(*points)
+    ax.plot(steps, values, marker="." if len(points) < 30 else None)
+    ax.set(title=keys[i], xlabel="step")
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  return _finish(fig, save_path)
