@@ -109,6 +109,12 @@ def test_peak_flops_table_and_mfu():
   assert reporting.mfu(2e12, 0.5, 4, None) is None
 
 
+def test_measured_matmul_peak_is_plausible():
+  """The measured matmul rate is positive and below 10 TFLOP/s (it is a 2-core CPU)."""
+  rate = reporting.measure_matmul_flops(n=128, repeats=2)
+  assert 1e6 < rate < 1e13
+
+
 def read_events(workdir):
   """All (tag, step, value) scalars of the TFRecord event files in workdir, parsed by hand."""
   out = []

@@ -18,7 +18,8 @@ Reporter whose methods are no-ops, so the training loop calls it unconditionally
 MFU = model FLOPs per step * steps per second / (devices * peak FLOP/s per device). Model FLOPs
 count the matmuls of forward + backward (backward = 2 x forward) exactly per layer; elementwise
 work (norms, softmax, activations, the optimizer) and rematerialised recomputation are excluded, as
-in the usual MFU definition (Chowdhery et al. 2022, appendix B).
+in the usual MFU definition (Chowdhery et al. 2022, appendix B). CPUs have no table entry: measure
+a peak with `measure_matmul_flops()` and pass it as `--config.peak_flops`.
 """
 
 import contextlib
@@ -104,6 +105,24 @@ def model_flops_per_step(model_cfg: Any, batch_size: int, source_len: int, targe
     raise ValueError(f"model.arch={arch!r} is not one of encoder_decoder|decoder_only")
   forward = encoder + decoder + 2 * t * cfg.d_model * vocab
   return 3 * batch_size * forward  # backward: gradients w.r.t. both operands = 2 x forward
+
+
+def measure_matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 5) -> float:
+  """FLOP/s of one jitted n x n matmul on the default device, best of `repeats` (a CPU "peak").
+
+  On CPU there is no datasheet number; pass this as `--config.peak_flops` to get MFU as a share of
+  what this machine's matmul reaches in the same run, e.g.
+  `python -c "from transformer import reporting; print(reporting.measure_matmul_flops())"`.
+  """
+  a = jax.numpy.ones((n, n), dtype)
+  matmul = jax.jit(lambda x: x @ x)
+  matmul(a).block_until_ready()  # compile
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * n**3 / best
 
 
 def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int,
