@@ -1,0 +1,347 @@
+"""Tests for transformer/attention.py: masks, dot-product attention, MultiHeadAttention and its cache."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import attention
+from transformer.config import model_config
+
+RNG = np.random.default_rng(0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Independent references written with explicit loops
+# ----------------------------------------------------------------------------------------------------
+def naive_attention(q, k, v, allowed, bias=None):
+  """Loops over batch, heads, queries and keys; `allowed[b][i][j]` (python bools) gates each pair."""
+  b_, t_, n_, h_ = q.shape
+  s_, kh_ = k.shape[1], k.shape[2]
+  g_ = n_ // kh_
+  out = np.zeros((b_, t_, n_, v.shape[-1]))
+  weights = np.zeros((b_, n_, t_, s_))
+  for b in range(b_):
+    for n in range(n_):
+      kv = n // g_  # query head n reads kv head n // g
+      for i in range(t_):
+        keys = [j for j in range(s_) if allowed[b][i][j]]
+        if not keys:
+          continue  # fully masked row: zero output
+        scores = {}
+        for j in keys:
+          scores[j] = sum(q[b, i, n, x] * k[b, j, kv, x] for x in range(h_)) / math.sqrt(h_)
+          if bias is not None:
+            scores[j] += bias[b if bias.shape[0] > 1 else 0, n, i, j]
+        top = max(scores.values())
+        total = sum(math.exp(sc - top) for sc in scores.values())
+        for j in keys:
+          w = math.exp(scores[j] - top) / total
+          weights[b, n, i, j] = w
+          out[b, i, n] += w * v[b, j, kv]
+  return out, weights
+
+
+def allowed_pairs(kind, b_, t_, valid=None, segments=None, prefix=None):
+  """The attention pattern built by hand, pair by pair, from its definition."""
+  allowed = [[[True] * t_ for _ in range(t_)] for _ in range(b_)]
+  for b in range(b_):
+    for i in range(t_):
+      for j in range(t_):
+        ok = True
+        if kind in ('causal', 'segment', 'prefix'):
+          ok = j <= i
+        if kind == 'padding':
+          ok = bool(valid[b, i] and valid[b, j])
+        if kind in ('segment', 'prefix'):
+          ok = ok or (kind == 'prefix' and bool(prefix[b, i] and prefix[b, j]))
+          ok = ok and segments[b, i] == segments[b, j] and segments[b, i] != 0
+        allowed[b][i][j] = ok
+  return allowed
+
+
+def random_qkv(b, t, s, n, k, h, hv):
+  return (RNG.normal(size=(b, t, n, h)).astype(np.float32),
+          RNG.normal(size=(b, s, k, h)).astype(np.float32),
+          RNG.normal(size=(b, s, k, hv)).astype(np.float32))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Masks and dot_product_attention
+# ----------------------------------------------------------------------------------------------------
+B, T = 2, 6
+VALID = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], bool)
+SEGMENTS = np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]], np.int32)
+PREFIX = np.array([[1, 1, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0]], bool)
+
+
+def mask_for(kind):
+  if kind == 'causal':
+    return attention.causal_mask(T)
+  if kind == 'padding':
+    return attention.make_attention_mask(jnp.asarray(VALID), jnp.asarray(VALID))
+  if kind == 'segment':
+    return attention.combine_masks(attention.causal_mask(T), None,
+                                   attention.segment_mask(jnp.asarray(SEGMENTS), jnp.asarray(SEGMENTS)))
+  return attention.prefix_lm_mask(jnp.asarray(PREFIX), jnp.asarray(SEGMENTS))
+
+
+@pytest.mark.parametrize('kind', ['causal', 'padding', 'segment', 'prefix'])
+def test_masks_match_pairwise_definition(kind):
+  """Each mask builder equals its definition evaluated pair by pair (causal, padding, packed
+  segments, prefix-LM over packed segments), broadcastable to [b, 1, t, t]."""
+  want = np.array(allowed_pairs(kind, B, T, VALID, SEGMENTS, PREFIX))
+  got = np.broadcast_to(np.asarray(mask_for(kind)), (B, 1, T, T))[:, 0]
+  np.testing.assert_array_equal(got, want)
+
+
+def test_position_masks_for_cache_slots():
+  """causal_mask_from_positions and prefix_lm_mask_from_positions on cache slots: a query in slot
+  q sees slots <= q (plus all prefix slots of its segment), as in a decode step."""
+  q_idx = jnp.array([[3], [3]])
+  k_idx = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  np.testing.assert_array_equal(attention.causal_mask_from_positions(q_idx, k_idx)[:, 0, 0],
+                                np.array([[1, 1, 1, 1, 0, 0]] * 2, bool))
+  k_prefix = jnp.array([[1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]])
+  k_seg = jnp.array([[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+  m = attention.prefix_lm_mask_from_positions(q_idx, k_idx, jnp.array([[1], [0]]), k_prefix,
+                                              jnp.array([[1], [1]]), k_seg)
+  np.testing.assert_array_equal(m[:, 0, 0], np.array([[1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 0, 0]], bool))
+  np.testing.assert_array_equal(attention.valid_from_lengths(jnp.array([2, 0]), 3),
+                                np.array([[1, 1, 0], [0, 0, 0]], bool))
+  assert attention.combine_masks(None, None) is None
+
+
+@pytest.mark.parametrize('kind', ['causal', 'padding', 'segment', 'prefix'])
+@pytest.mark.parametrize('n,k,h,hv', [(4, 4, 8, 8), (4, 2, 8, 8), (4, 1, 6, 10), (2, 2, 8, 4)])
+@pytest.mark.parametrize('with_bias', [False, True])
+def test_attention_matches_naive_loops(kind, n, k, h, hv, with_bias):
+  """dot_product_attention (einsum) equals explicit loops over batch, heads and positions with the
+  mask applied by hand, for MHA, GQA (k=2), MQA (k=1) with d_qk != d_v, and an additive bias;
+  its weights equal the reference softmax (zeros on masked pairs)."""
+  q, kk, v = random_qkv(B, T, T, n, k, h, hv)
+  bias = RNG.normal(size=(1 if kind == 'causal' else B, n, T, T)).astype(np.float32) if with_bias \
+      else None
+  want, want_w = naive_attention(q, kk, v, allowed_pairs(kind, B, T, VALID, SEGMENTS, PREFIX), bias)
+  out, w = attention.dot_product_attention(
+      jnp.asarray(q), jnp.asarray(kk), jnp.asarray(v), mask=mask_for(kind),
+      bias=None if bias is None else jnp.asarray(bias), return_weights=True)
+  np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(w, want_w, atol=1e-6)
+
+
+@pytest.mark.parametrize('n,k,h,hv', [(4, 4, 8, 8), (4, 2, 8, 8), (4, 1, 6, 10), (2, 2, 8, 4)])
+@pytest.mark.parametrize('kind', ['padding', 'prefix'])
+def test_fused_equals_einsum(n, k, h, hv, kind):
+  """impl='fused' (jax.nn.dot_product_attention, zero-padded for d_qk != d_v) gives the same
+  outputs as the einsum path, with GQA/MQA, a bias, and fully masked (padding) rows zeroed alike."""
+  q, kk, v = map(jnp.asarray, random_qkv(B, T, T, n, k, h, hv))
+  bias = jnp.asarray(RNG.normal(size=(B, n, T, T)).astype(np.float32))
+  args = dict(mask=mask_for(kind), bias=bias)
+  fused = attention.dot_product_attention(q, kk, v, impl='fused', **args)
+  einsum = attention.dot_product_attention(q, kk, v, impl='einsum', **args)
+  assert fused.shape == (B, T, n, hv)
+  np.testing.assert_allclose(fused, einsum, atol=1e-5, rtol=1e-5)
+
+
+def test_fully_masked_row_is_finite_with_finite_gradients():
+  """A query row with every key masked gives a zero output and zero weights (not NaN), in both
+  implementations, and gradients through it stay finite."""
+  q, kk, v = map(jnp.asarray, random_qkv(1, 3, 4, 2, 2, 4, 4))
+  mask = jnp.ones((1, 1, 3, 4), bool).at[0, 0, 1].set(False)
+  for impl in ('einsum', 'fused'):
+    out = attention.dot_product_attention(q, kk, v, mask=mask, impl=impl)
+    assert np.all(np.isfinite(out)) and np.all(out[0, 1] == 0), impl
+  grad = jax.grad(lambda q: attention.dot_product_attention(q, kk, v, mask=mask).sum())(q)
+  assert np.all(np.isfinite(grad))
+
+
+def test_attention_dropout_keeps_expectation_and_needs_rng():
+  """Attention dropout zeroes about `rate` of the weights and rescales the rest (weights sum to 1
+  in expectation), is off when deterministic, and without an rng fails with a clear error."""
+  q, kk, v = map(jnp.asarray, random_qkv(2, 16, 64, 2, 2, 4, 4))
+  _, w = attention.dot_product_attention(q, kk, v, dropout_rate=0.5, deterministic=False,
+                                         dropout_rng=jax.random.PRNGKey(1), return_weights=True)
+  assert 0.4 < float(jnp.mean(w == 0)) < 0.6
+  np.testing.assert_allclose(float(jnp.mean(jnp.sum(w, -1))), 1.0, atol=0.05)
+  _, w = attention.dot_product_attention(q, kk, v, dropout_rate=0.5, return_weights=True)
+  np.testing.assert_allclose(jnp.sum(w, -1), 1.0, atol=1e-5)
+  with pytest.raises(ValueError, match='dropout_rng'):
+    attention.dot_product_attention(q, kk, v, dropout_rate=0.5, deterministic=False)
+
+
+def test_bad_shapes_are_clear_errors():
+  """Shape mistakes raise one-line ValueErrors naming the problem, not deep JAX tracebacks."""
+  q, kk, v = map(jnp.asarray, random_qkv(1, 3, 4, 3, 2, 4, 4))
+  with pytest.raises(ValueError, match='num_kv_heads=2 must divide num_heads=3'):
+    attention.dot_product_attention(q, kk, v)
+  q, kk, v = map(jnp.asarray, random_qkv(1, 3, 4, 4, 2, 4, 4))
+  with pytest.raises(ValueError, match='mask must be'):
+    attention.dot_product_attention(q, kk, v, mask=jnp.ones((1, 3, 3, 4), bool))
+  with pytest.raises(ValueError, match='impl'):
+    attention.dot_product_attention(q, kk, v, impl='flash')
+
+
+# ----------------------------------------------------------------------------------------------------
+# MultiHeadAttention
+# ----------------------------------------------------------------------------------------------------
+D, L = 32, 8
+
+
+def tiny_config(**overrides):
+  base = dict(d_model=D, num_heads=4, num_kv_heads=2, head_dim=8, v_head_dim=8, positional='rope',
+              attention_dropout_rate=0.0)
+  base.update(overrides)
+  return model_config(**base)
+
+
+def unboxed(tree):
+  return jax.tree.map(lambda a: a.unbox() if hasattr(a, 'unbox') else a, tree,
+                      is_leaf=lambda a: hasattr(a, 'unbox'))
+
+
+@pytest.mark.parametrize('overrides', [dict(), dict(num_kv_heads=4),
+                                       dict(num_kv_heads=1, v_head_dim=6, positional='none')])
+def test_mha_equals_manual_projections(overrides):
+  """MultiHeadAttention (fused qkv, fused kv, or separate k/v params) equals projecting by hand with
+  its own kernels, RoPE on q and k at the given positions, and the naive loop attention."""
+  cfg = tiny_config(**overrides)
+  mha = attention.MultiHeadAttention(cfg)
+  x = jnp.asarray(RNG.normal(size=(2, 5, D)), jnp.float32)
+  positions = jnp.array([[0, 1, 2, 0, 1], [3, 4, 5, 6, 7]])  # packed row, and an offset row
+  variables = mha.init(jax.random.PRNGKey(0), x, positions=positions)
+  p = unboxed(variables['params'])
+  # Give the zero-initialised biases values so that they are tested too.
+  p = jax.tree.map(lambda a: a + 0.1 * jnp.asarray(RNG.normal(size=a.shape), a.dtype), p)
+  proj = lambda name: (jnp.einsum('btd,d...->bt...', x, p[name]['kernel']) + p[name]['bias'])
+  if 'qkv' in p:
+    q, k, v = [proj('qkv')[:, :, i] for i in range(3)]
+  else:
+    q = proj('query')
+    k, v = (proj('kv')[:, :, 0], proj('kv')[:, :, 1]) if 'kv' in p else (proj('key'), proj('value'))
+  if cfg.positional == 'rope':
+    from transformer.positional import apply_rope
+    q, k = apply_rope(q, positions), apply_rope(k, positions)
+  allowed = [[[True] * 5 for _ in range(5)] for _ in range(2)]
+  heads, _ = naive_attention(*(np.asarray(a, np.float64) for a in (q, k, v)), allowed)
+  want = np.einsum('btnh,nhd->btd', heads, p['out']['kernel']) + p['out']['bias']
+  got = mha.apply({'params': p}, x, positions=positions)
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize('overrides', [dict(), dict(num_kv_heads=1, v_head_dim=6)])
+def test_mha_fused_equals_einsum_and_sows_weights(overrides):
+  """With the same parameters, attention_impl='fused' gives the einsum outputs; asking for
+  'intermediates' sows [b, n, t, s] weights (rows sum to 1 where unmasked) without changing them."""
+  x = jnp.asarray(RNG.normal(size=(2, 5, D)), jnp.float32)
+  mask = attention.causal_mask(5)
+  einsum = attention.MultiHeadAttention(tiny_config(**overrides))
+  fused = attention.MultiHeadAttention(tiny_config(attention_impl='fused', **overrides))
+  variables = einsum.init(jax.random.PRNGKey(0), x, mask=mask)
+  y_einsum = einsum.apply(variables, x, mask=mask)
+  np.testing.assert_allclose(fused.apply(variables, x, mask=mask), y_einsum, atol=1e-5)
+  y, state = fused.apply(variables, x, mask=mask, mutable=['intermediates'])
+  np.testing.assert_allclose(y, y_einsum, atol=1e-5)
+  (w,) = state['intermediates']['attention_weights']
+  assert w.shape == (2, 4, 5, 5)
+  np.testing.assert_allclose(jnp.sum(w, -1), 1.0, atol=1e-5)
+  assert np.all(np.asarray(w)[:, :, 0, 1:] == 0)  # causal: the first query sees only itself
+
+
+def decode_in_chunks(mha, params, x, chunks, positions):
+  """Runs decode mode over x in the given chunk sizes; returns the concatenated outputs."""
+  b, total = x.shape[:2]
+  cache = mha.init(jax.random.PRNGKey(0), x, decode=True, mask=attention.causal_mask(total),
+                   positions=positions)['cache']
+  assert cache['cached_key'].shape == (b, total, mha.config.num_kv_heads, mha.config.head_dim)
+  assert cache['cached_value'].shape == (b, total, mha.config.num_kv_heads, mha.config.v_head_dim)
+  slots = jnp.broadcast_to(jnp.arange(total), (b, total))
+  # One jitted step (compiled once per chunk size) is much faster than eager op-by-op dispatch.
+  step = jax.jit(lambda v, x, mask, pos, idx: mha.apply(v, x, mask=mask, positions=pos, decode=True,
+                                                        cache_index=idx, mutable=['cache']))
+  outs, start = [], 0
+  for size in chunks:
+    cache_index = jnp.full((b,), start, jnp.int32)
+    q_idx = slots[:, start:start + size]
+    mask = attention.causal_mask_from_positions(q_idx, slots)  # [b, 1, size, total]
+    y, state = step({'params': params, 'cache': cache}, x[:, start:start + size], mask,
+                    positions[:, start:start + size], cache_index)
+    cache = state['cache']
+    outs.append(y)
+    start += size
+  return jnp.concatenate(outs, axis=1)
+
+
+@pytest.mark.parametrize('overrides', [dict(), dict(num_kv_heads=1, v_head_dim=6),
+                                       dict(num_kv_heads=4, positional='none')])
+def test_decode_prefill_then_steps_equals_full_causal_pass(overrides):
+  """A prefill of 3 tokens, then single-token steps, then a 2-token chunk through the KV cache
+  give the same outputs as one full causal pass (RoPE with offset positions; GQA, MQA, MHA)."""
+  mha = attention.MultiHeadAttention(tiny_config(**overrides))
+  x = jnp.asarray(RNG.normal(size=(2, L, D)), jnp.float32)
+  positions = jnp.broadcast_to(jnp.arange(L) + 2, (2, L))
+  params = mha.init(jax.random.PRNGKey(1), x, positions=positions)['params']
+  full = mha.apply({'params': params}, x, mask=attention.causal_mask(L), positions=positions)
+  cached = decode_in_chunks(mha, params, x, [3, 1, 1, 1, 2], positions)
+  np.testing.assert_allclose(cached, full, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_needs_cache_index_and_positions():
+  """Decode-mode misuse (no cache_index after init; RoPE without positions) is a clear error."""
+  mha = attention.MultiHeadAttention(tiny_config())
+  x = jnp.ones((1, 4, D))
+  pos = jnp.arange(4)[None]
+  variables = mha.init(jax.random.PRNGKey(0), x, decode=True, positions=pos)
+  with pytest.raises(ValueError, match='cache_index'):
+    mha.apply(variables, x[:, :1], positions=pos[:, :1], decode=True, mutable=['cache'])
+  with pytest.raises(ValueError, match='positions'):
+    mha.apply(variables, x[:, :1], decode=True, cache_index=jnp.zeros(1, jnp.int32),
+              mutable=['cache'])
+
+
+def test_cross_attention_cache_is_computed_once_and_reused():
+  """Cross-attention in decode mode caches the source keys/values [b, s, k, h] on the call that
+  gets `kv`; later calls with kv=None reuse them and equal a plain cross-attention call. RoPE is
+  configured but cross-attention gets no positional treatment (positions do not matter)."""
+  mha = attention.MultiHeadAttention(tiny_config(v_head_dim=6), cross=True)
+  enc = jnp.asarray(RNG.normal(size=(2, 7, D)), jnp.float32)
+  x = jnp.asarray(RNG.normal(size=(2, 3, D)), jnp.float32)
+  src_mask = attention.make_attention_mask(jnp.ones((2, 1), bool), jnp.arange(7)[None] < jnp.array([[7], [4]]))
+  variables = mha.init(jax.random.PRNGKey(0), x[:, :1], enc, decode=True)
+  params, cache = variables['params'], variables['cache']
+  assert cache['cached_key'].shape == (2, 7, 2, 8) and cache['cached_value'].shape == (2, 7, 2, 6)
+  want = mha.apply({'params': params}, x, enc, mask=src_mask, positions=jnp.zeros((2, 3), int))
+  y0, state = mha.apply({'params': params, 'cache': cache}, x[:, :1], enc, mask=src_mask,
+                        decode=True, mutable=['cache'])
+  outs = [y0]
+  for i in (1, 2):
+    y, state = mha.apply({'params': params, 'cache': state['cache']}, x[:, i:i + 1], None,
+                         mask=src_mask, decode=True, positions=jnp.full((2, 1), 9), mutable=['cache'])
+    outs.append(y)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match='cross-attention needs kv'):
+    mha.apply({'params': params}, x, None)
+
+
+def test_mha_dropout_uses_dropout_rng():
+  """With attention_dropout_rate > 0, deterministic=False draws from the 'dropout' rng (outputs
+  change with the key) and deterministic=True is unaffected by it."""
+  mha = attention.MultiHeadAttention(tiny_config(attention_dropout_rate=0.5))
+  x = jnp.asarray(RNG.normal(size=(1, 6, D)), jnp.float32)
+  variables = mha.init(jax.random.PRNGKey(0), x)
+  run = lambda seed, det: mha.apply(variables, x, deterministic=det,
+                                    rngs={'dropout': jax.random.PRNGKey(seed)})
+  assert not np.allclose(run(1, False), run(2, False))
+  np.testing.assert_array_equal(run(1, True), run(2, True))
+
+
+def test_bfloat16_compute_keeps_float32_params_and_finite_output():
+  """dtype=bfloat16 computes in bfloat16 (output dtype) while parameters stay float32."""
+  mha = attention.MultiHeadAttention(tiny_config(dtype='bfloat16'))
+  x = jnp.asarray(RNG.normal(size=(1, 4, D)), jnp.float32)
+  variables = mha.init(jax.random.PRNGKey(0), x)
+  assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(unboxed(variables['params'])))
+  y = mha.apply(variables, x, mask=attention.causal_mask(4))
+  assert y.dtype == jnp.bfloat16 and np.all(np.isfinite(np.asarray(y, np.float32)))
