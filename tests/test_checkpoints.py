@@ -275,3 +275,12 @@ def test_sigkill_during_async_saves_leaves_a_restorable_latest(tmp_path):
   restored = ckpt.restore(None, {"w": jax.ShapeDtypeStruct((100_000,), jnp.float32)})
   np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((100_000,), latest, np.float32))
   ckpt.close()
+
+
+def test_best_step_is_none_without_the_metric(tmp_path):
+  """Checkpoints without the best-by metric never count as best; retention stays latest K."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(every_steps=1, keep=2, async_save=False))
+  for step in range(1, 5):
+    ckpt.save(step, toy_state(), metrics={"train/loss": 1.0 / step} if step % 2 else None)
+  assert ckpt.all_steps() == [3, 4] and ckpt.best_step() is None
+  ckpt.close()

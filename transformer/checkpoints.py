@@ -4,13 +4,13 @@ Layout: `<workdir>/checkpoints/<step>/` with the items
   state    the train-state pytree (ocp StandardSave; restores onto any mesh via abstract shardings)
   data     the Grain iterator state (grain.checkpoint.CheckpointSave), when an iterator is given
   meta     JSON: {"step", "config", "metrics"} (the run's config and that step's metrics)
-  metrics  orbax's own copy of the metrics, only when they contain `checkpoint.keep_best_by`
+  metrics  orbax's own copy of the metrics (when `checkpoint.keep_best_by` is set)
 
 Retention (the trap in NOTES-jax.md: orbax's max_to_keep together with best_fn keeps the K *best*
 and may delete the newest checkpoint, which breaks resume). We use an explicit preservation policy:
 keep a checkpoint if it is among the latest `checkpoint.keep` OR it is the single best by
-`checkpoint.keep_best_by` (`best_mode` min|max). Checkpoints saved without that metric count only
-toward "latest". A save that was killed leaves `<step>.orbax-checkpoint-tmp-*`; it is never listed
+`checkpoint.keep_best_by` (`best_mode` min|max). Checkpoints saved without that metric (or with
+NaN) rank as the worst, so they count only toward "latest". A save that was killed leaves `<step>.orbax-checkpoint-tmp-*`; it is never listed
 as a step and is removed when the next Checkpointer opens the directory.
 
 Usage in a training loop:
@@ -86,8 +86,8 @@ class Checkpointer:
       raise CheckpointError(f"checkpoint.best_mode={ckpt_cfg.best_mode!r} is not min or max")
     worst = math.inf if ckpt_cfg.best_mode == "min" else -math.inf
 
-    def metric(metrics):  # NaN/inf losses must never rank as the best checkpoint
-      value = float(metrics[self._best_key])
+    def metric(metrics):  # missing (no eval at that step) or NaN/inf never ranks as the best
+      value = float(metrics.get(self._best_key, worst))
       return value if math.isfinite(value) else worst
 
     policies = [cm.LatestN(n=ckpt_cfg.keep)]
@@ -124,9 +124,10 @@ class Checkpointer:
     if data_iterator is not None:
       import grain  # pylint: disable=g-import-not-at-top
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-    best_metrics = metrics if self._best_key in metrics else None
-    return self._manager.save(step, args=ocp.args.Composite(**items), metrics=best_metrics,
-                              force=force)
+    # Always hand orbax the metrics (it warns on every save without them); steps lacking the
+    # best-by key rank as the worst, so they are kept only as one of the latest.
+    return self._manager.save(step, args=ocp.args.Composite(**items),
+                              metrics=metrics if self._best_key else None, force=force)
 
   def should_save(self, step: int) -> bool:
     """True if `save(step, ...)` would save without `force`."""
@@ -138,9 +139,11 @@ class Checkpointer:
 
   def best_step(self) -> int | None:
     """The step with the best `keep_best_by` metric, or None if no checkpoint carries it."""
-    if not self._best_key:
+    step = self._manager.best_step() if self._best_key else None
+    if step is None:
       return None
-    return self._manager.best_step()
+    value = (self._manager.metrics(step) or {}).get(self._best_key)
+    return step if value is not None and math.isfinite(value) else None
 
   def all_steps(self) -> list[int]:
     """All complete steps on disk, ascending."""
