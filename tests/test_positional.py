@@ -1,0 +1,196 @@
+"""Tests for transformer/positional.py: sinusoidal, learned, RoPE, T5 relative buckets, ALiBi."""
+
+import math
+
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import positional
+
+SETTINGS = hypothesis.settings(max_examples=25, deadline=None)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sinusoidal
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('length,d', [(50, 16), (7, 5)])
+def test_sinusoidal_table_is_the_papers_formula(length, d):
+  """sinusoidal_table equals PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same),
+  evaluated entry by entry in float64 (also for an odd d)."""
+  want = np.zeros((length, d))
+  for pos in range(length):
+    for j in range(d):
+      angle = pos / 10000 ** (2 * (j // 2) / d)
+      want[pos, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+  np.testing.assert_allclose(positional.sinusoidal_table(length, d), want, atol=2e-5)
+
+
+def test_sinusoidal_of_arbitrary_positions_gathers_table_rows():
+  """sinusoidal(positions) for packed rows / cache offsets equals the table rows at those positions."""
+  positions = jnp.array([[0, 1, 2, 0, 1], [7, 8, 9, 10, 11]])
+  table = positional.sinusoidal_table(12, 8)
+  np.testing.assert_allclose(positional.sinusoidal(positions, 8), table[positions], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Learned
+# ----------------------------------------------------------------------------------------------------
+def test_learned_positions_look_up_rows_and_reject_out_of_range():
+  """LearnedPositions returns table row p for position p (logical axes 'length', 'embed'), and a
+  concrete position >= max_len is a clear error naming model.max_len."""
+  module = positional.LearnedPositions(max_len=6, features=4)
+  positions = jnp.array([[0, 1, 2], [5, 0, 3]])
+  variables = module.init(jax.random.PRNGKey(0), positions)
+  boxed = variables['params']['embedding']
+  assert boxed.names == ('length', 'embed')
+  table = boxed.unbox()
+  np.testing.assert_array_equal(module.apply(variables, positions), table[positions])
+  with pytest.raises(ValueError, match='model.max_len=6'):
+    module.apply(variables, jnp.array([[0, 6]]))
+
+
+# ----------------------------------------------------------------------------------------------------
+# RoPE
+# ----------------------------------------------------------------------------------------------------
+@SETTINGS
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), p=st.integers(0, 5000), h=st.sampled_from([2, 8, 16]))
+def test_rope_preserves_norms(seed, p, h):
+  """RoPE is a rotation: every [h] head vector keeps its norm at any position."""
+  x = jax.random.normal(jax.random.PRNGKey(seed), (1, 3, 2, h))
+  y = positional.apply_rope(x, jnp.full((1, 3), p))
+  np.testing.assert_allclose(jnp.linalg.norm(y, axis=-1), jnp.linalg.norm(x, axis=-1), rtol=1e-5)
+
+
+@SETTINGS
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), pq=st.integers(0, 300), pk=st.integers(0, 300),
+                  shift=st.integers(-300, 2000))
+def test_rope_dot_product_depends_only_on_offset(seed, pq, pk, shift):
+  """q.k after RoPE depends only on the offset pq - pk: shifting both positions by a constant
+  leaves it unchanged (checked for every head)."""
+  hypothesis.assume(pq + shift >= 0 and pk + shift >= 0)
+  kq, kk = jax.random.split(jax.random.PRNGKey(seed))
+  q = jax.random.normal(kq, (1, 1, 2, 16))
+  k = jax.random.normal(kk, (1, 1, 2, 16))
+  dot = lambda a, b: jnp.sum(positional.apply_rope(q, jnp.array([[a]]))
+                             * positional.apply_rope(k, jnp.array([[b]])), -1)
+  np.testing.assert_allclose(dot(pq + shift, pk + shift), dot(pq, pk), atol=2e-4, rtol=2e-4)
+
+
+def test_rope_rotates_half_pairs_by_the_documented_angle():
+  """Feature i is paired with i + h/2 and rotated by position * base^(-2i/h) (the documented
+  convention), checked against a 2x2 rotation written out in NumPy; position 0 is the identity."""
+  h, pos, base = 8, 3, 10000.0
+  x = np.random.default_rng(0).normal(size=(1, 1, 1, h)).astype(np.float32)
+  want = x.copy()
+  for i in range(h // 2):
+    a = pos * base ** (-2 * i / h)
+    want[..., i] = x[..., i] * math.cos(a) - x[..., i + h // 2] * math.sin(a)
+    want[..., i + h // 2] = x[..., i] * math.sin(a) + x[..., i + h // 2] * math.cos(a)
+  np.testing.assert_allclose(positional.apply_rope(jnp.asarray(x), jnp.array([[pos]])), want,
+                             atol=1e-5)
+  np.testing.assert_allclose(positional.apply_rope(jnp.asarray(x), jnp.array([[0]])), x)
+  with pytest.raises(ValueError, match='even head dimension'):
+    positional.apply_rope(jnp.ones((1, 1, 1, 5)), jnp.zeros((1, 1), int))
+
+
+# ----------------------------------------------------------------------------------------------------
+# T5 relative position buckets
+# ----------------------------------------------------------------------------------------------------
+def t5_bucket_reference(rel, bidirectional, num_buckets, max_distance):
+  """The T5 bucketing rule for one offset (key - query), written from its description."""
+  buckets, offset = num_buckets, 0
+  if bidirectional:
+    buckets //= 2
+    if rel > 0:  # keys after the query use the upper half
+      offset = buckets
+    distance = abs(rel)
+  else:
+    distance = max(-rel, 0)
+  exact = buckets // 2
+  if distance < exact:
+    return offset + distance
+  log_bucket = exact + int(math.log(distance / exact) / math.log(max_distance / exact) * (buckets - exact))
+  return offset + min(log_bucket, buckets - 1)
+
+
+@pytest.mark.parametrize('bidirectional', [True, False])
+@pytest.mark.parametrize('num_buckets,max_distance', [(32, 128), (8, 20), (64, 256)])
+def test_relative_buckets_match_t5_formula(bidirectional, num_buckets, max_distance):
+  """relative_position_bucket equals a scalar float64 reimplementation of the T5 rule for every
+  offset in [-600, 600]."""
+  rel = np.arange(-600, 601)
+  want = [t5_bucket_reference(int(r), bidirectional, num_buckets, max_distance) for r in rel]
+  got = positional.relative_position_bucket(jnp.asarray(rel), bidirectional, num_buckets, max_distance)
+  np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize('bidirectional', [True, False])
+def test_relative_buckets_monotone_exact_and_causal_folding(bidirectional):
+  """Buckets are non-decreasing in |offset| on each side, exact (one per offset) for small offsets,
+  saturate beyond max_distance, and in causal mode every future key (offset > 0) maps to bucket 0."""
+  nb, md = 32, 128
+  for sign in (-1, 1):
+    b = np.asarray(positional.relative_position_bucket(sign * jnp.arange(0, 400), bidirectional, nb, md))
+    assert np.all(np.diff(b) >= 0)
+    if sign == 1 and not bidirectional:
+      assert np.all(b == 0)
+      continue
+    half = nb // 2 if bidirectional else nb
+    assert len(set(b[:half // 2])) == half // 2  # exact region
+    last = half - 1 + (half if sign == 1 else 0)  # keys after the query use the upper half
+    assert np.all(b[md:] == last)  # saturation in the last bucket of the side
+
+
+def test_relative_position_bias_gathers_per_head_table():
+  """RelativePositionBias returns [b, n, t, s] = table[bucket(k_pos - q_pos), head], using the given
+  positions (packed rows restart at 0), with logical axes ('relpos_buckets', 'heads')."""
+  module = positional.RelativePositionBias(num_buckets=8, max_distance=16, num_heads=3,
+                                           bidirectional=False)
+  qp = jnp.array([[0, 1, 2, 0, 1]])
+  variables = module.init(jax.random.PRNGKey(0), qp, qp)
+  boxed = variables['params']['rel_embedding']
+  assert boxed.names == ('relpos_buckets', 'heads')
+  table = np.asarray(boxed.unbox())
+  got = module.apply(variables, qp, qp)
+  assert got.shape == (1, 3, 5, 5)
+  for n in range(3):
+    for i in range(5):
+      for j in range(5):
+        bucket = t5_bucket_reference(int(qp[0, j] - qp[0, i]), False, 8, 16)
+        assert got[0, n, i, j] == table[bucket, n]
+
+
+# ----------------------------------------------------------------------------------------------------
+# ALiBi
+# ----------------------------------------------------------------------------------------------------
+def test_alibi_slopes_power_of_two():
+  """For 8 heads the slopes are the paper's geometric sequence 1/2, 1/4, ..., 1/256 = 2^(-8i/8)."""
+  np.testing.assert_allclose(positional.alibi_slopes(8), [2.0 ** -i for i in range(1, 9)])
+  np.testing.assert_allclose(positional.alibi_slopes(4), [2.0 ** (-2 * i) for i in range(1, 5)])
+
+
+def test_alibi_slopes_non_power_of_two():
+  """For 6 heads (the paper's rule): the 4-head slopes 1/4, 1/16, 1/64, 1/256, then every other
+  8-head slope, 1/2 and 1/8; for 12 heads the 8-head slopes then 2^(-0.5), 2^(-1.5), 2^(-2.5), 2^(-3.5)."""
+  np.testing.assert_allclose(positional.alibi_slopes(6), [1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8])
+  want12 = [2.0 ** -i for i in range(1, 9)] + [2.0 ** -(i + 0.5) for i in range(4)]
+  np.testing.assert_allclose(positional.alibi_slopes(12), want12, rtol=1e-6)
+  with pytest.raises(ValueError, match='num_heads'):
+    positional.alibi_slopes(0)
+
+
+def test_alibi_bias_is_negative_slope_times_distance():
+  """alibi_bias[b, n, i, j] = -slope[n] * |q_pos[i] - k_pos[j]|, symmetric in the offset's sign."""
+  slopes = positional.alibi_slopes(4)
+  qp = jnp.array([[0, 1, 2, 0]])
+  kp = jnp.array([[0, 1, 2, 0, 5]])
+  got = np.asarray(positional.alibi_bias(qp, kp, slopes))
+  assert got.shape == (1, 4, 4, 5)
+  for n in range(4):
+    for i in range(4):
+      for j in range(5):
+        assert got[0, n, i, j] == pytest.approx(-slopes[n] * abs(int(qp[0, i]) - int(kp[0, j])))
