@@ -51,13 +51,19 @@ class ReverseTask:
   """kind, tokenizers, train_iterator(), eval_batches(), eval_examples() as in INTERFACES.md."""
   kind = "seq2seq"
 
-  def __init__(self, batch_size: int = 8, length: int = 8, seed: int = 0):
+  def __init__(self, batch_size: int = 8, length: int = 8, seed: int = 0, nan_batch: int = -1):
     self.batch_size, self.length, self.seed = batch_size, length, seed
+    self.nan_batch = nan_batch  # this training batch gets a NaN weight (a poisoned loss)
     self.source_tokenizer = self.target_tokenizer = Tokenizer()
 
+  def _train_batch(self, index: int) -> dict[str, np.ndarray]:
+    batch = _example_batch(index, self.batch_size, self.length, self.seed)
+    if index == self.nan_batch:
+      batch["weights"][0, 0] = np.nan
+    return batch
+
   def train_iterator(self):
-    make = lambda i: _example_batch(i, self.batch_size, self.length, self.seed)  # noqa: E731
-    return iter(grain.MapDataset.range(0, 10**9).map(make).to_iter_dataset())
+    return iter(grain.MapDataset.range(0, 10**9).map(self._train_batch).to_iter_dataset())
 
   def eval_batches(self, split, batch_size=None):
     del split

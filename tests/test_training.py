@@ -163,3 +163,64 @@ def test_eval_step_reference():
   acc = ((logits.argmax(-1) == batch["targets"]) * w).sum() / w.sum()
   np.testing.assert_allclose(out["eval/accuracy"], acc, rtol=1e-6)
   np.testing.assert_allclose(out["eval/perplexity"], math.exp(out["eval/loss"]), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop, in process, on the synthetic reverse task (tests/synthetic_task.py).
+
+import json  # noqa: E402
+import os  # noqa: E402
+
+import synthetic_task  # noqa: E402
+from transformer.checkpoints import CheckpointError  # noqa: E402
+
+
+def _jsonl(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_loop_trains_resumes_finished_run_and_rejects_incompatible_workdir(tmp_path):
+  """The loop lowers the loss (train loss falls, eval loss ends below the uniform ln(vocab)),
+  writes its files and checkpoints; rerunning the finished run returns at once without training
+  (metrics.jsonl unchanged); a config with another d_model in the same workdir is a one-line
+  CheckpointError naming model.d_model."""
+  workdir = str(tmp_path / "run")
+  cd = synthetic_task.config(**{"train.num_steps": 40})
+  result = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
+  logged = [r for r in _jsonl(workdir) if "train/loss" in r]
+  assert logged[-1]["train/loss"] < logged[0]["train/loss"]
+  assert result["step"] == 40 and result["eval/loss"] < math.log(synthetic_task.VOCAB)
+  for name in ("config.json", "provenance.json", "metrics.jsonl", "checkpoints/40"):
+    assert os.path.exists(os.path.join(workdir, name)), name
+  before = _jsonl(workdir)
+  again = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
+  assert again["step"] == 40 and again["eval/loss"] == result["eval/loss"]
+  assert _jsonl(workdir) == before
+  bad = synthetic_task.config(**{"model.d_model": 16})
+  with pytest.raises(CheckpointError, match="model.d_model") as e:
+    training.train_and_evaluate(bad, workdir, task=synthetic_task.ReverseTask())
+  assert "\n" not in str(e.value)
+
+
+def test_nan_guard_stops_within_one_step_and_keeps_last_good_checkpoint(tmp_path):
+  """A NaN in batch 12 (step 13) raises TrainingDiverged naming step 13 in one line, and no
+  checkpoint after step 10 (the last good one) is written."""
+  workdir = str(tmp_path / "run")
+  cd = synthetic_task.config(**{"train.num_steps": 30, "checkpoint.every_steps": 5})
+  with pytest.raises(training.TrainingDiverged, match="at step 13;") as e:
+    training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask(nan_batch=12))
+  assert "\n" not in str(e.value) and "last good checkpoint: step 10" in str(e.value)
+  assert sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))) == [5, 10]
+
+
+def test_early_stopping_stops_and_stays_stopped(tmp_path):
+  """With patience 1 on a metric that cannot improve (eval/loss in 'max' mode while the loss
+  falls) the run stops at the second evaluation (step 10 of 100), and a rerun does not resume."""
+  workdir = str(tmp_path / "run")
+  cd = synthetic_task.config(**{"train.num_steps": 100, "eval.every_steps": 5,
+                                "train.early_stop_patience": 1, "train.early_stop_mode": "max"})
+  result = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
+  assert result["step"] == 10 and result["early_stop"] == 1.0
+  again = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
+  assert again["step"] == 10
