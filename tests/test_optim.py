@@ -214,3 +214,12 @@ def test_gradient_accumulation_equals_large_batch():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-9)
   with pytest.raises(ValueError, match="grad_accum_steps=3"):
     optim.split_micro_batches(batch, 3)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw", "adafactor", "sgd"])
+def test_state_structure_independent_of_clip_and_decay(optimizer):
+  """Turning grad_clip / weight_decay on or off keeps the optimizer-state tree (resume works)."""
+  params = toy_params()
+  structure = lambda **kw: jax.tree.structure(  # pylint: disable=unnecessary-lambda-assignment
+      optim.make_optimizer(train_cfg(optimizer=optimizer, **kw), 4).init(params))
+  assert structure() == structure(weight_decay=0.1, grad_clip=1.0) == structure(grad_clip=0.5)

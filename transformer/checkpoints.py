@@ -25,6 +25,7 @@ Usage in a training loop:
   ckpt.close()                                   # waits for the last async save
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -54,8 +55,7 @@ def _as_dict(config: Any) -> dict[str, Any]:
     return {}
   if hasattr(config, "to_dict"):  # ml_collections.ConfigDict
     return config.to_dict()
-  if hasattr(config, "__dataclass_fields__"):
-    import dataclasses  # pylint: disable=g-import-not-at-top
+  if dataclasses.is_dataclass(config):
     return dataclasses.asdict(config)
   return dict(config)
 
@@ -290,4 +290,3 @@ class PreemptionHandler:
 def install_preemption_handler() -> PreemptionHandler:
   """Installs the SIGTERM handler; the loop checks `.should_stop(step)` (or `.requested`)."""
   return PreemptionHandler()
-

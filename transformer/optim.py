@@ -14,7 +14,8 @@ non-zero learning rate (no wasted step with lr 0) and warmup ends exactly at `s 
 where peak = train.learning_rate and min = train.min_learning_rate_ratio * peak. The decays reach
 `min` at s = num_steps (the last update) and stay there if training runs longer.
 
-Optimizers (`train.optimizer`), chained as clip -> [L2] -> preconditioner -> [decay] -> -lr:
+Optimizers (`train.optimizer`), chained as clip -> [L2] -> preconditioner -> [decay] -> -lr; clip
+and decay become identity placeholders when off, so the state tree does not depend on them:
   adam      optax.scale_by_adam(b1, b2, eps); weight_decay > 0 adds the classical L2 term
             weight_decay * param to the *gradient* (coupled, before Adam's preconditioning).
   adamw     Adam plus decoupled weight decay (Loshchilov & Hutter): update += weight_decay * param
@@ -121,12 +122,15 @@ def make_optimizer(train_cfg: Any, d_model: int) -> optax.GradientTransformation
   wd = float(train_cfg.weight_decay)
   if wd < 0:
     raise ValueError(f"train.weight_decay={wd} must be >= 0")
-  decay = optax.add_decayed_weights(wd, mask=weight_decay_mask(train_cfg)) if wd > 0 else None
-  chain = []
-  if train_cfg.grad_clip > 0:
-    chain.append(optax.clip_by_global_norm(float(train_cfg.grad_clip)))
+  # Off switches are stateless placeholders with the same (empty) state as the real transform,
+  # so a run may resume with another grad_clip or weight_decay (the optimizer-state tree of a
+  # checkpoint must match): EmptyState for clipping, MaskedState(EmptyState) for the decay.
+  mask = weight_decay_mask(train_cfg)
+  decay = optax.masked(optax.add_decayed_weights(wd) if wd > 0 else optax.identity(), mask)
+  clip = train_cfg.grad_clip
+  chain = [optax.clip_by_global_norm(float(clip)) if clip > 0 else optax.identity()]
   if name in ("adam", "adamw"):
-    if name == "adam" and decay is not None:
+    if name == "adam":
       chain.append(decay)  # L2: added to the gradient before preconditioning
     chain.append(optax.scale_by_adam(b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps))
   elif name == "adafactor":
@@ -135,7 +139,7 @@ def make_optimizer(train_cfg: Any, d_model: int) -> optax.GradientTransformation
   else:
     if train_cfg.momentum > 0:
       chain.append(optax.trace(decay=float(train_cfg.momentum)))
-  if name != "adam" and decay is not None:
+  if name != "adam":
     chain.append(decay)  # decoupled: after preconditioning, scaled by the learning rate below
   chain.append(optax.scale_by_learning_rate(make_schedule(train_cfg, d_model)))
   return optax.chain(*chain)
