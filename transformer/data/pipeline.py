@@ -8,8 +8,9 @@ just the stream position (plus, for bucketing, the batch index within the curren
 `grain.checkpoint.CheckpointSave/CheckpointRestore` and `get_state/set_state` resume exactly.
 
 Batching modes (rows per batch are always the per-host row count, shapes fixed per mode/bucket):
-  pack    first-fit of consecutive stream examples into the rows until the next example fits no
-          row (then it starts the next batch); segment ids 1, 2, ... per row, positions restart.
+  pack    first-fit of consecutive stream examples into the rows; an example that fits no row is
+          set aside and goes first into the next batch (at most rows // 4 per batch, then the
+          batch is emitted); segment ids 1, 2, ... per row, positions restart at 0.
   bucket  windows of BUCKET_WINDOW batches' worth of examples are sorted by length bucket and cut
           into batches of one example per row, padded to the bucket's length; batch order shuffled.
   pad     one example per row, padded to the maximum lengths.
@@ -28,6 +29,7 @@ import numpy as np
 
 from transformer.data.tokenizers import EOS_ID
 
+PACK_SKIP_DIVISOR = 4  # packing sets aside at most rows // 4 examples per batch for the next one
 BUCKET_WINDOW = 16  # batches of examples sorted together by bucketing
 BUCKET_FRACTIONS = (0.25, 0.5, 1.0)  # bucket lengths as fractions of the maximum length
 
@@ -138,28 +140,35 @@ def assemble(ex: Examples, idx: np.ndarray, row: np.ndarray, offset: dict[str, n
   return out
 
 
-def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray):
+def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
   """First-fit of examples with lengths lens [m, F] into `rows` rows of capacity caps [F].
 
-  Stops at the first example that fits no row. Returns (number placed, row [k], offsets [k, F],
-  segment ids [k]).
+  An example that fits no row is skipped (set aside for the next batch); filling stops after
+  `max_skipped` such examples or when the candidates run out. Returns (candidates examined,
+  placed candidate indices [k], row [k], offsets [k, F], segment ids [k], skipped indices).
   """
   free = np.tile(caps, (rows, 1))  # [rows, F]
   used = np.zeros(rows, np.int64)
-  placed_row, placed_off, placed_seg = [], [], []
+  placed, placed_row, placed_off, placed_seg, skipped = [], [], [], [], []
+  i = 0
   for i in range(len(lens)):
     fits = (free >= lens[i]).all(axis=1)
     r = int(fits.argmax())
     if not fits[r]:
-      break
+      skipped.append(i)
+      if len(skipped) >= max_skipped:
+        break
+      continue
+    placed.append(i)
     placed_row.append(r)
     placed_off.append(caps - free[r])
     used[r] += 1
     placed_seg.append(used[r])
     free[r] -= lens[i]
-  k = len(placed_row)
-  return (k, np.asarray(placed_row, np.int64), np.asarray(placed_off, np.int64).reshape(k, -1),
-          np.asarray(placed_seg, np.int32))
+  k = len(placed)
+  return (i + 1, np.asarray(placed, np.int64), np.asarray(placed_row, np.int64),
+          np.asarray(placed_off, np.int64).reshape(k, -1), np.asarray(placed_seg, np.int32),
+          skipped)
 
 
 class BatchDataset(grain.IterDataset):
@@ -184,7 +193,8 @@ class BatchDataset(grain.IterDataset):
 
 
 class BatchIterator(grain.DatasetIterator):
-  """State: {'pos': stream position, 'emitted': batches already taken from the bucket window}."""
+  """State: {'pos': stream position, 'emitted': batches already taken from the bucket window,
+  'deferred': examples packing set aside for the next batch}."""
 
   def __init__(self, ds: BatchDataset):
     super().__init__()
@@ -192,7 +202,7 @@ class BatchIterator(grain.DatasetIterator):
     self._names = list(ds.row_len)
     self._caps = np.array([ds.row_len[n] for n in self._names], np.int64)
     self._perms: dict[int, np.ndarray] = {}
-    self._pos, self._emitted, self._window = 0, 0, None
+    self._pos, self._emitted, self._window, self._deferred = 0, 0, None, []
     self.stats = {"batches": 0, **{f"{n}_non_padding": 0.0 for n in self._names}}
 
   def _order(self, pos: int, count: int) -> np.ndarray:
@@ -222,10 +232,13 @@ class BatchIterator(grain.DatasetIterator):
   def _next_pack(self) -> dict[str, np.ndarray]:
     rows = self._ds.rows
     lookahead = rows * int(self._caps.max())  # more examples than could ever fit
-    idx = self._order(self._pos, lookahead)
-    k, row, off, seg = first_fit(self._lens(idx), rows, self._caps)
-    self._pos += k
-    return assemble(self._ds.examples, idx[:k], row,
+    deferred = np.asarray(self._deferred, np.int64)
+    idx = np.concatenate([deferred, self._order(self._pos, lookahead)])
+    seen, placed, row, off, seg, skipped = first_fit(self._lens(idx), rows, self._caps,
+                                                     max_skipped=max(1, rows // PACK_SKIP_DIVISOR))
+    self._pos += max(0, seen - len(deferred))  # deferred examples come first, then the stream
+    self._deferred = [int(idx[j]) for j in skipped]
+    return assemble(self._ds.examples, idx[placed], row,
                     {n: off[:, j] for j, n in enumerate(self._names)}, seg, self._ds.row_len, rows)
 
   def _bucket_window(self) -> list[tuple[np.ndarray, dict[str, int]]]:
@@ -266,10 +279,11 @@ class BatchIterator(grain.DatasetIterator):
     return batch
 
   def get_state(self) -> dict[str, Any]:
-    return {"pos": int(self._pos), "emitted": int(self._emitted)}
+    return {"pos": int(self._pos), "emitted": int(self._emitted), "deferred": list(self._deferred)}
 
   def set_state(self, state: dict[str, Any]) -> None:
     self._pos, self._emitted, self._window = int(state["pos"]), int(state["emitted"]), None
+    self._deferred = [int(i) for i in state.get("deferred", [])]
     if self._ds.mode == "bucket" and self._emitted:
       self._window = self._bucket_window()
 

