@@ -1,4 +1,4 @@
-"""Checkpoints with orbax: async saves, keep latest K + best, exact resume, preemption, compatibility.
+"""Orbax checkpoints: async saves, keep latest K + best, exact resume, preemption, compatibility.
 
 Layout: `<workdir>/checkpoints/<step>/` with the items
   state    the train-state pytree (ocp StandardSave; restores onto any mesh via abstract shardings)
@@ -10,8 +10,9 @@ Retention (the trap in NOTES-jax.md: orbax's max_to_keep together with best_fn k
 and may delete the newest checkpoint, which breaks resume). We use an explicit preservation policy:
 keep a checkpoint if it is among the latest `checkpoint.keep` OR it is the single best by
 `checkpoint.keep_best_by` (`best_mode` min|max). Checkpoints saved without that metric (or with
-NaN) rank as the worst, so they count only toward "latest". A save that was killed leaves `<step>.orbax-checkpoint-tmp-*`; it is never listed
-as a step and is removed when the next Checkpointer opens the directory.
+NaN) rank as the worst, so they count only toward "latest". A save that was killed leaves
+`<step>.orbax-checkpoint-tmp-*`; it is never listed as a step and is removed by the next
+Checkpointer on that directory (before its first save).
 
 Usage in a training loop:
   check_compatible(workdir, config_dict)        # before anything writes into workdir
