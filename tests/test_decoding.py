@@ -209,3 +209,123 @@ def test_search_settings_errors():
     decoding.search_settings(cfg)
   cfg.beam_size = 3
   assert decoding.search_settings(cfg) == Search("beam", beam_size=3, length_penalty=0.6)
+
+
+# ----------------------------------------------------------------------------- generate() on models
+
+from transformer.config import DecodeConfig, model_config  # noqa: E402
+from transformer.models import build_model  # noqa: E402
+
+
+def _decode_cfg(method="greedy", beam_size=1, length_penalty=0.0, **kw):
+  return DecodeConfig(method=method, beam_size=beam_size, length_penalty=length_penalty,
+                      temperature=kw.get("temperature", 1.0), top_k=kw.get("top_k", 0),
+                      top_p=kw.get("top_p", 1.0), max_decode_len=0)
+
+
+def _tiny_model(arch, **overrides):
+  """A tiny random model and params; the prompts/inputs have different lengths (padding matters)."""
+  cfg = model_config(arch=arch, vocab_size=13, source_vocab_size=11, d_model=16, num_heads=2,
+                     mlp_dim=32, num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0,
+                     max_len=64, **overrides)
+  model = build_model(cfg)
+  src = np.array([[3, 4, 5, 6, 2], [7, 8, 2, 0, 0], [9, 2, 0, 0, 0]], np.int32)
+  init_args = (src, src) if arch == "encoder_decoder" else (src,)
+  params = model.init(jax.random.key(0), *init_args)["params"]
+  return model, params, src
+
+
+def _full_forward_log_probs(model, params, src, gen, prefix_lm):
+  """Log-probs [b, t, v] of every generated position from ONE uncached teacher-forced forward pass
+  of the training path (model.__call__), aligned so that [:, j] predicts gen[:, j]; since the pass is
+  causal this equals a separate full forward pass per step."""
+  if model.config.arch == "encoder_decoder":
+    logits = model.apply({"params": params}, src, jnp.asarray(gen))
+    return np.asarray(jax.nn.log_softmax(logits)), np.zeros(len(src), int)
+  lengths = (src != 0).sum(1)
+  rows = [list(s[:n]) + list(g) for s, n, g in zip(src, lengths, gen)]
+  targets = np.zeros((len(rows), max(map(len, rows))), np.int32)
+  prefix = np.zeros_like(targets)
+  for r, (row, n) in enumerate(zip(rows, lengths)):
+    targets[r, :len(row)] = row
+    prefix[r, :n] = 1
+  logits = model.apply({"params": params}, targets, prefix_mask=prefix if prefix_lm else None)
+  log_probs = np.asarray(jax.nn.log_softmax(logits))
+  return np.stack([log_probs[r, n:n + gen.shape[1]] for r, n in enumerate(lengths)]), lengths
+
+
+def _length(row, eos):
+  row = list(row)
+  return row.index(eos) + 1 if eos in row else len(row)
+
+
+@pytest.mark.parametrize("arch,overrides", [
+    ("encoder_decoder", dict(positional="sinusoidal")),
+    ("encoder_decoder", dict(positional="relative", norm_position="pre")),
+    ("decoder_only", dict(positional="rope", prefix_lm=False)),
+    ("decoder_only", dict(positional="relative", prefix_lm=True)),
+])
+def test_cached_greedy_equals_full_forward_argmax(arch, overrides):
+  """Cached greedy decoding (encoder once / one-call left-padded prefill, then one token per step)
+  picks at every step the argmax of an uncached full forward pass over the sequence so far, and its
+  score is the full pass's summed log-prob up to EOS: cache offsets, positions (sinusoidal,
+  relative, RoPE), padding and the prefix-LM mask all agree with the training path."""
+  model, params, src = _tiny_model(arch, **overrides)
+  batch = {"inputs": src} if arch == "encoder_decoder" else {"prompt": src}
+  eos, max_len = 5, 7
+  gen, scores = decoding.generate(model, params, batch, _decode_cfg(), eos_id=eos,
+                                  max_decode_len=max_len)
+  gen = np.asarray(gen)
+  log_probs, _ = _full_forward_log_probs(model, params, src, gen,
+                                         overrides.get("prefix_lm", False))
+  for r in range(len(src)):
+    n = _length(gen[r], eos)
+    np.testing.assert_array_equal(gen[r, :n], log_probs[r, :n].argmax(-1))
+    assert np.all(gen[r, n:] == 0)
+    np.testing.assert_allclose(scores[r], log_probs[r, np.arange(n), gen[r, :n]].sum(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch,overrides", [
+    ("encoder_decoder", dict(positional="rope")),
+    ("decoder_only", dict(positional="sinusoidal", scan_layers=True, prefix_lm=True)),
+])
+def test_beam_scores_match_full_forward(arch, overrides):
+  """Every returned beam's score equals the length-penalised log-prob of its tokens under an
+  uncached full forward pass (so the KV cache was reordered with the beams, also under
+  scan_layers), beams come best first, and beam 1 without penalty equals greedy."""
+  model, params, src = _tiny_model(arch, **overrides)
+  batch = {"inputs": src} if arch == "encoder_decoder" else {"prompt": src}
+  eos, max_len, alpha, k = 5, 6, 0.6, 3
+  beams, scores = decoding.generate(model, params, batch, _decode_cfg("beam", k, alpha), eos_id=eos,
+                                    max_decode_len=max_len, return_all_beams=True)
+  beams, scores = np.asarray(beams), np.asarray(scores)
+  assert beams.shape == (len(src), k, max_len)
+  assert np.all(np.diff(scores, axis=1) <= 1e-6)
+  for j in range(k):
+    log_probs, _ = _full_forward_log_probs(model, params, src, beams[:, j], True)
+    for r in range(len(src)):
+      n = _length(beams[r, j], eos)
+      logp = log_probs[r, np.arange(n), beams[r, j, :n]].sum()
+      np.testing.assert_allclose(scores[r, j], logp / ((5 + n) / 6) ** alpha, rtol=1e-4)
+  greedy, _ = decoding.generate(model, params, batch, _decode_cfg(), eos_id=eos, max_decode_len=max_len)
+  beam1, _ = decoding.generate(model, params, batch, _decode_cfg("beam", 1), eos_id=eos,
+                               max_decode_len=max_len)
+  np.testing.assert_array_equal(greedy, beam1)
+
+
+def test_generate_input_errors_and_jit_reuse():
+  """Bad batches fail with one-line messages; a second call with the same model, settings and
+  shapes reuses the compiled decoder (no retrace)."""
+  model, params, src = _tiny_model("decoder_only", positional="learned")
+  with pytest.raises(ValueError, match=r"needs batch\['prompt'\]"):
+    decoding.generate(model, params, {"inputs": src}, _decode_cfg(), eos_id=2, max_decode_len=4)
+  with pytest.raises(ValueError, match="exceeds model.max_len=64"):
+    decoding.generate(model, params, {"prompt": src}, _decode_cfg(), eos_id=2, max_decode_len=60)
+  first = decoding.generate(model, params, {"prompt": src}, _decode_cfg(), eos_id=2, max_decode_len=4)
+  misses = decoding._compiled.cache_info().misses
+  fn = decoding._compiled(model, decoding.Search("greedy"), 2, 4, False, True)
+  traces = fn._cache_size()
+  second = decoding.generate(model, params, {"prompt": src}, _decode_cfg(), eos_id=2, max_decode_len=4)
+  assert decoding._compiled.cache_info().misses == misses
+  assert fn._cache_size() == traces
+  np.testing.assert_array_equal(first[0], second[0])

@@ -204,3 +204,131 @@ def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_
   if return_all_beams:
     return state.fin_seqs, state.fin_scores
   return state.fin_seqs[:, 0], state.fin_scores[:, 0]
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def _variables(params: Any) -> dict[str, Any]:
+  """Accepts a params tree or a {'params': ...} variables dict."""
+  if isinstance(params, dict) and set(params) == {"params"}:
+    return dict(params)
+  return {"params": params}
+
+
+def _empty_cache(model, *args, **kwargs) -> Any:
+  """The model's zeroed 'cache' collection for a full-length dummy decode call (shapes only)."""
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *args, decode=True,
+                                             method="decode"))["cache"]
+  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def _left_pad_prompt(prompt: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+  """Right-padded prompts [b, p] -> left-padded decoder inputs [b, p+1] = pads, start token 0,
+  prompt; with segment ids (0 on padding) and positions (0 at each row's start token)."""
+  b, p = prompt.shape
+  lengths = jnp.sum(prompt != 0, axis=1)  # [b]
+  with_start = jnp.pad(prompt, ((0, 0), (1, 0)))  # [b, p+1]: 0, prompt, right padding
+  positions = jnp.arange(p + 1)[None, :] - (p - lengths)[:, None]  # [b, p+1]
+  real = positions >= 0
+  tokens = jnp.where(real, jnp.take_along_axis(with_start, jnp.maximum(positions, 0), axis=1), 0)
+  return tokens, real.astype(jnp.int32), jnp.where(real, positions, 0).astype(jnp.int32)
+
+
+def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
+              prefix_lm: bool, params: Any, batch: dict[str, jnp.ndarray], rng: jnp.ndarray):
+  """The traced body of `generate` (model and settings are static)."""
+  cfg = model.config
+  variables = _variables(params)
+  apply = functools.partial(model.apply, deterministic=True, decode=True, mutable=["cache"],
+                            method="decode")
+  k = search.beam_size if search.method == "beam" else 1
+  if cfg.arch == "encoder_decoder":
+    inputs = batch["inputs"]
+    b = inputs.shape[0]
+    source_segments = (inputs != 0).astype(jnp.int32)
+    encoded = model.apply(variables, inputs, inputs_segment_ids=source_segments,
+                          deterministic=True, method="encode")
+    cache = _empty_cache(model, encoded, jnp.zeros((b, max_len), jnp.int32),
+                         encoder_segment_ids=source_segments)
+    ones = jnp.ones((b, 1), jnp.int32)
+    # Feeding the start token computes (and caches) the cross-attention keys/values once.
+    logits, state = apply({**variables, "cache": cache}, encoded, jnp.zeros((b, 1), jnp.int32),
+                          encoder_segment_ids=source_segments, decoder_positions=0 * ones,
+                          decoder_segment_ids=ones)
+    step_segments = jnp.repeat(source_segments, k, axis=0)
+
+    def step_fn(tokens, cache, j):
+      ones = jnp.ones((tokens.shape[0], 1), jnp.int32)
+      logits, state = apply({**variables, "cache": cache}, None, tokens[:, None],
+                            encoder_segment_ids=step_segments, decoder_positions=(j + 1) * ones,
+                            decoder_segment_ids=ones)
+      return logits[:, -1], state["cache"]
+  else:
+    prompt = batch["prompt"]
+    b = prompt.shape[0]
+    tokens, segments, positions = _left_pad_prompt(prompt)
+    cache = _empty_cache(model, jnp.zeros((b, tokens.shape[1] + max_len - 1), jnp.int32))
+    prefix = segments if prefix_lm else None
+    logits, state = apply({**variables, "cache": cache}, tokens, decoder_positions=positions,
+                          decoder_segment_ids=segments, decoder_prefix_mask=prefix)
+    next_position = jnp.repeat(positions[:, -1:] + 1, k, axis=0)  # [b*k, 1]
+
+    def step_fn(tokens, cache, j):
+      ones = jnp.ones((tokens.shape[0], 1), jnp.int32)
+      logits, state = apply({**variables, "cache": cache}, tokens[:, None],
+                            decoder_positions=next_position + j, decoder_segment_ids=ones,
+                            decoder_prefix_mask=0 * ones if prefix_lm else None)
+      return logits[:, -1], state["cache"]
+
+  first_logits, cache = logits[:, -1], state["cache"]
+  if search.method == "beam":
+    from transformer.models import reorder_cache  # pylint: disable=g-import-not-at-top
+    return beam_search(step_fn, first_logits, cache, beam_size=k, alpha=search.length_penalty,
+                       eos_id=eos_id, max_len=max_len, return_all_beams=return_all_beams,
+                       reorder_fn=lambda c, idx: reorder_cache(c, idx, cfg.scan_layers))
+  return sample_search(step_fn, first_logits, cache, search=search, eos_id=eos_id,
+                       max_len=max_len, rng=rng)
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(model, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
+              prefix_lm: bool):
+  """One jitted decoder per (model, settings); jax.jit then caches per input shape."""
+  return jax.jit(functools.partial(_generate, model, search, eos_id, max_len, return_all_beams,
+                                   prefix_lm))
+
+
+def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_id: int,
+             max_decode_len: int, rng: jnp.ndarray | None = None, return_all_beams: bool = False,
+             prefix_lm: bool | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Decodes a batch: (tokens [b, max_decode_len] ending in EOS then 0s, scores [b]).
+
+  batch: {'inputs': [b, s]} for an EncoderDecoder, {'prompt': [b, p]} (right-padded with 0) for a
+  DecoderOnly, whose prompt is fed after the start token 0 (source+EOS for a prefix-LM seq2seq task,
+  text for an LM). Scores: summed log-probs (greedy, sample), the length-penalised score (beam).
+  return_all_beams gives all k beams, best first: [b, k, L], [b, k]. prefix_lm (decoder-only):
+  bidirectional attention over the prompt; None = the model config's prefix_lm.
+  rng: the sampling key (None = key 0).
+  """
+  search = search_settings(decode_cfg)
+  cfg = model.config
+  if max_decode_len < 1:
+    raise ValueError(f"max_decode_len={max_decode_len} must be >= 1")
+  key = "inputs" if cfg.arch == "encoder_decoder" else "prompt"
+  if key not in batch:
+    raise ValueError(f"generate: a {cfg.arch} model needs batch[{key!r}], got keys {sorted(batch)}")
+  tokens = jnp.asarray(batch[key], jnp.int32)
+  if tokens.ndim != 2 or tokens.shape[0] == 0:
+    raise ValueError(f"generate: batch[{key!r}] must be [batch, length] token ids, got "
+                     f"shape {tokens.shape}")
+  cache_len = max_decode_len if key == "inputs" else tokens.shape[1] + max_decode_len
+  if cache_len > cfg.max_len:
+    raise ValueError(f"generate: {'prompt length + ' if key == 'prompt' else ''}max_decode_len = "
+                     f"{cache_len} exceeds model.max_len={cfg.max_len}")
+  if prefix_lm is None:
+    prefix_lm = bool(getattr(cfg, "prefix_lm", False))
+  rng = jax.random.key(0) if rng is None else rng
+  fn = _compiled(model, search, int(eos_id), int(max_decode_len), bool(return_all_beams),
+                 bool(prefix_lm) and cfg.arch == "decoder_only")
+  return fn(params, {key: tokens}, rng)
