@@ -57,7 +57,7 @@ class TextFiles(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version("1.0.0")
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(builder=self, description=self.__doc__,
+    return tfds.core.DatasetInfo(builder=self, description=self.__doc__, disable_shuffling=True,
                                  features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
 
   def _split_generators(self, dl_manager):
@@ -98,6 +98,7 @@ class TsvPairs(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self, description=self.__doc__, supervised_keys=("source", "target"),
+        disable_shuffling=True,  # records in file order
         features=tfds.features.FeaturesDict({"source": tfds.features.Text(),
                                              "target": tfds.features.Text()}))
 

@@ -139,6 +139,7 @@ class CmudictG2p(tfds.core.GeneratorBasedBuilder):
         features=tfds.features.FeaturesDict({"source": tfds.features.Text(),
                                              "target": tfds.features.Text()}),
         supervised_keys=("source", "target"),
+        disable_shuffling=True,  # records in file order: a word's variants in CMU's order
         homepage="http://www.speech.cs.cmu.edu/cgi-bin/cmudict",
     )
 
