@@ -67,6 +67,11 @@ def _collect_weights(tree: Any) -> dict[tuple[str, str], list[np.ndarray]]:
   return {k: [v[i] for i in sorted(v)] for k, v in found.items()}
 
 
+def _bucket(n: int) -> int:
+  """Batch rows for n inputs: a power of two >= 4, so repeated calls reuse compiled decoders."""
+  return max(4, 1 << max(0, n - 1).bit_length())
+
+
 class Run:
   """A restored run: config, model, params and tokenizers, with decoding and inspection helpers."""
 
@@ -89,7 +94,8 @@ class Run:
     return evaluation.source_ids(self.task, text)
 
   def _pad(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
-    width = max(1, max(len(r) for r in rows))
+    """Rows padded with 0 to a multiple of 8 columns (fewer distinct shapes to compile)."""
+    width = -(-max(1, max(len(r) for r in rows)) // 8) * 8
     out = np.zeros((len(rows), width), np.int32)
     for i, r in enumerate(rows):
       out[i, :len(r)] = r
@@ -97,18 +103,24 @@ class Run:
 
   def _teacher_forced_batch(self, sources: Sequence[str], targets: Sequence[str]
                             ) -> dict[str, np.ndarray]:
-    """Model inputs for (source, target) pairs; targets end with EOS."""
+    """Model inputs and loss weights for (source, target) pairs; targets end with EOS."""
     eos = self.target_tokenizer.eos_id
     tgt = [list(self.target_tokenizer.encode(t)) + [eos] for t in targets]
     if self.config.model.arch == "encoder_decoder":
-      return dict(inputs=self._pad([self.encode_source(s) for s in sources]),
-                  targets=self._pad(tgt))
+      targets = self._pad(tgt)
+      return dict(inputs=self._pad([self.encode_source(s) for s in sources]), targets=targets,
+                  weights=(targets != 0).astype(np.float32))
     src = [self.encode_source(s) for s in sources]
     full = self._pad([s + t for s, t in zip(src, tgt)])
-    prefix = np.zeros_like(full)
+    # As the pipeline: prefix_mask on the source tokens (the model extends it over the EOS
+    # separator), weights 0 on the source and the separator.
+    prefix, weights = np.zeros_like(full), (full != 0).astype(np.float32)
     for i, s in enumerate(src):
-      prefix[i, :len(s)] = 1
-    return dict(targets=full, prefix_mask=prefix if self.kind == "seq2seq" else None)
+      prefix[i, :len(s) - 1] = 1
+      weights[i, :len(s)] = 0
+    if self.kind != "seq2seq":
+      return dict(targets=full, weights=(full != 0).astype(np.float32))
+    return dict(targets=full, prefix_mask=prefix, weights=weights)
 
   def _logits_fn(self, params, batch):
     from transformer.training import model_kwargs  # pylint: disable=g-import-not-at-top
@@ -120,7 +132,8 @@ class Run:
   def logits(self, sources: Sequence[str], targets: Sequence[str]) -> np.ndarray:
     """Teacher-forced logits [b, t, vocab] float32 (decoder-only: over prompt + target)."""
     batch = self._teacher_forced_batch(sources, targets)
-    return np.asarray(self._forward(self.params, {k: v for k, v in batch.items() if v is not None}))
+    batch = {k: v for k, v in batch.items() if k != "weights"}
+    return np.asarray(self._forward(self.params, batch))
 
   def score(self, sources: Sequence[str], targets: Sequence[str]) -> np.ndarray:
     """log p(target + EOS | source) [b] in nats, summed over the target tokens."""
@@ -131,10 +144,7 @@ class Run:
     log_probs = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
     tokens = batch["targets"]
     picked = np.asarray(jnp.take_along_axis(log_probs, jnp.asarray(tokens)[..., None], -1))[..., 0]
-    weights = (tokens != 0).astype(np.float32)
-    if batch.get("prefix_mask") is not None:
-      weights *= 1 - batch["prefix_mask"]
-    return (picked * weights).sum(axis=1)
+    return (picked * batch["weights"]).sum(axis=1)
 
   def generate(self, texts: Sequence[str] | str, method: str | None = None,
                beam_size: int | None = None, temperature: float | None = None,
@@ -153,7 +163,7 @@ class Run:
     ids = [self.encode_source(t) for t in texts]
     tok = self.target_tokenizer
     tokens, _ = evaluation.decode_batches(self.config, self.model, self.params, ids, decode_cfg,
-                                          eos_id=tok.eos_id, batch_size=len(ids),
+                                          eos_id=tok.eos_id, batch_size=_bucket(len(ids)),
                                           rng=jax.random.key(seed))
     return [tok.decode(t) for t in tokens]
 
@@ -162,7 +172,7 @@ class Run:
     if target is None:
       target = self.generate([text], method="greedy")[0]
     batch = self._teacher_forced_batch([text], [target])
-    batch = {k: jnp.asarray(v) for k, v in batch.items() if v is not None}
+    batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "weights"}
     from transformer.models import shift_right  # pylint: disable=g-import-not-at-top
     from transformer.training import model_kwargs  # pylint: disable=g-import-not-at-top
     _, state = self.model.apply({"params": self.params},

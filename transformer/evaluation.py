@@ -110,25 +110,59 @@ def _dummy_batch(cfg: Config) -> dict[str, np.ndarray]:
   return dict(inputs=ones, targets=ones) if cfg.model.arch == "encoder_decoder" else dict(targets=ones)
 
 
+def _read_state(directory: str, step: int) -> dict[str, Any]:
+  """The saved train state of `step` as nested dicts, on the first local device.
+
+  The target structure comes from the checkpoint's own metadata, not from today's optimizer code,
+  so a run restores for evaluation even if the optimizer state layout has changed since.
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)  # orbax warns about every item it is not asked for
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
+                                  item_handlers={"state": ocp.StandardCheckpointHandler()})
+  try:
+    tree = manager.item_metadata(step)["state"]
+    tree = getattr(tree, "tree", tree)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), tree)
+    return manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
+                           )["state"]
+  finally:
+    manager.close()
+    logging.set_verbosity(verbosity)
+
+
+def _check_params(cfg: Config, model: Any, params: Any, where: str) -> None:
+  """Raises EvaluationError naming the first parameter whose shape differs from the model's."""
+  from transformer import training  # pylint: disable=g-import-not-at-top
+  expected = jax.eval_shape(lambda r: training.init_params(cfg, model, r, _dummy_batch(cfg)),
+                            jax.random.PRNGKey(0))
+  flat = lambda tree: {jax.tree_util.keystr(k): tuple(v.shape)  # noqa: E731
+                       for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  want, got = flat(expected), flat(params)
+  for key in sorted(set(want) | set(got)):
+    if want.get(key) != got.get(key):
+      raise EvaluationError(f"{where}: parameter {key} has shape {got.get(key)} but the config in "
+                            f"config.json builds {want.get(key)}")
+
+
 def restore_params(cfg: Config, workdir: str, step: int | str | None = None) -> tuple[Any, int]:
   """(params, step) of a checkpoint in `workdir`, restored onto the first local device."""
-  from transformer import checkpoints, optim, training  # pylint: disable=g-import-not-at-top
+  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
   from transformer.models import build_model  # pylint: disable=g-import-not-at-top
-  model = build_model(cfg.model)
+  if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    raise EvaluationError(f"no checkpoints in {workdir}: has the run saved one yet?")
   ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint)
   try:
     step = resolve_step(ckpt, step)
-    tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
-    example = _dummy_batch(cfg)
-    shapes = jax.eval_shape(
-        lambda r: training.create_train_state(cfg, model, r, example, tx), jax.random.PRNGKey(0))
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                            shapes)
-    state = ckpt.restore(step, abstract)
+    directory = ckpt.directory
   finally:
     ckpt.close()
-  return state.params, step
+  params = _read_state(directory, step)["params"]
+  _check_params(cfg, build_model(cfg.model), params, f"{directory}/{step}")
+  return params, step
 
 
 # ----------------------------------------------------------------------------- decoding

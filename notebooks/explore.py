@@ -1,0 +1,113 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Exploring a G2P transformer
+#
+# Trains (or restores) the `:tiny` grapheme-to-phoneme run, decodes a few words with every
+# decoding method, scores pronunciations, and looks inside: attention maps of every kind,
+# the sinusoidal positional encoding and the learning curves.
+#
+# This file is the source (jupytext percent format); `explore.ipynb` is generated from it with
+# `jupytext --to notebook notebooks/explore.py`. Run it from the repository root. The parameters
+# below can also be set by environment variables (that is how the test runs it headless).
+
+# %% tags=["parameters"]
+import os
+import tempfile
+
+WORKDIR = os.environ.get("EXPLORE_WORKDIR") or os.path.join(tempfile.gettempdir(), "g2p_tiny")
+NUM_STEPS = int(os.environ.get("EXPLORE_STEPS", "3000"))  # only used when training
+FIG_DIR = os.environ.get("EXPLORE_FIG_DIR") or os.path.join(WORKDIR, "figures")
+WORDS = ["phoneme", "attention", "transformer", "jax"]
+
+# %% [markdown]
+# ## Train or restore
+# A workdir that already holds checkpoints is restored as it is; otherwise `configs/g2p.py:tiny`
+# is trained there for `NUM_STEPS` steps (the same as `python train.py --config=configs/g2p.py:tiny
+# --workdir=... --config.train.num_steps=...`).
+
+# %%
+from transformer import api, viz
+
+if not os.path.isdir(os.path.join(WORKDIR, "checkpoints")):
+  from configs import g2p
+  from transformer.training import train_and_evaluate
+  config = g2p.get_config("tiny")
+  config.train.num_steps = NUM_STEPS
+  print(train_and_evaluate(config, WORKDIR))
+
+run = api.restore(WORKDIR)
+run
+
+# %% [markdown]
+# ## Decoding with every method
+# Greedy and beam search are deterministic; sampling draws from the temperature-scaled, top-k and
+# nucleus (top-p) filtered distribution (each filter can be used alone) and is reproducible
+# through `seed`.
+
+# %%
+methods = {
+    "greedy": dict(method="greedy"),
+    "beam 4": dict(method="beam", beam_size=4),
+    "sample": dict(method="sample", temperature=0.8, top_k=5, top_p=0.95, seed=0),
+}
+outputs = {name: run.generate(WORDS, **kw) for name, kw in methods.items()}
+for i, word in enumerate(WORDS):
+  print(word)
+  for name, hyps in outputs.items():
+    print(f"  {name:<13} {hyps[i]}")
+
+# %% [markdown]
+# `score` gives log p(pronunciation | word): the model prefers its own beam output to a sample.
+
+# %%
+beam, sampled = outputs["beam 4"], outputs["sample"]
+for word, b, s, lb, ls in zip(WORDS, beam, sampled, run.score(WORDS, beam), run.score(WORDS, sampled)):
+  print(f"{word:<12} beam {lb:8.3f} ({b})   sample {ls:8.3f} ({s})")
+
+# %% [markdown]
+# ## Attention
+# Every layer and head: encoder self-attention over the letters, decoder self-attention over the
+# phones produced so far, and cross-attention from each phone to the letters (for a trained G2P
+# model roughly monotonic: an alignment).
+
+# %%
+os.makedirs(FIG_DIR, exist_ok=True)
+att = run.attention(WORDS[0])
+last = len(att.cross) - 1
+viz.plot_attention(att.encoder_self[-1], att.source_tokens, att.source_tokens,
+                   title=f"encoder self-attention, layer {last}",
+                   path=os.path.join(FIG_DIR, "encoder_self.png"))
+viz.plot_attention(att.decoder_self[-1], att.target_tokens, att.target_tokens,
+                   title=f"decoder self-attention, layer {last}",
+                   path=os.path.join(FIG_DIR, "decoder_self.png"))
+viz.plot_attention(att.cross[-1], att.target_tokens, att.source_tokens,
+                   title=f"cross-attention, layer {last}", path=os.path.join(FIG_DIR, "cross.png"));
+
+# %% [markdown]
+# ## Positional encoding
+# The sinusoidal table (Vaswani et al. 2017) and the dot products between positions: the
+# similarity depends on the distance between two positions, which lets attention find relative
+# offsets.
+
+# %%
+viz.plot_positional_encoding(max_len=64, d_model=run.config.model.d_model,
+                             path=os.path.join(FIG_DIR, "positional.png"));
+
+# %% [markdown]
+# ## Learning curves
+
+# %%
+viz.plot_learning_curves(WORKDIR, save_path=os.path.join(FIG_DIR, "curves.png"));
+print(sorted(os.listdir(FIG_DIR)))
