@@ -147,12 +147,16 @@ def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
   `max_skipped` such examples or when the candidates run out. Returns (candidates examined,
   placed candidate indices [k], row [k], offsets [k, F], segment ids [k], skipped indices).
   """
-  free = np.tile(caps, (rows, 1))  # [rows, F]
-  used = np.zeros(rows, np.int64)
+  num_features = len(caps)
+  free = [np.full(rows, c, np.int64) for c in caps]  # per feature [rows]; 1-D ufuncs are fastest
+  fits, tmp = np.empty(rows, bool), np.empty(rows, bool)
+  segs = [0] * rows
   placed, placed_row, placed_off, placed_seg, skipped = [], [], [], [], []
   i = 0
-  for i in range(len(lens)):
-    fits = (free >= lens[i]).all(axis=1)
+  for i, ls in enumerate(lens.tolist()):
+    np.greater_equal(free[0], ls[0], out=fits)
+    for j in range(1, num_features):
+      np.logical_and(fits, np.greater_equal(free[j], ls[j], out=tmp), out=fits)
     r = int(fits.argmax())
     if not fits[r]:
       skipped.append(i)
@@ -161,10 +165,11 @@ def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
       continue
     placed.append(i)
     placed_row.append(r)
-    placed_off.append(caps - free[r])
-    used[r] += 1
-    placed_seg.append(used[r])
-    free[r] -= lens[i]
+    placed_off.append([int(caps[j] - free[j][r]) for j in range(num_features)])
+    segs[r] += 1
+    placed_seg.append(segs[r])
+    for j in range(num_features):
+      free[j][r] -= ls[j]
   k = len(placed)
   return (i + 1, np.asarray(placed, np.int64), np.asarray(placed_row, np.int64),
           np.asarray(placed_off, np.int64).reshape(k, -1), np.asarray(placed_seg, np.int32),
