@@ -11,6 +11,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 import ml_collections
 from ml_collections import config_flags
 
@@ -23,6 +24,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  # Orbax logs every save step at INFO; keep its warnings, and everyone else's INFO messages.
+  logging.get_absl_handler().addFilter(
+      lambda r: r.levelno >= logging.WARNING or "orbax" not in r.pathname)
   # Imported here so that --help and flag errors do not pay for importing JAX.
   from transformer import training  # pylint: disable=g-import-not-at-top
   from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
