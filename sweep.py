@@ -1,0 +1,130 @@
+r"""Runs a sweep: `python sweep.py --config=configs/g2p.py:small --sweep=configs/sweeps/positional.py
+--workdir=runs/sweep_pos [--parallel=N] [--dry_run] [--report_only] [--config.train.num_steps=...]`.
+
+Every point of the sweep file (configs/sweeps/*.py: `get_sweep()` -> list of override dicts) runs
+as its own `python train.py` process, then `python eval.py --split=test`, in its own workdir
+`<workdir>/<name from its overrides>` (e.g. `runs/sweep_pos/positional=rope`). `--config.*` flags
+given here apply to every point. All keys and every point's config are validated before anything
+runs. Rerunning the command skips finished points and resumes interrupted ones from their
+checkpoints. At the end (or with --report_only) it writes `<workdir>/results.csv`, `results.md`,
+`results.png` (--metric per point) and `curves.png` (learning curves overlaid).
+
+On cloud TPU VMs: `--launcher=tpu_vm --tpu_name=NAME --zone=ZONE --bucket=gs://B` prints one
+`gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command="..."` per point, with the
+workdir and data_dir under the bucket; `--execute` also runs them, one after the other.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/g2p.py:small.",
+                                 lock_config=True)
+flags.DEFINE_string("sweep", None, "Sweep file, e.g. configs/sweeps/positional.py.")
+flags.DEFINE_string("workdir", None, "The sweep's directory; each point gets a subdirectory.")
+flags.DEFINE_integer("parallel", 1, "Points trained at the same time (each is one process).")
+flags.DEFINE_bool("dry_run", False, "Print the commands that would run, run nothing.")
+flags.DEFINE_bool("report_only", False, "Only write results.csv/.md and the plots.")
+flags.DEFINE_string("metric", "auto", "Metric for the bar plot and the bold best value, e.g. "
+                    "test/wer or dev/loss; auto = test/wer, test/bleu, ..., dev/loss.")
+flags.DEFINE_string("eval_split", "test", "Split eval.py evaluates after training; '' = none.")
+flags.DEFINE_string("python", sys.executable, "Python interpreter for the local processes.")
+flags.DEFINE_enum("launcher", "local", ["local", "tpu_vm"], "Where the points run.")
+flags.DEFINE_string("tpu_name", None, "tpu_vm: the TPU VM's name.")
+flags.DEFINE_string("zone", None, "tpu_vm: the TPU VM's zone, e.g. us-central2-b.")
+flags.DEFINE_string("bucket", None, "tpu_vm: gs:// path holding workdirs and tensorflow_datasets.")
+flags.DEFINE_string("project", "", "tpu_vm: the GCP project ('' = gcloud's default).")
+flags.DEFINE_string("remote_dir", "~/transformer", "tpu_vm: this repository's path on the VMs.")
+flags.DEFINE_string("remote_python", "python3", "tpu_vm: Python interpreter on the VMs.")
+flags.DEFINE_bool("execute", False, "tpu_vm: run the gcloud commands instead of printing them.")
+flags.mark_flags_as_required(["config", "sweep", "workdir"])
+
+
+def fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(1)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  from transformer import sweeps  # pylint: disable=g-import-not-at-top
+  from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
+  config_arg = config_flags.get_config_filename(f["config"])
+  base = dict(config_flags.get_override_values(f["config"]))
+  try:
+    points = sweeps.plan(f.config, config_arg, f.sweep, f.workdir)
+  except (sweeps.SweepError, ConfigError) as e:
+    fail(str(e))
+  script = lambda name: os.path.relpath(os.path.join(ROOT, name))  # pylint: disable=unnecessary-lambda-assignment
+  commands = sweeps.Commands(config_arg, base, python=f.python, train_script=script("train.py"),
+                             eval_script=script("eval.py"), eval_split=f.eval_split)
+
+  if f.launcher == "tpu_vm":
+    missing = [n for n in ("tpu_name", "zone", "bucket") if not f[n].value]
+    if missing:
+      fail(f"--launcher=tpu_vm needs {', '.join('--' + n for n in missing)}")
+    try:
+      launches = [sweeps.tpu_vm_command(p, commands, f.tpu_name, f.zone, f.bucket, f.remote_dir,
+                                        f.remote_python, f.project) for p in points]
+    except sweeps.SweepError as e:
+      fail(str(e))
+    for p, (cmd, line) in zip(points, launches):
+      print(f"# {p.name}\n{line}")
+      if f.execute and subprocess.run(cmd, check=False).returncode != 0:
+        fail(f"point {p.name} failed on {f.tpu_name}")
+    local = os.path.normpath(f.workdir)
+    print(f"# collect: gcloud storage rsync -r {f.bucket.rstrip('/')}/{local.lstrip('/')} {local}"
+          f" && {shlex.join(sys.argv[:1] + report_flags())} --report_only")
+    return
+
+  if f.dry_run:
+    print("\n".join(sweeps.dry_run_lines(points, commands)))
+    return
+  failed = []
+  if not f.report_only:
+    sweeps.write_manifest(points, commands, f.sweep, f.workdir)
+    failed = sweeps.run(points, commands, parallel=f.parallel)
+  from transformer import sweep_report  # pylint: disable=g-import-not-at-top
+  title = f"`python sweep.py {shlex.join(report_flags())}`"
+  out = sweep_report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)
+  print(sweep_report.markdown(out["rows"], out["metric"]))
+  print("wrote " + ", ".join(out[k] for k in ("csv", "md", "plot", "curves") if k in out))
+  if failed:
+    fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")
+
+
+def report_flags() -> list[str]:
+  """This sweep's flags (config, sweep, workdir, overrides), for titles and hints."""
+  keep = ("--config", "--sweep", "--workdir", "--eval_split", "--metric")
+  return [a for a in sys.argv[1:] if a.split("=", 1)[0].startswith(keep)]
+
+
+def parse_flags(argv):
+  """absl flag parsing, with a bad flag or `--config.key=value` as one line instead of a trace."""
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      path = arg.split("=", 1)[1].split(":", 1)[0]
+      if not os.path.isfile(path):
+        fail(f"--config file {path} not found")
+  try:
+    rest = flags.FLAGS(argv)
+    if not isinstance(flags.FLAGS.config, ml_collections.ConfigDict):
+      flags.FLAGS.config.__getattr__("_")  # a config file that failed to load raises here
+    return rest
+  except Exception as e:  # pylint: disable=broad-except
+    msg = str(e).splitlines()[0] if str(e) else ""
+    fail(f"bad flag ({type(e).__name__}: {msg}); config keys are those of configs/base.py")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,222 @@
+"""A sweep's results: one row per point from its run files, as CSV, Markdown and PNG plots.
+
+Per point (see transformer/sweeps.py for the layout) the row holds the swept values, the parameter
+count (from the run's config.json, by tracing the model's init: nothing is restored), the final
+step and the last in-training evaluation (`dev/*`, from metrics.jsonl), the test metrics
+(`test/*`, from metrics.test.json written by eval.py), the median training throughput
+(perf/tokens_per_sec of every logged window but the first, which includes compilation) and the
+training wall time the runner measured (summed over resumed attempts). Files written into the
+sweep's workdir: results.csv, results.md, results.png (the chosen metric per point) and
+curves.png (train/loss and the eval metric of every point against the step, overlaid).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import statistics
+from typing import Any, Sequence
+
+from transformer import sweeps
+
+# Metrics tried in order by metric='auto'; the first one that some point has is plotted.
+AUTO_METRICS = ("test/wer", "test/bleu", "test/bits_per_char", "test/bits_per_byte",
+                "test/bits_per_token", "test/loss", "dev/wer", "dev/bleu", "dev/loss")
+HIGHER_IS_BETTER = ("bleu", "accuracy")
+SKIPPED_TEST_KEYS = ("step", "split", "decode", "decoded", "tokens")
+
+
+def count_params(workdir: str) -> int | None:
+  """Parameters of the run's model, from its config.json (None if there is none yet)."""
+  if not os.path.exists(os.path.join(workdir, "config.json")):
+    return None
+  try:
+    import jax  # pylint: disable=g-import-not-at-top
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    from transformer import evaluation, training  # pylint: disable=g-import-not-at-top
+    from transformer.models import build_model  # pylint: disable=g-import-not-at-top
+    cfg = evaluation.load_config(workdir)
+    model = build_model(cfg.model)
+    batch = {"inputs": np.ones((1, 8), np.int32), "targets": np.ones((1, 8), np.int32)}
+    if cfg.model.arch != "encoder_decoder":
+      del batch["inputs"]
+    shapes = jax.eval_shape(lambda r: training.init_params(cfg, model, r, batch),
+                            jax.random.PRNGKey(0))
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning("cannot count the parameters of %s: %s", workdir, str(e).splitlines()[:1])
+    return None
+
+
+def _metrics_jsonl(workdir: str) -> list[dict[str, Any]]:
+  path = os.path.join(workdir, "metrics.jsonl")
+  records = []
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          records.append(json.loads(line))
+        except ValueError:
+          continue  # a line cut by a kill; the rest is still good
+  return records
+
+
+def _sort_metrics(keys: Sequence[str]) -> list[str]:
+  first = ("loss", "accuracy", "perplexity")
+  return sorted(keys, key=lambda k: (first.index(k) if k in first else len(first), k))
+
+
+def collect(points: Sequence[sweeps.Point], eval_split: str = "test") -> list[dict[str, Any]]:
+  """One row per point: point, swept values, params, steps, dev/*, test/*, tokens/s, wall, status."""
+  label = sweeps.labels([p.overrides for p in points])
+  rows = []
+  for p in points:
+    row: dict[str, Any] = {"point": p.name}
+    row |= {lab: sweeps.format_value(p.overrides[k]) if k in p.overrides else ""
+            for k, lab in label.items()}
+    record = sweeps.read_record(p)
+    if record.get("params") is None and os.path.isdir(p.workdir):
+      record["params"] = count_params(p.workdir)
+      if record["params"] is not None:
+        sweeps.write_record(p, record)
+    row["params"] = record.get("params")
+    logged = _metrics_jsonl(p.workdir)
+    row["steps"] = max((r.get("step", 0) for r in logged), default=None)
+    evals = [r for r in logged if any(k.startswith("eval/") for k in r)]
+    if evals:
+      dev = {k[len("eval/"):]: v for k, v in evals[-1].items() if k.startswith("eval/")}
+      row |= {f"dev/{k}": dev[k] for k in _sort_metrics(list(dev))}
+    test = sweeps.read_json(os.path.join(p.workdir, f"metrics.{eval_split}.json"))
+    if isinstance(test, dict):
+      names = [k for k, v in test.items() if k not in SKIPPED_TEST_KEYS
+               and isinstance(v, (int, float)) and not isinstance(v, bool)]
+      row |= {f"{eval_split}/{k}": test[k] for k in _sort_metrics(names)}
+    rates = [r["perf/tokens_per_sec"] for r in logged if "perf/tokens_per_sec" in r]
+    row["tokens_per_sec"] = statistics.median(rates[1:] or rates) if rates else None
+    row["wall_seconds"] = record.get("train_seconds")
+    trained = sweeps.trained_step(p)
+    row["status"] = "done" if trained is not None else ("partial" if logged else "not run")
+    rows.append(row)
+  return rows
+
+
+def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+  """Every key of every row, in a stable order: first-seen, with metric groups kept together."""
+  seen = list(dict.fromkeys(k for r in rows for k in r))
+  tail = ["tokens_per_sec", "wall_seconds", "status"]
+  metrics = [k for k in seen if "/" in k]
+  dev = [k for k in metrics if k.startswith("dev/")]
+  head = [k for k in seen if k not in metrics and k not in tail]
+  return head + dev + [k for k in metrics if k not in dev] + [k for k in tail if k in seen]
+
+
+def choose_metric(rows: Sequence[dict[str, Any]], metric: str = "auto") -> str | None:
+  """`metric` itself, or for 'auto' the first of AUTO_METRICS that some row has."""
+  if metric != "auto":
+    return metric
+  return next((m for m in AUTO_METRICS if any(r.get(m) is not None for r in rows)), None)
+
+
+def _fmt(key: str, value: Any) -> str:
+  if value is None or value == "":
+    return ""
+  if key == "params" and isinstance(value, (int, float)):
+    return f"{value / 1e6:.2f}M" if value >= 1e5 else f"{value:,}"
+  if key == "wall_seconds" and isinstance(value, (int, float)):
+    return f"{value / 60:.1f} min" if value >= 120 else f"{value:.0f} s"
+  if key == "tokens_per_sec" and isinstance(value, (int, float)):
+    return f"{value:,.0f}"
+  if isinstance(value, float):
+    return f"{value:.4g}"
+  return str(value)
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
+  """results.csv: every column, raw values, blank where a point has none."""
+  cols = columns(rows)
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=cols, restval="")
+    writer.writeheader()
+    for row in rows:
+      writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in cols})
+
+
+def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
+  """A Markdown table of the rows; the best value of `metric` in bold."""
+  cols = columns(rows)
+  best = None
+  values = [r.get(metric) for r in rows if isinstance(r.get(metric), (int, float))]
+  if metric and values:
+    best = (max if any(h in metric for h in HIGHER_IS_BETTER) else min)(values)
+  lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+  for row in rows:
+    cells = []
+    for k in cols:
+      text = _fmt(k, row.get(k))
+      cells.append(f"**{text}**" if k == metric and best is not None and row.get(k) == best
+                   else text)
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
+  """Horizontal bars: `metric` per point (points without it are left out)."""
+  from transformer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  have = [r for r in rows if isinstance(r.get(metric), (int, float))]
+  fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(have), 2) + 1.2))
+  ax.barh([r["point"] for r in have], [r[metric] for r in have], color="tab:blue")
+  ax.invert_yaxis()  # the sweep's order, top to bottom
+  for i, r in enumerate(have):
+    ax.text(r[metric], i, f" {r[metric]:.4g}", va="center", fontsize=8)
+  ax.set(xlabel=metric, title=f"{metric} per point")
+  ax.grid(axis="x", alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def plot_curves(points: Sequence[sweeps.Point], metric: str | None, path: str) -> None:
+  """train/loss, eval/loss and the metric's eval/ curve of every point against the step."""
+  from transformer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  keys = ["train/loss", "eval/loss"]
+  if metric and "/" in metric and metric.split("/", 1)[1] != "loss":
+    keys.append("eval/" + metric.split("/", 1)[1])
+  fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.6), squeeze=False)
+  for key, ax in zip(keys, axes[0]):
+    for p in points:
+      xy = [(r["step"], r[key]) for r in _metrics_jsonl(p.workdir) if key in r and "step" in r]
+      if xy:
+        ax.plot(*zip(*xy), marker="." if len(xy) < 30 else None, label=p.name)
+    ax.set(title=key, xlabel="step")
+    ax.grid(alpha=0.3)
+  handles, names = axes[0][0].get_legend_handles_labels()
+  if handles:
+    fig.legend(handles, names, loc="lower center", ncol=min(3, len(names)), fontsize=8,
+               bbox_to_anchor=(0.5, -0.02 - 0.05 * ((len(names) - 1) // 3)))
+  fig.tight_layout(rect=(0, 0.08 + 0.05 * ((len(names) - 1) // 3) if handles else 0, 1, 1))
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+
+
+def write_report(points: Sequence[sweeps.Point], workdir: str, metric: str = "auto",
+                 eval_split: str = "test", title: str = "") -> dict[str, Any]:
+  """Writes results.csv, results.md, results.png and curves.png; returns {'rows', 'metric', paths}."""
+  os.makedirs(workdir, exist_ok=True)
+  rows = collect(points, eval_split or "test")
+  chosen = choose_metric(rows, metric)
+  out = {"rows": rows, "metric": chosen, "csv": os.path.join(workdir, "results.csv"),
+         "md": os.path.join(workdir, "results.md")}
+  write_csv(rows, out["csv"])
+  with open(out["md"], "w") as f:
+    f.write((f"{title}\n\n" if title else "") + markdown(rows, chosen))
+  if chosen and any(isinstance(r.get(chosen), (int, float)) for r in rows):
+    out["plot"] = os.path.join(workdir, "results.png")
+    plot_metric(rows, chosen, out["plot"])
+  if any(_metrics_jsonl(p.workdir) for p in points):
+    out["curves"] = os.path.join(workdir, "curves.png")
+    plot_curves(points, chosen, out["curves"])
+  return out

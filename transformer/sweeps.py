@@ -1,0 +1,433 @@
+"""Sweeps: a sweep file's override dicts -> validated points -> one process per point (or TPU commands).
+
+A sweep file (configs/sweeps/*.py) returns a list of override dicts with the dotted keys of
+`--config.*`. `plan()` loads it, checks every key against configs/base.py and the chosen config
+(an unknown key is a one-line SweepError before anything runs), validates every point's full
+config (transformer.config.ConfigError naming the point), and names each point's workdir from its
+overrides (`positional=rope,lr=0.0003`; long names end in a hash). `run()` starts, for each point
+that is not finished, `train.py` and then `eval.py --split=test` as separate processes, `parallel`
+at a time, logging to `<point>/sweep.log`. Training resumes from the point's own checkpoints, so
+rerunning a sweep skips finished points and continues interrupted ones. `tpu_vm_command()` is the
+same point as one `gcloud compute tpus tpu-vm ssh ... --worker=all` command with its workdir and
+data on a bucket. No JAX here: planning, dry runs and TPU commands are instant.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import dataclasses
+import difflib
+import hashlib
+import importlib.util
+import inspect
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import ml_collections
+
+from transformer.config import ConfigError, from_configdict
+
+# Short labels of common keys in workdir names and table columns (others: the key's last part).
+SHORT_LABELS = {
+    "train.learning_rate": "lr", "train.warmup_steps": "warmup", "train.label_smoothing": "ls",
+    "model.dropout_rate": "dropout", "model.num_encoder_layers": "enc_layers",
+    "model.num_decoder_layers": "dec_layers", "train.scheduled_sampling.schedule": "ss",
+    "train.scheduled_sampling.k": "ss_k", "train.scheduled_sampling.c": "ss_c",
+    "train.scheduled_sampling.min_teacher_forcing": "ss_min"}
+MAX_NAME_LEN = 80  # longer names are cut and end in a hash of the overrides
+RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
+LOG = "sweep.log"  # per point: the output of its processes
+
+
+class SweepError(ValueError):
+  """A bad sweep file or sweep flag; the message is one line naming the file or key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One run of a sweep."""
+  index: int
+  overrides: dict[str, Any]  # the sweep's keys of this run, in the file's order
+  name: str  # filesystem-safe, unique within the sweep
+  workdir: str
+  num_steps: int  # train.num_steps of the validated config (a run is finished at this step)
+
+
+# ---------------------------------------------------------------------------- loading and checking
+
+
+def _import_file(path: str, kind: str) -> Any:
+  if not os.path.isfile(path):
+    raise SweepError(f"{kind} file {path} not found")
+  name = "_sweep_" + re.sub(r"\W", "_", os.path.abspath(path))
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def load_config(config_arg: str) -> ml_collections.ConfigDict:
+  """The ConfigDict of 'configs/g2p.py:small' (as `--config=` reads it)."""
+  path, _, arg = config_arg.partition(":")
+  module = _import_file(path, "config")
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
+  """The override dicts of a sweep file's `get_sweep()` (or `get_sweep(config)`)."""
+  fn = getattr(_import_file(path, "sweep"), "get_sweep", None)
+  if not callable(fn):
+    raise SweepError(f"{path}: defines no get_sweep() function")
+  args = (copy.deepcopy(config),) if inspect.signature(fn).parameters else ()
+  points = fn(*args)
+  if (isinstance(points, Mapping) or not isinstance(points, Sequence) or not points
+      or not all(isinstance(p, Mapping) for p in points)):
+    raise SweepError(f"{path}: get_sweep() must return a non-empty list of override dicts")
+  return [dict(p) for p in points]
+
+
+def flat_items(cd: Any, prefix: str = "") -> dict[str, Any]:
+  """{'model.d_model': 512, ...}: the leaves of a (nested) ConfigDict by dotted key."""
+  out = {}
+  for key, value in cd.items():
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      out |= flat_items(value, f"{prefix}{key}.")
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def check_keys(points: Sequence[Mapping[str, Any]], config: ml_collections.ConfigDict,
+               sweep_path: str, config_arg: str) -> None:
+  """Every key is in configs/base.py and in the chosen config; every value a scalar."""
+  from configs import base  # pylint: disable=g-import-not-at-top
+  known, chosen = flat_items(base.get_config()), flat_items(config)
+  for i, point in enumerate(points):
+    for key, value in point.items():
+      if key not in known:
+        close = difflib.get_close_matches(str(key), list(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise SweepError(f"{sweep_path}: unknown override key {key!r} in point {i} "
+                         f"(not in configs/base.py){hint}")
+      if key not in chosen:
+        raise SweepError(f"{sweep_path}: override key {key!r} is not in the config {config_arg}")
+      if not isinstance(value, (str, int, float, bool)):
+        raise SweepError(f"{sweep_path}: {key}={value!r} in point {i}: a value must be a str, "
+                         "int, float or bool")
+
+
+def apply_overrides(config: ml_collections.ConfigDict,
+                    overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """A copy of `config` with dotted-key overrides set (ConfigDict checks the types)."""
+  cd = copy.deepcopy(config)
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    node = cd
+    for part in parents:
+      node = node[part]
+    try:
+      node[leaf] = value
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ConfigError(f"{key}={value!r}: {first}") from None
+  return cd
+
+
+# ---------------------------------------------------------------------------- naming
+
+
+def format_value(value: Any) -> str:
+  """A value as `--config.key=` text (and in names): floats by repr, bools lower-case."""
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, float):
+    return repr(value)
+  return str(value)
+
+
+def labels(points: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+  """Short label per swept key: SHORT_LABELS or its last part; the full key if two would clash."""
+  keys = list(dict.fromkeys(k for p in points for k in p))
+  short = [SHORT_LABELS.get(k, k.rsplit(".", 1)[-1]) for k in keys]
+  return {k: (s if short.count(s) == 1 else k) for k, s in zip(keys, short)}
+
+
+def _digest(overrides: Mapping[str, Any]) -> str:
+  text = json.dumps(overrides, sort_keys=True, default=str)
+  return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def point_names(points: Sequence[Mapping[str, Any]]) -> list[str]:
+  """Readable, filesystem-safe, unique names: 'positional=rope,lr=0.0003' (empty -> 'baseline')."""
+  label = labels(points)
+  names = []
+  for overrides in points:
+    name = ",".join(f"{label[k]}={format_value(v)}" for k, v in overrides.items()) or "baseline"
+    name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", name)
+    if len(name) > MAX_NAME_LEN:
+      name = f"{name[:MAX_NAME_LEN - 9]}-{_digest(overrides)}"
+    names.append(name)
+  for i, name in enumerate(names):
+    if names.count(name) > 1:  # only if sanitising or cutting made two names equal
+      names[i] = f"{name}-{_digest(points[i])}"
+  return names
+
+
+def plan(config: ml_collections.ConfigDict, config_arg: str, sweep_path: str,
+         workdir: str) -> list[Point]:
+  """Loads, checks and names a sweep's points; raises SweepError or ConfigError (one line)."""
+  overrides = load_sweep(sweep_path, config)
+  check_keys(overrides, config, sweep_path, config_arg)
+  seen: dict[str, int] = {}
+  for i, point in enumerate(overrides):
+    text = json.dumps(point, sort_keys=True, default=str)
+    if text in seen:
+      raise SweepError(f"{sweep_path}: points {seen[text]} and {i} are the same run {point}")
+    seen[text] = i
+  points = []
+  for i, (point, name) in enumerate(zip(overrides, point_names(overrides))):
+    try:
+      cfg = from_configdict(apply_overrides(config, point))
+    except ConfigError as e:
+      raise ConfigError(f"{sweep_path}: point {i} ({name}): {e}") from None
+    points.append(Point(i, point, name, os.path.join(workdir, name), cfg.train.num_steps))
+  return points
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+@dataclasses.dataclass(frozen=True)
+class Commands:
+  """How a point becomes processes: `train.py` with its overrides, then `eval.py` on a split."""
+  config_arg: str  # e.g. 'configs/g2p.py:small'
+  base_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # all points
+  python: str = sys.executable
+  train_script: str = "train.py"
+  eval_script: str = "eval.py"  # not run when it does not exist (or eval_split is '')
+  eval_split: str = "test"
+  cwd: str | None = None  # the processes' working directory (None = this one)
+
+  def overrides(self, point: Point) -> dict[str, Any]:
+    """The point's full override set; its own keys win over the sweep-wide ones."""
+    return {**self.base_overrides, **point.overrides}
+
+  def train(self, point: Point, workdir: str | None = None, python: str | None = None,
+            extra: Mapping[str, Any] | None = None) -> list[str]:
+    """The argv that trains `point` (in `workdir`, default the point's own)."""
+    flags = [f"--config.{k}={format_value(v)}" for k, v in {**self.overrides(point),
+                                                             **(extra or {})}.items()]
+    return [python or self.python, self.train_script, f"--config={self.config_arg}",
+            f"--workdir={workdir or point.workdir}", *flags]
+
+  def eval(self, point: Point, workdir: str | None = None,
+           python: str | None = None) -> list[str] | None:
+    """The argv that evaluates `point` on eval_split, or None when there is no eval step."""
+    if not self.eval_split:
+      return None
+    return [python or self.python, self.eval_script, f"--workdir={workdir or point.workdir}",
+            f"--split={self.eval_split}"]
+
+  def has_eval(self) -> bool:
+    return bool(self.eval_split) and os.path.isfile(
+        os.path.join(self.cwd or os.getcwd(), self.eval_script))
+
+
+# ---------------------------------------------------------------------------- a point's state
+
+
+def read_json(path: str) -> Any:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """Committed checkpoint steps in `<workdir>/checkpoints` (orbax renames a step dir on commit)."""
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(s) for s in os.listdir(directory) if s.isdigit() and any(
+      os.path.exists(os.path.join(directory, s, f))
+      for f in ("commit_success.txt", "_CHECKPOINT_METADATA")))
+
+
+def trained_step(point: Point) -> int | None:
+  """The final step if training has finished (num_steps reached or stopped early), else None."""
+  steps = checkpoint_steps(point.workdir)
+  if not steps:
+    return None
+  if steps[-1] >= point.num_steps:
+    return steps[-1]
+  meta = read_json(os.path.join(point.workdir, "checkpoints", str(steps[-1]), "meta", "metadata"))
+  stopped = isinstance(meta, dict) and (meta.get("metrics") or {}).get("train/stopped_early")
+  return steps[-1] if stopped else None
+
+
+def evaluated(point: Point, split: str, step: int | None) -> bool:
+  """True if `metrics.<split>.json` exists for the final checkpoint `step`."""
+  metrics = read_json(os.path.join(point.workdir, f"metrics.{split}.json"))
+  return step is not None and isinstance(metrics, dict) and metrics.get("step") == step
+
+
+def status(point: Point, commands: Commands) -> str:
+  """'done', 'eval' (trained, evaluation missing), 'resume' (started) or 'new'."""
+  step = trained_step(point)
+  if step is not None:
+    needs_eval = commands.has_eval() and not evaluated(point, commands.eval_split, step)
+    return "eval" if needs_eval else "done"
+  started = checkpoint_steps(point.workdir) or os.path.exists(
+      os.path.join(point.workdir, "metrics.jsonl"))
+  return "resume" if started else "new"
+
+
+def read_record(point: Point) -> dict[str, Any]:
+  """The point's sweep_point.json (overrides, attempts, train/eval wall seconds), or {}."""
+  record = read_json(os.path.join(point.workdir, RECORD))
+  return record if isinstance(record, dict) else {}
+
+
+def write_record(point: Point, record: Mapping[str, Any]) -> None:
+  path = os.path.join(point.workdir, RECORD)
+  with open(path + ".tmp", "w") as f:
+    json.dump(record, f, indent=1, sort_keys=True, default=str)
+  os.replace(path + ".tmp", path)
+
+
+def write_manifest(points: Sequence[Point], commands: Commands, sweep_path: str,
+                   workdir: str) -> None:
+  """`<workdir>/sweep.json`: the config, sweep file, sweep-wide overrides and every point."""
+  os.makedirs(workdir, exist_ok=True)
+  manifest = {"config": commands.config_arg, "sweep": sweep_path,
+              "base_overrides": dict(commands.base_overrides),
+              "points": [{"name": p.name, "overrides": p.overrides, "workdir": p.workdir}
+                         for p in points]}
+  with open(os.path.join(workdir, "sweep.json.tmp"), "w") as f:
+    json.dump(manifest, f, indent=1, default=str)
+  os.replace(os.path.join(workdir, "sweep.json.tmp"), os.path.join(workdir, "sweep.json"))
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> int:
+  """Runs one process with its output appended to `log_path`; returns its exit code."""
+  with open(log_path, "a") as log:
+    log.write(f"$ {shlex.join(argv)}\n")
+    log.flush()
+    return subprocess.run(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                          check=False).returncode
+
+
+Launch = Callable[[Sequence[str], str, "str | None"], int]
+
+
+def pending_commands(point: Point, commands: Commands) -> list[tuple[str, list[str]]]:
+  """[('train'|'eval', argv), ...] still to run for `point` (empty when it is done)."""
+  state = status(point, commands)
+  todo = [] if state in ("done", "eval") else [("train", commands.train(point))]
+  if state != "done" and commands.has_eval():
+    todo.append(("eval", commands.eval(point)))
+  return todo
+
+
+def run_point(point: Point, commands: Commands, launch: Launch = launch_subprocess) -> bool:
+  """Runs what `point` still needs; records wall time per stage; True if it succeeded."""
+  os.makedirs(point.workdir, exist_ok=True)
+  record = read_record(point) | {"name": point.name, "overrides": point.overrides}
+  log_path = os.path.join(point.workdir, LOG)
+  ok = True
+  for stage, argv in pending_commands(point, commands):
+    start = time.time()
+    code = launch(argv, log_path, commands.cwd)
+    seconds = time.time() - start
+    record[f"{stage}_seconds"] = record.get(f"{stage}_seconds", 0.0) + seconds
+    record.setdefault("attempts", []).append(
+        {"stage": stage, "argv": list(argv), "returncode": code, "seconds": round(seconds, 3),
+         "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    write_record(point, record)
+    if code != 0:
+      ok = False
+      break
+  return ok
+
+
+def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
+        launch: Launch = launch_subprocess, echo: Callable[[str], None] = print) -> list[Point]:
+  """Runs every unfinished point, `parallel` at a time; returns the points that failed."""
+  todo = []
+  for p in points:
+    state = status(p, commands)
+    echo(f"[{p.index + 1}/{len(points)}] {p.name}: {state}" + (" (skipped)" if state == "done"
+                                                                else ""))
+    if state != "done":
+      todo.append(p)
+  lock, failed = threading.Lock(), []
+
+  def one(p: Point) -> None:
+    ok = run_point(p, commands, launch)
+    with lock:
+      echo(f"{p.name}: {'finished' if ok else 'FAILED, see ' + os.path.join(p.workdir, LOG)}")
+      if not ok:
+        failed.append(p)
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+    for future in [pool.submit(one, p) for p in todo]:
+      future.result()
+  return sorted(failed, key=lambda p: p.index)
+
+
+def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
+  """The exact commands `run` would start, one per line, with a comment line per point."""
+  lines = []
+  for p in points:
+    todo = pending_commands(p, commands)
+    lines.append(f"# {p.name}: {status(p, commands)}" + ("" if todo else " (skipped)"))
+    lines += [shlex.join(argv) for _, argv in todo]
+  return lines
+
+
+# ---------------------------------------------------------------------------- cloud TPU VMs
+
+
+def _double_quote(text: str) -> str:
+  """`text` inside double quotes for a POSIX shell."""
+  return '"' + re.sub(r'(["\\$`])', r"\\\1", text) + '"'
+
+
+def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, bucket: str,
+                   remote_dir: str = "~/transformer", python: str = "python3",
+                   project: str = "") -> tuple[list[str], str]:
+  """(argv, printable line) of one gcloud ssh that trains and evaluates `point` on every worker.
+
+  The workdir is `<bucket>/<the local workdir path>`, `data.data_dir` is
+  `<bucket>/tensorflow_datasets` unless the sweep sets it. `remote_dir` (the code's checkout on
+  the VMs) is left unquoted so that `~` expands there.
+  """
+  if not bucket.startswith("gs://"):
+    raise SweepError(f"--bucket={bucket!r} must be a gs:// path")
+  bucket = bucket.rstrip("/")
+  local = os.path.normpath(point.workdir).lstrip("/")
+  while local.startswith("../"):
+    local = local[3:]
+  workdir = f"{bucket}/{local}"
+  extra = {} if "data.data_dir" in commands.overrides(point) else {
+      "data.data_dir": f"{bucket}/tensorflow_datasets"}
+  parts = [shlex.join(commands.train(point, workdir, python, extra))]
+  if commands.eval_split:
+    parts.append(shlex.join(commands.eval(point, workdir, python)))
+  remote = f"cd {remote_dir} && " + " && ".join(parts)
+  argv = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu_name, f"--zone={zone}"]
+  argv += [f"--project={project}"] if project else []
+  argv += ["--worker=all"]
+  return argv + [f"--command={remote}"], f"{shlex.join(argv)} --command={_double_quote(remote)}"
