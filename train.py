@@ -6,6 +6,7 @@ latest checkpoint (a finished run is not retrained); SIGTERM saves a checkpoint 
 A bad config, an incompatible workdir or a diverged run prints one line and exits 1.
 """
 
+import logging as pylogging
 import os
 import sys
 
@@ -24,9 +25,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  # Orbax logs every save step at INFO; keep its warnings, and everyone else's INFO messages.
-  logging.get_absl_handler().addFilter(
-      lambda r: r.levelno >= logging.WARNING or "orbax" not in r.pathname)
+  # Orbax logs every save at INFO and XLA its missing TPU/GPU backends: keep their warnings only.
+  logging.get_absl_handler().addFilter(lambda r: r.levelno >= pylogging.WARNING or not any(
+      name in r.pathname for name in ("orbax", "xla_bridge")))
   # Imported here so that --help and flag errors do not pay for importing JAX.
   from transformer import training  # pylint: disable=g-import-not-at-top
   from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top

@@ -273,13 +273,9 @@ def fill_vocab_sizes(cfg: Config, task: Any) -> Config:
 
 def decode_metrics(cfg: Config, model: nn.Module, params: PyTree, task: Any, split: str,
                    num_examples: int = 0) -> dict[str, float]:
-  """Task metrics from decoding `split` (WER/PER or BLEU); {} until transformer.decoding lands."""
-  try:
-    from transformer import evaluation  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return {}
-  fn = getattr(evaluation, "decode_metrics", None)
-  return fn(cfg, model, params, task, split, num_examples) if fn else {}
+  """Task metrics from decoding `split` (eval/wer, eval/per or eval/bleu; {} for LMs)."""
+  from transformer import evaluation  # pylint: disable=g-import-not-at-top
+  return evaluation.decode_metrics(cfg, model, params, task, split, num_examples)
 
 
 class _EarlyStopping:
@@ -420,7 +416,9 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
         window = []
         scalars = {f"train/{k}": float(np.mean([m[k] for m in fetched]))
                    for k in ("loss", "grad_norm")}
-        scalars |= {f"train/{k}": float(fetched[-1][k]) for k in ("learning_rate", "teacher_forcing")}
+        scalars["train/learning_rate"] = float(fetched[-1]["learning_rate"])
+        if tc.scheduled_sampling.schedule != "none":
+          scalars["train/teacher_forcing"] = float(fetched[-1]["teacher_forcing"])
         reporter.write_scalars(step, scalars | reporter.throughput())
         final |= scalars
       evaluated = step % cfg.eval.every_steps == 0 or step == tc.num_steps
