@@ -1,0 +1,407 @@
+"""Device mesh, logical partition rules, jit shardings, pmap mode and multi-host setup.
+
+One step function serves both parallel modes. Its contract (shared with `training.py`):
+
+  step_fn(state, batch, *rest, axis_name=None) -> (new_state, metrics)
+
+It computes *sums* over its batch (loss_sum, weight_sum, gradients of loss_sum) and, when `axis_name`
+is given, `lax.psum`s them over that axis before normalising (grads / weight_sum). Sums are linear,
+so the normalised update is the same whether the batch lives on one device or is split over many.
+
+- mode='mesh' (default): `jax.jit` with `NamedSharding`s over a ('data', 'fsdp', 'tensor') mesh;
+  `axis_name` stays None and XLA inserts the collectives. The batch is split over data*fsdp,
+  parameters and optimizer state are split by their logical axis names (LOGICAL_AXIS_RULES), and
+  the state buffers are donated.
+- mode='pmap': classic data parallelism: `jax.pmap(step_fn(axis_name='batch'))` over the local
+  devices, state replicated (leading device axis), batch reshaped to [devices, per_device, ...].
+
+`compile_train_step` hides the difference: the training loop calls
+  run = compile_train_step(train_step, cfg.parallel.mode, mesh, state_sharding)
+  state = run.prepare_state(state); state, metrics = run.step(state, run.prepare_batch(b), rng)
+and gets the same (unreplicated) metrics in both modes; `run.fetch_state(state)` undoes
+`prepare_state` (for checkpointing or evaluation). `rest` arguments (e.g. an rng key) are
+replicated. Under pmap, fold `lax.axis_index(axis_name)` into rng keys if dropout masks should differ
+per device. Eval functions `eval_fn(params, batch, *rest) -> sums` need no axis_name:
+`compile_eval_step` adds the devices' sums up itself in pmap mode.
+"""
+
+import dataclasses
+import functools
+import math
+import os
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from flax.core import meta
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from transformer.config import ConfigError, MeshShape, ParallelConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+PMAP_AXIS = "batch"
+
+# Logical axis name -> mesh axes; earlier rules win when two names of one array want the same mesh
+# axis (flax gives the later name None). The choices:
+# - 'batch' over data *and* fsdp: fsdp devices are data-parallel too (ZeRO-3 style), they only
+#   additionally split the weights.
+# - 'embed' over fsdp: every weight matrix has a d_model side, so this splits all of them; XLA
+#   all-gathers a weight just before its matmul and reduce-scatters its gradient.
+# - 'mlp', 'heads', 'kv_heads', 'vocab' over tensor (Megatron style): the wide side of each
+#   projection, so a block's in/out matmul pair needs one all-reduce.
+# - 'head_dim' not split (heads already is), 'layers' not split (scanned layers run in sequence),
+#   'length' not split (no sequence parallelism), 'relpos_buckets' and 'norm' are tiny.
+# A dimension that a mesh axis does not divide (vocab 37 over tensor=2, one kv head) is replicated.
+LOGICAL_AXIS_RULES = (
+    ("batch", BATCH_AXES),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("vocab", "tensor"),
+    ("head_dim", None),
+    ("layers", None),
+    ("length", None),
+    ("relpos_buckets", None),
+    ("norm", None),
+)
+
+
+# ---------------------------------------------------------------- processes and the mesh
+
+def _environment_asks_for_distributed() -> bool:
+  """True when a launcher set up a multi-process job that jax.distributed can detect by itself."""
+  env = os.environ
+  if env.get("JAX_COORDINATOR_ADDRESS"):
+    return True
+  slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+  if all(k in env for k in slurm) and int(env["SLURM_NTASKS"]) > 1:
+    return True
+  if "OMPI_MCA_orte_hnp_uri" in env and int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+    return True
+  try:  # jax sets this flag at import when libtpu and TPU chips are present (a Cloud TPU VM).
+    from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
+    return bool(cloud_tpu_init.running_in_cloud_tpu_vm) and "TPU_SKIP_MDS_QUERY" not in env
+  except (ImportError, AttributeError):
+    return False
+
+
+def initialize_distributed(parallel_cfg: ParallelConfig) -> None:
+  """Calls jax.distributed.initialize if the config ('on', explicit addresses) or environment asks.
+
+  Idempotent. Must run before any other JAX call that touches devices.
+  """
+  c = parallel_cfg
+  if c.distributed == "off" or jax.distributed.is_initialized():
+    return
+  explicit = bool(c.coordinator_address) or c.num_processes > 0 or c.process_id >= 0
+  if c.distributed == "auto" and not (explicit or _environment_asks_for_distributed()):
+    return
+  kwargs: dict[str, Any] = {}
+  if c.coordinator_address:
+    kwargs["coordinator_address"] = c.coordinator_address
+  if c.num_processes > 0:
+    kwargs["num_processes"] = c.num_processes
+  if c.process_id >= 0:
+    kwargs["process_id"] = c.process_id
+  try:
+    jax.distributed.initialize(**kwargs)
+  except (ValueError, TypeError, RuntimeError) as e:
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise ConfigError(
+        f"parallel.distributed={c.distributed!r}: jax.distributed.initialize failed ({msg}); set "
+        "parallel.coordinator_address/num_processes/process_id or parallel.distributed=off") from e
+
+
+def is_main_process() -> bool:
+  """True on the process that writes logs, provenance and other single-writer files."""
+  return jax.process_index() == 0
+
+
+def process_batch_slice(global_batch_size: int) -> int:
+  """The number of rows of a global batch that this process loads (global / process count)."""
+  n = jax.process_count()
+  if global_batch_size % n:
+    raise ConfigError(
+        f"data.batch_size={global_batch_size} does not divide over {n} processes")
+  return global_batch_size // n
+
+
+def resolve_mesh_shape(mesh_shape: MeshShape, num_devices: int) -> tuple[int, int, int]:
+  """(data, fsdp, tensor) with a -1 entry replaced by the devices left over; checks the product."""
+  sizes = [getattr(mesh_shape, a) for a in MESH_AXES]
+  text = " ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
+  if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
+    raise ConfigError(f"parallel.mesh_shape {text}: sizes must be > 0, with at most one -1")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % known:
+      raise ConfigError(f"parallel.mesh_shape {text}: {num_devices} devices do not divide by "
+                        f"the fixed axes' product {known}")
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
+    raise ConfigError(
+        f"parallel.mesh_shape {text} needs {math.prod(sizes)} devices, have {num_devices}")
+  return tuple(sizes)
+
+
+def make_mesh(parallel_cfg: ParallelConfig, devices: Sequence[Any] | None = None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh of Auto axes (what flax linen partitioning needs)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = resolve_mesh_shape(parallel_cfg.mesh_shape, len(devices))
+  auto = (AxisType.Auto,) * len(MESH_AXES)
+  try:  # Topology-aware device order on TPU/GPU.
+    return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
+  except (ValueError, NotImplementedError, AssertionError):  # e.g. a subset of a TPU slice
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES, axis_types=auto)
+
+
+# ---------------------------------------------------------------- shardings
+
+def _fit_spec(spec: Sequence[Any], shape: Sequence[int], mesh: Mesh) -> P:
+  """Drops mesh axes that do not divide their dimension (keeps the longest dividing prefix)."""
+  fitted = []
+  for dim, axes in zip(shape, list(spec) + [None] * (len(shape) - len(spec))):
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    kept = []
+    for a in axes:
+      if dim % (math.prod(mesh.shape[k] for k in kept) * mesh.shape[a]):
+        break
+      kept.append(a)
+    fitted.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+  while fitted and fitted[-1] is None:
+    fitted.pop()
+  return P(*fitted)
+
+
+def _box_sharding(box: Any, mesh: Mesh, rules: Sequence[Any]) -> NamedSharding:
+  """The NamedSharding of one boxed (flax AxisMetadata) variable."""
+  shape = _shape(box.unbox())
+  if isinstance(box, nn.LogicallyPartitioned):
+    spec = nn.logical_to_mesh_axes(box.names, box.rules or rules)
+  elif isinstance(box, meta.Partitioned):
+    spec = P(*box.names)
+  else:
+    spec = P()
+  return NamedSharding(mesh, _fit_spec(spec, shape, mesh))
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+  return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def _key_name(k: Any) -> Any:
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return getattr(k, attr)
+  return str(k)
+
+
+def _is_box(x: Any) -> bool:
+  return isinstance(x, meta.AxisMetadata)
+
+
+def state_shardings(abstract_state: Any, mesh: Mesh, rules: Sequence[Any] | None = None,
+                    boxed_params: Any = None) -> Any:
+  """A pytree of NamedSharding for a train state, from the params' logical axis names.
+
+  `abstract_state` is e.g. `jax.eval_shape(create_state, ...)`. The partitioning metadata comes from
+  the flax boxes (`nn.LogicallyPartitioned`) in the state, or, if the state holds unboxed params, from
+  `boxed_params` (the boxed abstract variables of `jax.eval_shape(model.init, ...)`). Every state leaf
+  whose path ends with a param's path (relative to the params root) and has its shape gets that
+  param's sharding: that covers optimizer moments (adam mu/nu), EMAs and the params themselves.
+  Everything else (step counts, rng keys, factored second moments) is replicated. The result mirrors
+  the unboxed state (a box's position holds one sharding), so it is a valid jit in/out_shardings.
+  """
+  rules = LOGICAL_AXIS_RULES if rules is None else rules
+  source = abstract_state if boxed_params is None else boxed_params
+  boxed = [(tuple(_key_name(k) for k in path), box) for path, box in
+           jax.tree_util.tree_flatten_with_path(source, is_leaf=_is_box)[0] if _is_box(box)]
+  # The params root is the longest common prefix of the boxes' paths (never a whole leaf path).
+  root = 0
+  if boxed:
+    paths = [p for p, _ in boxed]
+    shortest = min(len(p) for p in paths) - (1 if len(boxed) == 1 else 0)
+    while root < shortest and len({p[root] for p in paths}) == 1:
+      root += 1
+  by_suffix = {p[root:]: (box, _box_sharding(box, mesh, rules)) for p, box in boxed}
+  lengths = sorted({len(s) for s in by_suffix}, reverse=True)
+  replicated = NamedSharding(mesh, P())
+
+  def leaf_sharding(path: Any, x: Any) -> NamedSharding:
+    if _is_box(x):
+      return _box_sharding(x, mesh, rules)
+    names = tuple(_key_name(k) for k in path)
+    for n in lengths:
+      hit = by_suffix.get(names[len(names) - n:]) if 0 < n <= len(names) else None
+      if hit is not None and _shape(x) == _shape(hit[0].unbox()):
+        return hit[1]
+    return replicated
+
+  return jax.tree_util.tree_map_with_path(leaf_sharding, abstract_state, is_leaf=_is_box)
+
+
+def replicated_sharding(mesh: Mesh) -> NamedSharding:
+  """Every device holds the whole array (metrics, rng keys, scalars)."""
+  return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """[batch, ...] arrays split over data*fsdp, replicated over tensor."""
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def shard_batch(local_batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
+  """This process's rows -> global jax.Arrays split over the batch axes (single- or multi-host)."""
+  sharding = batch_sharding(mesh)
+  shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
+  out = {}
+  for key, value in local_batch.items():
+    if value is None:
+      continue
+    value = np.asarray(value)
+    rows = value.shape[0] * jax.process_count() if value.ndim else 0
+    if rows % shards:
+      raise ConfigError(f"batch feature {key!r}: {rows} global rows ({value.shape[0]} per process) "
+                        f"do not split over data*fsdp={shards} devices")
+    out[key] = jax.make_array_from_process_local_data(sharding, value)
+  return out
+
+
+# ---------------------------------------------------------------- pmap mode
+
+def replicate(tree: Any, devices: Sequence[Any] | None = None) -> Any:
+  """Puts a copy of every leaf on each local device, stacked on a new leading axis (pmap layout)."""
+  devices = list(jax.local_devices() if devices is None else devices)
+  sharding = NamedSharding(Mesh(np.asarray(devices, dtype=object), (PMAP_AXIS,)), P(PMAP_AXIS))
+
+  def put(x: Any) -> jax.Array:
+    copies = [jax.device_put(x, d)[None] for d in devices]
+    return jax.make_array_from_single_device_arrays((len(devices),) + np.shape(x), sharding, copies)
+
+  return jax.tree.map(put, tree)
+
+
+def unreplicate(tree: Any) -> Any:
+  """The first device's copy of every leaf of a replicated tree."""
+  return jax.tree.map(lambda x: x[0], tree)
+
+
+def split_for_pmap(local_batch: dict[str, Any], num_devices: int | None = None) -> dict[str, Any]:
+  """[b, ...] numpy arrays -> [devices, b / devices, ...] (local devices)."""
+  n = jax.local_device_count() if num_devices is None else num_devices
+  out = {}
+  for key, value in local_batch.items():
+    if value is None:
+      continue
+    value = np.asarray(value)
+    if value.shape[0] % n:
+      raise ConfigError(f"batch feature {key!r}: {value.shape[0]} rows per process do not split "
+                        f"over {n} local devices (parallel.mode=pmap)")
+    out[key] = value.reshape((n, value.shape[0] // n) + value.shape[1:])
+  return out
+
+
+# ---------------------------------------------------------------- compiled steps
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+  """A step function compiled for one parallel mode, with the matching data movers.
+
+  step(state, batch, *rest) -> (state, metrics) for train steps, metrics for eval steps; metrics
+  come back unreplicated in both modes. prepare_state's result may share buffers with its input,
+  and a donating step frees them: do not use the input state afterwards. lower(state, batch, *rest) lowers the same computation
+  (for cost analysis and compile-time measurements).
+  """
+  step: Callable[..., Any]
+  lower: Callable[..., Any]
+  prepare_batch: Callable[[dict[str, Any]], dict[str, Any]]
+  prepare_state: Callable[[Any], Any]
+  fetch_state: Callable[[Any], Any]
+  mode: str
+
+
+def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
+                  donate_argnums: tuple[int, ...], returns_state: bool) -> CompiledStep:
+  """jit with in/out shardings over the mesh; one jit per number of `rest` arguments."""
+  rep = replicated_sharding(mesh)
+  out_shardings = (state_sharding, rep) if returns_state else rep
+  cache: dict[int, Any] = {}
+
+  def jitted(num_rest: int) -> Any:
+    if num_rest not in cache:
+      cache[num_rest] = jax.jit(
+          step_fn, in_shardings=(state_sharding, batch_sharding(mesh)) + (rep,) * num_rest,
+          out_shardings=out_shardings, donate_argnums=donate_argnums)
+    return cache[num_rest]
+
+  def step(state: Any, batch: Any, *rest: Any) -> Any:
+    # The mesh and rules in context let the model's nn.with_logical_constraint take effect.
+    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
+      return jitted(len(rest))(state, batch, *rest)
+
+  def lower(state: Any, batch: Any, *rest: Any) -> Any:
+    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
+      return jitted(len(rest)).lower(state, batch, *rest)
+
+  return CompiledStep(step=step, lower=lower, prepare_batch=lambda b: shard_batch(b, mesh),
+                      prepare_state=lambda s: jax.device_put(s, state_sharding),
+                      fetch_state=lambda s: s, mode="mesh")
+
+
+def _compile_pmap(step_fn: Callable[..., Any], donate_argnums: tuple[int, ...],
+                  returns_state: bool) -> CompiledStep:
+  """pmap over the local devices with axis_name=PMAP_AXIS; `rest` arguments are broadcast."""
+  devices = jax.local_devices()
+  cache: dict[int, Any] = {}
+
+  if returns_state:
+    fn = functools.partial(step_fn, axis_name=PMAP_AXIS)
+  else:  # Eval functions return sums: add them up over the devices here.
+    fn = lambda *a: jax.lax.psum(step_fn(*a), PMAP_AXIS)  # pylint: disable=unnecessary-lambda-assignment
+
+  def pmapped(num_rest: int) -> Any:
+    if num_rest not in cache:
+      cache[num_rest] = jax.pmap(
+          fn, axis_name=PMAP_AXIS,
+          in_axes=(0, 0) + (None,) * num_rest, donate_argnums=donate_argnums, devices=devices)
+    return cache[num_rest]
+
+  def step(state: Any, batch: Any, *rest: Any) -> Any:
+    out = pmapped(len(rest))(state, batch, *rest)
+    if returns_state:  # Metrics were psum'ed, so every device holds the same values.
+      return out[0], unreplicate(out[1])
+    return unreplicate(out)
+
+  return CompiledStep(step=step, lower=lambda s, b, *r: pmapped(len(r)).lower(s, b, *r),
+                      prepare_batch=lambda b: split_for_pmap(b, len(devices)),
+                      prepare_state=lambda s: replicate(s, devices), fetch_state=unreplicate,
+                      mode="pmap")
+
+
+def compile_train_step(step_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
+                       state_sharding: Any, donate: bool = True) -> CompiledStep:
+  """Compiles `step_fn(state, batch, *rest, axis_name=None) -> (state, metrics)` for a mode."""
+  donate_argnums = (0,) if donate else ()
+  if mode == "pmap":
+    return _compile_pmap(step_fn, donate_argnums, returns_state=True)
+  if mode != "mesh":
+    raise ConfigError(f"parallel.mode={mode!r} is not one of mesh|pmap")
+  if mesh is None:
+    raise ConfigError("parallel.mode=mesh needs a mesh (parallel.make_mesh)")
+  return _compile_mesh(step_fn, mesh, state_sharding, donate_argnums, returns_state=True)
+
+
+def compile_eval_step(eval_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
+                      state_sharding: Any) -> CompiledStep:
+  """Compiles `eval_fn(state, batch, *rest) -> pytree of sums`; pmap mode adds up the devices'."""
+  if mode == "pmap":
+    return _compile_pmap(eval_fn, (), returns_state=False)
+  if mode != "mesh":
+    raise ConfigError(f"parallel.mode={mode!r} is not one of mesh|pmap")
+  if mesh is None:
+    raise ConfigError("parallel.mode=mesh needs a mesh (parallel.make_mesh)")
+  return _compile_mesh(eval_fn, mesh, state_sharding, (), returns_state=False)
