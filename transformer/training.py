@@ -265,8 +265,11 @@ def check_loop_config(cfg: Config) -> None:
 def fill_vocab_sizes(cfg: Config, task: Any) -> Config:
   """Sets model.vocab_size/source_vocab_size written 0 from the task's tokenizers."""
   m = cfg.model
-  vocab = m.vocab_size or task.target_tokenizer.vocab_size
+  vocab = task.target_tokenizer.vocab_size
   source = task.source_tokenizer.vocab_size if task.source_tokenizer is not None else vocab
+  if m.arch == "decoder_only":  # seq2seq as a prefix-LM: source ids share the one table
+    vocab = max(vocab, source)
+  vocab = m.vocab_size or vocab
   return dataclasses.replace(cfg, model=dataclasses.replace(
       m, vocab_size=vocab, source_vocab_size=m.source_vocab_size or source))
 
@@ -336,7 +339,10 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
   parallel.initialize_distributed(cfg.parallel)
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top
-    task = load_task(cfg, workdir)
+    try:
+      task = load_task(cfg, workdir)
+    except (ValueError, OSError) as e:  # a missing file, an unprepared dataset, a bad size
+      raise ConfigError(f"data: {str(e).strip().splitlines()[0]}") from e
   cfg = fill_vocab_sizes(cfg, task)
   config_dict = to_dict(cfg)
   checkpoints.check_compatible(workdir, config_dict)

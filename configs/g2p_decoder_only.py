@@ -1,0 +1,33 @@
+r"""G2P on CMUdict as a decoder-only prefix-LM: the ablation partner of configs/g2p.py.
+
+Each example is one row `spelling + EOS + phones + EOS`; the spelling is a bidirectional prefix
+(`model.prefix_lm`) that carries no loss. Everything but the architecture is taken from g2p.py's
+variant of the same name (data, tokenizers, optimizer, steps, evaluation), and the depth is chosen
+so that the weight matrices have the same number of parameters as the encoder-decoder's: an
+encoder layer has 4d^2 + 2df, a decoder layer with cross-attention 8d^2 + 2df, a decoder-only
+layer 4d^2 + 2df, so
+  tiny   2+2 layers (d 64, f 256)  -> 4 layers with f 320 (229,376 block weights each),
+  small  3+3 layers (d 256, f 1024) -> 7 layers (5,505,024 each),
+  base   6+6 layers (d 512, f 2048) -> 14 layers (44,040,192 each).
+tests/test_configs.py checks the totals, embeddings included, to within 1%.
+
+  python train.py --config=configs/g2p_decoder_only.py:tiny --workdir=runs/g2p_do_tiny
+
+Measured: not run to completion here; see g2p.py for the encoder-decoder's numbers.
+"""
+
+from configs import g2p
+
+LAYERS = {"tiny": (4, 320), "small": (7, 1024), "base": (14, 2048)}
+
+
+def get_config(arg: str = "base"):
+  """g2p.py's variant `arg` as a parameter-matched decoder-only prefix-LM."""
+  variant = arg or "base"
+  c = g2p.get_config(variant)
+  layers, mlp_dim = LAYERS[variant]
+  c.model.update(arch="decoder_only", prefix_lm=True, num_encoder_layers=0,
+                 num_decoder_layers=layers, mlp_dim=mlp_dim)
+  # One row holds source + EOS + target + EOS.
+  c.model.max_len = max(c.model.max_len, c.data.max_source_len + c.data.max_target_len)
+  return c
