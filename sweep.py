@@ -56,7 +56,7 @@ def fail(message: str) -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  from transformer import sweeps  # pylint: disable=g-import-not-at-top
+  from transformer import sweep_runner, sweeps  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
   config_arg = config_flags.get_config_filename(f["config"])
@@ -84,16 +84,22 @@ def main(argv):
         fail(f"point {p.name} failed on {f.tpu_name}")
     local = os.path.normpath(f.workdir)
     print(f"# collect: gcloud storage rsync -r {f.bucket.rstrip('/')}/{local.lstrip('/')} {local}"
-          f" && {shlex.join(sys.argv[:1] + report_flags())} --report_only")
+          f" && python sweep.py {shlex.join(report_flags())} --report_only")
     return
 
   if f.dry_run:
-    print("\n".join(sweeps.dry_run_lines(points, commands)))
+    print("\n".join(sweep_runner.dry_run_lines(points, commands)))
     return
   failed = []
   if not f.report_only:
-    sweeps.write_manifest(points, commands, f.sweep, f.workdir)
-    failed = sweeps.run(points, commands, parallel=f.parallel)
+    sweep_runner.write_manifest(points, commands, f.sweep, f.workdir)
+    pending = [p for p in points if sweep_runner.status(p, commands) != "done"]
+    if f.parallel > 1 and pending:
+      try:
+        sweep_runner.prepare_data(f.config, pending)
+      except (ValueError, OSError) as e:  # ConfigError is a ValueError
+        fail(f"preparing the data: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    failed = sweep_runner.run(points, commands, parallel=f.parallel)
   from transformer import sweep_report  # pylint: disable=g-import-not-at-top
   title = f"`python sweep.py {shlex.join(report_flags())}`"
   out = sweep_report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)

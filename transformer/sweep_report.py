@@ -1,9 +1,9 @@
 """A sweep's results: one row per point from its run files, as CSV, Markdown and PNG plots.
 
-Per point (see transformer/sweeps.py for the layout) the row holds the swept values, the parameter
-count (from the run's config.json, by tracing the model's init: nothing is restored), the final
-step and the last in-training evaluation (`dev/*`, from metrics.jsonl), the test metrics
-(`test/*`, from metrics.test.json written by eval.py), the median training throughput
+Per point (see transformer/sweep_runner.py for the layout) the row holds the swept values, the
+parameter count (from the run's config.json, by tracing the model's init: nothing is restored),
+the final step and the last in-training evaluation (`dev/*`, from metrics.jsonl), the test
+metrics (`test/*`, from metrics.test.json written by eval.py), the median training throughput
 (perf/tokens_per_sec of every logged window but the first, which includes compilation) and the
 training wall time the runner measured (summed over resumed attempts). Files written into the
 sweep's workdir: results.csv, results.md, results.png (the chosen metric per point) and
@@ -19,7 +19,7 @@ import os
 import statistics
 from typing import Any, Sequence
 
-from transformer import sweeps
+from transformer import sweep_runner, sweeps
 
 # Metrics tried in order by metric='auto'; the first one that some point has is plotted.
 AUTO_METRICS = ("test/wer", "test/bleu", "test/bits_per_char", "test/bits_per_byte",
@@ -76,11 +76,11 @@ def collect(points: Sequence[sweeps.Point], eval_split: str = "test") -> list[di
     row: dict[str, Any] = {"point": p.name}
     row |= {lab: sweeps.format_value(p.overrides[k]) if k in p.overrides else ""
             for k, lab in label.items()}
-    record = sweeps.read_record(p)
+    record = sweep_runner.read_record(p)
     if record.get("params") is None and os.path.isdir(p.workdir):
       record["params"] = count_params(p.workdir)
       if record["params"] is not None:
-        sweeps.write_record(p, record)
+        sweep_runner.write_record(p, record)
     row["params"] = record.get("params")
     logged = _metrics_jsonl(p.workdir)
     row["steps"] = max((r.get("step", 0) for r in logged), default=None)
@@ -88,7 +88,7 @@ def collect(points: Sequence[sweeps.Point], eval_split: str = "test") -> list[di
     if evals:
       dev = {k[len("eval/"):]: v for k, v in evals[-1].items() if k.startswith("eval/")}
       row |= {f"dev/{k}": dev[k] for k in _sort_metrics(list(dev))}
-    test = sweeps.read_json(os.path.join(p.workdir, f"metrics.{eval_split}.json"))
+    test = sweep_runner.read_json(os.path.join(p.workdir, f"metrics.{eval_split}.json"))
     if isinstance(test, dict):
       names = [k for k, v in test.items() if k not in SKIPPED_TEST_KEYS
                and isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -96,7 +96,7 @@ def collect(points: Sequence[sweeps.Point], eval_split: str = "test") -> list[di
     rates = [r["perf/tokens_per_sec"] for r in logged if "perf/tokens_per_sec" in r]
     row["tokens_per_sec"] = statistics.median(rates[1:] or rates) if rates else None
     row["wall_seconds"] = record.get("train_seconds")
-    trained = sweeps.trained_step(p)
+    trained = sweep_runner.trained_step(p)
     row["status"] = "done" if trained is not None else ("partial" if logged else "not run")
     rows.append(row)
   return rows

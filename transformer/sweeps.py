@@ -1,20 +1,17 @@
-"""Sweeps: a sweep file's override dicts -> validated points -> one process per point (or TPU commands).
+"""Sweeps: a sweep file's override dicts -> validated, named points -> commands (local or TPU VM).
 
 A sweep file (configs/sweeps/*.py) returns a list of override dicts with the dotted keys of
 `--config.*`. `plan()` loads it, checks every key against configs/base.py and the chosen config
 (an unknown key is a one-line SweepError before anything runs), validates every point's full
 config (transformer.config.ConfigError naming the point), and names each point's workdir from its
-overrides (`positional=rope,lr=0.0003`; long names end in a hash). `run()` starts, for each point
-that is not finished, `train.py` and then `eval.py --split=test` as separate processes, `parallel`
-at a time, logging to `<point>/sweep.log`. Training resumes from the point's own checkpoints, so
-rerunning a sweep skips finished points and continues interrupted ones. `tpu_vm_command()` is the
-same point as one `gcloud compute tpus tpu-vm ssh ... --worker=all` command with its workdir and
-data on a bucket. No JAX here: planning, dry runs and TPU commands are instant.
+overrides (`positional=rope,lr=0.0003`; long names end in a hash). `Commands` turns a point into
+its `train.py` and `eval.py --split=test` argv (transformer/sweep_runner.py runs them);
+`tpu_vm_command()` turns it into one `gcloud compute tpus tpu-vm ssh ... --worker=all` command
+with its workdir and data on a bucket. No JAX here: planning, dry runs and TPU commands are instant.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import copy
 import dataclasses
 import difflib
@@ -25,11 +22,8 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
-import threading
-import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import ml_collections
 
@@ -43,8 +37,6 @@ SHORT_LABELS = {
     "train.scheduled_sampling.k": "ss_k", "train.scheduled_sampling.c": "ss_c",
     "train.scheduled_sampling.min_teacher_forcing": "ss_min"}
 MAX_NAME_LEN = 80  # longer names are cut and end in a hash of the overrides
-RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
-LOG = "sweep.log"  # per point: the output of its processes
 
 
 class SweepError(ValueError):
@@ -239,162 +231,6 @@ class Commands:
   def has_eval(self) -> bool:
     return bool(self.eval_split) and os.path.isfile(
         os.path.join(self.cwd or os.getcwd(), self.eval_script))
-
-
-# ---------------------------------------------------------------------------- a point's state
-
-
-def read_json(path: str) -> Any:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
-def checkpoint_steps(workdir: str) -> list[int]:
-  """Committed checkpoint steps in `<workdir>/checkpoints` (orbax renames a step dir on commit)."""
-  directory = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(directory):
-    return []
-  return sorted(int(s) for s in os.listdir(directory) if s.isdigit() and any(
-      os.path.exists(os.path.join(directory, s, f))
-      for f in ("commit_success.txt", "_CHECKPOINT_METADATA")))
-
-
-def trained_step(point: Point) -> int | None:
-  """The final step if training has finished (num_steps reached or stopped early), else None."""
-  steps = checkpoint_steps(point.workdir)
-  if not steps:
-    return None
-  if steps[-1] >= point.num_steps:
-    return steps[-1]
-  meta = read_json(os.path.join(point.workdir, "checkpoints", str(steps[-1]), "meta", "metadata"))
-  stopped = isinstance(meta, dict) and (meta.get("metrics") or {}).get("train/stopped_early")
-  return steps[-1] if stopped else None
-
-
-def evaluated(point: Point, split: str, step: int | None) -> bool:
-  """True if `metrics.<split>.json` exists for the final checkpoint `step`."""
-  metrics = read_json(os.path.join(point.workdir, f"metrics.{split}.json"))
-  return step is not None and isinstance(metrics, dict) and metrics.get("step") == step
-
-
-def status(point: Point, commands: Commands) -> str:
-  """'done', 'eval' (trained, evaluation missing), 'resume' (started) or 'new'."""
-  step = trained_step(point)
-  if step is not None:
-    needs_eval = commands.has_eval() and not evaluated(point, commands.eval_split, step)
-    return "eval" if needs_eval else "done"
-  started = checkpoint_steps(point.workdir) or os.path.exists(
-      os.path.join(point.workdir, "metrics.jsonl"))
-  return "resume" if started else "new"
-
-
-def read_record(point: Point) -> dict[str, Any]:
-  """The point's sweep_point.json (overrides, attempts, train/eval wall seconds), or {}."""
-  record = read_json(os.path.join(point.workdir, RECORD))
-  return record if isinstance(record, dict) else {}
-
-
-def write_record(point: Point, record: Mapping[str, Any]) -> None:
-  path = os.path.join(point.workdir, RECORD)
-  with open(path + ".tmp", "w") as f:
-    json.dump(record, f, indent=1, sort_keys=True, default=str)
-  os.replace(path + ".tmp", path)
-
-
-def write_manifest(points: Sequence[Point], commands: Commands, sweep_path: str,
-                   workdir: str) -> None:
-  """`<workdir>/sweep.json`: the config, sweep file, sweep-wide overrides and every point."""
-  os.makedirs(workdir, exist_ok=True)
-  manifest = {"config": commands.config_arg, "sweep": sweep_path,
-              "base_overrides": dict(commands.base_overrides),
-              "points": [{"name": p.name, "overrides": p.overrides, "workdir": p.workdir}
-                         for p in points]}
-  with open(os.path.join(workdir, "sweep.json.tmp"), "w") as f:
-    json.dump(manifest, f, indent=1, default=str)
-  os.replace(os.path.join(workdir, "sweep.json.tmp"), os.path.join(workdir, "sweep.json"))
-
-
-# ---------------------------------------------------------------------------- running
-
-
-def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> int:
-  """Runs one process with its output appended to `log_path`; returns its exit code."""
-  with open(log_path, "a") as log:
-    log.write(f"$ {shlex.join(argv)}\n")
-    log.flush()
-    return subprocess.run(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
-                          check=False).returncode
-
-
-Launch = Callable[[Sequence[str], str, "str | None"], int]
-
-
-def pending_commands(point: Point, commands: Commands) -> list[tuple[str, list[str]]]:
-  """[('train'|'eval', argv), ...] still to run for `point` (empty when it is done)."""
-  state = status(point, commands)
-  todo = [] if state in ("done", "eval") else [("train", commands.train(point))]
-  if state != "done" and commands.has_eval():
-    todo.append(("eval", commands.eval(point)))
-  return todo
-
-
-def run_point(point: Point, commands: Commands, launch: Launch = launch_subprocess) -> bool:
-  """Runs what `point` still needs; records wall time per stage; True if it succeeded."""
-  os.makedirs(point.workdir, exist_ok=True)
-  record = read_record(point) | {"name": point.name, "overrides": point.overrides}
-  log_path = os.path.join(point.workdir, LOG)
-  ok = True
-  for stage, argv in pending_commands(point, commands):
-    start = time.time()
-    code = launch(argv, log_path, commands.cwd)
-    seconds = time.time() - start
-    record[f"{stage}_seconds"] = record.get(f"{stage}_seconds", 0.0) + seconds
-    record.setdefault("attempts", []).append(
-        {"stage": stage, "argv": list(argv), "returncode": code, "seconds": round(seconds, 3),
-         "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    write_record(point, record)
-    if code != 0:
-      ok = False
-      break
-  return ok
-
-
-def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
-        launch: Launch = launch_subprocess, echo: Callable[[str], None] = print) -> list[Point]:
-  """Runs every unfinished point, `parallel` at a time; returns the points that failed."""
-  todo = []
-  for p in points:
-    state = status(p, commands)
-    echo(f"[{p.index + 1}/{len(points)}] {p.name}: {state}" + (" (skipped)" if state == "done"
-                                                                else ""))
-    if state != "done":
-      todo.append(p)
-  lock, failed = threading.Lock(), []
-
-  def one(p: Point) -> None:
-    ok = run_point(p, commands, launch)
-    with lock:
-      echo(f"{p.name}: {'finished' if ok else 'FAILED, see ' + os.path.join(p.workdir, LOG)}")
-      if not ok:
-        failed.append(p)
-
-  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-    for future in [pool.submit(one, p) for p in todo]:
-      future.result()
-  return sorted(failed, key=lambda p: p.index)
-
-
-def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
-  """The exact commands `run` would start, one per line, with a comment line per point."""
-  lines = []
-  for p in points:
-    todo = pending_commands(p, commands)
-    lines.append(f"# {p.name}: {status(p, commands)}" + ("" if todo else " (skipped)"))
-    lines += [shlex.join(argv) for _, argv in todo]
-  return lines
 
 
 # ---------------------------------------------------------------------------- cloud TPU VMs

@@ -1,0 +1,282 @@
+"""Sweeps: expansion and naming, validation before anything runs, exact dry-run and TPU commands,
+the runner (fake trainer: parallel, failure, rerun skips), the report, and one real `:tiny` sweep."""
+
+import csv
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from configs import sweeps as helpers
+from transformer import sweep_report, sweep_runner, sweeps
+from transformer.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = "configs/g2p.py:tiny"
+
+
+def sweep_cli(*args, env=None, timeout=60):
+  """Runs sweep.py from the repository root; returns the CompletedProcess."""
+  env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+  return subprocess.run([sys.executable, "sweep.py", *args], cwd=ROOT, env=env, text=True,
+                        capture_output=True, timeout=timeout, check=False)
+
+
+def write_sweep(tmp_path, body, name="s.py"):
+  path = tmp_path / name
+  path.write_text("from configs.sweeps import sweep, product, zip, chain\n\n"
+                  + textwrap.dedent(body))
+  return str(path)
+
+
+# ------------------------------------------------------------------ expansion and naming
+
+
+def test_product_zip_chain_expand_like_naive_loops():
+  """product = every combination with the last factor fastest (as itertools.product), zip pairs
+  point i with point i, chain concatenates; a key set twice or unequal zip lengths is an error."""
+  a, b = [0.1, 0.2], ["x", "y", "z"]
+  got = helpers.product(helpers.sweep("k.a", a), helpers.sweep("k.b", b))
+  assert got == [{"k.a": va, "k.b": vb} for va, vb in itertools.product(a, b)]
+  assert [list(p) for p in got] == [["k.a", "k.b"]] * 6  # key order = factor order
+  assert helpers.zip(helpers.sweep("k.a", a), helpers.sweep("k.c", [1, 2])) == [
+      {"k.a": 0.1, "k.c": 1}, {"k.a": 0.2, "k.c": 2}]
+  assert helpers.chain(helpers.sweep("k.a", a), [{"k.b": "x"}]) == [
+      {"k.a": 0.1}, {"k.a": 0.2}, {"k.b": "x"}]
+  with pytest.raises(ValueError, match="different lengths"):
+    helpers.zip(helpers.sweep("k.a", a), helpers.sweep("k.b", b))
+  with pytest.raises(ValueError, match="'k.a' is set by two"):
+    helpers.product(helpers.sweep("k.a", a), helpers.sweep("k.a", [3]))
+  with pytest.raises(TypeError, match="values must be a list"):
+    helpers.sweep("k.a", "abc")
+
+
+def test_point_names_are_readable_safe_unique_and_short():
+  """Names join label=value in the sweep's key order (short labels, repr floats, lower-case
+  bools); unsafe characters become '_'; a name over the limit is cut and ends in a hash, so
+  points that differ only after the cut still get different names; shared last parts of two
+  keys fall back to the full key."""
+  names = sweeps.point_names(helpers.product(
+      helpers.sweep("model.positional", ["rope"]), helpers.sweep("train.learning_rate", [3e-4]),
+      helpers.sweep("model.tie_embeddings", [False])))
+  assert names == ["positional=rope,lr=0.0003,tie_embeddings=false"]
+  assert sweeps.point_names([{"data.train_file": "a/b c.tsv"}]) == ["train_file=a_b_c.tsv"]
+  assert sweeps.point_names([{}]) == ["baseline"]
+  assert sweeps.point_names([{"data.batch_size": 8, "eval.batch_size": 4}]) == [
+      "data.batch_size=8,eval.batch_size=4"]
+  long = [{"data.train_file": "x" * 100 + str(i)} for i in range(2)]
+  cut = sweeps.point_names(long)
+  assert len(set(cut)) == 2 and all(len(n) <= sweeps.MAX_NAME_LEN for n in cut)
+  assert all(n.startswith("train_file=xxxx") for n in cut)
+
+
+def test_shipped_sweep_files_expand_and_validate():
+  """Every shipped sweep file plans against g2p :small with distinct names and valid configs,
+  with the point counts the files promise (6 positional, 3 norm, 4 ffn, 8 regularization, 6 lr,
+  2 arch), and the gated FFNs / decoder-only model get matched sizes."""
+  config = sweeps.load_config("configs/g2p.py:small")
+  counts = {"positional": 6, "norm": 3, "ffn": 4, "regularization": 8, "lr": 6, "arch": 2}
+  plans = {}
+  for name, n in counts.items():
+    plans[name] = sweeps.plan(config, "configs/g2p.py:small",
+                              os.path.join(ROOT, f"configs/sweeps/{name}.py"), "w")
+    assert len(plans[name]) == n and len({p.name for p in plans[name]}) == n
+  assert plans["ffn"][2].overrides == {"model.ffn": "swiglu", "model.mlp_dim": 680}  # 1024 * 2/3
+  assert plans["arch"][1].overrides["model.num_decoder_layers"] == 7  # 3*12 + 3*16 = 7*12 (d^2)
+
+
+# ------------------------------------------------------------------ validation before running
+
+
+def test_unknown_key_is_one_line_error_before_anything_runs(tmp_path):
+  """A misspelt key fails in plan() naming the key, the sweep file and a suggestion; the CLI
+  prints one line, exits 1 and creates no workdir (so nothing was started)."""
+  path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.positonal", ["rope"])\n')
+  with pytest.raises(sweeps.SweepError) as e:
+    sweeps.plan(sweeps.load_config(TINY), TINY, path, str(tmp_path / "w"))
+  assert "model.positonal" in str(e.value) and path in str(e.value)
+  assert "did you mean 'model.positional'" in str(e.value)
+  out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={tmp_path / 'w'}")
+  assert out.returncode == 1
+  assert out.stderr.strip().count("\n") == 0 and "unknown override key 'model.positonal'" in out.stderr
+  assert not (tmp_path / "w").exists()
+
+
+def test_bad_values_are_config_errors_naming_the_point(tmp_path):
+  """A value the validator rejects (unknown choice, wrong type, a broken relation) is a
+  ConfigError naming the sweep file, the point and the key; a non-scalar value is a SweepError."""
+  config = sweeps.load_config(TINY)
+  cases = {'sweep("model.positional", ["rope", "sinus"])': r"point 1 \(positional=sinus\).*model.positional",
+           'sweep("model.d_model", ["big"])': "point 0.*model.d_model='big'",
+           'sweep("model.num_heads", [3])': "point 0.*model.num_heads=3 must divide"}
+  for body, pattern in cases.items():
+    path = write_sweep(tmp_path, f"def get_sweep():\n  return {body}\n")
+    with pytest.raises(ConfigError, match=pattern):
+      sweeps.plan(config, TINY, path, "w")
+  path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.d_model", [[1, 2]])\n')
+  with pytest.raises(sweeps.SweepError, match="must be a str, int, float or bool"):
+    sweeps.plan(config, TINY, path, "w")
+
+
+# ------------------------------------------------------------------ exact commands
+
+
+def test_dry_run_prints_the_exact_commands(tmp_path):
+  """--dry_run prints, per point, a status comment and the exact train/eval argv (sweep-wide
+  --config.* overrides first, then the point's), and runs nothing."""
+  path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.positional", '
+                     '["sinusoidal", "rope"])\n')
+  w = tmp_path / "w"
+  out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={w}", "--python=python3",
+                  "--config.train.num_steps=4", "--dry_run")
+  assert out.returncode == 0, out.stderr
+  assert out.stdout == textwrap.dedent(f"""\
+      # positional=sinusoidal: new
+      python3 train.py --config={TINY} --workdir={w}/positional=sinusoidal --config.train.num_steps=4 --config.model.positional=sinusoidal
+      python3 eval.py --workdir={w}/positional=sinusoidal --split=test
+      # positional=rope: new
+      python3 train.py --config={TINY} --workdir={w}/positional=rope --config.train.num_steps=4 --config.model.positional=rope
+      python3 eval.py --workdir={w}/positional=rope --split=test
+      """)
+  assert not w.exists()
+
+
+def test_tpu_vm_commands_are_exact_and_never_executed(tmp_path):
+  """--launcher=tpu_vm prints one gcloud ssh per point (all workers; workdir and data_dir on the
+  bucket; train then eval), then how to collect results; missing TPU flags are a one-line error."""
+  path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("train.learning_rate", [0.5, 2.0])\n')
+  out = sweep_cli("--config=configs/g2p.py:small", f"--sweep={path}", "--workdir=runs/sw",
+                  "--launcher=tpu_vm", "--tpu_name=my-tpu", "--zone=us-central2-b",
+                  "--bucket=gs://bkt/", "--eval_split=test")
+  assert out.returncode == 0, out.stderr
+  expected = []
+  for lr in ("0.5", "2.0"):
+    expected += [f"# lr={lr}", (
+        "gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all "
+        '--command="cd ~/transformer && python3 train.py --config=configs/g2p.py:small '
+        f"--workdir=gs://bkt/runs/sw/lr={lr} --config.train.learning_rate={lr} "
+        "--config.data.data_dir=gs://bkt/tensorflow_datasets && python3 eval.py "
+        f'--workdir=gs://bkt/runs/sw/lr={lr} --split=test"')]
+  expected.append("# collect: gcloud storage rsync -r gs://bkt/runs/sw runs/sw && python sweep.py "
+                  f"--config=configs/g2p.py:small --sweep={path} --workdir=runs/sw "
+                  "--eval_split=test --report_only")
+  assert out.stdout.splitlines() == expected
+  bad = sweep_cli("--config=configs/g2p.py:small", f"--sweep={path}", "--workdir=runs/sw",
+                  "--launcher=tpu_vm", "--tpu_name=my-tpu")
+  assert bad.returncode == 1 and bad.stderr == "error: --launcher=tpu_vm needs --zone, --bucket\n"
+
+
+# ------------------------------------------------------------------ the runner, with a fake trainer
+
+FAKE_TRAIN = """
+import json, os, sys, time
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
+w, n = args["workdir"], int(args["config.train.num_steps"])
+lr = float(args.get("config.train.learning_rate", 1.0))
+os.makedirs(w, exist_ok=True)
+if os.path.exists(os.path.join(w, "FAIL_ONCE")):
+  os.remove(os.path.join(w, "FAIL_ONCE"))
+  sys.exit(3)
+start = time.time()
+time.sleep(0.5)
+with open(os.path.join(w, "metrics.jsonl"), "w") as f:
+  for s in range(1, n + 1):
+    f.write(json.dumps({"step": s, "train/loss": lr / s, "perf/tokens_per_sec": 100.0 * s}) + "\\n")
+  f.write(json.dumps({"step": n, "eval/loss": lr, "eval/wer": lr / 10}) + "\\n")
+os.makedirs(os.path.join(w, "checkpoints", str(n)))
+open(os.path.join(w, "checkpoints", str(n), "commit_success.txt"), "w").close()
+json.dump([start, time.time()], open(os.path.join(w, "span.json"), "w"))
+"""
+FAKE_EVAL = """
+import json, os, sys
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+w = args["workdir"]
+dev = [json.loads(l) for l in open(os.path.join(w, "metrics.jsonl"))][-1]
+json.dump({"split": args["split"], "step": dev["step"], "loss": 2 * dev["eval/loss"],
+           "wer": 2 * dev["eval/wer"], "decoded": 5}, open(os.path.join(w, "metrics.test.json"), "w"))
+"""
+
+
+@pytest.fixture
+def fake(tmp_path):
+  """Three lr points of a sweep planned in tmp_path, and Commands that run the fake scripts."""
+  (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
+  (tmp_path / "fake_eval.py").write_text(FAKE_EVAL)
+  path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("train.learning_rate", '
+                     '[0.5, 1.0, 2.0])\n')
+  config = sweeps.apply_overrides(sweeps.load_config(TINY), {"train.num_steps": 3})
+  points = sweeps.plan(config, TINY, path, str(tmp_path / "w"))
+  commands = sweeps.Commands(TINY, {"train.num_steps": 3}, python=sys.executable,
+                             train_script=str(tmp_path / "fake_train.py"),
+                             eval_script=str(tmp_path / "fake_eval.py"))
+  return points, commands
+
+
+def recording(calls):
+  def launch(argv, log_path, cwd):
+    calls.append(list(argv))
+    return sweep_runner.launch_subprocess(argv, log_path, cwd)
+  return launch
+
+
+def test_runner_parallel_failure_rerun_skips_and_resumes(fake):
+  """parallel=2 overlaps two training processes; a failing point is reported (exit code and
+  command in its record and log) while the others finish; the rerun starts only that point's
+  train and eval; a third run starts no process at all. A point with a checkpoint short of
+  num_steps is 'resume' (train again, training continues from it); a trained but not evaluated
+  point only gets eval."""
+  points, commands = fake
+  os.makedirs(points[2].workdir)
+  open(os.path.join(points[2].workdir, "FAIL_ONCE"), "w").close()
+  calls, lines = [], []
+  failed = sweep_runner.run(points, commands, parallel=2, launch=recording(calls), echo=lines.append)
+  assert [p.name for p in failed] == ["lr=2.0"]
+  assert [sweep_runner.status(p, commands) for p in points] == ["done", "done", "new"]
+  spans = [json.load(open(os.path.join(p.workdir, "span.json"))) for p in points[:2]]
+  assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # they overlapped
+  record = sweep_runner.read_record(points[2])
+  assert record["attempts"][-1]["returncode"] == 3 and "train_seconds" in record
+  assert "$ " + " ".join(record["attempts"][-1]["argv"]) in open(
+      os.path.join(points[2].workdir, sweep_runner.LOG)).read()
+  calls.clear()
+  assert sweep_runner.run(points, commands, launch=recording(calls), echo=lines.append) == []
+  assert calls == [commands.train(points[2]), commands.eval(points[2])]
+  calls.clear()
+  assert sweep_runner.run(points, commands, launch=recording(calls), echo=lines.append) == []
+  assert calls == [] and lines[-3:] == [f"[{i + 1}/3] {p.name}: done (skipped)"
+                                        for i, p in enumerate(points)]
+  os.remove(os.path.join(points[0].workdir, "metrics.test.json"))
+  assert sweep_runner.pending_commands(points[0], commands) == [("eval", commands.eval(points[0]))]
+  os.rename(os.path.join(points[1].workdir, "checkpoints", "3"),
+            os.path.join(points[1].workdir, "checkpoints", "2"))
+  assert sweep_runner.status(points[1], commands) == "resume"
+  assert [s for s, _ in sweep_runner.pending_commands(points[1], commands)] == ["train", "eval"]
+
+
+def test_report_lists_every_point_with_its_metrics(fake, tmp_path):
+  """results.csv has one row per point with the swept value, steps, the last dev evaluation, the
+  test metrics, the median tokens/s of the logged windows after the first, the measured wall
+  time and status; results.md bolds the best (lowest) test/wer; both PNGs are written."""
+  points, commands = fake
+  assert sweep_runner.run(points, commands, parallel=2, echo=lambda _: None) == []
+  out = sweep_report.write_report(points, str(tmp_path / "w"), title="t")
+  assert out["metric"] == "test/wer"
+  with open(out["csv"]) as f:
+    rows = list(csv.DictReader(f))
+  assert [r["point"] for r in rows] == ["lr=0.5", "lr=1.0", "lr=2.0"]
+  for r, lr in zip(rows, (0.5, 1.0, 2.0)):
+    assert r["lr"] == str(lr) and r["steps"] == "3" and r["status"] == "done"
+    assert float(r["dev/loss"]) == lr and float(r["dev/wer"]) == pytest.approx(lr / 10)
+    assert float(r["test/loss"]) == 2 * lr and float(r["test/wer"]) == pytest.approx(lr / 5)
+    assert float(r["tokens_per_sec"]) == 250.0  # median of 200, 300 (100 is the compile window)
+    assert float(r["wall_seconds"]) >= 0.5
+  md = open(out["md"]).read()
+  assert md.startswith("t\n\n| point | lr | params | steps | dev/loss |")
+  assert "| **0.1** |" in md and md.count("**") == 2
+  for key in ("plot", "curves"):
+    with open(out[key], "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"

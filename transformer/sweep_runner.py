@@ -1,0 +1,198 @@
+"""Running a sweep's points: their state on disk, one process per stage, records, dry runs.
+
+A point's workdir holds what train.py and eval.py write, plus `sweep.log` (the output of every
+process the runner started for it) and `sweep_point.json` (its overrides, every attempt's argv,
+exit code and duration, and the summed `train_seconds` / `eval_seconds`). A point is finished
+when its last committed checkpoint is at `train.num_steps` (or training stopped early) and
+`metrics.<split>.json` was written for that step; `run()` starts only what is missing, so an
+interrupted or failed point continues from its checkpoints when the sweep is rerun.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import ml_collections
+
+from transformer.config import from_configdict
+from transformer.sweeps import Commands, Point, apply_overrides
+
+RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
+LOG = "sweep.log"  # per point: the output of its processes
+
+def read_json(path: str) -> Any:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """Committed checkpoint steps in `<workdir>/checkpoints` (orbax renames a step dir on commit)."""
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(s) for s in os.listdir(directory) if s.isdigit() and any(
+      os.path.exists(os.path.join(directory, s, f))
+      for f in ("commit_success.txt", "_CHECKPOINT_METADATA")))
+
+
+def trained_step(point: Point) -> int | None:
+  """The final step if training has finished (num_steps reached or stopped early), else None."""
+  steps = checkpoint_steps(point.workdir)
+  if not steps:
+    return None
+  if steps[-1] >= point.num_steps:
+    return steps[-1]
+  meta = read_json(os.path.join(point.workdir, "checkpoints", str(steps[-1]), "meta", "metadata"))
+  stopped = isinstance(meta, dict) and (meta.get("metrics") or {}).get("train/stopped_early")
+  return steps[-1] if stopped else None
+
+
+def evaluated(point: Point, split: str, step: int | None) -> bool:
+  """True if `metrics.<split>.json` exists for the final checkpoint `step`."""
+  metrics = read_json(os.path.join(point.workdir, f"metrics.{split}.json"))
+  return step is not None and isinstance(metrics, dict) and metrics.get("step") == step
+
+
+def status(point: Point, commands: Commands) -> str:
+  """'done', 'eval' (trained, evaluation missing), 'resume' (started) or 'new'."""
+  step = trained_step(point)
+  if step is not None:
+    needs_eval = commands.has_eval() and not evaluated(point, commands.eval_split, step)
+    return "eval" if needs_eval else "done"
+  started = checkpoint_steps(point.workdir) or os.path.exists(
+      os.path.join(point.workdir, "metrics.jsonl"))
+  return "resume" if started else "new"
+
+
+def read_record(point: Point) -> dict[str, Any]:
+  """The point's sweep_point.json (overrides, attempts, train/eval wall seconds), or {}."""
+  record = read_json(os.path.join(point.workdir, RECORD))
+  return record if isinstance(record, dict) else {}
+
+
+def write_record(point: Point, record: Mapping[str, Any]) -> None:
+  path = os.path.join(point.workdir, RECORD)
+  with open(path + ".tmp", "w") as f:
+    json.dump(record, f, indent=1, sort_keys=True, default=str)
+  os.replace(path + ".tmp", path)
+
+
+def write_manifest(points: Sequence[Point], commands: Commands, sweep_path: str,
+                   workdir: str) -> None:
+  """`<workdir>/sweep.json`: the config, sweep file, sweep-wide overrides and every point."""
+  os.makedirs(workdir, exist_ok=True)
+  manifest = {"config": commands.config_arg, "sweep": sweep_path,
+              "base_overrides": dict(commands.base_overrides),
+              "points": [{"name": p.name, "overrides": p.overrides, "workdir": p.workdir}
+                         for p in points]}
+  with open(os.path.join(workdir, "sweep.json.tmp"), "w") as f:
+    json.dump(manifest, f, indent=1, default=str)
+  os.replace(os.path.join(workdir, "sweep.json.tmp"), os.path.join(workdir, "sweep.json"))
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> int:
+  """Runs one process with its output appended to `log_path`; returns its exit code."""
+  with open(log_path, "a") as log:
+    log.write(f"$ {shlex.join(argv)}\n")
+    log.flush()
+    return subprocess.run(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                          check=False).returncode
+
+
+Launch = Callable[[Sequence[str], str, "str | None"], int]
+
+
+def pending_commands(point: Point, commands: Commands) -> list[tuple[str, list[str]]]:
+  """[('train'|'eval', argv), ...] still to run for `point` (empty when it is done)."""
+  state = status(point, commands)
+  todo = [] if state in ("done", "eval") else [("train", commands.train(point))]
+  if state != "done" and commands.has_eval():
+    todo.append(("eval", commands.eval(point)))
+  return todo
+
+
+def run_point(point: Point, commands: Commands, launch: Launch = launch_subprocess) -> bool:
+  """Runs what `point` still needs; records wall time per stage; True if it succeeded."""
+  os.makedirs(point.workdir, exist_ok=True)
+  record = read_record(point) | {"name": point.name, "overrides": point.overrides}
+  log_path = os.path.join(point.workdir, LOG)
+  ok = True
+  for stage, argv in pending_commands(point, commands):
+    start = time.time()
+    code = launch(argv, log_path, commands.cwd)
+    seconds = time.time() - start
+    record[f"{stage}_seconds"] = record.get(f"{stage}_seconds", 0.0) + seconds
+    record.setdefault("attempts", []).append(
+        {"stage": stage, "argv": list(argv), "returncode": code, "seconds": round(seconds, 3),
+         "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    write_record(point, record)
+    if code != 0:
+      ok = False
+      break
+  return ok
+
+
+def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
+        launch: Launch = launch_subprocess, echo: Callable[[str], None] = print) -> list[Point]:
+  """Runs every unfinished point, `parallel` at a time; returns the points that failed."""
+  todo = []
+  for p in points:
+    state = status(p, commands)
+    echo(f"[{p.index + 1}/{len(points)}] {p.name}: {state}" + (" (skipped)" if state == "done"
+                                                                else ""))
+    if state != "done":
+      todo.append(p)
+  lock, failed = threading.Lock(), []
+
+  def one(p: Point) -> None:
+    ok = run_point(p, commands, launch)
+    with lock:
+      echo(f"{p.name}: {'finished' if ok else 'FAILED, see ' + os.path.join(p.workdir, LOG)}")
+      if not ok:
+        failed.append(p)
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+    for future in [pool.submit(one, p) for p in todo]:
+      future.result()
+  return sorted(failed, key=lambda p: p.index)
+
+
+def prepare_data(config: ml_collections.ConfigDict, points: Sequence[Point],
+                 echo: Callable[[str], None] = print) -> None:
+  """Prepares each distinct `data` section of the points once, here, before parallel runs.
+
+  Concurrent first-time preparations of one TFDS directory would race; prepared data is reused.
+  """
+  from transformer.data import load_task  # pylint: disable=g-import-not-at-top
+  seen = set()
+  for p in points:
+    cfg = from_configdict(apply_overrides(config, p.overrides))
+    key = json.dumps(dataclasses.asdict(cfg.data), sort_keys=True)
+    if key not in seen:
+      seen.add(key)
+      echo(f"preparing data {cfg.data.dataset} ({cfg.data.data_dir or 'default data_dir'})")
+      load_task(cfg, None, process_index=0, process_count=1)
+
+
+def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
+  """The exact commands `run` would start, one per line, with a comment line per point."""
+  lines = []
+  for p in points:
+    todo = pending_commands(p, commands)
+    lines.append(f"# {p.name}: {status(p, commands)}" + ("" if todo else " (skipped)"))
+    lines += [shlex.join(argv) for _, argv in todo]
+  return lines
