@@ -50,3 +50,22 @@ def config(directory: str, num_steps: int = 60, **overrides):
   for key, value in overrides.items():
     cd.update_from_flattened_dict({key: value})
   return cd
+
+
+def trained_run(tmp_path_factory) -> str:
+  """The workdir of one trained mini G2P run, shared by every test (and pytest-xdist worker).
+
+  Trained once per pytest invocation with `train_and_evaluate` under a file lock in the directory
+  all workers share (the parent of the session's basetemp); later callers just reuse it.
+  """
+  import fcntl  # pylint: disable=g-import-not-at-top
+  from transformer.training import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.getbasetemp().parent / "g2p_mini_run"
+  root.mkdir(exist_ok=True)
+  workdir, done = root / "workdir", root / "done"
+  with open(root / "lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not done.exists():
+      train_and_evaluate(config(str(root / "data")), str(workdir))
+      done.write_text("ok")
+  return str(workdir)

@@ -93,25 +93,26 @@ class Run:
     """Encoder input (or decoder-only prompt) ids of `text`, EOS included for seq2seq tasks."""
     return evaluation.source_ids(self.task, text)
 
-  def _pad(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
-    """Rows padded with 0 to a multiple of 8 columns (fewer distinct shapes to compile)."""
-    width = -(-max(1, max(len(r) for r in rows)) // 8) * 8
+  def _pad(self, rows: Sequence[Sequence[int]], multiple: int = 8) -> np.ndarray:
+    """Rows padded with 0 to a multiple of `multiple` columns (fewer shapes to compile)."""
+    width = -(-max(1, max(len(r) for r in rows)) // multiple) * multiple
     out = np.zeros((len(rows), width), np.int32)
     for i, r in enumerate(rows):
       out[i, :len(r)] = r
     return out
 
-  def _teacher_forced_batch(self, sources: Sequence[str], targets: Sequence[str]
-                            ) -> dict[str, np.ndarray]:
+  def _teacher_forced_batch(self, sources: Sequence[str], targets: Sequence[str],
+                            multiple: int = 8) -> dict[str, np.ndarray]:
     """Model inputs and loss weights for (source, target) pairs; targets end with EOS."""
     eos = self.target_tokenizer.eos_id
     tgt = [list(self.target_tokenizer.encode(t)) + [eos] for t in targets]
     if self.config.model.arch == "encoder_decoder":
-      targets = self._pad(tgt)
-      return dict(inputs=self._pad([self.encode_source(s) for s in sources]), targets=targets,
+      targets = self._pad(tgt, multiple)
+      return dict(inputs=self._pad([self.encode_source(s) for s in sources], multiple),
+                  targets=targets,
                   weights=(targets != 0).astype(np.float32))
     src = [self.encode_source(s) for s in sources]
-    full = self._pad([s + t for s, t in zip(src, tgt)])
+    full = self._pad([s + t for s, t in zip(src, tgt)], multiple)
     # As the pipeline: prefix_mask on the source tokens (the model extends it over the EOS
     # separator), weights 0 on the source and the separator.
     prefix, weights = np.zeros_like(full), (full != 0).astype(np.float32)
@@ -171,7 +172,7 @@ class Run:
     """Attention weights of every layer and head for `text` and `target` (default: greedy output)."""
     if target is None:
       target = self.generate([text], method="greedy")[0]
-    batch = self._teacher_forced_batch([text], [target])
+    batch = self._teacher_forced_batch([text], [target], multiple=1)  # exact lengths, no padding
     batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "weights"}
     from transformer.models import shift_right  # pylint: disable=g-import-not-at-top
     from transformer.training import model_kwargs  # pylint: disable=g-import-not-at-top

@@ -36,7 +36,8 @@ def check_input(run: Any, text: str, max_decode_len: int) -> tuple[str | None, s
     shown = " ".join(repr(u) for u in unknown[:10])
     return f"has characters outside the model's vocabulary: {shown}", text
   cfg = run.config
-  length = len(run.encode_source(text))
+  # The raw length: encode_source truncates to data.max_source_len, as the data pipeline does.
+  length = len(tokenizer.encode(text)) + (run.kind != "lm")
   if cfg.model.arch == "encoder_decoder":
     limit, key = cfg.data.max_source_len, "data.max_source_len"
   else:
@@ -68,6 +69,8 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
   """Runs the command line; returns the exit status."""
   args = _parse(sys.argv[1:] if argv is None else argv)
   texts = args.inputs or [line.rstrip("\n") for line in (stdin or sys.stdin)]
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.ERROR)  # keep stderr for our one-line messages (TFDS is chatty)
   from transformer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
   from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
