@@ -56,11 +56,14 @@ def trained_run(tmp_path_factory) -> str:
   """The workdir of one trained mini G2P run, shared by every test (and pytest-xdist worker).
 
   Trained once per pytest invocation with `train_and_evaluate` under a file lock in the directory
-  all workers share (the parent of the session's basetemp); later callers just reuse it.
+  of this invocation that all workers share (the session's basetemp, or its parent under xdist,
+  whose workers get popen-gwN subdirectories); later callers just reuse it.
   """
   import fcntl  # pylint: disable=g-import-not-at-top
   from transformer.training import train_and_evaluate  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.getbasetemp().parent / "g2p_mini_run"
+  basetemp = tmp_path_factory.getbasetemp()
+  shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+  root = shared / "g2p_mini_run"
   root.mkdir(exist_ok=True)
   workdir, done = root / "workdir", root / "done"
   with open(root / "lock", "w") as lock:

@@ -1,0 +1,66 @@
+"""Tests of transformer/viz.py: each plot shows exactly the data it was given, labelled, as a PNG."""
+
+import json
+
+import numpy as np
+import pytest
+
+from transformer import viz
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _softmax(x):
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def test_plot_attention_one_panel_per_head_with_token_labels(tmp_path):
+  """A [heads, queries, keys] array becomes one heat map per head showing that head's weights,
+  with the query tokens on the y axis and the key tokens on the x axis; saved as a PNG."""
+  w = _softmax(np.random.default_rng(0).normal(size=(3, 4, 5))).astype(np.float32)
+  queries, keys = ["<s>", "K", "AE", "T"], list("cats")[:4] + ["</s>"]
+  path = tmp_path / "att" / "a.png"
+  fig = viz.plot_attention(w, queries, keys, title="cross", path=str(path))
+  panels = [ax for ax in fig.axes if ax.images]
+  assert len(panels) == 3
+  for h, ax in enumerate(panels):
+    np.testing.assert_array_equal(ax.images[0].get_array(), w[h])
+    assert [t.get_text() for t in ax.get_xticklabels()] == keys
+    assert [t.get_text() for t in ax.get_yticklabels()] == queries
+  assert path.read_bytes().startswith(PNG_MAGIC)
+  with pytest.raises(ValueError, match="3 queries labels for 4 queries"):
+    viz.plot_attention(w, queries[:3], keys)
+
+
+def test_plot_positional_encoding_matches_the_paper_formula():
+  """The left panel is PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(...) computed here in
+  NumPy, and the right panel its dot-product similarity PE @ PE^T."""
+  length, d = 20, 16
+  p, j = np.arange(length)[:, None], np.arange(d)[None, :]
+  angle = p / 10000.0 ** (2 * (j // 2) / d)
+  table = np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+  fig = viz.plot_positional_encoding(max_len=length, d_model=d)
+  left, right = [ax for ax in fig.axes if ax.images]
+  np.testing.assert_allclose(left.images[0].get_array(), table, atol=1e-5)
+  np.testing.assert_allclose(right.images[0].get_array(), table @ table.T, atol=1e-4)
+
+
+def test_plot_learning_curves_plots_the_logged_values(tmp_path):
+  """Each default metric (train/loss and eval/*) is one panel whose line is the logged (step,
+  value) pairs of metrics.jsonl; a corrupt line is an error naming file:line."""
+  records = [{"step": 10, "train/loss": 3.0, "train/grad_norm": 1.0},
+             {"step": 20, "train/loss": 2.5, "eval/loss": 2.7, "eval/wer": 0.9},
+             {"step": 30, "train/loss": 2.0},
+             {"step": 40, "train/loss": 1.5, "eval/loss": 2.1, "eval/wer": 0.6}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  fig = viz.plot_learning_curves(str(tmp_path), save_path=str(tmp_path / "c.png"))
+  panels = {ax.get_title(): ax for ax in fig.axes if ax.lines}
+  assert set(panels) == {"train/loss", "eval/loss", "eval/wer"}
+  line = panels["train/loss"].lines[0]
+  assert list(line.get_xdata()) == [10, 20, 30, 40] and list(line.get_ydata()) == [3.0, 2.5, 2.0, 1.5]
+  assert list(panels["eval/wer"].lines[0].get_ydata()) == [0.9, 0.6]
+  assert (tmp_path / "c.png").read_bytes().startswith(PNG_MAGIC)
+  (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n')
+  with pytest.raises(ValueError, match=r"metrics.jsonl:2"):
+    viz.plot_learning_curves(str(tmp_path))
