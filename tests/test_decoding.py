@@ -1,7 +1,9 @@
 """Tests of transformer/decoding.py: the search loops on toy distributions, then generate() on models."""
 
+import functools
 import itertools
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,11 +50,12 @@ def _toy(batch, vocab, max_len, seed=0):
 
 
 def _enumerate(table_row, vocab, eos, max_len, alpha):
-  """Every complete hypothesis (ends in EOS, or reaches max_len) with its GNMT score, best first."""
+  """Every complete hypothesis (ends in EOS, or reaches max_len; never pad 0) with its GNMT score,
+  best first."""
   log_probs = table_row - np.log(np.sum(np.exp(table_row), axis=-1, keepdims=True))
   results = []
   for n in range(1, max_len + 1):
-    for seq in itertools.product(range(vocab), repeat=n):
+    for seq in itertools.product(range(1, vocab), repeat=n):
       if eos in seq[:-1] or (n < max_len and seq[-1] != eos):
         continue
       logp = 0.0
@@ -72,8 +75,8 @@ def test_beam_search_finds_best_enumerated_candidate(alpha):
   """With a beam as wide as the candidates of any step, beam search is exact: its k results are
   the k best of all enumerated hypotheses under the length-penalised score, in order (this also
   proves the early stop never cuts off a better hypothesis, even when alpha favours long ones)."""
-  vocab, eos, max_len, batch = 3, 2, 4, 3
-  k = (vocab - 1) ** (max_len - 1) * vocab  # live prefixes <= (vocab-1)^(max_len-1), each x vocab
+  vocab, eos, max_len, batch = 4, 3, 4, 3  # tokens 1, 2 and EOS 3 (0 is padding)
+  k = (vocab - 2) ** (max_len - 1) * (vocab - 1)  # live prefixes x their continuations
   table, first_logits, cache, step_fn = _toy(batch, vocab, max_len, seed=1)
   seqs, scores = _beam(step_fn, first_logits, cache, beam_size=k, alpha=alpha,
                                       eos_id=eos, max_len=max_len, return_all_beams=True)
@@ -88,7 +91,7 @@ def test_beam_search_finds_best_enumerated_candidate(alpha):
 def test_small_beam_returns_a_consistent_hypothesis():
   """With beam 2 the returned score is exactly the recomputed length-penalised score of the returned
   sequence, and no enumerated hypothesis scores above the best possible (sanity of the bookkeeping)."""
-  vocab, eos, max_len, batch, alpha = 3, 2, 4, 4, 0.6
+  vocab, eos, max_len, batch, alpha = 4, 3, 4, 4, 0.6
   table, first_logits, cache, step_fn = _toy(batch, vocab, max_len, seed=2)
   seqs, scores = _beam(step_fn, first_logits, cache, beam_size=2, alpha=alpha,
                                       eos_id=eos, max_len=max_len)
@@ -113,8 +116,9 @@ def test_beam_one_equals_greedy_on_toy():
 
 
 def test_greedy_matches_python_argmax_and_stops_at_eos():
-  """Greedy equals a plain Python argmax loop over the toy table; tokens after EOS are 0."""
-  vocab, eos, max_len, batch = 3, 2, 4, 5
+  """Greedy equals a plain Python argmax loop over the toy table (pad 0 excluded); tokens after EOS
+  are 0."""
+  vocab, eos, max_len, batch = 4, 3, 4, 5
   table, first_logits, cache, step_fn = _toy(batch, vocab, max_len, seed=4)
   seqs, scores = _sample(step_fn, first_logits, cache, search=Search("greedy"),
                                         eos_id=eos, max_len=max_len)
@@ -123,7 +127,7 @@ def test_greedy_matches_python_argmax_and_stops_at_eos():
     while len(prefix) < max_len and (not prefix or prefix[-1] != eos):
       hist = np.array([prefix + [0] * (max_len - len(prefix))])
       row = table[r, int(_prefix_index(hist, len(prefix), vocab)[0])]
-      prefix.append(int(np.argmax(row)))
+      prefix.append(int(np.argmax(row[1:])) + 1)
       logp += float(row[prefix[-1]] - np.log(np.sum(np.exp(row))))
     expected = prefix + [0] * (max_len - len(prefix))
     assert [int(t) for t in seqs[r]] == expected
@@ -136,7 +140,8 @@ def test_greedy_matches_python_argmax_and_stops_at_eos():
 def _fixed(logits, batch):
   """A step function whose next-token logits never change."""
   logits = jnp.asarray(logits, jnp.float32)
-  return jnp.tile(logits, (batch, 1)), lambda tokens, cache, j: (jnp.tile(logits, (batch, 1)), cache)
+  step_fn = lambda tokens, cache, j: (jnp.tile(logits, (tokens.shape[0], 1)), cache)
+  return jnp.tile(logits, (batch, 1)), step_fn
 
 
 def test_top_k_one_equals_greedy():
@@ -153,7 +158,7 @@ def test_top_k_one_equals_greedy():
 def test_top_p_samples_only_the_nucleus_with_renormalised_frequencies():
   """With top_p=0.75, 20k samples land only on the smallest top set holding >= 75% of the mass,
   with frequencies within 4 sigma of the renormalised nucleus probabilities (NumPy reference)."""
-  probs = np.array([0.05, 0.4, 0.02, 0.25, 0.2, 0.08])  # sorted: 0.4, 0.25, 0.2 (cum 0.85) | ...
+  probs = np.array([1e-9, 0.4, 0.05, 0.25, 0.2, 0.1])  # sorted: 0.4, 0.25, 0.2 (cum 0.85) | ...
   nucleus = np.array([1, 3, 4])
   first_logits, step_fn = _fixed(np.log(probs), 2000)
   seqs, _ = _sample(step_fn, first_logits, None, search=Search("sample", top_p=0.75),
@@ -168,13 +173,13 @@ def test_top_p_samples_only_the_nucleus_with_renormalised_frequencies():
 
 def test_temperature_and_top_k_frequencies():
   """Temperature 2 with top_k=3 samples softmax(logits/2) renormalised over the 3 largest logits."""
-  logits = np.array([2.0, -1.0, 0.5, 1.0, -3.0])
+  logits = np.array([-50.0, 2.0, -1.0, 0.5, 1.0, -3.0])
   first_logits, step_fn = _fixed(logits, 2000)
   seqs, _ = _sample(step_fn, first_logits, None,
                                    search=Search("sample", temperature=2.0, top_k=3),
                                    eos_id=-1, max_len=10, rng=jax.random.key(1))
   samples = np.asarray(seqs).ravel()
-  top = np.array([0, 3, 2])
+  top = np.array([1, 4, 3])
   assert set(np.unique(samples)) == set(top)
   expected = np.exp(logits[top] / 2) / np.exp(logits[top] / 2).sum()
   freq = np.array([(samples == t).mean() for t in top])
@@ -190,6 +195,18 @@ def test_same_seed_same_samples_different_seed_different():
   run = lambda seed: compiled(jax.random.key(seed))
   np.testing.assert_array_equal(run(1), run(1))
   assert np.any(np.asarray(run(1)) != np.asarray(run(2)))
+
+
+def test_pad_is_never_generated():
+  """Token 0 (padding/start) is excluded from every method even when it has the largest logit."""
+  logits = np.array([5.0, 1.0, 0.5, 0.0])
+  first_logits, step_fn = _fixed(logits, 50)
+  for search in [Search("greedy"), Search("sample", temperature=2.0)]:
+    seqs, _ = _sample(step_fn, first_logits, None, search=search, eos_id=-1, max_len=4)
+    assert np.all(np.asarray(seqs) != 0)
+  seqs, _ = _beam(step_fn, first_logits, None, beam_size=3, alpha=0.6, eos_id=-1, max_len=4,
+                  return_all_beams=True)
+  assert np.all(np.asarray(seqs) != 0)
 
 
 def test_search_settings_errors():
@@ -223,6 +240,21 @@ def _decode_cfg(method="greedy", beam_size=1, length_penalty=0.0, **kw):
                       top_p=kw.get("top_p", 1.0), max_decode_len=0)
 
 
+def _random_params(model, init_args, seed=0):
+  """Random parameters of the model's shapes, filled by NumPy: compiling model.init (threefry
+  initialisers) takes ~20 s on this CPU, longer than everything else here."""
+  shapes = flax.core.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_args)["params"])
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    name = getattr(path[-1], "key", "")
+    if name == "scale":
+      return jnp.asarray(1.0 + 0.1 * rng.standard_normal(leaf.shape), leaf.dtype)
+    std = 1.0 / np.sqrt(leaf.shape[0]) if leaf.ndim >= 2 else 0.1
+    return jnp.asarray(std * rng.standard_normal(leaf.shape), leaf.dtype)
+  return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
 def _tiny_model(arch, **overrides):
   """A tiny random model and params; the prompts/inputs have different lengths (padding matters)."""
   cfg = model_config(arch=arch, vocab_size=13, source_vocab_size=11, d_model=16, num_heads=2,
@@ -231,8 +263,14 @@ def _tiny_model(arch, **overrides):
   model = build_model(cfg)
   src = np.array([[3, 4, 5, 6, 2], [7, 8, 2, 0, 0], [9, 2, 0, 0, 0]], np.int32)
   init_args = (src, src) if arch == "encoder_decoder" else (src,)
-  params = model.init(jax.random.key(0), *init_args)["params"]
+  params = _random_params(model, init_args)
   return model, params, src
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_apply(model):
+  """model.apply compiled once per model (a fresh jax.jit(model.apply) would recompile)."""
+  return jax.jit(model.apply)
 
 
 def _full_forward_log_probs(model, params, src, gen, prefix_lm):
@@ -240,7 +278,7 @@ def _full_forward_log_probs(model, params, src, gen, prefix_lm):
   of the training path (model.__call__), aligned so that [:, j] predicts gen[:, j]; since the pass is
   causal this equals a separate full forward pass per step."""
   if model.config.arch == "encoder_decoder":
-    logits = model.apply({"params": params}, src, jnp.asarray(gen))
+    logits = _jit_apply(model)({"params": params}, src, jnp.asarray(gen))
     return np.asarray(jax.nn.log_softmax(logits)), np.zeros(len(src), int)
   lengths = (src != 0).sum(1)
   rows = [list(s[:n]) + list(g) for s, n, g in zip(src, lengths, gen)]
@@ -249,7 +287,7 @@ def _full_forward_log_probs(model, params, src, gen, prefix_lm):
   for r, (row, n) in enumerate(zip(rows, lengths)):
     targets[r, :len(row)] = row
     prefix[r, :n] = 1
-  logits = model.apply({"params": params}, targets, prefix_mask=prefix if prefix_lm else None)
+  logits = _jit_apply(model)({"params": params}, targets, prefix_mask=prefix if prefix_lm else None)
   log_probs = np.asarray(jax.nn.log_softmax(logits))
   return np.stack([log_probs[r, n:n + gen.shape[1]] for r, n in enumerate(lengths)]), lengths
 
@@ -280,22 +318,22 @@ def test_cached_greedy_equals_full_forward_argmax(arch, overrides):
                                          overrides.get("prefix_lm", False))
   for r in range(len(src)):
     n = _length(gen[r], eos)
-    np.testing.assert_array_equal(gen[r, :n], log_probs[r, :n].argmax(-1))
+    np.testing.assert_array_equal(gen[r, :n], log_probs[r, :n, 1:].argmax(-1) + 1)  # pad excluded
     assert np.all(gen[r, n:] == 0)
     np.testing.assert_allclose(scores[r], log_probs[r, np.arange(n), gen[r, :n]].sum(), rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch,overrides", [
-    ("encoder_decoder", dict(positional="rope")),
-    ("decoder_only", dict(positional="sinusoidal", scan_layers=True, prefix_lm=True)),
+    ("encoder_decoder", dict(positional="sinusoidal")),  # greedy reuses the compile above
+    ("decoder_only", dict(positional="rope", scan_layers=True, prefix_lm=True)),
 ])
 def test_beam_scores_match_full_forward(arch, overrides):
   """Every returned beam's score equals the length-penalised log-prob of its tokens under an
   uncached full forward pass (so the KV cache was reordered with the beams, also under
-  scan_layers), beams come best first, and beam 1 without penalty equals greedy."""
+  scan_layers), beams come best first, and (encoder-decoder) beam 1 without penalty is greedy."""
   model, params, src = _tiny_model(arch, **overrides)
   batch = {"inputs": src} if arch == "encoder_decoder" else {"prompt": src}
-  eos, max_len, alpha, k = 5, 6, 0.6, 3
+  eos, max_len, alpha, k = 5, 7, 0.6, 3
   beams, scores = decoding.generate(model, params, batch, _decode_cfg("beam", k, alpha), eos_id=eos,
                                     max_decode_len=max_len, return_all_beams=True)
   beams, scores = np.asarray(beams), np.asarray(scores)
@@ -307,6 +345,8 @@ def test_beam_scores_match_full_forward(arch, overrides):
       n = _length(beams[r, j], eos)
       logp = log_probs[r, np.arange(n), beams[r, j, :n]].sum()
       np.testing.assert_allclose(scores[r, j], logp / ((5 + n) / 6) ** alpha, rtol=1e-4)
+  if arch == "decoder_only":
+    return
   greedy, _ = decoding.generate(model, params, batch, _decode_cfg(), eos_id=eos, max_decode_len=max_len)
   beam1, _ = decoding.generate(model, params, batch, _decode_cfg("beam", 1), eos_id=eos,
                                max_decode_len=max_len)

@@ -8,7 +8,9 @@ Two layers:
   prompt is prefilled in one call (decoder-only), then one cached decoder step per token.
 
 Every loop is a `lax.while_loop` that stops when every row (or every beam) has finished. Generated
-sequences include EOS and are 0-padded after it. Pad (id 0) is not masked out of the search.
+sequences include EOS and are 0-padded after it. Token 0 (padding and the start token) is never
+generated: downstream it would read as the end of the sequence. Scores are log-probabilities under
+the model's unmodified distribution.
 """
 
 from collections.abc import Callable
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 StepFn = Callable[[jnp.ndarray, Any, jnp.ndarray], tuple[jnp.ndarray, Any]]
 ReorderFn = Callable[[Any, jnp.ndarray], Any]
 NEG_INF = -1e30  # finite so that (NEG_INF - NEG_INF) never makes NaNs
+PAD_ID = 0
 
 
 class Search(NamedTuple):
@@ -79,11 +82,12 @@ def filter_logits(logits: jnp.ndarray, temperature: float = 1.0, top_k: int = 0,
 
 
 def _choose(logits: jnp.ndarray, key: jnp.ndarray, search: Search) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """Next token [B] and its log-probability under the unmodified model distribution."""
+  """Next token [B] (never PAD_ID) and its log-probability under the unmodified model."""
+  allowed = logits.astype(jnp.float32).at[:, PAD_ID].set(NEG_INF)
   if search.method == "greedy":
-    tokens = jnp.argmax(logits, axis=-1)
+    tokens = jnp.argmax(allowed, axis=-1)
   else:
-    filtered = filter_logits(logits, search.temperature, search.top_k, search.top_p)
+    filtered = filter_logits(allowed, search.temperature, search.top_k, search.top_p)
     tokens = jax.random.categorical(key, filtered, axis=-1)
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   return tokens.astype(jnp.int32), jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
@@ -163,6 +167,7 @@ def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_
   def update(state: _Beams, logits: jnp.ndarray) -> _Beams:
     i = state.i
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, vocab)
+    log_probs = log_probs.at[:, :, PAD_ID].set(NEG_INF)
     candidate_logp = (state.alive_logp[:, :, None] + log_probs).reshape(b, k * vocab)
     top_logp, top_index = lax.top_k(candidate_logp, num_candidates)  # [b, 2k]
     beam, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
