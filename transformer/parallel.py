@@ -4,24 +4,25 @@ One step function serves both parallel modes. Its contract (shared with `trainin
 
   step_fn(state, batch, *rest, axis_name=None) -> (new_state, metrics)
 
-It computes *sums* over its batch (loss_sum, weight_sum, gradients of loss_sum) and, when `axis_name`
-is given, `lax.psum`s them over that axis before normalising (grads / weight_sum). Sums are linear,
-so the normalised update is the same whether the batch lives on one device or is split over many.
+It computes *sums* over its batch (loss_sum, weight_sum, gradients of loss_sum) and, when
+`axis_name` is given, `lax.psum`s them over that axis before normalising (grads / weight_sum). Sums
+are linear, so the normalised update is the same on one device as split over many.
 
 - mode='mesh' (default): `jax.jit` with `NamedSharding`s over a ('data', 'fsdp', 'tensor') mesh;
   `axis_name` stays None and XLA inserts the collectives. The batch is split over data*fsdp,
   parameters and optimizer state are split by their logical axis names (LOGICAL_AXIS_RULES), and
   the state buffers are donated.
-- mode='pmap': classic data parallelism: `jax.pmap(step_fn(axis_name='batch'))` over the local
-  devices, state replicated (leading device axis), batch reshaped to [devices, per_device, ...].
+- mode='pmap': classic data parallelism: `jax.pmap(step_fn(axis_name='batch'))` over all devices
+  (each process feeds its local ones), state replicated with a leading device axis, batch reshaped
+  to [local devices, per_device, ...].
 
 `compile_train_step` hides the difference: the training loop calls
   run = compile_train_step(train_step, cfg.parallel.mode, mesh, state_sharding)
   state = run.prepare_state(state); state, metrics = run.step(state, run.prepare_batch(b), rng)
 and gets the same (unreplicated) metrics in both modes; `run.fetch_state(state)` undoes
 `prepare_state` (for checkpointing or evaluation). `rest` arguments (e.g. an rng key) are
-replicated. Under pmap, fold `lax.axis_index(axis_name)` into rng keys if dropout masks should differ
-per device. Eval functions `eval_fn(params, batch, *rest) -> sums` need no axis_name:
+replicated. Under pmap, fold `lax.axis_index(axis_name)` into rng keys if dropout masks should
+differ per device. Eval functions `eval_fn(params, batch, *rest) -> sums` need no axis_name:
 `compile_eval_step` adds the devices' sums up itself in pmap mode.
 """
 
@@ -208,13 +209,13 @@ def state_shardings(abstract_state: Any, mesh: Mesh, rules: Sequence[Any] | None
                     boxed_params: Any = None) -> Any:
   """A pytree of NamedSharding for a train state, from the params' logical axis names.
 
-  `abstract_state` is e.g. `jax.eval_shape(create_state, ...)`. The partitioning metadata comes from
-  the flax boxes (`nn.LogicallyPartitioned`) in the state, or, if the state holds unboxed params, from
-  `boxed_params` (the boxed abstract variables of `jax.eval_shape(model.init, ...)`). Every state leaf
-  whose path ends with a param's path (relative to the params root) and has its shape gets that
-  param's sharding: that covers optimizer moments (adam mu/nu), EMAs and the params themselves.
-  Everything else (step counts, rng keys, factored second moments) is replicated. The result mirrors
-  the unboxed state (a box's position holds one sharding), so it is a valid jit in/out_shardings.
+  `abstract_state` is e.g. `jax.eval_shape(create_state, ...)`. The partitioning metadata comes
+  from the flax boxes (`nn.LogicallyPartitioned`) in the state or, if the state holds unboxed
+  params, from `boxed_params` (boxed abstract params, e.g. from `jax.eval_shape(model.init, ...)`).
+  Every state leaf whose path ends with a param's path (relative to the params root) and has its
+  shape gets that param's sharding: that covers optimizer moments (adam mu/nu), EMAs and the params
+  themselves. Everything else (step counts, rng keys, factored second moments) is replicated. The
+  result mirrors the unboxed state (a box's position holds one sharding): valid jit in/out_shardings.
   """
   rules = LOGICAL_AXIS_RULES if rules is None else rules
   source = abstract_state if boxed_params is None else boxed_params
@@ -313,8 +314,8 @@ class CompiledStep:
 
   step(state, batch, *rest) -> (state, metrics) for train steps, metrics for eval steps; metrics
   come back unreplicated in both modes. prepare_state's result may share buffers with its input,
-  and a donating step frees them: do not use the input state afterwards. lower(state, batch, *rest) lowers the same computation
-  (for cost analysis and compile-time measurements).
+  and a donating step frees them: do not use the input state afterwards. lower(state, batch,
+  *rest) lowers the same computation (for cost analysis and compile-time measurements).
   """
   step: Callable[..., Any]
   lower: Callable[..., Any]
@@ -354,20 +355,23 @@ def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
 
 def _compile_pmap(step_fn: Callable[..., Any], donate_argnums: tuple[int, ...],
                   returns_state: bool) -> CompiledStep:
-  """pmap over the local devices with axis_name=PMAP_AXIS; `rest` arguments are broadcast."""
+  """pmap with axis_name=PMAP_AXIS; `rest` arguments are broadcast.
+
+  pmap spans all processes' devices (each process feeds its local ones), so the psum is global.
+  """
   devices = jax.local_devices()
   cache: dict[int, Any] = {}
 
-  if returns_state:
-    fn = functools.partial(step_fn, axis_name=PMAP_AXIS)
-  else:  # Eval functions return sums: add them up over the devices here.
-    fn = lambda *a: jax.lax.psum(step_fn(*a), PMAP_AXIS)  # pylint: disable=unnecessary-lambda-assignment
+  def summed(*args: Any) -> Any:  # Eval functions return sums: add them up over the devices.
+    return jax.lax.psum(step_fn(*args), PMAP_AXIS)
+
+  fn = functools.partial(step_fn, axis_name=PMAP_AXIS) if returns_state else summed
 
   def pmapped(num_rest: int) -> Any:
     if num_rest not in cache:
       cache[num_rest] = jax.pmap(
           fn, axis_name=PMAP_AXIS,
-          in_axes=(0, 0) + (None,) * num_rest, donate_argnums=donate_argnums, devices=devices)
+          in_axes=(0, 0) + (None,) * num_rest, donate_argnums=donate_argnums)
     return cache[num_rest]
 
   def step(state: Any, batch: Any, *rest: Any) -> Any:
