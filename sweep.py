@@ -83,7 +83,8 @@ def main(argv):
       if f.execute and subprocess.run(cmd, check=False).returncode != 0:
         fail(f"point {p.name} failed on {f.tpu_name}")
     local = os.path.normpath(f.workdir)
-    print(f"# collect: gcloud storage rsync -r {f.bucket.rstrip('/')}/{local.lstrip('/')} {local}"
+    print(f"# collect: gcloud storage rsync -r -x {shlex.quote('.*/checkpoints/.*')} "
+          f"{f.bucket.rstrip('/')}/{local.lstrip('/')} {local}"
           f" && python sweep.py {shlex.join(report_flags())} --report_only")
     return
 

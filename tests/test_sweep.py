@@ -5,6 +5,7 @@ import csv
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -147,7 +148,8 @@ def test_dry_run_prints_the_exact_commands(tmp_path):
 
 def test_tpu_vm_commands_are_exact_and_never_executed(tmp_path):
   """--launcher=tpu_vm prints one gcloud ssh per point (all workers; workdir and data_dir on the
-  bucket; train then eval), then how to collect results; missing TPU flags are a one-line error."""
+  bucket; train then eval), then how to collect the results (without checkpoints) and report;
+  missing TPU flags are a one-line error."""
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("train.learning_rate", [0.5, 2.0])\n')
   out = sweep_cli("--config=configs/g2p.py:small", f"--sweep={path}", "--workdir=runs/sw",
                   "--launcher=tpu_vm", "--tpu_name=my-tpu", "--zone=us-central2-b",
@@ -161,7 +163,8 @@ def test_tpu_vm_commands_are_exact_and_never_executed(tmp_path):
         f"--workdir=gs://bkt/runs/sw/lr={lr} --config.train.learning_rate={lr} "
         "--config.data.data_dir=gs://bkt/tensorflow_datasets && python3 eval.py "
         f'--workdir=gs://bkt/runs/sw/lr={lr} --split=test"')]
-  expected.append("# collect: gcloud storage rsync -r gs://bkt/runs/sw runs/sw && python sweep.py "
+  expected.append("# collect: gcloud storage rsync -r -x '.*/checkpoints/.*' gs://bkt/runs/sw "
+                  "runs/sw && python sweep.py "
                   f"--config=configs/g2p.py:small --sweep={path} --workdir=runs/sw "
                   "--eval_split=test --report_only")
   assert out.stdout.splitlines() == expected
@@ -260,7 +263,8 @@ def test_runner_parallel_failure_rerun_skips_and_resumes(fake):
 def test_report_lists_every_point_with_its_metrics(fake, tmp_path):
   """results.csv has one row per point with the swept value, steps, the last dev evaluation, the
   test metrics, the median tokens/s of the logged windows after the first, the measured wall
-  time and status; results.md bolds the best (lowest) test/wer; both PNGs are written."""
+  time and status (done also without checkpoints, by the logged steps); results.md bolds the best
+  (lowest) test/wer; both PNGs are written."""
   points, commands = fake
   assert sweep_runner.run(points, commands, parallel=2, echo=lambda _: None) == []
   out = sweep_report.write_report(points, str(tmp_path / "w"), title="t")
@@ -274,9 +278,56 @@ def test_report_lists_every_point_with_its_metrics(fake, tmp_path):
     assert float(r["test/loss"]) == 2 * lr and float(r["test/wer"]) == pytest.approx(lr / 5)
     assert float(r["tokens_per_sec"]) == 250.0  # median of 200, 300 (100 is the compile window)
     assert float(r["wall_seconds"]) >= 0.5
+  shutil.rmtree(os.path.join(points[0].workdir, "checkpoints"))  # as collected from a bucket
+  assert sweep_report.collect(points)[0]["status"] == "done"
   md = open(out["md"]).read()
   assert md.startswith("t\n\n| point | lr | params | steps | dev/loss |")
   assert "| **0.1** |" in md and md.count("**") == 2
   for key in ("plot", "curves"):
     with open(out[key], "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ a real :tiny sweep
+
+TINY_OVERRIDES = {  # a 1+1-layer d=16 model, 2 steps, one eval batch, 4 decoded words
+    "train.num_steps": 2, "train.log_every_steps": 1, "eval.every_steps": 2,
+    "checkpoint.every_steps": 2, "eval.num_batches": 1, "eval.num_decode_examples": 4,
+    "data.batch_size": 8, "data.max_source_len": 12, "data.max_target_len": 12,
+    "model.d_model": 16, "model.num_heads": 2, "model.mlp_dim": 32,
+    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1}
+
+
+def test_real_tiny_sweep_runs_reruns_nothing_and_reports(tmp_path):
+  """`sweep.py` on configs/g2p.py:tiny (tiny overrides, a few hundred CMUdict words from
+  tests/g2p_mini.py) trains and evaluates two points in parallel with the real train.py and
+  eval.py; rerunning with an interpreter that does not exist succeeds with both points skipped
+  and their records untouched (so no process was started); the report has both points with
+  parameters, 2 steps, dev and test metrics."""
+  import g2p_mini  # pylint: disable=g-import-not-at-top
+  files = g2p_mini.write_files(str(tmp_path / "data"), num_train=200, num_test=16)
+  data = {f"data.{k}": v for k, v in files.items()} | {"data.data_dir": str(tmp_path / "tfds")}
+  flags = [f"--config.{k}={v}" for k, v in (TINY_OVERRIDES | data).items()]
+  path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.positional", '
+                     '["sinusoidal", "rope"])\n')
+  w = tmp_path / "w"
+  args = [f"--config={TINY}", f"--sweep={path}", f"--workdir={w}", *flags]
+  env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache"),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  out = sweep_cli(*args, "--parallel=2", env=env, timeout=900)
+  assert out.returncode == 0, out.stderr[-3000:]
+  names = ["positional=sinusoidal", "positional=rope"]
+  records = [open(w / n / sweep_runner.RECORD).read() for n in names]
+  again = sweep_cli(*args, "--python=/nonexistent/python", env=env, timeout=300)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "[1/2] positional=sinusoidal: done (skipped)" in again.stdout
+  assert "[2/2] positional=rope: done (skipped)" in again.stdout
+  assert [open(w / n / sweep_runner.RECORD).read() for n in names] == records
+  with open(w / "results.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["point"] for r in rows] == names
+  for r in rows:
+    assert r["status"] == "done" and r["steps"] == "2" and int(r["params"]) > 0
+    for key in ("dev/loss", "dev/wer", "test/loss", "test/wer", "tokens_per_sec", "wall_seconds"):
+      assert float(r[key]) >= 0, key
+  assert all(f"| {n} |" in open(w / "results.md").read() for n in names)

@@ -96,8 +96,9 @@ def collect(points: Sequence[sweeps.Point], eval_split: str = "test") -> list[di
     rates = [r["perf/tokens_per_sec"] for r in logged if "perf/tokens_per_sec" in r]
     row["tokens_per_sec"] = statistics.median(rates[1:] or rates) if rates else None
     row["wall_seconds"] = record.get("train_seconds")
-    trained = sweep_runner.trained_step(p)
-    row["status"] = "done" if trained is not None else ("partial" if logged else "not run")
+    # Results copied without checkpoints (e.g. from a bucket) count as done by their metrics.
+    finished = sweep_runner.trained_step(p) is not None or (row["steps"] or 0) >= p.num_steps
+    row["status"] = "done" if finished else ("partial" if logged else "not run")
     rows.append(row)
   return rows
 
