@@ -215,7 +215,7 @@ def state_shardings(abstract_state: Any, mesh: Mesh, rules: Sequence[Any] | None
   Every state leaf whose path ends with a param's path (relative to the params root) and has its
   shape gets that param's sharding: that covers optimizer moments (adam mu/nu), EMAs and the params
   themselves. Everything else (step counts, rng keys, factored second moments) is replicated. The
-  result mirrors the unboxed state (a box's position holds one sharding): valid jit in/out_shardings.
+  result mirrors the unboxed state (a box's position holds one sharding), fit for jit shardings.
   """
   rules = LOGICAL_AXIS_RULES if rules is None else rules
   source = abstract_state if boxed_params is None else boxed_params
