@@ -184,6 +184,9 @@ os.makedirs(w, exist_ok=True)
 if os.path.exists(os.path.join(w, "FAIL_ONCE")):
   os.remove(os.path.join(w, "FAIL_ONCE"))
   sys.exit(3)
+if os.path.exists(os.path.join(w, "PREEMPT_ONCE")):  # like SIGTERM: exit 0, no final checkpoint
+  os.remove(os.path.join(w, "PREEMPT_ONCE"))
+  sys.exit(0)
 start = time.time()
 time.sleep(0.5)
 with open(os.path.join(w, "metrics.jsonl"), "w") as f:
@@ -231,7 +234,8 @@ def test_runner_parallel_failure_rerun_skips_and_resumes(fake):
   command in its record and log) while the others finish; the rerun starts only that point's
   train and eval; a third run starts no process at all. A point with a checkpoint short of
   num_steps is 'resume' (train again, training continues from it); a trained but not evaluated
-  point only gets eval."""
+  point only gets eval; a trainer that exits 0 short of num_steps (SIGTERM) counts as unfinished
+  and its eval is not started."""
   points, commands = fake
   os.makedirs(points[2].workdir)
   open(os.path.join(points[2].workdir, "FAIL_ONCE"), "w").close()
@@ -258,6 +262,14 @@ def test_runner_parallel_failure_rerun_skips_and_resumes(fake):
             os.path.join(points[1].workdir, "checkpoints", "2"))
   assert sweep_runner.status(points[1], commands) == "resume"
   assert [s for s, _ in sweep_runner.pending_commands(points[1], commands)] == ["train", "eval"]
+  shutil.rmtree(os.path.join(points[2].workdir, "checkpoints"))
+  open(os.path.join(points[2].workdir, "PREEMPT_ONCE"), "w").close()
+  calls.clear()
+  assert sweep_runner.run(points[2:], commands, launch=recording(calls), echo=lines.append) == [
+      points[2]]
+  assert calls == [commands.train(points[2])]  # no eval of an unfinished run
+  assert sweep_runner.read_record(points[2])["attempts"][-1]["returncode"] == (
+      "stopped before train.num_steps")
 
 
 def test_report_lists_every_point_with_its_metrics(fake, tmp_path):

@@ -139,6 +139,10 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
     record.setdefault("attempts", []).append(
         {"stage": stage, "argv": list(argv), "returncode": code, "seconds": round(seconds, 3),
          "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    # Exit 0 without the final checkpoint: stopped by SIGTERM (preemption); resume next time.
+    if code == 0 and stage == "train" and trained_step(point) is None:
+      code = "stopped before train.num_steps"
+      record["attempts"][-1]["returncode"] = code
     write_record(point, record)
     if code != 0:
       ok = False
@@ -166,8 +170,14 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
         failed.append(p)
 
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-    for future in [pool.submit(one, p) for p in todo]:
-      future.result()
+    futures = [pool.submit(one, p) for p in todo]
+    try:
+      for future in futures:
+        future.result()
+    except BaseException:  # Ctrl-C: start nothing new (running children get the SIGINT too)
+      for future in futures:
+        future.cancel()
+      raise
   return sorted(failed, key=lambda p: p.index)
 
 
