@@ -343,3 +343,14 @@ def test_real_tiny_sweep_runs_reruns_nothing_and_reports(tmp_path):
     for key in ("dev/loss", "dev/wer", "test/loss", "test/wer", "tokens_per_sec", "wall_seconds"):
       assert float(r[key]) >= 0, key
   assert all(f"| {n} |" in open(w / "results.md").read() for n in names)
+
+
+def test_a_process_that_cannot_start_fails_its_point_only(fake):
+  """A missing interpreter is each point's own failure (exit 127, reason in its sweep.log), not an
+  exception that ends the sweep: every point is tried and returned as failed."""
+  points, commands = fake
+  broken = sweeps.Commands(**{**commands.__dict__, "python": "/nonexistent/python"})
+  assert sweep_runner.run(points[:2], broken, echo=lambda _: None) == points[:2]
+  assert sweep_runner.read_record(points[0])["attempts"][-1]["returncode"] == 127
+  assert "cannot start /nonexistent/python" in open(
+      os.path.join(points[0].workdir, sweep_runner.LOG)).read()

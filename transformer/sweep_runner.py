@@ -28,7 +28,9 @@ from transformer.sweeps import Commands, Point, apply_overrides
 RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
 LOG = "sweep.log"  # per point: the output of its processes
 
+
 def read_json(path: str) -> Any:
+  """A JSON file's content, or None if it is missing or unreadable (e.g. being written)."""
   try:
     with open(path) as f:
       return json.load(f)
@@ -82,6 +84,7 @@ def read_record(point: Point) -> dict[str, Any]:
 
 
 def write_record(point: Point, record: Mapping[str, Any]) -> None:
+  """Replaces the point's sweep_point.json atomically."""
   path = os.path.join(point.workdir, RECORD)
   with open(path + ".tmp", "w") as f:
     json.dump(record, f, indent=1, sort_keys=True, default=str)
@@ -109,8 +112,12 @@ def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> in
   with open(log_path, "a") as log:
     log.write(f"$ {shlex.join(argv)}\n")
     log.flush()
-    return subprocess.run(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
-                          check=False).returncode
+    try:
+      return subprocess.run(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                            check=False).returncode
+    except OSError as e:  # e.g. a missing interpreter: this point fails, the sweep goes on
+      log.write(f"cannot start {argv[0]}: {e}\n")
+      return 127
 
 
 Launch = Callable[[Sequence[str], str, "str | None"], int]
