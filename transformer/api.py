@@ -181,12 +181,16 @@ class Run:
                                 deterministic=True, mutable=["intermediates"])
     found = _collect_weights(state["intermediates"])
     decoder_inputs = np.asarray(shift_right(batch["targets"]))[0]
-    src_tok = self.source_tokenizer or self.target_tokenizer
-    source = (_token_labels(src_tok, np.asarray(batch["inputs"])[0])
-              if "inputs" in batch else [])
+    target_labels = _token_labels(self.target_tokenizer, decoder_inputs)
+    source = []
+    if "inputs" in batch:
+      source = _token_labels(self.source_tokenizer, np.asarray(batch["inputs"])[0])
+    elif self.kind == "seq2seq":  # decoder-only prompt: the source's ids are source-tokenizer ids
+      prompt = self.encode_source(text)
+      target_labels[1:len(prompt) + 1] = _token_labels(self.source_tokenizer, prompt)
     first = lambda key: [w[0] for w in found.get(key, [])]  # noqa: E731  (batch of one)
     return Attention(source_tokens=source,
-                     target_tokens=_token_labels(self.target_tokenizer, decoder_inputs),
+                     target_tokens=target_labels,
                      encoder_self=first(("encoder", "self")),
                      decoder_self=first(("decoder", "self")), cross=first(("decoder", "cross")))
 
