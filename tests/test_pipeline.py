@@ -206,6 +206,21 @@ def test_decoder_only_layout(pairs_file, tmp_path_factory):
   assert task.encode_source("abc") == task.source_tokenizer.encode("abc") + [EOS_ID]
 
 
+def test_decoder_only_source_and_target_ids_do_not_collide(pairs_file, tmp_path_factory):
+  """decoder_only with two tokenizers (char source, symbol target) shares one embedding table, so
+  the target's ordinary ids must lie after the source's: the id ranges are disjoint, the vocabulary
+  covers both, and decoding the target part of a row gives back the phones."""
+  task = toy_task(pairs_file, tmp_path_factory, arch="decoder_only")
+  src_vocab = task.source_tokenizer.vocab_size
+  assert task.target_tokenizer.vocab_size == src_vocab + task.target_tokenizer.inner.vocab_size - 4
+  for source, target in task._records("train")[:50]:  # pylint: disable=protected-access
+    src_ids, tgt_ids = task.source_tokenizer.encode(source), task.target_tokenizer.encode(target)
+    assert all(4 <= i < src_vocab for i in src_ids)
+    assert all(src_vocab <= i < task.target_tokenizer.vocab_size for i in tgt_ids)
+    assert task.target_tokenizer.decode(tgt_ids + [EOS_ID]) == " ".join(target.split())
+  assert task.target_tokenizer.decode([4]) == "<unk>"  # a source id is never a phone
+
+
 def test_lm_rows_are_the_token_stream(tmp_path):
   """text_files LM: eval rows concatenated give the split's character ids + EOS; train rows are
   max_target_len long; weights mark the real tokens."""

@@ -109,6 +109,9 @@ class Task:
           lambda: [r[0] for r in self._records(d.train_split)])
       self.target_tokenizer = _get_tokenizer(d, d.tokenizer, ds.target_key, ds.root,
                                              tok_dir("target"), target_texts)
+      if self.arch == "decoder_only":  # one embedding table: target ids after the source's
+        self.target_tokenizer = tokenizers.OffsetTokenizer(
+            self.target_tokenizer, self.source_tokenizer.vocab_size - tokenizers.NUM_SPECIAL)
     self.stats: dict[str, Any] = {}
 
   # ---------------------------------------------------------------- reading and tokenizing

@@ -201,6 +201,47 @@ class SentencePieceTokenizer(Tokenizer):
     return hash(self.model_proto)
 
 
+class OffsetTokenizer(Tokenizer):
+  """Another tokenizer's ordinary ids moved up by `offset`, so two vocabularies share one id space.
+
+  A decoder-only prefix-LM reads the source (e.g. characters) and writes the target (e.g. phones)
+  with one embedding table: the target's ordinary ids are placed after the source's, and the
+  special ids stay shared. Decoding maps ids outside the target's range to <unk>. Saving writes
+  the inner tokenizer; the offset is derived again from the source vocabulary when loading a task.
+  """
+
+  def __init__(self, inner: Tokenizer, offset: int):
+    super().__init__()
+    self.inner, self.offset, self.kind = inner, offset, inner.kind
+
+  @property
+  def vocab_size(self) -> int:
+    return self.inner.vocab_size + self.offset
+
+  @property
+  def num_unknown(self) -> int:
+    return self.inner.num_unknown
+
+  @num_unknown.setter
+  def num_unknown(self, value: int) -> None:
+    if hasattr(self, "inner"):
+      self.inner.num_unknown = value
+
+  def encode(self, text: str) -> list[int]:
+    return [i + self.offset if i >= NUM_SPECIAL else i for i in self.inner.encode(text)]
+
+  def _decode_ids(self, ids: list[int]) -> str:
+    inner = [i - self.offset if i >= NUM_SPECIAL + self.offset else
+             (i if i < NUM_SPECIAL else UNK_ID) for i in ids]
+    return self.inner.decode(inner)
+
+  def _config(self) -> dict[str, Any]:
+    return {"inner": self.inner._config(), "offset": self.offset}  # pylint: disable=protected-access
+
+  def save(self, directory: str) -> None:
+    self.inner.save(directory)
+
+
 def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
                         max_sentences: int = 1_000_000) -> SentencePieceTokenizer:
   """Trains SentencePiece on `texts` (the training split) deterministically (one thread, no
