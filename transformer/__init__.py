@@ -1,1 +1,40 @@
-"""A JAX/Flax transformer research library: build, train, decode and inspect transformers."""
+"""A JAX/Flax transformer research library: build, train, decode and inspect transformers.
+
+The public API, imported lazily so that `import transformer.models` never pulls in data, training
+or I/O code:
+
+  model_config(**overrides), from_configdict(cd), ConfigError    transformer.config
+  build_model(model_config)                                      transformer.models
+  load_task(config, workdir=None)                                transformer.data
+  generate(model, params, batch, decode_cfg, ...)                transformer.decoding
+  train_and_evaluate(configdict, workdir)                        transformer.training
+  evaluate(workdir, split='test', step=None)                     transformer.evaluation
+  restore(workdir, step=None) -> Run (.generate/.score/.attention) transformer.api
+"""
+
+import importlib
+
+_EXPORTS = {
+    "model_config": "transformer.config",
+    "from_configdict": "transformer.config",
+    "ConfigError": "transformer.config",
+    "build_model": "transformer.models",
+    "load_task": "transformer.data",
+    "generate": "transformer.decoding",
+    "train_and_evaluate": "transformer.training",
+    "evaluate": "transformer.evaluation",
+    "restore": "transformer.api",
+    "Run": "transformer.api",
+    "Attention": "transformer.api",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+  raise AttributeError(f"module 'transformer' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + __all__)
