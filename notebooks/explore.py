@@ -38,16 +38,16 @@ WORDS = ["phoneme", "attention", "transformer", "jax"]
 # --workdir=... --config.train.num_steps=...`).
 
 # %%
-from transformer import api, viz
+import transformer
+from transformer import viz
 
 if not os.path.isdir(os.path.join(WORKDIR, "checkpoints")):
   from configs import g2p
-  from transformer.training import train_and_evaluate
   config = g2p.get_config("tiny")
   config.train.num_steps = NUM_STEPS
-  print(train_and_evaluate(config, WORKDIR))
+  print(transformer.train_and_evaluate(config, WORKDIR))
 
-run = api.restore(WORKDIR)
+run = transformer.restore(WORKDIR)
 run
 
 # %% [markdown]
