@@ -17,6 +17,7 @@ from collections.abc import Callable
 import functools
 from typing import Any, NamedTuple
 
+import flax
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -228,6 +229,25 @@ def _empty_cache(model, *args, **kwargs) -> Any:
   return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
+def _split_cross_attention(cache: Any) -> tuple[Any, dict[tuple[str, ...], Any]]:
+  """(the cache without cross-attention keys/values, those keys/values as a flat dict).
+
+  The cross-attention keys/values never change after the first decoder call and are equal across a
+  row's beams, so they stay out of the loop state and are never reordered. (Found by the module
+  name 'cross_attention'; under another name they would simply be carried and reordered.)
+  """
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(cache))
+  cross = {k: v for k, v in flat.items() if "cross_attention" in k}
+  rest = {k: v for k, v in flat.items() if "cross_attention" not in k}
+  return flax.traverse_util.unflatten_dict(rest), cross
+
+
+def _with(cache: Any, cross: dict[tuple[str, ...], Any]) -> Any:
+  """The full cache: `cache` plus the cross-attention keys/values split off it."""
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(cache))
+  return flax.traverse_util.unflatten_dict({**flat, **cross})
+
+
 def _left_pad_prompt(prompt: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Right-padded prompts [b, p] -> left-padded decoder inputs [b, p+1] = pads, start token 0,
   prompt; with segment ids (0 on padding) and positions (0 at each row's start token)."""
@@ -243,11 +263,13 @@ def _left_pad_prompt(prompt: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp
 def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
               prefix_lm: bool, params: Any, batch: dict[str, jnp.ndarray], rng: jnp.ndarray):
   """The traced body of `generate` (model and settings are static)."""
+  from transformer.models import reorder_cache  # pylint: disable=g-import-not-at-top
   cfg = model.config
   variables = _variables(params)
   apply = functools.partial(model.apply, deterministic=True, decode=True, mutable=["cache"],
                             method="decode")
   k = search.beam_size if search.method == "beam" else 1
+  reorder_fn = lambda c, idx: reorder_cache(c, idx, cfg.scan_layers)
   if cfg.arch == "encoder_decoder":
     inputs = batch["inputs"]
     b = inputs.shape[0]
@@ -262,13 +284,17 @@ def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams
                           encoder_segment_ids=source_segments, decoder_positions=0 * ones,
                           decoder_segment_ids=ones)
     step_segments = jnp.repeat(source_segments, k, axis=0)
+    state["cache"], cross = _split_cross_attention(state["cache"])
+    if k > 1:
+      cross = flax.traverse_util.flatten_dict(
+          reorder_fn(flax.traverse_util.unflatten_dict(cross), jnp.repeat(jnp.arange(b), k)))
 
     def step_fn(tokens, cache, j):
       ones = jnp.ones((tokens.shape[0], 1), jnp.int32)
-      logits, state = apply({**variables, "cache": cache}, None, tokens[:, None],
+      logits, state = apply({**variables, "cache": _with(cache, cross)}, None, tokens[:, None],
                             encoder_segment_ids=step_segments, decoder_positions=(j + 1) * ones,
                             decoder_segment_ids=ones)
-      return logits[:, -1], state["cache"]
+      return logits[:, -1], _split_cross_attention(state["cache"])[0]
   else:
     prompt = batch["prompt"]
     b = prompt.shape[0]
@@ -288,10 +314,9 @@ def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams
 
   first_logits, cache = logits[:, -1], state["cache"]
   if search.method == "beam":
-    from transformer.models import reorder_cache  # pylint: disable=g-import-not-at-top
     return beam_search(step_fn, first_logits, cache, beam_size=k, alpha=search.length_penalty,
                        eos_id=eos_id, max_len=max_len, return_all_beams=return_all_beams,
-                       reorder_fn=lambda c, idx: reorder_cache(c, idx, cfg.scan_layers))
+                       reorder_fn=reorder_fn)
   return sample_search(step_fn, first_logits, cache, search=search, eos_id=eos_id,
                        max_len=max_len, rng=rng)
 
