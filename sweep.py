@@ -16,6 +16,7 @@ workdir and data_dir under the bucket; `--execute` also runs them, one after the
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -100,7 +101,11 @@ def main(argv):
         sweep_runner.prepare_data(f.config, pending)
       except (ValueError, OSError) as e:  # ConfigError is a ValueError
         fail(f"preparing the data: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    failed = sweep_runner.run(points, commands, parallel=f.parallel)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+      failed = sweep_runner.run(points, commands, parallel=f.parallel)
+    except KeyboardInterrupt:
+      fail("interrupted; running points saved a checkpoint. Rerun the same command to resume.")
   from transformer import sweep_report  # pylint: disable=g-import-not-at-top
   title = f"`python sweep.py {shlex.join(report_flags())}`"
   out = sweep_report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)
@@ -108,6 +113,12 @@ def main(argv):
   print("wrote " + ", ".join(out[k] for k in ("csv", "md", "plot", "curves") if k in out))
   if failed:
     fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")
+
+
+def _interrupt(signum, frame):
+  """SIGTERM to the sweep stops it like Ctrl-C: running points checkpoint, nothing new starts."""
+  del signum, frame
+  raise KeyboardInterrupt
 
 
 def report_flags() -> list[str]:

@@ -354,3 +354,43 @@ def test_a_process_that_cannot_start_fails_its_point_only(fake):
   assert sweep_runner.read_record(points[0])["attempts"][-1]["returncode"] == 127
   assert "cannot start /nonexistent/python" in open(
       os.path.join(points[0].workdir, sweep_runner.LOG)).read()
+
+
+WAIT_FOR_SIGTERM = """
+import os, signal, sys, time
+w = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))["workdir"]
+os.makedirs(w, exist_ok=True)
+def stop(*_):
+  os.makedirs(os.path.join(w, "checkpoints", "1"))  # the checkpoint a preempted run saves
+  open(os.path.join(w, "checkpoints", "1", "commit_success.txt"), "w").close()
+  sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(os.path.join(w, "started"), "w").close()
+time.sleep(60)
+"""
+
+
+def test_stop_running_sends_sigterm_so_points_checkpoint_and_resume(fake, tmp_path):
+  """stop_running() (what Ctrl-C / SIGTERM to sweep.py calls) sends SIGTERM to the running
+  trainer, which checkpoints and exits 0; the runner records that point as stopped short of
+  num_steps (no eval), and its state is then 'resume'."""
+  import threading  # pylint: disable=g-import-not-at-top
+  points, commands = fake
+  (tmp_path / "wait.py").write_text(WAIT_FOR_SIGTERM)
+  waiting = sweeps.Commands(**{**commands.__dict__, "train_script": str(tmp_path / "wait.py")})
+  result = []
+  thread = threading.Thread(target=lambda: result.append(
+      sweep_runner.run(points[:1], waiting, echo=lambda _: None)))
+  thread.start()
+  started = os.path.join(points[0].workdir, "started")
+  for _ in range(200):
+    if os.path.exists(started):
+      break
+    thread.join(0.05)
+  sweep_runner.stop_running()
+  thread.join(30)
+  assert result == [[points[0]]]
+  attempts = sweep_runner.read_record(points[0])["attempts"]
+  assert [(a["stage"], a["returncode"]) for a in attempts] == [
+      ("train", "stopped before train.num_steps")]
+  assert sweep_runner.status(points[0], commands) == "resume"

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import subprocess
 import threading
 import time
@@ -107,17 +108,35 @@ def write_manifest(points: Sequence[Point], commands: Commands, sweep_path: str,
 # ---------------------------------------------------------------------------- running
 
 
+_running: set[subprocess.Popen] = set()  # children of launch_subprocess, for stop_running
+_running_lock = threading.Lock()
+
+
 def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> int:
   """Runs one process with its output appended to `log_path`; returns its exit code."""
   with open(log_path, "a") as log:
     log.write(f"$ {shlex.join(argv)}\n")
     log.flush()
     try:
-      return subprocess.run(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
-                            check=False).returncode
+      proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
     except OSError as e:  # e.g. a missing interpreter: this point fails, the sweep goes on
       log.write(f"cannot start {argv[0]}: {e}\n")
       return 127
+    with _running_lock:
+      _running.add(proc)
+    try:
+      return proc.wait()
+    finally:
+      with _running_lock:
+        _running.discard(proc)
+
+
+def stop_running(sig: int = signal.SIGTERM) -> None:
+  """Sends `sig` to every running child: train.py saves a checkpoint and exits (resumable)."""
+  with _running_lock:
+    for proc in _running:
+      if proc.poll() is None:
+        proc.send_signal(sig)
 
 
 Launch = Callable[[Sequence[str], str, "str | None"], int]
@@ -181,9 +200,10 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
     try:
       for future in futures:
         future.result()
-    except BaseException:  # Ctrl-C: start nothing new (running children get the SIGINT too)
+    except BaseException:  # Ctrl-C / SIGTERM: start nothing new, stop (checkpoint) the running
       for future in futures:
         future.cancel()
+      stop_running()
       raise
   return sorted(failed, key=lambda p: p.index)
 
