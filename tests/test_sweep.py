@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -374,7 +375,6 @@ def test_stop_running_sends_sigterm_so_points_checkpoint_and_resume(fake, tmp_pa
   """stop_running() (what Ctrl-C / SIGTERM to sweep.py calls) sends SIGTERM to the running
   trainer, which checkpoints and exits 0; the runner records that point as stopped short of
   num_steps (no eval), and its state is then 'resume'."""
-  import threading  # pylint: disable=g-import-not-at-top
   points, commands = fake
   (tmp_path / "wait.py").write_text(WAIT_FOR_SIGTERM)
   waiting = sweeps.Commands(**{**commands.__dict__, "train_script": str(tmp_path / "wait.py")})
