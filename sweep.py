@@ -5,8 +5,8 @@ Every point of the sweep file (configs/sweeps/*.py: `get_sweep()` -> list of ove
 as its own `python train.py` process, then `python eval.py --split=test`, in its own workdir
 `<workdir>/<name from its overrides>` (e.g. `runs/sweep_pos/positional=rope`). `--config.*` flags
 given here apply to every point. All keys and every point's config are validated before anything
-runs. Rerunning the command skips finished points and resumes interrupted ones from their
-checkpoints. At the end (or with --report_only) it writes `<workdir>/results.csv`, `results.md`,
+runs. Ctrl-C or SIGTERM stops it (running points save a checkpoint); rerunning the command skips
+finished points and resumes interrupted ones from their checkpoints. At the end (or with --report_only) it writes `<workdir>/results.csv`, `results.md`,
 `results.png` (--metric per point) and `curves.png` (learning curves overlaid).
 
 On cloud TPU VMs: `--launcher=tpu_vm --tpu_name=NAME --zone=ZONE --bucket=gs://B` prints one
