@@ -90,8 +90,8 @@ def _choose(logits: jnp.ndarray, key: jnp.ndarray, search: Search) -> tuple[jnp.
   else:
     filtered = filter_logits(allowed, search.temperature, search.top_k, search.top_p)
     tokens = jax.random.categorical(key, filtered, axis=-1)
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  return tokens.astype(jnp.int32), jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
+  chosen = jnp.take_along_axis(logits.astype(jnp.float32), tokens[:, None], axis=-1)[:, 0]
+  return tokens.astype(jnp.int32), chosen - jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
 
 
 def sample_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, search: Search,
@@ -162,16 +162,23 @@ def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_
   """
   b, vocab = first_logits.shape
   k, L = beam_size, max_len
-  num_candidates = min(2 * k, k * vocab)  # 2k: at most k of them end in EOS, k stay alive
+  # The 2k best continuations of all beams are among the 2k best non-pad tokens of each beam, so
+  # each beam's 2k+1 best logits suffice (one of them may be pad); this avoids writing and
+  # searching a [b, k * vocab] array of candidate scores every step.
+  per_beam = min(2 * k + 1, vocab)
+  num_candidates = min(2 * k, k * per_beam)  # 2k: at most k of them end in EOS, k stay alive
   offsets = (jnp.arange(b) * k)[:, None]
 
   def update(state: _Beams, logits: jnp.ndarray) -> _Beams:
     i = state.i
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, vocab)
-    log_probs = log_probs.at[:, :, PAD_ID].set(NEG_INF)
-    candidate_logp = (state.alive_logp[:, :, None] + log_probs).reshape(b, k * vocab)
+    logits = logits.astype(jnp.float32)  # [b*k, v]
+    best_logits, best_tokens = lax.top_k(logits, per_beam)  # [b*k, per_beam]
+    best_logits = jnp.where(best_tokens == PAD_ID, NEG_INF, best_logits)
+    log_probs = best_logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    candidate_logp = (state.alive_logp.reshape(-1, 1) + log_probs).reshape(b, k * per_beam)
     top_logp, top_index = lax.top_k(candidate_logp, num_candidates)  # [b, 2k]
-    beam, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
+    beam = top_index // per_beam
+    token = jnp.take_along_axis(best_tokens.reshape(b, k * per_beam), top_index, axis=1)
     seqs = _gather_beams(state.alive_seqs, beam)
     seqs = lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, i))  # [b, 2k, L]
     ends = (token == eos_id) | (i == L - 1)
