@@ -9,8 +9,11 @@ recipe (Adam 0.9/0.98/1e-9, rsqrt warmup, label smoothing 0.1) at G2P sizes.
 
 Variants (the argument after the colon):
   tiny   2+2 layers, d_model 64, 4 heads, 600 steps of 64 packed rows, greedy decoding of 500 dev
-         words at the end. Measured on this machine (2 CPU cores, shared), first run including the
-         offline CMUdict preparation: RESULT_TINY
+         words at the end. Measured on a 2-core CPU VM (jax 0.10.2) with the CMUdict data already
+         prepared, while other jobs kept the load average near 5: 1 min 42 s wall clock (70 s
+         user CPU), ~7-10 steps/s; dev loss 0.500 (token accuracy 86.5%), WER 54.8%, PER 16.0%
+         on the first 500 dev words. Rerunning the command returns in ~3 s (finished run, no
+         retraining).
   small  3+3 layers, d_model 256, 4 heads, mlp 1024, 20k steps of 128 rows, beam 4.
          Not run to completion here (CPU budget); expect it to be hours on 2 CPU cores.
   base   the paper's base sizes (6+6 layers, d_model 512, 8 heads, mlp 2048), 50k steps of 256 rows,

@@ -1,8 +1,8 @@
 """Training: the train state, one jit-compiled train step, evaluation, and the loop.
 
-Read top to bottom: `TrainState`; the model's forward on a batch; scheduled sampling; `train_step`
-(loss sums -> gradients of sums -> optional psum over devices -> normalise -> optax update) and
-`eval_step`; then `train_and_evaluate`, the loop behind `train.py`.
+Read top to bottom: `TrainState`; the model's forward on a batch; `train_step` (loss sums ->
+gradients of sums -> optional psum over devices -> normalise -> optax update; scheduled sampling
+from transformer/scheduled_sampling.py when configured); `eval_step`; then `train_and_evaluate`, the loop behind `train.py`.
 
 Randomness: the state holds one PRNG key derived from `config.seed`; the step's key is
 `fold_in(state.rng, state.step)`, so a run resumed from a checkpoint draws the same numbers as an
@@ -17,6 +17,7 @@ import math
 import time
 from typing import Any, Callable, Iterable
 
+from absl import logging
 import flax
 import flax.linen as nn
 import jax
@@ -27,7 +28,7 @@ import optax
 from transformer import optim
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.losses import cross_entropy
-from transformer.models import shift_right
+from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits  # noqa: F401
 
 Array = jax.Array
 PyTree = Any
@@ -60,74 +61,6 @@ def model_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
                 targets_segment_ids=g("targets_segment_ids"))
   return dict(targets=batch["targets"], targets_positions=g("targets_positions"),
               targets_segment_ids=g("targets_segment_ids"), prefix_mask=g("prefix_mask"))
-
-
-def _segments(batch: dict[str, Any], key: str) -> Array:
-  seg = batch.get(f"{key}_segment_ids")
-  return seg if seg is not None else (batch[key] != 0).astype(jnp.int32)
-
-
-# ---------------------------------------------------------------------------------------------
-# Scheduled sampling (Mihaylova & Martins 2019, "Scheduled Sampling for Transformers").
-
-
-def teacher_forcing_prob(ss_cfg: Any, step: Array) -> Array:
-  """Probability of feeding the gold token at `step`, in [min_teacher_forcing, 1].
-
-  linear: max(min, k - c * step); exponential: max(min, k ** step);
-  inverse_sigmoid: max(min, k / (k + exp(step / k))); none: 1.
-  """
-  step = jnp.asarray(step, jnp.float32)
-  k, c, floor = ss_cfg.k, ss_cfg.c, ss_cfg.min_teacher_forcing
-  if ss_cfg.schedule == "none":
-    return jnp.ones((), jnp.float32)
-  if ss_cfg.schedule == "linear":
-    p = k - c * step
-  elif ss_cfg.schedule == "exponential":
-    p = jnp.power(jnp.float32(k), step)
-  elif ss_cfg.schedule == "inverse_sigmoid":
-    p = k / (k + jnp.exp(step / k))
-  else:
-    raise ValueError(f"train.scheduled_sampling.schedule={ss_cfg.schedule!r} is unknown")
-  return jnp.clip(p, floor, 1.0)
-
-
-def two_pass_logits(model: nn.Module, arch: str, params: PyTree, batch: dict[str, Any],
-                    tf_prob: Array, rng: Array, deterministic: bool) -> Array:
-  """Scheduled sampling's second-pass logits [b, t, v].
-
-  Pass 1 decodes with the gold decoder inputs (under stop_gradient); each decoder input token is
-  then replaced by pass 1's argmax prediction of it with probability 1 - tf_prob, and pass 2
-  decodes the mixture. Source-prefix inputs (decoder-only) and padding are never replaced.
-  """
-  drop1, drop2, coin = jax.random.split(rng, 3)
-  variables = {"params": params}
-  targets, positions = batch["targets"], batch.get("targets_positions")
-  segments = _segments(batch, "targets")
-  gold_in = shift_right(targets, segments)  # exactly the model's own teacher-forced inputs
-  replaceable = segments != 0
-  extra: dict[str, Any] = {}
-  args: tuple[Array, ...] = ()
-  if arch == "encoder_decoder":
-    in_segments = _segments(batch, "inputs")
-    args = (model.apply(variables, batch["inputs"], inputs_positions=batch.get("inputs_positions"),
-                        inputs_segment_ids=in_segments, deterministic=deterministic,
-                        rngs={"dropout": drop2}, method="encode"),)  # encoded [b, s, d]
-    extra["encoder_segment_ids"] = in_segments
-  elif batch.get("prefix_mask") is not None:
-    prefix = batch["prefix_mask"].astype(jnp.int32)  # extended by one, as DecoderOnly.__call__ does
-    extra["decoder_prefix_mask"] = (prefix + shift_right(prefix, segments)) > 0
-    replaceable &= ~extra["decoder_prefix_mask"]
-
-  def decode(tokens, key):
-    return model.apply(variables, *args, tokens, decoder_positions=positions,
-                       decoder_segment_ids=segments, deterministic=deterministic, decode=False,
-                       rngs={"dropout": key}, method="decode", **extra)
-
-  first = jax.lax.stop_gradient(decode(gold_in, drop1))  # [b, t, v]
-  predicted_in = shift_right(jnp.argmax(first, axis=-1).astype(gold_in.dtype), segments)
-  use_model = jax.random.bernoulli(coin, 1.0 - tf_prob, gold_in.shape) & replaceable
-  return decode(jnp.where(use_model, predicted_in, gold_in), drop2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,9 +307,12 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
     state = jax.jit(init, out_shardings=shardings)(rng)
   start = int(state.step)
   if start >= tc.num_steps or saved.get("train/stopped_early"):
-    ckpt.close()  # a finished run: report, never retrain
+    logging.info("%s holds a finished run (step %d): nothing to train.", workdir, start)
+    ckpt.close()
     return {k: v for k, v in saved.items() if not k.startswith("early_stop/")} | {"step": start}
 
+  if start:
+    logging.info("Resuming from the checkpoint of step %d in %s.", start, workdir)
   run = parallel.compile_train_step(make_train_step(cfg, model, tx), mode, mesh, shardings)
   eval_step = make_eval_step(cfg, model)
   run_eval = parallel.compile_eval_step(lambda s, b: eval_step(s.params, b), mode, mesh, shardings)

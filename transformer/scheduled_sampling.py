@@ -1,0 +1,86 @@
+"""Scheduled sampling for transformers (Mihaylova & Martins 2019), the two-pass method.
+
+Pass 1 runs the decoder on the gold (teacher-forced) inputs without gradient; each decoder input
+token is then replaced by pass 1's prediction of it with probability 1 - teacher_forcing(step);
+pass 2 runs on that mixture and carries the loss. The model must expose `method='decode'` taking
+decoder input tokens (INTERFACES.md), which both EncoderDecoder and DecoderOnly do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.models import shift_right
+
+Array = jax.Array
+PyTree = Any
+
+
+def _segments(batch: dict[str, Any], key: str) -> Array:
+  seg = batch.get(f"{key}_segment_ids")
+  return seg if seg is not None else (batch[key] != 0).astype(jnp.int32)
+
+
+
+
+def teacher_forcing_prob(ss_cfg: Any, step: Array) -> Array:
+  """Probability of feeding the gold token at `step`, in [min_teacher_forcing, 1].
+
+  linear: max(min, k - c * step); exponential: max(min, k ** step);
+  inverse_sigmoid: max(min, k / (k + exp(step / k))); none: 1.
+  """
+  step = jnp.asarray(step, jnp.float32)
+  k, c, floor = ss_cfg.k, ss_cfg.c, ss_cfg.min_teacher_forcing
+  if ss_cfg.schedule == "none":
+    return jnp.ones((), jnp.float32)
+  if ss_cfg.schedule == "linear":
+    p = k - c * step
+  elif ss_cfg.schedule == "exponential":
+    p = jnp.power(jnp.float32(k), step)
+  elif ss_cfg.schedule == "inverse_sigmoid":
+    p = k / (k + jnp.exp(step / k))
+  else:
+    raise ValueError(f"train.scheduled_sampling.schedule={ss_cfg.schedule!r} is unknown")
+  return jnp.clip(p, floor, 1.0)
+
+
+def two_pass_logits(model: nn.Module, arch: str, params: PyTree, batch: dict[str, Any],
+                    tf_prob: Array, rng: Array, deterministic: bool) -> Array:
+  """Scheduled sampling's second-pass logits [b, t, v].
+
+  Pass 1 decodes with the gold decoder inputs (under stop_gradient); each decoder input token is
+  then replaced by pass 1's argmax prediction of it with probability 1 - tf_prob, and pass 2
+  decodes the mixture. Source-prefix inputs (decoder-only) and padding are never replaced.
+  """
+  drop1, drop2, coin = jax.random.split(rng, 3)
+  variables = {"params": params}
+  targets, positions = batch["targets"], batch.get("targets_positions")
+  segments = _segments(batch, "targets")
+  gold_in = shift_right(targets, segments)  # exactly the model's own teacher-forced inputs
+  replaceable = segments != 0
+  extra: dict[str, Any] = {}
+  args: tuple[Array, ...] = ()
+  if arch == "encoder_decoder":
+    in_segments = _segments(batch, "inputs")
+    args = (model.apply(variables, batch["inputs"], inputs_positions=batch.get("inputs_positions"),
+                        inputs_segment_ids=in_segments, deterministic=deterministic,
+                        rngs={"dropout": drop2}, method="encode"),)  # encoded [b, s, d]
+    extra["encoder_segment_ids"] = in_segments
+  elif batch.get("prefix_mask") is not None:
+    prefix = batch["prefix_mask"].astype(jnp.int32)  # extended by one, as DecoderOnly.__call__ does
+    extra["decoder_prefix_mask"] = (prefix + shift_right(prefix, segments)) > 0
+    replaceable &= ~extra["decoder_prefix_mask"]
+
+  def decode(tokens, key):
+    return model.apply(variables, *args, tokens, decoder_positions=positions,
+                       decoder_segment_ids=segments, deterministic=deterministic, decode=False,
+                       rngs={"dropout": key}, method="decode", **extra)
+
+  first = jax.lax.stop_gradient(decode(gold_in, drop1))  # [b, t, v]
+  predicted_in = shift_right(jnp.argmax(first, axis=-1).astype(gold_in.dtype), segments)
+  use_model = jax.random.bernoulli(coin, 1.0 - tf_prob, gold_in.shape) & replaceable
+  return decode(jnp.where(use_model, predicted_in, gold_in), drop2)
