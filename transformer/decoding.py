@@ -345,7 +345,9 @@ def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_
   DecoderOnly, whose prompt is fed after the start token 0 (source+EOS for a prefix-LM seq2seq task,
   text for an LM). Scores: summed log-probs (greedy, sample), the length-penalised score (beam).
   return_all_beams gives all k beams, best first: [b, k, L], [b, k]. prefix_lm (decoder-only):
-  bidirectional attention over the prompt; None = the model config's prefix_lm.
+  bidirectional attention over the prompt; None = the model config's prefix_lm. An LM trained
+  without a prefix (plain text) must be decoded with prefix_lm=False when its config says True;
+  True has no effect on a model whose config says False (the model ignores the prefix then).
   rng: the sampling key (None = key 0).
   """
   search = search_settings(decode_cfg)
