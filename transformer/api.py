@@ -165,7 +165,8 @@ class Run:
     tok = self.target_tokenizer
     tokens, _ = evaluation.decode_batches(self.config, self.model, self.params, ids, decode_cfg,
                                           eos_id=tok.eos_id, batch_size=_bucket(len(ids)),
-                                          rng=jax.random.key(seed))
+                                          rng=jax.random.key(seed),
+                                          prefix_lm=None if self.kind == "seq2seq" else False)
     return [tok.decode(t) for t in tokens]
 
   def attention(self, text: str, target: str | None = None) -> Attention:

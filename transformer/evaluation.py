@@ -184,11 +184,13 @@ def source_ids(task: Any, text: str) -> list[int]:
 
 def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[int]],
                    decode_cfg: DecodeConfig | None = None, *, eos_id: int,
-                   batch_size: int = 0, rng: jax.Array | None = None
-                   ) -> tuple[list[list[int]], list[float]]:
+                   batch_size: int = 0, rng: jax.Array | None = None,
+                   prefix_lm: bool | None = None) -> tuple[list[list[int]], list[float]]:
   """Decodes every id list in `ids` (batched, fixed shapes): (token lists up to EOS, scores).
 
-  Encoder-decoder: the ids are the encoder inputs; decoder-only: the prompts.
+  Encoder-decoder: the ids are the encoder inputs; decoder-only: the prompts, attended
+  bidirectionally when `prefix_lm` (None = model.prefix_lm; language models pass False, as they
+  were trained without a prefix).
   The last batch is filled with copies of its first row so every batch compiles to one program.
   """
   from transformer.decoding import generate  # pylint: disable=g-import-not-at-top
@@ -210,7 +212,7 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
       array[r, :len(row)] = row
     sub = None if rng is None else jax.random.fold_in(rng, start)
     tokens, scores = generate(model, params, {key: jnp.asarray(array)}, decode_cfg, eos_id=eos_id,
-                              max_decode_len=max_decode_len, rng=sub)
+                              max_decode_len=max_decode_len, rng=sub, prefix_lm=prefix_lm)
     tokens, scores = np.asarray(tokens), np.asarray(scores)
     for r in range(len(chunk)):
       row = [int(t) for t in tokens[r]]
@@ -252,7 +254,8 @@ def sample_continuations(cfg: Config, model: Any, params: Any, task: Any, split:
   decode_cfg = dataclasses.replace(cfg.eval.decode, max_decode_len=min(
       cfg.eval.decode.max_decode_len or 64, cfg.model.max_len - LM_PROMPT_LEN))
   tokens, scores = decode_batches(cfg, model, params, prompts, decode_cfg, eos_id=tok.eos_id,
-                                  batch_size=len(prompts) or 1, rng=jax.random.key(cfg.seed))
+                                  batch_size=len(prompts) or 1, rng=jax.random.key(cfg.seed),
+                                  prefix_lm=False)
   return [dict(source=tok.decode(p), references=[tok.decode(t[:len(h)])], hypothesis=tok.decode(h),
                score=s) for p, t, h, s in zip(prompts, truths, tokens, scores)]
 
