@@ -106,10 +106,16 @@ class DecoderBlock(nn.Module):
 
 
 def _run_layers(cfg: ModelConfig, block: type[nn.Module], num_layers: int, x: Array,
-                args: tuple[Any, ...], training_only_remat: bool = True, **fields) -> Array:
-  """Applies `num_layers` blocks (unrolled as layers_i, or one nn.scan named 'layers')."""
+                args: tuple[Any, ...], remat_allowed: bool = True, **fields) -> Array:
+  """Applies `num_layers` blocks (unrolled as layers_i, or one nn.scan named 'layers').
+
+  `args` are broadcast to every layer; `fields` are the block's static attributes. Decode calls
+  pass remat_allowed=False: they have no backward pass, and remat would only recompute.
+  """
   cls = block
-  if cfg.remat != 'none' and training_only_remat:
+  if cfg.remat not in ('none', *_REMAT_POLICIES):
+    raise ConfigError(f"model.remat={cfg.remat!r} is not one of none|{'|'.join(_REMAT_POLICIES)}")
+  if cfg.remat != 'none' and remat_allowed:
     cls = nn.remat(cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
     scanned = nn.scan(
@@ -251,7 +257,7 @@ class Decoder(nn.Module):
     rope_positions = positions if cfg.positional == 'rope' else None
     x = _run_layers(cfg, DecoderBlock, cfg.num_decoder_layers, x,
                     (encoded, self_mask, cross_mask, bias, rope_positions, cache_index),
-                    training_only_remat=not decode, cross_attention=self.cross_attention,
+                    remat_allowed=not decode, cross_attention=self.cross_attention,
                     deterministic=deterministic, decode=decode)
     if cfg.norm_position == 'pre':
       x = make_norm(cfg, 'final_norm')(x)
