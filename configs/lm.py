@@ -12,7 +12,10 @@ Variants:
                   sizes, pre-LN, learned positions, GELU, AdamW, warmup + cosine. Not run here.
   nanogpt_cpu     nanoGPT's CPU settings: 4 layers, 4 heads, d_model 128, block 64, batch 12,
                   2000 steps, lr 1e-3 (100 warmup steps, cosine to 1e-4), dropout 0.
-                  Measured here: RESULT_NANOGPT
+                  Measured with the command above on a 2-core CPU VM shared with other jobs
+                  (load average ~5): 7 min 35 s wall clock (221 s user CPU), ~5 steps/s;
+                  validation loss 1.817 nats/char (20 batches of 12 x 64 characters from the
+                  last 10%), training loss 1.737 (mean of the last 100 steps).
   bpe             `char` with a SentencePiece BPE vocabulary of 2048. Not run here.
 """
 

@@ -160,8 +160,13 @@ def init_params(cfg: Config, model: nn.Module, rng: Array, example_batch: dict[s
                 unbox: bool = True) -> PyTree:
   """Initial parameters from an example batch (only shapes matter); boxed keeps logical axes."""
   batch = {k: jnp.asarray(v) for k, v in example_batch.items() if v is not None}
-  variables = model.init({"params": rng, "dropout": rng}, **model_kwargs(cfg.model.arch, batch),
-                         deterministic=True)
+
+  @jax.jit  # op-by-op init of even a tiny model takes seconds; compiled it is one call
+  def init(key, batch):
+    return model.init({"params": key, "dropout": key}, **model_kwargs(cfg.model.arch, batch),
+                      deterministic=True)
+
+  variables = init(rng, batch)
   return nn.meta.unbox(variables["params"]) if unbox else variables["params"]
 
 
@@ -174,9 +179,15 @@ def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch:
   which is what `jax.eval_shape` of this function should see to derive shardings.
   """
   tx = tx or optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
-  params = init_params(cfg, model, jax.random.fold_in(rng, 1), example_batch, unbox)
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                    rng=jnp.asarray(rng, jnp.uint32))
+  batch = {k: jnp.asarray(v) for k, v in example_batch.items() if v is not None}
+
+  @jax.jit  # one compiled call instead of seconds of op-by-op dispatch
+  def create(key, batch):
+    params = init_params(cfg, model, jax.random.fold_in(key, 1), batch, unbox)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=jnp.asarray(key, jnp.uint32))
+
+  return create(rng, batch)
 
 
 # ---------------------------------------------------------------------------------------------
