@@ -51,10 +51,11 @@ def make_batch(seed=0, b=4, s=7, t=6, packed=False):
   return batch
 
 
-def one_step(cfg, batch, seed=0):
+def one_step(cfg, batch, seed=0, state=None):
   model = build_model(cfg.model)
   tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
-  state = training.create_train_state(cfg, model, jax.random.PRNGKey(seed), batch, tx=tx)
+  if state is None:
+    state = training.create_train_state(cfg, model, jax.random.PRNGKey(seed), batch, tx=tx)
   new_state, metrics = jax.jit(training.make_train_step(cfg, model, tx))(state, batch)
   return state, new_state, jax.device_get(metrics)
 
@@ -63,8 +64,8 @@ def test_grad_accumulation_equals_large_batch():
   """4 micro-batches with different padding give the same SGD update (hence the same mean
   gradient over all tokens) and the same loss as one step on the whole batch, to ~1e-6."""
   batch = make_batch(b=8)
-  _, big, m_big = one_step(tiny_config(grad_accum_steps=1), batch)
-  _, acc, m_acc = one_step(tiny_config(grad_accum_steps=4), batch)
+  state, big, m_big = one_step(tiny_config(grad_accum_steps=1), batch)
+  _, acc, m_acc = one_step(tiny_config(grad_accum_steps=4), batch, state=state)
   np.testing.assert_allclose(m_acc["loss"], m_big["loss"], rtol=1e-6)
   assert m_acc["weight_sum"] == m_big["weight_sum"] == batch["weights"].sum()
   for a, b in zip(jax.tree.leaves(acc.params), jax.tree.leaves(big.params)):
