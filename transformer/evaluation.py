@@ -203,6 +203,13 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
     width = max(width, cfg.data.max_source_len)
   max_decode_len = decode_cfg.max_decode_len or cfg.data.max_target_len
   key = "inputs" if cfg.model.arch == "encoder_decoder" else "prompt"
+  if key == "prompt" and not decode_cfg.max_decode_len:
+    # The prompt and its continuation share the model.max_len cache: by default decode what fits
+    # (an LM's max_target_len is usually the whole context, so prompt + it would not).
+    max_decode_len = min(max_decode_len, cfg.model.max_len - width)
+    if max_decode_len < 1:
+      raise EvaluationError(f"a prompt of {width} tokens leaves no room to decode within "
+                            f"model.max_len={cfg.model.max_len}")
   tokens_out, scores_out = [], []
   for start in range(0, len(ids), b):
     chunk = list(ids[start:start + b])
