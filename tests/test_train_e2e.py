@@ -112,14 +112,18 @@ def test_sigkill_then_rerun_is_bitwise_identical(tmp_path, env, reference):
 
 
 def test_sigterm_saves_exits_zero_and_resumes(tmp_path, env, reference):
-  """SIGTERM mid-run saves a checkpoint at the current step and exits with status 0; rerunning
-  resumes from it and ends bitwise equal to the uninterrupted run."""
+  """SIGTERM mid-run saves a checkpoint at the current step and exits with status 0 without
+  train_done.json (the run is not finished); rerunning resumes from it, ends bitwise equal to the
+  uninterrupted run and writes the marker at the last step."""
   workdir = str(tmp_path / "preempted")
+  done = os.path.join(workdir, "train_done.json")
   proc = interrupt_after_first_checkpoint(workdir, env, signal.SIGTERM)
   assert proc.returncode == 0
-  assert 10 <= steps(workdir)[-1] < STEPS
+  assert 10 <= steps(workdir)[-1] < STEPS and not os.path.exists(done)
   run(workdir, env)
   assert_identical(final_params(workdir)[0], reference[0])
+  with open(done) as f:
+    assert json.load(f)["step"] == STEPS
 
 
 def test_train_py_config_error_is_one_line(tmp_path):

@@ -181,11 +181,21 @@ def _jsonl(workdir):
     return [json.loads(line) for line in f]
 
 
+def _done(workdir):
+  path = os.path.join(workdir, training.DONE_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
 def test_loop_trains_resumes_finished_run_and_rejects_incompatible_workdir(tmp_path):
   """The loop lowers the loss (train loss falls, eval loss ends below the uniform ln(vocab)),
-  writes its files and checkpoints; rerunning the finished run returns at once without training
-  (metrics.jsonl unchanged); a config with another d_model in the same workdir is a one-line
-  CheckpointError naming model.d_model."""
+  writes its files, checkpoints and train_done.json (step 40, reason num_steps, the returned
+  metrics); rerunning the finished run returns at once without training (metrics.jsonl
+  unchanged); training it further (num_steps 50) first removes the marker, so when that fails
+  (a NaN at step 43) no marker claims the run done; a config with another d_model in the same
+  workdir is a one-line CheckpointError naming model.d_model."""
   workdir = str(tmp_path / "run")
   cd = synthetic_task.config(**{"train.num_steps": 40})
   result = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
@@ -194,10 +204,17 @@ def test_loop_trains_resumes_finished_run_and_rejects_incompatible_workdir(tmp_p
   assert result["step"] == 40 and result["eval/loss"] < math.log(synthetic_task.VOCAB)
   for name in ("config.json", "provenance.json", "metrics.jsonl", "checkpoints/40"):
     assert os.path.exists(os.path.join(workdir, name)), name
+  done = _done(workdir)
+  assert (done["step"], done["reason"]) == (40, "num_steps") and done["wall_seconds"] > 0
+  assert done["metrics"] == result
   before = _jsonl(workdir)
   again = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
   assert again["step"] == 40 and again["eval/loss"] == result["eval/loss"]
-  assert _jsonl(workdir) == before
+  assert _jsonl(workdir) == before and _done(workdir) == done
+  longer = synthetic_task.config(**{"train.num_steps": 50})
+  with pytest.raises(training.TrainingDiverged, match="at step 43;"):
+    training.train_and_evaluate(longer, workdir, task=synthetic_task.ReverseTask(nan_batch=42))
+  assert _done(workdir) is None
   bad = synthetic_task.config(**{"model.d_model": 16})
   with pytest.raises(CheckpointError, match="model.d_model") as e:
     training.train_and_evaluate(bad, workdir, task=synthetic_task.ReverseTask())
@@ -217,11 +234,13 @@ def test_nan_guard_stops_within_one_step_and_keeps_last_good_checkpoint(tmp_path
 
 def test_early_stopping_stops_and_stays_stopped(tmp_path):
   """With patience 1 on a metric that cannot improve (eval/loss in 'max' mode while the loss
-  falls) the run stops at the second evaluation (step 10 of 100), and a rerun does not resume."""
+  falls) the run stops at the second evaluation (step 10 of 100), leaves train_done.json with
+  step 10 and reason early_stop, and a rerun does not resume."""
   workdir = str(tmp_path / "run")
   cd = synthetic_task.config(**{"train.num_steps": 100, "eval.every_steps": 5,
                                 "train.early_stop_patience": 1, "train.early_stop_mode": "max"})
   result = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
   assert result["step"] == 10 and result["early_stop"] == 1.0
+  assert (_done(workdir)["step"], _done(workdir)["reason"]) == (10, "early_stop")
   again = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
   assert again["step"] == 10

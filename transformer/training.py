@@ -13,7 +13,9 @@ accumulation and data parallelism give exactly the large batch's mean.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import time
 from typing import Any, Callable, Iterable
 
@@ -32,6 +34,7 @@ from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits
 
 Array = jax.Array
 PyTree = Any
+DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
 
 
 class TrainingDiverged(RuntimeError):
@@ -269,14 +272,32 @@ def evaluate(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, flo
   return summarize_eval(totals) if totals else {}
 
 
+def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, float],
+                      wall_seconds: float) -> None:
+  """Writes `<workdir>/train_done.json` atomically: {step, reason, metrics, wall_seconds}.
+
+  reason is 'num_steps' (train.num_steps reached) or 'early_stop'; wall_seconds is the time of the
+  train_and_evaluate call that finished the run (earlier, interrupted attempts not included).
+  """
+  path = os.path.join(workdir, DONE_FILE)
+  record = {"step": int(step), "reason": reason, "wall_seconds": round(wall_seconds, 3),
+            "metrics": {k: (float(v) if math.isfinite(v) else None) for k, v in metrics.items()}}
+  with open(path + ".tmp", "w") as f:
+    json.dump(record, f, indent=1, sort_keys=True)
+  os.replace(path + ".tmp", path)
+
+
 def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str, float]:
   """Trains `config` (a ConfigDict or Config) in `workdir`, resuming from its latest checkpoint.
 
   Returns the final metrics (the last evaluation, train/loss, step). `task` overrides
   `transformer.data.load_task` (tests, notebooks). Raises ConfigError, CheckpointError or
-  TrainingDiverged, each with a one-line message.
+  TrainingDiverged, each with a one-line message. A run that ends at train.num_steps or stops
+  early leaves `<workdir>/train_done.json` (write_done_marker); a SIGTERM (preemption) before the
+  last step or an error leaves none, and training further (a larger num_steps) removes it first.
   """
   from transformer import checkpoints, parallel, reporting  # pylint: disable=g-import-not-at-top
+  started = time.time()
   from transformer.models import build_model  # pylint: disable=g-import-not-at-top
   cfg = config if isinstance(config, Config) else from_configdict(config)
   check_loop_config(cfg)
@@ -317,10 +338,18 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
   else:
     state = jax.jit(init, out_shardings=shardings)(rng)
   start = int(state.step)
+  main = parallel.is_main_process()
+  done_path = os.path.join(workdir, DONE_FILE)
   if start >= tc.num_steps or saved.get("train/stopped_early"):
     logging.info("%s holds a finished run (step %d): nothing to train.", workdir, start)
     ckpt.close()
-    return {k: v for k, v in saved.items() if not k.startswith("early_stop/")} | {"step": start}
+    final = {k: v for k, v in saved.items() if not k.startswith("early_stop/")} | {"step": start}
+    if main and not os.path.exists(done_path):  # finished before markers existed
+      write_done_marker(workdir, start, "early_stop" if saved.get("train/stopped_early")
+                        else "num_steps", final, time.time() - started)
+    return final
+  if main and os.path.exists(done_path):  # a finished run trained further: not finished now
+    os.remove(done_path)
 
   if start:
     logging.info("Resuming from the checkpoint of step %d in %s.", start, workdir)
@@ -384,7 +413,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
         reporter.reset_throughput()
         if early.update(last_eval):
           stop_reason = "early_stop"
-      if preempt.should_stop(step):
+      if preempt.should_stop(step) and not stop_reason:  # (called every step: multi-host sync)
         stop_reason = "preempted"
       if stop_reason or step == tc.num_steps or ckpt.should_save(step):
         check(pending)
@@ -397,4 +426,11 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
     ckpt.close()
     reporter.close()
     preempt.uninstall()
-  return final | last_eval | {"step": step} | ({stop_reason: 1.0} if stop_reason else {})
+  final = final | last_eval | {"step": step} | ({stop_reason: 1.0} if stop_reason else {})
+  # Only now, with the last checkpoint committed (close waits); a SIGTERM before the last step
+  # is not an end.
+  reason = "early_stop" if stop_reason == "early_stop" else (
+      "num_steps" if step >= tc.num_steps else "")
+  if main and reason:
+    write_done_marker(workdir, step, reason, final, time.time() - started)
+  return final
