@@ -194,8 +194,8 @@ with open(os.path.join(w, "metrics.jsonl"), "w") as f:
   for s in range(1, n + 1):
     f.write(json.dumps({"step": s, "train/loss": lr / s, "perf/tokens_per_sec": 100.0 * s}) + "\\n")
   f.write(json.dumps({"step": n, "eval/loss": lr, "eval/wer": lr / 10}) + "\\n")
-os.makedirs(os.path.join(w, "checkpoints", str(n)))
-open(os.path.join(w, "checkpoints", str(n), "commit_success.txt"), "w").close()
+os.makedirs(os.path.join(w, "checkpoints", str(n)), exist_ok=True)
+json.dump({"step": n, "reason": "num_steps"}, open(os.path.join(w, "train_done.json"), "w"))
 json.dump([start, time.time()], open(os.path.join(w, "span.json"), "w"))
 """
 FAKE_EVAL = """
@@ -233,10 +233,12 @@ def recording(calls):
 def test_runner_parallel_failure_rerun_skips_and_resumes(fake):
   """parallel=2 overlaps two training processes; a failing point is reported (exit code and
   command in its record and log) while the others finish; the rerun starts only that point's
-  train and eval; a third run starts no process at all. A point with a checkpoint short of
-  num_steps is 'resume' (train again, training continues from it); a trained but not evaluated
-  point only gets eval; a trainer that exits 0 short of num_steps (SIGTERM) counts as unfinished
-  and its eval is not started."""
+  train and eval; a third run starts no process at all. Trained means train_done.json at
+  num_steps or after an early stop: a point without it or with a marker at a smaller step (a run
+  to be trained further) is 'resume' (train again, training continues from its checkpoint), and
+  when that train finds the step already evaluated, eval is not run again; a trained but not
+  evaluated point only gets eval; a trainer that exits 0 short of num_steps (SIGTERM) counts as
+  unfinished and its eval is not started."""
   points, commands = fake
   os.makedirs(points[2].workdir)
   open(os.path.join(points[2].workdir, "FAIL_ONCE"), "w").close()
@@ -259,11 +261,21 @@ def test_runner_parallel_failure_rerun_skips_and_resumes(fake):
                                         for i, p in enumerate(points)]
   os.remove(os.path.join(points[0].workdir, "metrics.test.json"))
   assert sweep_runner.pending_commands(points[0], commands) == [("eval", commands.eval(points[0]))]
-  os.rename(os.path.join(points[1].workdir, "checkpoints", "3"),
-            os.path.join(points[1].workdir, "checkpoints", "2"))
+  done = os.path.join(points[1].workdir, "train_done.json")
+  with open(done, "w") as f:
+    json.dump({"step": 2, "reason": "num_steps"}, f)
+  assert sweep_runner.status(points[1], commands) == "resume"
+  with open(done, "w") as f:
+    json.dump({"step": 2, "reason": "early_stop"}, f)
+  assert sweep_runner.status(points[1], commands) == "eval"  # metrics.test.json is of step 3
+  os.remove(done)
   assert sweep_runner.status(points[1], commands) == "resume"
   assert [s for s, _ in sweep_runner.pending_commands(points[1], commands)] == ["train", "eval"]
+  calls.clear()
+  assert sweep_runner.run(points[1:2], commands, launch=recording(calls), echo=lines.append) == []
+  assert calls == [commands.train(points[1])]  # its marker says 3, evaluated at 3: no eval
   shutil.rmtree(os.path.join(points[2].workdir, "checkpoints"))
+  os.remove(os.path.join(points[2].workdir, "train_done.json"))
   open(os.path.join(points[2].workdir, "PREEMPT_ONCE"), "w").close()
   calls.clear()
   assert sweep_runner.run(points[2:], commands, launch=recording(calls), echo=lines.append) == [

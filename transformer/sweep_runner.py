@@ -2,10 +2,12 @@
 
 A point's workdir holds what train.py and eval.py write, plus `sweep.log` (the output of every
 process the runner started for it) and `sweep_point.json` (its overrides, every attempt's argv,
-exit code and duration, and the summed `train_seconds` / `eval_seconds`). A point is finished
-when its last committed checkpoint is at `train.num_steps` (or training stopped early) and
-`metrics.<split>.json` was written for that step; `run()` starts only what is missing, so an
-interrupted or failed point continues from its checkpoints when the sweep is rerun.
+exit code and duration, and the summed `train_seconds` / `eval_seconds`). A point is trained
+when training wrote `train_done.json` (transformer.training.write_done_marker) at `train.num_steps`
+or after stopping early, and finished when `metrics.<split>.json` was also written for that step;
+`run()` starts only what is missing, so an interrupted or failed point continues from its
+checkpoints when the sweep is rerun. (A run finished before training wrote the marker gets it from
+one more train.py, which finds nothing to train.)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from transformer.sweeps import Commands, Point, apply_overrides
 
 RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
 LOG = "sweep.log"  # per point: the output of its processes
+DONE = "train_done.json"  # = transformer.training.DONE_FILE (not imported: it would pull in jax)
 
 
 def read_json(path: str) -> Any:
@@ -39,26 +42,17 @@ def read_json(path: str) -> Any:
     return None
 
 
-def checkpoint_steps(workdir: str) -> list[int]:
-  """Committed checkpoint steps in `<workdir>/checkpoints` (orbax renames a step dir on commit)."""
-  directory = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(directory):
-    return []
-  return sorted(int(s) for s in os.listdir(directory) if s.isdigit() and any(
-      os.path.exists(os.path.join(directory, s, f))
-      for f in ("commit_success.txt", "_CHECKPOINT_METADATA")))
-
-
 def trained_step(point: Point) -> int | None:
-  """The final step if training has finished (num_steps reached or stopped early), else None."""
-  steps = checkpoint_steps(point.workdir)
-  if not steps:
+  """The final step if training has finished (num_steps reached or stopped early), else None.
+
+  Read from the workdir's train_done.json; a marker short of the point's num_steps (a run
+  finished with fewer steps, now to be trained further) does not count.
+  """
+  done = read_json(os.path.join(point.workdir, DONE))
+  if not isinstance(done, dict) or not isinstance(done.get("step"), int):
     return None
-  if steps[-1] >= point.num_steps:
-    return steps[-1]
-  meta = read_json(os.path.join(point.workdir, "checkpoints", str(steps[-1]), "meta", "metadata"))
-  stopped = isinstance(meta, dict) and (meta.get("metrics") or {}).get("train/stopped_early")
-  return steps[-1] if stopped else None
+  finished = done["step"] >= point.num_steps or done.get("reason") == "early_stop"
+  return done["step"] if finished else None
 
 
 def evaluated(point: Point, split: str, step: int | None) -> bool:
@@ -73,8 +67,8 @@ def status(point: Point, commands: Commands) -> str:
   if step is not None:
     needs_eval = commands.has_eval() and not evaluated(point, commands.eval_split, step)
     return "eval" if needs_eval else "done"
-  started = checkpoint_steps(point.workdir) or os.path.exists(
-      os.path.join(point.workdir, "metrics.jsonl"))
+  started = any(os.path.exists(os.path.join(point.workdir, f))
+                for f in ("checkpoints", "metrics.jsonl"))
   return "resume" if started else "new"
 
 
@@ -158,6 +152,8 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
   log_path = os.path.join(point.workdir, LOG)
   ok = True
   for stage, argv in pending_commands(point, commands):
+    if stage == "eval" and evaluated(point, commands.eval_split, trained_step(point)):
+      continue  # training had already finished (it only wrote its marker): evaluated before
     start = time.time()
     code = launch(argv, log_path, commands.cwd)
     seconds = time.time() - start
