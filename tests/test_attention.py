@@ -120,23 +120,28 @@ def test_position_masks_for_cache_slots():
 def test_attention_matches_naive_loops(kind, n, k, h, hv, with_bias):
   """dot_product_attention (einsum) equals explicit loops over batch, heads and positions with the
   mask applied by hand, for MHA, GQA (k=2), MQA (k=1) with d_qk != d_v, and an additive bias;
-  its weights equal the reference softmax (zeros on masked pairs)."""
+  its weights equal the reference softmax (zeros on masked pairs). The same holds with keys and
+  values in the KV-cache layout [b, k, s, *] (kv_layout='bksh')."""
   q, kk, v = random_qkv(B, T, T, n, k, h, hv)
   bias = RNG.normal(size=(1 if kind == 'causal' else B, n, T, T)).astype(np.float32) if with_bias \
       else None
   want, want_w = naive_attention(q, kk, v, allowed_pairs(kind, B, T, VALID, SEGMENTS, PREFIX), bias)
-  out, w = attention.dot_product_attention(
-      jnp.asarray(q), jnp.asarray(kk), jnp.asarray(v), mask=mask_for(kind),
-      bias=None if bias is None else jnp.asarray(bias), return_weights=True)
-  np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
-  np.testing.assert_allclose(w, want_w, atol=1e-6)
+  heads_major = lambda a: jnp.asarray(a).transpose(0, 2, 1, 3)
+  for layout, keys, values in (('bskh', jnp.asarray(kk), jnp.asarray(v)),
+                               ('bksh', heads_major(kk), heads_major(v))):
+    out, w = attention.dot_product_attention(
+        jnp.asarray(q), keys, values, mask=mask_for(kind),
+        bias=None if bias is None else jnp.asarray(bias), return_weights=True, kv_layout=layout)
+    np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(w, want_w, atol=1e-6)
 
 
 @pytest.mark.parametrize('n,k,h,hv', [(4, 4, 8, 8), (4, 2, 8, 8), (4, 1, 6, 10), (2, 2, 8, 4)])
 @pytest.mark.parametrize('kind', ['padding', 'prefix'])
 def test_fused_equals_einsum(n, k, h, hv, kind):
   """impl='fused' (jax.nn.dot_product_attention, zero-padded for d_qk != d_v) gives the same
-  outputs as the einsum path, with GQA/MQA, a bias, and fully masked (padding) rows zeroed alike."""
+  outputs as the einsum path, with GQA/MQA, a bias, and fully masked (padding) rows zeroed alike
+  (also from the KV-cache layout [b, k, s, *])."""
   q, kk, v = map(jnp.asarray, random_qkv(B, T, T, n, k, h, hv))
   bias = jnp.asarray(RNG.normal(size=(B, n, T, T)).astype(np.float32))
   args = dict(mask=mask_for(kind), bias=bias)
@@ -144,6 +149,9 @@ def test_fused_equals_einsum(n, k, h, hv, kind):
   einsum = attention.dot_product_attention(q, kk, v, impl='einsum', **args)
   assert fused.shape == (B, T, n, hv)
   np.testing.assert_allclose(fused, einsum, atol=1e-5, rtol=1e-5)
+  fused_cache_layout = attention.dot_product_attention(
+      q, kk.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), impl='fused', kv_layout='bksh', **args)
+  np.testing.assert_allclose(fused_cache_layout, einsum, atol=1e-5, rtol=1e-5)
 
 
 def test_fully_masked_row_is_finite_with_finite_gradients():
@@ -255,8 +263,8 @@ def decode_in_chunks(mha, params, x, chunks, positions):
   b, total = x.shape[:2]
   cache = mha.init(jax.random.PRNGKey(0), x, decode=True, mask=attention.causal_mask(total),
                    positions=positions)['cache']
-  assert cache['cached_key'].shape == (b, total, mha.config.num_kv_heads, mha.config.head_dim)
-  assert cache['cached_value'].shape == (b, total, mha.config.num_kv_heads, mha.config.v_head_dim)
+  assert cache['cached_key'].shape == (b, mha.config.num_kv_heads, total, mha.config.head_dim)
+  assert cache['cached_value'].shape == (b, mha.config.num_kv_heads, total, mha.config.v_head_dim)
   slots = jnp.broadcast_to(jnp.arange(total), (b, total))
   # One jitted step (compiled once per chunk size) is much faster than eager op-by-op dispatch.
   step = jax.jit(lambda v, x, mask, pos, idx: mha.apply(v, x, mask=mask, positions=pos, decode=True,
@@ -302,7 +310,7 @@ def test_decode_needs_cache_index_and_positions():
 
 
 def test_cross_attention_cache_is_computed_once_and_reused():
-  """Cross-attention in decode mode caches the source keys/values [b, s, k, h] on the call that
+  """Cross-attention in decode mode caches the source keys/values [b, k, s, h] on the call that
   gets `kv`; later calls with kv=None reuse them and equal a plain cross-attention call. RoPE is
   configured but cross-attention gets no positional treatment (positions do not matter)."""
   mha = attention.MultiHeadAttention(tiny_config(v_head_dim=6), cross=True)
@@ -311,7 +319,7 @@ def test_cross_attention_cache_is_computed_once_and_reused():
   src_mask = attention.make_attention_mask(jnp.ones((2, 1), bool), jnp.arange(7)[None] < jnp.array([[7], [4]]))
   variables = mha.init(jax.random.PRNGKey(0), x[:, :1], enc, decode=True)
   params, cache = variables['params'], variables['cache']
-  assert cache['cached_key'].shape == (2, 7, 2, 8) and cache['cached_value'].shape == (2, 7, 2, 6)
+  assert cache['cached_key'].shape == (2, 2, 7, 8) and cache['cached_value'].shape == (2, 2, 7, 6)
   want = mha.apply({'params': params}, x, enc, mask=src_mask, positions=jnp.zeros((2, 3), int))
   y0, state = mha.apply({'params': params, 'cache': cache}, x[:, :1], enc, mask=src_mask,
                         decode=True, mutable=['cache'])
@@ -323,6 +331,32 @@ def test_cross_attention_cache_is_computed_once_and_reused():
   np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=1e-5, rtol=1e-5)
   with pytest.raises(ValueError, match='cross-attention needs kv'):
     mha.apply({'params': params}, x, None)
+
+
+def test_cross_attention_cache_shared_by_groups_of_query_rows():
+  """A cross-attention cache of c rows serves b = r*c query rows (beam search: the beams of one
+  source), row i*r+j reading cache row i: outputs and sown weights equal a plain cross-attention
+  call with the source repeated r times (2 queries per row, per-row source padding, MQA); a row
+  count that is not a multiple of the cache's is a clear error."""
+  mha = attention.MultiHeadAttention(tiny_config(num_kv_heads=1, v_head_dim=6), cross=True)
+  c, r, s = 2, 3, 7
+  enc = jnp.asarray(RNG.normal(size=(c, s, D)), jnp.float32)
+  x = jnp.asarray(RNG.normal(size=(c * r, 2, D)), jnp.float32)
+  src_valid = jnp.repeat(jnp.arange(s)[None] < jnp.array([[7], [4]]), r, axis=0)  # [b, s]
+  mask = attention.make_attention_mask(jnp.ones((c * r, 2), bool), src_valid)
+  variables = mha.init(jax.random.PRNGKey(0), x[:c], enc, decode=True)  # caches c rows
+  params, cache = variables['params'], variables['cache']
+  assert cache['cached_key'].shape == (c, 1, s, 8)
+  want, want_state = mha.apply({'params': params}, x, jnp.repeat(enc, r, axis=0), mask=mask,
+                               mutable=['intermediates'])
+  got, state = mha.apply({'params': params, 'cache': cache}, x, None, mask=mask, decode=True,
+                         mutable=['cache', 'intermediates'])
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  (w,), (want_w,) = (st['intermediates']['attention_weights'] for st in (state, want_state))
+  assert w.shape == (c * r, 4, 2, s)
+  np.testing.assert_allclose(w, want_w, atol=1e-6)
+  with pytest.raises(ValueError, match='cannot share'):
+    mha.apply({'params': params, 'cache': cache}, x[:5], None, decode=True, mutable=['cache'])
 
 
 def test_mha_dropout_uses_dropout_rng():

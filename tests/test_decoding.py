@@ -103,6 +103,20 @@ def test_small_beam_returns_a_consistent_hypothesis():
     assert scores[r] <= max(by_seq.values()) + 1e-6
 
 
+@pytest.mark.parametrize("vocab", [40, 5003, 8192])
+def test_top_k_log_probs_equals_top_k_of_log_softmax(vocab):
+  """top_k_log_probs (for a large vocabulary: block maxima, then top-k over the k best blocks)
+  returns exactly the ids of lax.top_k(log_softmax), ties between rounded logits resolved to the
+  lowest id alike, and its log-probs; with 5003 the partial last block holds the row's best ids."""
+  rng = np.random.default_rng(vocab)
+  logits = np.round(rng.normal(size=(6, vocab)) * 2) / 2
+  logits[0, -2:] = 9.0  # the best two of row 0 in the last, partial block (a tie)
+  want_values, want_ids = jax.lax.top_k(jax.nn.log_softmax(jnp.asarray(logits, jnp.float32)), 9)
+  values, ids = jax.jit(decoding.top_k_log_probs, static_argnums=1)(logits, 9)
+  np.testing.assert_array_equal(ids, want_ids)
+  np.testing.assert_allclose(values, want_values, atol=1e-5)
+
+
 def test_beam_one_equals_greedy_on_toy():
   """Beam size 1 without length penalty follows the argmax path: the same tokens as greedy."""
   vocab, eos, max_len, batch = 4, 3, 5, 6

@@ -88,14 +88,18 @@ def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
 # ----------------------------------------------------------------------------------------------------
 # Scaled dot-product attention
 # ----------------------------------------------------------------------------------------------------
-def _check_shapes(q, k, v, mask, bias):
+def _check_shapes(q, k, v, mask, bias, kv_layout):
+  if kv_layout not in ('bskh', 'bksh'):
+    raise ValueError(f"attention kv_layout={kv_layout!r} is not one of bskh|bksh")
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError(f'attention expects q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv]; got shapes '
-                     f'{q.shape}, {k.shape}, {v.shape}')
-  if k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-    raise ValueError(f'attention shapes disagree: q {q.shape}, k {k.shape}, v {v.shape}')
-  if q.shape[2] % k.shape[2]:
-    raise ValueError(f'num_kv_heads={k.shape[2]} must divide num_heads={q.shape[2]}')
+    raise ValueError(f'attention expects q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv] (or [b,k,s,*] with '
+                     f'kv_layout="bksh"); got shapes {q.shape}, {k.shape}, {v.shape}')
+  if (k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]):
+    raise ValueError(f'attention shapes disagree: q {q.shape}, k {k.shape}, v {v.shape} '
+                     f'(kv_layout={kv_layout})')
+  num_kv = k.shape[2] if kv_layout == 'bskh' else k.shape[1]
+  if q.shape[2] % num_kv:
+    raise ValueError(f'num_kv_heads={num_kv} must divide num_heads={q.shape[2]}')
   for name, m in (('mask', mask), ('bias', bias)):
     if m is not None and (m.ndim != 4 or m.shape[1] not in (1, q.shape[2])):
       raise ValueError(f'attention {name} must be [b|1, 1|n, t|1, s|1] with n={q.shape[2]}, '
@@ -109,12 +113,17 @@ def _grouped(x: Array, num_kv: int) -> Array:
   return x.reshape(x.shape[0], num_kv, x.shape[1] // num_kv, *x.shape[2:])
 
 
-def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic):
-  """Reference path: returns out [b, t, n, hv] and float32 weights [b, n, t, s]."""
+def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic, kv_layout):
+  """Reference path: returns out [b, t, n, hv] and float32 weights [b, n, t, s].
+
+  k, v are [b, s, k, *] or, with kv_layout='bksh', [b, k, s, *]: the KV-cache layout, in which the
+  batched dims (b, k) lead, so XLA runs both einsums on the cache without transposing it.
+  """
   b, t, n, h = q.shape
-  num_kv = k.shape[2]
+  num_kv, s = (k.shape[2], k.shape[1]) if kv_layout == 'bskh' else k.shape[1:3]
   qg = q.reshape(b, t, num_kv, n // num_kv, h)  # [b, t, k, g, h]
-  logits = jnp.einsum('btkgh,bskh->bkgts', qg, k, preferred_element_type=jnp.float32)
+  kv = 'bskh' if kv_layout == 'bskh' else 'bksh'
+  logits = jnp.einsum(f'btkgh,{kv}->bkgts', qg, k, preferred_element_type=jnp.float32)
   logits = logits * (1.0 / math.sqrt(h))
   if bias is not None:
     logits = logits + _grouped(bias, num_kv).astype(jnp.float32)
@@ -128,8 +137,7 @@ def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, determinis
   if not deterministic and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-  out = jnp.einsum('bkgts,bskh->btkgh', weights.astype(v.dtype), v)
-  s = k.shape[1]
+  out = jnp.einsum(f'bkgts,{kv}->btkgh', weights.astype(v.dtype), v)
   return out.reshape(b, t, n, v.shape[-1]), weights.reshape(b, n, t, s)
 
 
@@ -169,24 +177,29 @@ def _fused_attention(q, k, v, mask, bias):
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
                           bias: Optional[Array] = None, dropout_rate: float = 0.0,
                           dropout_rng: Optional[Array] = None, deterministic: bool = True,
-                          impl: str = 'einsum', return_weights: bool = False):
+                          impl: str = 'einsum', return_weights: bool = False,
+                          kv_layout: str = 'bskh'):
   """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv].
 
+  kv_layout='bksh' takes k [b,k,s,h], v [b,k,s,hv] instead (the KV-cache layout).
   Returns out [b, t, n, hv] (v's dtype), and float32 weights [b, n, t, s] if return_weights.
   A fully masked query row gets all-zero weights and a zero output (never NaN).
   impl='fused' uses jax.nn.dot_product_attention (cuDNN on GPU for half precision); it falls back
   to the einsum path when weights are requested or attention dropout is active, since the fused
   kernel provides neither.
   """
-  _check_shapes(q, k, v, mask, bias)
+  _check_shapes(q, k, v, mask, bias, kv_layout)
   if impl not in ('einsum', 'fused'):
     raise ValueError(f"attention impl={impl!r} is not one of einsum|fused")
   dropout_active = not deterministic and dropout_rate > 0.0
   if dropout_active and dropout_rng is None:
     raise ValueError('attention dropout needs dropout_rng when deterministic=False')
   if impl == 'fused' and not return_weights and not dropout_active:
+    if kv_layout == 'bksh':
+      k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
     return _fused_attention(q, k, v, mask, bias)
-  out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic)
+  out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic,
+                                   kv_layout)
   return (out, weights) if return_weights else out
 
 
@@ -237,9 +250,13 @@ class MultiHeadAttention(nn.Module):
     `kv` kernel [d, 2, k, h] ('embed', None, 'kv_heads', 'head_dim') when head_dim == v_head_dim,
     else `key` [d, k, h] and `value` [d, k, hv] ('embed', 'kv_heads', 'head_dim');
   - `out` [n, hv, d] ('heads', 'head_dim', 'embed').
-  Decode mode keeps `cached_key` [b, L, k, h] and `cached_value` [b, L, k, hv] in the 'cache'
-  collection: L = max_len (the init call's length) for self-attention, L = s (the source length)
-  for cross-attention. The caller owns the cache index and the masks.
+  Decode mode keeps `cached_key` [b, k, L, h] and `cached_value` [b, k, L, hv] in the 'cache'
+  collection, kv heads before slots so that attention reads the cache without transposing it:
+  L = max_len (the init call's length) for self-attention, L = s (the source length) for
+  cross-attention. The caller owns the cache index and the masks. A cross-attention cache may have
+  fewer rows than the queries: with c cache rows and b = r * c query rows, query rows
+  i*r .. i*r+r-1 share cache row i (beam search: the beams of one source), and attend to it as one
+  row of r*t queries.
   """
   config: ModelConfig
   cross: bool = False
@@ -280,6 +297,7 @@ class MultiHeadAttention(nn.Module):
     x = x.astype(dtype)
     b, t = x.shape[:2]
 
+    kv_layout = 'bskh'
     if not self.cross:
       if kv is not None:
         raise ValueError('self-attention (cross=False) takes no kv input')
@@ -299,40 +317,58 @@ class MultiHeadAttention(nn.Module):
                                     cfg.rope_base)
       if decode:
         key, value = self._update_self_cache(key, value, cache_index)
+        kv_layout = 'bksh'
     else:
       query = self._project(x, 'query', (n, h), ('heads', 'head_dim'))
       if kv is not None:
         key, value = self._key_value(kv.astype(dtype))
         if decode:
+          key, value = _heads_major(key), _heads_major(value)
+          kv_layout = 'bksh'
           self.variable('cache', 'cached_key', lambda: key).value = key
           self.variable('cache', 'cached_value', lambda: value).value = value
       elif decode and self.has_variable('cache', 'cached_key'):
         key = self.get_variable('cache', 'cached_key')
         value = self.get_variable('cache', 'cached_value')
+        kv_layout = 'bksh'
       else:
         raise ValueError('cross-attention needs kv, or decode=True with keys/values already cached')
+    rows = key.shape[0]
+    if rows != b:  # shared cross-attention cache rows: group the queries by row
+      if not self.cross or rows == 0 or b % rows:
+        raise ValueError(f'attention: {b} query rows cannot share {rows} key/value rows '
+                         f'(cross-attention caches only, a whole number of queries per row)')
+      query = query.reshape(rows, b // rows * t, n, h)
+      mask = _fold_rows(mask, b, t, rows)
+      bias = _fold_rows(bias, b, t, rows)
 
     want_weights = self.is_mutable_collection('intermediates')
     dropout_active = not deterministic and cfg.attention_dropout_rate > 0.0
     result = dot_product_attention(
         query, key, value, mask=mask, bias=bias, dropout_rate=cfg.attention_dropout_rate,
         dropout_rng=self.make_rng('dropout') if dropout_active else None,
-        deterministic=deterministic, impl=cfg.attention_impl, return_weights=want_weights)
+        deterministic=deterministic, impl=cfg.attention_impl, return_weights=want_weights,
+        kv_layout=kv_layout)
+    out = result[0] if want_weights else result
+    out = out.reshape(b, t, n, hv)  # undoes the grouping of queries by cache row (if any)
     if want_weights:
       # The fused kernel returns no weights, so dot_product_attention used the einsum path.
-      out, weights = result
+      weights = result[1]
+      if rows != b:
+        s_ = weights.shape[-1]
+        weights = jnp.swapaxes(weights.reshape(rows, n, b // rows, t, s_), 1, 2)
+        weights = weights.reshape(b, n, t, s_)
       self.sow('intermediates', 'attention_weights', weights)
-    else:
-      out = result
     return Projection((n, hv), (cfg.d_model,), ('heads', 'head_dim', 'embed'), cfg.use_bias,
                       dtype, jnp.dtype(cfg.param_dtype), name='out')(out)
 
   def _update_self_cache(self, key, value, cache_index):
-    """Writes [b, t, k, *] keys/values at cache_index[0]; returns the full [b, max_len, k, *] cache.
+    """Writes [b, t, k, *] keys/values at cache_index[0]; returns the full [b, k, max_len, *] cache.
 
     On the init call (cache not yet created) the cache is created with max_len = t, zero-filled,
     and the call attends over its own keys/values, flax-style.
     """
+    key, value = _heads_major(key), _heads_major(value)  # [b, k, t, *]: only the new tokens move
     initialized = self.has_variable('cache', 'cached_key')
     cached_key = self.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
     cached_value = self.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
@@ -340,13 +376,29 @@ class MultiHeadAttention(nn.Module):
       return key, value
     if cache_index is None:
       raise ValueError('decode-mode self-attention needs cache_index ([b] int32)')
-    max_len, t = cached_key.value.shape[1], key.shape[1]
+    max_len, t = cached_key.value.shape[2], key.shape[2]
     if t > max_len:
       raise ValueError(f'decode call writes {t} tokens into a cache of max_len={max_len}')
     start = jnp.asarray(cache_index, jnp.int32).reshape(-1)[0]
     zero = jnp.zeros((), jnp.int32)
     cached_key.value = lax.dynamic_update_slice(
-        cached_key.value, key.astype(cached_key.value.dtype), (zero, start, zero, zero))
+        cached_key.value, key.astype(cached_key.value.dtype), (zero, zero, start, zero))
     cached_value.value = lax.dynamic_update_slice(
-        cached_value.value, value.astype(cached_value.value.dtype), (zero, start, zero, zero))
+        cached_value.value, value.astype(cached_value.value.dtype), (zero, zero, start, zero))
     return cached_key.value, cached_value.value
+
+
+def _heads_major(x: Array) -> Array:
+  """Keys or values [b, s, k, *] -> the cache layout [b, k, s, *]."""
+  return jnp.swapaxes(x, 1, 2)
+
+
+def _fold_rows(x: Optional[Array], b: int, t: int, rows: int) -> Optional[Array]:
+  """A mask or bias [b|1, c, t|1, s] for b query rows -> [rows, c, (b // rows) * t, s]: the
+  queries of each group of b // rows consecutive rows become one row (see MultiHeadAttention)."""
+  if x is None:
+    return None
+  x = jnp.broadcast_to(x, (b, x.shape[1], t, x.shape[3]))
+  c, s = x.shape[1], x.shape[3]
+  x = jnp.swapaxes(x.reshape(rows, b // rows, c, t, s), 1, 2)
+  return x.reshape(rows, c, b // rows * t, s)

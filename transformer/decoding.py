@@ -132,14 +132,53 @@ def length_penalty(length: jnp.ndarray, alpha: float) -> jnp.ndarray:
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
+_BLOCK = 128  # logits per block in `top_k_log_probs`
+
+
+def top_k_log_probs(logits: jnp.ndarray, k: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """The k largest log-softmax values of logits [B, V] and their token ids ([B, k], [B, k] int32).
+
+  Equal to lax.top_k(jax.nn.log_softmax(logits), k), ties included, but for a large vocabulary it
+  reads the logits only twice: one pass takes the maximum of each block of 128 logits (which also
+  gives the row maximum for the logsumexp), one sums the exponentials. The k largest logits lie in
+  the k blocks with the largest maxima (a block outside them is beaten by k block maxima, each
+  ranking before all of its entries), so top_k then searches k*128 candidates, kept in vocabulary
+  order so that ties resolve to the lowest id as lax.top_k does, instead of all V logits.
+  """
+  logits = logits.astype(jnp.float32)
+  rows, vocab = logits.shape
+  num_blocks, rest = divmod(vocab, _BLOCK)
+  if num_blocks <= 4 * k:  # small vocabulary: nothing to gain
+    values, tokens = lax.top_k(logits, k)
+    return values - jax.nn.logsumexp(logits, axis=-1, keepdims=True), tokens
+  blocks = logits[:, :num_blocks * _BLOCK].reshape(rows, num_blocks, _BLOCK)
+  if rest:  # the last, partial block: padded with -inf (it is small)
+    tail = jnp.pad(logits[:, num_blocks * _BLOCK:], ((0, 0), (0, _BLOCK - rest)),
+                   constant_values=-jnp.inf)[:, None]  # [B, 1, block]
+    block_max = jnp.concatenate([jnp.max(blocks, axis=-1), jnp.max(tail, axis=-1)], axis=1)
+  else:
+    block_max = jnp.max(blocks, axis=-1)  # [B, blocks]
+  top_blocks = jnp.sort(lax.top_k(block_max, k)[1], axis=-1)  # [B, k], in vocabulary order
+  candidates = jnp.take_along_axis(blocks, jnp.minimum(top_blocks, num_blocks - 1)[:, :, None],
+                                   axis=1, mode="clip")  # [B, k, block]
+  if rest:
+    candidates = jnp.where((top_blocks == num_blocks)[:, :, None], tail, candidates)
+  values, index = lax.top_k(candidates.reshape(rows, k * _BLOCK), k)
+  tokens = jnp.take_along_axis(top_blocks, index // _BLOCK, axis=1) * _BLOCK + index % _BLOCK
+  row_max = jnp.max(block_max, axis=-1, keepdims=True)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # all -inf rows: as logsumexp does
+  lse = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True)) + row_max
+  return values - lse, tokens.astype(jnp.int32)
+
+
 def _gather_beams(x: jnp.ndarray, indices: jnp.ndarray) -> jnp.ndarray:
   """x [b, m, ...], indices [b, k] -> [b, k, ...]."""
   return jax.vmap(lambda row, idx: row[idx])(x, indices)
 
 
 def take_rows(cache: Any, indices: jnp.ndarray) -> Any:
-  """Default cache reordering: every leaf gathered along axis 0."""
-  return jax.tree_util.tree_map(lambda x: jnp.take(x, indices, axis=0), cache)
+  """Default cache reordering: every leaf gathered along axis 0 (indices in range)."""
+  return jax.tree_util.tree_map(lambda x: jnp.take(x, indices, axis=0, mode="clip"), cache)
 
 
 class _Beams(NamedTuple):
@@ -171,10 +210,8 @@ def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_
 
   def update(state: _Beams, logits: jnp.ndarray) -> _Beams:
     i = state.i
-    logits = logits.astype(jnp.float32)  # [b*k, v]
-    best_logits, best_tokens = lax.top_k(logits, per_beam)  # [b*k, per_beam]
-    best_logits = jnp.where(best_tokens == PAD_ID, NEG_INF, best_logits)
-    log_probs = best_logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    log_probs, best_tokens = top_k_log_probs(logits, per_beam)  # [b*k, per_beam]
+    log_probs = jnp.where(best_tokens == PAD_ID, NEG_INF, log_probs)
     candidate_logp = (state.alive_logp.reshape(-1, 1) + log_probs).reshape(b, k * per_beam)
     top_logp, top_index = lax.top_k(candidate_logp, num_candidates)  # [b, 2k]
     beam = top_index // per_beam
@@ -291,10 +328,9 @@ def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams
                           encoder_segment_ids=source_segments, decoder_positions=0 * ones,
                           decoder_segment_ids=ones)
     step_segments = jnp.repeat(source_segments, k, axis=0)
+    # The cross-attention keys/values keep their b rows: the model's cross-attention lets the k
+    # beams of a row share it (no copies, and each source is read once per step, not k times).
     state["cache"], cross = _split_cross_attention(state["cache"])
-    if k > 1:
-      cross = flax.traverse_util.flatten_dict(
-          reorder_fn(flax.traverse_util.unflatten_dict(cross), jnp.repeat(jnp.arange(b), k)))
 
     def step_fn(tokens, cache, j):
       ones = jnp.ones((tokens.shape[0], 1), jnp.int32)

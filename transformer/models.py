@@ -368,8 +368,12 @@ def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly:
 
 
 def reorder_cache(cache: Any, indices: Array, scan_layers: bool) -> Any:
-  """Gathers every cache leaf along its batch axis (beam search): axis 0, or 1 for scanned layers."""
+  """Gathers every cache leaf along its batch axis (beam search): axis 0, or 1 for scanned layers.
+
+  Indices must be in range: they are clipped, not checked (the check would cost a full pass over
+  every leaf per call).
+  """
   def gather(path, leaf):
     scanned = scan_layers and any(getattr(key, 'key', None) == 'layers' for key in path)
-    return jnp.take(leaf, indices, axis=1 if scanned else 0)
+    return jnp.take(leaf, indices, axis=1 if scanned else 0, mode='clip')
   return jax.tree_util.tree_map_with_path(gather, cache)
