@@ -21,7 +21,7 @@ import pytest
 
 import transformer
 from configs import lm
-from transformer import decoding, evaluation
+from transformer import decoding, evaluation, predict
 
 MAX_LEN = ROW = 64  # model.max_len = data.max_target_len (LM rows of 64 characters), as lm.py
 GREEDY_LEN = 24  # tokens decoded greedily for the reference comparison
@@ -202,3 +202,18 @@ def test_restore_generate_matches_the_causal_reference(lm_run, evaluated, restor
   for source, text in zip(sources, got):
     want = greedy_by_full_forward(run, tok.encode(source), MAX_LEN - evaluation.LM_PROMPT_LEN)
     assert text == tok.decode(want)
+
+
+def test_predict_cli_continues_lm_prompts(lm_run, capsys):
+  """`python -m transformer.predict` on the LM run, without --max_decode_len, continues a prompt
+  (exit 0, one 'prompt<TAB>continuation' line, as restore().generate); a prompt that fills the
+  whole context is a one-line error naming model.max_len - 1."""
+  workdir, text, _ = lm_run
+  prompt = text[:12].strip()  # predict strips its inputs
+  assert predict.main([f"--workdir={workdir}", "--method=greedy", prompt]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert len(out) == 1 and out[0].startswith(prompt + "\t") and len(out[0]) > len(prompt) + 1
+  assert predict.main([f"--workdir={workdir}", "a" * MAX_LEN]) == 1
+  assert capsys.readouterr().err.strip() == (
+      f"error: input 1 {'a' * MAX_LEN!r} is too long: {MAX_LEN} tokens, the model takes at most "
+      f"{MAX_LEN - 1} (model.max_len - 1)")

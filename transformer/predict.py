@@ -24,7 +24,7 @@ def _unknown_units(tokenizer: Any, text: str) -> list[str]:
 
 
 def check_input(run: Any, text: str, max_decode_len: int) -> tuple[str | None, str]:
-  """(error message or None, the text to decode) for one input."""
+  """(error message or None, the text to decode) for one input; max_decode_len 0 = unset."""
   if not text.strip():
     return "is empty", text
   text = text.strip()
@@ -40,8 +40,10 @@ def check_input(run: Any, text: str, max_decode_len: int) -> tuple[str | None, s
   length = len(tokenizer.encode(text)) + (run.kind != "lm")
   if cfg.model.arch == "encoder_decoder":
     limit, key = cfg.data.max_source_len, "data.max_source_len"
-  else:
+  elif max_decode_len:
     limit, key = cfg.model.max_len - max_decode_len, "model.max_len - max_decode_len"
+  else:  # unset: the continuation gets what fits after the prompt (evaluation.decode_batches)
+    limit, key = cfg.model.max_len - 1, "model.max_len - 1"
   if length > limit:
     return f"is too long: {length} tokens, the model takes at most {limit} ({key})", text
   return None, text
@@ -82,8 +84,9 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
   options = dict(method=args.method, beam_size=args.beam_size, length_penalty=args.length_penalty,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  max_decode_len=args.max_decode_len)
-  max_decode_len = args.max_decode_len or (run.config.eval.decode.max_decode_len
-                                           or run.config.data.max_target_len)
+  # 0 for an LM: its continuation gets what fits after the prompt (max_target_len is the context).
+  max_decode_len = args.max_decode_len or run.config.eval.decode.max_decode_len or (
+      0 if run.kind == "lm" else run.config.data.max_target_len)
   good, status = [], 0
   for n, text in enumerate(texts, start=1):
     error, cleaned = check_input(run, text, max_decode_len)
