@@ -281,9 +281,10 @@ def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, f
   """
   path = os.path.join(workdir, DONE_FILE)
   record = {"step": int(step), "reason": reason, "wall_seconds": round(wall_seconds, 3),
-            "metrics": {k: (float(v) if math.isfinite(v) else None) for k, v in metrics.items()}}
+            "metrics": {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                        for k, v in metrics.items()}}
   with open(path + ".tmp", "w") as f:
-    json.dump(record, f, indent=1, sort_keys=True)
+    json.dump(record, f, indent=1, sort_keys=True, default=float)
   os.replace(path + ".tmp", path)
 
 
