@@ -13,14 +13,34 @@ cache (generate(): one prefill call, then one token per step) and without it (th
 each step a full forward pass over the fixed-length [prompt + 256] buffer, causal-masked). Both are
 single jit-compiled while loops with the same sampling code and seed, so they should also produce
 the same tokens. Target: the cache at least 10x faster.
+
+  python benchmarks/decode.py --part=beam --vocab=32000,8000,1000 --compare=ae90a2b
+
+--compare=REV times beam search at git revision REV too (its tree from `git archive`), in the same
+run, alternating fresh processes of the two trees `--rounds` times and keeping each one's best, so a
+busy machine slows both alike. The last line is a README-ready table row.
 """
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tree() -> str:
+  """The source tree to time: --tree=DIR (--compare's baseline checkout), else this repository."""
+  for arg in sys.argv[1:]:
+    if arg.startswith("--tree="):
+      return os.path.abspath(arg.split("=", 1)[1])
+  return REPO
+
+
+sys.path.insert(0, _tree())
 
 import flax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -66,22 +86,63 @@ def decode_cfg(method: str, beam_size: int = 1) -> DecodeConfig:
                       top_k=0, top_p=0.95, max_decode_len=0)
 
 
-def bench_beam(args) -> None:
+BEAM_SHAPES = "beam 4, batch 32, 3+3 layers d_model 256, 47 steps"
+
+
+def bench_beam(vocab: int, repeats: int) -> dict:
   """Beam search ms per decode step on the brief's encoder-decoder shapes."""
-  cfg = model_config(arch="encoder_decoder", vocab_size=args.vocab, source_vocab_size=args.vocab,
+  cfg = model_config(arch="encoder_decoder", vocab_size=vocab, source_vocab_size=vocab,
                      d_model=256, num_heads=8, mlp_dim=1024, num_encoder_layers=3,
                      num_decoder_layers=3, dropout_rate=0.0, max_len=256)
   model = build_model(cfg)
   steps, batch, beam, src_len = 47, 32, 4, 48
-  inputs = np.random.default_rng(1).integers(3, args.vocab, (batch, src_len), dtype=np.int32)
+  inputs = np.random.default_rng(1).integers(3, vocab, (batch, src_len), dtype=np.int32)
   params = random_params(model, inputs[:1], inputs[:1])
   run = lambda: decoding.generate(model, params, {"inputs": inputs}, decode_cfg("beam", beam),
                                   eos_id=NEVER, max_decode_len=steps + 1)
-  first, best, cpu, (tokens, _) = timed(run, args.repeats)
+  first, best, cpu, (tokens, _) = timed(run, repeats)
   assert tokens.shape == (batch, steps + 1)
-  print(f"beam search  batch {batch} beam {beam} 3+3 layers d_model 256 vocab {args.vocab} "
-        f"src {src_len}: {1000 * best / steps:.1f} ms per step (target <= 17; "
-        f"{1000 * cpu / steps:.1f} CPU-ms), {best:.2f} s per call, first call {first:.1f} s")
+  return dict(vocab=vocab, ms=1000 * best / steps, cpu_ms=1000 * cpu / steps, call_s=best,
+              first_s=first)
+
+
+def print_beam(r: dict) -> None:
+  print(f"beam search  {BEAM_SHAPES}, vocab {r['vocab']}, src 48: {r['ms']:.1f} ms per step "
+        f"(target <= 17; {r['cpu_ms']:.1f} CPU-ms), {r['call_s']:.2f} s per call, "
+        f"first call {r['first_s']:.1f} s")
+
+
+def readme_row(r: dict, base: dict | None = None, rev: str = "") -> str:
+  before = f" ({base['ms']:.1f} at {rev})" if base else ""
+  return (f"| beam search ({BEAM_SHAPES}, vocab {r['vocab']}) | {r['ms']:.1f} ms per step{before} "
+          f"| target <= 17; the flax WMT example ~34 |")
+
+
+def compare_beam(args, vocabs: list[int]) -> None:
+  """Beam search at revision args.compare and in this tree, alternating fresh processes."""
+  with tempfile.TemporaryDirectory() as old_tree:
+    archive = subprocess.run(["git", "-C", REPO, "archive", args.compare], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", old_tree], input=archive, check=True)
+    best = {}
+    for _ in range(args.rounds):
+      for name, tree in (("before", old_tree), ("after", REPO)):
+        for vocab in vocabs:
+          out = subprocess.run([sys.executable, os.path.abspath(__file__), "--part=beam", "--json",
+                                f"--vocab={vocab}", f"--repeats={args.repeats}", f"--tree={tree}"],
+                               check=True, capture_output=True, text=True).stdout
+          r = json.loads(out.strip().splitlines()[-1])
+          if (name, vocab) not in best or r["ms"] < best[name, vocab]["ms"]:
+            best[name, vocab] = r
+  print(f"beam search  {BEAM_SHAPES}: best of {args.rounds} alternating rounds, "
+        f"{args.compare} (before) vs this tree (after)")
+  for vocab in vocabs:
+    b, a = best["before", vocab], best["after", vocab]
+    print(f"  vocab {vocab:6d}: {b['ms']:6.1f} -> {a['ms']:5.1f} ms per step "
+          f"({b['cpu_ms']:.1f} -> {a['cpu_ms']:.1f} CPU-ms), {b['ms'] / a['ms']:.2f}x; "
+          f"target <= 17")
+  for vocab in vocabs:
+    print("README:", readme_row(best["after", vocab], best["before", vocab], args.compare))
 
 
 def bench_lm(args) -> None:
@@ -133,15 +194,34 @@ def bench_lm(args) -> None:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--part", choices=["all", "beam", "lm"], default="all")
-  parser.add_argument("--vocab", type=int, default=32000, help="beam model vocabulary (WMT: 32k)")
+  parser.add_argument("--vocab", default="32000",
+                      help="beam model vocabularies, comma-separated (the flax WMT example: 32000)")
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--compare", default="", help="git revision to time beam search against")
+  parser.add_argument("--rounds", type=int, default=2, help="alternating rounds for --compare")
+  parser.add_argument("--tree", default="", help=argparse.SUPPRESS)  # read by _tree()
+  parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for --compare
   parser.add_argument("--lm_layers", type=int, default=4)
   parser.add_argument("--lm_d_model", type=int, default=256)
   parser.add_argument("--lm_batch", type=int, default=4)
   args = parser.parse_args()
+  try:
+    vocabs = [int(v) for v in args.vocab.split(",")]
+  except ValueError:
+    parser.error(f"--vocab={args.vocab!r} must be comma-separated integers")
+  if args.json:
+    print(json.dumps(bench_beam(vocabs[0], args.repeats)))
+    return
   print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores")
   if args.part in ("all", "beam"):
-    bench_beam(args)
+    if args.compare:
+      compare_beam(args, vocabs)
+    else:
+      results = [bench_beam(vocab, args.repeats) for vocab in vocabs]
+      for r in results:
+        print_beam(r)
+      for r in results:
+        print("README:", readme_row(r))
   if args.part in ("all", "lm"):
     bench_lm(args)
 
