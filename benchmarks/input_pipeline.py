@@ -5,8 +5,9 @@
 
 Prints, per batching mode (pack, bucket, pad): batches/s and examples/s after a warm-up batch (the
 one-off tokenization of the split is timed separately), and the non-padding fraction of `inputs`,
-`targets` and of both together. The pipeline must never be the bottleneck (>= 20x the training
-step rate) and packing should fill >= 90% of the token slots on G2P.
+`targets` and of both together. Then it times the same config's jit-compiled training step on
+packed batches in the same run and prints the ratio: the pipeline must never be the bottleneck
+(>= 20x the training step rate), and packing should fill >= 90% of the token slots on G2P.
 """
 
 import argparse
@@ -60,23 +61,52 @@ def run(cfg, mode: str, num_batches: int) -> dict[str, float]:
           "targets_fill": fill["targets"][0] / fill["targets"][1], "both_fill": real / slots}
 
 
+def train_steps_per_s(cfg, num_steps: int) -> float:
+  """Steps/s of the config's jit-compiled training step on packed batches (after compiling)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from transformer import training  # pylint: disable=g-import-not-at-top
+  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
+  from transformer.optim import make_optimizer  # pylint: disable=g-import-not-at-top
+  task = load_task(cfg, process_index=0, process_count=1)
+  cfg = training.fill_vocab_sizes(cfg, task)
+  model, tx = build_model(cfg.model), make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  it = task.train_iterator()
+  batches = [next(it) for _ in range(num_steps + 1)]
+  state = training.create_train_state(cfg, model, jax.random.PRNGKey(0), batches[0], tx)
+  step = jax.jit(training.make_train_step(cfg, model, tx), donate_argnums=0)
+  state, metrics = step(state, batches[0])
+  jax.block_until_ready(metrics)
+  start = time.perf_counter()
+  for b in batches[1:]:
+    state, metrics = step(state, b)
+  jax.block_until_ready(metrics)
+  return num_steps / (time.perf_counter() - start)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--variant", default="", help="configs/g2p.py variant ('' = its default)")
   parser.add_argument("--data_dir", default="", help="TFDS data_dir ('' = the config's)")
   parser.add_argument("--batches", type=int, default=200)
   parser.add_argument("--modes", default="pack,bucket,pad")
+  parser.add_argument("--train_steps", type=int, default=5, help="training steps timed (0 = skip)")
   args = parser.parse_args()
   cfg = _config(args.variant, args.data_dir)
   d = cfg.data
   print(f"G2P input pipeline: dataset={d.dataset} batch_size={d.batch_size} rows x "
         f"(max_source_len={d.max_source_len}, max_target_len={d.max_target_len}), "
         f"{args.batches} batches, 1 host")
+  rates = {}
   for mode in args.modes.split(","):
     r = run(cfg, mode, args.batches)
+    rates[mode] = r["batches_per_s"]
     print(f"  {mode:6s} {r['batches_per_s']:7.1f} batches/s  {r['examples_per_s']:9.0f} examples/s  "
           f"non-padding: inputs {r['inputs_fill']:.1%}  targets {r['targets_fill']:.1%}  "
           f"both {r['both_fill']:.1%}  (first batch incl. tokenizing the split: {r['setup_s']:.1f} s)")
+  if args.train_steps and "pack" in rates:
+    steps = train_steps_per_s(cfg, args.train_steps)
+    print(f"  training step of this config: {steps:.2f} steps/s -> the packing pipeline is "
+          f"{rates['pack'] / steps:.0f}x the training step rate (target >= 20x)")
 
 
 if __name__ == "__main__":
