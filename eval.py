@@ -13,7 +13,7 @@ the keys given on the command line are applied on top of the saved config, e.g.
   python eval.py --workdir=runs/g2p --config.eval.decode.method=greedy --config.eval.num_decode_examples=500
 
 Only keys that cannot change the trained parameters may be overridden: `eval.*`, `seed`,
-`data.data_dir`, `data.eval_split`, `data.batch_size`, `data.num_workers`, `model.attention_impl`,
+`data.data_dir`, `data.eval_split`, `data.batch_size`, `model.attention_impl`,
 `model.dtype`. Any other key (e.g. `--config.model.d_model`) is a one-line error.
 """
 

@@ -79,7 +79,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   d.batching = "pack"  # pack | bucket | pad
   d.batch_size = 128  # global, in rows of max_*_len tokens
   d.shuffle_seed = 0
-  d.num_workers = 0  # Grain worker processes (0 = in the main process)
 
   c.train = t = ml_collections.ConfigDict()
   t.num_steps = 100_000

@@ -80,7 +80,6 @@ class DataConfig:
   batching: str
   batch_size: int
   shuffle_seed: int
-  num_workers: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +218,7 @@ NON_NEGATIVE = (
     "train.warmup_steps", "train.weight_decay", "train.grad_clip", "train.z_loss",
     "train.early_stop_patience", "eval.num_batches", "eval.batch_size",
     "eval.num_decode_examples", "eval.decode.top_k", "eval.decode.max_decode_len",
-    "data.num_workers", "peak_flops",
+    "peak_flops",
 )
 UNIT_INTERVAL = (
     "model.dropout_rate", "model.attention_dropout_rate", "model.ffn_dropout_rate",

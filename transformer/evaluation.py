@@ -43,7 +43,7 @@ from transformer.config import Config, ConfigError, DecodeConfig, from_configdic
 # Keys `overrides` may change: none of them changes parameter shapes or what was trained.
 OVERRIDABLE_PREFIXES = ("eval.",)
 OVERRIDABLE_KEYS = frozenset({
-    "seed", "data.data_dir", "data.eval_split", "data.batch_size", "data.num_workers",
+    "seed", "data.data_dir", "data.eval_split", "data.batch_size",
     "model.attention_impl", "model.dtype"})
 STEP_NAMES = ("latest", "best")
 _STRESS = re.compile(r"\d")
