@@ -37,6 +37,8 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
+from transformer import files
+
 # Model keys that change neither parameter shapes nor names: a run may resume with other values.
 NON_STRUCTURAL_MODEL_KEYS = frozenset({
     "dropout_rate", "attention_dropout_rate", "ffn_dropout_rate", "attention_impl", "remat",
@@ -77,7 +79,9 @@ class Checkpointer:
   """Asynchronous orbax checkpoints of (train state, Grain iterator, config, metrics) in a workdir."""
 
   def __init__(self, workdir: str, ckpt_cfg: Any, config: Any = None):
-    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    self.directory = os.path.join(workdir, "checkpoints")
+    if files.is_local(self.directory):  # a gs:// path goes to orbax as it is
+      self.directory = os.path.abspath(self.directory)
     self.config = _as_dict(config)
     self._best_key = ckpt_cfg.keep_best_by
     if ckpt_cfg.keep < 1:
@@ -199,7 +203,7 @@ class Checkpointer:
 def _saved_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
   """The config of the latest checkpoint in workdir (else workdir/config.json), and its source."""
   directory = os.path.join(workdir, "checkpoints")
-  if os.path.isdir(directory):
+  if files.isdir(directory):
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
     try:
       step = manager.latest_step()
@@ -210,9 +214,8 @@ def _saved_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
     finally:
       manager.close()
   path = os.path.join(workdir, "config.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f), path
+  if files.exists(path):
+    return json.loads(files.read_text(path)), path
   return None, ""
 
 

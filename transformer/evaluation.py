@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from transformer import files
 from transformer import metrics as metrics_lib
 from transformer.config import Config, ConfigError, DecodeConfig, from_configdict
 
@@ -61,13 +62,12 @@ class EvaluationError(ValueError):
 def load_config(workdir: str, overrides: dict[str, Any] | None = None) -> Config:
   """The run's Config from `<workdir>/config.json` with `overrides` (flat dotted keys) applied."""
   path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  if not files.exists(path):
     raise EvaluationError(f"{path} not found: is {workdir!r} the --workdir of a training run?")
-  with open(path) as f:
-    try:
-      saved = json.load(f)
-    except json.JSONDecodeError as e:
-      raise EvaluationError(f"{path}: not valid JSON ({e})") from None
+  try:
+    saved = json.loads(files.read_text(path))
+  except json.JSONDecodeError as e:
+    raise EvaluationError(f"{path}: not valid JSON ({e})") from None
   cd = ml_collections.ConfigDict(saved)
   for key, value in (overrides or {}).items():
     if not (key.startswith(OVERRIDABLE_PREFIXES) or key in OVERRIDABLE_KEYS):
@@ -152,7 +152,7 @@ def restore_params(cfg: Config, workdir: str, step: int | str | None = None) -> 
   """(params, step) of a checkpoint in `workdir`, restored onto the first local device."""
   from transformer import checkpoints  # pylint: disable=g-import-not-at-top
   from transformer.models import build_model  # pylint: disable=g-import-not-at-top
-  if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+  if not files.isdir(os.path.join(workdir, "checkpoints")):
     raise EvaluationError(f"no checkpoints in {workdir}: has the run saved one yet?")
   ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint)
   try:
@@ -347,10 +347,8 @@ def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str) 
 
 def write_predictions(path: str, predictions: Sequence[dict[str, Any]]) -> None:
   """One JSON object per line: source, references, hypothesis, score."""
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    for p in predictions:
-      f.write(json.dumps(p, ensure_ascii=False) + "\n")
-  os.replace(path + ".tmp", path)
+  files.write_text_atomic(path, "".join(json.dumps(p, ensure_ascii=False) + "\n"
+                                        for p in predictions))
 
 
 def format_table(results: dict[str, Any]) -> str:
@@ -392,9 +390,9 @@ def evaluate(workdir: str, split: str = "test", step: int | str | None = None,
       f"(beam={cfg.eval.decode.beam_size}, alpha={cfg.eval.decode.length_penalty})"
       if cfg.eval.decode.method == "beam" else "")
   write_predictions(os.path.join(workdir, f"predictions.{split}.jsonl"), predictions)
-  with open(os.path.join(workdir, f"metrics.{split}.json"), "w") as f:
-    json.dump({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-               for k, v in results.items()}, f, indent=1)
+  files.write_text_atomic(os.path.join(workdir, f"metrics.{split}.json"), json.dumps(
+      {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+       for k, v in results.items()}, indent=1))
   if verbose:
     print(format_table(results))
     for p in predictions[:3] if getattr(task, "kind", "") == "lm" else []:

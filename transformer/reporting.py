@@ -36,6 +36,8 @@ from typing import Any, Mapping
 
 import jax
 
+from transformer import files
+
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow-datasets",
             "numpy")
 
@@ -182,14 +184,12 @@ def provenance(mesh_shape: Mapping[str, int] | None = None) -> dict[str, Any]:
 
 def _truncate_jsonl(path: str, last_step: int) -> None:
   """Drops lines logged after `last_step` (a resumed run logs those steps again)."""
-  if not os.path.exists(path):
+  if not files.exists(path):
     return
-  with open(path) as f:
-    lines = [line for line in f if line.strip()]
+  lines = [line for line in files.read_text(path).split("\n") if line.strip()]
   kept = [line for line in lines if json.loads(line).get("step", 0) <= last_step]
   if len(kept) != len(lines):
-    with open(path, "w") as f:
-      f.writelines(kept)
+    files.write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
 class Reporter:
@@ -211,7 +211,7 @@ class Reporter:
     self._writer = self._bar = None
     if not self.active:
       return
-    os.makedirs(workdir, exist_ok=True)
+    files.makedirs(workdir)
     self._write_json("config.json", _to_dict(config))
     self._write_json("provenance.json", provenance(mesh_shape))
     self._jsonl_path = os.path.join(workdir, "metrics.jsonl")
@@ -225,10 +225,8 @@ class Reporter:
                        mininterval=1.0, smoothing=0.1)
 
   def _write_json(self, name: str, obj: Any) -> None:
-    path = os.path.join(self.workdir, name)
-    with open(path + ".tmp", "w") as f:
-      json.dump(obj, f, indent=2, sort_keys=True, default=str)
-    os.replace(path + ".tmp", path)  # never a half-written file
+    files.write_text_atomic(os.path.join(self.workdir, name),
+                            json.dumps(obj, indent=2, sort_keys=True, default=str))
 
   def add_tokens(self, tokens: int, nonpad_tokens: int) -> None:
     """Counts one step's tokens (all positions, and non-padding ones) of this host's batch."""
@@ -284,8 +282,7 @@ class Reporter:
     if not self.active:
       return
     values = {k: float(v) for k, v in scalars.items()}
-    with open(self._jsonl_path, "a") as f:
-      f.write(json.dumps({"step": int(step), **values}) + "\n")
+    files.append_line(self._jsonl_path, json.dumps({"step": int(step), **values}))
     for key, value in values.items():
       self._writer.add_scalar(key, value, int(step))
     self._writer.flush()

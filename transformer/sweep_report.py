@@ -19,7 +19,7 @@ import os
 import statistics
 from typing import Any, Sequence
 
-from transformer import sweep_runner, sweeps
+from transformer import files, sweep_runner, sweeps
 
 # Metrics tried in order by metric='auto'; the first one that some point has is plotted.
 AUTO_METRICS = ("test/wer", "test/bleu", "test/bits_per_char", "test/bits_per_byte",
@@ -30,7 +30,7 @@ SKIPPED_TEST_KEYS = ("step", "split", "decode", "decoded", "tokens")
 
 def count_params(workdir: str) -> int | None:
   """Parameters of the run's model, from its config.json (None if there is none yet)."""
-  if not os.path.exists(os.path.join(workdir, "config.json")):
+  if not files.exists(os.path.join(workdir, "config.json")):
     return None
   try:
     import jax  # pylint: disable=g-import-not-at-top
@@ -53,13 +53,12 @@ def count_params(workdir: str) -> int | None:
 def _metrics_jsonl(workdir: str) -> list[dict[str, Any]]:
   path = os.path.join(workdir, "metrics.jsonl")
   records = []
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        try:
-          records.append(json.loads(line))
-        except ValueError:
-          continue  # a line cut by a kill; the rest is still good
+  if files.exists(path):
+    for line in files.read_text(path).split("\n"):
+      try:
+        records.append(json.loads(line))
+      except ValueError:
+        continue  # a line cut by a kill (or the empty end); the rest is still good
   return records
 
 
@@ -77,7 +76,7 @@ def collect(points: Sequence[sweeps.Point], eval_split: str = "test") -> list[di
     row |= {lab: sweeps.format_value(p.overrides[k]) if k in p.overrides else ""
             for k, lab in label.items()}
     record = sweep_runner.read_record(p)
-    if record.get("params") is None and os.path.isdir(p.workdir):
+    if record.get("params") is None and files.isdir(p.workdir):
       record["params"] = count_params(p.workdir)
       if record["params"] is not None:
         sweep_runner.write_record(p, record)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
+from transformer import files
 from transformer.config import from_configdict
 from transformer.sweeps import Commands, Point, apply_overrides
 
@@ -36,8 +37,7 @@ DONE = "train_done.json"  # = transformer.training.DONE_FILE (not imported: it w
 def read_json(path: str) -> Any:
   """A JSON file's content, or None if it is missing or unreadable (e.g. being written)."""
   try:
-    with open(path) as f:
-      return json.load(f)
+    return json.loads(files.read_text(path))
   except (OSError, ValueError):
     return None
 
@@ -67,7 +67,7 @@ def status(point: Point, commands: Commands) -> str:
   if step is not None:
     needs_eval = commands.has_eval() and not evaluated(point, commands.eval_split, step)
     return "eval" if needs_eval else "done"
-  started = any(os.path.exists(os.path.join(point.workdir, f))
+  started = any(files.exists(os.path.join(point.workdir, f))
                 for f in ("checkpoints", "metrics.jsonl"))
   return "resume" if started else "new"
 
@@ -80,23 +80,20 @@ def read_record(point: Point) -> dict[str, Any]:
 
 def write_record(point: Point, record: Mapping[str, Any]) -> None:
   """Replaces the point's sweep_point.json atomically."""
-  path = os.path.join(point.workdir, RECORD)
-  with open(path + ".tmp", "w") as f:
-    json.dump(record, f, indent=1, sort_keys=True, default=str)
-  os.replace(path + ".tmp", path)
+  files.write_text_atomic(os.path.join(point.workdir, RECORD),
+                          json.dumps(record, indent=1, sort_keys=True, default=str))
 
 
 def write_manifest(points: Sequence[Point], commands: Commands, sweep_path: str,
                    workdir: str) -> None:
   """`<workdir>/sweep.json`: the config, sweep file, sweep-wide overrides and every point."""
-  os.makedirs(workdir, exist_ok=True)
+  files.makedirs(workdir)
   manifest = {"config": commands.config_arg, "sweep": sweep_path,
               "base_overrides": dict(commands.base_overrides),
               "points": [{"name": p.name, "overrides": p.overrides, "workdir": p.workdir}
                          for p in points]}
-  with open(os.path.join(workdir, "sweep.json.tmp"), "w") as f:
-    json.dump(manifest, f, indent=1, default=str)
-  os.replace(os.path.join(workdir, "sweep.json.tmp"), os.path.join(workdir, "sweep.json"))
+  files.write_text_atomic(os.path.join(workdir, "sweep.json"),
+                          json.dumps(manifest, indent=1, default=str))
 
 
 # ---------------------------------------------------------------------------- running

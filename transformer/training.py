@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import optim
+from transformer import files, optim
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.losses import cross_entropy
 from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits  # noqa: F401
@@ -283,9 +283,7 @@ def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, f
   record = {"step": int(step), "reason": reason, "wall_seconds": round(wall_seconds, 3),
             "metrics": {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                         for k, v in metrics.items()}}
-  with open(path + ".tmp", "w") as f:
-    json.dump(record, f, indent=1, sort_keys=True, default=float)
-  os.replace(path + ".tmp", path)
+  files.write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=float))
 
 
 def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str, float]:
@@ -345,12 +343,12 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
     logging.info("%s holds a finished run (step %d): nothing to train.", workdir, start)
     ckpt.close()
     final = {k: v for k, v in saved.items() if not k.startswith("early_stop/")} | {"step": start}
-    if main and not os.path.exists(done_path):  # finished before markers existed
+    if main and not files.exists(done_path):  # finished before markers existed
       write_done_marker(workdir, start, "early_stop" if saved.get("train/stopped_early")
                         else "num_steps", final, time.time() - started)
     return final
-  if main and os.path.exists(done_path):  # a finished run trained further: not finished now
-    os.remove(done_path)
+  if main and files.exists(done_path):  # a finished run trained further: not finished now
+    files.remove(done_path)
 
   if start:
     logging.info("Resuming from the checkpoint of step %d in %s.", start, workdir)

@@ -23,6 +23,8 @@ if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.b
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from transformer import files  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 
 def _finish(fig: Any, path: str | None) -> Any:
   """Saves `fig` as a PNG at `path` (directories created) when given; returns it."""
@@ -97,18 +99,17 @@ def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any =
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
   """The records of a metrics.jsonl file (or of `<workdir>/metrics.jsonl`)."""
-  if os.path.isdir(path):
+  if files.isdir(path):
     path = os.path.join(path, "metrics.jsonl")
-  if not os.path.exists(path):
+  if not files.exists(path):
     raise FileNotFoundError(f"{path} not found: no metrics were logged")
   records = []
-  with open(path) as f:
-    for n, line in enumerate(f, start=1):
-      if line.strip():
-        try:
-          records.append(json.loads(line))
-        except json.JSONDecodeError:
-          raise ValueError(f"{path}:{n}: not a JSON line") from None
+  for n, line in enumerate(files.read_text(path).split("\n"), start=1):
+    if line.strip():
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        raise ValueError(f"{path}:{n}: not a JSON line") from None
   return records
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from absl import logging
 import numpy as np
 
+from transformer import files
 from transformer.data import builders
 from transformer.data import pipeline
 from transformer.data import tokenizers
@@ -49,17 +49,17 @@ def _tokenizer_name(d: Any, kind: str, key: str) -> str:
 def _get_tokenizer(d: Any, kind: str, key: str, root: str, workdir_dir: str | None,
                    texts) -> tokenizers.Tokenizer:
   """workdir copy if present, else the one saved next to the data, else built from `texts()`."""
-  if workdir_dir and os.path.exists(os.path.join(workdir_dir, "tokenizer.json")):
+  if workdir_dir and files.exists(os.path.join(workdir_dir, "tokenizer.json")):
     return tokenizers.load(workdir_dir)
   data_copy = os.path.join(root, "tokenizers", _tokenizer_name(d, kind, key))
-  if os.path.exists(os.path.join(data_copy, "tokenizer.json")):
+  if files.exists(os.path.join(data_copy, "tokenizer.json")):
     tok = tokenizers.load(data_copy)
   else:
     logging.info("Building the %s tokenizer of %s from the training split.", kind, key)
     tok = tokenizers.build(kind, texts(), spm_vocab_size=d.spm_vocab_size,
                            spm_model_type=d.spm_model_type)
     try:
-      if os.path.isdir(root):  # not for mocked catalog data, which has no directory
+      if files.isdir(root):  # not for mocked catalog data, which has no directory
         tok.save(data_copy)
     except OSError as e:  # a read-only data_dir: the workdir copy is still written below
       logging.warning("Could not save the tokenizer to %s: %s", data_copy, e)
@@ -126,18 +126,15 @@ class Task:
       source = self.dataset.source(split)
       keys = self._keys()
       path = os.path.join(self.dataset.root, "cache", f"{split}-{'+'.join(keys)}-{len(source)}.json")
-      if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-          self._cache[split] = [tuple(r) for r in json.load(f)]
+      if files.exists(path):
+        self._cache[split] = [tuple(r) for r in json.loads(files.read_text(path))]
       else:
         self._cache[split] = read_records(source, keys)
-        if not os.path.isdir(self.dataset.root):  # mocked catalog data: nothing to cache next to
+        if not files.isdir(self.dataset.root):  # mocked catalog data: nothing to cache next to
           return self._cache[split]
         try:
-          os.makedirs(os.path.dirname(path), exist_ok=True)
-          with open(path + f".tmp{os.getpid()}", "w", encoding="utf-8") as f:
-            json.dump(self._cache[split], f, ensure_ascii=False)
-          os.replace(path + f".tmp{os.getpid()}", path)
+          files.makedirs(os.path.dirname(path))
+          files.write_text_atomic(path, json.dumps(self._cache[split], ensure_ascii=False))
         except OSError as e:
           logging.warning("Could not cache %s records to %s: %s", split, path, e)
     return self._cache[split]
@@ -233,5 +230,6 @@ def load_task(cfg: Any, workdir: str | None = None, *, process_index: int | None
 
 def copy_tokenizers(src_workdir: str, dst_workdir: str) -> None:
   """Copies a run's tokenizers to another workdir (e.g. fine-tuning from a run)."""
-  shutil.copytree(os.path.join(src_workdir, "tokenizers"), os.path.join(dst_workdir, "tokenizers"),
-                  dirs_exist_ok=True)
+  for side in files.listdir(os.path.join(src_workdir, "tokenizers")):
+    tok = tokenizers.load(os.path.join(src_workdir, "tokenizers", side))
+    tok.save(os.path.join(dst_workdir, "tokenizers", side))

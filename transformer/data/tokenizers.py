@@ -22,6 +22,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from transformer import files
+
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 NUM_SPECIAL = 4
 _SPECIAL_STRINGS = ("<pad>", "</s>", "<s>", "<unk>")
@@ -67,11 +69,9 @@ class Tokenizer:
 
   def save(self, directory: str) -> None:
     """Writes the tokenizer to `directory` (created if missing)."""
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, _JSON + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump({"type": self.kind, **self._config()}, f, ensure_ascii=False, indent=1)
-    os.replace(tmp, os.path.join(directory, _JSON))
+    files.makedirs(directory)
+    files.write_text_atomic(os.path.join(directory, _JSON), json.dumps(
+        {"type": self.kind, **self._config()}, ensure_ascii=False, indent=1))
 
   def __eq__(self, other: object) -> bool:
     return type(self) is type(other) and self._config() == other._config()  # pytype: disable=attribute-error
@@ -189,9 +189,8 @@ class SentencePieceTokenizer(Tokenizer):
     return {"model_file": _SPM_FILE}
 
   def save(self, directory: str) -> None:
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, _SPM_FILE), "wb") as f:
-      f.write(self.model_proto)
+    files.makedirs(directory)
+    files.write_bytes_atomic(os.path.join(directory, _SPM_FILE), self.model_proto)
     super().save(directory)
 
   def __eq__(self, other: object) -> bool:
@@ -288,10 +287,9 @@ def build(kind: str, texts: Iterable[str], *, spm_vocab_size: int = 8000,
 def load(directory: str) -> Tokenizer:
   """Reads a tokenizer written by `Tokenizer.save(directory)`."""
   path = os.path.join(directory, _JSON)
-  if not os.path.exists(path):
+  if not files.exists(path):
     raise FileNotFoundError(f"no tokenizer at {path}")
-  with open(path, encoding="utf-8") as f:
-    spec = json.load(f)
+  spec = json.loads(files.read_text(path))
   kind = spec.get("type")
   if kind == "char":
     return CharTokenizer(spec["units"])
@@ -300,6 +298,5 @@ def load(directory: str) -> Tokenizer:
   if kind == "byte":
     return ByteTokenizer()
   if kind == "sentencepiece":
-    with open(os.path.join(directory, spec["model_file"]), "rb") as f:
-      return SentencePieceTokenizer(f.read())
+    return SentencePieceTokenizer(files.read_bytes(os.path.join(directory, spec["model_file"])))
   raise ValueError(f"{path}: unknown tokenizer type {kind!r}")
