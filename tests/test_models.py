@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from transformer.config import ConfigError, model_config
-from transformer.models import build_model, reorder_cache, shift_right
+from transformer.models import (build_model, reorder_beam_cache, reorder_cache, shift_right,
+                                tile_beam_cache)
 
 V, SV = 13, 11  # target and source vocabulary sizes
 ARCHS = ['encoder_decoder', 'decoder_only']
@@ -281,6 +282,43 @@ def test_reorder_cache(scan):
   got, _ = run({'params': params, 'cache': reordered}, None, token, enc_seg, **step)
   np.testing.assert_allclose(got, np.asarray(want)[perm], **TOL)
   assert not np.allclose(want[0], want[3], **TOL)
+
+
+@pytest.mark.parametrize('arch,pos,scan', [('decoder_only', 'alibi', False),
+                                           ('encoder_decoder', 'rope', True)])
+def test_shared_beam_cache_equals_reordered_copies(arch, pos, scan):
+  """Beams sharing their row's self-attention keys/values (tile_beam_cache; reorder_beam_cache
+  moves only the slot bookkeeping) give, step after step, the same logits as physically tiled and
+  reordered copies of the cache (reorder_cache), for beam reorders within each row's group."""
+  cfg = _cfg(arch=arch, positional=pos, scan_layers=scan)
+  model, params = _init(cfg)
+  run = _decode_fn(cfg)
+  c, k = B // 2, 2
+  rng = np.random.default_rng(5)
+  enc_seg = jnp.ones((c, 8), jnp.int32)
+  encoded = _encode(cfg, params, rng.integers(1, SV, size=(c, 8)))
+  dummy = jnp.zeros((c, 8), jnp.int32)
+  args = (encoded, dummy) if arch == 'encoder_decoder' else (dummy,)
+  kw = {'encoder_segment_ids': enc_seg} if arch == 'encoder_decoder' else {}
+  cache = model.init(jax.random.key(1), *args, decode=True, method='decode', **kw)['cache']
+  prompt = np.concatenate([np.zeros((c, 1), int), rng.integers(1, V, size=(c, 2))], axis=1)
+  _, state = run({'params': params, 'cache': cache}, encoded, jnp.asarray(prompt), enc_seg,
+                 decode=True, decoder_positions=jnp.broadcast_to(jnp.arange(3), (c, 3)))
+  shared = tile_beam_cache(state['cache'], k, scan)
+  copies = reorder_cache(state['cache'], jnp.repeat(jnp.arange(c), k), scan)
+  kv = jax.tree_util.tree_leaves_with_path(shared)
+  assert any('self_attention' in jax.tree_util.keystr(p) and x.shape[int(scan)] == c
+             for p, x in kv)  # the shared layout is exercised
+  enc_seg = jnp.repeat(enc_seg, k, axis=0)
+  for step in range(4):
+    token = jnp.asarray(rng.integers(1, V, size=(c * k, 1)))
+    pos = dict(decode=True, decoder_positions=jnp.full((c * k, 1), 3 + step))
+    got, state_s = run({'params': params, 'cache': shared}, None, token, enc_seg, **pos)
+    want, state_c = run({'params': params, 'cache': copies}, None, token, enc_seg, **pos)
+    np.testing.assert_allclose(got, want, **TOL)
+    perm = jnp.asarray((np.arange(c)[:, None] * k + rng.integers(0, k, size=(c, k))).reshape(-1))
+    shared = reorder_beam_cache(state_s['cache'], perm, scan)
+    copies = reorder_cache(state_c['cache'], perm, scan)
 
 
 def _stack_layers(tree):

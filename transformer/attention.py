@@ -253,10 +253,12 @@ class MultiHeadAttention(nn.Module):
   Decode mode keeps `cached_key` [b, k, L, h] and `cached_value` [b, k, L, hv] in the 'cache'
   collection, kv heads before slots so that attention reads the cache without transposing it:
   L = max_len (the init call's length) for self-attention, L = s (the source length) for
-  cross-attention. The caller owns the cache index and the masks. A cross-attention cache may have
-  fewer rows than the queries: with c cache rows and b = r * c query rows, query rows
-  i*r .. i*r+r-1 share cache row i (beam search: the beams of one source), and attend to it as one
-  row of r*t queries.
+  cross-attention. The caller owns the cache index and the masks. A cache may have fewer rows than
+  the queries: with c cache rows and b = r * c query rows, query rows i*r .. i*r+r-1 share cache
+  row i (beam search: the beams of one source), and attend to it as one row of r*t queries. A
+  shared self-attention cache row holds r*L slots, r regions of L, region j written by query row
+  i*r+j; `slot_rows` [b, L] (which query row wrote each slot of a row's history) then masks each
+  query row to its own history, so beam search reorders only slot_rows, never the keys/values.
   """
   config: ModelConfig
   cross: bool = False
@@ -282,14 +284,15 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x: Array, kv: Optional[Array] = None, *, mask: Optional[Array] = None,
                bias: Optional[Array] = None, positions: Optional[Array] = None,
                kv_positions: Optional[Array] = None, deterministic: bool = True,
-               decode: bool = False, cache_index: Optional[Array] = None) -> Array:
+               decode: bool = False, cache_index: Optional[Array] = None,
+               slot_rows: Optional[Array] = None) -> Array:
     """x [b, t, d] (queries), kv [b, s, d] (cross only) -> [b, t, d] in config.dtype.
 
     mask [b, 1|n, t, s] bool, bias [b|1, n, t, s]; in decode mode s is the cache length.
     positions [b, t] / kv_positions [b, s] feed RoPE (self-attention only; default arange).
     Decode mode (self): writes the t new keys/values at slot cache_index[0] ([b] int32, all equal)
-    and attends over the whole cache. Decode mode (cross): kv given -> keys/values computed and
-    cached; kv None -> the cached ones are used.
+    and attends over the whole cache (a shared cache: the slots slot_rows [b, L] allows). Decode
+    mode (cross): kv given -> keys/values computed and cached; kv None -> the cached ones are used.
     """
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
@@ -318,6 +321,8 @@ class MultiHeadAttention(nn.Module):
       if decode:
         key, value = self._update_self_cache(key, value, cache_index)
         kv_layout = 'bksh'
+        if key.shape[0] != b:  # a shared cache (see the class docstring)
+          mask, bias = _own_slots(mask, bias, slot_rows, b, key.shape[0], key.shape[2])
     else:
       query = self._project(x, 'query', (n, h), ('heads', 'head_dim'))
       if kv is not None:
@@ -335,9 +340,9 @@ class MultiHeadAttention(nn.Module):
         raise ValueError('cross-attention needs kv, or decode=True with keys/values already cached')
     rows = key.shape[0]
     if rows != b:  # shared cross-attention cache rows: group the queries by row
-      if not self.cross or rows == 0 or b % rows:
+      if not decode or rows == 0 or b % rows:
         raise ValueError(f'attention: {b} query rows cannot share {rows} key/value rows '
-                         f'(cross-attention caches only, a whole number of queries per row)')
+                         f'(decode-mode caches only, a whole number of queries per row)')
       query = query.reshape(rows, b // rows * t, n, h)
       mask = _fold_rows(mask, b, t, rows)
       bias = _fold_rows(bias, b, t, rows)
@@ -376,21 +381,43 @@ class MultiHeadAttention(nn.Module):
       return key, value
     if cache_index is None:
       raise ValueError('decode-mode self-attention needs cache_index ([b] int32)')
-    max_len, t = cached_key.value.shape[2], key.shape[2]
+    (c, k_, slots, _), (b, _, t, _) = cached_key.value.shape, key.shape
+    if c == 0 or b % c or slots % (b // c):
+      raise ValueError(f'decode call with {b} rows cannot share a self-attention cache of {c} rows '
+                       f'x {slots} slots')
+    r = b // c
+    max_len = slots // r
     if t > max_len:
       raise ValueError(f'decode call writes {t} tokens into a cache of max_len={max_len}')
     start = jnp.asarray(cache_index, jnp.int32).reshape(-1)[0]
     zero = jnp.zeros((), jnp.int32)
-    cached_key.value = lax.dynamic_update_slice(
-        cached_key.value, key.astype(cached_key.value.dtype), (zero, zero, start, zero))
-    cached_value.value = lax.dynamic_update_slice(
-        cached_value.value, value.astype(cached_value.value.dtype), (zero, zero, start, zero))
+
+    def write(cache, new):  # cache [c, k, r*L, *]: query row i*r+j -> row i, slots j*L + start..
+      new = new.reshape(c, r, k_, t, new.shape[-1]).astype(cache.dtype)
+      for j in range(r):  # r small in-place updates (a 5-d view of the cache would be copied)
+        cache = lax.dynamic_update_slice(cache, new[:, j], (zero, zero, j * max_len + start, zero))
+      return cache
+
+    cached_key.value = write(cached_key.value, key)
+    cached_value.value = write(cached_value.value, value)
     return cached_key.value, cached_value.value
 
 
 def _heads_major(x: Array) -> Array:
   """Keys or values [b, s, k, *] -> the cache layout [b, k, s, *]."""
   return jnp.swapaxes(x, 1, 2)
+
+
+def _own_slots(mask, bias, slot_rows, b, c, slots):
+  """A mask [b|1, 1, t, L] and bias [b|1, n, t, L] over a row's own history -> over the r*L slots
+  of its shared cache row: slot j of region m is query row q's iff slot_rows[q, j] == q//r*r + m."""
+  r = b // c
+  if slot_rows is None:
+    raise ValueError(f'{b} query rows share a self-attention cache of {c} rows: needs slot_rows')
+  group = (jnp.arange(b, dtype=jnp.int32) // r * r)[:, None, None] + jnp.arange(r)[:, None]
+  own = (slot_rows[:, None, :] == group).reshape(b, 1, 1, slots)  # [b, 1, 1, r*L]
+  mask = own if mask is None else jnp.tile(mask, (1, 1, 1, r)) & own
+  return mask, None if bias is None else jnp.tile(bias, (1, 1, 1, r))
 
 
 def _fold_rows(x: Optional[Array], b: int, t: int, rows: int) -> Optional[Array]:

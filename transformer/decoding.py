@@ -192,12 +192,14 @@ class _Beams(NamedTuple):
 
 def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_size: int,
                 alpha: float, eos_id: int, max_len: int, reorder_fn: ReorderFn = take_rows,
-                return_all_beams: bool = False) -> tuple[jnp.ndarray, jnp.ndarray]:
+                return_all_beams: bool = False, tile_fn: Callable[[Any, int], Any] | None = None
+                ) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Beam search with the GNMT length penalty; the score of a hypothesis is logp / lp(len).
 
   len counts the generated tokens including EOS; a hypothesis still alive at max_len ends there.
   first_logits [b, v] and `cache` are for b rows; the cache is tiled to b*k rows here and step_fn
   runs on b*k rows. Returns the best (tokens [b, L], scores [b]), or all k ([b, k, L], [b, k]).
+  tile_fn(cache, k) makes the b*k-row cache (default: reorder_fn with each row repeated k times).
   """
   b, vocab = first_logits.shape
   k, L = beam_size, max_len
@@ -249,7 +251,8 @@ def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_
   alive_logp = jnp.tile(jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF), (b, 1))
   state = _Beams(jnp.int32(0), jnp.zeros((b, k, L), jnp.int32), alive_logp,
                  jnp.zeros((b, k, L), jnp.int32), jnp.full((b, k), NEG_INF),
-                 reorder_fn(cache, jnp.repeat(jnp.arange(b), k)))
+                 reorder_fn(cache, jnp.repeat(jnp.arange(b), k)) if tile_fn is None
+                 else tile_fn(cache, k))
   state = lax.while_loop(cond, body, update(state, jnp.repeat(first_logits, k, axis=0)))
   if return_all_beams:
     return state.fin_seqs, state.fin_scores
@@ -307,13 +310,15 @@ def _left_pad_prompt(prompt: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp
 def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
               prefix_lm: bool, params: Any, batch: dict[str, jnp.ndarray], rng: jnp.ndarray):
   """The traced body of `generate` (model and settings are static)."""
-  from transformer.models import reorder_cache  # pylint: disable=g-import-not-at-top
+  from transformer import models  # pylint: disable=g-import-not-at-top
   cfg = model.config
   variables = _variables(params)
   apply = functools.partial(model.apply, deterministic=True, decode=True, mutable=["cache"],
                             method="decode")
   k = search.beam_size if search.method == "beam" else 1
-  reorder_fn = lambda c, idx: reorder_cache(c, idx, cfg.scan_layers)
+  # Beams share their row's self-attention keys/values: a reorder gathers only the bookkeeping.
+  reorder_fn = lambda c, idx: models.reorder_beam_cache(c, idx, cfg.scan_layers)
+  tile_fn = lambda c, beams: models.tile_beam_cache(c, beams, cfg.scan_layers)
   if cfg.arch == "encoder_decoder":
     inputs = batch["inputs"]
     b = inputs.shape[0]
@@ -359,7 +364,7 @@ def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams
   if search.method == "beam":
     return beam_search(step_fn, first_logits, cache, beam_size=k, alpha=search.length_penalty,
                        eos_id=eos_id, max_len=max_len, return_all_beams=return_all_beams,
-                       reorder_fn=reorder_fn)
+                       reorder_fn=reorder_fn, tile_fn=tile_fn)
   return sample_search(step_fn, first_logits, cache, search=search, eos_id=eos_id,
                        max_len=max_len, rng=rng)
 

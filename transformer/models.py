@@ -8,8 +8,11 @@ relative (T5) and ALiBi biases are computed once per stack and passed to every l
 inside attention from the positions given to it.
 
 Decoding cache ('cache' collection): each attention layer owns its keys/values; the Decoder stack owns
-the bookkeeping (`cache_index` [b], `cached_positions`, `cached_segment_ids`, `cached_prefix` [b, L])
-from which it builds the mask and bias over all L cache slots. Every leaf has the batch on axis 0,
+the bookkeeping (`cache_index` [b], `cached_positions`, `cached_segment_ids`, `cached_prefix`,
+`cached_rows` [b, L]) from which it builds the mask and bias over all L cache slots. Beam search
+(`tile_beam_cache`, `reorder_beam_cache`) lets a source's beams share its self-attention keys/values
+and reorders only the bookkeeping; `cached_rows` (the row that wrote each slot) tells each beam its
+own slots. Every leaf has the batch on axis 0,
 except that under `scan_layers` the layers' leaves (under 'layers') are stacked on a leading axis.
 """
 
@@ -88,13 +91,14 @@ class DecoderBlock(nn.Module):
   @nn.compact
   def __call__(self, x: Array, encoded: Array | None, self_mask: Array | None,
                cross_mask: Array | None, bias: Array | None, positions: Array | None,
-               cache_index: Array | None) -> Any:
-    """x [b, t, d]; encoded [b, s, d]; masks [b, 1, t, L|s]; bias [b, n, t, L]; positions [b, t]."""
+               cache_index: Array | None, slot_rows: Array | None = None) -> Any:
+    """x [b, t, d]; encoded [b, s, d]; masks [b, 1, t, L|s]; bias [b, n, t, L]; positions [b, t];
+    slot_rows [b, L] (decode: the row that wrote each cache slot, for shared beam caches)."""
     cfg, det, dec = self.config, self.deterministic, self.decode
     self_attention = attn.MultiHeadAttention(cfg, name='self_attention')
     x = _residual(cfg, x, lambda y: self_attention(
         y, mask=self_mask, bias=bias, positions=positions, deterministic=det, decode=dec,
-        cache_index=cache_index), make_norm(cfg, 'attention_norm'), det)
+        cache_index=cache_index, slot_rows=slot_rows), make_norm(cfg, 'attention_norm'), det)
     if self.cross_attention:
       cross = attn.MultiHeadAttention(cfg, cross=True, name='cross_attention')
       x = _residual(cfg, x, lambda y: cross(
@@ -196,7 +200,8 @@ class Decoder(nn.Module):
     initialized = self.has_variable('cache', 'cache_index')
     index = self.variable('cache', 'cache_index', jnp.zeros, (b,), jnp.int32)
     new = {'cached_positions': positions, 'cached_segment_ids': segment_ids,
-           'cached_prefix': prefix.astype(jnp.int32)}
+           'cached_prefix': prefix.astype(jnp.int32),
+           'cached_rows': jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))}
     cached = {k: self.variable('cache', k, jnp.zeros, (b, t), jnp.int32) for k in new}
     cache_index = index.value
     if not initialized:  # init: the cache is created empty; compute as a plain forward pass.
@@ -231,7 +236,7 @@ class Decoder(nn.Module):
     if prefix is None:
       prefix = jnp.zeros(tokens.shape, bool)
     prefix = prefix.astype(bool)
-    cache_index = None
+    cache_index = slot_rows = None
     if decode:
       if positions is None and self.has_variable('cache', 'cache_index'):
         index = self.get_variable('cache', 'cache_index')
@@ -241,6 +246,7 @@ class Decoder(nn.Module):
       cache_index, q_idx, k_idx, keys = self._update_cache(positions, segment_ids, prefix)
       k_pos, k_seg = keys['cached_positions'], keys['cached_segment_ids']
       k_prefix = keys['cached_prefix'] != 0
+      slot_rows = keys['cached_rows']
     else:
       if positions is None:
         positions = _default_positions(tokens)
@@ -256,7 +262,7 @@ class Decoder(nn.Module):
     bias = _position_bias(cfg, positions, k_pos, bidirectional=False)
     rope_positions = positions if cfg.positional == 'rope' else None
     x = _run_layers(cfg, DecoderBlock, cfg.num_decoder_layers, x,
-                    (encoded, self_mask, cross_mask, bias, rope_positions, cache_index),
+                    (encoded, self_mask, cross_mask, bias, rope_positions, cache_index, slot_rows),
                     remat_allowed=not decode, cross_attention=self.cross_attention,
                     deterministic=deterministic, decode=decode)
     if cfg.norm_position == 'pre':
@@ -376,4 +382,38 @@ def reorder_cache(cache: Any, indices: Array, scan_layers: bool) -> Any:
   def gather(path, leaf):
     scanned = scan_layers and any(getattr(key, 'key', None) == 'layers' for key in path)
     return jnp.take(leaf, indices, axis=1 if scanned else 0, mode='clip')
+  return jax.tree_util.tree_map_with_path(gather, cache)
+
+
+def _is_self_kv(path, scan_layers: bool) -> tuple[bool, int]:
+  """(is this leaf a self-attention key/value cache, its batch axis) for a cache leaf's path."""
+  names = [getattr(key, 'key', None) for key in path]
+  return ('self_attention' in names and names[-1] in ('cached_key', 'cached_value'),
+          1 if scan_layers and 'layers' in names else 0)
+
+
+def tile_beam_cache(cache: Any, beam_size: int, scan_layers: bool) -> Any:
+  """A decoder cache of b rows -> the beam-search cache of b*k rows whose beams share the
+  self-attention keys/values: each row's [k, L, h] becomes [k, beam_size*L, h] (region 0 holds the
+  row's cached slots, the others are written by beams 1.., see MultiHeadAttention); the
+  bookkeeping is repeated per beam, its `cached_rows` renamed to row i*k (beam 0 of row i)."""
+  def tile(path, leaf):
+    is_kv, axis = _is_self_kv(path, scan_layers)
+    if is_kv:
+      pad = [(0, 0)] * leaf.ndim
+      pad[axis + 2] = (0, (beam_size - 1) * leaf.shape[axis + 2])
+      return jnp.pad(leaf, pad)
+    leaf = jnp.repeat(leaf, beam_size, axis=axis)
+    return leaf * beam_size if getattr(path[-1], 'key', None) == 'cached_rows' else leaf
+  return jax.tree_util.tree_map_with_path(tile, cache)
+
+
+def reorder_beam_cache(cache: Any, indices: Array, scan_layers: bool) -> Any:
+  """reorder_cache for a `tile_beam_cache` cache: indices [b*k] stay within each row's k beams, so
+  the shared self-attention keys/values stay put and only the small bookkeeping is gathered."""
+  def gather(path, leaf):
+    is_kv, axis = _is_self_kv(path, scan_layers)
+    if is_kv and leaf.shape[axis] != indices.shape[0]:
+      return leaf
+    return jnp.take(leaf, indices, axis=axis, mode='clip')
   return jax.tree_util.tree_map_with_path(gather, cache)
