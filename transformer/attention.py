@@ -122,8 +122,7 @@ def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, determinis
   b, t, n, h = q.shape
   num_kv, s = (k.shape[2], k.shape[1]) if kv_layout == 'bskh' else k.shape[1:3]
   qg = q.reshape(b, t, num_kv, n // num_kv, h)  # [b, t, k, g, h]
-  kv = 'bskh' if kv_layout == 'bskh' else 'bksh'
-  logits = jnp.einsum(f'btkgh,{kv}->bkgts', qg, k, preferred_element_type=jnp.float32)
+  logits = jnp.einsum(f'btkgh,{kv_layout}->bkgts', qg, k, preferred_element_type=jnp.float32)
   logits = logits * (1.0 / math.sqrt(h))
   if bias is not None:
     logits = logits + _grouped(bias, num_kv).astype(jnp.float32)
@@ -137,7 +136,7 @@ def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, determinis
   if not deterministic and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-  out = jnp.einsum(f'bkgts,{kv}->btkgh', weights.astype(v.dtype), v)
+  out = jnp.einsum(f'bkgts,{kv_layout}->btkgh', weights.astype(v.dtype), v)
   return out.reshape(b, t, n, v.shape[-1]), weights.reshape(b, n, t, s)
 
 
@@ -368,9 +367,10 @@ class MultiHeadAttention(nn.Module):
                       dtype, jnp.dtype(cfg.param_dtype), name='out')(out)
 
   def _update_self_cache(self, key, value, cache_index):
-    """Writes [b, t, k, *] keys/values at cache_index[0]; returns the full [b, k, max_len, *] cache.
+    """Writes [b, t, k, *] keys/values at cache_index[0]; returns the full [c, k, r*max_len, *] cache.
 
-    On the init call (cache not yet created) the cache is created with max_len = t, zero-filled,
+    c cache rows are shared by b = r * c query rows (r = 1 unless beams share a row, see the class
+    docstring); query row i*r+j writes region j of row i. On the init call (cache not yet created) the cache is created with max_len = t, zero-filled,
     and the call attends over its own keys/values, flax-style.
     """
     key, value = _heads_major(key), _heads_major(value)  # [b, k, t, *]: only the new tokens move
