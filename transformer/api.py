@@ -41,7 +41,8 @@ class Attention:
 
 
 def _token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-  """One display label per id: the unit's text, or <pad>/<s>/</s>/<unk> for special ids."""
+  """One display label per id: the unit's text, or <s> (pad: the decoder's start), </s>, <bos>,
+  <unk> for special ids."""
   names = {tokenizer.pad_id: "<s>", tokenizer.eos_id: "</s>", tokenizer.bos_id: "<bos>",
            tokenizer.unk_id: "<unk>"}
   return [names[i] if i in names else tokenizer.decode([i]) for i in map(int, ids)]
@@ -141,7 +142,7 @@ class Run:
     if len(sources) != len(targets):
       raise ValueError(f"score: {len(sources)} sources but {len(targets)} targets")
     batch = self._teacher_forced_batch(sources, targets)
-    logits = self.logits(sources, targets)
+    logits = self._forward(self.params, {k: v for k, v in batch.items() if k != "weights"})
     log_probs = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
     tokens = batch["targets"]
     picked = np.asarray(jnp.take_along_axis(log_probs, jnp.asarray(tokens)[..., None], -1))[..., 0]
