@@ -30,7 +30,7 @@ import optax
 from transformer import files, optim
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.losses import cross_entropy
-from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits  # noqa: F401
+from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits
 
 Array = jax.Array
 PyTree = Any
@@ -66,6 +66,12 @@ def model_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
               targets_segment_ids=g("targets_segment_ids"), prefix_mask=g("prefix_mask"))
 
 
+def target_weights(batch: dict[str, Any]) -> Array:
+  """The batch's loss weights: its 'weights' feature, else 1 on non-padding targets (id != 0)."""
+  weights = batch.get("weights")
+  return (batch["targets"] != 0).astype(jnp.float32) if weights is None else weights
+
+
 # ---------------------------------------------------------------------------------------------
 # Train and eval steps.
 
@@ -91,9 +97,7 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
     else:
       logits = model.apply({"params": params}, **model_kwargs(arch, batch),
                            deterministic=deterministic, rngs={"dropout": key})
-    weights = batch.get("weights")
-    if weights is None:
-      weights = (batch["targets"] != 0).astype(jnp.float32)
+    weights = target_weights(batch)
     loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights,
                                             label_smoothing=tc.label_smoothing, z_loss=tc.z_loss)
     return loss_sum, weight_sum
@@ -137,9 +141,7 @@ def make_eval_step(cfg: Config, model: nn.Module) -> Callable:
   def eval_step(params, batch):
     batch = {k: v for k, v in batch.items() if v is not None}
     logits = model.apply({"params": params}, **model_kwargs(arch, batch), deterministic=True)
-    weights = batch.get("weights")
-    if weights is None:
-      weights = (batch["targets"] != 0).astype(jnp.float32)
+    weights = target_weights(batch)
     loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights)
     correct = (jnp.argmax(logits, -1) == batch["targets"]).astype(jnp.float32)
     return dict(loss_sum=loss_sum, weight_sum=weight_sum, correct_sum=jnp.sum(correct * weights))
@@ -358,7 +360,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
   state = run.prepare_state(state)
   global_batch = cfg.data.batch_size
   reporter = reporting.Reporter(
-      workdir, config_dict, parallel.is_main_process(), total_steps=tc.num_steps,
+      workdir, config_dict, main, total_steps=tc.num_steps,
       start_step=start, mesh_shape=dict(mesh.shape) if mesh is not None else None,
       flops_per_step=reporting.model_flops_per_step(
           cfg.model, global_batch, cfg.data.max_source_len, cfg.data.max_target_len),
