@@ -21,10 +21,9 @@ PyTree = Any
 
 
 def _segments(batch: dict[str, Any], key: str) -> Array:
+  """The feature's segment ids; unpacked rows without them: 1 on tokens, 0 on padding."""
   seg = batch.get(f"{key}_segment_ids")
   return seg if seg is not None else (batch[key] != 0).astype(jnp.int32)
-
-
 
 
 def teacher_forcing_prob(ss_cfg: Any, step: Array) -> Array:
