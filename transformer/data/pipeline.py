@@ -140,6 +140,15 @@ def assemble(ex: Examples, idx: np.ndarray, row: np.ndarray, offset: dict[str, n
   return out
 
 
+def one_per_row(ex: Examples, idx: np.ndarray, row_len: dict[str, int], rows: int
+                ) -> dict[str, np.ndarray]:
+  """Examples `idx` one per row (row i: idx[i], segment 1, offset 0); further rows are padding."""
+  k = len(idx)
+  zeros = np.zeros(k, np.int64)
+  return assemble(ex, idx, np.arange(k), {n: zeros for n in row_len}, np.ones(k, np.int32),
+                  row_len, rows)
+
+
 def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
   """First-fit of examples with lengths lens [m, F] into `rows` rows of capacity caps [F].
 
@@ -229,10 +238,7 @@ class BatchIterator(grain.DatasetIterator):
     return np.stack([self._ds.examples.lengths[n][idx] for n in self._names], axis=1)  # [m, F]
 
   def _one_per_row(self, idx: np.ndarray, row_len: dict[str, int]) -> dict[str, np.ndarray]:
-    k = len(idx)
-    zeros = np.zeros(k, np.int64)
-    return assemble(self._ds.examples, idx, np.arange(k), {n: zeros for n in self._names},
-                    np.ones(k, np.int32), row_len, self._ds.rows)
+    return one_per_row(self._ds.examples, idx, row_len, self._ds.rows)
 
   def _next_pack(self) -> dict[str, np.ndarray]:
     rows = self._ds.rows
@@ -301,10 +307,6 @@ class BatchIterator(grain.DatasetIterator):
 def eval_batches(examples: Examples, rows: int, row_len: dict[str, int], num_batches: int
                  ) -> Iterator[dict[str, np.ndarray]]:
   """Examples in order, one per row; the last batches are padded with zero-weight rows."""
-  names = list(row_len)
   for b in range(num_batches):
-    idx = np.arange(b * rows, min((b + 1) * rows, len(examples)))
-    k = len(idx)
-    zeros = np.zeros(k, np.int64)
-    yield assemble(examples, idx, np.arange(k), {n: zeros for n in names}, np.ones(k, np.int32),
-                   row_len, rows)
+    yield one_per_row(examples, np.arange(b * rows, min((b + 1) * rows, len(examples))), row_len,
+                      rows)
