@@ -380,8 +380,7 @@ def reorder_cache(cache: Any, indices: Array, scan_layers: bool) -> Any:
   every leaf per call).
   """
   def gather(path, leaf):
-    scanned = scan_layers and any(getattr(key, 'key', None) == 'layers' for key in path)
-    return jnp.take(leaf, indices, axis=1 if scanned else 0, mode='clip')
+    return jnp.take(leaf, indices, axis=_is_self_kv(path, scan_layers)[1], mode='clip')
   return jax.tree_util.tree_map_with_path(gather, cache)
 
 
