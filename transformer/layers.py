@@ -6,6 +6,7 @@ shard it later; `dtype` is the compute dtype and `param_dtype` the storage dtype
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import flax.linen as nn
@@ -59,12 +60,9 @@ class Embed(nn.Module):
     return jnp.einsum('btd,vd->btv', x.astype(table.dtype), table)
 
 
+_GELU = functools.partial(nn.gelu, approximate=False)  # the exact (erf) form
 _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    'relu': nn.relu,
-    'gelu': lambda x: nn.gelu(x, approximate=False),
-    'swiglu': nn.silu,
-    'geglu': lambda x: nn.gelu(x, approximate=False),
-}
+    'relu': nn.relu, 'gelu': _GELU, 'swiglu': nn.silu, 'geglu': _GELU}
 
 
 class FeedForward(nn.Module):
