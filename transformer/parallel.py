@@ -386,26 +386,26 @@ def _compile_pmap(step_fn: Callable[..., Any], donate_argnums: tuple[int, ...],
                       mode="pmap")
 
 
-def compile_train_step(step_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
-                       state_sharding: Any, donate: bool = True) -> CompiledStep:
-  """Compiles `step_fn(state, batch, *rest, axis_name=None) -> (state, metrics)` for a mode."""
-  donate_argnums = (0,) if donate else ()
+def _compile(fn: Callable[..., Any], mode: str, mesh: Mesh | None, state_sharding: Any,
+             donate_argnums: tuple[int, ...], returns_state: bool) -> CompiledStep:
+  """Dispatches to the pmap or mesh compiler; a bad mode or a missing mesh is a ConfigError."""
   if mode == "pmap":
-    return _compile_pmap(step_fn, donate_argnums, returns_state=True)
+    return _compile_pmap(fn, donate_argnums, returns_state)
   if mode != "mesh":
     raise ConfigError(f"parallel.mode={mode!r} is not one of mesh|pmap")
   if mesh is None:
     raise ConfigError("parallel.mode=mesh needs a mesh (parallel.make_mesh)")
-  return _compile_mesh(step_fn, mesh, state_sharding, donate_argnums, returns_state=True)
+  return _compile_mesh(fn, mesh, state_sharding, donate_argnums, returns_state)
+
+
+def compile_train_step(step_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
+                       state_sharding: Any, donate: bool = True) -> CompiledStep:
+  """Compiles `step_fn(state, batch, *rest, axis_name=None) -> (state, metrics)` for a mode."""
+  return _compile(step_fn, mode, mesh, state_sharding, (0,) if donate else (),
+                  returns_state=True)
 
 
 def compile_eval_step(eval_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
                       state_sharding: Any) -> CompiledStep:
   """Compiles `eval_fn(state, batch, *rest) -> pytree of sums`; pmap mode adds up the devices'."""
-  if mode == "pmap":
-    return _compile_pmap(eval_fn, (), returns_state=False)
-  if mode != "mesh":
-    raise ConfigError(f"parallel.mode={mode!r} is not one of mesh|pmap")
-  if mesh is None:
-    raise ConfigError("parallel.mode=mesh needs a mesh (parallel.make_mesh)")
-  return _compile_mesh(eval_fn, mesh, state_sharding, (), returns_state=False)
+  return _compile(eval_fn, mode, mesh, state_sharding, (), returns_state=False)
