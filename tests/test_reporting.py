@@ -216,3 +216,15 @@ def test_profile_context_traces_the_step_range(tmp_path):
   with reporting.maybe_profile(1, train, str(tmp_path / "off")):
     pass
   assert not os.path.exists(tmp_path / "off")
+
+
+def test_profile_context_resumed_inside_the_window(tmp_path):
+  """A run resumed inside the profiling window traces from its first step and stops cleanly
+  (it used to call stop_trace without a trace and crash)."""
+  on = type("T", (), {"profile_start_step": 2, "profile_num_steps": 3})()
+  logdir = str(tmp_path / "resumed")
+  for step in range(3, 6):  # resumed at step 3: the window is 2, 3, 4
+    with reporting.maybe_profile(step, on, logdir):
+      jnp.ones((8, 8)).sum().block_until_ready()
+  assert any(files for _, _, files in os.walk(logdir))
+  assert not reporting._tracing  # pylint: disable=protected-access

@@ -303,19 +303,26 @@ class Reporter:
     self._writer = self._bar = None
 
 
+_tracing = False  # whether maybe_profile has a jax.profiler trace running
+
+
 @contextlib.contextmanager
 def maybe_profile(step: int, train_cfg: Any, logdir: str):
   """Wraps one training step; traces steps [profile_start_step, +profile_num_steps) to logdir.
 
-  The trace starts when the start step begins and stops after the last profiled step; open it in
-  TensorBoard's profile plugin or Perfetto. Off when profile_start_step or profile_num_steps is 0.
+  The trace starts at the first step of the window this process runs (a run resumed inside the
+  window starts there) and stops after the last profiled step; open it in TensorBoard's profile
+  plugin or Perfetto. Off when profile_start_step or profile_num_steps is 0.
   """
+  global _tracing
   start, count = train_cfg.profile_start_step, train_cfg.profile_num_steps
-  active = start > 0 and count > 0
-  if active and step == start:
+  in_window = start > 0 and count > 0 and start <= step < start + count
+  if in_window and not _tracing:
     jax.profiler.start_trace(logdir)
+    _tracing = True
   try:
     yield
   finally:
-    if active and step == start + count - 1:
+    if _tracing and step >= start + count - 1:
       jax.profiler.stop_trace()
+      _tracing = False
