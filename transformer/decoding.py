@@ -84,14 +84,15 @@ def filter_logits(logits: jnp.ndarray, temperature: float = 1.0, top_k: int = 0,
 
 def _choose(logits: jnp.ndarray, key: jnp.ndarray, search: Search) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Next token [B] (never PAD_ID) and its log-probability under the unmodified model."""
-  allowed = logits.astype(jnp.float32).at[:, PAD_ID].set(NEG_INF)
+  logits = logits.astype(jnp.float32)
+  allowed = logits.at[:, PAD_ID].set(NEG_INF)
   if search.method == "greedy":
     tokens = jnp.argmax(allowed, axis=-1)
   else:
     filtered = filter_logits(allowed, search.temperature, search.top_k, search.top_p)
     tokens = jax.random.categorical(key, filtered, axis=-1)
-  chosen = jnp.take_along_axis(logits.astype(jnp.float32), tokens[:, None], axis=-1)[:, 0]
-  return tokens.astype(jnp.int32), chosen - jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+  chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+  return tokens.astype(jnp.int32), chosen - jax.nn.logsumexp(logits, axis=-1)
 
 
 def sample_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, search: Search,
