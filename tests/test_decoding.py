@@ -79,7 +79,7 @@ def test_beam_search_finds_best_enumerated_candidate(alpha):
   k = (vocab - 2) ** (max_len - 1) * (vocab - 1)  # live prefixes x their continuations
   table, first_logits, cache, step_fn = _toy(batch, vocab, max_len, seed=1)
   seqs, scores = _beam(step_fn, first_logits, cache, beam_size=k, alpha=alpha,
-                                      eos_id=eos, max_len=max_len, return_all_beams=True)
+                       eos_id=eos, max_len=max_len, return_all_beams=True)
   for r in range(batch):
     expected = _enumerate(table[r], vocab, eos, max_len, alpha)[:k]
     for j, (score, seq) in enumerate(expected):
@@ -94,7 +94,7 @@ def test_small_beam_returns_a_consistent_hypothesis():
   vocab, eos, max_len, batch, alpha = 4, 3, 4, 4, 0.6
   table, first_logits, cache, step_fn = _toy(batch, vocab, max_len, seed=2)
   seqs, scores = _beam(step_fn, first_logits, cache, beam_size=2, alpha=alpha,
-                                      eos_id=eos, max_len=max_len)
+                       eos_id=eos, max_len=max_len)
   for r in range(batch):
     by_seq = {seq: score for score, seq in _enumerate(table[r], vocab, eos, max_len, alpha)}
     row = tuple(int(t) for t in seqs[r])
@@ -122,9 +122,9 @@ def test_beam_one_equals_greedy_on_toy():
   vocab, eos, max_len, batch = 4, 3, 5, 6
   _, first_logits, cache, step_fn = _toy(batch, vocab, max_len, seed=3)
   greedy, greedy_scores = _sample(step_fn, first_logits, cache, search=Search("greedy"),
-                                                 eos_id=eos, max_len=max_len)
+                                  eos_id=eos, max_len=max_len)
   beam, beam_scores = _beam(step_fn, first_logits, cache, beam_size=1, alpha=0.0,
-                                           eos_id=eos, max_len=max_len)
+                            eos_id=eos, max_len=max_len)
   np.testing.assert_array_equal(greedy, beam)
   np.testing.assert_allclose(greedy_scores, beam_scores, rtol=1e-5)
 
@@ -135,7 +135,7 @@ def test_greedy_matches_python_argmax_and_stops_at_eos():
   vocab, eos, max_len, batch = 4, 3, 4, 5
   table, first_logits, cache, step_fn = _toy(batch, vocab, max_len, seed=4)
   seqs, scores = _sample(step_fn, first_logits, cache, search=Search("greedy"),
-                                        eos_id=eos, max_len=max_len)
+                         eos_id=eos, max_len=max_len)
   for r in range(batch):
     prefix, logp = [], 0.0
     while len(prefix) < max_len and (not prefix or prefix[-1] != eos):
@@ -162,10 +162,10 @@ def test_top_k_one_equals_greedy():
   """Sampling restricted to the top-1 token (at any temperature) is greedy decoding."""
   _, first_logits, cache, step_fn = _toy(6, 4, 5, seed=5)
   greedy, _ = _sample(step_fn, first_logits, cache, search=Search("greedy"),
-                                     eos_id=3, max_len=5)
+                      eos_id=3, max_len=5)
   sampled, _ = _sample(step_fn, first_logits, cache,
-                                      search=Search("sample", temperature=3.0, top_k=1),
-                                      eos_id=3, max_len=5, rng=jax.random.key(7))
+                       search=Search("sample", temperature=3.0, top_k=1),
+                       eos_id=3, max_len=5, rng=jax.random.key(7))
   np.testing.assert_array_equal(greedy, sampled)
 
 
@@ -176,7 +176,7 @@ def test_top_p_samples_only_the_nucleus_with_renormalised_frequencies():
   nucleus = np.array([1, 3, 4])
   first_logits, step_fn = _fixed(np.log(probs), 2000)
   seqs, _ = _sample(step_fn, first_logits, None, search=Search("sample", top_p=0.75),
-                                   eos_id=-1, max_len=10, rng=jax.random.key(0))
+                    eos_id=-1, max_len=10, rng=jax.random.key(0))
   samples = np.asarray(seqs).ravel()
   assert set(np.unique(samples)) == set(nucleus)
   expected = probs[nucleus] / probs[nucleus].sum()
@@ -190,8 +190,8 @@ def test_temperature_and_top_k_frequencies():
   logits = np.array([-50.0, 2.0, -1.0, 0.5, 1.0, -3.0])
   first_logits, step_fn = _fixed(logits, 2000)
   seqs, _ = _sample(step_fn, first_logits, None,
-                                   search=Search("sample", temperature=2.0, top_k=3),
-                                   eos_id=-1, max_len=10, rng=jax.random.key(1))
+                    search=Search("sample", temperature=2.0, top_k=3),
+                    eos_id=-1, max_len=10, rng=jax.random.key(1))
   samples = np.asarray(seqs).ravel()
   top = np.array([1, 4, 3])
   assert set(np.unique(samples)) == set(top)
