@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 def _unknown_units(tokenizer: Any, text: str) -> list[str]:
   """The characters (or symbols) of `text` that the tokenizer maps to its unknown id."""
-  units = text.split() if getattr(tokenizer, "kind", "") == "symbol" else list(dict.fromkeys(text))
+  units = text.split() if getattr(tokenizer, "kind", "") == "symbol" else list(text)
   return [u for u in dict.fromkeys(units) if tokenizer.unk_id in tokenizer.encode(u)]
 
 
