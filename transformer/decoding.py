@@ -188,7 +188,7 @@ class _Beams(NamedTuple):
   alive_logp: jnp.ndarray  # [b, k] summed log-probs
   fin_seqs: jnp.ndarray   # [b, k, L]
   fin_scores: jnp.ndarray  # [b, k] length-penalised, best first
-  cache: Any              # b*k rows
+  cache: Any              # for b*k query rows (tile_fn's layout)
 
 
 def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_size: int,
@@ -198,9 +198,10 @@ def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_
   """Beam search with the GNMT length penalty; the score of a hypothesis is logp / lp(len).
 
   len counts the generated tokens including EOS; a hypothesis still alive at max_len ends there.
-  first_logits [b, v] and `cache` are for b rows; the cache is tiled to b*k rows here and step_fn
-  runs on b*k rows. Returns the best (tokens [b, L], scores [b]), or all k ([b, k, L], [b, k]).
-  tile_fn(cache, k) makes the b*k-row cache (default: reorder_fn with each row repeated k times).
+  first_logits [b, v] and `cache` are for b rows; step_fn runs on b*k rows, with the cache that
+  tile_fn(cache, k) makes for them (default: reorder_fn with each row repeated k times; a model's
+  tile_fn may keep leaves that the k beams of a row share at b rows). Returns the best
+  (tokens [b, L], scores [b]), or all k ([b, k, L], [b, k]).
   """
   b, vocab = first_logits.shape
   k, L = beam_size, max_len
