@@ -62,7 +62,10 @@ def _import_file(path: str, kind: str) -> Any:
   name = "_sweep_" + re.sub(r"\W", "_", os.path.abspath(path))
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except SyntaxError as e:  # one line naming the file and line, not an import traceback
+    raise SweepError(f"{kind} file {path}:{e.lineno}: SyntaxError: {e.msg}") from None
   return module
 
 
