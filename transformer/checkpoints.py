@@ -26,7 +26,6 @@ Usage in a training loop:
   ckpt.close()                                   # waits for the last async save
 """
 
-import dataclasses
 import json
 import math
 import os
@@ -37,6 +36,7 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
+from transformer import config as config_lib
 from transformer import files
 
 # Model keys that change neither parameter shapes nor names: a run may resume with other values.
@@ -50,17 +50,6 @@ DERIVED_MODEL_KEYS = frozenset({
 
 class CheckpointError(ValueError):
   """A checkpoint that cannot be used with this config (one-line message)."""
-
-
-def _as_dict(config: Any) -> dict[str, Any]:
-  """A plain dict from a Config dataclass, a ConfigDict or a mapping."""
-  if config is None:
-    return {}
-  if hasattr(config, "to_dict"):  # ml_collections.ConfigDict
-    return config.to_dict()
-  if dataclasses.is_dataclass(config):
-    return dataclasses.asdict(config)
-  return dict(config)
 
 
 def _jsonable_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
@@ -82,7 +71,7 @@ class Checkpointer:
     self.directory = os.path.join(workdir, "checkpoints")
     if files.is_local(self.directory):  # a gs:// path goes to orbax as it is
       self.directory = os.path.abspath(self.directory)
-    self.config = _as_dict(config)
+    self.config = config_lib.to_dict(config)
     self._best_key = ckpt_cfg.keep_best_by
     if ckpt_cfg.keep < 1:
       raise CheckpointError(f"checkpoint.keep={ckpt_cfg.keep} must be >= 1 (the latest is needed "
@@ -229,7 +218,7 @@ def check_compatible(workdir: str, config: Any) -> None:
   saved, source = _saved_config(workdir)
   if not saved:
     return
-  new = _as_dict(config)
+  new = config_lib.to_dict(config)
   pairs = [(f"model.{k}", v, new.get("model", {}).get(k))
            for k, v in saved.get("model", {}).items() if k not in NON_STRUCTURAL_MODEL_KEYS]
   pairs.append(("train.optimizer", saved.get("train", {}).get("optimizer"),

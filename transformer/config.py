@@ -328,9 +328,15 @@ def from_configdict(cd: ml_collections.ConfigDict | Mapping[str, Any]) -> Config
   return _validate(_convert(Config, cd, ""))
 
 
-def to_dict(cfg: Config) -> dict[str, Any]:
-  """The plain nested dict of a Config (for config.json)."""
-  return dataclasses.asdict(cfg)
+def to_dict(cfg: Any) -> dict[str, Any]:
+  """The plain nested dict of a Config, a ConfigDict or a mapping ({} for None), for config.json."""
+  if cfg is None:
+    return {}
+  if hasattr(cfg, "to_dict"):  # ml_collections.ConfigDict
+    return cfg.to_dict()
+  if dataclasses.is_dataclass(cfg):
+    return dataclasses.asdict(cfg)
+  return dict(cfg)
 
 
 def model_config(**overrides: Any) -> ModelConfig:

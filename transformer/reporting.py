@@ -23,7 +23,6 @@ a peak with `measure_matmul_flops()` and pass it as `--config.peak_flops`.
 """
 
 import contextlib
-import dataclasses
 import datetime
 import importlib.metadata
 import json
@@ -36,6 +35,7 @@ from typing import Any, Mapping
 
 import jax
 
+from transformer import config as config_lib
 from transformer import files
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow-datasets",
@@ -135,15 +135,6 @@ def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int,
   return flops_per_step / seconds_per_step / (num_devices * peak_flops_per_device)
 
 
-def _to_dict(config: Any) -> dict[str, Any]:
-  """A plain dict from a Config dataclass, a ConfigDict or a mapping."""
-  if hasattr(config, "to_dict"):
-    return config.to_dict()
-  if dataclasses.is_dataclass(config):
-    return dataclasses.asdict(config)
-  return dict(config or {})
-
-
 def _git(args: list[str], cwd: str) -> str | None:
   try:
     out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
@@ -212,7 +203,7 @@ class Reporter:
     if not self.active:
       return
     files.makedirs(workdir)
-    self._write_json("config.json", _to_dict(config))
+    self._write_json("config.json", config_lib.to_dict(config))
     self._write_json("provenance.json", provenance(mesh_shape))
     self._jsonl_path = os.path.join(workdir, "metrics.jsonl")
     _truncate_jsonl(self._jsonl_path, start_step)
