@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from transformer import decoding
+from transformer.data import pipeline
 from transformer.decoding import Search
 
 # ----------------------------------------------------------------------------- toy step functions
@@ -254,7 +255,7 @@ def _decode_cfg(method="greedy", beam_size=1, length_penalty=0.0, **kw):
                       top_p=kw.get("top_p", 1.0), max_decode_len=0)
 
 
-def _random_params(model, init_args, seed=0):
+def random_params(model, init_args, seed=0):
   """Random parameters of the model's shapes, filled by NumPy: compiling model.init (threefry
   initialisers) takes ~20 s on this CPU, longer than everything else here."""
   shapes = flax.core.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_args)["params"])
@@ -277,7 +278,7 @@ def _tiny_model(arch, **overrides):
   model = build_model(cfg)
   src = np.array([[3, 4, 5, 6, 2], [7, 8, 2, 0, 0], [9, 2, 0, 0, 0]], np.int32)
   init_args = (src, src) if arch == "encoder_decoder" else (src,)
-  params = _random_params(model, init_args)
+  params = random_params(model, init_args)
   return model, params, src
 
 
@@ -290,18 +291,19 @@ def _jit_apply(model):
 def _full_forward_log_probs(model, params, src, gen, prefix_lm):
   """Log-probs [b, t, v] of every generated position from ONE uncached teacher-forced forward pass
   of the training path (model.__call__), aligned so that [:, j] predicts gen[:, j]; since the pass is
-  causal this equals a separate full forward pass per step."""
+  causal this equals a separate full forward pass per step. Decoder-only rows prompt + gen are
+  assembled by the training pipeline, so the prefix is the pipeline's, not this test's own."""
   if model.config.arch == "encoder_decoder":
     logits = _jit_apply(model)({"params": params}, src, jnp.asarray(gen))
     return np.asarray(jax.nn.log_softmax(logits)), np.zeros(len(src), int)
   lengths = (src != 0).sum(1)
-  rows = [list(s[:n]) + list(g) for s, n, g in zip(src, lengths, gen)]
-  targets = np.zeros((len(rows), max(map(len, rows))), np.int32)
-  prefix = np.zeros_like(targets)
-  for r, (row, n) in enumerate(zip(rows, lengths)):
-    targets[r, :len(row)] = row
-    prefix[r, :n] = 1
-  logits = _jit_apply(model)({"params": params}, targets, prefix_mask=prefix if prefix_lm else None)
+  examples = pipeline.prefix_lm_examples([s[:n] for s, n in zip(src, lengths)], gen)
+  batch = pipeline.one_per_row(examples, np.arange(len(src)),
+                               {"targets": int(examples.lengths["targets"].max())}, len(src))
+  logits = _jit_apply(model)({"params": params}, batch["targets"],
+                             targets_positions=batch["targets_positions"],
+                             targets_segment_ids=batch["targets_segment_ids"],
+                             prefix_mask=batch["prefix_mask"] if prefix_lm else None)
   log_probs = np.asarray(jax.nn.log_softmax(logits))
   return np.stack([log_probs[r, n:n + gen.shape[1]] for r, n in enumerate(lengths)]), lengths
 

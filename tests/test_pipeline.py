@@ -190,19 +190,19 @@ def test_too_long_drop_and_truncate_are_counted(pairs_file, tmp_path_factory):
 
 
 def test_decoder_only_layout(pairs_file, tmp_path_factory):
-  """decoder_only on seq2seq: targets = source + EOS + target + EOS per segment; prefix_mask 1 on
-  the source tokens; weights 0 on source and separator, 1 on target + EOS."""
+  """decoder_only on seq2seq: targets = source + EOS + target + EOS per segment; the prompt (source
+  + EOS separator) is the prefix: prefix_mask 1 and weights 0 on it, weights 1 on target + EOS."""
   task = toy_task(pairs_file, tmp_path_factory, arch="decoder_only")
-  want = {s + t: len(s) - 1 for s, t in expected_pairs(task)}
+  want = {s + t: len(s) for s, t in expected_pairs(task)}
   b = next(task.train_iterator())
   assert "inputs" not in b and b["targets"].shape == (4, 32)
   for r in range(4):
     seg = b["targets_segment_ids"][r]
     for s in range(1, seg.max() + 1):
       tokens = tuple(b["targets"][r][seg == s])
-      n_src = want[tokens]
-      assert b["prefix_mask"][r][seg == s].tolist() == [1] * n_src + [0] * (len(tokens) - n_src)
-      assert b["weights"][r][seg == s].tolist() == [0] * (n_src + 1) + [1] * (len(tokens) - n_src - 1)
+      n_prompt, n_target = want[tokens], len(tokens) - want[tokens]
+      assert b["prefix_mask"][r][seg == s].tolist() == [1] * n_prompt + [0] * n_target
+      assert b["weights"][r][seg == s].tolist() == [0] * n_prompt + [1] * n_target
   assert task.encode_source("abc") == task.source_tokenizer.encode("abc") + [EOS_ID]
 
 

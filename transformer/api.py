@@ -14,6 +14,7 @@ Everything comes from the workdir: config.json, the orbax checkpoint, and the ta
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Sequence
 
 import jax
@@ -104,25 +105,25 @@ class Run:
 
   def _teacher_forced_batch(self, sources: Sequence[str], targets: Sequence[str],
                             multiple: int = 8) -> dict[str, np.ndarray]:
-    """Model inputs and loss weights for (source, target) pairs; targets end with EOS."""
-    eos = self.target_tokenizer.eos_id
-    tgt = [list(self.target_tokenizer.encode(t)) + [eos] for t in targets]
-    if self.config.model.arch == "encoder_decoder":
-      targets = self._pad(tgt, multiple)
-      return dict(inputs=self._pad([self.encode_source(s) for s in sources], multiple),
-                  targets=targets,
-                  weights=(targets != 0).astype(np.float32))
-    src = [self.encode_source(s) for s in sources]
-    full = self._pad([s + t for s, t in zip(src, tgt)], multiple)
-    # As the pipeline: prefix_mask on the source tokens (the model extends it over the EOS
-    # separator), weights 0 on the source and the separator.
-    prefix, weights = np.zeros_like(full), (full != 0).astype(np.float32)
-    for i, s in enumerate(src):
-      prefix[i, :len(s) - 1] = 1
-      weights[i, :len(s)] = 0
-    if self.kind != "seq2seq":
+    """Model inputs and loss weights for (source, target) pairs; targets end with EOS.
+
+    Seq2seq: built by the training pipeline's own encoding and batch assembly (one pair per row),
+    so the decoder-only prompt, prefix_mask and weights are exactly those of training; sources
+    are truncated to data.max_source_len as for decoding, targets are never truncated.
+    """
+    if self.kind != "seq2seq":  # language model: prompt + target + EOS, causal, every token scored
+      eos = self.target_tokenizer.eos_id
+      full = self._pad([self.encode_source(s) + list(self.target_tokenizer.encode(t)) + [eos]
+                        for s, t in zip(sources, targets)], multiple)
       return dict(targets=full, weights=(full != 0).astype(np.float32))
-    return dict(targets=full, prefix_mask=prefix, weights=weights)
+    from transformer.data import pipeline  # pylint: disable=g-import-not-at-top  (TFDS, as restore)
+    examples, _ = pipeline.encode_pairs(
+        list(zip(sources, targets)), self.source_tokenizer, self.target_tokenizer,
+        self.config.data.max_source_len, sys.maxsize, "truncate",
+        self.config.model.arch == "decoder_only")
+    row_len = {name: -(-max(1, int(lengths.max())) // multiple) * multiple
+               for name, lengths in examples.lengths.items()}
+    return pipeline.one_per_row(examples, np.arange(len(examples)), row_len, len(examples))
 
   def _logits_fn(self, params, batch):
     from transformer.training import model_kwargs  # pylint: disable=g-import-not-at-top

@@ -4,8 +4,8 @@ Two layers:
 - search loops over a pure `step_fn(tokens [B], cache, j) -> (logits [B, V] float32, cache)` that feeds
   generated token j and returns the logits of token j+1 (`sample_search`, `beam_search`); they know
   nothing about transformers, so they are testable on an enumerable toy distribution;
-- `generate`, which wires a model into them: the encoder runs once (encoder-decoder) or the left-padded
-  prompt is prefilled in one call (decoder-only), then one cached decoder step per token.
+- `generate`, which wires a model into them: `prefill` runs the encoder once (encoder-decoder) or
+  prefills the left-padded prompt in one call (decoder-only), then one cached decoder step per token.
 
 Every loop is a `lax.while_loop` that stops when every row (or every beam) has finished. Generated
 sequences include EOS and are 0-padded after it. Token 0 (padding and the start token) is never
@@ -309,19 +309,16 @@ def _left_pad_prompt(prompt: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp
   return tokens, real.astype(jnp.int32), jnp.where(real, positions, 0).astype(jnp.int32)
 
 
-def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
-              prefix_lm: bool, params: Any, batch: dict[str, jnp.ndarray], rng: jnp.ndarray):
-  """The traced body of `generate` (model and settings are static)."""
+def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, prefix_lm: bool,
+            beams: int = 1) -> tuple[jnp.ndarray, Any, StepFn]:
+  """(first_logits [b, v], cache, step_fn for b * beams rows) before the first generated token:
+  the encoder run and the start token fed (batch['inputs']), or start token + left-padded prompt
+  prefilled in one call (batch['prompt'], right-padded; the prefix if prefix_lm)."""
   from transformer import models  # pylint: disable=g-import-not-at-top
-  cfg = model.config
   variables = _variables(params)
   apply = functools.partial(model.apply, deterministic=True, decode=True, mutable=["cache"],
                             method="decode")
-  k = search.beam_size if search.method == "beam" else 1
-  # Beams share their row's self-attention keys/values: a reorder gathers only the bookkeeping.
-  reorder_fn = lambda c, idx: models.reorder_beam_cache(c, idx, cfg.scan_layers)
-  tile_fn = lambda c, beams: models.tile_beam_cache(c, beams, cfg.scan_layers)
-  if cfg.arch == "encoder_decoder":
+  if model.config.arch == "encoder_decoder":
     inputs = batch["inputs"]
     b = inputs.shape[0]
     source_segments = (inputs != 0).astype(jnp.int32)
@@ -334,7 +331,7 @@ def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams
     logits, state = apply({**variables, "cache": cache}, encoded, jnp.zeros((b, 1), jnp.int32),
                           encoder_segment_ids=source_segments, decoder_positions=0 * ones,
                           decoder_segment_ids=ones)
-    step_segments = jnp.repeat(source_segments, k, axis=0)
+    step_segments = jnp.repeat(source_segments, beams, axis=0)
     # The cross-attention keys/values keep their b rows: the model's cross-attention lets the k
     # beams of a row share it (no copies, and each source is read once per step, not k times).
     state["cache"], cross = _split_cross_attention(state["cache"])
@@ -350,10 +347,11 @@ def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams
     b = prompt.shape[0]
     tokens, segments, positions = _left_pad_prompt(prompt)
     cache = _empty_cache(model, jnp.zeros((b, tokens.shape[1] + max_len - 1), jnp.int32))
-    prefix = segments if prefix_lm else None
+    prompt_targets = jnp.pad(tokens[:, 1:] != 0, ((0, 0), (0, 1)))  # input i's target: i+1
+    prefix = models.decoder_prefix(prompt_targets, segments) if prefix_lm else None
     logits, state = apply({**variables, "cache": cache}, tokens, decoder_positions=positions,
                           decoder_segment_ids=segments, decoder_prefix_mask=prefix)
-    next_position = jnp.repeat(positions[:, -1:] + 1, k, axis=0)  # [b*k, 1]
+    next_position = jnp.repeat(positions[:, -1:] + 1, beams, axis=0)  # [b*k, 1]
 
     def step_fn(tokens, cache, j):
       ones = jnp.ones((tokens.shape[0], 1), jnp.int32)
@@ -362,11 +360,22 @@ def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams
                             decoder_prefix_mask=0 * ones if prefix_lm else None)
       return logits[:, -1], state["cache"]
 
-  first_logits, cache = logits[:, -1], state["cache"]
+  return logits[:, -1], state["cache"], step_fn
+
+
+def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
+              prefix_lm: bool, params: Any, batch: dict[str, jnp.ndarray], rng: jnp.ndarray):
+  """The traced body of `generate` (model and settings are static)."""
+  from transformer import models  # pylint: disable=g-import-not-at-top
+  scan_layers = model.config.scan_layers
+  k = search.beam_size if search.method == "beam" else 1
+  first_logits, cache, step_fn = prefill(model, params, batch, max_len, prefix_lm, beams=k)
   if search.method == "beam":
+    # Beams share their row's self-attention keys/values: a reorder gathers only the bookkeeping.
     return beam_search(step_fn, first_logits, cache, beam_size=k, alpha=search.length_penalty,
                        eos_id=eos_id, max_len=max_len, return_all_beams=return_all_beams,
-                       reorder_fn=reorder_fn, tile_fn=tile_fn)
+                       reorder_fn=lambda c, idx: models.reorder_beam_cache(c, idx, scan_layers),
+                       tile_fn=lambda c, beams: models.tile_beam_cache(c, beams, scan_layers))
   return sample_search(step_fn, first_logits, cache, search=search, eos_id=eos_id,
                        max_len=max_len, rng=rng)
 

@@ -47,6 +47,21 @@ def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
   return shifted
 
 
+def decoder_prefix(prefix_mask: Array, segment_ids: Array) -> Array:
+  """The decoder inputs [b, t] (bool) in the prefix-LM's bidirectional prefix, from the target-space
+  prefix_mask [b, t] (1 on the prompt's tokens); segment_ids as for shift_right.
+
+  The one definition of the prefix: exactly what the model is given, i.e. the prompt that
+  decoding prefills: start token + source + separator (EOS), all bidirectional. The separator is
+  in it so that the first scored target is predicted from a position that has seen the whole
+  source, as an encoder's output has; training, scoring and decoding then attend identically.
+  Input i carries target i-1: it is in the prefix if target i-1 is, or if it is the start token
+  of a segment that opens with a prefix (target i is).
+  """
+  prefix_mask = prefix_mask.astype(jnp.int32)
+  return (prefix_mask + shift_right(prefix_mask, segment_ids)) > 0
+
+
 def _residual(cfg: ModelConfig, x: Array, sublayer, norm: nn.Module, deterministic: bool) -> Array:
   """Post-LN Norm(x + Dropout(f(x))) or pre-LN x + Dropout(f(Norm(x)))."""
   drop = nn.Dropout(cfg.dropout_rate)
@@ -345,17 +360,13 @@ class DecoderOnly(nn.Module):
   def __call__(self, targets: Array, targets_positions: Array | None = None,
                targets_segment_ids: Array | None = None, prefix_mask: Array | None = None,
                deterministic: bool = True) -> Array:
-    """Teacher-forced logits [b, t, vocab] float32; prefix_mask [b, t] marks target-side prefix."""
+    """Teacher-forced logits [b, t, vocab] float32; prefix_mask [b, t] marks the target-space
+    prefix, the prompt (source + separator): see `decoder_prefix`."""
     if targets_segment_ids is None:
       targets_segment_ids = (targets != 0).astype(jnp.int32)
-    decoder_prefix = None
-    if prefix_mask is not None:
-      # The input at i is target i-1: the prefix extends one position so the source's last token
-      # (separator/EOS) is in it, and the segment's start token too.
-      prefix_mask = prefix_mask.astype(jnp.int32)
-      decoder_prefix = (prefix_mask + shift_right(prefix_mask, targets_segment_ids)) > 0
+    prefix = None if prefix_mask is None else decoder_prefix(prefix_mask, targets_segment_ids)
     return self.decode(shift_right(targets, targets_segment_ids), targets_positions,
-                       targets_segment_ids, decoder_prefix, deterministic)
+                       targets_segment_ids, prefix, deterministic)
 
 
 def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly:

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.models import shift_right
+from transformer.models import decoder_prefix, shift_right
 
 Array = jax.Array
 PyTree = Any
@@ -53,7 +53,8 @@ def two_pass_logits(model: nn.Module, arch: str, params: PyTree, batch: dict[str
 
   Pass 1 decodes with the gold decoder inputs (under stop_gradient); each decoder input token is
   then replaced by pass 1's argmax prediction of it with probability 1 - tf_prob, and pass 2
-  decodes the mixture. Source-prefix inputs (decoder-only) and padding are never replaced.
+  decodes the mixture. Padding and the decoder-only prompt (start token, source and separator:
+  `decoder_prefix`) are never replaced: they are given, not predicted.
   """
   drop1, drop2, coin = jax.random.split(rng, 3)
   variables = {"params": params}
@@ -70,8 +71,7 @@ def two_pass_logits(model: nn.Module, arch: str, params: PyTree, batch: dict[str
                         rngs={"dropout": drop2}, method="encode"),)  # encoded [b, s, d]
     extra["encoder_segment_ids"] = in_segments
   elif batch.get("prefix_mask") is not None:
-    prefix = batch["prefix_mask"].astype(jnp.int32)  # extended by one, as DecoderOnly.__call__ does
-    extra["decoder_prefix_mask"] = (prefix + shift_right(prefix, segments)) > 0
+    extra["decoder_prefix_mask"] = decoder_prefix(batch["prefix_mask"], segments)
     replaceable &= ~extra["decoder_prefix_mask"]
 
   def decode(tokens, key):

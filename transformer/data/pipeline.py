@@ -15,7 +15,8 @@ Batching modes (rows per batch are always the per-host row count, shapes fixed p
           into batches of one example per row, padded to the bucket's length; batch order shuffled.
   pad     one example per row, padded to the maximum lengths.
 Features (int32 unless noted): `inputs`, `targets`, `*_segment_ids`, `*_positions`, `weights`
-(float32) and, for decoder-only models on seq2seq tasks, `prefix_mask`.
+(float32) and, for decoder-only models on seq2seq tasks, `prefix_mask` (1 on the prompt: source +
+separator; exactly the real tokens of weight 0, see `transformer.models.decoder_prefix`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Examples:
   tokens: dict[str, np.ndarray]  # feature -> int32 [total]
   starts: dict[str, np.ndarray]  # feature -> int64 [n] offset of each example in `tokens`
   lengths: dict[str, np.ndarray]  # feature -> int64 [n]
-  prefix_len: np.ndarray | None = None  # decoder_only seq2seq: source tokens per example [n]
+  prefix_len: np.ndarray | None = None  # decoder_only seq2seq: prompt (source + EOS) length [n]
 
   @classmethod
   def from_lists(cls, features: dict[str, Sequence[Sequence[int]]],
@@ -80,11 +81,12 @@ def encode_pairs(pairs: Sequence[tuple[str, str]], source_tok, target_tok, max_s
   """Tokenizes (source, target) pairs; returns Examples and counts of dropped/truncated pairs.
 
   Encoder-decoder: `inputs` = source + EOS, `targets` = target + EOS (no BOS: the model shifts
-  targets right itself). Decoder-only: `targets` = source + EOS + target + EOS, with `prefix_len`
-  = len(source): the pipeline sets `prefix_mask` 1 on the source tokens and `weights` 0 on them and
-  on the EOS separator (the model's bidirectional prefix reaches the separator).
+  targets right itself). Decoder-only: `targets` = prompt + target + EOS, where the prompt is
+  source + EOS (the separator, exactly what decoding is given), with `prefix_len` = len(prompt):
+  the pipeline sets `prefix_mask` 1 and `weights` 0 on the prompt, so the prefix and the
+  unscored positions are one set (the separator is in the prefix: see models.decoder_prefix).
   """
-  inputs, targets, prefix = [], [], []
+  inputs, targets = [], []
   dropped = truncated = 0
   for source, target in pairs:
     s, t = source_tok.encode(source), target_tok.encode(target)
@@ -93,15 +95,23 @@ def encode_pairs(pairs: Sequence[tuple[str, str]], source_tok, target_tok, max_s
       dropped += 1
       continue
     truncated += len(fs) <= len(s) or len(ft) <= len(t)
-    if decoder_only:
-      targets.append(fs + ft)
-      prefix.append(len(fs) - 1)
-    else:
-      inputs.append(fs)
-      targets.append(ft)
-  feats = {"targets": targets} if decoder_only else {"inputs": inputs, "targets": targets}
-  ex = Examples.from_lists(feats, prefix if decoder_only else None)
-  return ex, {"examples": len(targets), "dropped": dropped, "truncated": int(truncated)}
+    inputs.append(fs)
+    targets.append(ft)
+  counts = {"examples": len(targets), "dropped": dropped, "truncated": int(truncated)}
+  if decoder_only:
+    return prefix_lm_examples(inputs, targets), counts
+  return Examples.from_lists({"inputs": inputs, "targets": targets}), counts
+
+
+def prefix_lm_examples(prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
+                       ) -> Examples:
+  """Decoder-only rows prompt + continuation whose prefix is exactly the prompt (source + EOS).
+
+  The one rule of the prefix in target space: `assemble` sets prefix_mask 1 and weight 0 on the
+  prompt, weight 1 on the continuation (why the separator is in it: models.decoder_prefix).
+  """
+  rows = [list(p) + list(c) for p, c in zip(prompts, continuations, strict=True)]
+  return Examples.from_lists({"targets": rows}, [len(p) for p in prompts])
 
 
 def encode_stream(texts: Sequence[str], tok, row_len: int) -> Examples:
@@ -130,11 +140,10 @@ def assemble(ex: Examples, idx: np.ndarray, row: np.ndarray, offset: dict[str, n
     out[f"{name}_positions"] = pos.reshape(rows, length)
     if name == "targets":
       weights = (tokens != 0).astype(np.float32)
-      if ex.prefix_len is not None:
-        plen = np.repeat(ex.prefix_len[idx], lens)
-        weights[dst] = (within > plen).astype(np.float32)
+      if ex.prefix_len is not None:  # the prompt is the prefix and carries no loss
         prefix = np.zeros(rows * length, np.int32)
-        prefix[dst] = within < plen
+        prefix[dst] = within < np.repeat(ex.prefix_len[idx], lens)
+        weights[dst] = 1 - prefix[dst]
         out["prefix_mask"] = prefix.reshape(rows, length)
       out["weights"] = weights.reshape(rows, length)
   return out
