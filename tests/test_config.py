@@ -69,6 +69,34 @@ def test_odd_head_dim_with_rope():
     config_lib.from_configdict(d)
 
 
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+def test_relative_max_distance_must_exceed_the_exact_buckets(arch):
+  """With relative positions, relative_max_distance at or below relative_num_buckets // 2 (the
+  decoder's exact-bucket offsets) gave NaN biases or backwards buckets: one line naming the key
+  and the bound; one more validates; unused (another positional) it is not checked. The encoder's
+  bidirectional buckets need relative_num_buckets >= 4."""
+  d = _base_dict()
+  _set(d, "model.arch", arch)
+  _set(d, "model.positional", "relative")
+  _set(d, "model.relative_max_distance", 16)
+  with pytest.raises(config_lib.ConfigError) as info:
+    config_lib.from_configdict(d)
+  assert str(info.value) == ("model.relative_max_distance=16 must be > "
+                             "model.relative_num_buckets // 2 = 16")
+  _set(d, "model.relative_max_distance", 17)
+  assert config_lib.from_configdict(d).model.relative_max_distance == 17
+  _set(d, "model.relative_num_buckets", 3)
+  _set(d, "model.relative_max_distance", 2)
+  if arch == "encoder_decoder":
+    with pytest.raises(config_lib.ConfigError, match="model.relative_num_buckets=3 must be >= 4"):
+      config_lib.from_configdict(d)
+  else:
+    config_lib.from_configdict(d)
+  _set(d, "model.positional", "sinusoidal")
+  _set(d, "model.relative_max_distance", 1)
+  config_lib.from_configdict(d)
+
+
 def test_unknown_and_missing_keys():
   """A misspelt key is reported as unknown; a removed key as missing."""
   d = _base_dict()

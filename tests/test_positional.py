@@ -134,7 +134,7 @@ def test_relative_buckets_monotone_exact_and_causal_folding(bidirectional):
   saturate beyond max_distance, and in causal mode every future key (offset > 0) maps to bucket 0."""
   nb, md = 32, 128
   for sign in (-1, 1):
-    b = np.asarray(positional.relative_position_bucket(sign * jnp.arange(0, 400), bidirectional, nb, md))
+    b = np.array(positional.relative_position_bucket(sign * jnp.arange(0, 400), bidirectional, nb, md))
     assert np.all(np.diff(b) >= 0)
     if sign == 1 and not bidirectional:
       assert np.all(b == 0)
@@ -145,22 +145,58 @@ def test_relative_buckets_monotone_exact_and_causal_folding(bidirectional):
     assert np.all(b[md:] == last)  # saturation in the last bucket of the side
 
 
-def test_relative_position_bias_gathers_per_head_table():
-  """RelativePositionBias returns [b, n, t, s] = table[bucket(k_pos - q_pos), head], using the given
+@pytest.mark.parametrize('bidirectional', [True, False])
+@pytest.mark.parametrize('num_buckets', [4, 8, 32])
+def test_relative_buckets_at_the_exact_range_boundary(bidirectional, num_buckets):
+  """max_distance must exceed max_exact, the offsets with their own bucket (num_buckets // 4
+  bidirectional, // 2 causal): at or below it log(max_distance / max_exact) <= 0 made NaN biases
+  or buckets running backwards, so it is a one-line ValueError naming max_distance; just above it
+  the buckets are in range, non-decreasing in |offset| and exact below max_exact."""
+  exact = positional.max_distance_bound(num_buckets, bidirectional)
+  assert exact == (num_buckets // 4 if bidirectional else num_buckets // 2)
+  for bad in (exact, max(exact // 2, 1)):
+    with pytest.raises(ValueError, match=f'max_distance={bad} must be > {exact}'):
+      positional.relative_position_bucket(jnp.arange(-40, 41), bidirectional, num_buckets, bad)
+  half = num_buckets // 2 if bidirectional else num_buckets
+  for sign in ((-1, 1) if bidirectional else (-1,)):
+    b = np.array(positional.relative_position_bucket(sign * jnp.arange(0, 400), bidirectional,
+                                                      num_buckets, exact + 1))
+    if sign == 1:  # keys after the query use the upper half; offset 0 is bucket 0 either way
+      b[1:] -= half
+    assert b.min() >= 0 and b.max() == half - 1 and np.all(np.diff(b) >= 0)
+    np.testing.assert_array_equal(b[:exact], np.arange(exact))
+
+
+def test_relative_position_bias_rejects_max_distance_in_the_exact_range():
+  """The issue's case: RelativePositionBias(32, 8, 2) (bidirectional: 8 exact offsets) gave 24 NaN
+  biases out of 288; it is now a ValueError, and max_distance 9 gives finite biases."""
+  qp = jnp.arange(12)[None]
+  with pytest.raises(ValueError, match='max_distance=8 must be > 8'):
+    positional.RelativePositionBias(32, 8, 2).init(jax.random.key(0), qp, qp)
+  module = positional.RelativePositionBias(32, 9, 2)
+  assert np.all(np.isfinite(module.apply(module.init(jax.random.key(0), qp, qp), qp, qp)))
+
+
+@pytest.mark.parametrize('num_buckets,max_distance,bidirectional', [(8, 16, False), (32, 128, True),
+                                                                    (32, 128, False)])
+def test_relative_position_bias_gathers_per_head_table(num_buckets, max_distance, bidirectional):
+  """RelativePositionBias returns [b, n, t, s] = table[bucket(k_pos - q_pos), head] exactly, with
+  the T5 reference's buckets (the default 32 buckets / 128 included, bitwise), using the given
   positions (packed rows restart at 0), with logical axes ('relpos_buckets', 'heads')."""
-  module = positional.RelativePositionBias(num_buckets=8, max_distance=16, num_heads=3,
-                                           bidirectional=False)
-  qp = jnp.array([[0, 1, 2, 0, 1]])
+  module = positional.RelativePositionBias(num_buckets=num_buckets, max_distance=max_distance,
+                                           num_heads=3, bidirectional=bidirectional)
+  qp = jnp.array([[0, 1, 2, 0, 1, 150, 3, 40]])
   variables = module.init(jax.random.PRNGKey(0), qp, qp)
   boxed = variables['params']['rel_embedding']
   assert boxed.names == ('relpos_buckets', 'heads')
   table = np.asarray(boxed.unbox())
   got = module.apply(variables, qp, qp)
-  assert got.shape == (1, 3, 5, 5)
+  assert got.shape == (1, 3, 8, 8)
   for n in range(3):
-    for i in range(5):
-      for j in range(5):
-        bucket = t5_bucket_reference(int(qp[0, j] - qp[0, i]), False, 8, 16)
+    for i in range(8):
+      for j in range(8):
+        bucket = t5_bucket_reference(int(qp[0, j] - qp[0, i]), bidirectional, num_buckets,
+                                     max_distance)
         assert got[0, n, i, j] == table[bucket, n]
 
 

@@ -281,6 +281,17 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
   head_dim = m.head_dim or m.d_model // m.num_heads
   if m.positional == "rope" and head_dim % 2:
     raise ConfigError(f"model.head_dim={head_dim} must be even with model.positional='rope'")
+  if m.positional == "relative":
+    # positional.max_distance_bound: the decoder's causal buckets (the stricter bound) give offsets
+    # below num_buckets // 2 their own bucket; the log-spaced ones must reach beyond them, or the
+    # biases are NaN or the buckets run backwards. The encoder halves the buckets per direction.
+    least = 4 if m.arch == "encoder_decoder" else 2
+    if m.relative_num_buckets < least:
+      raise ConfigError(f"model.relative_num_buckets={m.relative_num_buckets} must be >= {least} "
+                        f"with model.arch={m.arch!r}")
+    if m.relative_max_distance <= m.relative_num_buckets // 2:
+      raise ConfigError(f"model.relative_max_distance={m.relative_max_distance} must be > "
+                        f"model.relative_num_buckets // 2 = {m.relative_num_buckets // 2}")
   if m.arch == "encoder_decoder" and not m.num_encoder_layers:
     raise ConfigError("model.num_encoder_layers=0 must be > 0 with model.arch='encoder_decoder'")
   if not m.num_decoder_layers:

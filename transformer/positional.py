@@ -91,6 +91,11 @@ def apply_rope(x: Array, positions: Array, base: float = 10000.0) -> Array:
 # ----------------------------------------------------------------------------------------------------
 # T5 relative position buckets (Raffel et al. 2020)
 # ----------------------------------------------------------------------------------------------------
+def max_distance_bound(num_buckets: int, bidirectional: bool) -> int:
+  """max_exact, the offsets with their own bucket: max_distance must exceed it (and it be >= 1)."""
+  return (num_buckets // 2 if bidirectional else num_buckets) // 2
+
+
 def relative_position_bucket(relative_position: Array, bidirectional: bool = True,
                              num_buckets: int = 32, max_distance: int = 128) -> Array:
   """Maps relative_position = key_pos - query_pos to a bucket in [0, num_buckets) (int32).
@@ -99,7 +104,16 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool = Tru
   (of size m), offsets 0..m/2-1 get their own bucket and larger ones share log-spaced buckets up to
   max_distance; farther offsets land in the last bucket. Causal (bidirectional=False): keys after the
   query (positive offsets) fold into bucket 0, like offset 0, since a causal mask hides them anyway.
+  The log-spaced range needs max_distance > max_exact >= 1 (else log(max_distance / max_exact) is
+  <= 0 and the buckets are NaN or run backwards): a ValueError, see `max_distance_bound`.
   """
+  exact = max_distance_bound(num_buckets, bidirectional)
+  if exact < 1:
+    raise ValueError(f'relative position buckets: num_buckets={num_buckets} must be >= '
+                     f'{4 if bidirectional else 2}')
+  if max_distance <= exact:
+    raise ValueError(f'relative position buckets: max_distance={max_distance} must be > {exact}, '
+                     f'the offsets with exact buckets')
   relative_position = jnp.asarray(relative_position, jnp.int32)
   distance = -relative_position  # > 0 for keys in the past
   bucket = jnp.zeros_like(relative_position)
