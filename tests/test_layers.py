@@ -8,6 +8,7 @@ import pytest
 
 from transformer.config import model_config
 from transformer.layers import Embed, FeedForward, make_norm
+from transformer.models import build_model
 
 
 def _cfg(**overrides):
@@ -107,3 +108,26 @@ def test_norms_match_formula(norm):
   else:
     want = x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('tie', [True, False])
+def test_bfloat16_model_computes_logits_in_float32(tie):
+  """A bfloat16 model's logits (tied: Embed.attend; untied: the decoder's logits_dense) equal the
+  float32 product of its bfloat16 final hidden states and the float32 output table, to float32
+  precision (T5X's rule: a bfloat16 log-softmax can collapse training); the same product in
+  bfloat16, the old path, is off by far more, so the check can tell them apart."""
+  cfg = _cfg(arch='decoder_only', dtype='bfloat16', norm_position='pre', tie_embeddings=tie)
+  model = build_model(cfg)
+  tokens = jnp.asarray(np.random.default_rng(4).integers(1, 13, size=(2, 5)), jnp.int32)
+  variables = model.init(jax.random.key(0), tokens)
+  logits, state = model.apply(variables, tokens, mutable=['intermediates'],
+                              capture_intermediates=lambda mdl, _: mdl.name == 'final_norm')
+  hidden = state['intermediates']['decoder']['final_norm']['__call__'][0]  # [b, t, d]
+  assert hidden.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
+  params = nn.meta.unbox(variables['params'])
+  table = (params['token_embed']['embedding'] if tie
+           else params['decoder']['logits_dense']['kernel'].T)  # [v, d]
+  want = np.einsum('btd,vd->btv', np.asarray(hidden, np.float32), np.asarray(table, np.float32))
+  np.testing.assert_allclose(logits, want, rtol=1e-6, atol=1e-6)
+  in_bf16 = jnp.einsum('btd,vd->btv', hidden, jnp.asarray(table, jnp.bfloat16))
+  assert np.abs(np.asarray(in_bf16, np.float32) - want).max() > 1e-3

@@ -55,9 +55,13 @@ class Embed(nn.Module):
     return x
 
   def attend(self, x: Array) -> Array:
-    """[b, t, d] -> logits [b, t, vocab] against the embedding table (tied output layer)."""
-    table = jnp.asarray(self.embedding, jnp.dtype(self.config.dtype))
-    return jnp.einsum('btd,vd->btv', x.astype(table.dtype), table)
+    """[b, t, d] -> logits [b, t, vocab] float32 against the embedding table (tied output layer).
+
+    Computed in float32 whatever the compute dtype, as T5X does: bfloat16 logits (8 mantissa
+    bits) round the log-softmax and can make training collapse (flax issue #677).
+    """
+    table = jnp.asarray(self.embedding, jnp.float32)
+    return jnp.einsum('btd,vd->btv', x.astype(jnp.float32), table)
 
 
 _GELU = functools.partial(nn.gelu, approximate=False)  # the exact (erf) form

@@ -285,13 +285,13 @@ class Decoder(nn.Module):
     if cfg.tie_embeddings:
       logits = self.embed.attend(x)[..., :cfg.vocab_size]
     else:
-      logits = nn.Dense(
-          cfg.vocab_size, use_bias=False, dtype=jnp.dtype(cfg.dtype),
+      logits = nn.Dense(  # float32 whatever cfg.dtype, as Embed.attend (see there why)
+          cfg.vocab_size, use_bias=False, dtype=jnp.float32,
           param_dtype=jnp.dtype(cfg.param_dtype),
           kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
                                                    ('embed', 'vocab')),
           name='logits_dense')(x)
-    return logits.astype(jnp.float32)
+    return logits
 
 
 class EncoderDecoder(nn.Module):
