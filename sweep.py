@@ -17,7 +17,9 @@ resumes interrupted ones from their checkpoints.
 
 On cloud TPU VMs: `--launcher=tpu_vm --tpu_name=NAME --zone=ZONE --bucket=gs://B` prints one
 `gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command="..."` per point, with the
-workdir and data_dir under the bucket; `--execute` also runs them, one after the other.
+workdir and data_dir under the bucket, and last the command that copies the results back and
+writes the report; `--execute` also runs the points, one after the other. Each point's command
+skips it when it is done, as a local rerun does.
 """
 
 import os
@@ -104,7 +106,8 @@ def run_sweep() -> None:
       if f.execute and subprocess.run(cmd, check=False).returncode != 0:
         fail(f"point {p.name} failed on {f.tpu_name}")
     local = os.path.normpath(f.workdir)
-    print(f"# collect: gcloud storage rsync -r -x {shlex.quote('.*/checkpoints/.*')} "
+    print("# then copy the results back (without checkpoints) and write the report:")
+    print(f"gcloud storage rsync -r -x {shlex.quote('.*/checkpoints/.*')} "
           f"{f.bucket.rstrip('/')}/{local.lstrip('/')} {local}"
           f" && python sweep.py {shlex.join(report_flags())} --report_only")
     return

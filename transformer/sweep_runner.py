@@ -20,6 +20,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -304,3 +305,29 @@ def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
     lines += [shlex.join(argv) for _, argv in todo]
   return lines
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """`python -m transformer.sweep_runner is_done WORKDIR --num_steps=N [--split=S]`.
+
+  Exit status 0 (and `WORKDIR: done (skipped)`) if the run in WORKDIR is done as `status` sees
+  it: trained to N steps (or stopped early) and, with --split, evaluated on S at that step;
+  else 1 (and its status). The TPU VM commands (sweeps.tpu_vm_command) start with it, so that
+  rerunning them skips finished points as a local rerun does; an error here also exits non-zero,
+  so the point then runs (train.py and eval.py of a finished run only redo the evaluation).
+  """
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(prog="python -m transformer.sweep_runner")
+  parser.add_argument("command", choices=["is_done"])
+  parser.add_argument("workdir")
+  parser.add_argument("--num_steps", type=int, required=True)
+  parser.add_argument("--split", default="")
+  args = parser.parse_args(argv)
+  point = Point(0, {}, os.path.basename(os.path.normpath(args.workdir)), args.workdir,
+                args.num_steps)
+  state = status(point, Commands("", eval_split=args.split))
+  print(f"{args.workdir}: {state}" + (" (skipped)" if state == "done" else ""))
+  return 0 if state == "done" else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
