@@ -209,7 +209,9 @@ def stop(signum, _):
   sys.exit(0)
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
   signal.signal(sig, stop)
-open(os.path.join(w, "started"), "w").close()
+with open(os.path.join(w, "started.tmp"), "w") as f:
+  f.write("own session" if os.getsid(0) == os.getpid() else "the sweep's session")
+os.replace(os.path.join(w, "started.tmp"), os.path.join(w, "started"))
 time.sleep(60)
 """
 
@@ -229,13 +231,10 @@ def test_signals_to_the_sweep_reach_its_running_points(tmp_path, sig, forwarded)
                        str(tmp_path / "w"))
   recording_cmds = sweeps.Commands(config, train_script=str(tmp_path / "record.py"), eval_split="")
   started = os.path.join(points[0].workdir, "started")
-  seen = {}
 
   def signal_when_started():
     for _ in range(600):
       if os.path.exists(started):
-        with sweep_runner._running_lock:  # pylint: disable=protected-access
-          seen["sessions"] = [os.getsid(p.pid) for p in sweep_runner._running]  # pylint: disable=protected-access
         os.kill(os.getpid(), sig)
         return
       time.sleep(0.05)
@@ -246,7 +245,8 @@ def test_signals_to_the_sweep_reach_its_running_points(tmp_path, sig, forwarded)
   with open(os.path.join(points[0].workdir, "got")) as f:
     assert f.read() == forwarded
   assert sweep_runner.stop_signal() == getattr(signal, forwarded)
-  assert seen["sessions"] and os.getsid(0) not in seen["sessions"]
+  with open(started) as f:
+    assert f.read() == "own session"
   assert not os.path.exists(points[1].workdir)  # nothing new started after the signal
 
 

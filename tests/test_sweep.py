@@ -198,7 +198,8 @@ def test_readme_tpu_sweep_lines_are_what_sweep_py_prints():
   lines = out.stdout.splitlines()
   shown = _readme_block_after("which prints, for each point,").splitlines()
   assert lines[lines.index(shown[0]) + 1] == shown[1]
-  assert lines[-1] == _readme_block_after("the last line `sweep.py` printed is exactly this command")
+  collect = _readme_block_after("the last line `sweep.py` printed is exactly this command")
+  assert lines[-1] == collect
 
 
 def test_is_done_is_the_local_runners_test(fake, capsys):
@@ -429,9 +430,9 @@ time.sleep(60)
 
 
 def test_stop_running_sends_sigterm_so_points_checkpoint_and_resume(fake, tmp_path):
-  """stop_running() (what Ctrl-C / SIGTERM to sweep.py calls) sends SIGTERM to the running
-  trainer, which checkpoints and exits 0; the runner records that point as stopped short of
-  num_steps (no eval), and its state is then 'resume'."""
+  """stop_running() (what SIGTERM to sweep.py calls; Ctrl-C passes SIGINT the same way) sends
+  SIGTERM to the running trainer, which checkpoints and exits 0; the runner records that point as
+  stopped short of num_steps (no eval), and its state is then 'resume'."""
   points, commands = fake
   (tmp_path / "wait.py").write_text(WAIT_FOR_SIGTERM)
   waiting = sweeps.Commands(**{**commands.__dict__, "train_script": str(tmp_path / "wait.py")})
