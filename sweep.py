@@ -5,13 +5,21 @@ Every point of the sweep file (configs/sweeps/*.py: `get_sweep()` -> list of ove
 as its own `python train.py` process, then `python eval.py --split=test`, in its own workdir
 `<workdir>/<name from its overrides>` (e.g. `runs/sweep_pos/positional=rope`). `--config.*` flags
 given here apply to every point. All keys and every point's config are validated before anything
-runs. Ctrl-C or SIGTERM stops it (running points save a checkpoint); rerunning the command skips
-finished points and resumes interrupted ones from their checkpoints. At the end (or with --report_only) it writes `<workdir>/results.csv`, `results.md`,
+runs. At the end (or with --report_only) it writes `<workdir>/results.csv`, `results.md`,
 `results.png` (--metric per point) and `curves.png` (learning curves overlaid).
+
+Ctrl-C, SIGTERM or SIGHUP stops it: nothing new starts, the running points (each in its own
+process group, so only the sweep decides what they receive) get the SIGINT or SIGTERM, save a
+checkpoint at their current step and exit; the sweep waits for them, prints where each stopped and
+the command that resumes, and ends killed by the signal it got (a second Ctrl-C is passed on too:
+the points then exit at once, without saving). Rerunning the command skips finished points and
+resumes interrupted ones from their checkpoints.
 
 On cloud TPU VMs: `--launcher=tpu_vm --tpu_name=NAME --zone=ZONE --bucket=gs://B` prints one
 `gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command="..."` per point, with the
-workdir and data_dir under the bucket; `--execute` also runs them, one after the other.
+workdir and data_dir under the bucket, and last the command that copies the results back and
+writes the report; `--execute` also runs the points, one after the other. Each point's command
+skips it when it is done, as a local rerun does.
 """
 
 import os
@@ -57,6 +65,20 @@ def fail(message: str) -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  from transformer import sweep_runner  # pylint: disable=g-import-not-at-top
+  try:
+    run_sweep()
+  except KeyboardInterrupt:  # run() has stopped the running points and waited for them
+    sig = sweep_runner.stop_signal() or signal.SIGINT
+    print(f"interrupted ({signal.Signals(sig).name}); resume with: "
+          f"{shlex.join(['python', 'sweep.py', *sys.argv[1:]])}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    signal.signal(sig, signal.SIG_DFL)  # end as killed by it, as a shell expects (loops stop)
+    os.kill(os.getpid(), sig)
+
+
+def run_sweep() -> None:
+  """Plans the sweep, runs (or prints) its points and writes the report."""
   from transformer import sweep_runner, sweeps  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
@@ -80,11 +102,12 @@ def main(argv):
     except sweeps.SweepError as e:
       fail(str(e))
     for p, (cmd, line) in zip(points, launches):
-      print(f"# {p.name}\n{line}")
+      print(f"# {p.name}\n{line}", flush=True)
       if f.execute and subprocess.run(cmd, check=False).returncode != 0:
         fail(f"point {p.name} failed on {f.tpu_name}")
     local = os.path.normpath(f.workdir)
-    print(f"# collect: gcloud storage rsync -r -x {shlex.quote('.*/checkpoints/.*')} "
+    print("# then copy the results back (without checkpoints) and write the report:")
+    print(f"gcloud storage rsync -r -x {shlex.quote('.*/checkpoints/.*')} "
           f"{f.bucket.rstrip('/')}/{local.lstrip('/')} {local}"
           f" && python sweep.py {shlex.join(report_flags())} --report_only")
     return
@@ -101,11 +124,7 @@ def main(argv):
         sweep_runner.prepare_data(f.config, pending)
       except (ValueError, OSError) as e:  # ConfigError is a ValueError
         fail(f"preparing the data: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-      failed = sweep_runner.run(points, commands, parallel=f.parallel)
-    except KeyboardInterrupt:
-      fail("interrupted; running points saved a checkpoint. Rerun the same command to resume.")
+    failed = sweep_runner.run(points, commands, parallel=f.parallel)
   from transformer import sweep_report  # pylint: disable=g-import-not-at-top
   title = f"`python sweep.py {shlex.join(report_flags())}`"
   out = sweep_report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)
@@ -113,12 +132,6 @@ def main(argv):
   print("wrote " + ", ".join(out[k] for k in ("csv", "md", "plot", "curves") if k in out))
   if failed:
     fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")
-
-
-def _interrupt(signum, frame):
-  """SIGTERM to the sweep stops it like Ctrl-C: running points checkpoint, nothing new starts."""
-  del signum, frame
-  raise KeyboardInterrupt
 
 
 def report_flags() -> list[str]:

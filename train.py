@@ -2,12 +2,21 @@ r"""Trains a transformer: `python train.py --config=configs/g2p.py:tiny --workdi
 
 Any config key can be overridden on the command line, e.g. `--config.model.positional=rope
 --config.train.num_steps=2000`. Rerunning the same command in the same workdir resumes from the
-latest checkpoint (a finished run is not retrained); SIGTERM saves a checkpoint and exits 0.
-A bad config, an incompatible workdir or a diverged run prints one line and exits 1.
+latest checkpoint (a finished run is not retrained). A bad config, an incompatible workdir or a
+diverged run prints one line and exits 1.
+
+Stopping: SIGTERM (preemption) saves a checkpoint at the current step, prints one line naming it
+and the command that resumes, and exits 0. Ctrl-C (SIGINT) does the same, then ends the way an
+interrupted program does, killed by SIGINT (status 130 in a shell), so that a calling shell stops
+its `&&` chain or loop instead of going on. A second Ctrl-C ends the process at once, without
+saving; committed checkpoints stay intact and the run resumes from the latest one.
 """
 
 import logging as pylogging
 import os
+import shlex
+import shutil
+import signal
 import sys
 
 from absl import app
@@ -32,13 +41,40 @@ def main(argv):
   from transformer import training  # pylint: disable=g-import-not-at-top
   from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
+  workdir = flags.FLAGS.workdir
   try:
-    metrics = training.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+    metrics = training.train_and_evaluate(flags.FLAGS.config, workdir)
   except (ConfigError, CheckpointError, training.TrainingDiverged) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
+  except KeyboardInterrupt:  # a second Ctrl-C, or one before training started: out at once
+    print(f"interrupted: stopped without saving; resume from the latest checkpoint in {workdir} "
+          f"with: {resume_command()}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # Not a normal exit: it would wait for a save in flight. Committed checkpoints stay intact.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+  stopped = next((k for k in ("interrupted", "preempted") if metrics.get(k)), None)
+  if stopped:
+    step = metrics.get("step")
+    print(f"{stopped}: saved a checkpoint at step {step} "
+          f"({os.path.join(workdir, 'checkpoints', str(step))}); resume with: {resume_command()}",
+          file=sys.stderr, flush=True)
+    if stopped == "interrupted":
+      # An unhandled KeyboardInterrupt makes Python clean up (threads, jax.distributed) and then
+      # kill itself with SIGINT; the hook keeps its traceback out (the line above says it all).
+      sys.excepthook = lambda *_: None
+      raise KeyboardInterrupt
+    return
   summary = " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k != "step")
   print(f"done: step={metrics.get('step')} {summary}")
+
+
+def resume_command() -> str:
+  """The command line of this process, which resumes the run (`python ...` when that is us)."""
+  python = os.path.basename(sys.executable)
+  return shlex.join([python if shutil.which(python) == sys.executable else sys.executable,
+                     *sys.argv])
 
 
 def parse_flags(argv):

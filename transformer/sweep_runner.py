@@ -13,12 +13,14 @@ one more train.py, which finds nothing to train.)
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -100,20 +102,31 @@ def write_manifest(points: Sequence[Point], commands: Commands, sweep_path: str,
 
 
 _running: set[subprocess.Popen] = set()  # children of launch_subprocess, for stop_running
-_running_lock = threading.Lock()
+_running_lock = threading.RLock()  # re-entered by a signal handler that interrupts its holder
+_stop_signal: int | None = None  # set by stop_running: no new process starts after it
 
 
 def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> int:
-  """Runs one process with its output appended to `log_path`; returns its exit code."""
+  """Runs one process with its output appended to `log_path`; returns its exit code.
+
+  The child gets its own session (so its own process group): a Ctrl-C in the terminal reaches
+  only the sweep, which decides what its children receive (run() forwards it). After
+  stop_running() nothing starts; the code is then minus the stopping signal, as if it had been
+  started and stopped at once.
+  """
   with open(log_path, "a") as log:
     log.write(f"$ {shlex.join(argv)}\n")
     log.flush()
-    try:
-      proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
-    except OSError as e:  # e.g. a missing interpreter: this point fails, the sweep goes on
-      log.write(f"cannot start {argv[0]}: {e}\n")
-      return 127
     with _running_lock:
+      if _stop_signal is not None:
+        log.write("not started: the sweep is stopping\n")
+        return -_stop_signal
+      try:
+        proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                start_new_session=True)
+      except OSError as e:  # e.g. a missing interpreter: this point fails, the sweep goes on
+        log.write(f"cannot start {argv[0]}: {e}\n")
+        return 127
       _running.add(proc)
     try:
       return proc.wait()
@@ -123,11 +136,59 @@ def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> in
 
 
 def stop_running(sig: int = signal.SIGTERM) -> None:
-  """Sends `sig` to every running child: train.py saves a checkpoint and exits (resumable)."""
+  """Starts no new process and sends `sig` to every running child.
+
+  SIGTERM or a first SIGINT makes train.py save a checkpoint at its current step and exit
+  (resumable); a second SIGINT makes it exit at once.
+  """
+  global _stop_signal
   with _running_lock:
+    if _stop_signal is None:
+      _stop_signal = sig
     for proc in _running:
       if proc.poll() is None:
         proc.send_signal(sig)
+
+
+def stop_signal() -> int | None:
+  """The signal that stopped the last run() (None if nothing stopped it)."""
+  return _stop_signal
+
+
+FORWARDED = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
+             signal.SIGHUP: signal.SIGTERM}  # a closed terminal: children save, as on SIGTERM
+
+
+@contextlib.contextmanager
+def _forwarding_signals():
+  """While running: every SIGINT/SIGTERM/SIGHUP goes to the running children (FORWARDED); the
+  first also raises KeyboardInterrupt here, so that the sweep starts nothing new and waits."""
+  def forward(signum, frame):
+    del frame
+    first = _stop_signal is None
+    stop_running(FORWARDED[signum])
+    if first:
+      raise KeyboardInterrupt
+
+  previous = {}
+  if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+  try:
+    yield
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+
+
+def latest_checkpoint(point: Point) -> int | None:
+  """The newest committed checkpoint step in the point's (local) workdir, or None.
+
+  Read from the directory names (orbax renames a save to its step once committed), not through
+  orbax, which would pull JAX into the sweep process.
+  """
+  directory = os.path.join(point.workdir, "checkpoints")
+  steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
+  return max(steps, default=None)
 
 
 Launch = Callable[[Sequence[str], str, "str | None"], int]
@@ -149,6 +210,8 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
   log_path = os.path.join(point.workdir, LOG)
   ok = True
   for stage, argv in pending_commands(point, commands):
+    if _stop_signal is not None:  # the sweep is stopping: start no further stage
+      return False
     if stage == "eval" and evaluated(point, commands.eval_split, trained_step(point)):
       continue  # training had already finished (it only wrote its marker): evaluated before
     start = time.time()
@@ -159,6 +222,7 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
         {"stage": stage, "argv": list(argv), "returncode": code, "seconds": round(seconds, 3),
          "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     # Exit 0 without the final checkpoint: stopped by SIGTERM (preemption); resume next time.
+    # (A Ctrl-C'd train.py saves too, then ends killed by SIGINT: code -2, also resumable.)
     if code == 0 and stage == "train" and trained_step(point) is None:
       code = "stopped before train.num_steps"
       record["attempts"][-1]["returncode"] = code
@@ -171,7 +235,14 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
 
 def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
         launch: Launch = launch_subprocess, echo: Callable[[str], None] = print) -> list[Point]:
-  """Runs every unfinished point, `parallel` at a time; returns the points that failed."""
+  """Runs every unfinished point, `parallel` at a time; returns the points that failed.
+
+  SIGINT, SIGTERM or SIGHUP (main thread only) stop the sweep: the running points get the
+  signal (see _forwarding_signals), this waits for them to save and exit, prints where each
+  stopped and raises KeyboardInterrupt; stop_signal() then says which signal it was.
+  """
+  global _stop_signal
+  _stop_signal = None
   todo = []
   for p in points:
     state = status(p, commands)
@@ -184,20 +255,27 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
   def one(p: Point) -> None:
     ok = run_point(p, commands, launch)
     with lock:
-      echo(f"{p.name}: {'finished' if ok else 'FAILED, see ' + os.path.join(p.workdir, LOG)}")
+      if _stop_signal is not None and not ok:
+        step = latest_checkpoint(p)
+        echo(f"{p.name}: stopped; " + ("no checkpoint yet" if step is None else
+                                       f"its latest checkpoint is step {step}"))
+      else:
+        echo(f"{p.name}: {'finished' if ok else 'FAILED, see ' + os.path.join(p.workdir, LOG)}")
       if not ok:
         failed.append(p)
 
-  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-    futures = [pool.submit(one, p) for p in todo]
-    try:
-      for future in futures:
-        future.result()
-    except BaseException:  # Ctrl-C / SIGTERM: start nothing new, stop (checkpoint) the running
-      for future in futures:
-        future.cancel()
-      stop_running()
-      raise
+  with _forwarding_signals():
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+      futures = [pool.submit(one, p) for p in todo]
+      try:
+        for future in futures:
+          future.result()
+      except BaseException:  # a signal (forwarded already) or an error: stop, wait for children
+        for future in futures:
+          future.cancel()
+        if _stop_signal is None:
+          stop_running()
+        raise
   return sorted(failed, key=lambda p: p.index)
 
 
@@ -226,3 +304,30 @@ def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
     lines.append(f"# {p.name}: {status(p, commands)}" + ("" if todo else " (skipped)"))
     lines += [shlex.join(argv) for _, argv in todo]
   return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """`python -m transformer.sweep_runner is_done WORKDIR --num_steps=N [--split=S]`.
+
+  Exit status 0 (and `WORKDIR: done (skipped)`) if the run in WORKDIR is done as `status` sees
+  it: trained to N steps (or stopped early) and, with --split, evaluated on S at that step;
+  else 1 (and its status). The TPU VM commands (sweeps.tpu_vm_command) start with it, so that
+  rerunning them skips finished points as a local rerun does; an error here also exits non-zero,
+  so the point then runs (train.py and eval.py of a finished run only redo the evaluation).
+  """
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(prog="python -m transformer.sweep_runner")
+  parser.add_argument("command", choices=["is_done"])
+  parser.add_argument("workdir")
+  parser.add_argument("--num_steps", type=int, required=True)
+  parser.add_argument("--split", default="")
+  args = parser.parse_args(argv)
+  point = Point(0, {}, os.path.basename(os.path.normpath(args.workdir)), args.workdir,
+                args.num_steps)
+  state = status(point, Commands("", eval_split=args.split))
+  print(f"{args.workdir}: {state}" + (" (skipped)" if state == "done" else ""))
+  return 0 if state == "done" else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

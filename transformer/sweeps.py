@@ -251,7 +251,10 @@ def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, b
 
   The workdir is `<bucket>/<the local workdir path>`, `data.data_dir` is
   `<bucket>/tensorflow_datasets` unless the sweep sets it. `remote_dir` (the code's checkout on
-  the VMs) is left unquoted so that `~` expands there.
+  the VMs) is left unquoted so that `~` expands there. The command first asks
+  `python -m transformer.sweep_runner is_done` (the local runner's own test: trained to
+  num_steps and evaluated) and trains and evaluates only if the point is not done, so that
+  running the commands again skips finished points as a local rerun does.
   """
   if not bucket.startswith("gs://"):
     raise SweepError(f"--bucket={bucket!r} must be a gs:// path")
@@ -263,9 +266,12 @@ def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, b
   extra = {} if "data.data_dir" in commands.overrides(point) else {
       "data.data_dir": f"{bucket}/tensorflow_datasets"}
   parts = [shlex.join(commands.train(point, workdir, python, extra))]
+  check = [python, "-m", "transformer.sweep_runner", "is_done", workdir,
+           f"--num_steps={point.num_steps}"]
   if commands.eval_split:
     parts.append(shlex.join(commands.eval(point, workdir, python)))
-  remote = f"cd {remote_dir} && " + " && ".join(parts)
+    check.append(f"--split={commands.eval_split}")
+  remote = f"cd {remote_dir} && if ! {shlex.join(check)}; then {' && '.join(parts)}; fi"
   argv = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu_name, f"--zone={zone}"]
   argv += [f"--project={project}"] if project else []
   argv += ["--worker=all"]

@@ -294,8 +294,10 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
   Returns the final metrics (the last evaluation, train/loss, step). `task` overrides
   `transformer.data.load_task` (tests, notebooks). Raises ConfigError, CheckpointError or
   TrainingDiverged, each with a one-line message. A run that ends at train.num_steps or stops
-  early leaves `<workdir>/train_done.json` (write_done_marker); a SIGTERM (preemption) before the
-  last step or an error leaves none, and training further (a larger num_steps) removes it first.
+  early leaves `<workdir>/train_done.json` (write_done_marker); a stop before the last step or an
+  error leaves none, and training further (a larger num_steps) removes it first. SIGTERM or a
+  first SIGINT (checkpoints.PreemptionHandler) saves at the current step and returns with
+  `preempted` or `interrupted` = 1.0 in the metrics; a second SIGINT raises KeyboardInterrupt.
   """
   from transformer import checkpoints, parallel, reporting  # pylint: disable=g-import-not-at-top
   started = time.time()
@@ -414,8 +416,9 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
         reporter.reset_throughput()
         if early.update(last_eval):
           stop_reason = "early_stop"
-      if preempt.should_stop(step) and not stop_reason:  # (called every step: multi-host sync)
-        stop_reason = "preempted"
+      # Asked every step (multi-host: all hosts agree on the step); at num_steps it is no stop.
+      if preempt.should_stop(step) and not stop_reason and step < tc.num_steps:
+        stop_reason = preempt.reason  # 'interrupted' (SIGINT) or 'preempted' (SIGTERM)
       if stop_reason or step == tc.num_steps or ckpt.should_save(step):
         check(pending)
         extra = {"train/stopped_early": 1.0} if stop_reason == "early_stop" else {}
@@ -424,12 +427,14 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
       if stop_reason:
         break
   finally:
-    ckpt.close()
-    reporter.close()
-    preempt.uninstall()
+    try:  # a Ctrl-C during this wait stops it: the save in flight is then never committed
+      ckpt.close()
+    finally:
+      reporter.close()
+      preempt.uninstall()
   final = final | last_eval | {"step": step} | ({stop_reason: 1.0} if stop_reason else {})
-  # Only now, with the last checkpoint committed (close waits); a SIGTERM before the last step
-  # is not an end.
+  # Only now, with the last checkpoint committed (close waits); a stop before the last step is
+  # not an end.
   reason = "early_stop" if stop_reason == "early_stop" else (
       "num_steps" if step >= tc.num_steps else "")
   if main and reason:
