@@ -22,8 +22,9 @@ import sys
 
 from absl import app
 from absl import flags
-import ml_collections
 from ml_collections import config_flags
+
+from transformer import cli
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -127,22 +128,5 @@ def report_flags() -> list[str]:
   return [a for a in sys.argv[1:] if a.split("=", 1)[0].startswith(keep)]
 
 
-def parse_flags(argv):
-  """absl flag parsing, with a bad flag or `--config.key=value` as one line instead of a trace."""
-  for arg in argv[1:]:
-    if arg.startswith("--config="):
-      path = arg.split("=", 1)[1].split(":", 1)[0]
-      if not os.path.isfile(path):
-        fail(f"--config file {path} not found")
-  try:
-    rest = flags.FLAGS(argv)
-    if not isinstance(flags.FLAGS.config, ml_collections.ConfigDict):
-      flags.FLAGS.config.__getattr__("_")  # a config file that failed to load raises here
-    return rest
-  except Exception as e:  # pylint: disable=broad-except
-    msg = str(e).splitlines()[0] if str(e) else ""
-    fail(f"bad flag ({type(e).__name__}: {msg}); config keys are those of configs/base.py")
-
-
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)
