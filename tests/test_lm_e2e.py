@@ -131,7 +131,7 @@ def test_bits_per_char_is_teacher_forced_loss_over_ln2(lm_run, evaluated, restor
   assert results["split"] == "validation" and results["step"] == 40
   valid = text[int(len(text) * 0.9):]
   stream = tok.encode(valid) + [tok.eos_id]
-  assert results["tokens"] == len(stream)
+  assert results["coverage"] == {"scored_tokens": len(stream), "split_tokens": len(stream)}
   rows = [stream[start:start + ROW] for start in range(0, len(stream), ROW)]
   logits = full_forward(run, rows).astype(np.float64)
   top = logits.max(-1, keepdims=True)

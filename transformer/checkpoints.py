@@ -67,7 +67,7 @@ def abstract_of(tree: Any) -> Any:
 class Checkpointer:
   """Asynchronous orbax checkpoints of (train state, Grain iterator, config, metrics) in a workdir."""
 
-  def __init__(self, workdir: str, ckpt_cfg: Any, config: Any = None):
+  def __init__(self, workdir: str, ckpt_cfg: Any, config: Any = None, read_only: bool = False):
     self.directory = os.path.join(workdir, "checkpoints")
     if files.is_local(self.directory):  # a gs:// path goes to orbax as it is
       self.directory = os.path.abspath(self.directory)
@@ -97,8 +97,10 @@ class Checkpointer:
         best_fn=metric if self._best_key else None,  # orbax records metrics only with a best_fn
         best_mode=ckpt_cfg.best_mode,
         enable_async_checkpointing=bool(ckpt_cfg.async_save),
-        cleanup_tmp_directories=True,
-        create=True)
+        # A reader (evaluation, a notebook) must not delete a save that training has in flight.
+        cleanup_tmp_directories=not read_only,
+        create=not read_only,
+        read_only=read_only)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def save(self, step: int, state: Any, data_iterator: Any = None,
