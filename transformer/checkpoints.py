@@ -6,7 +6,7 @@ Layout: `<workdir>/checkpoints/<step>/` with the items
   meta     JSON: {"step", "config", "metrics"} (the run's config and that step's metrics)
   metrics  orbax's own copy of the metrics (when `checkpoint.keep_best_by` is set)
 
-Retention (the trap in NOTES-jax.md: orbax's max_to_keep together with best_fn keeps the K *best*
+Retention (a trap of orbax: its max_to_keep together with best_fn keeps the K *best*
 and may delete the newest checkpoint, which breaks resume). We use an explicit preservation policy:
 keep a checkpoint if it is among the latest `checkpoint.keep` OR it is the single best by
 `checkpoint.keep_best_by` (`best_mode` min|max). Checkpoints saved without that metric (or with
