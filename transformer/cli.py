@@ -58,11 +58,11 @@ def _config_path(argv: Sequence[str]) -> str:
 
 def _line_in(error: BaseException, path: str) -> int | None:
   """The line of `path` (a config file) deepest in `error`'s traceback, or None."""
-  if isinstance(error, SyntaxError) and error.filename and os.path.samefile(error.filename, path):
+  same = lambda f: bool(f) and os.path.exists(f) and os.path.samefile(f, path)  # noqa: E731
+  if isinstance(error, SyntaxError) and same(error.filename):
     return error.lineno
   lines = [line for frame, line in traceback.walk_tb(error.__traceback__)
-           if os.path.exists(frame.f_code.co_filename)
-           and os.path.samefile(frame.f_code.co_filename, path)]
+           if same(frame.f_code.co_filename)]
   return lines[-1] if lines else None
 
 
@@ -138,7 +138,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
     if config is not None and not isinstance(config, ml_collections.ConfigDict):
       getattr(config, "keys", None)  # ml_collections' stand-in for a file that failed to load raises
-      fail(f"--config: {path} returned a {type(config).__name__}, not an ml_collections.ConfigDict")
+      fail(f"--config: get_config() of {path} returned {type(config).__name__}, not a ConfigDict")
   except Exception as e:  # pylint: disable=broad-except  (absl and config files raise anything)
     fail(flag_error(e, argv[1:]))
   if len(rest) > 1:

@@ -140,17 +140,17 @@ class TsvPairs(tfds.core.GeneratorBasedBuilder):
     if c.carve_validation:
       train = dict(c.files)["train"]
       out["train"] = self._generate_examples(train, lambda source: not held_out(source))
-      out["validation"] = self._generate_examples(train, held_out, "validation")
+      out["validation"] = self._generate_examples(train, held_out)
     return out
 
-  def _generate_examples(self, path: str, keep=None, carved: str = ""):
+  def _generate_examples(self, path: str, keep: Callable[[str], bool] | None = None):
     kept = 0
     for key, record in read_tsv_pairs(path):
       if keep is None or keep(record["source"]):
         kept += 1
         yield key, record
-    if carved and not kept:
-      raise ValueError(f"data.train_file={path!r}: too few words to carve a {carved} split "
+    if keep is held_out and not kept:
+      raise ValueError(f"data.train_file={path!r}: too few words to carve a validation split "
                        f"from (1 in {CARVE_BUCKETS}); give data.dev_file")
 
 
@@ -220,8 +220,8 @@ def _local_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
         key = dict(zip(SPLITS, ("train_file", "dev_file", "test_file")))[s]
         raise FileNotFoundError(f"data.{key}={path!r}: no such file")
     carve = not d.dev_file
-    cfg = TsvPairsConfig(name=_files_fingerprint([p for _, p in given], given,
-                                                 *([CARVE_ID] if carve else [])),
+    extra = (given, CARVE_ID) if carve else (given,)  # carving changes the data: another name
+    cfg = TsvPairsConfig(name=_files_fingerprint([p for _, p in given], *extra),
                          files=tuple(given), carve_validation=carve)
     return TsvPairs(config=cfg, data_dir=data_dir)
   if name == "cmudict_g2p":
