@@ -1,16 +1,24 @@
 r"""Evaluates a trained run: `python eval.py --workdir=runs/g2p [--split=test] [--step=N|best|latest]`.
 
-Prints a table (loss, token accuracy, perplexity and the task's metrics: WER/PER for G2P, BLEU for
-translation, bits per char/byte for LMs) and writes `<workdir>/metrics.<split>.json` and
-`<workdir>/predictions.<split>.jsonl` (source, references, hypothesis, score per line).
+Evaluates the WHOLE split: the teacher-forced loss, token accuracy and perplexity over every target
+token, and the task's metrics (WER/PER for G2P, BLEU for translation, bits per char/byte for LMs)
+over every example decoded. It prints a table that ends with the coverage (examples decoded and
+tokens scored, each of the split's total) and writes `<workdir>/metrics.<split>.json` (the same,
+coverage under "coverage") and `<workdir>/predictions.<split>.jsonl` (source, references,
+hypothesis, score per line). On several hosts every host evaluates and only process 0 writes.
+
+The run's in-training settings `eval.num_batches` / `eval.num_decode_examples` (a partial dev
+evaluation during training) do not carry over. To evaluate less, ask for it explicitly:
+
+  python eval.py --workdir=runs/g2p --config.eval.num_decode_examples=500   # decode the first 500
+  python eval.py --workdir=runs/g2p --config.eval.num_batches=8             # loss on 8 batches
 
 How `--config.*` overrides work here: the run's own config is the one training saved in
 `<workdir>/config.json`; there is no --config file to give. `--config.key=value` flags are parsed
-against the schema of configs/base.py (so types are checked and typos rejected by absl), and only
-the keys given on the command line are applied on top of the saved config, e.g.
+against the schema of configs/base.py (so types are checked and typos rejected), and only the keys
+given on the command line are applied on top of the saved config, e.g.
 
   python eval.py --workdir=runs/g2p --config.eval.decode.method=beam --config.eval.decode.beam_size=8
-  python eval.py --workdir=runs/g2p --config.eval.decode.method=greedy --config.eval.num_decode_examples=500
 
 Only keys that cannot change the trained parameters may be overridden: `eval.*`, `seed`,
 `data.data_dir`, `data.eval_split`, `data.batch_size`, `model.attention_impl`,
@@ -24,31 +32,24 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import base
-
-
-def _bad_flag(e: Exception) -> None:
-  """Exits with one line for a flag error (absl and config_flags raise deep tracebacks)."""
-  msg = str(e).replace("\\n", " ").replace("\\'", "'").strip().strip("'\"").splitlines()
-  hint = "; config keys are those of configs/base.py" if "config" in str(e) else ""
-  print(f"error: bad flag ({type(e).__name__}: {msg[0] if msg else ''}){hint}", file=sys.stderr)
-  sys.exit(1)
-
+from transformer import cli
 
 try:  # config_flags reads sys.argv here: an unknown --config.key fails at definition time
   config_flags.DEFINE_config_dict(
       "config", base.get_config(),
-      "Overrides applied to the run's saved config.json, e.g. --config.eval.decode.beam_size=8.")
-except (AttributeError, KeyError, ValueError) as error:
-  _bad_flag(error)
+      "Overrides applied to the run's saved config.json, e.g. --config.eval.decode.beam_size=8 or "
+      "--config.eval.num_decode_examples=500 (default: the whole split).")
+except Exception as error:  # pylint: disable=broad-except
+  cli.fail(cli.flag_error(error, sys.argv[1:]))
 flags.DEFINE_string("workdir", None, "The training run's workdir (holds config.json, checkpoints).")
-flags.DEFINE_string("split", "test", "The split to evaluate: train, validation or test.")
+flags.DEFINE_string("split", "test", "The split to evaluate (whole): train, validation or test.")
 flags.DEFINE_string("step", "latest", "Checkpoint step: an integer, 'latest' or 'best'.")
 flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv  # cli.parse_flags rejects positional arguments
+  cli.quiet_logging()
   # Imported here so that --help and flag errors do not pay for importing JAX.
   from transformer import evaluation  # pylint: disable=g-import-not-at-top
   from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
@@ -56,18 +57,9 @@ def main(argv):
   try:
     evaluation.evaluate(flags.FLAGS.workdir, split=flags.FLAGS.split, step=flags.FLAGS.step,
                         overrides=overrides)
-  except (ValueError, CheckpointError, FileNotFoundError) as e:  # ConfigError is a ValueError
-    print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-    sys.exit(1)
-
-
-def parse_flags(argv):
-  """absl flag parsing, with a bad `--config.key=value` override as one line instead of a trace."""
-  try:
-    return flags.FLAGS(argv)
-  except Exception as e:  # pylint: disable=broad-except
-    _bad_flag(e)
+  except (ValueError, OSError, CheckpointError) as e:  # ConfigError is a ValueError
+    cli.fail(str(e) or type(e).__name__)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -30,8 +30,9 @@ import sys
 
 from absl import app
 from absl import flags
-import ml_collections
 from ml_collections import config_flags
+
+from transformer import cli
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -55,11 +56,6 @@ flags.DEFINE_string("remote_dir", "~/transformer", "tpu_vm: this repository's pa
 flags.DEFINE_string("remote_python", "python3", "tpu_vm: Python interpreter on the VMs.")
 flags.DEFINE_bool("execute", False, "tpu_vm: run the gcloud commands instead of printing them.")
 flags.mark_flags_as_required(["config", "sweep", "workdir"])
-
-
-def fail(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(1)
 
 
 def main(argv):
@@ -87,7 +83,7 @@ def run_sweep() -> None:
   try:
     points = sweeps.plan(f.config, config_arg, f.sweep, f.workdir)
   except (sweeps.SweepError, ConfigError) as e:
-    fail(str(e))
+    cli.fail(str(e))
   script = lambda name: os.path.relpath(os.path.join(ROOT, name))  # pylint: disable=unnecessary-lambda-assignment
   commands = sweeps.Commands(config_arg, base, python=f.python, train_script=script("train.py"),
                              eval_script=script("eval.py"), eval_split=f.eval_split)
@@ -95,16 +91,16 @@ def run_sweep() -> None:
   if f.launcher == "tpu_vm":
     missing = [n for n in ("tpu_name", "zone", "bucket") if not f[n].value]
     if missing:
-      fail(f"--launcher=tpu_vm needs {', '.join('--' + n for n in missing)}")
+      cli.fail(f"--launcher=tpu_vm needs {', '.join('--' + n for n in missing)}")
     try:
       launches = [sweeps.tpu_vm_command(p, commands, f.tpu_name, f.zone, f.bucket, f.remote_dir,
                                         f.remote_python, f.project) for p in points]
     except sweeps.SweepError as e:
-      fail(str(e))
+      cli.fail(str(e))
     for p, (cmd, line) in zip(points, launches):
       print(f"# {p.name}\n{line}", flush=True)
       if f.execute and subprocess.run(cmd, check=False).returncode != 0:
-        fail(f"point {p.name} failed on {f.tpu_name}")
+        cli.fail(f"point {p.name} failed on {f.tpu_name}")
     local = os.path.normpath(f.workdir)
     print("# then copy the results back (without checkpoints) and write the report:")
     print(f"gcloud storage rsync -r -x {shlex.quote('.*/checkpoints/.*')} "
@@ -123,7 +119,7 @@ def run_sweep() -> None:
       try:
         sweep_runner.prepare_data(f.config, pending)
       except (ValueError, OSError) as e:  # ConfigError is a ValueError
-        fail(f"preparing the data: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        cli.fail(f"preparing the data: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     failed = sweep_runner.run(points, commands, parallel=f.parallel)
   from transformer import sweep_report  # pylint: disable=g-import-not-at-top
   title = f"`python sweep.py {shlex.join(report_flags())}`"
@@ -131,7 +127,7 @@ def run_sweep() -> None:
   print(sweep_report.markdown(out["rows"], out["metric"]))
   print("wrote " + ", ".join(out[k] for k in ("csv", "md", "plot", "curves") if k in out))
   if failed:
-    fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")
+    cli.fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")
 
 
 def report_flags() -> list[str]:
@@ -140,22 +136,5 @@ def report_flags() -> list[str]:
   return [a for a in sys.argv[1:] if a.split("=", 1)[0].startswith(keep)]
 
 
-def parse_flags(argv):
-  """absl flag parsing, with a bad flag or `--config.key=value` as one line instead of a trace."""
-  for arg in argv[1:]:
-    if arg.startswith("--config="):
-      path = arg.split("=", 1)[1].split(":", 1)[0]
-      if not os.path.isfile(path):
-        fail(f"--config file {path} not found")
-  try:
-    rest = flags.FLAGS(argv)
-    if not isinstance(flags.FLAGS.config, ml_collections.ConfigDict):
-      flags.FLAGS.config.__getattr__("_")  # a config file that failed to load raises here
-    return rest
-  except Exception as e:  # pylint: disable=broad-except
-    msg = str(e).splitlines()[0] if str(e) else ""
-    fail(f"bad flag ({type(e).__name__}: {msg}); config keys are those of configs/base.py")
-
-
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -12,7 +12,6 @@ its `&&` chain or loop instead of going on. A second Ctrl-C ends the process at 
 saving; committed checkpoints stay intact and the run resumes from the latest one.
 """
 
-import logging as pylogging
 import os
 import shlex
 import shutil
@@ -21,9 +20,9 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging
-import ml_collections
 from ml_collections import config_flags
+
+from transformer import cli
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/g2p.py:tiny.",
                                  lock_config=True)
@@ -32,11 +31,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  # Orbax logs every save at INFO and XLA its missing TPU/GPU backends: keep their warnings only.
-  logging.get_absl_handler().addFilter(lambda r: r.levelno >= pylogging.WARNING or not any(
-      name in r.pathname for name in ("orbax", "xla_bridge")))
+  del argv  # cli.parse_flags rejects positional arguments
+  cli.quiet_logging()
   # Imported here so that --help and flag errors do not pay for importing JAX.
   from transformer import training  # pylint: disable=g-import-not-at-top
   from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
@@ -45,8 +41,7 @@ def main(argv):
   try:
     metrics = training.train_and_evaluate(flags.FLAGS.config, workdir)
   except (ConfigError, CheckpointError, training.TrainingDiverged) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+    cli.fail(str(e))
   except KeyboardInterrupt:  # a second Ctrl-C, or one before training started: out at once
     print(f"interrupted: stopped without saving; resume from the latest checkpoint in {workdir} "
           f"with: {resume_command()}", file=sys.stderr, flush=True)
@@ -77,26 +72,5 @@ def resume_command() -> str:
                      *sys.argv])
 
 
-def parse_flags(argv):
-  """absl flag parsing, with a bad `--config.key=value` override as one line instead of a trace."""
-  for arg in argv[1:]:
-    if arg.startswith("--config="):
-      path = arg.split("=", 1)[1].split(":", 1)[0]
-      if not os.path.isfile(path):
-        print(f"error: --config file {path} not found", file=sys.stderr)
-        sys.exit(1)
-  try:
-    rest = flags.FLAGS(argv)
-    config = flags.FLAGS.config
-    if not isinstance(config, ml_collections.ConfigDict):  # a config file that failed to load
-      config.__getattr__("_")
-    return rest
-  except Exception as e:  # pylint: disable=broad-except
-    msg = str(e).splitlines()[0] if str(e) else ""
-    print(f"error: bad flag ({type(e).__name__}: {msg}); config keys are those of configs/base.py",
-          file=sys.stderr)
-    sys.exit(1)
-
-
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -48,7 +48,7 @@ def _example_batch(index: int, batch_size: int, length: int, seed: int) -> dict[
 
 
 class ReverseTask:
-  """kind, tokenizers, train_iterator(), eval_batches(), eval_examples() as in INTERFACES.md."""
+  """kind, tokenizers, train_iterator(), eval_batches(), eval_examples() as transformer.data.Task."""
   kind = "seq2seq"
 
   def __init__(self, batch_size: int = 8, length: int = 8, seed: int = 0, nan_batch: int = -1):

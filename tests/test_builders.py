@@ -132,6 +132,54 @@ def test_tsv_pairs_and_bad_line(tmp_path):
     builders.open_dataset(make_cfg(dataset="tsv_pairs", train_file=str(tmp_path / "no")).data)
 
 
+def _carved(tmp_path, lines, name):
+  """open_dataset over a train file of `lines` and no dev file; {split: sorted (source, target)}."""
+  (tmp_path / name).write_text("".join(f"{w}\t{p}\n" for w, p in lines))
+  (tmp_path / "test.tsv").write_text("zz\tZ Z\n")
+  cfg = make_cfg(dataset="cmudict_g2p", data_dir=str(tmp_path / f"d_{name}"),
+                 train_file=str(tmp_path / name), test_file=str(tmp_path / "test.tsv"))
+  ds = builders.open_dataset(cfg.data)
+  return {s: sorted((builders_text(r["source"]), builders_text(r["target"])) for r in ds.source(s))
+          for s in ds.splits}
+
+
+def test_user_files_without_dev_file_carve_validation_by_word(tmp_path):
+  """data.train_file without data.dev_file: validation is the words whose sha256("tsv_pairs/
+  validation/v1:" + word) is 0 mod 20 (an independent hashlib reference), with every
+  pronunciation of such a word; train is all the others; the same split for the file's lines in
+  another order (it depends on the word only); a train file too small to hold one such word is a
+  one-line error naming data.train_file and data.dev_file."""
+  words = [f"w{i}" for i in range(300)]
+  lines = [(w, f"P{i}") for i, w in enumerate(words)] + [(w, "X Y") for w in words[::3]]
+  bucket = lambda w: int.from_bytes(hashlib.sha256(f"tsv_pairs/validation/v1:{w}".encode())
+                                    .digest()[:8], "big") % 20  # noqa: E731
+  got = _carved(tmp_path, lines, "train.tsv")
+  assert set(got) == {"train", "validation", "test"}
+  assert got["validation"] == sorted(l for l in lines if bucket(l[0]) == 0)
+  assert got["train"] == sorted(l for l in lines if bucket(l[0]) != 0)
+  assert 5 <= len({w for w, _ in got["validation"]}) <= 30  # about 5% of 300 words
+  assert _carved(tmp_path, lines[::-1], "reversed.tsv") == got
+  few = [w for w in words if bucket(w) != 0][:3]
+  with pytest.raises(ValueError, match=r"data\.train_file=.*too few.*data\.dev_file"):
+    _carved(tmp_path, [(w, "A") for w in few], "few.tsv")
+
+
+def test_binary_and_empty_data_files_name_the_file(tmp_path):
+  """A binary (non-UTF-8) train file names file:line; an empty one names the file; a binary text
+  file for an LM names the file:line."""
+  (tmp_path / "bin.tsv").write_bytes(b"abc\tA B\n\xff\xfe\x00\x01\n")
+  (tmp_path / "empty.tsv").write_bytes(b"")
+  with pytest.raises(ValueError, match=r"bin\.tsv:2: not UTF-8 text \(byte 0xff\)"):
+    list(builders.read_tsv_pairs(str(tmp_path / "bin.tsv")))
+  with pytest.raises(ValueError, match=r"empty\.tsv: no 'source<TAB>target' lines"):
+    builders.open_dataset(make_cfg(dataset="tsv_pairs", data_dir=str(tmp_path / "d"),
+                                   train_file=str(tmp_path / "empty.tsv")).data)
+  (tmp_path / "bin.txt").write_bytes(b"hello\nworld\n\x80")
+  with pytest.raises(ValueError, match=r"bin\.txt:3: not UTF-8"):
+    builders.open_dataset(make_cfg(dataset="text_files", text_file=str(tmp_path / "bin.txt"),
+                                   data_dir=str(tmp_path / "d")).data)
+
+
 def test_text_files_fraction_and_document_splits(tmp_path):
   """fraction: the first train_fraction of the characters is train, the rest validation;
   document: whole files go to one split."""

@@ -7,6 +7,8 @@ Most tests share one tiny G2P run trained by `train_and_evaluate` on a few hundr
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -34,16 +36,25 @@ def run(workdir):
   return api.restore(workdir)
 
 
+def _tsv_lines(workdir, key="test_file"):
+  """(word, pronunciation) lines of the run's data.<key> TSV file, in file order."""
+  with open(os.path.join(workdir, "config.json")) as f:
+    path = json.load(f)["data"][key]
+  with open(path) as f:
+    return [tuple(line.rstrip("\n").split("\t")) for line in f]
+
+
 def _test_words(workdir):
   """word -> its reference pronunciations, read straight from the run's test TSV file."""
-  with open(os.path.join(workdir, "config.json")) as f:
-    path = json.load(f)["data"]["test_file"]
   refs = {}
-  with open(path) as f:
-    for line in f:
-      word, pron = line.rstrip("\n").split("\t")
-      refs.setdefault(word, []).append(pron)
+  for word, pron in _tsv_lines(workdir):
+    refs.setdefault(word, []).append(pron)
   return refs
+
+
+def _tokens(lines):
+  """Target tokens of (word, pronunciation) records: the phones and an EOS each."""
+  return sum(len(pron.split()) + 1 for _, pron in lines)
 
 
 # ----------------------------------------------------------------------------- no trained run
@@ -107,7 +118,9 @@ def test_eval_py_end_to_end(workdir):
     metrics = json.load(f)
   with open(os.path.join(workdir, "predictions.test.jsonl")) as f:
     preds = [json.loads(line) for line in f]
-  assert len(preds) == metrics["decoded"] == 20 and "beam=2" in metrics["decode"]
+  assert len(preds) == metrics["coverage"]["decoded_examples"] == 20
+  assert "beam=2" in metrics["decode"]
+  assert re.search(r"\ndecoded +20 of 48 examples \(41\.7% of the split: a partial", out.stdout)
   refs = _test_words(workdir)
   assert any(len(r) > 1 for r in refs.values())  # the test really has multi-reference words
   for p in preds:
@@ -118,6 +131,71 @@ def test_eval_py_end_to_end(workdir):
   assert metrics["wer"] == pytest.approx(wer) and metrics["per"] == pytest.approx(per)
   assert metrics["perplexity"] == pytest.approx(np.exp(metrics["loss"]))
   assert 0 < metrics["accuracy"] < 1
+
+
+def test_evaluate_covers_the_whole_split_unless_asked_for_less(workdir, tmp_path):
+  """The run trained with eval.num_decode_examples=16 (a partial in-training dev evaluation), yet
+  evaluate() decodes every test word and scores every test token (counted from the TSV file), and
+  says so in `coverage`; explicit overrides evaluate exactly the first 5 words and the first
+  batch of 16 lines, and coverage reports that part of the whole."""
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  assert evaluation.load_config(run).eval.num_decode_examples == 16
+  lines = _tsv_lines(run)
+  words = list(dict.fromkeys(w for w, _ in lines))
+  whole = evaluation.evaluate(run, "test", verbose=False)
+  assert whole["coverage"] == {"decoded_examples": len(words), "split_examples": len(words),
+                               "scored_tokens": _tokens(lines), "split_tokens": _tokens(lines)}
+  with open(os.path.join(run, "predictions.test.jsonl")) as f:
+    assert [json.loads(line)["source"] for line in f] == words
+  part = evaluation.evaluate(run, "test", overrides={"eval.num_decode_examples": 5,
+                                                    "eval.num_batches": 1}, verbose=False)
+  assert part["coverage"] == {"decoded_examples": 5, "split_examples": len(words),
+                              "scored_tokens": _tokens(lines[:16]), "split_tokens": _tokens(lines)}
+  with open(os.path.join(run, "metrics.test.json")) as f:
+    assert json.load(f)["coverage"] == part["coverage"]
+  table = evaluation.format_table(part)
+  assert f"decoded     5 of {len(words)} examples" in table and "partial" in table
+
+
+def test_in_training_evaluation_says_it_is_partial(workdir):
+  """metrics.jsonl's in-training dev evaluation logs eval/decoded_examples (16, the run's
+  eval.num_decode_examples, fewer than the dev file's words) and eval/scored_tokens (every dev
+  token: eval.num_batches=0), so a partial dev WER cannot pass for a whole-split one."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    logged = [r for r in map(json.loads, f) if "eval/wer" in r]
+  dev = _tsv_lines(workdir, "dev_file")
+  assert logged and len({w for w, _ in dev}) > 16
+  assert logged[-1]["eval/decoded_examples"] == 16
+  assert logged[-1]["eval/scored_tokens"] == _tokens(dev)
+
+
+def test_only_process_0_writes_the_results(tmp_path, monkeypatch):
+  """On several hosts every process evaluates the whole split and only process 0 writes
+  metrics.<split>.json and predictions.<split>.jsonl: write_results with jax.process_index()
+  faked by monkeypatch as 1 writes nothing, as 0 writes both (non-finite values as null)."""
+  results, preds = {"split": "test", "loss": float("nan")}, [{"source": "a", "hypothesis": "A"}]
+  monkeypatch.setattr(evaluation.jax, "process_index", lambda: 1)
+  assert not evaluation.write_results(str(tmp_path), "test", results, preds)
+  assert os.listdir(tmp_path) == []
+  monkeypatch.setattr(evaluation.jax, "process_index", lambda: 0)
+  assert evaluation.write_results(str(tmp_path), "test", results, preds)
+  assert json.loads((tmp_path / "metrics.test.json").read_text()) == {"split": "test", "loss": None}
+  assert json.loads((tmp_path / "predictions.test.jsonl").read_text()) == preds[0]
+
+
+def test_restore_leaves_an_in_flight_save_alone(workdir, tmp_path):
+  """Restoring only reads: a `<step>.orbax-checkpoint-tmp-*` directory (an async save training
+  has in flight) survives `api.restore`, and no other file of the workdir changes."""
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  step = max(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+  in_flight = run / "checkpoints" / f"{step + 1}.orbax-checkpoint-tmp-1234567"
+  shutil.copytree(run / "checkpoints" / str(step), in_flight)
+  before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+  api.restore(str(run))
+  assert in_flight.is_dir()
+  assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
 def test_eval_py_rejects_structural_override(workdir):

@@ -131,7 +131,7 @@ def test_bits_per_char_is_teacher_forced_loss_over_ln2(lm_run, evaluated, restor
   assert results["split"] == "validation" and results["step"] == 40
   valid = text[int(len(text) * 0.9):]
   stream = tok.encode(valid) + [tok.eos_id]
-  assert results["tokens"] == len(stream)
+  assert results["coverage"] == {"scored_tokens": len(stream), "split_tokens": len(stream)}
   rows = [stream[start:start + ROW] for start in range(0, len(stream), ROW)]
   logits = full_forward(run, rows).astype(np.float64)
   top = logits.max(-1, keepdims=True)
@@ -215,5 +215,5 @@ def test_predict_cli_continues_lm_prompts(lm_run, capsys):
   assert len(out) == 1 and out[0].startswith(prompt + "\t") and len(out[0]) > len(prompt) + 1
   assert predict.main([f"--workdir={workdir}", "a" * MAX_LEN]) == 1
   assert capsys.readouterr().err.strip() == (
-      f"error: input 1 {'a' * MAX_LEN!r} is too long: {MAX_LEN} tokens, the model takes at most "
-      f"{MAX_LEN - 1} (model.max_len - 1)")
+      f"error: input 1 {predict.shown('a' * MAX_LEN)} is too long: {MAX_LEN} tokens, the model "
+      f"takes at most {MAX_LEN - 1} (model.max_len - 1)")

@@ -244,3 +244,39 @@ def test_early_stopping_stops_and_stays_stopped(tmp_path):
   assert (_done(workdir)["step"], _done(workdir)["reason"]) == (10, "early_stop")
   again = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
   assert again["step"] == 10
+
+
+def test_functions_taking_a_key_accept_typed_and_legacy_keys():
+  """Every public function that takes a key gives bitwise the same result for a typed key
+  (jax.random.key(s), what JAX recommends) and a legacy uint32 key (jax.random.PRNGKey(s)): both
+  hold the same threefry bits. Checked: create_train_state (which hands a key derived from its own
+  to init_params, and stores the raw uint32 key data), train_step(rng=) with dropout,
+  scheduled_sampling.two_pass_logits and evaluation.decode_batches with sampling (which hands the
+  key to decoding.generate)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from transformer import evaluation, scheduled_sampling  # pylint: disable=g-import-not-at-top
+  cfg = tiny_config()
+  cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dropout_rate=0.3))
+  model, batch = build_model(cfg.model), make_batch()
+  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  step = jax.jit(training.make_train_step(cfg, model, tx))
+  sample = dataclasses.replace(cfg.eval.decode, method="sample", temperature=2.0)
+  two_pass = jax.jit(lambda p, b, tf, key: scheduled_sampling.two_pass_logits(
+      model, cfg.model.arch, p, b, tf, key, False))
+
+  def outputs(make_key):
+    state = training.create_train_state(cfg, model, make_key(2), batch, tx=tx)
+    params = state.params
+    stepped, metrics = step(state, batch, make_key(3))
+    logits = two_pass(params, batch, jnp.float32(0.5), make_key(4))
+    decoded, _ = evaluation.decode_batches(cfg, model, params, [[5, 6, 1], [7, 1]], sample,
+                                           eos_id=1, batch_size=2, rng=make_key(5))
+    return dict(state=state, stepped=stepped.params, loss=metrics["loss"],
+                logits=logits, decoded=np.asarray(decoded, object))
+
+  typed, legacy = outputs(jax.random.key), outputs(jax.random.PRNGKey)
+  assert typed["state"].rng.dtype == jnp.uint32
+  np.testing.assert_array_equal(typed["state"].rng, jax.random.key_data(jax.random.key(2)))
+  for name in typed:
+    for a, b in zip(jax.tree.leaves(typed[name]), jax.tree.leaves(legacy[name])):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)

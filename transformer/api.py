@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import evaluation
+from transformer import evaluation, saved_runs
 from transformer.config import Config
 
 
@@ -204,9 +204,9 @@ def restore(workdir: str, step: int | str | None = None, task: Any = None) -> Ru
   `task` overrides `transformer.data.load_task(config, workdir)` (tests).
   """
   from transformer.models import build_model  # pylint: disable=g-import-not-at-top
-  cfg = evaluation.load_config(workdir)
+  cfg = saved_runs.load_config(workdir)
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top
     task = load_task(cfg, workdir)
-  params, step = evaluation.restore_params(cfg, workdir, step)
+  params, step = saved_runs.restore_params(cfg, workdir, step)
   return Run(cfg, build_model(cfg.model), params, task, step, workdir)

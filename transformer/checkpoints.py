@@ -6,7 +6,7 @@ Layout: `<workdir>/checkpoints/<step>/` with the items
   meta     JSON: {"step", "config", "metrics"} (the run's config and that step's metrics)
   metrics  orbax's own copy of the metrics (when `checkpoint.keep_best_by` is set)
 
-Retention (the trap in NOTES-jax.md: orbax's max_to_keep together with best_fn keeps the K *best*
+Retention (a trap of orbax: its max_to_keep together with best_fn keeps the K *best*
 and may delete the newest checkpoint, which breaks resume). We use an explicit preservation policy:
 keep a checkpoint if it is among the latest `checkpoint.keep` OR it is the single best by
 `checkpoint.keep_best_by` (`best_mode` min|max). Checkpoints saved without that metric (or with
@@ -68,7 +68,7 @@ def abstract_of(tree: Any) -> Any:
 class Checkpointer:
   """Asynchronous orbax checkpoints of (train state, Grain iterator, config, metrics) in a workdir."""
 
-  def __init__(self, workdir: str, ckpt_cfg: Any, config: Any = None):
+  def __init__(self, workdir: str, ckpt_cfg: Any, config: Any = None, read_only: bool = False):
     self.directory = os.path.join(workdir, "checkpoints")
     if files.is_local(self.directory):  # a gs:// path goes to orbax as it is
       self.directory = os.path.abspath(self.directory)
@@ -98,8 +98,10 @@ class Checkpointer:
         best_fn=metric if self._best_key else None,  # orbax records metrics only with a best_fn
         best_mode=ckpt_cfg.best_mode,
         enable_async_checkpointing=bool(ckpt_cfg.async_save),
-        cleanup_tmp_directories=True,
-        create=True)
+        # A reader (evaluation, a notebook) must not delete a save that training has in flight.
+        cleanup_tmp_directories=not read_only,
+        create=not read_only,
+        read_only=read_only)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def save(self, step: int, state: Any, data_iterator: Any = None,

@@ -4,12 +4,17 @@
   1. the run's config is read from `<workdir>/config.json` (written by training, vocabulary sizes
      filled in); `overrides` (a flat {"eval.decode.beam_size": 4} dict, as from `--config.*`
      flags) are applied on top. Only keys that cannot change the parameters may be overridden
-     (OVERRIDABLE); anything else is a one-line ConfigError;
-  2. the train state of `step` (None|'latest', 'best' or an int) is restored onto one device;
-  3. teacher-forced loss / token accuracy / perplexity over `eval.num_batches` batches (0 = all);
-  4. `eval.num_decode_examples` examples (0 = all) are decoded with `eval.decode` (batched
-     `generate`) and scored with the task's metrics (METRICS below);
-  5. `predictions.<split>.jsonl` and `metrics.<split>.json` are written and a table is printed.
+     (saved_runs.OVERRIDABLE_*); anything else is a one-line ConfigError;
+  2. the parameters of `step` (None|'latest', 'best' or an int) are restored read-only onto one
+     device (transformer/saved_runs.py);
+  3. teacher-forced loss / token accuracy / perplexity over the whole split;
+  4. every example of the split is decoded with `eval.decode` (batched `generate`) and scored
+     with the task's metrics (METRICS below);
+  5. process 0 writes `predictions.<split>.jsonl` and `metrics.<split>.json`, and a table is printed.
+The run's own `eval.num_batches` / `eval.num_decode_examples` are its in-training (partial) dev
+settings and do not carry over: only overrides given here (e.g. `--config.eval.num_decode_examples
+=500`, the first 500 examples) evaluate less. `coverage` in the results says how much of the split
+was scored and decoded. Every process evaluates the whole split on its first local device.
 
 Task metrics, chosen by `eval.metrics` ("auto" or a comma list):
   wer, per    G2P: a word is right if its hypothesis equals any reference; PER takes the closest
@@ -20,7 +25,8 @@ Task metrics, chosen by `eval.metrics` ("auto" or a comma list):
   bpc         LM: bits per token, named bits_per_char / bits_per_byte for char / byte tokenizers.
 "auto" is wer,per for seq2seq tasks whose target tokenizer is `symbol` (phones), bleu for other
 seq2seq tasks and bpc for language models (which also get a few sampled continuations).
-`decode_metrics(...)` is the piece the training loop calls for its in-training evaluations.
+`decode_metrics(...)` is the piece the training loop calls for its in-training evaluations; it logs
+`eval/decoded_examples`, so a partial in-training evaluation says that it is partial.
 """
 
 from __future__ import annotations
@@ -34,135 +40,17 @@ from typing import Any, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from transformer import files
 from transformer import metrics as metrics_lib
-from transformer.config import Config, ConfigError, DecodeConfig, from_configdict
+from transformer.config import Config, ConfigError, DecodeConfig
+from transformer.saved_runs import EvaluationError, load_config, restore_params
 
-# Keys `overrides` may change: none of them changes parameter shapes or what was trained.
-OVERRIDABLE_PREFIXES = ("eval.",)
-OVERRIDABLE_KEYS = frozenset({
-    "seed", "data.data_dir", "data.eval_split", "data.batch_size",
-    "model.attention_impl", "model.dtype"})
-STEP_NAMES = ("latest", "best")
+WHOLE_SPLIT = {"eval.num_batches": 0, "eval.num_decode_examples": 0}  # evaluate()'s defaults
 _STRESS = re.compile(r"\d")
 NUM_LM_SAMPLES = 4  # continuations sampled for a language model
 LM_PROMPT_LEN = 16  # tokens of each eval row used as an LM prompt
-
-
-class EvaluationError(ValueError):
-  """A workdir, step or split that cannot be evaluated; the message is one line naming it."""
-
-
-# ----------------------------------------------------------------------------- config and restore
-
-
-def load_config(workdir: str, overrides: dict[str, Any] | None = None) -> Config:
-  """The run's Config from `<workdir>/config.json` with `overrides` (flat dotted keys) applied."""
-  path = os.path.join(workdir, "config.json")
-  if not files.exists(path):
-    raise EvaluationError(f"{path} not found: is {workdir!r} the --workdir of a training run?")
-  try:
-    saved = json.loads(files.read_text(path))
-  except json.JSONDecodeError as e:
-    raise EvaluationError(f"{path}: not valid JSON ({e})") from None
-  cd = ml_collections.ConfigDict(saved)
-  for key, value in (overrides or {}).items():
-    if not (key.startswith(OVERRIDABLE_PREFIXES) or key in OVERRIDABLE_KEYS):
-      raise ConfigError(f"--config.{key} cannot be overridden at evaluation (it would not match "
-                        f"the trained parameters); allowed: eval.*, {', '.join(sorted(OVERRIDABLE_KEYS))}")
-    try:
-      cd.update_from_flattened_dict({key: value})
-    except (KeyError, AttributeError, TypeError) as e:
-      raise ConfigError(f"--config.{key}={value!r}: {str(e).splitlines()[0]}") from None
-  return from_configdict(cd)
-
-
-def resolve_step(checkpointer: Any, step: int | str | None) -> int:
-  """None/'latest' -> the newest step, 'best' -> the best by checkpoint.keep_best_by, int -> it."""
-  if isinstance(step, str) and step not in STEP_NAMES:
-    try:
-      step = int(step)
-    except ValueError:
-      raise EvaluationError(f"--step={step!r} must be an integer, 'latest' or 'best'") from None
-  available = checkpointer.all_steps()
-  if not available:
-    raise EvaluationError(f"no checkpoints in {checkpointer.directory}")
-  if step is None or step == "latest":
-    return int(checkpointer.latest_step())
-  if step == "best":
-    best = checkpointer.best_step()
-    if best is None:
-      raise EvaluationError(f"no best checkpoint in {checkpointer.directory} (checkpoint."
-                            f"keep_best_by is unset or never logged); use --step=latest")
-    return int(best)
-  if int(step) not in available:
-    raise EvaluationError(f"no checkpoint for step {step} in {checkpointer.directory} "
-                          f"(steps: {available})")
-  return int(step)
-
-
-def _dummy_batch(cfg: Config) -> dict[str, np.ndarray]:
-  """A one-row batch with the right features; parameter shapes never depend on its length."""
-  ones = np.ones((1, 4), np.int32)
-  return dict(inputs=ones, targets=ones) if cfg.model.arch == "encoder_decoder" else dict(targets=ones)
-
-
-def _read_state(directory: str, step: int) -> dict[str, Any]:
-  """The saved train state of `step` as nested dicts, on the first local device.
-
-  The target structure comes from the checkpoint's own metadata, not from today's optimizer code,
-  so a run restores for evaluation even if the optimizer state layout has changed since.
-  """
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  verbosity = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)  # orbax warns about every item it is not asked for
-  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
-                                  item_handlers={"state": ocp.StandardCheckpointHandler()})
-  try:
-    tree = manager.item_metadata(step)["state"]
-    tree = getattr(tree, "tree", tree)
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), tree)
-    return manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
-                           )["state"]
-  finally:
-    manager.close()
-    logging.set_verbosity(verbosity)
-
-
-def _check_params(cfg: Config, model: Any, params: Any, where: str) -> None:
-  """Raises EvaluationError naming the first parameter whose shape differs from the model's."""
-  from transformer import training  # pylint: disable=g-import-not-at-top
-  expected = jax.eval_shape(lambda r: training.init_params(cfg, model, r, _dummy_batch(cfg)),
-                            jax.random.PRNGKey(0))
-  flat = lambda tree: {jax.tree_util.keystr(k): tuple(v.shape)  # noqa: E731
-                       for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
-  want, got = flat(expected), flat(params)
-  for key in sorted(set(want) | set(got)):
-    if want.get(key) != got.get(key):
-      raise EvaluationError(f"{where}: parameter {key} has shape {got.get(key)} but the config in "
-                            f"config.json builds {want.get(key)}")
-
-
-def restore_params(cfg: Config, workdir: str, step: int | str | None = None) -> tuple[Any, int]:
-  """(params, step) of a checkpoint in `workdir`, restored onto the first local device."""
-  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
-  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
-  if not files.isdir(os.path.join(workdir, "checkpoints")):
-    raise EvaluationError(f"no checkpoints in {workdir}: has the run saved one yet?")
-  ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint)
-  try:
-    step = resolve_step(ckpt, step)
-    directory = ckpt.directory
-  finally:
-    ckpt.close()
-  params = _read_state(directory, step)["params"]
-  _check_params(cfg, build_model(cfg.model), params, f"{directory}/{step}")
-  return params, step
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -314,47 +202,70 @@ def prediction_metrics(names: Iterable[str], predictions: Sequence[dict[str, Any
 
 def decode_metrics(cfg: Config, model: Any, params: Any, task: Any, split: str,
                    num_examples: int = 0, prefix: str = "eval/") -> dict[str, float]:
-  """Task metrics (WER/PER or BLEU) from decoding `split`; {} for language models.
+  """Task metrics (WER/PER or BLEU) from decoding `split`, and `decoded_examples`; {} for LMs.
 
-  The training loop's in-training evaluation calls this with the eval split.
+  The training loop's in-training evaluation calls this with the eval split and its (partial)
+  eval.num_decode_examples; the logged count says how many examples the metrics cover.
   """
   if getattr(task, "kind", "seq2seq") == "lm":
     return {}
   predictions = decode_split(cfg, model, params, task, split, num_examples)
-  return {prefix + k: v for k, v in prediction_metrics(metric_names(cfg, task), predictions).items()}
+  out = prediction_metrics(metric_names(cfg, task), predictions)
+  return {prefix + k: v for k, v in (out | {"decoded_examples": len(predictions)}).items()}
 
 
-def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str) -> dict[str, float]:
-  """Loss (nats/token, unsmoothed), accuracy and perplexity over eval.num_batches batches of split."""
-  from transformer.training import make_eval_step  # pylint: disable=g-import-not-at-top
+def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str
+                   ) -> tuple[dict[str, float], dict[str, int]]:
+  """Loss (nats/token, unsmoothed), accuracy and perplexity over eval.num_batches batches of split
+  (0 = all), and the coverage {scored_tokens, split_tokens}."""
+  from transformer.training import make_eval_step, target_weights  # pylint: disable=g-import-not-at-top
   step = jax.jit(make_eval_step(cfg, model))
   totals = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0}
+  split_tokens = 0.0
   for i, batch in enumerate(task.eval_batches(split, batch_size=cfg.eval.batch_size or None)):
-    if cfg.eval.num_batches and i >= cfg.eval.num_batches:
-      break
     batch = {k: jnp.asarray(v) for k, v in batch.items() if v is not None}
+    split_tokens += float(jnp.sum(target_weights(batch)))  # every batch: the split's size
+    if cfg.eval.num_batches and i >= cfg.eval.num_batches:
+      continue
     for k, v in jax.device_get(step(params, batch)).items():
       totals[k] += float(v)
   if not totals["weight_sum"]:
     raise EvaluationError(f"split {split!r} has no target tokens to evaluate")
   loss = totals["loss_sum"] / totals["weight_sum"]
-  return {"loss": loss, "accuracy": totals["correct_sum"] / totals["weight_sum"],
-          "perplexity": metrics_lib.perplexity(loss), "tokens": totals["weight_sum"]}
+  return ({"loss": loss, "accuracy": totals["correct_sum"] / totals["weight_sum"],
+           "perplexity": metrics_lib.perplexity(loss)},
+          {"scored_tokens": round(totals["weight_sum"]), "split_tokens": round(split_tokens)})
 
 
 # ----------------------------------------------------------------------------- the entry point
 
 
-def write_predictions(path: str, predictions: Sequence[dict[str, Any]]) -> None:
-  """One JSON object per line: source, references, hypothesis, score."""
-  files.write_text_atomic(path, "".join(json.dumps(p, ensure_ascii=False) + "\n"
-                                        for p in predictions))
+def write_results(workdir: str, split: str, results: dict[str, Any],
+                  predictions: Sequence[dict[str, Any]]) -> bool:
+  """Process 0 writes `metrics.<split>.json` and `predictions.<split>.jsonl` (one JSON object per
+  line: source, references, hypothesis, score); True if this process wrote them."""
+  if jax.process_index() != 0:  # every host evaluates the same whole split: one writer
+    return False
+  files.write_text_atomic(os.path.join(workdir, f"predictions.{split}.jsonl"), "".join(
+      json.dumps(p, ensure_ascii=False) + "\n" for p in predictions))
+  finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
+  files.write_text_atomic(os.path.join(workdir, f"metrics.{split}.json"), json.dumps(
+      {k: finite(v) for k, v in results.items()}, indent=1))
+  return True
 
 
 def format_table(results: dict[str, Any]) -> str:
-  """A two-column text table of the scalar results."""
+  """A two-column text table of the scalar results, then how much of the split they cover."""
   rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in results.items()
           if isinstance(v, (int, float, str))]
+  cov = results.get("coverage", {})
+  for what, done, total in (("decoded", "decoded_examples", "split_examples"),
+                            ("scored", "scored_tokens", "split_tokens")):
+    if done in cov:
+      unit = "examples" if what == "decoded" else "tokens"
+      whole = "the whole split" if cov[done] == cov[total] else (
+          f"{cov[done] / max(cov[total], 1):.1%} of the split: a partial evaluation")
+      rows.append((what, f"{cov[done]} of {cov[total]} {unit} ({whole})"))
   width = max(len(k) for k, _ in rows)
   return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -362,20 +273,23 @@ def format_table(results: dict[str, Any]) -> str:
 def evaluate(workdir: str, split: str = "test", step: int | str | None = None,
              overrides: dict[str, Any] | None = None, task: Any = None,
              verbose: bool = True) -> dict[str, Any]:
-  """Evaluates a run's checkpoint on `split`; writes predictions/metrics files; returns the metrics.
+  """Evaluates a run's checkpoint on the whole `split` (unless `overrides` set eval.num_batches /
+  eval.num_decode_examples); process 0 writes the predictions and metrics files; returns the
+  metrics, with `coverage` = {decoded_examples, split_examples, scored_tokens, split_tokens}.
 
   `task` overrides `transformer.data.load_task(cfg, workdir)` (tests); the tokenizers it loads are
   the ones saved in `<workdir>/tokenizers` by training.
   """
   from transformer.models import build_model  # pylint: disable=g-import-not-at-top
-  cfg = load_config(workdir, overrides)
+  cfg = load_config(workdir, WHOLE_SPLIT | (overrides or {}))
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top
-    task = load_task(cfg, workdir)
+    task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
   model = build_model(cfg.model)
   params, step = restore_params(cfg, workdir, step)
   results: dict[str, Any] = {"split": split, "step": step}
-  results |= teacher_forced(cfg, model, params, task, split)
+  scores, coverage = teacher_forced(cfg, model, params, task, split)
+  results |= scores
   names = metric_names(cfg, task)
   if getattr(task, "kind", "seq2seq") == "lm":
     unit = {"char": "char", "byte": "byte"}.get(getattr(task.target_tokenizer, "kind", ""), "token")
@@ -385,14 +299,13 @@ def evaluate(workdir: str, split: str = "test", step: int | str | None = None,
   else:
     predictions = decode_split(cfg, model, params, task, split, cfg.eval.num_decode_examples)
     results |= prediction_metrics(names, predictions)
-  results["decoded"] = len(predictions)
+    coverage = {"decoded_examples": len(predictions),
+                "split_examples": len(task.eval_examples(split))} | coverage
   results["decode"] = cfg.eval.decode.method + (
       f"(beam={cfg.eval.decode.beam_size}, alpha={cfg.eval.decode.length_penalty})"
       if cfg.eval.decode.method == "beam" else "")
-  write_predictions(os.path.join(workdir, f"predictions.{split}.jsonl"), predictions)
-  files.write_text_atomic(os.path.join(workdir, f"metrics.{split}.json"), json.dumps(
-      {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-       for k, v in results.items()}, indent=1))
+  results["coverage"] = coverage
+  write_results(workdir, split, results, predictions)
   if verbose:
     print(format_table(results))
     for p in predictions[:3] if getattr(task, "kind", "") == "lm" else []:

@@ -13,6 +13,7 @@ characters once lower-cased are lower-cased (CMUdict words are lower case).
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from typing import Any, Sequence
 
@@ -23,10 +24,19 @@ def _unknown_units(tokenizer: Any, text: str) -> list[str]:
   return [u for u in dict.fromkeys(units) if tokenizer.unk_id in tokenizer.encode(u)]
 
 
+def shown(text: str, limit: int = 40) -> str:
+  """An input as an error message shows it: its repr, cut to `limit` characters."""
+  text = text.strip()
+  return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 def check_input(run: Any, text: str, max_decode_len: int) -> tuple[str | None, str]:
   """(error message or None, the text to decode) for one input; max_decode_len 0 = unset."""
   if not text.strip():
     return "is empty", text
+  bad = next((c for c in text if "\udc80" <= c <= "\udcff"), None)  # undecodable bytes
+  if bad is not None:  # (Python keeps them as surrogates in argv and stdin)
+    return f"is not UTF-8 text (byte {ord(bad) - 0xdc00:#04x}); is it a binary file?", text
   text = text.strip()
   tokenizer = run.source_tokenizer or run.target_tokenizer
   unknown = _unknown_units(tokenizer, text)
@@ -49,9 +59,15 @@ def check_input(run: Any, text: str, max_decode_len: int) -> tuple[str | None, s
   return None, text
 
 
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):
+    print(f"error: {message} (see --help)", file=sys.stderr)  # one line, not the usage block
+    sys.exit(2)
+
+
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(prog="python -m transformer.predict",
-                                   description="Decode inputs with a trained run.")
+  parser = _Parser(prog="python -m transformer.predict",
+                   description="Decode inputs with a trained run.")
   parser.add_argument("--workdir", required=True, help="the training run's workdir")
   parser.add_argument("--step", default="latest", help="an integer, 'latest' or 'best'")
   parser.add_argument("--method", choices=("greedy", "beam", "sample"), default=None,
@@ -70,7 +86,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
   """Runs the command line; returns the exit status."""
   args = _parse(sys.argv[1:] if argv is None else argv)
-  texts = args.inputs or [line.rstrip("\n") for line in (stdin or sys.stdin)]
+  if not args.inputs and stdin is None:  # bytes kept as surrogates: check_input names them
+    stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
+  texts = args.inputs or [line.rstrip("\n") for line in stdin]
   from absl import logging  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.ERROR)  # keep stderr for our one-line messages (TFDS is chatty)
   from transformer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
@@ -91,7 +109,7 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
   for n, text in enumerate(texts, start=1):
     error, cleaned = check_input(run, text, max_decode_len)
     if error:
-      print(f"error: input {n} {text.strip()!r} {error}", file=sys.stderr)
+      print(f"error: input {n} {shown(text)} {error}", file=sys.stderr)
       status = 1
     else:
       good.append((text, cleaned))

@@ -47,7 +47,15 @@ class TrainState:
   step: Array  # int32 []: updates applied so far
   params: PyTree
   opt_state: PyTree
-  rng: Array  # uint32 [2]: the run's key; step keys are fold_in(rng, step)
+  rng: Array  # uint32 [2]: the run's key data (checkpoints hold no typed keys); see key_data
+
+
+def key_data(key: Array) -> Array:
+  """The raw uint32 data of a key: typed keys (jax.random.key, recommended) and legacy uint32
+  keys (jax.random.PRNGKey) alike, so every function that takes a key accepts both."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return jax.random.key_data(key)
+  return jnp.asarray(key, jnp.uint32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,11 +158,13 @@ def make_eval_step(cfg: Config, model: nn.Module) -> Callable:
 
 
 def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
-  """Host-side totals -> eval/loss, eval/accuracy, eval/perplexity."""
+  """Host-side totals -> eval/loss, eval/accuracy, eval/perplexity and eval/scored_tokens (how
+  many target tokens they cover: eval.num_batches may stop short of the whole split)."""
   w = max(float(sums["weight_sum"]), 1.0)
   loss = float(sums["loss_sum"]) / w
   return {"eval/loss": loss, "eval/accuracy": float(sums["correct_sum"]) / w,
-          "eval/perplexity": math.exp(min(loss, 80.0))}
+          "eval/perplexity": math.exp(min(loss, 80.0)),
+          "eval/scored_tokens": float(sums["weight_sum"])}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +188,8 @@ def init_params(cfg: Config, model: nn.Module, rng: Array, example_batch: dict[s
 def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch: dict[str, Any],
                        tx: optax.GradientTransformation | None = None,
                        unbox: bool = True) -> TrainState:
-  """A fresh TrainState: params from `rng`, optimizer state, step 0, the run key `rng`.
+  """A fresh TrainState: params from `rng`, optimizer state, step 0, the run key `rng` (as its
+  uint32 data; `rng` may be a typed or a legacy key).
 
   With unbox=False the parameters (and their optimizer moments) keep flax's logical-axis boxes,
   which is what `jax.eval_shape` of this function should see to derive shardings.
@@ -190,7 +201,7 @@ def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch:
   def create(key, batch):
     params = init_params(cfg, model, jax.random.fold_in(key, 1), batch, unbox)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=jnp.asarray(key, jnp.uint32))
+                      rng=key_data(key))
 
   return create(rng, batch)
 

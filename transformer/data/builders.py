@@ -21,10 +21,16 @@ from typing import Any
 from absl import logging
 import tensorflow_datasets as tfds
 
+from transformer.data import cmudict
 from transformer.data.cmudict import CmudictG2p  # pylint: disable=unused-import  (registers it)
 
 LOCAL_BUILDERS = ("cmudict_g2p", "text_files", "tsv_pairs")
 SPLITS = ("train", "validation", "test")
+# Without data.dev_file, the validation split is carved from data.train_file by source (word):
+# bucket 0 of 20 under this salt (5% of the words, all pronunciations of a word together). Changing
+# the salt or fraction changes the split: CARVE_ID is part of the prepared data's name.
+CARVE_SALT, CARVE_BUCKETS = "tsv_pairs/validation/v1:", 20
+CARVE_ID = f"validation carved: {CARVE_SALT} 1/{CARVE_BUCKETS}"
 
 
 def default_data_dir() -> str:
@@ -63,10 +69,9 @@ class TextFiles(tfds.core.GeneratorBasedBuilder):
   def _split_generators(self, dl_manager):
     del dl_manager
     c = self.builder_config
-    texts = []
-    for path in c.files:
-      with open(path, encoding="utf-8") as f:
-        texts.append(f.read())
+    texts = [read_text_file(path) for path in c.files]
+    if not any(t.strip() for t in texts):
+      raise ValueError(f"data.text_file: {', '.join(c.files)} holds no text")
     if c.text_split == "fraction":
       text = "".join(texts)
       cut = int(len(text) * c.train_fraction)
@@ -84,14 +89,40 @@ class TextFiles(tfds.core.GeneratorBasedBuilder):
       yield f"{i:09d}", {"text": doc}
 
 
+def read_text_file(path: str) -> str:
+  """A UTF-8 text file's contents; a file that is not UTF-8 is a ValueError naming file:line."""
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise _not_utf8(path, data.count(b"\n", 0, e.start) + 1, data[e.start]) from None
+
+
+def _not_utf8(path: str, line: int, byte: int) -> ValueError:
+  return ValueError(f"{path}:{line}: not UTF-8 text (byte {byte:#04x}); is it a binary file?")
+
+
 @dataclasses.dataclass(eq=False)
 class TsvPairsConfig(tfds.core.BuilderConfig):
-  """Local `source<TAB>target` files per split ("" = no such split)."""
+  """Local `source<TAB>target` files per split ("" = no such split); `carve_validation`: the
+  validation split is the held-out words of the train file (see CARVE_SALT)."""
   files: tuple[tuple[str, str], ...] = ()  # (split, path)
+  carve_validation: bool = False
+
+
+def held_out(source: str) -> bool:
+  """True for the sources (words) that a carved validation split takes from the train file."""
+  return cmudict.hash_bucket(CARVE_SALT, source, CARVE_BUCKETS) == 0
 
 
 class TsvPairs(tfds.core.GeneratorBasedBuilder):
-  """Sequence-to-sequence pairs from local `source<TAB>target` files (e.g. a published G2P split)."""
+  """Sequence-to-sequence pairs from local `source<TAB>target` files (e.g. a published G2P split).
+
+  Without a validation file (`carve_validation`), `validation` is the 5% of the train file's
+  sources that `held_out` picks and `train` the rest: deterministic, by source, so every
+  pronunciation of a word is on the same side.
+  """
 
   VERSION = tfds.core.Version("1.0.0")
 
@@ -104,23 +135,46 @@ class TsvPairs(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    return {split: self._generate_examples(path) for split, path in self.builder_config.files}
+    c = self.builder_config
+    out = {split: self._generate_examples(path) for split, path in c.files}
+    if c.carve_validation:
+      train = dict(c.files)["train"]
+      out["train"] = self._generate_examples(train, lambda source: not held_out(source))
+      out["validation"] = self._generate_examples(train, held_out)
+    return out
 
-  def _generate_examples(self, path: str):
-    yield from read_tsv_pairs(path)
+  def _generate_examples(self, path: str, keep: Callable[[str], bool] | None = None):
+    kept = 0
+    for key, record in read_tsv_pairs(path):
+      if keep is None or keep(record["source"]):
+        kept += 1
+        yield key, record
+    if keep is held_out and not kept:
+      raise ValueError(f"data.train_file={path!r}: too few words to carve a validation split "
+                       f"from (1 in {CARVE_BUCKETS}); give data.dev_file")
 
 
 def read_tsv_pairs(path: str):
-  """Yields (key, {'source', 'target'}) from a `source<TAB>target` file; bad lines name file:line."""
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, 1):
-      line = line.rstrip("\n\r")
+  """Yields (key, {'source', 'target'}) from a `source<TAB>target` file; bad lines name file:line.
+
+  A file that is not UTF-8 (e.g. binary) or holds no pair at all is a ValueError naming it.
+  """
+  found = False
+  with open(path, "rb") as f:  # bytes: a decoding error can then name its line
+    for n, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8").rstrip("\n\r")
+      except UnicodeDecodeError as e:
+        raise _not_utf8(path, n, raw[e.start]) from None
       if not line.strip():
         continue
       source, sep, target = line.partition("\t")
       if not sep or not source.strip() or not target.strip():
         raise ValueError(f"{path}:{n}: expected 'source<TAB>target', got {line[:60]!r}")
+      found = True
       yield f"{n:09d}", {"source": source.strip(), "target": target.strip()}
+  if not found:
+    raise ValueError(f"{path}: no 'source<TAB>target' lines (an empty file?)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,8 +219,10 @@ def _local_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
       if not os.path.isfile(path):
         key = dict(zip(SPLITS, ("train_file", "dev_file", "test_file")))[s]
         raise FileNotFoundError(f"data.{key}={path!r}: no such file")
-    cfg = TsvPairsConfig(name=_files_fingerprint([p for _, p in given], given),
-                         files=tuple(given))
+    carve = not d.dev_file
+    extra = (given, CARVE_ID) if carve else (given,)  # carving changes the data: another name
+    cfg = TsvPairsConfig(name=_files_fingerprint([p for _, p in given], *extra),
+                         files=tuple(given), carve_validation=carve)
     return TsvPairs(config=cfg, data_dir=data_dir)
   if name == "cmudict_g2p":
     return CmudictG2p(config=config or None, data_dir=data_dir)

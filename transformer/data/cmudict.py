@@ -82,9 +82,15 @@ def parse(lines, stress: bool) -> dict[str, list[str]]:
   return dict(prons)
 
 
+def hash_bucket(salt: str, word: str, num_buckets: int) -> int:
+  """A word's bucket in [0, num_buckets): sha256(salt + word), so the same word always lands in
+  the same bucket, whatever else the file holds and in whichever order."""
+  return int.from_bytes(hashlib.sha256((salt + word).encode()).digest()[:8], "big") % num_buckets
+
+
 def split_of(word: str) -> str:
   """The split of a word: a salted sha256 into NUM_BUCKETS buckets."""
-  bucket = int.from_bytes(hashlib.sha256((SALT + word).encode()).digest()[:8], "big") % NUM_BUCKETS
+  bucket = hash_bucket(SALT, word, NUM_BUCKETS)
   if bucket in TEST_BUCKETS:
     return "test"
   if bucket in VALIDATION_BUCKETS:

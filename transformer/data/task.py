@@ -69,7 +69,8 @@ def _get_tokenizer(d: Any, kind: str, key: str, root: str, workdir_dir: str | No
 
 
 class Task:
-  """A dataset with its tokenizers and pipelines; see INTERFACES.md (Data)."""
+  """A dataset with its tokenizers and pipelines: the interface the training loop, evaluation and
+  the notebook API read (kind, tokenizers, train_iterator, eval_batches, eval_examples)."""
 
   def __init__(self, cfg: Any, workdir: str | None = None, *, process_index: int | None = None,
                process_count: int | None = None):

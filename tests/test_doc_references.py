@@ -1,0 +1,32 @@
+"""Docstrings and comments point only to files the project has."""
+
+import os
+import re
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Documents are named in capitals (e.g. README.md); lower-case names such as results.md are
+# files the code writes.
+_MD = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[A-Z][\w.-]*\.md)\b")
+
+
+def _sources():
+  for top in ("transformer", "configs", "tests", "benchmarks", "notebooks"):
+    for root, _, names in os.walk(os.path.join(REPO, top)):
+      yield from (os.path.join(root, n) for n in names if n.endswith(".py"))
+  yield from (os.path.join(REPO, n) for n in os.listdir(REPO) if n.endswith(".py"))
+
+
+def test_markdown_files_named_in_code_exist():
+  """Every document (`*.md` named in capitals) named in a .py file of the project exists: at that
+  path from the repository root or from the naming file's directory, or by that name somewhere in
+  the repository."""
+  have = {n for _, _, names in os.walk(REPO) for n in names if n.endswith(".md")}
+  missing = []
+  for path in _sources():
+    with open(path, encoding="utf-8") as f:
+      for n, line in enumerate(f, 1):
+        for name in _MD.findall(line):
+          here = [os.path.join(REPO, name), os.path.join(os.path.dirname(path), name)]
+          if not any(map(os.path.exists, here)) and os.path.basename(name) not in have:
+            missing.append(f"{os.path.relpath(path, REPO)}:{n}: {name}")
+  assert not missing, missing
