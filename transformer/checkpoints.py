@@ -2,7 +2,9 @@
 
 Layout: `<workdir>/checkpoints/<step>/` with the items
   state    the train-state pytree (ocp StandardSave; restores onto any mesh via abstract shardings)
-  data     the Grain iterator state (grain.checkpoint.CheckpointSave), when an iterator is given
+  data     the Grain iterator state (grain.checkpoint.CheckpointSave), when an iterator is given:
+           one process_<i>-of-<n>.json per process; a run with another process count resumes
+           from all n of them (the iterator's set_state_from_hosts: elastic resume)
   meta     JSON: {"step", "config", "metrics"} (the run's config and that step's metrics)
   metrics  orbax's own copy of the metrics (when `checkpoint.keep_best_by` is set)
 
@@ -29,6 +31,7 @@ Usage in a training loop:
 import json
 import math
 import os
+import re
 import signal
 from typing import Any, Mapping
 
@@ -162,7 +165,8 @@ class Checkpointer:
     step = self._step_or_latest(step)
     self._manager.wait_until_finished()
     items = dict(state=ocp.args.StandardRestore(abstract_state))
-    if data_iterator is not None:
+    host_states = None if data_iterator is None else self._other_host_count_states(step)
+    if data_iterator is not None and host_states is None:
       import grain  # pylint: disable=g-import-not-at-top
       items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
     try:
@@ -172,7 +176,44 @@ class Checkpointer:
       raise CheckpointError(
           f"cannot restore {self.directory}/{step} into this train state (did the model or "
           f"optimizer config change? see check_compatible): {first}") from e
+    if host_states is not None:
+      self._reshard_iterator(data_iterator, host_states, step)
     return restored["state"]
+
+  def _other_host_count_states(self, step: int) -> list[dict[str, Any]] | None:
+    """Every host's saved iterator state of `step` if it was saved by another number of
+    processes than this run's (grain names the files process_<i>-of-<n>.json), else None."""
+    directory = os.path.join(self.directory, str(step), "data")
+    mine = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+    if not files.isdir(directory) or files.exists(os.path.join(directory, mine)):
+      return None
+    saved: dict[int, dict[int, str]] = {}  # process count -> {index: file name}
+    for name in files.listdir(directory):
+      match = re.fullmatch(r"process_(\d+)-of-(\d+)\.json", name)
+      if match:
+        saved.setdefault(int(match[2]), {})[int(match[1])] = name
+    counts = sorted(saved)
+    if len(counts) != 1 or sorted(saved[counts[0]]) != list(range(counts[0])):
+      raise CheckpointError(f"{directory} does not hold the iterator states of every process of "
+                            f"one run (found {', '.join(sorted(files.listdir(directory)))})")
+    return [json.loads(files.read_text(os.path.join(directory, saved[counts[0]][i])))
+            for i in range(counts[0])]
+
+  def _reshard_iterator(self, data_iterator: Any, host_states: list[dict[str, Any]],
+                        step: int) -> None:
+    """Maps the iterator states of a run with another process count onto this process."""
+    where = f"{self.directory}/{step}"
+    if not hasattr(data_iterator, "set_state_from_hosts"):
+      raise CheckpointError(
+          f"{where} was written by {len(host_states)} processes, this run has "
+          f"{jax.process_count()}, and its data iterator ({type(data_iterator).__name__}) cannot "
+          "be resharded; resume with the original number of processes")
+    logging.info("Resharding the data iterator of %s from %d to %d processes.", where,
+                 len(host_states), jax.process_count())
+    try:
+      data_iterator.set_state_from_hosts(host_states)
+    except (ValueError, KeyError, TypeError) as e:
+      raise CheckpointError(f"cannot reshard the data iterator states of {where}: {e}") from e
 
   def _step_or_latest(self, step: int | None) -> int:
     if step is None:

@@ -2,10 +2,13 @@
 
 Examples are tokenized once into flat numpy arrays (`Examples`); a batch is assembled by one
 vectorized scatter, so the input pipeline stays far faster than a training step.
-The training stream is an endless sequence of example indices, a fresh seeded permutation of the
-(host's shard of the) split per epoch; `BatchDataset` is a Grain `IterDataset` whose iterator state is
-just the stream position (plus, for bucketing, the batch index within the current window), so
-`grain.checkpoint.CheckpointSave/CheckpointRestore` and `get_state/set_state` resume exactly.
+The training stream (stream.py) is an endless sequence of example indices: per epoch a fresh seeded
+permutation of the split, of which host h of H reads every H-th example. `BatchDataset` is a Grain
+`IterDataset` whose iterator state is the stream position (plus, for bucketing, the batch index
+within the current window, and for packing the positions set aside), so
+`grain.checkpoint.CheckpointSave/CheckpointRestore` and `get_state/set_state` resume exactly, and
+`set_state_from_hosts` resumes the states of a run with another number of hosts (elastic resume:
+within every epoch each example is still consumed exactly once, see stream.py).
 
 Batching modes (rows per batch are always the per-host row count, shapes fixed per mode/bucket):
   pack    first-fit of consecutive stream examples into the rows; an example that fits no row is
@@ -25,9 +28,11 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from absl import logging
 import grain
 import numpy as np
 
+from transformer.data.stream import Stream, remaining_plan
 from transformer.data.tokenizers import EOS_ID
 
 PACK_SKIP_DIVISOR = 4  # packing sets aside at most rows // 4 examples per batch for the next one
@@ -195,10 +200,14 @@ def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
 
 
 class BatchDataset(grain.IterDataset):
-  """Endless training batches over `Examples` (a Grain IterDataset; checkpointable iterator)."""
+  """Endless training batches over `Examples` (a Grain IterDataset; checkpointable iterator).
+
+  `rows` is this host's share of the global batch; host `host` of `hosts` reads every hosts-th
+  example of each epoch's global order (stream.py).
+  """
 
   def __init__(self, examples: Examples, *, rows: int, row_len: dict[str, int], mode: str,
-               seed: int):
+               seed: int, host: int = 0, hosts: int = 1):
     super().__init__()
     if len(examples) == 0:
       raise ValueError("the training split has no examples left after filtering "
@@ -207,6 +216,8 @@ class BatchDataset(grain.IterDataset):
       raise ValueError(f"data.batching={mode!r} is not one of pack|bucket|pad")
     self.examples, self.rows, self.row_len, self.mode, self.seed = (
         examples, rows, dict(row_len), mode, seed)
+    self.host, self.hosts = host, hosts
+    Stream(len(examples), seed, host, hosts)  # fails now, not at the first batch, if n < hosts
 
   def __iter__(self) -> BatchIterator:
     return BatchIterator(self)
@@ -217,31 +228,18 @@ class BatchDataset(grain.IterDataset):
 
 class BatchIterator(grain.DatasetIterator):
   """State: {'pos': stream position, 'emitted': batches already taken from the bucket window,
-  'deferred': examples packing set aside for the next batch}."""
+  'deferred_pos': stream positions packing set aside for the next batch, 'rows', 'host', 'hosts'
+  and, after a change in host count, the epoch plan of stream.py ('base_epoch', 'skip')}."""
 
   def __init__(self, ds: BatchDataset):
     super().__init__()
     self._ds = ds
     self._names = list(ds.row_len)
     self._caps = np.array([ds.row_len[n] for n in self._names], np.int64)
-    self._perms: dict[int, np.ndarray] = {}
+    self._stream = Stream(len(ds.examples), ds.seed, ds.host, ds.hosts)
     self._pos, self._emitted, self._window, self._deferred = 0, 0, None, []
+    self._last = np.zeros(0, np.int64)  # stream positions of the last batch's examples
     self.stats = {"batches": 0, **{f"{n}_non_padding": 0.0 for n in self._names}}
-
-  def _order(self, pos: int, count: int) -> np.ndarray:
-    """Example indices at stream positions pos .. pos + count - 1 (a new permutation per epoch)."""
-    n = len(self._ds.examples)
-    p = np.arange(pos, pos + count)
-    epochs = p // n
-    out = np.empty(count, np.int64)
-    for e in np.unique(epochs):
-      if e not in self._perms:
-        if len(self._perms) > 2:
-          self._perms.pop(min(self._perms))
-        self._perms[e] = np.random.default_rng([self._ds.seed, int(e)]).permutation(n)
-      sel = epochs == e
-      out[sel] = self._perms[e][p[sel] % n]
-    return out
 
   def _lens(self, idx: np.ndarray) -> np.ndarray:
     return np.stack([self._ds.examples.lengths[n][idx] for n in self._names], axis=1)  # [m, F]
@@ -249,22 +247,28 @@ class BatchIterator(grain.DatasetIterator):
   def _one_per_row(self, idx: np.ndarray, row_len: dict[str, int]) -> dict[str, np.ndarray]:
     return one_per_row(self._ds.examples, idx, row_len, self._ds.rows)
 
+  def _lookahead(self) -> int:
+    return self._ds.rows * int(self._caps.max())  # more examples than could ever fit
+
   def _next_pack(self) -> dict[str, np.ndarray]:
     rows = self._ds.rows
-    lookahead = rows * int(self._caps.max())  # more examples than could ever fit
-    deferred = np.asarray(self._deferred, np.int64)
-    idx = np.concatenate([deferred, self._order(self._pos, lookahead)])
+    positions = np.concatenate([np.asarray(self._deferred, np.int64),
+                                np.arange(self._pos, self._pos + self._lookahead())])
+    idx = self._stream.ids(positions)
     seen, placed, row, off, seg, skipped = first_fit(self._lens(idx), rows, self._caps,
                                                      max_skipped=max(1, rows // PACK_SKIP_DIVISOR))
-    self._pos += max(0, seen - len(deferred))  # deferred examples come first, then the stream
-    self._deferred = [int(idx[j]) for j in skipped]
+    # deferred examples come first, then the stream
+    self._pos += max(0, seen - len(self._deferred))
+    self._deferred = [int(positions[j]) for j in skipped]
+    self._last = positions[placed]
     return assemble(self._ds.examples, idx[placed], row,
                     {n: off[:, j] for j, n in enumerate(self._names)}, seg, self._ds.row_len, rows)
 
   def _bucket_window(self) -> list[tuple[np.ndarray, dict[str, int]]]:
-    """The batches (example indices, row lengths) of the window starting at self._pos."""
+    """The batches (stream positions, row lengths) of the window starting at self._pos."""
     rows = self._ds.rows
-    idx = self._order(self._pos, rows * BUCKET_WINDOW)
+    positions = np.arange(self._pos, self._pos + rows * BUCKET_WINDOW)
+    idx = self._stream.ids(positions)
     bounds = np.array([[max(1, int(np.ceil(c * f))) for f in BUCKET_FRACTIONS] for c in self._caps])
     lens = self._lens(idx)  # [m, F]
     bucket = np.max([np.searchsorted(bounds[j], lens[:, j]) for j in range(len(self._names))],
@@ -274,7 +278,7 @@ class BatchIterator(grain.DatasetIterator):
     for start in range(0, len(idx), rows):
       chunk = order[start:start + rows]
       b = int(bucket[chunk].max())
-      batches.append((idx[chunk], {n: int(bounds[j][b]) for j, n in enumerate(self._names)}))
+      batches.append((positions[chunk], {n: int(bounds[j][b]) for j, n in enumerate(self._names)}))
     perm = np.random.default_rng([self._ds.seed, self._pos, 1]).permutation(len(batches))
     return [batches[i] for i in perm]
 
@@ -283,12 +287,14 @@ class BatchIterator(grain.DatasetIterator):
     if ds.mode == "pack":
       batch = self._next_pack()
     elif ds.mode == "pad":
-      batch = self._one_per_row(self._order(self._pos, ds.rows), ds.row_len)
+      self._last = np.arange(self._pos, self._pos + ds.rows)
+      batch = self._one_per_row(self._stream.ids(self._last), ds.row_len)
       self._pos += ds.rows
     else:
       if self._window is None:
         self._window = self._bucket_window()
-      batch = self._one_per_row(*self._window[self._emitted])
+      self._last, row_len = self._window[self._emitted]
+      batch = self._one_per_row(self._stream.ids(self._last), row_len)
       self._emitted += 1
       if self._emitted == len(self._window):
         self._pos += ds.rows * BUCKET_WINDOW
@@ -298,14 +304,63 @@ class BatchIterator(grain.DatasetIterator):
       self.stats[f"{n}_non_padding"] += float((batch[n] != 0).mean())
     return batch
 
+  def last_batch_examples(self) -> tuple[np.ndarray, np.ndarray]:
+    """(epoch, example index) of every example in the last batch (a debugging and test hook)."""
+    return self._stream.locate(self._last)[0], self._stream.ids(self._last)
+
   def get_state(self) -> dict[str, Any]:
-    return {"pos": int(self._pos), "emitted": int(self._emitted), "deferred": list(self._deferred)}
+    return {"pos": int(self._pos), "emitted": int(self._emitted),
+            "deferred_pos": list(self._deferred), "rows": self._ds.rows,
+            "host": self._ds.host, "hosts": self._ds.hosts, **self._stream.plan_state()}
 
   def set_state(self, state: dict[str, Any]) -> None:
+    ds = self._ds
+    saved = (int(state.get("host", ds.host)), int(state.get("hosts", ds.hosts)))
+    if saved != (ds.host, ds.hosts):
+      raise ValueError(f"the iterator state of host {saved[0]} of {saved[1]} cannot resume host "
+                       f"{ds.host} of {ds.hosts} (use set_state_from_hosts with every host's state)")
+    base, skip = Stream.plan_from_state(state, len(ds.examples))
+    self._stream = Stream(len(ds.examples), ds.seed, ds.host, ds.hosts, base, skip)
     self._pos, self._emitted, self._window = int(state["pos"]), int(state["emitted"]), None
-    self._deferred = [int(i) for i in state.get("deferred", [])]
-    if self._ds.mode == "bucket" and self._emitted:
+    if "deferred_pos" in state:
+      self._deferred = [int(p) for p in state["deferred_pos"]]
+    else:  # a state written before positions were: examples of the last batch's lookahead
+      window = np.arange(max(0, self._pos - self._lookahead()), self._pos)
+      ids = self._stream.ids(window)
+      self._deferred = [int(window[np.flatnonzero(ids == i)[-1]]) for i in state["deferred"]]
+    if ds.mode == "bucket" and self._emitted:
       self._window = self._bucket_window()
+    if "hosts" not in state and ds.hosts > 1:
+      logging.warning("Resuming a %d-host iterator state written before hosts shared one order "
+                      "per epoch: the rest of this epoch may repeat or skip examples.", ds.hosts)
+
+  def set_state_from_hosts(self, states: Sequence[dict[str, Any]]) -> None:
+    """Resumes this host from the states of all hosts of a run with another host count.
+
+    The examples the old hosts had not consumed in their current epochs are split over the new
+    hosts (stream.py); batching restarts from there (no bucket window or set-aside examples).
+    """
+    ds, count = self._ds, len(states)
+    old = []
+    for h, state in enumerate(states):
+      rows = int(state.get("rows", ds.rows * ds.hosts // count))
+      it = BatchIterator(BatchDataset(ds.examples, rows=rows, row_len=ds.row_len, mode=ds.mode,
+                                      seed=ds.seed, host=h, hosts=count))
+      it.set_state(state)
+      old.append(it)
+    ends, pending = zip(*(it._progress() for it in old))
+    streams = [it._stream for it in old]
+    base, skip = remaining_plan(streams, ends, pending)
+    self._stream = Stream(len(ds.examples), ds.seed, ds.host, ds.hosts, base, skip)
+    self._pos, self._emitted, self._window, self._deferred = 0, 0, None, []
+
+  def _progress(self) -> tuple[int, np.ndarray]:
+    """(first stream position not yet read, positions read but not yet in an emitted batch)."""
+    pending = [np.asarray(self._deferred, np.int64)]
+    if self._window is None:
+      return self._pos, pending[0]
+    pending += [positions for positions, _ in self._window[self._emitted:]]
+    return self._pos + self._ds.rows * BUCKET_WINDOW, np.concatenate(pending)
 
   def non_padding_fraction(self) -> dict[str, float]:
     """Mean fraction of real tokens per feature over the batches yielded so far."""

@@ -177,10 +177,12 @@ class Task:
       logging.info("%s %s: %d examples longer than data.max_*_len %s, %d truncated.",
                    self.dataset.name, d.train_split, counts["dropped"],
                    "dropped" if d.too_long == "drop" else "", counts["truncated"])
-    ex = ex.shard(self.process_index, self.process_count)
     mode = "pad" if self.kind == "lm" else d.batching  # lm rows are already full
+    # Every host holds the whole split and reads its share of each epoch's global order, so the
+    # iterator states of any host count map onto any other (elastic resume, data/stream.py).
     ds = pipeline.BatchDataset(ex, rows=d.batch_size // self.process_count,
-                               row_len=self.row_len, mode=mode, seed=d.shuffle_seed)
+                               row_len=self.row_len, mode=mode, seed=d.shuffle_seed,
+                               host=self.process_index, hosts=self.process_count)
     return iter(ds)
 
   def eval_batches(self, split: str, batch_size: int | None = None

@@ -1,0 +1,139 @@
+"""The training example stream of one host, and how it is re-split when the host count changes.
+
+Epoch e has one global order: `perm_e`, a seeded permutation of the split's n examples (the same
+on every host). Host h of H reads every H-th example of it, `perm_e[h::H]`, so the hosts' shares of
+an epoch are disjoint and together are the split; with one host the stream is `perm_0, perm_1, ...`
+(what a single process has always read). A host's stream is its epochs back to back, and a stream
+position is an index into it.
+
+After a change in the number of hosts (an elastic resume), the new hosts start at the oldest epoch
+that some old host had not finished ("base epoch"); for that epoch and the later ones an old host
+had started, a `skip` mask marks the examples some old host had consumed, and the epoch's order is
+`perm_e` without them, split over the new hosts as before. Later epochs are plain again. So within
+every epoch each example is consumed exactly once across all hosts, whatever the host counts were.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+_CACHED_EPOCHS = 3  # per-epoch orders kept; a batch never spans more than two epochs
+
+
+class Stream:
+  """Host `host` of `hosts`: positions -> (epoch, example index), per-epoch orders cached."""
+
+  def __init__(self, num_examples: int, seed: int, host: int = 0, hosts: int = 1,
+               base_epoch: int = 0, skip: dict[int, np.ndarray] | None = None):
+    if num_examples < hosts:
+      raise ValueError(f"the training split has {num_examples} examples, fewer than the {hosts} "
+                       "hosts that share it")
+    self.n, self.seed, self.host, self.hosts = num_examples, seed, host, hosts
+    self.base_epoch = base_epoch
+    self.skip = dict(skip or {})  # epoch -> bool [n]: consumed before the host count changed
+    self.last_planned = max(self.skip, default=base_epoch - 1)  # epochs after it are plain
+    planned = range(base_epoch, self.last_planned + 1)
+    self._planned_ends = np.cumsum([self.epoch_length(e) for e in planned], dtype=np.int64)
+    self._orders: dict[int, np.ndarray] = {}
+
+  def epoch_length(self, epoch: int) -> int:
+    """How many examples this host reads in `epoch`."""
+    skipped = int(self.skip[epoch].sum()) if epoch in self.skip else 0
+    return len(range(self.host, self.n - skipped, self.hosts))
+
+  def order(self, epoch: int) -> np.ndarray:
+    """This host's examples of `epoch`, in reading order."""
+    if epoch not in self._orders:
+      if len(self._orders) >= _CACHED_EPOCHS:
+        self._orders.pop(min(self._orders))
+      perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+      if epoch in self.skip:
+        perm = perm[~self.skip[epoch][perm]]
+      self._orders[epoch] = perm[self.host::self.hosts]
+    return self._orders[epoch]
+
+  def epoch_start(self, epoch: int) -> int:
+    """The stream position of `epoch`'s first example (epoch >= base_epoch)."""
+    planned = len(self._planned_ends)
+    if epoch - self.base_epoch < planned:
+      k = epoch - self.base_epoch
+      return int(self._planned_ends[k - 1]) if k else 0
+    done = int(self._planned_ends[-1]) if planned else 0
+    return done + (epoch - self.last_planned - 1) * self.epoch_length(self.last_planned + 1)
+
+  def locate(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(epoch, offset within this host's epoch) of every stream position."""
+    p = np.asarray(positions, np.int64)
+    done = int(self._planned_ends[-1]) if len(self._planned_ends) else 0
+    later = p - done
+    length = self.epoch_length(self.last_planned + 1)
+    epochs = self.last_planned + 1 + later // length
+    offsets = later % length
+    inside = p < done
+    if inside.any():  # side='right' skips epochs this host has no examples of (length 0)
+      k = np.searchsorted(self._planned_ends, p[inside], side="right")
+      starts = np.concatenate([[0], self._planned_ends])[k]
+      epochs[inside], offsets[inside] = self.base_epoch + k, p[inside] - starts
+    return epochs, offsets
+
+  def ids(self, positions: Any) -> np.ndarray:
+    """The example index at every stream position."""
+    epochs, offsets = self.locate(positions)
+    out = np.empty(len(epochs), np.int64)
+    for e in np.unique(epochs):
+      sel = epochs == e
+      out[sel] = self.order(int(e))[offsets[sel]]
+    return out
+
+  def plan_state(self) -> dict[str, Any]:
+    """The epoch plan as JSON-able values ({} for a stream that never changed host count)."""
+    if not self.base_epoch and not self.skip:
+      return {}
+    return {"base_epoch": self.base_epoch,
+            "skip": {str(e): base64.b64encode(np.packbits(m).tobytes()).decode("ascii")
+                     for e, m in sorted(self.skip.items())}}
+
+  @staticmethod
+  def plan_from_state(state: dict[str, Any], num_examples: int
+                      ) -> tuple[int, dict[int, np.ndarray]]:
+    """(base_epoch, skip) from `plan_state()`'s values (missing: a plain stream)."""
+    skip = {}
+    for e, text in state.get("skip", {}).items():
+      bits = np.frombuffer(base64.b64decode(text), np.uint8)
+      skip[int(e)] = np.unpackbits(bits, count=num_examples).astype(bool)
+    return int(state.get("base_epoch", 0)), skip
+
+
+def remaining_plan(streams: Sequence[Stream], ends: Sequence[int],
+                   pending: Sequence[np.ndarray]) -> tuple[int, dict[int, np.ndarray]]:
+  """The plan (base_epoch, skip) for new hosts taking over from the hosts of `streams`.
+
+  Old host h consumed its stream positions before `ends[h]` except those in `pending[h]` (read
+  but not yet in an emitted batch). Raises ValueError if the streams are not one run's hosts.
+  """
+  first = streams[0]
+  if any((s.n, s.seed, s.hosts, s.base_epoch) != (first.n, first.seed, len(streams),
+                                                  first.base_epoch)
+         or s.skip.keys() != first.skip.keys()
+         or any((s.skip[e] != first.skip[e]).any() for e in s.skip) for s in streams):
+    raise ValueError("the saved iterator states are not those of one run's hosts")
+  oldest = [int(s.locate([min([end, *p.tolist()])])[0][0]) for s, end, p in
+            zip(streams, ends, pending)]
+  base = min(oldest)
+  latest = max([first.last_planned] + [int(s.locate([end - 1])[0][0])
+                                      for s, end in zip(streams, ends) if end > 0])
+  counts = np.zeros((max(latest - base + 1, 1), first.n), np.int64)
+  for e in range(base, latest + 1):
+    if e in first.skip:
+      counts[e - base] += first.skip[e]
+  for s, end, p in zip(streams, ends, pending):
+    positions = np.setdiff1d(np.arange(s.epoch_start(base), end), p)
+    epochs = s.locate(positions)[0]
+    np.add.at(counts, (epochs - base, s.ids(positions)), 1)
+  if (counts > 1).any():
+    raise ValueError("the saved iterator states consumed an example twice in one epoch")
+  return base, {base + k: c.astype(bool) for k, c in enumerate(counts) if c.any()}
