@@ -39,6 +39,7 @@ import numpy as np
 
 from transformer import files
 from transformer import metrics as metrics_lib
+from transformer import reporting
 from transformer.config import Config, ConfigError, DecodeConfig, from_configdict
 
 # Keys `overrides` may change: none of them changes parameter shapes or what was trained.
@@ -372,6 +373,7 @@ def evaluate(workdir: str, split: str = "test", step: int | str | None = None,
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top
     task = load_task(cfg, workdir)
+  reporting.warn_if_data_differs(workdir, task, split)
   model = build_model(cfg.model)
   params, step = restore_params(cfg, workdir, step)
   results: dict[str, Any] = {"split": split, "step": step}
