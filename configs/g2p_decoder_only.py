@@ -15,7 +15,10 @@ tests/test_configs.py checks the totals, embeddings included, to within 1%.
 
 Measured (tiny, the command above, 2-core CPU VM with one other job running): 3 min 5 s wall clock
 (143 s user CPU); dev loss 0.590 (token accuracy 84.0%), WER 61.0%, PER 19.7% on the first 500 dev
-words (g2p.py:tiny, same budget: 56.4% / 16.8%). small and base were not run here.
+words (g2p.py:tiny on the same data: 56.4% / 16.8%) (to be re-measured: that data directory was
+prepared before the builder stored records in file order, see configs/g2p.py; rerun and compared
+by `python benchmarks/reproduce.py --only=g2p_decoder_only_tiny`). small and base were not run
+here.
 Source (char) and target (phone) ids share one embedding table: the data layer places the target's
 ids after the source's (`OffsetTokenizer`), so no letter and phone share a row.
 """

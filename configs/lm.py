@@ -15,7 +15,8 @@ Variants:
                   Measured with the command above on a 2-core CPU VM shared with other jobs
                   (load average ~5): 7 min 35 s wall clock (221 s user CPU), ~5 steps/s;
                   validation loss 1.817 nats/char (20 batches of 12 x 64 characters from the
-                  last 10%), training loss 1.737 (mean of the last 100 steps).
+                  last 10%), training loss 1.737 (mean of the last 100 steps)
+                  (to be re-measured from a fresh data directory; no output file was kept).
   bpe             `char` with a SentencePiece BPE vocabulary of 2048. Not run here.
 """
 

@@ -14,28 +14,30 @@
 # %% [markdown]
 # # Exploring a G2P transformer
 #
-# Trains (or restores) the `:tiny` grapheme-to-phoneme run, decodes a few words with every
-# decoding method, scores pronunciations, and looks inside: attention maps of every kind,
-# the sinusoidal positional encoding and the learning curves.
+# Restores the README quickstart's run, `runs/g2p_tiny` (`configs/g2p.py:tiny`), training it first
+# only if that directory holds no checkpoints; decodes a few words with every decoding method,
+# scores pronunciations, and looks inside: attention maps of every kind, the sinusoidal
+# positional encoding and the learning curves.
 #
 # This file is the source (jupytext percent format); `explore.ipynb` is generated from it with
-# `jupytext --to notebook notebooks/explore.py`. Run it from the repository root. The parameters
-# below can also be set by environment variables (that is how the test runs it headless).
+# `jupytext --to notebook notebooks/explore.py`. Start it from the repository root or from
+# `notebooks/`. The parameters below can also be set by environment variables (that is how the
+# test runs it headless on another run).
 
 # %% tags=["parameters"]
 import os
-import tempfile
 
-WORKDIR = os.environ.get("EXPLORE_WORKDIR") or os.path.join(tempfile.gettempdir(), "g2p_tiny")
-NUM_STEPS = int(os.environ.get("EXPLORE_STEPS", "3000"))  # only used when training
+# Jupyter starts a notebook in its own directory; the quickstart's paths are relative to the root.
+ROOT = os.getcwd() if os.path.exists("train.py") else os.path.dirname(os.getcwd())
+WORKDIR = os.environ.get("EXPLORE_WORKDIR") or os.path.join(ROOT, "runs", "g2p_tiny")
 FIG_DIR = os.environ.get("EXPLORE_FIG_DIR") or os.path.join(WORKDIR, "figures")
 WORDS = ["phoneme", "attention", "transformer", "jax"]
 
 # %% [markdown]
-# ## Train or restore
-# A workdir that already holds checkpoints is restored as it is; otherwise `configs/g2p.py:tiny`
-# is trained there for `NUM_STEPS` steps (the same as `python train.py --config=configs/g2p.py:tiny
-# --workdir=... --config.train.num_steps=...`).
+# ## Restore (or train)
+# A workdir that already holds checkpoints is restored as it is. Otherwise `configs/g2p.py:tiny`
+# is trained there first, exactly as the quickstart's `python train.py
+# --config=configs/g2p.py:tiny --workdir=runs/g2p_tiny` does (a few minutes on 2 CPU cores).
 
 # %%
 import transformer
@@ -43,9 +45,7 @@ from transformer import viz
 
 if not os.path.isdir(os.path.join(WORKDIR, "checkpoints")):
   from configs import g2p
-  config = g2p.get_config("tiny")
-  config.train.num_steps = NUM_STEPS
-  print(transformer.train_and_evaluate(config, WORKDIR))
+  print(transformer.train_and_evaluate(g2p.get_config("tiny"), WORKDIR))
 
 run = transformer.restore(WORKDIR)
 run

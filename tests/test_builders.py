@@ -15,6 +15,7 @@ from transformer.config import from_configdict
 from transformer.data import builders
 from transformer.data import cmudict
 from transformer.data import load_task
+from transformer.data.task import read_records
 
 
 def make_cfg(**data):
@@ -86,6 +87,68 @@ def test_prepared_data_has_pinned_counts_and_disjoint_words(cmudict_task):
   assert not set(words["train"]) & set(words["validation"])
   assert not set(words["train"]) & set(words["test"])
   assert not set(words["validation"]) & set(words["test"])
+
+
+BUMP = ("bump the builder's VERSION, add its RELEASE_NOTES entry and pin the new digest under "
+        "the new version (never edit an old pin): TFDS reuses a prepared directory of the same "
+        "version, so without a bump an old one is read silently")
+
+
+def cmudict_pins(config):
+  """MANIFEST's examples_sha256 pins of this builder VERSION for `config`."""
+  return cmudict.MANIFEST["examples_sha256"][str(cmudict.CmudictG2p.VERSION)][config]
+
+
+def prepared_sha256(task, splits):
+  """split -> records_sha256 of the records a task reads from its prepared directory."""
+  read = task._records  # pylint: disable=protected-access
+  return {s: builders.records_sha256(read(s)) for s in splits}
+
+
+def test_prepared_cmudict_records_match_the_pin_of_its_version(cmudict_task):
+  """cmudict_g2p/no_stress as prepared by this code holds exactly the records, content and stored
+  order, pinned for CmudictG2p.VERSION. A change to what preparation stores that keeps the
+  version (as adding disable_shuffling at 1.0.0 did) fails here, so it cannot leave old prepared
+  directories to be read in place of the new data."""
+  pins = cmudict_pins("no_stress")
+  assert prepared_sha256(cmudict_task, pins) == pins, BUMP
+  assert set(cmudict.MANIFEST["examples_sha256"]) <= set(cmudict.CmudictG2p.RELEASE_NOTES)
+
+
+@pytest.mark.slow
+def test_prepared_cmudict_stress_records_match_the_pin_of_its_version(tmp_path):
+  """The same pin check for the `stress` config (a second ~15 s preparation)."""
+  task = load_task(make_cfg(dataset="cmudict_g2p/stress", data_dir=str(tmp_path)),
+                   process_index=0, process_count=1)
+  pins = cmudict_pins("stress")
+  assert prepared_sha256(task, pins) == pins, BUMP
+
+
+# records_sha256 of the fixture below as prepared by each builder version (a new version, a new
+# row; the rule and the reason are those of cmudict's MANIFEST["examples_sha256"]).
+LOCAL_PINS = {
+    ("tsv_pairs", "1.1.0"): "4d7e75e34a9481c1c6db146757882c10d6eda70ffb6abf481ebb310a3bbe878b",
+    ("text_files", "1.1.0"): "15418561a9d89583a69e5bfc43cdda12d74bd21bdf7c7901e5976947358e38a2",
+}
+
+
+@pytest.mark.parametrize("name", ["tsv_pairs", "text_files"])
+def test_prepared_local_builder_records_match_the_pin_of_its_version(name, tmp_path):
+  """tsv_pairs and text_files prepared from a fixed fixture (lines and files out of sorted order,
+  so the stored order shows) hold the records pinned for the builder's VERSION."""
+  lines = [f"{w}\t{' '.join(w.upper())}\n" for w in ("zeta", "alpha", "mu", "beta", "omega")]
+  for i, line in enumerate(lines):
+    (tmp_path / f"{9 - i}.txt").write_text(line * 3)
+  (tmp_path / "pairs.tsv").write_text("".join(lines))
+  data = (dict(dataset="tsv_pairs", train_file=str(tmp_path / "pairs.tsv"))
+          if name == "tsv_pairs" else
+          dict(dataset="text_files", text_file=str(tmp_path / "*.txt"), text_split="document"))
+  cfg = make_cfg(data_dir=str(tmp_path / "d"), **data)
+  ds = builders.open_dataset(cfg.data)
+  keys = ("text",) if name == "text_files" else ("source", "target")
+  got = builders.records_sha256(r for s in ds.splits for r in read_records(ds.source(s), keys))
+  version = ds.root.rstrip("/").rsplit("/", 1)[-1]
+  assert got == LOCAL_PINS[name, version], BUMP
 
 
 def test_cmudict_task_end_to_end(cmudict_task, tmp_path):

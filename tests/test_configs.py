@@ -1,13 +1,19 @@
 """Tests of configs/*.py: every variant validates; the ablation partners and nanoGPT settings hold."""
 
+import functools
 import importlib
+import os
 
 import jax
 import numpy as np
 import pytest
 
 from transformer.config import ConfigError, from_configdict
+from transformer.data import builders
+from transformer.data import cmudict
+from transformer.data import load_task
 from transformer.models import build_model
+from transformer.training import fill_vocab_sizes
 
 ALL = ["g2p:tiny", "g2p:small", "g2p:base", "g2p_decoder_only:tiny", "g2p_decoder_only:small",
        "g2p_decoder_only:base", "lm:char", "lm:nanogpt_cpu", "lm:bpe", "wmt14_ende:", "lm1b:"]
@@ -30,24 +36,57 @@ def test_unknown_variant_is_a_clear_error():
     load("g2p:huge")
 
 
-def num_params(cfg, vocab=43, source_vocab=31):
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  m = dataclasses.replace(cfg.model, vocab_size=vocab, source_vocab_size=source_vocab)
-  model = build_model(m)
+@functools.lru_cache(maxsize=None)
+def cmudict_records():
+  """CMUdict's no-stress splits as the records cmudict_g2p prepares, in memory."""
+  return {split: [{"source": w, "target": p} for w, prons in words.items() for p in prons]
+          for split, words in cmudict.load_splits(stress=False).items()}
+
+
+_TASKS = {}  # what the vocabularies depend on -> Task; the variants share them
+
+
+def with_training_vocab(cfg):
+  """`cfg` with the vocabulary sizes training fills in: the real Task (its tokenizers built from
+  CMUdict's training split, the decoder-only target ids placed after the source's) over
+  cmudict_g2p's records, read from memory instead of a prepared directory (no ~15 s prepare)."""
+  d = cfg.data
+  key = (cfg.model.arch, d.dataset, d.tokenizer, d.source_tokenizer, d.train_split)
+  if key not in _TASKS:
+    records = cmudict_records()
+    dataset = builders.Dataset(name="cmudict_g2p/no_stress", kind="seq2seq", source_key="source",
+                               target_key="target", root=os.devnull + "/none",
+                               splits=tuple(records), _open=records.__getitem__)
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setattr(builders, "open_dataset", lambda _: dataset)
+      _TASKS[key] = load_task(cfg, process_index=0, process_count=1)
+  return fill_vocab_sizes(cfg, _TASKS[key])
+
+
+def num_params(cfg):
+  """Parameters of cfg.model, embeddings included, at the vocabulary sizes it carries."""
+  model = build_model(cfg.model)
   ids = np.ones((1, 8), np.int32)
-  args = (ids,) if m.arch == "decoder_only" else (ids, ids)
+  args = (ids,) if cfg.model.arch == "decoder_only" else (ids, ids)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *args))
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+def test_training_vocabularies_of_g2p():
+  """The vocabulary sizes the parameter test uses are training's: 27 letters and 39 phones plus
+  4 specials; the decoder-only table holds both (31 + 39 = 70 rows), as training sizes it."""
+  enc_dec = with_training_vocab(from_configdict(load("g2p:tiny"))).model
+  dec_only = with_training_vocab(from_configdict(load("g2p_decoder_only:tiny"))).model
+  assert (enc_dec.source_vocab_size, enc_dec.vocab_size, dec_only.vocab_size) == (31, 43, 70)
 
 
 @pytest.mark.parametrize("variant", ["tiny", "small", "base"])
 def test_decoder_only_g2p_matches_encoder_decoder_parameters(variant):
   """g2p_decoder_only has the same parameter count as g2p (embeddings, norms and biases
-  included) to within 1%, so the ablation compares architectures, not sizes."""
-  enc_dec = num_params(from_configdict(load(f"g2p:{variant}")))
-  dec = from_configdict(load(f"g2p_decoder_only:{variant}"))
-  # The prefix-LM's one table covers both vocabularies, as training sizes it.
-  dec_only = num_params(dec, vocab=43, source_vocab=0)
+  included) to within 1% at the vocabulary sizes training gives each (with_training_vocab), so
+  the ablation compares architectures, not sizes."""
+  enc_dec = num_params(with_training_vocab(from_configdict(load(f"g2p:{variant}"))))
+  dec_only = num_params(with_training_vocab(from_configdict(load(f"g2p_decoder_only:{variant}"))))
   assert abs(dec_only - enc_dec) / enc_dec < 0.01, (dec_only, enc_dec)
 
 

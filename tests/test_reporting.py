@@ -1,7 +1,11 @@
-"""Tests for transformer/reporting.py: FLOP counts vs XLA and parameter shapes, peaks, run files."""
+"""Tests for transformer/reporting.py: FLOP counts vs XLA and parameter shapes, peaks, run files,
+the data fingerprint in provenance.json and eval's warning when the data differs."""
 
+import glob
+import hashlib
 import json
 import os
+import shutil
 import struct
 import subprocess
 import time
@@ -13,9 +17,12 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
+import g2p_mini
 from configs import base
+from transformer import evaluation
 from transformer import reporting
 from transformer.config import from_configdict, model_config, to_dict
+from transformer.data import load_task
 from transformer.losses import cross_entropy
 from transformer.models import build_model
 
@@ -228,3 +235,69 @@ def test_profile_context_resumed_inside_the_window(tmp_path):
       jnp.ones((8, 8)).sum().block_until_ready()
   assert any(files for _, _, files in os.walk(logdir))
   assert not reporting._tracing  # pylint: disable=protected-access
+
+
+def sha256_of_split_files(data_dir, split):
+  """The reference: sha256 over the bytes of a split's prepared files, found on disk by glob."""
+  paths = sorted(glob.glob(os.path.join(data_dir, "**", f"*-{split}.array_record-*"),
+                           recursive=True))
+  assert paths, (data_dir, split)
+  digest = hashlib.sha256()
+  for path in paths:
+    with open(path, "rb") as f:
+      digest.update(f.read())
+  return digest.hexdigest()
+
+
+def test_training_records_the_fingerprint_of_the_data_it_read(tmp_path_factory):
+  """A trained run's provenance.json holds the dataset, builder version and, per split, the
+  sha256 of the prepared files it read (checked against hashing those files directly)."""
+  workdir = g2p_mini.trained_run(tmp_path_factory)
+  data = json.load(open(os.path.join(workdir, "provenance.json")))["data"]
+  data_dir = json.load(open(os.path.join(workdir, "config.json")))["data"]["data_dir"]
+  assert data["dataset"].startswith("tsv_pairs/") and data["version"] == "1.1.0"
+  assert set(data["splits"]) == {"train", "validation", "test"}
+  for split, got in data["splits"].items():
+    assert got["files"] == 1 and got["sha256"] == sha256_of_split_files(data_dir, split)
+
+
+def test_eval_warns_in_one_line_when_the_data_differs_from_the_runs(tmp_path_factory, tmp_path,
+                                                                     caplog):
+  """evaluate() on the same data prepared in another data_dir says nothing; on a test split with
+  one pronunciation changed it logs one warning line naming the split and provenance.json."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(g2p_mini.trained_run(tmp_path_factory), workdir)  # evaluate writes files
+
+  def evaluate_on(directory, edit=None):
+    cfg = from_configdict(g2p_mini.config(str(directory)))
+    if edit:
+      with open(cfg.data.test_file) as f:
+        lines = f.readlines()
+      with open(cfg.data.test_file, "w") as f:
+        f.writelines([edit(lines[0])] + lines[1:])
+    caplog.clear()
+    task = load_task(cfg, workdir, process_index=0, process_count=1)
+    evaluation.evaluate(workdir, "test", task=task, verbose=False)
+    return [r.getMessage() for r in caplog.records if "not the run's" in r.getMessage()]
+
+  assert evaluate_on(tmp_path / "same") == []
+  warnings = evaluate_on(tmp_path / "edited", lambda line: line.replace("\t", "\tAH "))
+  assert len(warnings) == 1 and "\n" not in warnings[0]
+  assert " test (" in warnings[0] and "provenance.json" in warnings[0]
+
+
+def test_data_difference_compares_content_not_location():
+  """Two fingerprints of a split differ by their content (files, bytes, sha256), not by the
+  directory or the dataset's name (tsv_pairs names hold the files' paths); a split either side
+  lacks, or no fingerprint, is nothing to compare."""
+  split = {"files": 1, "bytes": 10, "sha256": "ab" * 32}
+  run = {"dataset": "d/c", "version": "1.1.0", "dir": "/a", "splits": {"test": split}}
+  moved = run | {"dir": "/b", "dataset": "d/e"}
+  assert reporting.data_difference(run, moved, "test") is None
+  assert reporting.data_difference(run, moved | {"splits": {"test": split | {"bytes": 11}}},
+                                   "test")
+  assert reporting.data_difference(
+      run, moved | {"splits": {"test": split | {"sha256": "cd" * 32}}}, "test").endswith(
+          "test (1 files, 10 bytes, sha256 abababababab)")
+  assert reporting.data_difference(run, moved, "validation") is None
+  assert reporting.data_difference(None, moved, "test") is None

@@ -44,6 +44,7 @@ import numpy as np
 
 from transformer import files
 from transformer import metrics as metrics_lib
+from transformer import reporting
 from transformer.config import Config, ConfigError, DecodeConfig
 from transformer.saved_runs import EvaluationError, load_config, restore_params
 
@@ -285,6 +286,7 @@ def evaluate(workdir: str, split: str = "test", step: int | str | None = None,
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
+  reporting.warn_if_data_differs(workdir, task, split)
   model = build_model(cfg.model)
   params, step = restore_params(cfg, workdir, step)
   results: dict[str, Any] = {"split": split, "step": step}

@@ -7,13 +7,18 @@ Reporter whose methods are no-ops, so the training loop calls it unconditionally
                       start_step=resumed_step, mesh_shape=dict(mesh.shape),
                       flops_per_step=model_flops_per_step(cfg.model, batch, src_len, tgt_len),
                       peak_flops_per_device=peak_flops(jax.devices()[0].device_kind,
-                                                       cfg.peak_flops))
+                                                       cfg.peak_flops),
+                      data=data_fingerprint(task))
   for step ...:
     reporter.add_tokens(tokens, nonpad_tokens)   # host-side counts of this host's batch
     reporter.progress(step)                      # the bar (cheap, no device sync)
     if step % log_every == 0:
       reporter.write_scalars(step, {"train/loss": float(loss), **reporter.throughput()})
   reporter.close()
+
+provenance.json records `data_fingerprint(task)`, the sizes and sha256 of the prepared split files
+the run reads; `eval.py` calls `warn_if_data_differs`, so evaluating on other data than training
+read (another preparation, builder version or data_dir content) is one warning line.
 
 MFU = model FLOPs per step * steps per second / (devices * peak FLOP/s per device). Model FLOPs
 count the matmuls of forward + backward (backward = 2 x forward) exactly per layer; elementwise
@@ -24,6 +29,7 @@ a peak with `measure_matmul_flops()` and pass it as `--config.peak_flops`.
 
 import contextlib
 import datetime
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -31,13 +37,18 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from absl import logging
+from etils import epath
 import jax
 
 from transformer import config as config_lib
 from transformer import files
 
+# A split whose files are larger than this is fingerprinted by its file sizes only: hashing
+# gigabytes (from a bucket, at every start) would cost more than the check is worth.
+DATA_HASH_LIMIT = 1 << 30
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow-datasets",
             "numpy")
 
@@ -143,8 +154,71 @@ def _git(args: list[str], cwd: str) -> str | None:
   return out.stdout.strip() if out.returncode == 0 else None
 
 
-def provenance(mesh_shape: Mapping[str, int] | None = None) -> dict[str, Any]:
-  """Where and with what a run was made: git state of this code, packages, devices, command."""
+def data_fingerprint(task: Any, splits: Sequence[str] | None = None) -> dict[str, Any] | None:
+  """The prepared data a task reads: dataset, builder version, directory and, per split (default
+  all), the number and total bytes of its files and their sha256 (None above DATA_HASH_LIMIT).
+  None when the data has no directory (mocked or in-memory tasks)."""
+  ds = getattr(task, "dataset", None)
+  if ds is None or not files.isdir(ds.root):
+    return None
+  names = files.listdir(ds.root)
+  prefix = ds.name.split("/")[0]
+  out = {}
+  for split in ds.splits if splits is None else splits:
+    shards = [epath.Path(ds.root) / n for n in names if n.startswith(f"{prefix}-{split}.")]
+    size = sum(p.stat().length for p in shards)
+    digest = None
+    if size <= DATA_HASH_LIMIT:
+      digest = hashlib.sha256()
+      for path in shards:
+        with path.open("rb") as f:
+          while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    out[split] = {"files": len(shards), "bytes": size,
+                  "sha256": digest.hexdigest() if digest else None}
+  # TFDS lays prepared data out as <data_dir>/<name>/<config>/<version>.
+  return {"dataset": ds.name, "version": os.path.basename(os.path.normpath(ds.root)),
+          "dir": ds.root, "splits": out}
+
+
+def data_difference(run: Mapping[str, Any] | None, now: Mapping[str, Any] | None,
+                    split: str) -> str | None:
+  """How split `split` of fingerprint `now` differs from the run's (its files' count, bytes or
+  sha256), in words; None when it does not, or when either side lacks it (nothing to compare)."""
+  if not run or not now or split not in run["splits"] or split not in now["splits"]:
+    return None
+  if run["splits"][split] == now["splits"][split]:  # content only: the same data may move
+    return None
+  return f"{_describe(now, split)} in {now['dir']}, not {_describe(run, split)}"
+
+
+def _describe(fingerprint: Mapping[str, Any], split: str) -> str:
+  """One split of a data fingerprint in words."""
+  f = fingerprint["splits"][split]
+  return (f"{fingerprint['dataset']} {fingerprint['version']} {split} ({f['files']} files, "
+          f"{f['bytes']} bytes, sha256 {(f['sha256'] or 'not hashed')[:12]})")
+
+
+def warn_if_data_differs(workdir: str, task: Any, split: str) -> str | None:
+  """Logs one warning line, and returns it, when the data `task` reads for `split` differs
+  from what training recorded in `<workdir>/provenance.json`."""
+  path = os.path.join(workdir, "provenance.json")
+  if not files.exists(path):
+    return None
+  run = json.loads(files.read_text(path)).get("data")
+  difference = data_difference(run, data_fingerprint(task, [split]), split)
+  if difference is None:
+    return None
+  message = (f"the data read is not the run's ({path}): {difference}; metrics may not be "
+             f"comparable with training's")
+  logging.warning(message)
+  return message
+
+
+def provenance(mesh_shape: Mapping[str, int] | None = None,
+               data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """Where and with what a run was made: git state of this code, packages, devices, command and
+  the fingerprint of the prepared data it reads (`data_fingerprint`)."""
   code_dir = os.path.dirname(os.path.abspath(__file__))
   sha = _git(["rev-parse", "HEAD"], code_dir)
   status = _git(["status", "--porcelain", "--untracked-files=no"], code_dir)
@@ -169,6 +243,7 @@ def provenance(mesh_shape: Mapping[str, int] | None = None) -> dict[str, Any]:
       "mesh_shape": dict(mesh_shape) if mesh_shape else None,
       "hostname": socket.gethostname(),
       "command": sys.argv,
+      "data": dict(data) if data else None,
       "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
   }
 
@@ -190,7 +265,7 @@ class Reporter:
                total_steps: int | None = None, start_step: int = 0,
                mesh_shape: Mapping[str, int] | None = None, flops_per_step: float | None = None,
                peak_flops_per_device: float | None = None, num_devices: int | None = None,
-               show_progress: bool = True):
+               show_progress: bool = True, data: Mapping[str, Any] | None = None):
     self.workdir = workdir
     self.active = is_main_process
     self.flops_per_step = flops_per_step
@@ -204,7 +279,7 @@ class Reporter:
       return
     files.makedirs(workdir)
     self._write_json("config.json", config_lib.to_dict(config))
-    self._write_json("provenance.json", provenance(mesh_shape))
+    self._write_json("provenance.json", provenance(mesh_shape, data))
     self._jsonl_path = os.path.join(workdir, "metrics.jsonl")
     _truncate_jsonl(self._jsonl_path, start_step)
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top

@@ -15,7 +15,7 @@ import importlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from absl import logging
@@ -36,6 +36,14 @@ CARVE_ID = f"validation carved: {CARVE_SALT} 1/{CARVE_BUCKETS}"
 def default_data_dir() -> str:
   """The usual TFDS directory: $TFDS_DATA_DIR or ~/tensorflow_datasets."""
   return os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
+
+
+def records_sha256(records: Iterable[Sequence[str]]) -> str:
+  """sha256 over text records in order, one JSON list per record: what a prepared split holds."""
+  digest = hashlib.sha256()
+  for record in records:
+    digest.update(json.dumps(list(record), ensure_ascii=False).encode() + b"\n")
+  return digest.hexdigest()
 
 
 def _files_fingerprint(paths: Sequence[str], *extra: Any) -> str:
@@ -60,7 +68,8 @@ class TextFiles(tfds.core.GeneratorBasedBuilder):
   round(n * train_fraction) files (sorted by path) are `train`, the others `validation`.
   """
 
-  VERSION = tfds.core.Version("1.0.0")
+  VERSION = tfds.core.Version("1.1.0")  # bumped as cmudict_g2p's is (see there): same rule
+  RELEASE_NOTES = {"1.1.0": "Records stored in file order (disable_shuffling)."}
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(builder=self, description=self.__doc__, disable_shuffling=True,
@@ -124,7 +133,8 @@ class TsvPairs(tfds.core.GeneratorBasedBuilder):
   pronunciation of a word is on the same side.
   """
 
-  VERSION = tfds.core.Version("1.0.0")
+  VERSION = tfds.core.Version("1.1.0")  # bumped as cmudict_g2p's is (see there): same rule
+  RELEASE_NOTES = {"1.1.0": "Records stored in file order (disable_shuffling)."}
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(

@@ -40,6 +40,20 @@ MANIFEST = {
         "stress": {"train": (106217, 113889), "validation": (6186, 6669),
                    "test": (12523, 13413)},
     },
+    # builders.records_sha256 of each split as prepared (records in stored order), per builder
+    # VERSION. Add a row with each version; never edit one (old directories keep their version).
+    "examples_sha256": {
+        "1.1.0": {
+            "no_stress": {
+                "train": "d4efd09264249206aac07aa124e96fa9d83e5027cb36b0ca15c513abc63262e1",
+                "validation": "6341dd48d709765a79aae8461032e2b865d413134a3b101175dc31d442c74db0",
+                "test": "b39e8471b7e8ca06bf996750b3fbaab5c6a0d027f27d9c96459c89c839b98ec4"},
+            "stress": {
+                "train": "46b6fd52a9a890120919ae25b27e8eac7c6973e6da1954804b04a576e07a59cf",
+                "validation": "037fd8d2f9a552e076c4d973e94191ac1ccd59a3e4677929e907d1c4b5e3d492",
+                "test": "1522b182f0ab1e791ef9c83014f57a09049cc0f45d6b058a56d3c05739e7b006"},
+        },
+    },
 }
 
 _WORD = re.compile(r"^[a-z']+$")
@@ -130,8 +144,16 @@ def check_source(path: str) -> None:
 class CmudictG2p(tfds.core.GeneratorBasedBuilder):
   """CMUdict grapheme-to-phoneme pairs with a pinned word-level split (no downloads)."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "First release: cmudict 1.1.3, salted sha256 split 17/1/2."}
+  # Anything that changes what preparation stores (content or order) bumps VERSION and adds its
+  # row to MANIFEST["examples_sha256"]: TFDS reuses a prepared directory of the same version, so
+  # without a bump an old directory is read silently (1.0.0 directories prepared before
+  # disable_shuffling hold another record order). tests/test_builders.py enforces the pin.
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {
+      "1.0.0": "First release: cmudict 1.1.3, salted sha256 split 17/1/2.",
+      "1.1.0": "Records stored in file order (disable_shuffling); 1.0.0 directories prepared "
+               "before that change hold TFDS's hashed order, so their first N records differ.",
+  }
   BUILDER_CONFIGS = [
       tfds.core.BuilderConfig(name="no_stress", description="Stress digits removed (default)."),
       tfds.core.BuilderConfig(name="stress", description="Phones with stress digits 0/1/2."),
