@@ -127,7 +127,7 @@ def test_prepared_cmudict_stress_records_match_the_pin_of_its_version(tmp_path):
 # records_sha256 of the fixture below as prepared by each builder version (a new version, a new
 # row; the rule and the reason are those of cmudict's MANIFEST["examples_sha256"]).
 LOCAL_PINS = {
-    ("tsv_pairs", "1.1.0"): "4d7e75e34a9481c1c6db146757882c10d6eda70ffb6abf481ebb310a3bbe878b",
+    ("tsv_pairs", "1.1.0"): "d434a5cdfe808d89aea2f2ab40c06a83867874392aa596bb7047f50a59a2d7a1",
     ("text_files", "1.1.0"): "15418561a9d89583a69e5bfc43cdda12d74bd21bdf7c7901e5976947358e38a2",
 }
 
@@ -140,7 +140,9 @@ def test_prepared_local_builder_records_match_the_pin_of_its_version(name, tmp_p
   for i, line in enumerate(lines):
     (tmp_path / f"{9 - i}.txt").write_text(line * 3)
   (tmp_path / "pairs.tsv").write_text("".join(lines))
-  data = (dict(dataset="tsv_pairs", train_file=str(tmp_path / "pairs.tsv"))
+  (tmp_path / "dev.tsv").write_text("".join(lines[:2]))
+  data = (dict(dataset="tsv_pairs", train_file=str(tmp_path / "pairs.tsv"),
+               dev_file=str(tmp_path / "dev.tsv"))
           if name == "tsv_pairs" else
           dict(dataset="text_files", text_file=str(tmp_path / "*.txt"), text_split="document"))
   cfg = make_cfg(data_dir=str(tmp_path / "d"), **data)

@@ -90,7 +90,16 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
   texts = args.inputs or [line.rstrip("\n") for line in stdin]
   from absl import logging  # pylint: disable=g-import-not-at-top
+  verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.ERROR)  # keep stderr for our one-line messages (TFDS is chatty)
+  try:
+    return _predict(args, texts)
+  finally:  # a caller in the same process (a notebook, a test) keeps its own logging
+    logging.set_verbosity(verbosity)
+
+
+def _predict(args: argparse.Namespace, texts: list[str]) -> int:
+  """Restores the run, checks each input and prints `input<TAB>output` lines; the exit status."""
   from transformer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
   from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
