@@ -250,7 +250,8 @@ args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
 w = args["workdir"]
 dev = [json.loads(l) for l in open(os.path.join(w, "metrics.jsonl"))][-1]
 json.dump({"split": args["split"], "step": dev["step"], "loss": 2 * dev["eval/loss"],
-           "wer": 2 * dev["eval/wer"], "decoded": 5}, open(os.path.join(w, "metrics.test.json"), "w"))
+           "wer": 2 * dev["eval/wer"], "decode": "greedy",
+           "coverage": {"decoded_examples": 5, "split_examples": 5}}, open(os.path.join(w, "metrics.test.json"), "w"))
 """
 
 
