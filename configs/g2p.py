@@ -8,25 +8,18 @@ recipe (Adam 0.9/0.98/1e-9, rsqrt warmup, label smoothing 0.1) at G2P sizes.
   python train.py --config=configs/g2p.py --workdir=runs/g2p_base         # = :base
 
 Variants (the argument after the colon):
-  tiny   2+2 layers, d_model 64, 4 heads, 600 steps of 64 packed rows, greedy decoding of 500 dev
-         words at the end. Measured with the command above from a fresh data directory (the
-         cmudict_g2p records of builder 1.1.0), twice, with identical results; rerun and compared
-         by `python benchmarks/reproduce.py --only=g2p_tiny`; output in docs/results/g2p_tiny.json:
-         dev loss 0.603 (token accuracy 81.2%) over 8 batches, WER 73.4%, PER 22.5% on the first
-         500 dev words. Those are the first in the split's file order, which is alphabetical
-         ('cuse ... berringer, many of them rare names), so they are harder than the split: on all
-         6,186 dev words the same run gives WER 60.2%, PER 17.3% (`python eval.py
-         --workdir=runs/g2p_tiny --split=validation --config.eval.num_decode_examples=0
-         --config.eval.num_batches=0`, output in docs/results/g2p_tiny.metrics.validation.json).
-         Wall clock 1 min 48 s on a 2-core CPU VM with one other job (to be re-measured).
+  tiny   2+2 layers, d_model 64, 4 heads, 600 steps of 64 packed rows, greedy decoding of the whole
+         dev split (6,186 words) at the end. Measured with the command above at commit 32225cc, in a
+         fresh clone with a freshly prepared data directory (the cmudict_g2p records of builder
+         1.1.0), by `python benchmarks/reproduce.py --results=docs/results/reproduce.json`, which
+         reruns and compares it: dev loss 0.484 (token accuracy 86.2%) on all 48,964 dev target
+         tokens, WER 58.9%, PER 17.3% on all 6,186 dev words. 215 s wall clock on a 2-core CPU VM
+         (6.8 steps/s at the end; data preparation, compilation and the dev evaluation included; a
+         pytest run shared the CPU for about 100 s of it).
          Rerunning the command returns in a few seconds (finished run, no retraining).
-         The numbers stated here before (dev loss 0.487, WER 56.4%, PER 16.8%) came from a data
-         directory prepared before the builder stored records in file order: TFDS had stored them
-         in its hashed order, the same version number kept that directory in use, and its first
-         500 dev words were another subset (this code on such a directory: loss 0.516, WER 58.0%).
-         At 3000 steps (`--config.train.num_steps=3000`): 43.4% test WER / 11.6% PER in the README's
-         positional-encoding ablation, run at commit ae90a2b with max_target_len 32
-         (to be re-measured).
+         Numbers stated here before came from a data directory prepared before the builder stored
+         records in file order, or from the first 500 (alphabetical) dev words; neither is the split.
+         At 3000 steps (`--config.train.num_steps=3000`): the README's positional-encoding ablation.
   small  3+3 layers, d_model 256, 4 heads, mlp 1024, 20k steps of 128 rows, beam 4.
          Not run to completion here: no result or run time is claimed for it.
   base   the paper's base sizes (6+6 layers, d_model 512, 8 heads, mlp 2048), 50k steps of 256 rows,
