@@ -12,11 +12,13 @@ Variants:
                   sizes, pre-LN, learned positions, GELU, AdamW, warmup + cosine. Not run here.
   nanogpt_cpu     nanoGPT's CPU settings: 4 layers, 4 heads, d_model 128, block 64, batch 12,
                   2000 steps, lr 1e-3 (100 warmup steps, cosine to 1e-4), dropout 0.
-                  Measured with the command above on a 2-core CPU VM shared with other jobs
-                  (load average ~5): 7 min 35 s wall clock (221 s user CPU), ~5 steps/s;
-                  validation loss 1.817 nats/char (20 batches of 12 x 64 characters from the
-                  last 10%), training loss 1.737 (mean of the last 100 steps)
-                  (to be re-measured from a fresh data directory; no output file was kept).
+                  Measured with the command above (text file: ../shared/data/tinyshakespeare.txt)
+                  at commit e0bfa1f, in a fresh clone with a fresh data directory: validation
+                  loss 1.817 nats/char (the in-training evaluation: 20 batches of 12 x 64
+                  characters, 15,360, from the last 10%), training loss 1.737 (the last logged
+                  step); 19 min 19 s wall clock at ~1.5-2.5 steps/s on a 2-core CPU VM heavily
+                  shared (a two-point sweep and two test runs alongside, load average 8-10).
+                  Output: docs/results/lm_nanogpt_cpu.json.
   bpe             `char` with a SentencePiece BPE vocabulary of 2048. Not run here.
 """
 
