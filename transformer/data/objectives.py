@@ -1,0 +1,157 @@
+"""Self-supervised objectives on token ids: BERT's masked LM and T5's span corruption.
+
+Both are pure NumPy functions of one example's ids and a `numpy.random.Generator`, so a pipeline
+can apply them per example with a seed derived from (epoch, example index) and resume exactly.
+
+Extra ids: the objectives need ids the tokenizers do not have (BERT's [MASK], T5's sentinels).
+They are appended after the tokenizer's vocabulary, `ExtraIds(vocab_size)`: [MASK] is
+`vocab_size`, sentinel i is `vocab_size + 1 + i`, and the model's vocabulary grows by
+`1 + num_sentinels`. T5 numbers its sentinels down from the top of its vocabulary; counting up
+from a fixed base is the same idea and keeps the tokenizer's own ids untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtraIds:
+  """The ids the objectives add after a tokenizer's `vocab_size` ids."""
+  vocab_size: int  # the tokenizer's vocabulary, special ids included
+  num_sentinels: int = 100
+
+  @property
+  def mask_id(self) -> int:
+    return self.vocab_size
+
+  def sentinel(self, i: int) -> int:
+    if not 0 <= i < self.num_sentinels:
+      raise ValueError(f"sentinel {i} out of range: {self.num_sentinels} sentinels "
+                       f"(raise the objective's num_sentinels)")
+    return self.vocab_size + 1 + i
+
+  @property
+  def total_vocab_size(self) -> int:
+    """The model's vocabulary: the tokenizer's ids, [MASK] and the sentinels."""
+    return self.vocab_size + 1 + self.num_sentinels
+
+
+# ----------------------------------------------------------------------------------------------
+# BERT: select 15% of the tokens, replace 80% of those by [MASK], 10% by a random token, keep 10%.
+
+
+def _select_for_masking(n: int, rate: float, rng: np.random.Generator,
+                        word_starts: np.ndarray | None) -> np.ndarray:
+  """Boolean [n]: the positions to predict, round(n * rate) of them (at least one).
+
+  With `word_starts` (True where a word begins) whole words are selected: words are visited in a
+  random order and taken while the total stays within the budget, as BERT's whole-word masking
+  does, so a word is never split between masked and unmasked.
+  """
+  budget = max(1, int(round(n * rate)))
+  selected = np.zeros(n, bool)
+  if word_starts is None:
+    selected[rng.permutation(n)[:budget]] = True
+    return selected
+  starts = np.flatnonzero(word_starts)
+  if starts.size == 0 or starts[0] != 0:
+    starts = np.concatenate([[0], starts])
+  ends = np.append(starts[1:], n)
+  taken = 0
+  for w in rng.permutation(starts.size):
+    size = ends[w] - starts[w]
+    if taken + size > budget:
+      continue
+    selected[starts[w]:ends[w]] = True
+    taken += size
+    if taken == budget:
+      break
+  if taken == 0:  # every word is longer than the budget: take the shortest one whole
+    w = int(np.argmin(ends - starts))
+    selected[starts[w]:ends[w]] = True
+  return selected
+
+
+def bert_mask(ids: np.ndarray, extra: ExtraIds, rng: np.random.Generator, *, rate: float = 0.15,
+              mask_fraction: float = 0.8, random_fraction: float = 0.1,
+              word_starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """One example's ids [n] -> (inputs [n], targets [n], weights [n] float32).
+
+  `targets` are the original ids; `weights` is 1 exactly on the selected positions, so a loss
+  weighted by it counts only those. Of the selected positions, `mask_fraction` become [MASK],
+  `random_fraction` a random ordinary token (never a special id, [MASK] or a sentinel) and the
+  rest keep their id; the split is drawn per position, as in BERT.
+  """
+  ids = np.asarray(ids, np.int32)
+  n = ids.shape[0]
+  if n == 0:
+    return ids.copy(), ids.copy(), np.zeros(0, np.float32)
+  selected = _select_for_masking(n, rate, rng, word_starts)
+  u = rng.random(n)
+  inputs = ids.copy()
+  to_mask = selected & (u < mask_fraction)
+  to_random = selected & (u >= mask_fraction) & (u < mask_fraction + random_fraction)
+  inputs[to_mask] = extra.mask_id
+  inputs[to_random] = rng.integers(NUM_SPECIAL, extra.vocab_size, int(to_random.sum()))
+  return inputs, ids.copy(), selected.astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# T5: replace random spans (noise density 0.15, mean length 3) by sentinels; the target lists
+# each sentinel followed by the span it replaced.
+
+
+def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
+  """A uniformly random split of `num_items` into `num_segments` non-empty lengths (in order)."""
+  cuts = np.sort(rng.choice(np.arange(1, num_items), num_segments - 1, replace=False))
+  return np.diff(np.concatenate([[0], cuts, [num_items]]))
+
+
+def noise_span_mask(n: int, rng: np.random.Generator, *, noise_density: float = 0.15,
+                    mean_span_length: float = 3.0) -> np.ndarray:
+  """Boolean [n], True on the corrupted tokens: T5's `random_spans_noise_mask`.
+
+  round(n * noise_density) noise tokens (at least 1, at most n - 1) in round(noise /
+  mean_span_length) spans (at least 1); noise and non-noise span lengths are random
+  segmentations, interleaved starting with non-noise, so no sequence starts with a sentinel.
+  """
+  if n < 2:
+    raise ValueError(f"span corruption needs at least 2 tokens, got {n}")
+  num_noise = min(max(int(round(n * noise_density)), 1), n - 1)
+  num_spans = max(int(round(num_noise / mean_span_length)), 1)
+  num_spans = min(num_spans, num_noise, n - num_noise)
+  noise_lengths = _random_segmentation(num_noise, num_spans, rng)
+  keep_lengths = _random_segmentation(n - num_noise, num_spans, rng)
+  lengths = np.stack([keep_lengths, noise_lengths], axis=1).reshape(-1)
+  is_noise = np.tile([False, True], num_spans)
+  return np.repeat(is_noise, lengths)
+
+
+def span_corrupt(ids: np.ndarray, extra: ExtraIds, rng: np.random.Generator, *,
+                 noise_density: float = 0.15, mean_span_length: float = 3.0,
+                 append_eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
+  """One example's ids [n] -> (inputs, targets) of T5's span corruption.
+
+  "a b c d e f" with spans {b c} and {e} -> inputs "a <s0> d <s1> f", targets "<s0> b c <s1> e",
+  each followed by EOS when `append_eos`. Every original token appears exactly once, either in
+  the inputs or in the targets.
+  """
+  ids = np.asarray(ids, np.int32)
+  noise = noise_span_mask(ids.shape[0], rng, noise_density=noise_density,
+                          mean_span_length=mean_span_length)
+  span_starts = noise & ~np.concatenate([[False], noise[:-1]])
+  num_spans = int(span_starts.sum())
+  sentinels = np.array([extra.sentinel(i) for i in range(num_spans)], np.int32)
+  with_sentinels = ids.copy()
+  with_sentinels[span_starts] = sentinels
+  inputs = with_sentinels[~noise | span_starts]  # each span collapses to its sentinel
+  targets = np.insert(ids[noise], np.flatnonzero(span_starts[noise]), sentinels)
+  if append_eos:
+    inputs = np.append(inputs, EOS_ID).astype(np.int32)
+    targets = np.append(targets, EOS_ID).astype(np.int32)
+  return inputs.astype(np.int32), targets
