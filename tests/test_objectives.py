@@ -134,3 +134,24 @@ def test_span_lengths_are_a_uniform_random_segmentation():
 def test_span_corruption_rejects_a_one_token_example():
   with pytest.raises(ValueError, match="at least 2 tokens"):
     objectives.span_corrupt(np.array([7]), EXTRA, np.random.default_rng(0))
+
+
+def test_mask_batch_masks_each_packed_example_on_its_own_and_never_padding():
+  """A packed batch: every segment gets its own round(15%) budget, padding keeps id 0 and weight 0,
+  and the same seed gives the same batch (so a resumed pipeline reproduces it)."""
+  rng = np.random.default_rng(5)
+  tokens = np.zeros((3, 40), np.int32)
+  seg = np.zeros((3, 40), np.int32)
+  lengths = {(0, 1): 20, (0, 2): 13, (1, 1): 40, (2, 1): 7}
+  for (r, s), n in lengths.items():
+    start = int((seg[r] != 0).sum())
+    tokens[r, start:start + n] = _ids(n, rng)
+    seg[r, start:start + n] = s
+  a = objectives.mask_batch(tokens, seg, EXTRA, np.random.default_rng(9))
+  b = objectives.mask_batch(tokens, seg, EXTRA, np.random.default_rng(9))
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k])
+  for (r, s), n in lengths.items():
+    assert a["weights"][r][seg[r] == s].sum() == max(1, round(n * 0.15))
+  assert (a["weights"][seg == 0] == 0).all() and (a["inputs"][seg == 0] == 0).all()
+  np.testing.assert_array_equal(a["targets"], tokens)
