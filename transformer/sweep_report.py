@@ -35,16 +35,12 @@ def count_params(workdir: str) -> int | None:
   if not files.exists(os.path.join(workdir, "config.json")):
     return None
   try:
-    import jax  # pylint: disable=g-import-not-at-top
-    import numpy as np  # pylint: disable=g-import-not-at-top
-    from transformer import evaluation, training  # pylint: disable=g-import-not-at-top
-    from transformer.models import build_model  # pylint: disable=g-import-not-at-top
-    cfg = evaluation.load_config(workdir)
-    model = build_model(cfg.model)
-    batch = {"inputs": np.ones((1, 8), np.int32), "targets": np.ones((1, 8), np.int32)}
-    if cfg.model.arch != "encoder_decoder":
-      del batch["inputs"]
-    shapes = jax.eval_shape(lambda r: training.init_params(cfg, model, r, batch),
+    import jax  # pylint: disable=g-import-not-at-top  (a report of finished runs needs no JAX)
+    import numpy as np  # pylint: disable=g-import-not-at-top  (as jax)
+    from transformer import checkpoints, models, steps  # pylint: disable=g-import-not-at-top  (as jax)
+    cfg = checkpoints.load_run_config(workdir)
+    model = models.build_model(cfg.model)
+    shapes = jax.eval_shape(lambda r: steps.init_params(model, r, models.example_batch(cfg.model)),
                             jax.random.PRNGKey(0))
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
   except Exception as e:  # pylint: disable=broad-except
