@@ -18,7 +18,7 @@ import sacrebleu
 
 import g2p_mini
 from configs import base
-from transformer import api, evaluation, predict
+from transformer import api, checkpoints, evaluation, predict
 from transformer.config import ConfigError, from_configdict, to_dict
 from transformer.metrics import wer_per
 
