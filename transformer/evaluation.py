@@ -283,7 +283,7 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   """
   cfg = load_run_config(workdir, WHOLE_SPLIT | (overrides or {}))
   if task is None:
-    from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS: only without a task)
+    from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
   reporting.warn_if_data_differs(workdir, task, split)
   model = build_model(cfg.model)

@@ -131,7 +131,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
   check_loop_config(cfg)
   parallel.initialize_distributed(cfg.parallel)
   if task is None:
-    from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS: only without a task)
+    from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     try:
       task = load_task(cfg, workdir)
     except (ValueError, OSError) as e:  # a missing file, an unprepared dataset, a bad size
