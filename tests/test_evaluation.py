@@ -233,14 +233,14 @@ def test_generate_scores_match_teacher_forced_scores(run):
   """Greedy decoding's summed log-probs (KV cache) equal `score` of its outputs (full forward);
   sampling with top_k=1 is greedy; the same seed gives the same samples."""
   words = ["hello", "world", "cat"]
-  greedy = run.generate(words, method="greedy")
+  greedy = run.generate_text(words, method="greedy")
   ids = [run.encode_source(w) for w in words]
   _, scores = evaluation.decode_batches(run.config, run.model, run.params, ids,
                                         run.config.eval.decode, eos_id=1, batch_size=4)
   np.testing.assert_allclose(scores, run.score(words, greedy), atol=1e-4)
-  assert run.generate(words, method="sample", top_k=1, seed=3) == greedy
-  a = run.generate(words, method="sample", temperature=2.0, seed=5)
-  assert a == run.generate(words, method="sample", temperature=2.0, seed=5)
+  assert run.generate_text(words, method="sample", top_k=1, seed=3) == greedy
+  a = run.generate_text(words, method="sample", temperature=2.0, seed=5)
+  assert a == run.generate_text(words, method="sample", temperature=2.0, seed=5)
 
 
 def test_attention_shapes_and_normalisation(run):

@@ -197,8 +197,8 @@ def test_restore_generate_matches_the_causal_reference(lm_run, evaluated, restor
   run = restored
   tok = run.target_tokenizer
   sources = [p["source"] for p in predictions]
-  assert run.generate(sources, seed=run.config.seed) == [p["hypothesis"] for p in predictions]
-  got = run.generate(sources[:3], method="greedy")
+  assert run.generate_text(sources, seed=run.config.seed) == [p["hypothesis"] for p in predictions]
+  got = run.generate_text(sources[:3], method="greedy")
   for source, text in zip(sources, got):
     want = greedy_by_full_forward(run, tok.encode(source), MAX_LEN - evaluation.LM_PROMPT_LEN)
     assert text == tok.decode(want)

@@ -82,7 +82,7 @@ def test_shipped_sweep_files_expand_and_validate():
   """Every shipped sweep file plans against g2p :small with distinct names and valid configs,
   with the point counts the files promise (6 positional, 3 norm, 4 ffn, 8 regularization, 6 lr,
   2 arch), and the gated FFNs / decoder-only model get matched sizes."""
-  config = sweeps.load_config("configs/g2p.py:small")
+  config = sweeps.load_config_file("configs/g2p.py:small")
   counts = {"positional": 6, "norm": 3, "ffn": 4, "regularization": 8, "lr": 6, "arch": 2}
   plans = {}
   for name, n in counts.items():
@@ -101,7 +101,7 @@ def test_unknown_key_is_one_line_error_before_anything_runs(tmp_path):
   prints one line, exits 1 and creates no workdir (so nothing was started)."""
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.positonal", ["rope"])\n')
   with pytest.raises(sweeps.SweepError) as e:
-    sweeps.plan(sweeps.load_config(TINY), TINY, path, str(tmp_path / "w"))
+    sweeps.plan(sweeps.load_config_file(TINY), TINY, path, str(tmp_path / "w"))
   assert "model.positonal" in str(e.value) and path in str(e.value)
   assert "did you mean 'model.positional'" in str(e.value)
   out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={tmp_path / 'w'}")
@@ -113,7 +113,7 @@ def test_unknown_key_is_one_line_error_before_anything_runs(tmp_path):
 def test_bad_values_are_config_errors_naming_the_point(tmp_path):
   """A value the validator rejects (unknown choice, wrong type, a broken relation) is a
   ConfigError naming the sweep file, the point and the key; a non-scalar value is a SweepError."""
-  config = sweeps.load_config(TINY)
+  config = sweeps.load_config_file(TINY)
   cases = {'sweep("model.positional", ["rope", "sinus"])': r"point 1 \(positional=sinus\).*model.positional",
            'sweep("model.d_model", ["big"])': "point 0.*model.d_model='big'",
            'sweep("model.num_heads", [3])': "point 0.*model.num_heads=3 must divide"}
@@ -262,7 +262,7 @@ def fake(tmp_path):
   (tmp_path / "fake_eval.py").write_text(FAKE_EVAL)
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("train.learning_rate", '
                      '[0.5, 1.0, 2.0])\n')
-  config = sweeps.apply_overrides(sweeps.load_config(TINY), {"train.num_steps": 3})
+  config = sweeps.apply_overrides(sweeps.load_config_file(TINY), {"train.num_steps": 3})
   points = sweeps.plan(config, TINY, path, str(tmp_path / "w"))
   commands = sweeps.Commands(TINY, {"train.num_steps": 3}, python=sys.executable,
                              train_script=str(tmp_path / "fake_train.py"),

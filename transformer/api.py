@@ -1,7 +1,7 @@
 """The notebook API: `restore(workdir)` gives a `Run` to decode, score and look inside.
 
   run = transformer.restore("runs/g2p")           # latest checkpoint; step='best' or an int
-  run.generate(["hello", "world"], method="beam", beam_size=4)  # ['HH AH L OW', 'W ER L D']
+  run.generate_text(["hello", "world"], method="beam", beam_size=4)  # ['HH AH L OW', 'W ER L D']
   run.score(["hello"], ["HH AH L OW"])            # log p(target | source), summed over tokens
   att = run.attention("hello")                    # every layer and head, see `Attention`
   viz.plot_attention(att.cross[0], att.target_tokens, att.source_tokens)
@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from typing import Any, Sequence
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -141,12 +142,15 @@ class Run:
     picked = np.asarray(jnp.take_along_axis(log_probs, jnp.asarray(tokens)[..., None], -1))[..., 0]
     return (picked * batch["weights"]).sum(axis=1)
 
-  def generate(self, texts: Sequence[str] | str, method: str | None = None,
+  def generate_text(self, texts: Sequence[str] | str, method: str | None = None,
                beam_size: int | None = None, temperature: float | None = None,
                top_k: int | None = None, top_p: float | None = None,
                length_penalty: float | None = None, max_decode_len: int | None = None,
                seed: int = 0) -> list[str]:
-    """Decodes each text; unset options come from the run's eval.decode config."""
+    """Decodes each text to text; unset options come from the run's eval.decode config.
+
+    (transformer.generate is the array-level search this calls: token ids in, token ids out.)
+    """
     if isinstance(texts, str):
       texts = [texts]
     options = dict(method=method, beam_size=beam_size, temperature=temperature, top_k=top_k,
@@ -162,10 +166,16 @@ class Run:
                                           prefix_lm=None if self.kind == "seq2seq" else False)
     return [tok.decode(t) for t in tokens]
 
+  def generate(self, *args: Any, **kwargs: Any) -> list[str]:
+    """Deprecated name of generate_text (the README's older examples use it)."""
+    warnings.warn("Run.generate is deprecated: use Run.generate_text", DeprecationWarning,
+                  stacklevel=2)
+    return self.generate_text(*args, **kwargs)
+
   def attention(self, text: str, target: str | None = None) -> Attention:
     """Attention weights of every layer and head for `text` and `target` (default: greedy output)."""
     if target is None:
-      target = self.generate([text], method="greedy")[0]
+      target = self.generate_text([text], method="greedy")[0]
     batch = self._teacher_forced_batch([text], [target], multiple=1)  # exact lengths, no padding
     batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "weights"}
     _, state = models.batch_logits(self.model, self.params, batch, mutable=["intermediates"])

@@ -124,7 +124,7 @@ def _predict(args: argparse.Namespace, texts: list[str]) -> int:
       good.append((text, cleaned))
   if good:
     try:
-      outputs = run.generate([c for _, c in good], seed=args.seed, **options)
+      outputs = run.generate_text([c for _, c in good], seed=args.seed, **options)
     except ValueError as e:  # bad decoding options: one line naming the option
       print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
       return 1

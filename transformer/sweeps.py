@@ -70,7 +70,7 @@ def _import_file(path: str, kind: str) -> Any:
   return module
 
 
-def load_config(config_arg: str) -> ml_collections.ConfigDict:
+def load_config_file(config_arg: str) -> ml_collections.ConfigDict:
   """The ConfigDict of 'configs/g2p.py:small' (as `--config=` reads it)."""
   path, _, arg = config_arg.partition(":")
   module = _import_file(path, "config")
