@@ -131,7 +131,7 @@ class Checkpointer:
                  meta=ocp.args.JsonSave({"step": int(step), "config": self.config,
                                          "metrics": metrics}))
     if data_iterator is not None:
-      import grain  # pylint: disable=g-import-not-at-top
+      import grain  # pylint: disable=g-import-not-at-top  (only with a data iterator)
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
     # Always hand orbax the metrics (it warns on every save without them); steps lacking the
     # best-by key rank as the worst, so they are kept only as one of the latest.
@@ -176,7 +176,7 @@ class Checkpointer:
     items = dict(state=ocp.args.StandardRestore(abstract_state))
     host_states = None if data_iterator is None else self._other_host_count_states(step)
     if data_iterator is not None and host_states is None:
-      import grain  # pylint: disable=g-import-not-at-top
+      import grain  # pylint: disable=g-import-not-at-top  (only with a data iterator)
       items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**items))
@@ -346,7 +346,7 @@ class PreemptionHandler:
   def should_stop(self, step: int) -> bool:
     """True once a stop was requested (all hosts agree on the step when multi-host)."""
     if self._sync and not self.requested:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top  (multi-host only)
       try:
         self.requested = bool(multihost_utils.reached_preemption_sync_point(step))
       except RuntimeError:  # the preemption service is off after all

@@ -162,7 +162,7 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
 def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
   """Horizontal bars: `metric` per point (points without it are left out)."""
   from transformer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (matplotlib: plots only)
   have = [r for r in rows if isinstance(r.get(metric), (int, float))]
   fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(have), 2) + 1.2))
   ax.barh([r["point"] for r in have], [r[metric] for r in have], color="tab:blue")
@@ -179,7 +179,7 @@ def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
 def plot_curves(points: Sequence[sweeps.Point], metric: str | None, path: str) -> None:
   """train/loss, eval/loss and the metric's eval/ curve of every point against the step."""
   from transformer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (matplotlib: plots only)
   keys = ["train/loss", "eval/loss"]
   if metric and "/" in metric and metric.split("/", 1)[1] != "loss":
     keys.append("eval/" + metric.split("/", 1)[1])
