@@ -1,6 +1,6 @@
 """Device mesh, logical partition rules, jit shardings, pmap mode and multi-host setup.
 
-One step function serves both parallel modes. Its contract (shared with `training.py`):
+One step function serves both parallel modes. Its contract (shared with `steps.py`):
 
   step_fn(state, batch, *rest, axis_name=None) -> (new_state, metrics)
 
