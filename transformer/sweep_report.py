@@ -35,7 +35,7 @@ def count_params(workdir: str) -> int | None:
   if not files.exists(os.path.join(workdir, "config.json")):
     return None
   try:
-    import jax  # pylint: disable=g-import-not-at-top  (a report of finished runs needs no JAX)
+    import jax  # pylint: disable=g-import-not-at-top  (JAX only to count parameters: sweep.py starts fast)
     import numpy as np  # pylint: disable=g-import-not-at-top  (as jax)
     from transformer import checkpoints, models, steps  # pylint: disable=g-import-not-at-top  (as jax)
     cfg = checkpoints.load_run_config(workdir)
