@@ -55,7 +55,7 @@ def main(argv):
   from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
   overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
   try:
-    evaluation.evaluate(flags.FLAGS.workdir, split=flags.FLAGS.split, step=flags.FLAGS.step,
+    evaluation.evaluate_split(flags.FLAGS.workdir, split=flags.FLAGS.split, step=flags.FLAGS.step,
                         overrides=overrides)
   except (ValueError, OSError, CheckpointError) as e:  # ConfigError is a ValueError
     cli.fail(str(e) or type(e).__name__)

@@ -75,9 +75,9 @@ def _say(*words: Any) -> None:
 
 def _instrument() -> None:
   """Makes the loop report its phases on stdout (in this child process only)."""
-  from transformer import checkpoints, reporting, training  # pylint: disable=g-import-not-at-top
-  progress, evaluate = reporting.Reporter.progress, training.evaluate
-  decode, save = training.decode_metrics, checkpoints.Checkpointer.save
+  from transformer import checkpoints, evaluation, reporting, training  # pylint: disable=g-import-not-at-top
+  progress, evaluate = reporting.Reporter.progress, training.evaluate_in_training
+  decode, save = evaluation.decode_metrics, checkpoints.Checkpointer.save
 
   def progress_(self, step, *args, **kwargs):
     progress(self, step, *args, **kwargs)
@@ -98,8 +98,8 @@ def _instrument() -> None:
     _say("save_end", step, int(saved))
     return saved
 
-  reporting.Reporter.progress, training.evaluate = progress_, evaluate_
-  training.decode_metrics, checkpoints.Checkpointer.save = decode_, save_
+  reporting.Reporter.progress, training.evaluate_in_training = progress_, evaluate_
+  evaluation.decode_metrics, checkpoints.Checkpointer.save = decode_, save_
 
 
 def child_main(args: argparse.Namespace) -> None:

@@ -64,7 +64,7 @@ def run(cfg, mode: str, num_batches: int) -> dict[str, float]:
 def train_steps_per_s(cfg, num_steps: int) -> float:
   """Steps/s of the config's jit-compiled training step on packed batches (after compiling)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from transformer import training  # pylint: disable=g-import-not-at-top
+  from transformer import steps, training  # pylint: disable=g-import-not-at-top
   from transformer.models import build_model  # pylint: disable=g-import-not-at-top
   from transformer.optim import make_optimizer  # pylint: disable=g-import-not-at-top
   task = load_task(cfg, process_index=0, process_count=1)
@@ -72,8 +72,8 @@ def train_steps_per_s(cfg, num_steps: int) -> float:
   model, tx = build_model(cfg.model), make_optimizer(cfg.train, d_model=cfg.model.d_model)
   it = task.train_iterator()
   batches = [next(it) for _ in range(num_steps + 1)]
-  state = training.create_train_state(cfg, model, jax.random.PRNGKey(0), batches[0], tx)
-  step = jax.jit(training.make_train_step(cfg, model, tx), donate_argnums=0)
+  state = steps.create_train_state(cfg, model, jax.random.PRNGKey(0), batches[0], tx)
+  step = jax.jit(steps.make_train_step(cfg, model, tx), donate_argnums=0)
   state, metrics = step(state, batches[0])
   jax.block_until_ready(metrics)
   start = time.perf_counter()

@@ -62,7 +62,7 @@ methods = {
     "beam 4": dict(method="beam", beam_size=4),
     "sample": dict(method="sample", temperature=0.8, top_k=5, top_p=0.95, seed=0),
 }
-outputs = {name: run.generate(WORDS, **kw) for name, kw in methods.items()}
+outputs = {name: run.generate_text(WORDS, **kw) for name, kw in methods.items()}
 for i, word in enumerate(WORDS):
   print(word)
   for name, hyps in outputs.items():
@@ -88,12 +88,12 @@ att = run.attention(WORDS[0])
 last = len(att.cross) - 1
 viz.plot_attention(att.encoder_self[-1], att.source_tokens, att.source_tokens,
                    title=f"encoder self-attention, layer {last}",
-                   path=os.path.join(FIG_DIR, "encoder_self.png"))
+                   save_path=os.path.join(FIG_DIR, "encoder_self.png"))
 viz.plot_attention(att.decoder_self[-1], att.target_tokens, att.target_tokens,
                    title=f"decoder self-attention, layer {last}",
-                   path=os.path.join(FIG_DIR, "decoder_self.png"))
+                   save_path=os.path.join(FIG_DIR, "decoder_self.png"))
 viz.plot_attention(att.cross[-1], att.target_tokens, att.source_tokens,
-                   title=f"cross-attention, layer {last}", path=os.path.join(FIG_DIR, "cross.png"));
+                   title=f"cross-attention, layer {last}", save_path=os.path.join(FIG_DIR, "cross.png"));
 
 # %% [markdown]
 # ## Positional encoding
@@ -103,7 +103,7 @@ viz.plot_attention(att.cross[-1], att.target_tokens, att.source_tokens,
 
 # %%
 viz.plot_positional_encoding(max_len=64, d_model=run.config.model.d_model,
-                             path=os.path.join(FIG_DIR, "positional.png"));
+                             save_path=os.path.join(FIG_DIR, "positional.png"));
 
 # %% [markdown]
 # ## Learning curves

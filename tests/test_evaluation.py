@@ -18,7 +18,7 @@ import sacrebleu
 
 import g2p_mini
 from configs import base
-from transformer import api, evaluation, predict
+from transformer import api, checkpoints, evaluation, predict
 from transformer.config import ConfigError, from_configdict, to_dict
 from transformer.metrics import wer_per
 
@@ -89,16 +89,16 @@ def test_load_config_applies_only_safe_overrides(tmp_path):
   cd = base.get_config()
   cd.model.update(vocab_size=40, source_vocab_size=30)
   (tmp_path / "config.json").write_text(json.dumps(to_dict(from_configdict(cd))))
-  cfg = evaluation.load_config(str(tmp_path), {"eval.decode.beam_size": 7,
+  cfg = checkpoints.load_run_config(str(tmp_path), {"eval.decode.beam_size": 7,
                                                "eval.decode.method": "greedy"})
   assert (cfg.eval.decode.beam_size, cfg.eval.decode.method, cfg.model.vocab_size) == (7, "greedy", 40)
   with pytest.raises(ConfigError, match=r"model\.d_model") as e:
-    evaluation.load_config(str(tmp_path), {"model.d_model": 64})
+    checkpoints.load_run_config(str(tmp_path), {"model.d_model": 64})
   assert "\n" not in str(e.value)
   with pytest.raises(ConfigError, match=r"eval\.decode\.nope"):
-    evaluation.load_config(str(tmp_path), {"eval.decode.nope": 1})
+    checkpoints.load_run_config(str(tmp_path), {"eval.decode.nope": 1})
   with pytest.raises(evaluation.EvaluationError, match="config.json"):
-    evaluation.load_config(str(tmp_path / "missing"))
+    checkpoints.load_run_config(str(tmp_path / "missing"))
 
 
 # ----------------------------------------------------------------------------- on the trained run
@@ -140,15 +140,15 @@ def test_evaluate_covers_the_whole_split_unless_asked_for_less(workdir, tmp_path
   batch of 16 lines, and coverage reports that part of the whole."""
   run = str(tmp_path / "run")
   shutil.copytree(workdir, run)
-  assert evaluation.load_config(run).eval.num_decode_examples == 16
+  assert checkpoints.load_run_config(run).eval.num_decode_examples == 16
   lines = _tsv_lines(run)
   words = list(dict.fromkeys(w for w, _ in lines))
-  whole = evaluation.evaluate(run, "test", verbose=False)
+  whole = evaluation.evaluate_split(run, "test", verbose=False)
   assert whole["coverage"] == {"decoded_examples": len(words), "split_examples": len(words),
                                "scored_tokens": _tokens(lines), "split_tokens": _tokens(lines)}
   with open(os.path.join(run, "predictions.test.jsonl")) as f:
     assert [json.loads(line)["source"] for line in f] == words
-  part = evaluation.evaluate(run, "test", overrides={"eval.num_decode_examples": 5,
+  part = evaluation.evaluate_split(run, "test", overrides={"eval.num_decode_examples": 5,
                                                     "eval.num_batches": 1}, verbose=False)
   assert part["coverage"] == {"decoded_examples": 5, "split_examples": len(words),
                               "scored_tokens": _tokens(lines[:16]), "split_tokens": _tokens(lines)}
@@ -209,11 +209,11 @@ def test_eval_py_rejects_structural_override(workdir):
 
 def test_restore_errors_name_the_step(workdir):
   """An unknown step or a workdir without checkpoints is a one-line EvaluationError."""
-  cfg = evaluation.load_config(workdir)
+  cfg = checkpoints.load_run_config(workdir)
   with pytest.raises(evaluation.EvaluationError, match="step 999"):
-    evaluation.restore_params(cfg, workdir, 999)
+    checkpoints.restore_params(cfg, workdir, 999)
   with pytest.raises(evaluation.EvaluationError, match="integer"):
-    evaluation.restore_params(cfg, workdir, "newest")
+    checkpoints.restore_params(cfg, workdir, "newest")
 
 
 def test_restore_in_fresh_process_gives_identical_logits(workdir, run, tmp_path):
@@ -233,14 +233,14 @@ def test_generate_scores_match_teacher_forced_scores(run):
   """Greedy decoding's summed log-probs (KV cache) equal `score` of its outputs (full forward);
   sampling with top_k=1 is greedy; the same seed gives the same samples."""
   words = ["hello", "world", "cat"]
-  greedy = run.generate(words, method="greedy")
+  greedy = run.generate_text(words, method="greedy")
   ids = [run.encode_source(w) for w in words]
   _, scores = evaluation.decode_batches(run.config, run.model, run.params, ids,
                                         run.config.eval.decode, eos_id=1, batch_size=4)
   np.testing.assert_allclose(scores, run.score(words, greedy), atol=1e-4)
-  assert run.generate(words, method="sample", top_k=1, seed=3) == greedy
-  a = run.generate(words, method="sample", temperature=2.0, seed=5)
-  assert a == run.generate(words, method="sample", temperature=2.0, seed=5)
+  assert run.generate_text(words, method="sample", top_k=1, seed=3) == greedy
+  a = run.generate_text(words, method="sample", temperature=2.0, seed=5)
+  assert a == run.generate_text(words, method="sample", temperature=2.0, seed=5)
 
 
 def test_attention_shapes_and_normalisation(run):

@@ -227,7 +227,7 @@ def test_signals_to_the_sweep_reach_its_running_points(tmp_path, sig, forwarded)
   (tmp_path / "s.py").write_text("def get_sweep():\n  return [{'seed': 1}, {'seed': 2}]\n")
   (tmp_path / "record.py").write_text(RECORD_SIGNAL)
   config = "configs/g2p.py:tiny"
-  points = sweeps.plan(sweeps.load_config(config), config, str(tmp_path / "s.py"),
+  points = sweeps.plan(sweeps.load_config_file(config), config, str(tmp_path / "s.py"),
                        str(tmp_path / "w"))
   recording_cmds = sweeps.Commands(config, train_script=str(tmp_path / "record.py"), eval_split="")
   started = os.path.join(points[0].workdir, "started")

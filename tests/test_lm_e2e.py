@@ -1,7 +1,7 @@
 """The language-model path end to end: train a tiny char LM on a local text file, evaluate, restore.
 
 One run (configs/lm.py:char shrunk to d_model 32, 2 layers, 40 steps) on a few KB of deterministic
-text through the real `text_files` builder, then `evaluation.evaluate` on its `validation` split
+text through the real `text_files` builder, then `evaluation.evaluate_split` on its `validation` split
 (the last 10% of the text) and `transformer.restore(...)`. The references are independent of the
 code under test: a NumPy log-softmax over full forward passes for the loss, and greedy decoding
 by one full (uncached) forward pass per generated token for the continuations.
@@ -63,7 +63,7 @@ def lm_run(tmp_path_factory):
 def evaluated(lm_run):
   """evaluate(workdir, 'validation') with the run's own decode settings (sampling)."""
   workdir, _, _ = lm_run
-  results = evaluation.evaluate(workdir, split="validation", verbose=False)
+  results = evaluation.evaluate_split(workdir, split="validation", verbose=False)
   with open(os.path.join(workdir, "metrics.validation.json")) as f:
     written = json.load(f)
   with open(os.path.join(workdir, "predictions.validation.jsonl"), encoding="utf-8") as f:
@@ -197,8 +197,8 @@ def test_restore_generate_matches_the_causal_reference(lm_run, evaluated, restor
   run = restored
   tok = run.target_tokenizer
   sources = [p["source"] for p in predictions]
-  assert run.generate(sources, seed=run.config.seed) == [p["hypothesis"] for p in predictions]
-  got = run.generate(sources[:3], method="greedy")
+  assert run.generate_text(sources, seed=run.config.seed) == [p["hypothesis"] for p in predictions]
+  got = run.generate_text(sources[:3], method="greedy")
   for source, text in zip(sources, got):
     want = greedy_by_full_forward(run, tok.encode(source), MAX_LEN - evaluation.LM_PROMPT_LEN)
     assert text == tok.decode(want)

@@ -69,8 +69,8 @@ def _flat(tree) -> np.ndarray:
 def _initial_state(cfg, model, tx, batches, unbox=True):
   """The TrainState of seed 0 (jit-compiled once: eager flax init runs op by op, slowly)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from transformer import training  # pylint: disable=g-import-not-at-top
-  create = lambda: training.create_train_state(cfg, model, jax.random.PRNGKey(0), batches[0], tx,
+  from transformer import steps  # pylint: disable=g-import-not-at-top
+  create = lambda: steps.create_train_state(cfg, model, jax.random.PRNGKey(0), batches[0], tx,
                                                unbox)
   return jax.eval_shape(create) if not unbox else jax.jit(create)()
 
@@ -78,12 +78,12 @@ def _initial_state(cfg, model, tx, batches, unbox=True):
 def _run_mode(cfg, model, tx, batches, state, mode, mesh, rows):
   """Trains STEPS steps through parallel.compile_train_step; returns (losses, state, eval sums)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from transformer import training  # pylint: disable=g-import-not-at-top
+  from transformer import steps  # pylint: disable=g-import-not-at-top
   shardings = None
   if mode == "mesh":
     shardings = parallel.state_shardings(_initial_state(cfg, model, tx, batches, False), mesh)
-  run = parallel.compile_train_step(training.make_train_step(cfg, model, tx), mode, mesh, shardings)
-  ev = parallel.compile_eval_step(training.make_eval_step(cfg, model), mode, mesh,
+  run = parallel.compile_train_step(steps.make_train_step(cfg, model, tx), mode, mesh, shardings)
+  ev = parallel.compile_eval_step(steps.make_eval_step(model), mode, mesh,
                                   None if shardings is None else shardings.params)
   # prepare_state may share buffers with its input, which the donating step then frees: copy.
   state = run.prepare_state(jax.tree.map(lambda x: x.copy(), state))
@@ -99,17 +99,17 @@ def scenario_modes() -> dict:
   """8 devices: one device (plain jit, no parallel code), mesh 8x1x1, mesh 2x2x2, pmap over 8."""
   import jax  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from transformer import training  # pylint: disable=g-import-not-at-top
+  from transformer import steps  # pylint: disable=g-import-not-at-top
   cfg, model, tx, batches = _tiny_setup(16)
   state = state0 = _initial_state(cfg, model, tx, batches)
-  step = jax.jit(training.make_train_step(cfg, model, tx))
+  step = jax.jit(steps.make_train_step(cfg, model, tx))
   ref_losses = []
   for b in batches:
     state, metrics = step(state, b)
     ref_losses.append(float(metrics["loss"]))
   ref_params = _flat(state.params)
   ref_eval = {k: float(v) for k, v in
-              jax.jit(training.make_eval_step(cfg, model))(state.params, batches[0]).items()}
+              jax.jit(steps.make_eval_step(model))(state.params, batches[0]).items()}
   out = dict(ref_losses=ref_losses, ref_eval=ref_eval, modes={})
   all_rows = slice(None)
   for name, mode, shape in [("mesh8x1x1", "mesh", (8, 1, 1)), ("mesh2x2x2", "mesh", (2, 2, 2)),

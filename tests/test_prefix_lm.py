@@ -21,8 +21,9 @@ from transformer.config import from_configdict, model_config
 from transformer.data import load_task, pipeline
 from transformer.data.tokenizers import (EOS_ID, NUM_SPECIAL, CharTokenizer, OffsetTokenizer,
                                          SymbolTokenizer)
-from transformer.models import build_model
-from transformer.training import fill_vocab_sizes, model_kwargs, two_pass_logits
+from transformer.models import batch_logits, build_model
+from transformer.scheduled_sampling import two_pass_logits
+from transformer.training import fill_vocab_sizes
 
 SOURCE = CharTokenizer(list("abcdefgh"))
 PHONES = ["AA", "B", "CH", "D", "EH", "F"]
@@ -74,7 +75,7 @@ def _model(positional):
 
 def _teacher_forced_log_probs(model, params, batch):
   """Log-probs [b, t, v] of the training forward (model.__call__ with the batch's features)."""
-  logits = jax.jit(model.apply)({"params": params}, **model_kwargs("decoder_only", batch))
+  logits = jax.jit(functools.partial(batch_logits, model))(params, batch)
   return np.asarray(jax.nn.log_softmax(logits))
 
 
@@ -127,7 +128,7 @@ def test_scheduled_sampling_never_replaces_a_prompt_input():
   model, params = _model("relative")
   prompts, _ = _encoded()
   batch = _pipeline_batches()["pack"]
-  one = np.asarray(model.apply({"params": params}, **model_kwargs("decoder_only", batch)))
+  one = np.asarray(batch_logits(model, params, batch))
   two = np.asarray(two_pass_logits(model, "decoder_only", params, batch, jnp.float32(0.0),
                                    jax.random.key(1), deterministic=True))
   for r, start, i in _segments(batch):

@@ -277,7 +277,7 @@ def test_eval_warns_in_one_line_when_the_data_differs_from_the_runs(tmp_path_fac
         f.writelines([edit(lines[0])] + lines[1:])
     caplog.clear()
     task = load_task(cfg, workdir, process_index=0, process_count=1)
-    evaluation.evaluate(workdir, "test", task=task, verbose=False)
+    evaluation.evaluate_split(workdir, "test", task=task, verbose=False)
     return [r.getMessage() for r in caplog.records if "not the run's" in r.getMessage()]
 
   assert evaluate_on(tmp_path / "same") == []

@@ -21,7 +21,7 @@ def test_plot_attention_one_panel_per_head_with_token_labels(tmp_path):
   w = _softmax(np.random.default_rng(0).normal(size=(3, 4, 5))).astype(np.float32)
   queries, keys = ["<s>", "K", "AE", "T"], list("cats")[:4] + ["</s>"]
   path = tmp_path / "att" / "a.png"
-  fig = viz.plot_attention(w, queries, keys, title="cross", path=str(path))
+  fig = viz.plot_attention(w, queries, keys, title="cross", save_path=str(path))
   panels = [ax for ax in fig.axes if ax.images]
   assert len(panels) == 3
   for h, ax in enumerate(panels):

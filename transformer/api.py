@@ -1,7 +1,7 @@
 """The notebook API: `restore(workdir)` gives a `Run` to decode, score and look inside.
 
   run = transformer.restore("runs/g2p")           # latest checkpoint; step='best' or an int
-  run.generate(["hello", "world"], method="beam", beam_size=4)  # ['HH AH L OW', 'W ER L D']
+  run.generate_text(["hello", "world"], method="beam", beam_size=4)  # ['HH AH L OW', 'W ER L D']
   run.score(["hello"], ["HH AH L OW"])            # log p(target | source), summed over tokens
   att = run.attention("hello")                    # every layer and head, see `Attention`
   viz.plot_attention(att.cross[0], att.target_tokens, att.source_tokens)
@@ -16,13 +16,16 @@ from __future__ import annotations
 import dataclasses
 import sys
 from typing import Any, Sequence
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import evaluation, saved_runs
+from transformer import checkpoints, evaluation, models
 from transformer.config import Config
+from transformer.data import load_task, pipeline
+from transformer.decoding import search_settings
 
 
 @dataclasses.dataclass
@@ -95,40 +98,30 @@ class Run:
     """Encoder input (or decoder-only prompt) ids of `text`, EOS included for seq2seq tasks."""
     return evaluation.source_ids(self.task, text)
 
-  def _pad(self, rows: Sequence[Sequence[int]], multiple: int = 8) -> np.ndarray:
-    """Rows padded with 0 to a multiple of `multiple` columns (fewer shapes to compile)."""
-    width = -(-max(1, max(len(r) for r in rows)) // multiple) * multiple
-    out = np.zeros((len(rows), width), np.int32)
-    for i, r in enumerate(rows):
-      out[i, :len(r)] = r
-    return out
-
   def _teacher_forced_batch(self, sources: Sequence[str], targets: Sequence[str],
                             multiple: int = 8) -> dict[str, np.ndarray]:
     """Model inputs and loss weights for (source, target) pairs; targets end with EOS.
 
-    Seq2seq: built by the training pipeline's own encoding and batch assembly (one pair per row),
-    so the decoder-only prompt, prefix_mask and weights are exactly those of training; sources
-    are truncated to data.max_source_len as for decoding, targets are never truncated.
+    Built by the training pipeline's own encoding and batch assembly (one pair per row), so the
+    decoder-only prompt, prefix_mask, segment ids and weights are exactly those of training;
+    sources are truncated to data.max_source_len as for decoding, targets are never truncated.
     """
-    if self.kind != "seq2seq":  # language model: prompt + target + EOS, causal, every token scored
-      eos = self.target_tokenizer.eos_id
-      full = self._pad([self.encode_source(s) + list(self.target_tokenizer.encode(t)) + [eos]
-                        for s, t in zip(sources, targets)], multiple)
-      return dict(targets=full, weights=(full != 0).astype(np.float32))
-    from transformer.data import pipeline  # pylint: disable=g-import-not-at-top  (TFDS, as restore)
-    examples, _ = pipeline.encode_pairs(
-        list(zip(sources, targets)), self.source_tokenizer, self.target_tokenizer,
-        self.config.data.max_source_len, sys.maxsize, "truncate",
-        self.config.model.arch == "decoder_only")
+    if self.kind == "seq2seq":
+      examples, _ = pipeline.encode_pairs(
+          list(zip(sources, targets)), self.source_tokenizer, self.target_tokenizer,
+          self.config.data.max_source_len, sys.maxsize, "truncate",
+          self.config.model.arch == "decoder_only")
+    else:  # language model: prompt + target + EOS as one causal row, every token scored
+      tok = self.target_tokenizer
+      examples = pipeline.Examples.from_lists({"targets": [
+          self.encode_source(s) + list(tok.encode(t)) + [tok.eos_id]
+          for s, t in zip(sources, targets)]})
     row_len = {name: -(-max(1, int(lengths.max())) // multiple) * multiple
                for name, lengths in examples.lengths.items()}
     return pipeline.one_per_row(examples, np.arange(len(examples)), row_len, len(examples))
 
   def _logits_fn(self, params, batch):
-    from transformer.training import model_kwargs  # pylint: disable=g-import-not-at-top
-    return self.model.apply({"params": params}, **model_kwargs(self.config.model.arch, batch),
-                            deterministic=True)
+    return models.batch_logits(self.model, params, batch)
 
   # ---- the API
 
@@ -149,19 +142,21 @@ class Run:
     picked = np.asarray(jnp.take_along_axis(log_probs, jnp.asarray(tokens)[..., None], -1))[..., 0]
     return (picked * batch["weights"]).sum(axis=1)
 
-  def generate(self, texts: Sequence[str] | str, method: str | None = None,
+  def generate_text(self, texts: Sequence[str] | str, method: str | None = None,
                beam_size: int | None = None, temperature: float | None = None,
                top_k: int | None = None, top_p: float | None = None,
                length_penalty: float | None = None, max_decode_len: int | None = None,
                seed: int = 0) -> list[str]:
-    """Decodes each text; unset options come from the run's eval.decode config."""
+    """Decodes each text to text; unset options come from the run's eval.decode config.
+
+    (transformer.generate is the array-level search this calls: token ids in, token ids out.)
+    """
     if isinstance(texts, str):
       texts = [texts]
     options = dict(method=method, beam_size=beam_size, temperature=temperature, top_k=top_k,
                    top_p=top_p, length_penalty=length_penalty, max_decode_len=max_decode_len)
     decode_cfg = dataclasses.replace(self.config.eval.decode,
                                      **{k: v for k, v in options.items() if v is not None})
-    from transformer.decoding import search_settings  # pylint: disable=g-import-not-at-top
     search_settings(decode_cfg)  # one-line ValueError for bad options, before anything compiles
     ids = [self.encode_source(t) for t in texts]
     tok = self.target_tokenizer
@@ -171,19 +166,21 @@ class Run:
                                           prefix_lm=None if self.kind == "seq2seq" else False)
     return [tok.decode(t) for t in tokens]
 
+  def generate(self, *args: Any, **kwargs: Any) -> list[str]:
+    """Deprecated name of generate_text (the README's older examples use it)."""
+    warnings.warn("Run.generate is deprecated: use Run.generate_text", DeprecationWarning,
+                  stacklevel=2)
+    return self.generate_text(*args, **kwargs)
+
   def attention(self, text: str, target: str | None = None) -> Attention:
     """Attention weights of every layer and head for `text` and `target` (default: greedy output)."""
     if target is None:
-      target = self.generate([text], method="greedy")[0]
+      target = self.generate_text([text], method="greedy")[0]
     batch = self._teacher_forced_batch([text], [target], multiple=1)  # exact lengths, no padding
     batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "weights"}
-    from transformer.models import shift_right  # pylint: disable=g-import-not-at-top
-    from transformer.training import model_kwargs  # pylint: disable=g-import-not-at-top
-    _, state = self.model.apply({"params": self.params},
-                                **model_kwargs(self.config.model.arch, batch),
-                                deterministic=True, mutable=["intermediates"])
+    _, state = models.batch_logits(self.model, self.params, batch, mutable=["intermediates"])
     found = _collect_weights(state["intermediates"])
-    decoder_inputs = np.asarray(shift_right(batch["targets"]))[0]
+    decoder_inputs = np.asarray(models.shift_right(batch["targets"]))[0]
     target_labels = _token_labels(self.target_tokenizer, decoder_inputs)
     source = []
     if "inputs" in batch:
@@ -203,10 +200,8 @@ def restore(workdir: str, step: int | str | None = None, task: Any = None) -> Ru
 
   `task` overrides `transformer.data.load_task(config, workdir)` (tests).
   """
-  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
-  cfg = saved_runs.load_config(workdir)
+  cfg = checkpoints.load_run_config(workdir)
   if task is None:
-    from transformer.data import load_task  # pylint: disable=g-import-not-at-top
     task = load_task(cfg, workdir)
-  params, step = saved_runs.restore_params(cfg, workdir, step)
-  return Run(cfg, build_model(cfg.model), params, task, step, workdir)
+  params, step = checkpoints.restore_params(cfg, workdir, step)
+  return Run(cfg, models.build_model(cfg.model), params, task, step, workdir)

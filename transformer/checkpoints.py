@@ -26,8 +26,15 @@ Usage in a training loop:
     ckpt.save(step, state, it, metrics)          # saves when step % every_steps == 0
     if preempt.should_stop(step): ckpt.save(step, state, it, force=True); break
   ckpt.close()                                   # waits for the last async save
+
+Reading a trained run back (evaluation, the notebook API): load_run_config and restore_params,
+the last section. This module is over 400 lines on purpose: everything that reads or writes a
+workdir's checkpoints sits behind this one boundary.
 """
 
+from __future__ import annotations
+
+import contextlib
 import json
 import math
 import os
@@ -37,11 +44,13 @@ from typing import Any, Mapping
 
 from absl import logging
 import jax
+import ml_collections
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from transformer import config as config_lib
-from transformer import files
+from transformer import files, models, steps
+from transformer.config import Config
 
 # Model keys that change neither parameter shapes nor names: a run may resume with other values.
 NON_STRUCTURAL_MODEL_KEYS = frozenset({
@@ -122,7 +131,7 @@ class Checkpointer:
                  meta=ocp.args.JsonSave({"step": int(step), "config": self.config,
                                          "metrics": metrics}))
     if data_iterator is not None:
-      import grain  # pylint: disable=g-import-not-at-top
+      import grain  # pylint: disable=g-import-not-at-top  (only with a data iterator)
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
     # Always hand orbax the metrics (it warns on every save without them); steps lacking the
     # best-by key rank as the worst, so they are kept only as one of the latest.
@@ -167,7 +176,7 @@ class Checkpointer:
     items = dict(state=ocp.args.StandardRestore(abstract_state))
     host_states = None if data_iterator is None else self._other_host_count_states(step)
     if data_iterator is not None and host_states is None:
-      import grain  # pylint: disable=g-import-not-at-top
+      import grain  # pylint: disable=g-import-not-at-top  (only with a data iterator)
       items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**items))
@@ -337,7 +346,7 @@ class PreemptionHandler:
   def should_stop(self, step: int) -> bool:
     """True once a stop was requested (all hosts agree on the step when multi-host)."""
     if self._sync and not self.requested:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top  (multi-host only)
       try:
         self.requested = bool(multihost_utils.reached_preemption_sync_point(step))
       except RuntimeError:  # the preemption service is off after all
@@ -354,3 +363,142 @@ class PreemptionHandler:
 def install_preemption_handler() -> PreemptionHandler:
   """Installs the SIGTERM/SIGINT handlers; the loop checks `.should_stop(step)` every step."""
   return PreemptionHandler()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a trained run back for inference (evaluation.py, the notebook API, the sweep report):
+# `load_run_config(workdir, overrides)` gives the run's Config with the overrides evaluation may
+# apply (OVERRIDABLE_*: none changes what was trained); `restore_params(cfg, workdir, step)` gives
+# the parameters of a checkpoint, checked against the shapes that config builds. Both only read
+# the workdir: checkpoints are opened read-only, so a save that training has in flight is left
+# alone. Every failure (a missing, truncated or foreign checkpoint, a bad config.json) is an
+# EvaluationError whose one-line message names the file, step or parameter.
+
+# Keys `overrides` may change: none of them changes parameter shapes or what was trained.
+OVERRIDABLE_PREFIXES = ("eval.",)
+OVERRIDABLE_KEYS = frozenset({
+    "seed", "data.data_dir", "data.eval_split", "data.batch_size",
+    "model.attention_impl", "model.dtype"})
+STEP_NAMES = ("latest", "best")
+
+
+class EvaluationError(ValueError):
+  """A workdir, step or split that cannot be evaluated; the message is one line naming it."""
+
+
+def _first_line(error: BaseException) -> str:
+  return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+
+
+def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Config:
+  """The run's Config from `<workdir>/config.json` with `overrides` (flat dotted keys) applied."""
+  path = os.path.join(workdir, "config.json")
+  if not files.exists(path):
+    raise EvaluationError(f"{path} not found: is {workdir!r} the --workdir of a training run?")
+  try:
+    saved = json.loads(files.read_text(path))
+  except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for a binary file
+    raise EvaluationError(f"{path}: not a JSON config ({_first_line(e)})") from None
+  if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
+    raise EvaluationError(f"{path}: not a run's config (no 'model' section)")
+  cd = ml_collections.ConfigDict(saved)
+  for key, value in (overrides or {}).items():
+    if not (key.startswith(OVERRIDABLE_PREFIXES) or key in OVERRIDABLE_KEYS):
+      raise config_lib.ConfigError(f"--config.{key} cannot be overridden at evaluation (it would not match "
+                        f"the trained parameters); allowed: eval.*, {', '.join(sorted(OVERRIDABLE_KEYS))}")
+    try:
+      cd.update_from_flattened_dict({key: value})
+    except (KeyError, AttributeError, TypeError) as e:
+      raise config_lib.ConfigError(f"--config.{key}={value!r}: {_first_line(e)}") from None
+  return config_lib.from_configdict(cd)
+
+
+def resolve_step(checkpointer: Any, step: int | str | None) -> int:
+  """None/'latest' -> the newest step, 'best' -> the best by checkpoint.keep_best_by, int -> it."""
+  if isinstance(step, str) and step not in STEP_NAMES:
+    try:
+      step = int(step)
+    except ValueError:
+      raise EvaluationError(f"--step={step!r} must be an integer, 'latest' or 'best'") from None
+  available = checkpointer.all_steps()
+  if not available:
+    raise EvaluationError(f"no checkpoints in {checkpointer.directory}")
+  if step is None or step == "latest":
+    return int(checkpointer.latest_step())
+  if step == "best":
+    best = checkpointer.best_step()
+    if best is None:
+      raise EvaluationError(f"no best checkpoint in {checkpointer.directory} (checkpoint."
+                            f"keep_best_by is unset or never logged); use --step=latest")
+    return int(best)
+  if int(step) not in available:
+    raise EvaluationError(f"no checkpoint for step {step} in {checkpointer.directory} "
+                          f"(steps: {available})")
+  return int(step)
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+  """Mutes orbax's warnings (every item not asked for, each option a read-only manager resets)."""
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
+  try:
+    yield
+  finally:
+    logging.set_verbosity(verbosity)
+
+
+def _read_state(directory: str, step: int) -> dict[str, Any]:
+  """The saved train state of `step` as nested dicts, on the first local device.
+
+  The target structure comes from the checkpoint's own metadata, not from today's optimizer code,
+  so a run restores for evaluation even if the optimizer state layout has changed since.
+  """
+  with _quiet_orbax():
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
+                                    item_handlers={"state": ocp.StandardCheckpointHandler()})
+    try:
+      tree = manager.item_metadata(step)["state"]
+      tree = getattr(tree, "tree", tree)
+      device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+      abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                              tree)
+      return manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract)))["state"]
+    finally:
+      manager.close()
+
+
+def _check_params(cfg: Config, model: Any, params: Any, where: str) -> None:
+  """Raises EvaluationError naming the first parameter whose shape differs from the model's."""
+  expected = jax.eval_shape(
+      lambda r: steps.init_params(model, r, models.example_batch(cfg.model)), jax.random.key(0))
+  flat = lambda tree: {jax.tree_util.keystr(k): tuple(v.shape)  # noqa: E731
+                       for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  want, got = flat(expected), flat(params)
+  for key in sorted(set(want) | set(got)):
+    if want.get(key) != got.get(key):
+      raise EvaluationError(f"{where}: parameter {key} has shape {got.get(key)} but the config in "
+                            f"config.json builds {want.get(key)}")
+
+
+def restore_params(cfg: Config, workdir: str, step: int | str | None = None) -> tuple[Any, int]:
+  """(params, step) of a checkpoint in `workdir`, restored read-only onto the first local device."""
+  if not files.isdir(os.path.join(workdir, "checkpoints")):
+    raise EvaluationError(f"no checkpoints in {workdir}: has the run saved one yet?")
+  with _quiet_orbax():
+    ckpt = Checkpointer(workdir, cfg.checkpoint, read_only=True)
+  try:
+    step = resolve_step(ckpt, step)
+    directory, available = ckpt.directory, ckpt.all_steps()
+  finally:
+    ckpt.close()
+  try:
+    params = _read_state(directory, step)["params"]
+  except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many kinds)
+    others = [s for s in available if s != step]
+    hint = f"; other steps: {others} (--step=N)" if others else ""
+    raise EvaluationError(f"cannot read the checkpoint {directory}/{step} (truncated or not a "
+                          f"train state?): {type(e).__name__}: {_first_line(e)}{hint}") from None
+  _check_params(cfg, models.build_model(cfg.model), params, f"{directory}/{step}")
+  return params, step

@@ -20,6 +20,9 @@ from absl import flags
 from absl import logging
 import ml_collections
 
+from transformer import defaults
+from transformer.sweeps import flat_items
+
 _WRAPPED = "Error whilst parsing config file"  # ml_collections' wrapper of a config file's error
 # Libraries whose logs below these levels are noise on a terminal: orbax logs every save, XLA its
 # missing TPU/GPU backends, TFDS every dataset it opens (with a warning for each custom config).
@@ -88,9 +91,7 @@ def _config_file_message(error: BaseException, path: str) -> str | None:
 
 def _unknown_override(argv: Sequence[str]) -> str | None:
   """`--config.KEY=...` whose KEY is not in configs/base.py, as a one-line message, or None."""
-  from configs import base  # pylint: disable=g-import-not-at-top
-  from transformer.sweeps import flat_items  # pylint: disable=g-import-not-at-top
-  known = flat_items(base.get_config())
+  known = flat_items(defaults.get_config())
   sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
   for arg in argv:
     if arg.startswith("--config."):

@@ -3,7 +3,7 @@
 `from_configdict(cd)` checks every key before anything compiles: unknown and missing keys, wrong
 types, unset placeholders, choices, sizes and the relations between them. Each problem is one
 `ConfigError` line that names the key, e.g. `model.num_heads=6 must divide model.d_model=256`.
-Field names are exactly the keys of configs/base.py, which holds the defaults and their meaning.
+Field names are exactly the keys of transformer/defaults.py, which holds the defaults and their meaning.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import typing
 from typing import Any, Mapping
 
 import ml_collections
+
+from transformer import defaults
 
 
 class ConfigError(ValueError):
@@ -351,9 +353,8 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def model_config(**overrides: Any) -> ModelConfig:
-  """A validated ModelConfig: base.py's model defaults plus `overrides` (for tests, notebooks)."""
-  from configs import base  # pylint: disable=g-import-not-at-top
-  cd = base.get_config()
+  """A validated ModelConfig: transformer.defaults' model section plus `overrides` (tests, notebooks)."""
+  cd = defaults.get_config()
   for key, value in overrides.items():
     if key not in cd.model:
       raise ConfigError(f"unknown config key model.{key}")

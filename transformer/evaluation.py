@@ -1,13 +1,14 @@
 """Evaluation of a trained run: restore, teacher-forced metrics, decoding, task metrics, predictions.
 
-`evaluate(workdir, split, step, overrides)` is what `eval.py` runs:
+`evaluate_split(workdir, split, step, overrides)` is what `eval.py` runs:
   1. the run's config is read from `<workdir>/config.json` (written by training, vocabulary sizes
      filled in); `overrides` (a flat {"eval.decode.beam_size": 4} dict, as from `--config.*`
      flags) are applied on top. Only keys that cannot change the parameters may be overridden
-     (saved_runs.OVERRIDABLE_*); anything else is a one-line ConfigError;
+     (checkpoints.OVERRIDABLE_*); anything else is a one-line ConfigError;
   2. the parameters of `step` (None|'latest', 'best' or an int) are restored read-only onto one
-     device (transformer/saved_runs.py);
-  3. teacher-forced loss / token accuracy / perplexity over the whole split;
+     device (checkpoints.restore_params);
+  3. teacher-forced loss / token accuracy / perplexity over the whole split
+     (steps.teacher_forced_metrics, the same definition training logs);
   4. every example of the split is decoded with `eval.decode` (batched `generate`) and scored
      with the task's metrics (METRICS below);
   5. process 0 writes `predictions.<split>.jsonl` and `metrics.<split>.json`, and a table is printed.
@@ -44,11 +45,13 @@ import numpy as np
 
 from transformer import files
 from transformer import metrics as metrics_lib
-from transformer import reporting
+from transformer import reporting, steps
+from transformer.checkpoints import EvaluationError, load_run_config, restore_params
 from transformer.config import Config, ConfigError, DecodeConfig
-from transformer.saved_runs import EvaluationError, load_config, restore_params
+from transformer.decoding import generate
+from transformer.models import build_model
 
-WHOLE_SPLIT = {"eval.num_batches": 0, "eval.num_decode_examples": 0}  # evaluate()'s defaults
+WHOLE_SPLIT = {"eval.num_batches": 0, "eval.num_decode_examples": 0}  # evaluate_split's defaults
 _STRESS = re.compile(r"\d")
 NUM_LM_SAMPLES = 4  # continuations sampled for a language model
 LM_PROMPT_LEN = 16  # tokens of each eval row used as an LM prompt
@@ -82,7 +85,6 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
   were trained without a prefix).
   The last batch is filled with copies of its first row so every batch compiles to one program.
   """
-  from transformer.decoding import generate  # pylint: disable=g-import-not-at-top
   decode_cfg = decode_cfg or cfg.eval.decode
   if not ids:
     return [], []
@@ -219,23 +221,21 @@ def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str
                    ) -> tuple[dict[str, float], dict[str, int]]:
   """Loss (nats/token, unsmoothed), accuracy and perplexity over eval.num_batches batches of split
   (0 = all), and the coverage {scored_tokens, split_tokens}."""
-  from transformer.training import make_eval_step, target_weights  # pylint: disable=g-import-not-at-top
-  step = jax.jit(make_eval_step(cfg, model))
+  step = jax.jit(steps.make_eval_step(model))
   totals = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0}
   split_tokens = 0.0
   for i, batch in enumerate(task.eval_batches(split, batch_size=cfg.eval.batch_size or None)):
     batch = {k: jnp.asarray(v) for k, v in batch.items() if v is not None}
-    split_tokens += float(jnp.sum(target_weights(batch)))  # every batch: the split's size
+    split_tokens += float(jnp.sum(steps.target_weights(batch)))  # every batch: the split's size
     if cfg.eval.num_batches and i >= cfg.eval.num_batches:
       continue
     for k, v in jax.device_get(step(params, batch)).items():
       totals[k] += float(v)
   if not totals["weight_sum"]:
     raise EvaluationError(f"split {split!r} has no target tokens to evaluate")
-  loss = totals["loss_sum"] / totals["weight_sum"]
-  return ({"loss": loss, "accuracy": totals["correct_sum"] / totals["weight_sum"],
-           "perplexity": metrics_lib.perplexity(loss)},
-          {"scored_tokens": round(totals["weight_sum"]), "split_tokens": round(split_tokens)})
+  scores = steps.teacher_forced_metrics(totals)
+  del scores["scored_tokens"]  # reported in the coverage, next to the split's size
+  return scores, {"scored_tokens": round(totals["weight_sum"]), "split_tokens": round(split_tokens)}
 
 
 # ----------------------------------------------------------------------------- the entry point
@@ -271,7 +271,7 @@ def format_table(results: dict[str, Any]) -> str:
   return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def evaluate(workdir: str, split: str = "test", step: int | str | None = None,
+def evaluate_split(workdir: str, split: str = "test", step: int | str | None = None,
              overrides: dict[str, Any] | None = None, task: Any = None,
              verbose: bool = True) -> dict[str, Any]:
   """Evaluates a run's checkpoint on the whole `split` (unless `overrides` set eval.num_batches /
@@ -281,10 +281,9 @@ def evaluate(workdir: str, split: str = "test", step: int | str | None = None,
   `task` overrides `transformer.data.load_task(cfg, workdir)` (tests); the tokenizers it loads are
   the ones saved in `<workdir>/tokenizers` by training.
   """
-  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
-  cfg = load_config(workdir, WHOLE_SPLIT | (overrides or {}))
+  cfg = load_run_config(workdir, WHOLE_SPLIT | (overrides or {}))
   if task is None:
-    from transformer.data import load_task  # pylint: disable=g-import-not-at-top
+    from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
   reporting.warn_if_data_differs(workdir, task, split)
   model = build_model(cfg.model)

@@ -23,6 +23,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer import attention as attn
 from transformer import positional
@@ -191,7 +192,7 @@ class Encoder(nn.Module):
     if positions is None:
       positions = _default_positions(tokens)
     if segment_ids is None:
-      segment_ids = (tokens != 0).astype(jnp.int32)
+      segment_ids = default_segment_ids(tokens)
     x = _embed(cfg, self.embed, tokens, positions, deterministic)
     mask = attn.segment_mask(segment_ids, segment_ids)  # same nonzero segment
     bias = _position_bias(cfg, positions, positions, bidirectional=True)
@@ -333,9 +334,9 @@ class EncoderDecoder(nn.Module):
                targets_segment_ids: Array | None = None, deterministic: bool = True) -> Array:
     """Teacher-forced logits [b, t, vocab] float32 for inputs [b, s] and targets [b, t]."""
     if inputs_segment_ids is None:
-      inputs_segment_ids = (inputs != 0).astype(jnp.int32)
+      inputs_segment_ids = default_segment_ids(inputs)
     if targets_segment_ids is None:
-      targets_segment_ids = (targets != 0).astype(jnp.int32)
+      targets_segment_ids = default_segment_ids(targets)
     encoded = self.encode(inputs, inputs_positions, inputs_segment_ids, deterministic)
     return self.decode(encoded, shift_right(targets, targets_segment_ids), inputs_segment_ids,
                        targets_positions, targets_segment_ids, deterministic)
@@ -363,7 +364,7 @@ class DecoderOnly(nn.Module):
     """Teacher-forced logits [b, t, vocab] float32; prefix_mask [b, t] marks the target-space
     prefix, the prompt (source + separator): see `decoder_prefix`."""
     if targets_segment_ids is None:
-      targets_segment_ids = (targets != 0).astype(jnp.int32)
+      targets_segment_ids = default_segment_ids(targets)
     prefix = None if prefix_mask is None else decoder_prefix(prefix_mask, targets_segment_ids)
     return self.decode(shift_right(targets, targets_segment_ids), targets_positions,
                        targets_segment_ids, prefix, deterministic)
@@ -427,3 +428,53 @@ def reorder_beam_cache(cache: Any, indices: Array, scan_layers: bool) -> Any:
       return leaf
     return jnp.take(leaf, indices, axis=axis, mode='clip')
   return jax.tree_util.tree_map_with_path(gather, cache)
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch-level entry point: a pipeline batch (transformer/data/pipeline.py's features) in,
+# logits out. The one place that maps a batch onto an architecture's arguments; training,
+# evaluation, the notebook API and the sweep report all go through it.
+
+
+def default_segment_ids(tokens: Array) -> Array:
+  """Segment ids of unpacked rows [b, t]: 1 on tokens, 0 on padding (id 0)."""
+  return (tokens != 0).astype(jnp.int32)
+
+
+def batch_segment_ids(batch: dict[str, Any], feature: str) -> Array:
+  """The batch's `<feature>_segment_ids`, or default_segment_ids of the feature's tokens."""
+  seg = batch.get(f'{feature}_segment_ids')
+  return default_segment_ids(batch[feature]) if seg is None else seg
+
+
+def _call_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
+  """The keyword arguments of the model's __call__ for a batch (features absent -> None)."""
+  g = batch.get
+  kwargs = dict(targets=batch['targets'], targets_positions=g('targets_positions'),
+                targets_segment_ids=g('targets_segment_ids'))
+  if arch == 'encoder_decoder':
+    return kwargs | dict(inputs=batch['inputs'], inputs_positions=g('inputs_positions'),
+                         inputs_segment_ids=g('inputs_segment_ids'))
+  return kwargs | dict(prefix_mask=g('prefix_mask'))
+
+
+def batch_logits(model: nn.Module, params: Any, batch: dict[str, Any], *,
+                 deterministic: bool = True, rngs: dict[str, Array] | None = None,
+                 mutable: Any = False) -> Any:
+  """Teacher-forced logits [b, t, vocab] float32 of a batch (with mutable: (logits, state))."""
+  return model.apply({'params': params}, **_call_kwargs(model.config.arch, batch),
+                     deterministic=deterministic, rngs=rngs, mutable=mutable)
+
+
+def batch_init(model: nn.Module, rngs: dict[str, Array], batch: dict[str, Any]) -> Any:
+  """model.init's variables from a batch (only its shapes matter)."""
+  return model.init(rngs, **_call_kwargs(model.config.arch, batch), deterministic=True)
+
+
+def example_batch(model_config: ModelConfig, length: int = 8) -> dict[str, np.ndarray]:
+  """A one-row batch with the features the architecture reads; parameter shapes never depend
+  on its length, so it serves init, eval_shape and parameter counts."""
+  ones = np.ones((1, length), np.int32)
+  if model_config.arch == 'encoder_decoder':
+    return dict(inputs=ones, targets=ones)
+  return dict(targets=ones)

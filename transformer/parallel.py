@@ -1,6 +1,6 @@
 """Device mesh, logical partition rules, jit shardings, pmap mode and multi-host setup.
 
-One step function serves both parallel modes. Its contract (shared with `training.py`):
+One step function serves both parallel modes. Its contract (shared with `steps.py`):
 
   step_fn(state, batch, *rest, axis_name=None) -> (new_state, metrics)
 
@@ -84,7 +84,7 @@ def _environment_asks_for_distributed() -> bool:
   if "OMPI_MCA_orte_hnp_uri" in env and int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
     return True
   try:  # jax sets this flag at import when libtpu and TPU chips are present (a Cloud TPU VM).
-    from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
+    from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top  (private; may be absent)
     return bool(cloud_tpu_init.running_in_cloud_tpu_vm) and "TPU_SKIP_MDS_QUERY" not in env
   except (ImportError, AttributeError):
     return False

@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
   if not args.inputs and stdin is None:  # bytes kept as surrogates: check_input names them
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
   texts = args.inputs or [line.rstrip("\n") for line in stdin]
-  from absl import logging  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top  (after --help, as api)
   verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.ERROR)  # keep stderr for our one-line messages (TFDS is chatty)
   try:
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
 def _predict(args: argparse.Namespace, texts: list[str]) -> int:
   """Restores the run, checks each input and prints `input<TAB>output` lines; the exit status."""
   from transformer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
-  from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
+  from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top  (as api)
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
   try:
     run = api.restore(args.workdir, step)
@@ -124,7 +124,7 @@ def _predict(args: argparse.Namespace, texts: list[str]) -> int:
       good.append((text, cleaned))
   if good:
     try:
-      outputs = run.generate([c for _, c in good], seed=args.seed, **options)
+      outputs = run.generate_text([c for _, c in good], seed=args.seed, **options)
     except ValueError as e:  # bad decoding options: one line naming the option
       print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
       return 1

@@ -282,11 +282,11 @@ class Reporter:
     self._write_json("provenance.json", provenance(mesh_shape, data))
     self._jsonl_path = os.path.join(workdir, "metrics.jsonl")
     _truncate_jsonl(self._jsonl_path, start_step)
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (process 0 only)
     # purge_step hides events a killed run logged after its last checkpoint.
     self._writer = SummaryWriter(workdir, purge_step=start_step + 1 if start_step else None)
     if show_progress:
-      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+      from tqdm import tqdm  # pylint: disable=g-import-not-at-top  (only on a terminal)
       self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                        mininterval=1.0, smoothing=0.1)
 

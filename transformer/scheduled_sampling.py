@@ -14,16 +14,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.models import decoder_prefix, shift_right
+from transformer.models import batch_segment_ids, decoder_prefix, shift_right
 
 Array = jax.Array
 PyTree = Any
-
-
-def _segments(batch: dict[str, Any], key: str) -> Array:
-  """The feature's segment ids; unpacked rows without them: 1 on tokens, 0 on padding."""
-  seg = batch.get(f"{key}_segment_ids")
-  return seg if seg is not None else (batch[key] != 0).astype(jnp.int32)
 
 
 def teacher_forcing_prob(ss_cfg: Any, step: Array) -> Array:
@@ -59,13 +53,13 @@ def two_pass_logits(model: nn.Module, arch: str, params: PyTree, batch: dict[str
   drop1, drop2, coin = jax.random.split(rng, 3)
   variables = {"params": params}
   targets, positions = batch["targets"], batch.get("targets_positions")
-  segments = _segments(batch, "targets")
+  segments = batch_segment_ids(batch, "targets")
   gold_in = shift_right(targets, segments)  # exactly the model's own teacher-forced inputs
   replaceable = segments != 0
   extra: dict[str, Any] = {}
   args: tuple[Array, ...] = ()
   if arch == "encoder_decoder":
-    in_segments = _segments(batch, "inputs")
+    in_segments = batch_segment_ids(batch, "inputs")
     args = (model.apply(variables, batch["inputs"], inputs_positions=batch.get("inputs_positions"),
                         inputs_segment_ids=in_segments, deterministic=deterministic,
                         rngs={"dropout": drop2}, method="encode"),)  # encoded [b, s, d]

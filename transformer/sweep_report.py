@@ -35,16 +35,12 @@ def count_params(workdir: str) -> int | None:
   if not files.exists(os.path.join(workdir, "config.json")):
     return None
   try:
-    import jax  # pylint: disable=g-import-not-at-top
-    import numpy as np  # pylint: disable=g-import-not-at-top
-    from transformer import evaluation, training  # pylint: disable=g-import-not-at-top
-    from transformer.models import build_model  # pylint: disable=g-import-not-at-top
-    cfg = evaluation.load_config(workdir)
-    model = build_model(cfg.model)
-    batch = {"inputs": np.ones((1, 8), np.int32), "targets": np.ones((1, 8), np.int32)}
-    if cfg.model.arch != "encoder_decoder":
-      del batch["inputs"]
-    shapes = jax.eval_shape(lambda r: training.init_params(cfg, model, r, batch),
+    import jax  # pylint: disable=g-import-not-at-top  (JAX only to count parameters: sweep.py starts fast)
+    import numpy as np  # pylint: disable=g-import-not-at-top  (as jax)
+    from transformer import checkpoints, models, steps  # pylint: disable=g-import-not-at-top  (as jax)
+    cfg = checkpoints.load_run_config(workdir)
+    model = models.build_model(cfg.model)
+    shapes = jax.eval_shape(lambda r: steps.init_params(model, r, models.example_batch(cfg.model)),
                             jax.random.PRNGKey(0))
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
   except Exception as e:  # pylint: disable=broad-except
@@ -166,7 +162,7 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
 def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
   """Horizontal bars: `metric` per point (points without it are left out)."""
   from transformer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (matplotlib: plots only)
   have = [r for r in rows if isinstance(r.get(metric), (int, float))]
   fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(have), 2) + 1.2))
   ax.barh([r["point"] for r in have], [r[metric] for r in have], color="tab:blue")
@@ -183,7 +179,7 @@ def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
 def plot_curves(points: Sequence[sweeps.Point], metric: str | None, path: str) -> None:
   """train/loss, eval/loss and the metric's eval/ curve of every point against the step."""
   from transformer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (matplotlib: plots only)
   keys = ["train/loss", "eval/loss"]
   if metric and "/" in metric and metric.split("/", 1)[1] != "loss":
     keys.append("eval/" + metric.split("/", 1)[1])

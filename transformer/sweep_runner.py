@@ -12,6 +12,7 @@ one more train.py, which finds nothing to train.)
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -285,7 +286,7 @@ def prepare_data(config: ml_collections.ConfigDict, points: Sequence[Point],
 
   Concurrent first-time preparations of one TFDS directory would race; prepared data is reused.
   """
-  from transformer.data import load_task  # pylint: disable=g-import-not-at-top
+  from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS: sweeps without data need none)
   seen = set()
   for p in points:
     cfg = from_configdict(apply_overrides(config, p.overrides))
@@ -315,7 +316,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   rerunning them skips finished points as a local rerun does; an error here also exits non-zero,
   so the point then runs (train.py and eval.py of a finished run only redo the evaluation).
   """
-  import argparse  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(prog="python -m transformer.sweep_runner")
   parser.add_argument("command", choices=["is_done"])
   parser.add_argument("workdir")

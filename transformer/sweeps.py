@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
+from transformer import defaults
 from transformer.config import ConfigError, from_configdict
 
 # Short labels of common keys in workdir names and table columns (others: the key's last part).
@@ -69,7 +70,7 @@ def _import_file(path: str, kind: str) -> Any:
   return module
 
 
-def load_config(config_arg: str) -> ml_collections.ConfigDict:
+def load_config_file(config_arg: str) -> ml_collections.ConfigDict:
   """The ConfigDict of 'configs/g2p.py:small' (as `--config=` reads it)."""
   path, _, arg = config_arg.partition(":")
   module = _import_file(path, "config")
@@ -103,8 +104,7 @@ def flat_items(cd: Any, prefix: str = "") -> dict[str, Any]:
 def check_keys(points: Sequence[Mapping[str, Any]], config: ml_collections.ConfigDict,
                sweep_path: str, config_arg: str) -> None:
   """Every key is in configs/base.py and in the chosen config; every value a scalar."""
-  from configs import base  # pylint: disable=g-import-not-at-top
-  known, chosen = flat_items(base.get_config()), flat_items(config)
+  known, chosen = flat_items(defaults.get_config()), flat_items(config)
   for i, point in enumerate(points):
     for key, value in point.items():
       if key not in known:

@@ -1,10 +1,11 @@
 """Plots for looking at a model: attention heat maps, positional encodings, learning curves.
 
-Every function returns a matplotlib Figure (Agg backend: works headless) and, given `path`, also
-saves it as a PNG. Typical use with the notebook API:
+Every function returns a matplotlib Figure (Agg backend: works headless) and, given `save_path`,
+also saves it there as a PNG; `metrics_path` names what is read. Typical use with the notebook API:
 
   att = transformer.restore("runs/g2p").attention("phoneme")
-  plot_attention(att.cross[-1], queries=att.target_tokens, keys=att.source_tokens, path="x.png")
+  plot_attention(att.cross[-1], queries=att.target_tokens, keys=att.source_tokens,
+                 save_path="x.png")
   plot_positional_encoding(max_len=64, d_model=128)
   plot_learning_curves("runs/g2p")
 """
@@ -15,6 +16,7 @@ import json
 import math
 import os
 from typing import Any, Sequence
+import warnings
 
 import matplotlib
 
@@ -24,24 +26,34 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from transformer import files  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.positional import sinusoidal_table  # pylint: disable=wrong-import-position
 
 
-def _finish(fig: Any, path: str | None) -> Any:
-  """Saves `fig` as a PNG at `path` (directories created) when given; returns it."""
-  if path:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+def _finish(fig: Any, save_path: str | None) -> Any:
+  """Saves `fig` as a PNG at `save_path` (directories created) when given; returns it."""
+  if save_path:
+    os.makedirs(os.path.dirname(os.path.abspath(save_path)), exist_ok=True)
+    fig.savefig(save_path, dpi=100, bbox_inches="tight")
   return fig
+
+
+def _renamed_path(save_path: str | None, path: str | None, fn: str) -> str | None:
+  """save_path, or the deprecated `path=` keyword (the README's older examples) with a warning."""
+  if path is not None:
+    warnings.warn(f"{fn}(path=...) is deprecated: use save_path=", DeprecationWarning,
+                  stacklevel=3)
+  return save_path if save_path is not None else path
 
 
 def plot_attention(weights: Any, queries: Sequence[str] | None = None,
                    keys: Sequence[str] | None = None, title: str = "", ncols: int = 4,
-                   path: str | None = None) -> Any:
+                   save_path: str | None = None, *, path: str | None = None) -> Any:
   """A grid of heat maps, one per head, of one layer's weights [heads, queries, keys].
 
   Rows are queries (y tick labels `queries`), columns keys (x tick labels `keys`); each row of a
   head sums to 1. A [queries, keys] array is drawn as a single head.
   """
+  save_path = _renamed_path(save_path, path, "plot_attention")
   w = np.asarray(weights, np.float32)
   if w.ndim == 2:
     w = w[None]
@@ -70,17 +82,17 @@ def plot_attention(weights: Any, queries: Sequence[str] | None = None,
   if title:
     fig.suptitle(title)
   fig.tight_layout()
-  return _finish(fig, path)
+  return _finish(fig, save_path)
 
 
 def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any = None,
-                             path: str | None = None) -> Any:
+                             save_path: str | None = None, *, path: str | None = None) -> Any:
   """The sinusoidal table [positions, d_model] and its dot-product similarity [pos, pos].
 
   `table` plots a given [positions, d] table instead (e.g. learned position embeddings).
   """
+  save_path = _renamed_path(save_path, path, "plot_positional_encoding")
   if table is None:
-    from transformer.positional import sinusoidal_table  # pylint: disable=g-import-not-at-top
     table = sinusoidal_table(max_len, d_model)
   table = np.asarray(table, np.float32)
   if table.ndim != 2:
@@ -94,11 +106,12 @@ def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any =
   right.set(title="dot-product similarity", xlabel="position", ylabel="position")
   fig.colorbar(image, ax=right)
   fig.tight_layout()
-  return _finish(fig, path)
+  return _finish(fig, save_path)
 
 
-def read_metrics(path: str) -> list[dict[str, Any]]:
+def read_metrics(metrics_path: str) -> list[dict[str, Any]]:
   """The records of a metrics.jsonl file (or of `<workdir>/metrics.jsonl`)."""
+  path = metrics_path
   if files.isdir(path):
     path = os.path.join(path, "metrics.jsonl")
   if not files.exists(path):
@@ -113,20 +126,20 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
   return records
 
 
-def plot_learning_curves(path: str, keys: Sequence[str] | None = None,
+def plot_learning_curves(metrics_path: str, keys: Sequence[str] | None = None,
                          save_path: str | None = None) -> Any:
   """One panel per metric against the step, from a workdir or its metrics.jsonl.
 
   `keys` default: every train/* loss and every eval/* metric that was logged (those that exist).
   """
-  records = read_metrics(path)
+  records = read_metrics(metrics_path)
   logged = sorted({k for r in records for k, v in r.items()
                    if k != "step" and isinstance(v, (int, float))})
   if keys is None:
     keys = [k for k in logged if k == "train/loss" or k.startswith("eval/")] or logged[:4]
   keys = [k for k in keys if k in logged]
   if not keys:
-    raise ValueError(f"plot_learning_curves: none of the requested metrics is in {path} "
+    raise ValueError(f"plot_learning_curves: none of the requested metrics is in {metrics_path} "
                      f"(logged: {logged})")
   ncols = min(3, len(keys))
   nrows = math.ceil(len(keys) / ncols)

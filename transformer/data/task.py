@@ -77,7 +77,7 @@ class Task:
     d = cfg.data
     self.data_config, self.arch = d, cfg.model.arch
     if process_index is None or process_count is None:
-      import jax  # pylint: disable=g-import-not-at-top
+      import jax  # pylint: disable=g-import-not-at-top  (only when the caller gives no host)
       process_index, process_count = jax.process_index(), jax.process_count()
     if d.batch_size % process_count:
       raise ValueError(f"data.batch_size={d.batch_size} is not divisible by the "

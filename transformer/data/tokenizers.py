@@ -165,7 +165,7 @@ class SentencePieceTokenizer(Tokenizer):
 
   def __init__(self, model_proto: bytes):
     super().__init__()
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (optional: BPE only)
     self.model_proto = model_proto
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     got = (self._sp.pad_id(), self._sp.eos_id(), self._sp.bos_id(), self._sp.unk_id())
@@ -245,7 +245,7 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_type: str =
                         max_sentences: int = 1_000_000) -> SentencePieceTokenizer:
   """Trains SentencePiece on `texts` (the training split) deterministically (one thread, no
   sampling shuffle), with our special ids."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (optional: BPE only)
   if model_type not in ("bpe", "unigram"):
     raise ValueError(f"data.spm_model_type={model_type!r} is not one of bpe|unigram")
 

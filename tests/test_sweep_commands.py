@@ -1,0 +1,100 @@
+"""Sweeps printed: the exact dry-run and TPU VM commands, the README's lines, the is_done guard."""
+
+import os
+import re
+import shlex
+import textwrap
+
+from sweep_fixtures import ROOT, TINY, sweep_cli, write_sweep, fake  # noqa: F401  (fake: a pytest fixture)
+from transformer import sweep_runner
+
+
+def test_dry_run_prints_the_exact_commands(tmp_path):
+  """--dry_run prints, per point, a status comment and the exact train/eval argv (sweep-wide
+  --config.* overrides first, then the point's), and runs nothing."""
+  path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.positional", '
+                     '["sinusoidal", "rope"])\n')
+  w = tmp_path / "w"
+  out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={w}", "--python=python3",
+                  "--config.train.num_steps=4", "--dry_run")
+  assert out.returncode == 0, out.stderr
+  assert out.stdout == textwrap.dedent(f"""\
+      # positional=sinusoidal: new
+      python3 train.py --config={TINY} --workdir={w}/positional=sinusoidal --config.train.num_steps=4 --config.model.positional=sinusoidal
+      python3 eval.py --workdir={w}/positional=sinusoidal --split=test
+      # positional=rope: new
+      python3 train.py --config={TINY} --workdir={w}/positional=rope --config.train.num_steps=4 --config.model.positional=rope
+      python3 eval.py --workdir={w}/positional=rope --split=test
+      """)
+  assert not w.exists()
+
+
+def test_tpu_vm_commands_are_exact_and_never_executed(tmp_path):
+  """--launcher=tpu_vm prints one gcloud ssh per point (all workers; workdir and data_dir on the
+  bucket; train then eval, both skipped when `sweep_runner is_done` says the point is done), then
+  as the last line the exact command that collects the results (without checkpoints) and reports;
+  missing TPU flags are a one-line error."""
+  path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("train.learning_rate", [0.5, 2.0])\n')
+  out = sweep_cli("--config=configs/g2p.py:small", f"--sweep={path}", "--workdir=runs/sw",
+                  "--launcher=tpu_vm", "--tpu_name=my-tpu", "--zone=us-central2-b",
+                  "--bucket=gs://bkt/", "--eval_split=test")
+  assert out.returncode == 0, out.stderr
+  expected = []
+  for lr in ("0.5", "2.0"):
+    w = f"gs://bkt/runs/sw/lr={lr}"
+    expected += [f"# lr={lr}", (
+        "gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all "
+        f'--command="cd ~/transformer && if ! python3 -m transformer.sweep_runner is_done {w} '
+        "--num_steps=20000 --split=test; then python3 train.py --config=configs/g2p.py:small "
+        f"--workdir={w} --config.train.learning_rate={lr} "
+        "--config.data.data_dir=gs://bkt/tensorflow_datasets && python3 eval.py "
+        f'--workdir={w} --split=test; fi"')]
+  expected += ["# then copy the results back (without checkpoints) and write the report:",
+               "gcloud storage rsync -r -x '.*/checkpoints/.*' gs://bkt/runs/sw runs/sw && "
+               f"python sweep.py --config=configs/g2p.py:small --sweep={path} --workdir=runs/sw "
+               "--eval_split=test --report_only"]
+  assert out.stdout.splitlines() == expected
+  bad = sweep_cli("--config=configs/g2p.py:small", f"--sweep={path}", "--workdir=runs/sw",
+                  "--launcher=tpu_vm", "--tpu_name=my-tpu")
+  assert bad.returncode == 1 and bad.stderr == "error: --launcher=tpu_vm needs --zone, --bucket\n"
+
+
+def _readme_block_after(marker: str) -> str:
+  """The first fenced block after `marker` in README.md, `\\`-continued lines joined."""
+  with open(os.path.join(ROOT, "README.md")) as f:
+    text = f.read()
+  block = text[text.index(marker):].split("```", 2)[1]
+  return re.sub(r"\\\n\s*", "", block.split("\n", 1)[1]).strip()
+
+
+def test_readme_tpu_sweep_lines_are_what_sweep_py_prints():
+  """README's "Running on cloud TPUs": its command prints, for the point positional=rope, exactly
+  the ssh line the README shows, and its last line is exactly the collect command shown there."""
+  command = _readme_block_after("run them one after the other from your machine")
+  args = shlex.split(command.replace(" [--execute]", ""))
+  assert args[:2] == ["python", "sweep.py"]
+  out = sweep_cli(*args[2:])
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  shown = _readme_block_after("which prints, for each point,").splitlines()
+  assert lines[lines.index(shown[0]) + 1] == shown[1]
+  collect = _readme_block_after("the last line `sweep.py` printed is exactly this command")
+  assert lines[-1] == collect
+
+
+def test_is_done_is_the_local_runners_test(fake, capsys):
+  """`python -m transformer.sweep_runner is_done` (the TPU commands' guard) exits 0 exactly when
+  the local runner would skip the point: trained to num_steps and, with --split, evaluated at
+  that step; otherwise 1 with the point's status."""
+  points, commands = fake
+  p = points[0]
+  args = ["is_done", p.workdir, f"--num_steps={p.num_steps}", "--split=test"]
+  assert sweep_runner.main(args) == 1 and capsys.readouterr().out == f"{p.workdir}: new\n"
+  assert sweep_runner.run(points[:1], commands, echo=lambda _: None) == []
+  assert sweep_runner.status(p, commands) == "done"
+  assert sweep_runner.main(args) == 0
+  assert capsys.readouterr().out == f"{p.workdir}: done (skipped)\n"
+  assert sweep_runner.main(args[:2] + [f"--num_steps={p.num_steps + 1}"]) == 1  # train further
+  os.remove(os.path.join(p.workdir, "metrics.test.json"))
+  assert sweep_runner.main(args) == 1 and capsys.readouterr().out.endswith(": eval\n")
+  assert sweep_runner.main(args[:3]) == 0  # no eval split: trained is done

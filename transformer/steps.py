@@ -1,0 +1,184 @@
+"""The compiled steps: TrainState, state creation, train_step, eval_step, teacher-forced metrics.
+
+Read top to bottom: `TrainState`; `make_train_step` (loss sums -> gradients of sums -> optional psum
+over devices -> normalise -> optax update; scheduled sampling from transformer/scheduled_sampling.py
+when configured); `make_eval_step` and `teacher_forced_metrics`, the one definition of the
+teacher-forced loss, accuracy and perplexity that training and evaluation both report; then state
+creation. The loop lives in transformer/training.py, whole-split evaluation in evaluation.py.
+
+Randomness: the state holds one PRNG key derived from `config.seed`; the step's key is
+`fold_in(state.rng, state.step)`, so a run resumed from a checkpoint draws the same numbers as an
+uninterrupted one. Losses are sums over tokens until the very end of the step, so gradient
+accumulation and data parallelism give exactly the large batch's mean.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from transformer import metrics as metrics_lib
+from transformer import models, optim
+from transformer.config import Config
+from transformer.losses import cross_entropy
+from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits
+
+Array = jax.Array
+PyTree = Any
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a step updates; plain arrays only, so it checkpoints and shards cleanly."""
+  step: Array  # int32 []: updates applied so far
+  params: PyTree
+  opt_state: PyTree
+  rng: Array  # uint32 [2]: the run's key data (checkpoints hold no typed keys); see key_data
+
+
+def key_data(key: Array) -> Array:
+  """The raw uint32 data of a key: typed keys (jax.random.key, recommended) and legacy uint32
+  keys (jax.random.PRNGKey) alike, so every function that takes a key accepts both."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return jax.random.key_data(key)
+  return jnp.asarray(key, jnp.uint32)
+
+
+def target_weights(batch: dict[str, Any]) -> Array:
+  """The batch's loss weights: its 'weights' feature, else 1 on non-padding targets (id != 0)."""
+  weights = batch.get("weights")
+  return (batch["targets"] != 0).astype(jnp.float32) if weights is None else weights
+
+
+# ---------------------------------------------------------------------------------------------
+# Train and eval steps.
+
+
+def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformation) -> Callable:
+  """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)`.
+
+  One function serves jit-over-a-mesh (axis_name None) and pmap (axis_name = the device axis,
+  where the loss, weight and gradient sums are `psum`med before normalising). `rng` overrides the
+  state's key (None = state.rng). Metrics stay on device: loss, weight_sum, grad_norm,
+  learning_rate, teacher_forcing, finite.
+  """
+  arch, tc = cfg.model.arch, cfg.train
+  lr_fn = optim.make_schedule(tc, d_model=cfg.model.d_model)
+  use_ss = tc.scheduled_sampling.schedule != "none"
+  deterministic = not (cfg.model.dropout_rate or cfg.model.attention_dropout_rate
+                       or cfg.model.ffn_dropout_rate)
+
+  def loss_sums(params, micro):
+    batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
+    if use_ss:
+      logits = two_pass_logits(model, arch, params, batch, tf_prob, key, deterministic)
+    else:
+      logits = models.batch_logits(model, params, batch, deterministic=deterministic,
+                                   rngs={"dropout": key})
+    weights = target_weights(batch)
+    loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights,
+                                            label_smoothing=tc.label_smoothing, z_loss=tc.z_loss)
+    return loss_sum, weight_sum
+
+  grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
+
+  def train_step(state: TrainState, batch: dict[str, Any], rng: Array | None = None,
+                 axis_name: str | None = None):
+    key = jax.random.fold_in(state.rng if rng is None else rng, state.step)
+    if axis_name is not None:  # a different dropout mask on every device
+      key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
+    tf_prob = teacher_forcing_prob(tc.scheduled_sampling, state.step)
+    batch = {k: v for k, v in batch.items() if v is not None}
+    n = tc.grad_accum_steps
+    micro = dict(batch=optim.split_micro_batches(batch, n), rng=jax.random.split(key, n),
+                 tf_prob=jnp.broadcast_to(tf_prob, (n,)))
+    if n == 1:
+      (loss_sum, weight_sum), grads = grad_fn(state.params, jax.tree.map(lambda x: x[0], micro))
+    else:
+      loss_sum, weight_sum, grads = optim.accumulate_gradients(grad_fn, state.params, micro)
+    if axis_name is not None:
+      loss_sum, weight_sum, grads = jax.lax.psum((loss_sum, weight_sum, grads), axis_name)
+    denom = jnp.maximum(weight_sum, 1.0)
+    grads = jax.tree.map(lambda g: g / denom, grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    loss, grad_norm = loss_sum / denom, optax.tree.norm(grads)
+    metrics = dict(loss=loss, weight_sum=weight_sum, grad_norm=grad_norm,
+                   learning_rate=lr_fn(state.step), teacher_forcing=tf_prob,
+                   finite=jnp.isfinite(loss) & jnp.isfinite(grad_norm))
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model: nn.Module) -> Callable:
+  """Returns `eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight)."""
+
+  def eval_step(params, batch):
+    batch = {k: v for k, v in batch.items() if v is not None}
+    logits = models.batch_logits(model, params, batch)
+    weights = target_weights(batch)
+    loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights)
+    correct = (jnp.argmax(logits, -1) == batch["targets"]).astype(jnp.float32)
+    return dict(loss_sum=loss_sum, weight_sum=weight_sum, correct_sum=jnp.sum(correct * weights))
+
+  return eval_step
+
+
+def teacher_forced_metrics(sums: dict[str, float], prefix: str = "") -> dict[str, float]:
+  """Eval-step sums added up over the batches of a split -> loss, accuracy, perplexity and
+  scored_tokens (how many target tokens they cover), each key with `prefix`.
+
+  The loss is the split's total NLL over its total weight, and the perplexity exp of it: a token
+  average, never a mean of per-batch values (batches hold different numbers of tokens). A diverged
+  model's perplexity is inf (metrics.perplexity), not a capped number.
+  """
+  w = max(float(sums["weight_sum"]), 1.0)
+  loss = float(sums["loss_sum"]) / w
+  out = {"loss": loss, "accuracy": float(sums["correct_sum"]) / w,
+         "perplexity": metrics_lib.perplexity(loss), "scored_tokens": float(sums["weight_sum"])}
+  return {prefix + k: v for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# State creation.
+
+
+def init_params(model: nn.Module, rng: Array, example_batch: dict[str, Any],
+                unbox: bool = True) -> PyTree:
+  """Initial parameters from an example batch (only shapes matter); boxed keeps logical axes."""
+  batch = {k: jnp.asarray(v) for k, v in example_batch.items() if v is not None}
+
+  @jax.jit  # op-by-op init of even a tiny model takes seconds; compiled it is one call
+  def init(key, batch):
+    return models.batch_init(model, {"params": key, "dropout": key}, batch)
+
+  variables = init(rng, batch)
+  return nn.meta.unbox(variables["params"]) if unbox else variables["params"]
+
+
+def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch: dict[str, Any],
+                       tx: optax.GradientTransformation | None = None,
+                       unbox: bool = True) -> TrainState:
+  """A fresh TrainState: params from `rng`, optimizer state, step 0, the run key `rng` (as its
+  uint32 data; `rng` may be a typed or a legacy key).
+
+  With unbox=False the parameters (and their optimizer moments) keep flax's logical-axis boxes,
+  which is what `jax.eval_shape` of this function should see to derive shardings.
+  """
+  tx = tx or optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  batch = {k: jnp.asarray(v) for k, v in example_batch.items() if v is not None}
+
+  @jax.jit  # one compiled call instead of seconds of op-by-op dispatch
+  def create(key, batch):
+    params = init_params(model, jax.random.fold_in(key, 1), batch, unbox)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=key_data(key))
+
+  return create(rng, batch)
