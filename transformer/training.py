@@ -21,6 +21,7 @@ import numpy as np
 from transformer import checkpoints, evaluation, files, optim, parallel, reporting, steps
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.models import build_model
+
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
 
 
