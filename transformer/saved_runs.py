@@ -6,11 +6,16 @@ parameters of a checkpoint, checked against the shapes that config builds. Both 
 workdir: checkpoints are opened read-only, so a save that training has in flight is left alone.
 Every failure (a missing, truncated or foreign checkpoint, a bad config.json) is an
 EvaluationError whose one-line message names the file, step or parameter.
+
+Fine-tuning (`train.py --init_from=RUN`) starts from such a run: `init_from_config(cfg, run)` takes
+the run's model section (all but FINETUNE_MODEL_KEYS) and tokenizer keys, `init_params(run)` its
+latest parameters.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from typing import Any
@@ -29,6 +34,11 @@ OVERRIDABLE_KEYS = frozenset({
     "seed", "data.data_dir", "data.eval_split", "data.batch_size",
     "model.attention_impl", "model.dtype"})
 STEP_NAMES = ("latest", "best")
+# Model keys a fine-tuning config sets itself: regularisation and execution, never the function.
+FINETUNE_MODEL_KEYS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
+                       "attention_impl", "remat", "dtype")
+_TOKENIZER_KEYS = ("tokenizer", "source_tokenizer", "spm_model_type", "spm_vocab_size",
+                   "hf_tokenizer")
 
 
 class EvaluationError(ValueError):
@@ -161,3 +171,27 @@ def restore_params(cfg: Config, workdir: str, step: int | str | None = None) -> 
                           f"train state?): {type(e).__name__}: {_first_line(e)}{hint}") from None
   _check_params(cfg, build_model(cfg.model), params, f"{directory}/{step}")
   return params, step
+
+
+def init_from_config(cfg: Config, init_from: str) -> Config:
+  """`cfg` with the model section and tokenizer keys of the run in `init_from` (fine-tuning);
+  FINETUNE_MODEL_KEYS keep `cfg`'s values. Raises ConfigError naming --init_from."""
+  try:
+    run = load_config(init_from)
+  except EvaluationError as e:
+    raise ConfigError(f"--init_from={init_from}: {e}") from None
+  model = dataclasses.replace(run.model, **{k: getattr(cfg.model, k) for k in FINETUNE_MODEL_KEYS})
+  data = dataclasses.replace(cfg.data, **{k: getattr(run.data, k) for k in _TOKENIZER_KEYS})
+  merged = dataclasses.replace(cfg, model=model, data=data)
+  try:
+    return from_configdict(dataclasses.asdict(merged))  # e.g. data lengths against model.max_len
+  except ConfigError as e:
+    raise ConfigError(f"--init_from={init_from}: {e}") from None
+
+
+def init_params(init_from: str) -> Any:
+  """The latest parameters of the run in `init_from` (fine-tuning); ConfigError if unreadable."""
+  try:
+    return restore_params(load_config(init_from), init_from)[0]
+  except EvaluationError as e:
+    raise ConfigError(f"--init_from={init_from}: {e}") from None
