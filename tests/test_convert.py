@@ -76,12 +76,18 @@ def hf_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def converted(hf_dir, tmp_path_factory):
+def data_dir(tmp_path_factory):
+  """One TFDS directory for the module: the corpus is prepared once."""
+  return str(tmp_path_factory.mktemp("tfds"))
+
+
+@pytest.fixture(scope="module")
+def converted(hf_dir, data_dir, tmp_path_factory):
   """The workdir convert.from_hf writes (with data: the corpus next to the model)."""
   directory, _ = hf_dir
   workdir = str(tmp_path_factory.mktemp("converted") / "run")
   convert.from_hf(directory, workdir, os.path.join(os.path.dirname(directory), "corpus.txt"),
-                  data_dir=str(tmp_path_factory.mktemp("tfds")))
+                  data_dir=data_dir)
   return workdir
 
 
@@ -187,9 +193,10 @@ def test_round_trip_is_bitwise_equal(hf_dir, converted, tmp_path):
       os.path.join(directory, "tokenizer.json")).read()
 
 
-def test_converted_workdir_restores_and_predicts(converted, run, capsys):
+def test_converted_workdir_restores_predicts_and_evaluates(converted, run, capsys):
   """The workdir is one the rest of the library reads: restore() gives a decoder-only run with the
-  'hf' tokenizer (GPT-2 ids + 4), and `python -m transformer.predict` continues a prompt."""
+  'hf' tokenizer (GPT-2 ids + 4), `python -m transformer.predict` continues a prompt, and eval.py's
+  evaluate() scores the --text_file's validation split."""
   assert run.config.model.ffn == "gelu_tanh" and run.config.model.positional == "learned"
   assert run.target_tokenizer.kind == "hf" and run.step == 0
   tok = run.target_tokenizer
@@ -197,17 +204,19 @@ def test_converted_workdir_restores_and_predicts(converted, run, capsys):
   assert predict.main(["--workdir", converted, "the cat"]) == 0
   line = capsys.readouterr().out.strip()
   assert line.startswith("the cat\t")
+  results = evaluation.evaluate(converted, split="validation", verbose=False)
+  assert results["step"] == 0 and np.isfinite(results["loss"]) and "bits_per_token" in results
 
 
 @pytest.fixture(scope="module")
-def finetuned(converted, hf_dir, tmp_path_factory):
+def finetuned(converted, hf_dir, data_dir, tmp_path_factory):
   """(workdir, metrics lines) of `train.py --init_from=<converted>` for 8 steps on the corpus."""
   tmp = tmp_path_factory.mktemp("finetune")
   text_file = os.path.join(os.path.dirname(hf_dir[0]), "corpus.txt")
   workdir = str(tmp / "run")
   cmd = [sys.executable, "train.py", "--config=configs/lm.py:nanogpt_cpu", f"--workdir={workdir}",
          f"--init_from={converted}", "--config.data.dataset=text_files",
-         f"--config.data.text_file={text_file}", f"--config.data.data_dir={tmp / 'tfds'}",
+         f"--config.data.text_file={text_file}", f"--config.data.data_dir={data_dir}",
          "--config.data.max_target_len=32", "--config.data.max_source_len=32",
          "--config.data.batch_size=8", "--config.train.num_steps=8",
          "--config.train.warmup_steps=0", "--config.train.learning_rate=3e-3",
