@@ -302,3 +302,34 @@ def test_unmappable_configs_are_one_line_errors_naming_the_key(converted, hf_dir
   with pytest.raises(convert.ConvertError, match="model.ffn='swiglu'"):
     convert.hf_config(model_config(arch="decoder_only", positional="learned", norm_position="pre",
                                    scale_embeddings=False, ffn="swiglu"))
+
+
+def test_hf_tokenizer_kind_is_a_config_value(hf_dir, tmp_path):
+  """data.tokenizer='hf' with data.hf_tokenizer=<tokenizer.json or its directory> builds the
+  tokenizer Hugging Face's own gives, every id + 4; it saves (as hf_tokenizer.json next to our
+  tokenizer.json) and loads back equal; decoding stops at our EOS like every other kind."""
+  directory, _ = hf_dir
+  tok = tokenizers.build("hf", [], hf_tokenizer=directory)
+  assert tok == tokenizers.build("hf", [], hf_tokenizer=os.path.join(directory, "tokenizer.json"))
+  reference = tokenizers_lib.Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+  text = "my friend likes some fish."
+  assert tok.encode(text) == [i + tokenizers.NUM_SPECIAL for i in reference.encode(text).ids]
+  assert tok.vocab_size == reference.get_vocab_size() + tokenizers.NUM_SPECIAL
+  tok.save(str(tmp_path / "tok"))
+  assert sorted(os.listdir(tmp_path / "tok")) == ["hf_tokenizer.json", "tokenizer.json"]
+  assert tokenizers.load(str(tmp_path / "tok")) == tok
+  assert tok.decode(tok.encode(text) + [tokenizers.EOS_ID] + tok.encode("she")) == text
+
+
+def test_notebook_plots_a_converted_gpt2(converted, tmp_path):
+  """The notebook's last section (notebooks/explore.py), run on the converted workdir, draws the
+  learned positional embeddings and the last layer's attention maps."""
+  import jupytext
+  from transformer import viz
+  notebook = jupytext.read(os.path.join(REPO, "notebooks", "explore.py"))
+  cells = [c.source for c in notebook.cells]
+  code = cells[next(i for i, c in enumerate(cells) if c.startswith("## A converted GPT-2")) + 1]
+  env = dict(os=os, transformer=transformer, viz=viz, HF_WORKDIR=converted, HF_PROMPT="the cat",
+             FIG_DIR=str(tmp_path))
+  exec(code, env)  # pylint: disable=exec-used
+  assert sorted(os.listdir(tmp_path)) == ["gpt2_attention.png", "gpt2_positional.png"]
