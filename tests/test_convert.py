@@ -186,7 +186,8 @@ def test_round_trip_is_bitwise_equal(hf_dir, converted, tmp_path):
     source = json.load(f)
   with open(tmp_path / "back" / "config.json") as f:
     written = json.load(f)
-  for key in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "activation_function",
+  for key in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner",
+              "activation_function",
               "layer_norm_epsilon", "eos_token_id", "bos_token_id", "tie_word_embeddings"):
     assert written.get(key) == source.get(key), key
   assert (tmp_path / "back" / "tokenizer.json").read_text() == open(
@@ -233,7 +234,8 @@ def test_fine_tuning_from_a_converted_workdir_lowers_the_loss(converted, run, fi
   """`train.py --init_from=OUT` trains the converted GPT-2 itself: its model config and 'hf'
   tokenizer carry over (lm.py's char model and tokenizer do not), every parameter moved at most a
   few learning rates from the converted one (so it started there, not from a random init), and
-  the training loss fell from the converted model's (step 1's loss is computed before any update)."""
+  the training loss fell from the converted model's (step 1's loss is computed before any
+  update)."""
   workdir, lines = finetuned
   tuned = transformer.restore(workdir)
   assert tuned.config.model == dataclasses.replace(run.config.model, dropout_rate=0.0,

@@ -12,15 +12,16 @@ config.json). `transformer.restore(OUT)`, `python -m transformer.predict --workd
 `train.py --init_from=OUT` (fine-tuning) read it; `eval.py` too when `--text_file` gave it data
 (without, `data.dataset` is empty: the workdir holds a model and its tokenizer only).
 `--to_hf` writes config.json, model.safetensors (and tokenizer.json for an 'hf' tokenizer) for any
-run whose config maps onto GPT-2; a config that does not is a one-line error naming the key.
+run whose config maps onto GPT-2; a config that does not is a one-line error naming the key. (A
+decoder-only seq2seq run, `model.prefix_lm`, exports as GPT-2 is: causal over the prompt too.)
 
 GPT-2 in our knobs: decoder_only, pre-LN with a final LayerNorm (`norm_position='pre'`, LayerNorm
 with bias, `norm_eps` = layer_norm_epsilon), learned positions (`positional='learned'`, `max_len` =
 n_positions), biases everywhere (`use_bias`), tanh GELU (`ffn='gelu_tanh'`), unscaled embeddings
 (`scale_embeddings=False`), tied head (`tie_embeddings`), attention scaled by 1/sqrt(head_dim) (ours
 always is). GPT-2's fused Conv1D c_attn weight [d, 3d] (columns q | k | v, heads major) is exactly
-our fused `qkv` kernel [d, 3, n, h] reshaped; Conv1D weights are [in, out] like our kernels. Dropout:
-resid_pdrop -> model.dropout_rate (ours also drops the embeddings with it: embd_pdrop is not kept
+our fused `qkv` kernel [d, 3, n, h] reshaped; Conv1D weights are [in, out] like our kernels.
+Dropout: resid_pdrop -> model.dropout_rate (ours also drops the embeddings with it: embd_pdrop is not kept
 separately), attn_pdrop -> attention_dropout_rate.
 
 Token ids: our id = Hugging Face id + NUM_SPECIAL (4). Our code reserves ids 0-3 (pad, which is
@@ -74,6 +75,9 @@ def model_overrides(hf: dict[str, Any]) -> dict[str, Any]:
   for key, want in checks.items():
     if hf.get(key, want) != want:
       raise ConvertError(f"config.json: {key}={hf[key]!r} has no counterpart here (need {want})")
+  for key in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+    if not isinstance(hf.get(key), int) or hf[key] <= 0:
+      raise ConvertError(f"config.json: {key}={hf.get(key)!r} must be a positive integer")
   act = hf.get("activation_function", "gelu_new")
   if act not in _ACTIVATIONS:
     raise ConvertError(f"config.json: activation_function={act!r} is not one of "
@@ -105,7 +109,8 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
           "v_head_dim": m.d_model // m.num_heads, "ffn_dropout_rate": 0.0}
   for key, want in need.items():
     if getattr(m, key) != want:
-      raise ConvertError(f"model.{key}={getattr(m, key)!r} has no GPT-2 counterpart (need {want!r})")
+      raise ConvertError(f"model.{key}={getattr(m, key)!r} has no GPT-2 counterpart "
+                         f"(need {want!r})")
   if m.ffn not in _HF_ACTIVATION:
     raise ConvertError(f"model.ffn={m.ffn!r} has no GPT-2 counterpart (one of "
                        f"{'|'.join(_HF_ACTIVATION)})")
@@ -117,8 +122,9 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
   activation = out.get("activation_function")  # the source's name when it means the same
   if _ACTIVATIONS.get(activation) != m.ffn:
     activation = _HF_ACTIVATION[m.ffn]
+  inner = None if out.get("n_inner") is None and m.mlp_dim == 4 * m.d_model else m.mlp_dim
   out |= {"vocab_size": m.vocab_size - NUM_SPECIAL, "n_positions": m.max_len, "n_embd": m.d_model,
-          "n_layer": m.num_decoder_layers, "n_head": m.num_heads, "n_inner": m.mlp_dim,
+          "n_layer": m.num_decoder_layers, "n_head": m.num_heads, "n_inner": inner,
           "activation_function": activation,
           "layer_norm_epsilon": m.norm_eps, "resid_pdrop": m.dropout_rate,
           "embd_pdrop": m.dropout_rate, "attn_pdrop": m.attention_dropout_rate,
@@ -188,7 +194,8 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, eos_id: Any) ->
             "out": {"kernel": state[f"{p}.attn.c_proj.weight"].reshape(n, h, d),
                     "bias": state[f"{p}.attn.c_proj.bias"]}},
         "ffn_norm": norm(f"{p}.ln_2"),
-        "ffn": {"wi": {"kernel": state[f"{p}.mlp.c_fc.weight"], "bias": state[f"{p}.mlp.c_fc.bias"]},
+        "ffn": {"wi": {"kernel": state[f"{p}.mlp.c_fc.weight"],
+                       "bias": state[f"{p}.mlp.c_fc.bias"]},
                 "wo": {"kernel": state[f"{p}.mlp.c_proj.weight"],
                        "bias": state[f"{p}.mlp.c_proj.bias"]}}}
   if not m.tie_embeddings:
@@ -272,10 +279,11 @@ def write_workdir(cfg: Config, params: Any, tokenizer: Any, workdir: str,
   """A workdir as training writes one: config.json, provenance.json, checkpoint 0 (a fresh train
   state holding `params`), tokenizers/target and converted_from.json."""
   import jax  # pylint: disable=g-import-not-at-top  (after argument parsing: JAX is slow)
-  from transformer import checkpoints, optim, reporting, training  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from transformer import checkpoints, optim, reporting, training
   from transformer.models import build_model  # pylint: disable=g-import-not-at-top
-  if files.isdir(os.path.join(workdir, "checkpoints")):
-    raise ConvertError(f"--workdir={workdir} already holds checkpoints; give an empty directory")
+  if any(files.exists(os.path.join(workdir, name)) for name in ("config.json", "checkpoints")):
+    raise ConvertError(f"--workdir={workdir} already holds a run; give a new directory")
   model = build_model(cfg.model)
   example = {"targets": np.ones((1, 4), np.int32)}
   state = training.create_train_state(cfg, model, jax.random.key(cfg.seed), example,
@@ -355,7 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--workdir", required=True, help="the workdir written or read")
   parser.add_argument("--from_hf", default="", help="a local Hugging Face GPT-2 directory to read")
   parser.add_argument("--to_hf", default="", help="a directory to write a Hugging Face GPT-2 to")
-  parser.add_argument("--text_file", default="", help="--from_hf: data for eval.py (data.text_file)")
+  parser.add_argument("--text_file", default="",
+                      help="--from_hf: data for eval.py (data.text_file)")
   parser.add_argument("--data_dir", default="", help="--from_hf: where that data is prepared "
                       "(data.data_dir; default: the usual TFDS directory)")
   parser.add_argument("--step", default="latest", help="--to_hf: an integer, 'latest' or 'best'")

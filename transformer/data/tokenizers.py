@@ -205,7 +205,8 @@ class SentencePieceTokenizer(Tokenizer):
 
 
 class HFTokenizer(Tokenizer):
-  """A Hugging Face `tokenizers` tokenizer (its tokenizer.json text); its id i is our i + NUM_SPECIAL.
+  """A Hugging Face `tokenizers` tokenizer (its tokenizer.json text); its id i is our i +
+  NUM_SPECIAL.
 
   `encode` adds no special tokens (the pipelines add ours); the model's own special tokens (e.g.
   GPT-2's <|endoftext|>) are ordinary ids here. Its unknown token, if it has one, is `unk_id`.
@@ -215,7 +216,7 @@ class HFTokenizer(Tokenizer):
 
   def __init__(self, tokenizer_json: str):
     super().__init__()
-    from tokenizers import Tokenizer as _HF  # pylint: disable=g-import-not-at-top  (optional dependency)
+    from tokenizers import Tokenizer as _HF  # pylint: disable=g-import-not-at-top  (optional)
     self.tokenizer_json = tokenizer_json
     self._tok = _HF.from_str(tokenizer_json)
     unk = json.loads(tokenizer_json).get("model", {}).get("unk_token")
