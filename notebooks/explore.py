@@ -35,7 +35,7 @@ WORKDIR = os.environ.get("EXPLORE_WORKDIR") or os.path.join(ROOT, "runs", "g2p_t
 FIG_DIR = os.environ.get("EXPLORE_FIG_DIR") or os.path.join(WORKDIR, "figures")
 WORDS = ["phoneme", "attention", "transformer", "jax"]
 HF_WORKDIR = os.environ.get("EXPLORE_HF_WORKDIR") or os.path.join(ROOT, "runs", "gpt2")
-HF_PROMPT = "The quick brown fox"
+HF_TEXT = "The quick brown fox jumps over the lazy dog."
 
 # %% [markdown]
 # ## Restore (or train)
@@ -119,8 +119,8 @@ print(sorted(os.listdir(FIG_DIR)))
 # %% [markdown]
 # ## A converted GPT-2
 # Skipped unless `HF_WORKDIR` holds a converted checkpoint. GPT-2 learned its positions: the table
-# and the similarity between positions show what it made of them, and its attention maps show
-# the heads of the last layer over a prompt and the greedy continuation.
+# and the similarity between positions show what it made of them; its attention maps show the
+# heads of the last layer over a sentence (after the start token, GPT-2's <|endoftext|>).
 
 # %%
 if os.path.isdir(os.path.join(HF_WORKDIR, "checkpoints")):
@@ -128,7 +128,7 @@ if os.path.isdir(os.path.join(HF_WORKDIR, "checkpoints")):
   positions = gpt2.params["decoder"]["position_embed"]["embedding"]
   viz.plot_positional_encoding(table=positions[:64],
                                path=os.path.join(FIG_DIR, "gpt2_positional.png"))
-  att = gpt2.attention(HF_PROMPT)
+  att = gpt2.attention(HF_TEXT, target="")  # the text as it is, nothing generated
   viz.plot_attention(att.decoder_self[-1], att.target_tokens, att.target_tokens,
                      title=f"GPT-2 self-attention, layer {len(att.decoder_self) - 1}",
                      path=os.path.join(FIG_DIR, "gpt2_attention.png"))

@@ -81,14 +81,30 @@ def data_dir(tmp_path_factory):
   return str(tmp_path_factory.mktemp("tfds"))
 
 
+def run_command(command: str) -> subprocess.CompletedProcess:
+  """`command` run by bash from the repository root (CPU only); fails the test if it fails."""
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  done = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  return done
+
+
 @pytest.fixture(scope="module")
-def converted(hf_dir, data_dir, tmp_path_factory):
-  """The workdir convert.from_hf writes (with data: the corpus next to the model)."""
+def converted_cli(hf_dir, data_dir, tmp_path_factory):
+  """(workdir, stdout) of `python -m transformer.convert --from_hf=DIR --workdir=OUT
+  --text_file=CORPUS` (data: the corpus next to the model)."""
   directory, _ = hf_dir
   workdir = str(tmp_path_factory.mktemp("converted") / "run")
-  convert.from_hf(directory, workdir, os.path.join(os.path.dirname(directory), "corpus.txt"),
-                  data_dir=data_dir)
-  return workdir
+  corpus_file = os.path.join(os.path.dirname(directory), "corpus.txt")
+  done = run_command(f"{sys.executable} -m transformer.convert --from_hf={directory} "
+                     f"--workdir={workdir} --text_file={corpus_file} --data_dir={data_dir}")
+  return workdir, done.stdout
+
+
+@pytest.fixture(scope="module")
+def converted(converted_cli):
+  return converted_cli[0]
 
 
 @pytest.fixture(scope="module")
@@ -223,9 +239,7 @@ def finetuned(converted, hf_dir, data_dir, tmp_path_factory):
          "--config.train.warmup_steps=0", "--config.train.learning_rate=3e-3",
          "--config.train.log_every_steps=1", "--config.eval.every_steps=8",
          "--config.eval.num_batches=1", "--config.checkpoint.every_steps=8"]
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
-  done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-  assert done.returncode == 0, done.stderr[-2000:]
+  run_command(" ".join(cmd))
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return workdir, [json.loads(line) for line in f]
 
@@ -262,20 +276,17 @@ def test_ours_to_hf_logits_equal_after_fine_tuning(finetuned, tmp_path):
   assert np.abs(got[real] - want[real]).max() <= 1e-4
 
 
-def test_cli_from_hf_and_to_hf(hf_dir, tmp_path):
-  """`python -m transformer.convert --from_hf=DIR --workdir=OUT`, then `--workdir=OUT --to_hf=DIR2`,
-  as subprocesses: both exit 0 with one summary line, and DIR2 holds GPT-2's weights bitwise."""
-  directory, model = hf_dir
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
-  out, back = str(tmp_path / "out"), str(tmp_path / "back")
-  script = (f"{sys.executable} -m transformer.convert --from_hf={directory} --workdir={out} && "
-            f"{sys.executable} -m transformer.convert --workdir={out} --to_hf={back}")
-  done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=300)
-  assert done.returncode == 0, done.stderr[-2000:]
-  lines = done.stdout.strip().splitlines()
-  assert len(lines) == 2 and lines[0].startswith(f"wrote {out}") and lines[1].startswith(
-      f"wrote {back}")
+def test_cli_from_hf_and_to_hf(hf_dir, converted_cli, tmp_path):
+  """`python -m transformer.convert --from_hf=DIR --workdir=OUT` (the fixture every other test
+  reads), then `--workdir=OUT --to_hf=DIR2`, as subprocesses: both exit 0 with one summary line,
+  and DIR2 holds GPT-2's weights bitwise."""
+  _, model = hf_dir
+  out, stdout = converted_cli
+  back = str(tmp_path / "back")
+  done = run_command(f"{sys.executable} -m transformer.convert --workdir={out} --to_hf={back}")
+  assert stdout.strip().splitlines() == [stdout.strip()] and stdout.startswith(f"wrote {out}")
+  assert done.stdout.strip() == done.stdout.strip().splitlines()[0]
+  assert done.stdout.startswith(f"wrote {back}")
   from safetensors.numpy import load_file
   weights = load_file(os.path.join(back, "model.safetensors"))
   assert np.array_equal(weights["transformer.h.1.attn.c_attn.weight"],
@@ -331,7 +342,7 @@ def test_notebook_plots_a_converted_gpt2(converted, tmp_path):
   notebook = jupytext.read(os.path.join(REPO, "notebooks", "explore.py"))
   cells = [c.source for c in notebook.cells]
   code = cells[next(i for i, c in enumerate(cells) if c.startswith("## A converted GPT-2")) + 1]
-  env = dict(os=os, transformer=transformer, viz=viz, HF_WORKDIR=converted, HF_PROMPT="the cat",
+  env = dict(os=os, transformer=transformer, viz=viz, HF_WORKDIR=converted, HF_TEXT="the cat sees the moon.",
              FIG_DIR=str(tmp_path))
   exec(code, env)  # pylint: disable=exec-used
   assert sorted(os.listdir(tmp_path)) == ["gpt2_attention.png", "gpt2_positional.png"]
