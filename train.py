@@ -1,9 +1,10 @@
 r"""Trains a transformer: `python train.py --config=configs/g2p.py:tiny --workdir=runs/g2p_tiny`.
 
 Any config key can be overridden on the command line, e.g. `--config.model.positional=rope
---config.train.num_steps=2000`. `--init_from=RUN` fine-tunes: the model, tokenizers and parameters
-come from RUN's workdir (a training run, or one written by `python -m transformer.convert`). Rerunning the same command in the same workdir resumes from the
-latest checkpoint (a finished run is not retrained). A bad config, an incompatible workdir or a
+--config.train.num_steps=2000`. Rerunning the same command in the same workdir resumes from the
+latest checkpoint (a finished run is not retrained). `--init_from=RUN` fine-tunes: the model,
+tokenizers and parameters come from RUN's workdir (a training run, or one written by
+`python -m transformer.convert`). A bad config, an incompatible workdir or a
 diverged run prints one line and exits 1.
 
 Stopping: SIGTERM (preemption) saves a checkpoint at the current step, prints one line naming it

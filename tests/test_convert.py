@@ -317,11 +317,20 @@ def test_unmappable_configs_are_one_line_errors_naming_the_key(converted, hf_dir
                                    scale_embeddings=False, ffn="swiglu"))
 
 
-def test_hf_tokenizer_kind_is_a_config_value(hf_dir, tmp_path):
+def test_hf_tokenizer_kind_is_a_config_value(hf_dir, data_dir, tmp_path):
   """data.tokenizer='hf' with data.hf_tokenizer=<tokenizer.json or its directory> builds the
-  tokenizer Hugging Face's own gives, every id + 4; it saves (as hf_tokenizer.json next to our
-  tokenizer.json) and loads back equal; decoding stops at our EOS like every other kind."""
+  tokenizer Hugging Face's own gives, every id + 4, also through load_task for any LM config;
+  it saves (as hf_tokenizer.json next to our tokenizer.json) and loads back equal; decoding
+  stops at our EOS like every other kind."""
+  from configs import lm
+  from transformer.data import load_task
   directory, _ = hf_dir
+  cd = lm.get_config("nanogpt_cpu")
+  cd.data.update(dataset="text_files", data_dir=data_dir, tokenizer="hf", hf_tokenizer=directory,
+                 text_file=os.path.join(os.path.dirname(directory), "corpus.txt"))
+  task = load_task(cd, str(tmp_path / "run"), process_index=0, process_count=1)
+  assert task.target_tokenizer == tokenizers.build("hf", [], hf_tokenizer=directory)
+  assert tokenizers.load(str(tmp_path / "run" / "tokenizers" / "target")) == task.target_tokenizer
   tok = tokenizers.build("hf", [], hf_tokenizer=directory)
   assert tok == tokenizers.build("hf", [], hf_tokenizer=os.path.join(directory, "tokenizer.json"))
   reference = tokenizers_lib.Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
