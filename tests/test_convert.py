@@ -355,3 +355,16 @@ def test_notebook_plots_a_converted_gpt2(converted, tmp_path):
              FIG_DIR=str(tmp_path))
   exec(code, env)  # pylint: disable=exec-used
   assert sorted(os.listdir(tmp_path)) == ["gpt2_attention.png", "gpt2_positional.png"]
+
+
+def test_pytorch_bin_reads_as_safetensors(hf_dir, tmp_path):
+  """A directory with pytorch_model.bin (older checkpoints; torch.save of the state dict, tied
+  head included) reads as the same tensors as model.safetensors."""
+  directory, model = hf_dir
+  (tmp_path / "config.json").write_text(open(os.path.join(directory, "config.json")).read())
+  torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+  _, from_bin = convert.read_hf(str(tmp_path))
+  _, from_safetensors = convert.read_hf(directory)
+  assert set(from_bin) == set(from_safetensors) | {"lm_head.weight"}
+  for key, value in from_safetensors.items():
+    assert np.array_equal(from_bin[key], value), key
