@@ -368,3 +368,17 @@ def test_pytorch_bin_reads_as_safetensors(hf_dir, tmp_path):
   assert set(from_bin) == set(from_safetensors) | {"lm_head.weight"}
   for key, value in from_safetensors.items():
     assert np.array_equal(from_bin[key], value), key
+
+
+def test_scanned_layers_export_like_unrolled_ones(run):
+  """A run trained with model.scan_layers (its layers stacked on axis 0 under 'layers') exports
+  the same GPT-2 state dict as the unrolled layers_i it stacks."""
+  params = jax.tree.map(np.asarray, run.params)
+  decoder = dict(params["decoder"])
+  layers = [decoder.pop(f"layers_{i}") for i in range(run.config.model.num_decoder_layers)]
+  scanned = {**params, "decoder": {**decoder, "layers": jax.tree.map(
+      lambda *xs: np.stack(xs), *layers)}}
+  want = convert.hf_from_params(params, run.config.model)
+  got = convert.hf_from_params(scanned, run.config.model)
+  assert sorted(got) == sorted(want)
+  assert all(np.array_equal(got[k], want[k]) for k in want)

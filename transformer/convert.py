@@ -21,8 +21,8 @@ n_positions), biases everywhere (`use_bias`), tanh GELU (`ffn='gelu_tanh'`), uns
 (`scale_embeddings=False`), tied head (`tie_embeddings`), attention scaled by 1/sqrt(head_dim) (ours
 always is). GPT-2's fused Conv1D c_attn weight [d, 3d] (columns q | k | v, heads major) is exactly
 our fused `qkv` kernel [d, 3, n, h] reshaped; Conv1D weights are [in, out] like our kernels.
-Dropout: resid_pdrop -> model.dropout_rate (ours also drops the embeddings with it: embd_pdrop is not kept
-separately), attn_pdrop -> attention_dropout_rate.
+Dropout: resid_pdrop -> model.dropout_rate (ours also drops the embeddings with it: embd_pdrop is
+not kept separately), attn_pdrop -> attention_dropout_rate.
 
 Token ids: our id = Hugging Face id + NUM_SPECIAL (4). Our code reserves ids 0-3 (pad, which is
 also the decoder's start token; EOS; BOS; UNK: data/tokenizers.py) and treats id 0 as padding
@@ -34,8 +34,9 @@ so HF -> ours -> HF is bitwise equal. The inserted rows are copies of GPT-2's <|
 special means to GPT-2: the start token 0 then reads as the <|endoftext|> GPT-2 saw before every
 document, and predicting our EOS is predicting <|endoftext|>: greedy decoding (argmax takes the
 lowest of equal ids) stops exactly where Hugging Face's generate stops. Logits on the GPT-2 ids
-are GPT-2's; the cost is that softmax probabilities count <|endoftext|>'s logit four times more
-(EOS, BOS, UNK and itself; decoding never emits the pad), until fine-tuning separates them.
+are GPT-2's; the cost is that the softmax counts <|endoftext|>'s logit four times in decoding
+(EOS, BOS, UNK and itself; decoding never emits the pad) and five times in the loss, until
+fine-tuning separates them.
 """
 
 from __future__ import annotations
