@@ -2,7 +2,9 @@ r"""Trains a transformer: `python train.py --config=configs/g2p.py:tiny --workdi
 
 Any config key can be overridden on the command line, e.g. `--config.model.positional=rope
 --config.train.num_steps=2000`. Rerunning the same command in the same workdir resumes from the
-latest checkpoint (a finished run is not retrained). A bad config, an incompatible workdir or a
+latest checkpoint (a finished run is not retrained). `--init_from=RUN` fine-tunes: the model,
+tokenizers and parameters come from RUN's workdir (a training run, or one written by
+`python -m transformer.convert`). A bad config, an incompatible workdir or a
 diverged run prints one line and exits 1.
 
 Stopping: SIGTERM (preemption) saves a checkpoint at the current step, prints one line naming it
@@ -27,6 +29,8 @@ from transformer import cli
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/g2p.py:tiny.",
                                  lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
+flags.DEFINE_string("init_from", None, "Fine-tune: start from this run's (or converted "
+                    "checkpoint's, transformer/convert.py) model, tokenizers and parameters.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -39,7 +43,8 @@ def main(argv):
   from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
   workdir = flags.FLAGS.workdir
   try:
-    metrics = training.train_and_evaluate(flags.FLAGS.config, workdir)
+    metrics = training.train_and_evaluate(flags.FLAGS.config, workdir,
+                                          init_from=flags.FLAGS.init_from or "")
   except (ConfigError, CheckpointError, training.TrainingDiverged) as e:
     cli.fail(str(e))
   except KeyboardInterrupt:  # a second Ctrl-C, or one before training started: out at once

@@ -17,7 +17,9 @@
 # Restores the README quickstart's run, `runs/g2p_tiny` (`configs/g2p.py:tiny`), training it first
 # only if that directory holds no checkpoints; decodes a few words with every decoding method,
 # scores pronunciations, and looks inside: attention maps of every kind, the sinusoidal
-# positional encoding and the learning curves.
+# positional encoding and the learning curves. Last, if there is one, a Hugging Face GPT-2
+# converted into a workdir (`python -m transformer.convert --from_hf=DIR --workdir=runs/gpt2`):
+# its attention maps and the positional embeddings it learned.
 #
 # This file is the source (jupytext percent format); `explore.ipynb` is generated from it with
 # `jupytext --to notebook notebooks/explore.py`. Start it from the repository root or from
@@ -32,6 +34,8 @@ ROOT = os.getcwd() if os.path.exists("train.py") else os.path.dirname(os.getcwd(
 WORKDIR = os.environ.get("EXPLORE_WORKDIR") or os.path.join(ROOT, "runs", "g2p_tiny")
 FIG_DIR = os.environ.get("EXPLORE_FIG_DIR") or os.path.join(WORKDIR, "figures")
 WORDS = ["phoneme", "attention", "transformer", "jax"]
+HF_WORKDIR = os.environ.get("EXPLORE_HF_WORKDIR") or os.path.join(ROOT, "runs", "gpt2")
+HF_TEXT = "The quick brown fox jumps over the lazy dog."
 
 # %% [markdown]
 # ## Restore (or train)
@@ -111,3 +115,22 @@ viz.plot_positional_encoding(max_len=64, d_model=run.config.model.d_model,
 # %%
 viz.plot_learning_curves(WORKDIR, save_path=os.path.join(FIG_DIR, "curves.png"));
 print(sorted(os.listdir(FIG_DIR)))
+
+# %% [markdown]
+# ## A converted GPT-2
+# Skipped unless `HF_WORKDIR` holds a converted checkpoint. GPT-2 learned its positions: the table
+# and the similarity between positions show what it made of them; its attention maps show the
+# heads of the last layer over a sentence (after the start token, GPT-2's <|endoftext|>).
+
+# %%
+if os.path.isdir(os.path.join(HF_WORKDIR, "checkpoints")):
+  gpt2 = transformer.restore(HF_WORKDIR)
+  positions = gpt2.params["decoder"]["position_embed"]["embedding"]
+  viz.plot_positional_encoding(table=positions[:64],
+                               path=os.path.join(FIG_DIR, "gpt2_positional.png"))
+  att = gpt2.attention(HF_TEXT, target="")  # the text as it is, nothing generated
+  viz.plot_attention(att.decoder_self[-1], att.target_tokens, att.target_tokens,
+                     title=f"GPT-2 self-attention, layer {len(att.decoder_self) - 1}",
+                     path=os.path.join(FIG_DIR, "gpt2_attention.png"))
+else:
+  print(f"no converted GPT-2 in {HF_WORKDIR}")

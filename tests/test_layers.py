@@ -44,12 +44,13 @@ def _np_gelu(x):
 _NP_ACTS = {
     'relu': lambda x: np.maximum(x, 0),
     'gelu': _np_gelu,
+    'gelu_tanh': lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
     'swiglu': lambda x: x / (1 + np.exp(-x)),
     'geglu': _np_gelu,
 }
 
 
-@pytest.mark.parametrize('ffn', ['relu', 'gelu', 'swiglu', 'geglu'])
+@pytest.mark.parametrize('ffn', ['relu', 'gelu', 'gelu_tanh', 'swiglu', 'geglu'])
 def test_feedforward_matches_numpy(ffn):
   """Each FFN variant equals W2 act(W1 x) (+ biases), gated variants W2 (act(Wg x) * Wu x);
   the hidden size is mlp_dim and kernels carry ('embed', 'mlp') / ('mlp', 'embed') axes."""

@@ -35,6 +35,7 @@ workdir's checkpoints sits behind this one boundary.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -380,6 +381,11 @@ OVERRIDABLE_KEYS = frozenset({
     "seed", "data.data_dir", "data.eval_split", "data.batch_size",
     "model.attention_impl", "model.dtype"})
 STEP_NAMES = ("latest", "best")
+# Model keys a fine-tuning config sets itself: regularisation and execution, never the function.
+FINETUNE_MODEL_KEYS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
+                       "attention_impl", "remat", "dtype")
+_TOKENIZER_KEYS = ("tokenizer", "source_tokenizer", "spm_model_type", "spm_vocab_size",
+                   "hf_tokenizer")
 
 
 class EvaluationError(ValueError):
@@ -502,3 +508,28 @@ def restore_params(cfg: Config, workdir: str, step: int | str | None = None) -> 
                           f"train state?): {type(e).__name__}: {_first_line(e)}{hint}") from None
   _check_params(cfg, models.build_model(cfg.model), params, f"{directory}/{step}")
   return params, step
+
+
+def init_from_config(cfg: Config, init_from: str) -> Config:
+  """`cfg` with the model section and tokenizer keys of the run in `init_from` (fine-tuning,
+  `train.py --init_from`); FINETUNE_MODEL_KEYS keep `cfg`'s values. Raises ConfigError naming
+  --init_from."""
+  try:
+    run = load_run_config(init_from)
+  except EvaluationError as e:
+    raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
+  model = dataclasses.replace(run.model, **{k: getattr(cfg.model, k) for k in FINETUNE_MODEL_KEYS})
+  data = dataclasses.replace(cfg.data, **{k: getattr(run.data, k) for k in _TOKENIZER_KEYS})
+  merged = dataclasses.replace(cfg, model=model, data=data)
+  try:
+    return config_lib.from_configdict(dataclasses.asdict(merged))  # e.g. lengths vs max_len
+  except config_lib.ConfigError as e:
+    raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
+
+
+def init_params(init_from: str) -> Any:
+  """The latest parameters of the run in `init_from` (fine-tuning); ConfigError if unreadable."""
+  try:
+    return restore_params(load_run_config(init_from), init_from)[0]
+  except EvaluationError as e:
+    raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None

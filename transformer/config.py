@@ -76,6 +76,7 @@ class DataConfig:
   source_tokenizer: str
   spm_model_type: str
   spm_vocab_size: int
+  hf_tokenizer: str
   max_source_len: int
   max_target_len: int
   too_long: str
@@ -185,14 +186,14 @@ CHOICES = {
     "model.positional": ("sinusoidal", "learned", "rope", "relative", "alibi", "none"),
     "model.norm": ("layernorm", "rmsnorm"),
     "model.norm_position": ("post", "pre"),
-    "model.ffn": ("relu", "gelu", "swiglu", "geglu"),
+    "model.ffn": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"),
     "model.attention_impl": ("einsum", "fused"),
     "model.remat": ("none", "full", "dots", "dots_no_batch"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16", "float16"),
     "data.text_split": ("fraction", "document"),
-    "data.tokenizer": ("char", "byte", "symbol", "sentencepiece"),
-    "data.source_tokenizer": ("", "char", "byte", "symbol", "sentencepiece"),
+    "data.tokenizer": ("char", "byte", "symbol", "sentencepiece", "hf"),
+    "data.source_tokenizer": ("", "char", "byte", "symbol", "sentencepiece", "hf"),
     "data.spm_model_type": ("bpe", "unigram"),
     "data.too_long": ("drop", "truncate"),
     "data.batching": ("pack", "bucket", "pad"),

@@ -41,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.norm = "layernorm"  # layernorm | rmsnorm
   m.norm_position = "post"  # post (the paper's LayerNorm(x + Sublayer(x))) | pre
   m.norm_eps = 1e-6
-  m.ffn = "relu"  # relu | gelu | swiglu | geglu
+  m.ffn = "relu"  # relu | gelu (erf) | gelu_tanh (GPT-2's tanh approximation) | swiglu | geglu
   m.use_bias = True  # biases in attention projections and the feed-forward layers
   m.dropout_rate = 0.1  # embeddings and residual branches
   m.attention_dropout_rate = 0.0  # attention weights
@@ -70,10 +70,11 @@ def get_config() -> ml_collections.ConfigDict:
   d.text_file = ""  # text_files builder: a path or a glob
   d.text_split = "fraction"  # fraction (first train_fraction is train) | document
   d.train_fraction = 0.9
-  d.tokenizer = "symbol"  # target (or shared) tokenizer: char | byte | symbol | sentencepiece
+  d.tokenizer = "symbol"  # target (or shared) tokenizer: char | byte | symbol | sentencepiece | hf
   d.source_tokenizer = "char"  # "" = the same tokenizer as the target
   d.spm_model_type = "bpe"  # bpe | unigram
   d.spm_vocab_size = 8000
+  d.hf_tokenizer = ""  # data.tokenizer=hf: a Hugging Face tokenizer.json (or a directory holding one)
   d.max_source_len = 64
   d.max_target_len = 64
   d.too_long = "drop"  # drop | truncate

@@ -65,12 +65,15 @@ class Embed(nn.Module):
 
 
 _GELU = functools.partial(nn.gelu, approximate=False)  # the exact (erf) form
+# 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's "gelu_new", and cheaper than erf.
+_GELU_TANH = functools.partial(nn.gelu, approximate=True)
 _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    'relu': nn.relu, 'gelu': _GELU, 'swiglu': nn.silu, 'geglu': _GELU}
+    'relu': nn.relu, 'gelu': _GELU, 'gelu_tanh': _GELU_TANH, 'swiglu': nn.silu, 'geglu': _GELU}
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward: relu | gelu (W2 act(W1 x)) or swiglu | geglu (W2 (act(Wg x) * Wu x)).
+  """Position-wise feed-forward: relu | gelu | gelu_tanh (W2 act(W1 x)) or swiglu | geglu
+  (W2 (act(Wg x) * Wu x)).
 
   The hidden size is `config.mlp_dim` for every variant; dropout (`ffn_dropout_rate`) acts on the
   hidden layer.

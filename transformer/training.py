@@ -116,8 +116,13 @@ def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, f
   files.write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=float))
 
 
-def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str, float]:
+def train_and_evaluate(config: Any, workdir: str, task: Any = None,
+                       init_from: str = "") -> dict[str, float]:
   """Trains `config` (a ConfigDict or Config) in `workdir`, resuming from its latest checkpoint.
+
+  `init_from` (fine-tuning): another run's workdir, e.g. one written by transformer.convert; its
+  model config, tokenizers and latest parameters replace the config's and the random init
+  (checkpoints.init_from_config); optimizer, schedule and data are the config's own.
 
   Returns the final metrics (the last evaluation, train/loss, step). `task` overrides
   `transformer.data.load_task` (tests, notebooks). Raises ConfigError, CheckpointError or
@@ -129,15 +134,23 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
   """
   started = time.time()
   cfg = config if isinstance(config, Config) else from_configdict(config)
+  if init_from:
+    cfg = checkpoints.init_from_config(cfg, init_from)
   check_loop_config(cfg)
   parallel.initialize_distributed(cfg.parallel)
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
+    from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
     try:
+      if init_from and not files.exists(os.path.join(workdir, "tokenizers")):
+        copy_tokenizers(init_from, workdir)
       task = load_task(cfg, workdir)
     except (ValueError, OSError) as e:  # a missing file, an unprepared dataset, a bad size
       raise ConfigError(f"data: {str(e).strip().splitlines()[0]}") from e
   cfg = fill_vocab_sizes(cfg, task)
+  if init_from and task.target_tokenizer.vocab_size > cfg.model.vocab_size:
+    raise ConfigError(f"--init_from={init_from}: its model.vocab_size={cfg.model.vocab_size} is "
+                      f"smaller than the tokenizer's {task.target_tokenizer.vocab_size}")
   config_dict = to_dict(cfg)
   checkpoints.check_compatible(workdir, config_dict)
   tc, mode = cfg.train, cfg.parallel.mode
@@ -166,6 +179,10 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None) -> dict[str,
     saved = ckpt.metadata()["metrics"]
   else:
     state = jax.jit(init, out_shardings=shardings)(rng)
+    if init_from:
+      logging.info("Fine-tuning: parameters from %s.", init_from)
+      state = state.replace(params=jax.device_put(checkpoints.init_params(init_from),
+                                                  shardings.params))
   start = int(state.step)
   main = parallel.is_main_process()
   done_path = os.path.join(workdir, DONE_FILE)

@@ -48,9 +48,15 @@ def _tokenizer_name(d: Any, kind: str, key: str) -> str:
 
 def _get_tokenizer(d: Any, kind: str, key: str, root: str, workdir_dir: str | None,
                    texts) -> tokenizers.Tokenizer:
-  """workdir copy if present, else the one saved next to the data, else built from `texts()`."""
+  """workdir copy if present, else the one saved next to the data, else built from `texts()`
+  (kind 'hf': read from data.hf_tokenizer, never cached next to the data)."""
   if workdir_dir and files.exists(os.path.join(workdir_dir, "tokenizer.json")):
     return tokenizers.load(workdir_dir)
+  if kind == "hf":
+    tok = tokenizers.build(kind, (), hf_tokenizer=d.hf_tokenizer)
+    if workdir_dir:
+      tok.save(workdir_dir)
+    return tok
   data_copy = os.path.join(root, "tokenizers", _tokenizer_name(d, kind, key))
   if files.exists(os.path.join(data_copy, "tokenizer.json")):
     tok = tokenizers.load(data_copy)
@@ -84,14 +90,21 @@ class Task:
                        f"{process_count} hosts")
     self.process_index, self.process_count = process_index, process_count
     self.eval_batch_size = getattr(cfg.eval, "batch_size", 0) or d.batch_size
+    self._cache: dict[str, list[tuple[str, ...]]] = {}
+    self.stats: dict[str, Any] = {}
+    tok_dir = lambda side: os.path.join(workdir, "tokenizers", side) if workdir else None
+    if not d.dataset:  # a model without data (transformer/convert.py): its workdir's tokenizer
+      if not workdir:
+        raise ValueError("data.dataset is unset: a model without data needs its workdir")
+      self.dataset, self.kind, self.source_tokenizer = None, "lm", None
+      self.target_tokenizer = tokenizers.load(tok_dir("target"))
+      return
     self.dataset = ds = builders.open_dataset(d)
     self.kind = ds.kind
     if self.kind == "lm" and self.arch != "decoder_only":
       raise ValueError(f"data.dataset={d.dataset!r} is a language-modelling task: set "
                        f"model.arch='decoder_only'")
-    self._cache: dict[str, list[tuple[str, ...]]] = {}
     self._example_cache: dict[tuple[str, str], tuple[pipeline.Examples, dict[str, int]]] = {}
-    tok_dir = lambda side: os.path.join(workdir, "tokenizers", side) if workdir else None
     target_texts = lambda: [r[-1] for r in self._records(d.train_split)]
     if self.kind == "lm":
       self.source_tokenizer = None
@@ -113,7 +126,6 @@ class Task:
       if self.arch == "decoder_only":  # one embedding table: target ids after the source's
         self.target_tokenizer = tokenizers.OffsetTokenizer(
             self.target_tokenizer, self.source_tokenizer.vocab_size - tokenizers.NUM_SPECIAL)
-    self.stats: dict[str, Any] = {}
 
   # ---------------------------------------------------------------- reading and tokenizing
   def _keys(self) -> tuple[str, ...]:
@@ -123,6 +135,9 @@ class Task:
   def _records(self, split: str) -> list[tuple[str, ...]]:
     """All records of `split` as text tuples: read once, kept, and cached as JSON next to the
     prepared data (decoding array_record protos costs ~65 us a record)."""
+    if self.dataset is None:
+      raise ValueError(f"data.dataset is unset: this workdir holds a model without data (split "
+                       f"{split!r}); convert it again with --text_file, or train with a dataset")
     if split not in self._cache:
       source = self.dataset.source(split)
       keys = self._keys()

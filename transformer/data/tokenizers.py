@@ -1,4 +1,5 @@
-"""Tokenizers behind one small interface: char, byte, symbol and SentencePiece (BPE / unigram).
+"""Tokenizers behind one small interface: char, byte, symbol, SentencePiece (BPE / unigram) and a
+Hugging Face `tokenizer.json` (kind 'hf', read with the `tokenizers` library).
 
 Every tokenizer uses the same special ids, so batches, losses and decoding never need to know
 which one is in use:
@@ -10,8 +11,10 @@ which one is in use:
 
 Ordinary tokens start at id 4 (`NUM_SPECIAL`). `encode` never adds specials; the pipeline appends
 EOS where the task needs it. Unknown input maps to `unk_id` and is counted in `num_unknown`.
-A tokenizer is saved as a directory holding `tokenizer.json` (plus `spm.model` for SentencePiece);
-`load(dir)` gives back exactly the same vocabulary.
+A tokenizer is saved as a directory holding `tokenizer.json` (plus `spm.model` for SentencePiece,
+`hf_tokenizer.json` for a Hugging Face tokenizer); `load(dir)` gives back exactly the same
+vocabulary. A Hugging Face tokenizer's id i is our id i + NUM_SPECIAL (transformer/convert.py maps
+model weights the same way).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ NUM_SPECIAL = 4
 _SPECIAL_STRINGS = ("<pad>", "</s>", "<s>", "<unk>")
 _JSON = "tokenizer.json"
 _SPM_FILE = "spm.model"
-KINDS = ("char", "byte", "symbol", "sentencepiece")
+HF_FILE = "hf_tokenizer.json"  # a Hugging Face tokenizer.json, renamed: ours is tokenizer.json
+KINDS = ("char", "byte", "symbol", "sentencepiece", "hf")
 
 
 class Tokenizer:
@@ -200,6 +204,62 @@ class SentencePieceTokenizer(Tokenizer):
     return hash(self.model_proto)
 
 
+class HFTokenizer(Tokenizer):
+  """A Hugging Face `tokenizers` tokenizer (its tokenizer.json text); its id i is our i +
+  NUM_SPECIAL.
+
+  `encode` adds no special tokens (the pipelines add ours); the model's own special tokens (e.g.
+  GPT-2's <|endoftext|>) are ordinary ids here. Its unknown token, if it has one, is `unk_id`.
+  """
+
+  kind = "hf"
+
+  def __init__(self, tokenizer_json: str):
+    super().__init__()
+    from tokenizers import Tokenizer as _HF  # pylint: disable=g-import-not-at-top  (optional)
+    self.tokenizer_json = tokenizer_json
+    self._tok = _HF.from_str(tokenizer_json)
+    unk = json.loads(tokenizer_json).get("model", {}).get("unk_token")
+    unk_hf = self._tok.token_to_id(unk) if unk else None
+    self.unk_id = UNK_ID if unk_hf is None else unk_hf + NUM_SPECIAL
+
+  @property
+  def vocab_size(self) -> int:
+    return NUM_SPECIAL + self._tok.get_vocab_size(with_added_tokens=True)
+
+  def encode(self, text: str) -> list[int]:
+    ids = [i + NUM_SPECIAL for i in self._tok.encode(text, add_special_tokens=False).ids]
+    self.num_unknown += ids.count(self.unk_id)
+    return ids
+
+  def _decode_ids(self, ids: list[int]) -> str:
+    return self._tok.decode([i - NUM_SPECIAL for i in ids if i >= NUM_SPECIAL],
+                            skip_special_tokens=False)
+
+  def _config(self) -> dict[str, Any]:
+    return {"file": HF_FILE}
+
+  def save(self, directory: str) -> None:
+    files.makedirs(directory)
+    files.write_text_atomic(os.path.join(directory, HF_FILE), self.tokenizer_json)
+    super().save(directory)
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, HFTokenizer) and self.tokenizer_json == other.tokenizer_json
+
+  def __hash__(self) -> int:
+    return hash(self.tokenizer_json)
+
+
+def read_hf_tokenizer(path: str) -> HFTokenizer:
+  """The HFTokenizer of a Hugging Face tokenizer.json file, or of the one in directory `path`."""
+  if files.isdir(path):
+    path = os.path.join(path, "tokenizer.json")
+  if not files.exists(path):
+    raise FileNotFoundError(f"data.hf_tokenizer={path!r}: no such tokenizer.json")
+  return HFTokenizer(files.read_text(path))
+
+
 class OffsetTokenizer(Tokenizer):
   """Another tokenizer's ordinary ids moved up by `offset`, so two vocabularies share one id space.
 
@@ -271,8 +331,9 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_type: str =
 
 
 def build(kind: str, texts: Iterable[str], *, spm_vocab_size: int = 8000,
-          spm_model_type: str = "bpe") -> Tokenizer:
-  """A new tokenizer of `kind` whose vocabulary comes from `texts` (the training split)."""
+          spm_model_type: str = "bpe", hf_tokenizer: str = "") -> Tokenizer:
+  """A new tokenizer of `kind` whose vocabulary comes from `texts` (the training split); kind 'hf'
+  reads the tokenizer.json `hf_tokenizer` instead."""
   if kind == "byte":
     return ByteTokenizer()
   if kind == "char":
@@ -281,6 +342,10 @@ def build(kind: str, texts: Iterable[str], *, spm_vocab_size: int = 8000,
     return SymbolTokenizer(sorted(set().union(*(t.split() for t in texts))))
   if kind == "sentencepiece":
     return train_sentencepiece(texts, spm_vocab_size, spm_model_type)
+  if kind == "hf":
+    if not hf_tokenizer:
+      raise ValueError("data.tokenizer='hf' needs data.hf_tokenizer (a tokenizer.json path)")
+    return read_hf_tokenizer(hf_tokenizer)
   raise ValueError(f"data.tokenizer={kind!r} is not one of {'|'.join(KINDS)}")
 
 
@@ -299,4 +364,6 @@ def load(directory: str) -> Tokenizer:
     return ByteTokenizer()
   if kind == "sentencepiece":
     return SentencePieceTokenizer(files.read_bytes(os.path.join(directory, spec["model_file"])))
+  if kind == "hf":
+    return HFTokenizer(files.read_text(os.path.join(directory, spec["file"])))
   raise ValueError(f"{path}: unknown tokenizer type {kind!r}")
