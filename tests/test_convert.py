@@ -221,7 +221,7 @@ def test_converted_workdir_restores_predicts_and_evaluates(converted, run, capsy
   assert predict.main(["--workdir", converted, "the cat"]) == 0
   line = capsys.readouterr().out.strip()
   assert line.startswith("the cat\t")
-  results = evaluation.evaluate(converted, split="validation", verbose=False)
+  results = evaluation.evaluate_split(converted, split="validation", verbose=False)
   assert results["step"] == 0 and np.isfinite(results["loss"]) and "bits_per_token" in results
 
 
