@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 from transformer.config import ConfigError, model_config
-from transformer.models import (build_model, reorder_beam_cache, reorder_cache, shift_right,
-                                tile_beam_cache)
+from transformer.kv_cache import reorder as reorder_cache
+from transformer.kv_cache import reorder_beams as reorder_beam_cache
+from transformer.kv_cache import tile_beams as tile_beam_cache
+from transformer.models import build_model, shift_right
 
 V, SV = 13, 11  # target and source vocabulary sizes
 ARCHS = ['encoder_decoder', 'decoder_only']
