@@ -21,10 +21,11 @@ from transformer.kv_cache import reorder as reorder_cache
 from transformer.kv_cache import reorder_beams as reorder_beam_cache
 from transformer.kv_cache import tile_beams as tile_beam_cache
 from transformer.models import build_model, shift_right
+from transformer.positional import ENCODINGS
 
 V, SV = 13, 11  # target and source vocabulary sizes
 ARCHS = ['encoder_decoder', 'decoder_only']
-POSITIONALS = ['sinusoidal', 'learned', 'rope', 'relative', 'alibi', 'none']
+POSITIONALS = list(ENCODINGS)  # every encoding of the table
 TOL = dict(rtol=2e-5, atol=2e-5)
 B = 8  # batch size of every call
 

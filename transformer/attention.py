@@ -251,20 +251,20 @@ class MultiHeadAttention(nn.Module):
     """x [b, t, d] (queries), kv [b, s, d] (cross only) -> [b, t, d] in config.dtype.
 
     mask [b, 1|n, t, s] bool, bias [b|1, n, t, s]; in decode mode s is the cache length.
-    positions [b, t] feed RoPE (self-attention only; default arange). decode: None for a plain
+    positions [b, t] feed a rotary encoding (self-attention only; default arange). decode: None for a plain
     forward pass; a DecodeStep to read and write the KV cache (cross-attention: kv given ->
     keys/values computed and cached; kv None -> the cached ones are used).
     """
     cfg = self.config
     x = x.astype(jnp.dtype(cfg.dtype))
     query, key, value = self._project_qkv(x, kv)
-    if cfg.positional == 'rope' and not self.cross:
+    encoding = positional.encoding(cfg)
+    if encoding.kind == 'rotary' and not self.cross:
       if positions is None:
         if decode is not None:
-          raise ValueError('decode-mode self-attention with RoPE needs positions')
+          raise ValueError('decode-mode self-attention with a rotary encoding needs positions')
         positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-      query = positional.apply_rope(query, positions, cfg.rope_base)
-      key = positional.apply_rope(key, positions, cfg.rope_base)
+      query, key = encoding.fn(cfg, query, positions), encoding.fn(cfg, key, positions)
 
     attend = functools.partial(self._attend, deterministic=deterministic)
     if decode is None:

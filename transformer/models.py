@@ -3,9 +3,9 @@
 One `DecoderBlock` serves both architectures: with cross-attention it is the encoder-decoder's
 decoder block, without it the decoder-only block. Residual wiring is post-LN, the paper's
 x = Norm(x + Dropout(Sublayer(x))), or pre-LN, x = x + Dropout(Sublayer(Norm(x))) with a final norm
-at the end of each stack. Positional information: absolute encodings are added to the embeddings,
-relative (T5) and ALiBi biases are computed once per stack and passed to every layer, RoPE is applied
-inside attention from the positions given to it.
+at the end of each stack. Positional information comes from `positional.ENCODINGS` by kind:
+absolute encodings are added to the embeddings, biases are computed once per stack and passed to
+every layer, rotary encodings are applied inside attention from the positions given to it.
 
 Decoding (decode=True): the Decoder stack writes its bookkeeping and each attention layer its
 keys/values through `kv_cache`, which owns the cache layout and beam sharing.
@@ -144,28 +144,24 @@ def _run_layers(cfg: ModelConfig, block: type[nn.Module], num_layers: int, x: Ar
 
 def _embed(cfg: ModelConfig, embed: Embed, tokens: Array, positions: Array,
            deterministic: bool) -> Array:
-  """Token embeddings plus absolute positional encodings (if configured), then dropout."""
+  """Token embeddings plus an absolute positional encoding (if configured), then dropout."""
   x = embed(tokens)  # [b, t, d]
-  if cfg.positional == 'sinusoidal':
-    x = x + positional.sinusoidal(positions, cfg.d_model).astype(x.dtype)
-  elif cfg.positional == 'learned':
-    x = x + positional.LearnedPositions(
-        cfg.max_len, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
-        dtype=jnp.dtype(cfg.dtype), name='position_embed')(positions)
+  encoding = positional.encoding(cfg)
+  if encoding.kind == 'absolute':
+    x = x + encoding.fn(cfg, positions).astype(x.dtype)
   return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 def _position_bias(cfg: ModelConfig, q_pos: Array, k_pos: Array,
                    bidirectional: bool) -> Array | None:
-  """Relative (T5) or ALiBi bias [b, n, t, s] computed once per stack; None for other encodings."""
-  if cfg.positional == 'relative':
-    return positional.RelativePositionBias(
-        cfg.relative_num_buckets, cfg.relative_max_distance, cfg.num_heads,
-        bidirectional=bidirectional, param_dtype=jnp.dtype(cfg.param_dtype),
-        name='relative_bias')(q_pos, k_pos)
-  if cfg.positional == 'alibi':
-    return positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(cfg.num_heads))
-  return None
+  """A positional bias [b, n, t, s] computed once per stack; None for other kinds of encoding."""
+  encoding = positional.encoding(cfg)
+  return encoding.fn(cfg, q_pos, k_pos, bidirectional) if encoding.kind == 'bias' else None
+
+
+def _rotary_positions(cfg: ModelConfig, positions: Array) -> Array | None:
+  """The positions attention rotates queries and keys by (rotary encodings only)."""
+  return positions if positional.encoding(cfg).kind == 'rotary' else None
 
 
 def _default_positions(tokens: Array) -> Array:
@@ -189,8 +185,8 @@ class Encoder(nn.Module):
     x = _embed(cfg, self.embed, tokens, positions, deterministic)
     mask = attn.segment_mask(segment_ids, segment_ids)  # same nonzero segment
     bias = _position_bias(cfg, positions, positions, bidirectional=True)
-    rope_positions = positions if cfg.positional == 'rope' else None
-    x = _run_layers(cfg, EncoderBlock, cfg.num_encoder_layers, x, (mask, bias, rope_positions),
+    rotary_positions = _rotary_positions(cfg, positions)
+    x = _run_layers(cfg, EncoderBlock, cfg.num_encoder_layers, x, (mask, bias, rotary_positions),
                     deterministic=deterministic)
     if cfg.norm_position == 'pre':
       x = make_norm(cfg, 'final_norm')(x)
@@ -241,9 +237,9 @@ class Decoder(nn.Module):
     if self.cross_attention and encoder_segment_ids is not None:
       cross_mask = attn.segment_mask(segment_ids, encoder_segment_ids)
     bias = _position_bias(cfg, positions, k_pos, bidirectional=False)
-    rope_positions = positions if cfg.positional == 'rope' else None
+    rotary_positions = _rotary_positions(cfg, positions)
     x = _run_layers(cfg, DecoderBlock, cfg.num_decoder_layers, x,
-                    (encoded, self_mask, cross_mask, bias, rope_positions, step),
+                    (encoded, self_mask, cross_mask, bias, rotary_positions, step),
                     remat_allowed=not decode, cross_attention=self.cross_attention,
                     deterministic=deterministic)
     if cfg.norm_position == 'pre':

@@ -1,13 +1,21 @@
-"""Positional encodings: sinusoidal, learned absolute, RoPE, T5 relative bias, ALiBi.
+"""Positional encodings in one table, `ENCODINGS`: name -> kind, function, config keys, check.
 
+The kind says where an encoding enters the model, and so the function's signature:
+- 'absolute': fn(cfg, positions [b, t]) -> [b, t, d], added to the token embeddings;
+- 'bias':     fn(cfg, q_positions [b, t], k_positions [b, s], bidirectional) -> [b, n, t, s]
+              float32, computed once per stack and added to every layer's attention logits;
+- 'rotary':   fn(cfg, x [b, t, n, h], positions [b, t]) -> x rotated: queries and keys, inside
+              self-attention;
+- 'none':     nothing (NoPE: the causal mask alone carries order).
+Config choices and validation, the models, attention, the checkpoint-compatibility keys and the
+tests all read the table, so a new encoding is one function and one entry. Functions run inside a
+module's compact method and may create parameters (named as their entry says).
 Every function takes explicit integer positions ([b, t]) rather than assuming `arange(t)`, so packed
 rows (positions restart per segment) and cached decoding (absolute offsets) need no special cases.
-Absolute encodings (sinusoidal, learned) are added to the embeddings by the model; relative biases
-(T5 buckets, ALiBi) are computed once per stack as [b, n, t, s] and passed to attention as `bias`;
-RoPE rotates queries and keys inside attention. 'none' needs nothing from this file.
 """
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -181,3 +189,86 @@ def alibi_bias(q_positions: Array, k_positions: Array, slopes: Any) -> Array:
   dist = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [b, t, s]
   slopes = jnp.asarray(slopes, jnp.float32)
   return -slopes[None, :, None, None] * dist[:, None]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The table
+# ----------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Encoding:
+  """One positional encoding: where it enters the model (`kind`) and how (`fn`, see the module
+  docstring); `keys`: the model config keys it reads beyond d_model, num_heads and max_len;
+  `resumable_keys`: those of them that shape no parameter (a run may resume with other values);
+  `check(cfg)`: a one-line problem with a resolved ModelConfig, or None."""
+  kind: str
+  fn: Optional[Callable[..., Array]] = None
+  keys: tuple[str, ...] = ()
+  resumable_keys: tuple[str, ...] = ()
+  check: Optional[Callable[[Any], Optional[str]]] = None
+
+
+def _sinusoidal(cfg, positions):
+  return sinusoidal(positions, cfg.d_model)
+
+
+def _learned(cfg, positions):
+  return LearnedPositions(cfg.max_len, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
+                          dtype=jnp.dtype(cfg.dtype), name='position_embed')(positions)
+
+
+def _rope(cfg, x, positions):
+  return apply_rope(x, positions, cfg.rope_base)
+
+
+def _check_rope(cfg):
+  if cfg.head_dim % 2:
+    return f"model.head_dim={cfg.head_dim} must be even with model.positional='rope'"
+  return None
+
+
+def _relative(cfg, q_positions, k_positions, bidirectional):
+  return RelativePositionBias(cfg.relative_num_buckets, cfg.relative_max_distance, cfg.num_heads,
+                              bidirectional=bidirectional, param_dtype=jnp.dtype(cfg.param_dtype),
+                              name='relative_bias')(q_positions, k_positions)
+
+
+def _check_relative(cfg):
+  # max_distance_bound: the decoder's causal buckets (the stricter bound) give offsets below
+  # num_buckets // 2 their own bucket; the log-spaced ones must reach beyond them, or the biases
+  # are NaN or the buckets run backwards. The encoder halves the buckets per direction.
+  least = 4 if cfg.arch == 'encoder_decoder' else 2
+  if cfg.relative_num_buckets < least:
+    return (f"model.relative_num_buckets={cfg.relative_num_buckets} must be >= {least} "
+            f"with model.arch={cfg.arch!r}")
+  if cfg.relative_max_distance <= max_distance_bound(cfg.relative_num_buckets, False):
+    return (f"model.relative_max_distance={cfg.relative_max_distance} must be > "
+            f"model.relative_num_buckets // 2 = {cfg.relative_num_buckets // 2}")
+  return None
+
+
+def _alibi(cfg, q_positions, k_positions, bidirectional):
+  del bidirectional  # symmetric: under a causal mask only past keys count anyway
+  return alibi_bias(q_positions, k_positions, alibi_slopes(cfg.num_heads))
+
+
+ENCODINGS: dict[str, Encoding] = {
+    'sinusoidal': Encoding('absolute', _sinusoidal),
+    'learned': Encoding('absolute', _learned),
+    'rope': Encoding('rotary', _rope, keys=('rope_base',), resumable_keys=('rope_base',),
+                     check=_check_rope),
+    'relative': Encoding('bias', _relative, keys=('relative_num_buckets', 'relative_max_distance'),
+                         check=_check_relative),
+    'alibi': Encoding('bias', _alibi),
+    'none': Encoding('none'),
+}
+KINDS = ('absolute', 'bias', 'rotary', 'none')
+
+
+def encoding(cfg: Any) -> Encoding:
+  """The table entry of a ModelConfig's `positional`."""
+  return ENCODINGS[cfg.positional]
+
+
+def resumable_keys() -> frozenset[str]:
+  """Positional config keys that shape no parameter, over all encodings (for checkpoints)."""
+  return frozenset(key for e in ENCODINGS.values() for key in e.resumable_keys)
