@@ -332,7 +332,8 @@ def test_cross_attention_cache_is_computed_once_and_reused():
   outs = [y0]
   for i in (1, 2):
     y, state = mha.apply({'params': params, 'cache': state['cache']}, x[:, i:i + 1], None,
-                         mask=src_mask, decode=DecodeStep(), positions=jnp.full((2, 1), 9), mutable=['cache'])
+                         mask=src_mask, decode=DecodeStep(), positions=jnp.full((2, 1), 9),
+                         mutable=['cache'])
     outs.append(y)
   np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=1e-5, rtol=1e-5)
   with pytest.raises(ValueError, match='cross-attention needs kv'):
@@ -355,8 +356,8 @@ def test_cross_attention_cache_shared_by_groups_of_query_rows():
   assert cache['cached_key'].shape == (c, 1, s, 8)
   want, want_state = mha.apply({'params': params}, x, jnp.repeat(enc, r, axis=0), mask=mask,
                                mutable=['intermediates'])
-  got, state = mha.apply({'params': params, 'cache': cache}, x, None, mask=mask, decode=DecodeStep(),
-                         mutable=['cache', 'intermediates'])
+  got, state = mha.apply({'params': params, 'cache': cache}, x, None, mask=mask,
+                         decode=DecodeStep(), mutable=['cache', 'intermediates'])
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
   (w,), (want_w,) = (st['intermediates']['attention_weights'] for st in (state, want_state))
   assert w.shape == (c * r, 4, 2, s)

@@ -251,9 +251,9 @@ class MultiHeadAttention(nn.Module):
     """x [b, t, d] (queries), kv [b, s, d] (cross only) -> [b, t, d] in config.dtype.
 
     mask [b, 1|n, t, s] bool, bias [b|1, n, t, s]; in decode mode s is the cache length.
-    positions [b, t] feed a rotary encoding (self-attention only; default arange). decode: None for a plain
-    forward pass; a DecodeStep to read and write the KV cache (cross-attention: kv given ->
-    keys/values computed and cached; kv None -> the cached ones are used).
+    positions [b, t] feed a rotary encoding (self-attention only; default arange).
+    decode: None for a plain forward pass; a DecodeStep to read and write the KV cache
+    (cross-attention: kv given -> keys/values computed and cached; kv None -> the cached ones).
     """
     cfg = self.config
     x = x.astype(jnp.dtype(cfg.dtype))

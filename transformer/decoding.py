@@ -1,4 +1,4 @@
-"""Autoregressive decoding: greedy, temperature/top-k/top-p sampling and beam search over `kv_cache`.
+"""Autoregressive decoding: greedy, temperature/top-k/top-p sampling, beam search over `kv_cache`.
 
 Two layers:
 - search loops over a pure `step_fn(tokens [B], cache, j) -> (logits [B, V] float32, cache)` that feeds
