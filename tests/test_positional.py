@@ -276,3 +276,25 @@ def test_every_table_entry_has_its_kinds_signature(name):
   if encoding.kind == 'bias':
     assert out.dtype == jnp.float32
     np.testing.assert_allclose(module.apply(variables, positions + 7, x), out, atol=1e-6)
+
+
+def test_shaw_is_a_clipped_relative_table_and_translation_invariant():
+  """'shaw' equals a NumPy lookup table[clip(k_pos - q_pos, -K, K) + K, head] (K =
+  relative_max_distance) as [b, n, t, s]; shifting every position by the same amount changes
+  nothing, and distances beyond K share the clipped entry."""
+  cfg = model_config(positional='shaw', d_model=16, num_heads=2, relative_max_distance=3)
+  module = _Apply(cfg)
+  qp = jnp.array([[0, 1, 2, 0, 1, 9]])
+  variables = module.init(jax.random.key(0), qp, None)
+  table = np.asarray(variables['params']['relative_bias']['embedding'].unbox())
+  assert table.shape == (7, 2)
+  got = np.asarray(module.apply(variables, qp, None))
+  q = np.asarray(qp[0])
+  want = np.zeros((1, 2, 6, 6), np.float32)
+  for n in range(2):
+    for i in range(6):
+      for j in range(6):
+        want[0, n, i, j] = table[min(max(q[j] - q[i], -3), 3) + 3, n]
+  np.testing.assert_allclose(got, want, atol=0)
+  np.testing.assert_allclose(module.apply(variables, qp + 11, None), got, atol=0)
+  np.testing.assert_allclose(got[0, :, 0, 5], table[6], atol=0)  # distance 9 clipped to 3

@@ -251,6 +251,28 @@ def _alibi(cfg, q_positions, k_positions, bidirectional):
   return alibi_bias(q_positions, k_positions, alibi_slopes(cfg.num_heads))
 
 
+def _shaw(cfg, q_positions, k_positions, bidirectional):
+  """Shaw et al. 2018: a learned embedding per relative distance k_pos - q_pos, clipped to
+  [-K, K] with K = model.relative_max_distance, here a scalar per head added to the logits.
+
+  The paper adds a vector a_ij (of the head size) to each key, so that the logit is
+  q_i . (k_j + a_ij); we learn the scalar per (clipped distance, head) instead, i.e. the bias kind,
+  for two reasons: a vector needs the queries, so it would live inside attention rather than in one
+  bias computed once per stack (the cache, the fused kernel and every kind of block then stay
+  untouched), and it is the simplification T5 (Raffel et al. 2020, section 2.1) made of Shaw's
+  embeddings. Unlike T5's log buckets every distance up to K has its own entry: a [2K+1, n] table,
+  logical axes ('relpos_buckets', 'heads').
+  """
+  del bidirectional  # both directions have their own entries; a causal mask hides the future
+  clip = cfg.relative_max_distance
+  table = nn.Embed(2 * clip + 1, cfg.num_heads, param_dtype=jnp.dtype(cfg.param_dtype),
+                   embedding_init=nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
+                                                               ('relpos_buckets', 'heads')),
+                   name='relative_bias')
+  distance = jnp.clip(k_positions[:, None, :] - q_positions[:, :, None], -clip, clip)  # [b, t, s]
+  return jnp.transpose(table(distance + clip).astype(jnp.float32), (0, 3, 1, 2))
+
+
 ENCODINGS: dict[str, Encoding] = {
     'sinusoidal': Encoding('absolute', _sinusoidal),
     'learned': Encoding('absolute', _learned),
@@ -260,6 +282,7 @@ ENCODINGS: dict[str, Encoding] = {
                          check=_check_relative),
     'alibi': Encoding('bias', _alibi),
     'none': Encoding('none'),
+    'shaw': Encoding('bias', _shaw, keys=('relative_max_distance',)),
 }
 KINDS = ('absolute', 'bias', 'rotary', 'none')
 
