@@ -227,7 +227,7 @@ class Projection(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-  """Self- or cross-attention with MHA/GQA/MQA, separate q/k and v head sizes and RoPE.
+  """Self- or cross-attention with MHA/GQA/MQA, separate q/k and v head sizes, rotary encodings.
 
   Parameters: submodules with 'kernel' [in..., out...] and 'bias' [out...] (when config.use_bias);
   kernel shapes and logical axis names:
@@ -269,7 +269,7 @@ class MultiHeadAttention(nn.Module):
     attend = functools.partial(self._attend, deterministic=deterministic)
     if decode is None:
       if key is None:
-        raise ValueError('cross-attention needs kv, or decode=True with keys/values already cached')
+        raise ValueError('cross-attention needs kv, or keys/values cached by an earlier decode step')
       out, weights = attend(query, key, value, mask, bias)
     elif self.cross:
       out, weights = kv_cache.attend_cross(self, query, key, value, mask, bias, attend)
