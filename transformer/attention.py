@@ -269,7 +269,7 @@ class MultiHeadAttention(nn.Module):
     attend = functools.partial(self._attend, deterministic=deterministic)
     if decode is None:
       if key is None:
-        raise ValueError('cross-attention needs kv, or keys/values cached by an earlier decode step')
+        raise ValueError('cross-attention needs kv, or keys/values cached by a decode step')
       out, weights = attend(query, key, value, mask, bias)
     elif self.cross:
       out, weights = kv_cache.attend_cross(self, query, key, value, mask, bias, attend)

@@ -78,7 +78,7 @@ def attend_cross(module: nn.Module, query: Array, key: Optional[Array], value: O
     key = module.get_variable('cache', 'cached_key')
     value = module.get_variable('cache', 'cached_value')
   else:
-    raise ValueError('cross-attention needs kv, or keys/values cached by an earlier decode step')
+    raise ValueError('cross-attention needs kv, or keys/values cached by a decode step')
   return attend_rows(attend, query, key, value, mask, bias)
 
 
