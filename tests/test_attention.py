@@ -1,5 +1,6 @@
 """Tests for transformer/attention.py: masks, dot-product attention, MultiHeadAttention and its cache."""
 
+import functools
 import math
 
 import jax
@@ -8,6 +9,8 @@ import numpy as np
 import pytest
 
 from transformer import attention
+from transformer import kv_cache
+from transformer.kv_cache import DecodeStep
 from transformer.config import model_config
 
 RNG = np.random.default_rng(0)
@@ -121,17 +124,19 @@ def test_attention_matches_naive_loops(kind, n, k, h, hv, with_bias):
   """dot_product_attention (einsum) equals explicit loops over batch, heads and positions with the
   mask applied by hand, for MHA, GQA (k=2), MQA (k=1) with d_qk != d_v, and an additive bias;
   its weights equal the reference softmax (zeros on masked pairs). The same holds with keys and
-  values in the KV-cache layout [b, k, s, *] (kv_layout='bksh')."""
+  values in the KV-cache layout [b, k, s, *] (kv_cache.attend_rows)."""
   q, kk, v = random_qkv(B, T, T, n, k, h, hv)
   bias = RNG.normal(size=(1 if kind == 'causal' else B, n, T, T)).astype(np.float32) if with_bias \
       else None
   want, want_w = naive_attention(q, kk, v, allowed_pairs(kind, B, T, VALID, SEGMENTS, PREFIX), bias)
   heads_major = lambda a: jnp.asarray(a).transpose(0, 2, 1, 3)
+  attend = lambda q, k, v, mask, bias: attention.dot_product_attention(
+      q, k, v, mask=mask, bias=bias, return_weights=True)
   for layout, keys, values in (('bskh', jnp.asarray(kk), jnp.asarray(v)),
                                ('bksh', heads_major(kk), heads_major(v))):
-    out, w = attention.dot_product_attention(
-        jnp.asarray(q), keys, values, mask=mask_for(kind),
-        bias=None if bias is None else jnp.asarray(bias), return_weights=True, kv_layout=layout)
+    run = attend if layout == 'bskh' else functools.partial(kv_cache.attend_rows, attend)
+    out, w = run(jnp.asarray(q), keys, values, mask_for(kind),
+                 None if bias is None else jnp.asarray(bias))
     np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(w, want_w, atol=1e-6)
 
@@ -149,8 +154,10 @@ def test_fused_equals_einsum(n, k, h, hv, kind):
   einsum = attention.dot_product_attention(q, kk, v, impl='einsum', **args)
   assert fused.shape == (B, T, n, hv)
   np.testing.assert_allclose(fused, einsum, atol=1e-5, rtol=1e-5)
-  fused_cache_layout = attention.dot_product_attention(
-      q, kk.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), impl='fused', kv_layout='bksh', **args)
+  fused_attend = lambda q, k, v, mask, bias: (attention.dot_product_attention(
+      q, k, v, mask=mask, bias=bias, impl='fused'), None)
+  fused_cache_layout, _ = kv_cache.attend_rows(
+      fused_attend, q, kk.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), args['mask'], bias)
   np.testing.assert_allclose(fused_cache_layout, einsum, atol=1e-5, rtol=1e-5)
 
 
@@ -261,14 +268,14 @@ def test_mha_fused_equals_einsum_and_sows_weights(overrides):
 def decode_in_chunks(mha, params, x, chunks, positions):
   """Runs decode mode over x in the given chunk sizes; returns the concatenated outputs."""
   b, total = x.shape[:2]
-  cache = mha.init(jax.random.PRNGKey(0), x, decode=True, mask=attention.causal_mask(total),
+  cache = mha.init(jax.random.PRNGKey(0), x, decode=DecodeStep(), mask=attention.causal_mask(total),
                    positions=positions)['cache']
   assert cache['cached_key'].shape == (b, mha.config.num_kv_heads, total, mha.config.head_dim)
   assert cache['cached_value'].shape == (b, mha.config.num_kv_heads, total, mha.config.v_head_dim)
   slots = jnp.broadcast_to(jnp.arange(total), (b, total))
   # One jitted step (compiled once per chunk size) is much faster than eager op-by-op dispatch.
-  step = jax.jit(lambda v, x, mask, pos, idx: mha.apply(v, x, mask=mask, positions=pos, decode=True,
-                                                        cache_index=idx, mutable=['cache']))
+  step = jax.jit(lambda v, x, mask, pos, idx: mha.apply(v, x, mask=mask, positions=pos,
+                                                        decode=DecodeStep(idx), mutable=['cache']))
   outs, start = [], 0
   for size in chunks:
     cache_index = jnp.full((b,), start, jnp.int32)
@@ -301,12 +308,11 @@ def test_decode_needs_cache_index_and_positions():
   mha = attention.MultiHeadAttention(tiny_config())
   x = jnp.ones((1, 4, D))
   pos = jnp.arange(4)[None]
-  variables = mha.init(jax.random.PRNGKey(0), x, decode=True, positions=pos)
+  variables = mha.init(jax.random.PRNGKey(0), x, decode=DecodeStep(), positions=pos)
   with pytest.raises(ValueError, match='cache_index'):
-    mha.apply(variables, x[:, :1], positions=pos[:, :1], decode=True, mutable=['cache'])
+    mha.apply(variables, x[:, :1], positions=pos[:, :1], decode=DecodeStep(), mutable=['cache'])
   with pytest.raises(ValueError, match='positions'):
-    mha.apply(variables, x[:, :1], decode=True, cache_index=jnp.zeros(1, jnp.int32),
-              mutable=['cache'])
+    mha.apply(variables, x[:, :1], decode=DecodeStep(jnp.zeros(1, jnp.int32)), mutable=['cache'])
 
 
 def test_cross_attention_cache_is_computed_once_and_reused():
@@ -317,16 +323,17 @@ def test_cross_attention_cache_is_computed_once_and_reused():
   enc = jnp.asarray(RNG.normal(size=(2, 7, D)), jnp.float32)
   x = jnp.asarray(RNG.normal(size=(2, 3, D)), jnp.float32)
   src_mask = attention.make_attention_mask(jnp.ones((2, 1), bool), jnp.arange(7)[None] < jnp.array([[7], [4]]))
-  variables = mha.init(jax.random.PRNGKey(0), x[:, :1], enc, decode=True)
+  variables = mha.init(jax.random.PRNGKey(0), x[:, :1], enc, decode=DecodeStep())
   params, cache = variables['params'], variables['cache']
   assert cache['cached_key'].shape == (2, 2, 7, 8) and cache['cached_value'].shape == (2, 2, 7, 6)
   want = mha.apply({'params': params}, x, enc, mask=src_mask, positions=jnp.zeros((2, 3), int))
   y0, state = mha.apply({'params': params, 'cache': cache}, x[:, :1], enc, mask=src_mask,
-                        decode=True, mutable=['cache'])
+                        decode=DecodeStep(), mutable=['cache'])
   outs = [y0]
   for i in (1, 2):
     y, state = mha.apply({'params': params, 'cache': state['cache']}, x[:, i:i + 1], None,
-                         mask=src_mask, decode=True, positions=jnp.full((2, 1), 9), mutable=['cache'])
+                         mask=src_mask, decode=DecodeStep(), positions=jnp.full((2, 1), 9),
+                         mutable=['cache'])
     outs.append(y)
   np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=1e-5, rtol=1e-5)
   with pytest.raises(ValueError, match='cross-attention needs kv'):
@@ -344,19 +351,19 @@ def test_cross_attention_cache_shared_by_groups_of_query_rows():
   x = jnp.asarray(RNG.normal(size=(c * r, 2, D)), jnp.float32)
   src_valid = jnp.repeat(jnp.arange(s)[None] < jnp.array([[7], [4]]), r, axis=0)  # [b, s]
   mask = attention.make_attention_mask(jnp.ones((c * r, 2), bool), src_valid)
-  variables = mha.init(jax.random.PRNGKey(0), x[:c], enc, decode=True)  # caches c rows
+  variables = mha.init(jax.random.PRNGKey(0), x[:c], enc, decode=DecodeStep())  # caches c rows
   params, cache = variables['params'], variables['cache']
   assert cache['cached_key'].shape == (c, 1, s, 8)
   want, want_state = mha.apply({'params': params}, x, jnp.repeat(enc, r, axis=0), mask=mask,
                                mutable=['intermediates'])
-  got, state = mha.apply({'params': params, 'cache': cache}, x, None, mask=mask, decode=True,
-                         mutable=['cache', 'intermediates'])
+  got, state = mha.apply({'params': params, 'cache': cache}, x, None, mask=mask,
+                         decode=DecodeStep(), mutable=['cache', 'intermediates'])
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
   (w,), (want_w,) = (st['intermediates']['attention_weights'] for st in (state, want_state))
   assert w.shape == (c * r, 4, 2, s)
   np.testing.assert_allclose(w, want_w, atol=1e-6)
   with pytest.raises(ValueError, match='cannot share'):
-    mha.apply({'params': params, 'cache': cache}, x[:5], None, decode=True, mutable=['cache'])
+    mha.apply({'params': params, 'cache': cache}, x[:5], None, decode=DecodeStep(), mutable=['cache'])
 
 
 def test_mha_dropout_uses_dropout_rng():

@@ -9,6 +9,7 @@ import pytest
 
 from configs import base
 from transformer import config as config_lib
+from transformer import positional
 
 
 def _base_dict():
@@ -40,7 +41,7 @@ def test_to_dict_round_trips():
 @pytest.mark.parametrize("key,value,message", [
     ("model.num_heads", 6, "model.num_heads=6 must divide model.d_model=512"),
     ("model.positional", "rotary",
-     "model.positional='rotary' is not one of sinusoidal|learned|rope|relative|alibi|none"),
+     f"model.positional='rotary' is not one of {'|'.join(positional.ENCODINGS)}"),
     ("model.num_kv_heads", 3, "model.num_kv_heads=3 must divide model.num_heads=8"),
     ("model.d_model", -4, "model.d_model=-4 must be > 0"),
     ("model.d_model", "big", "model.d_model='big' must be of type int"),

@@ -1,15 +1,19 @@
-"""Tests for transformer/positional.py: sinusoidal, learned, RoPE, T5 relative buckets, ALiBi."""
+"""Tests for transformer/positional.py: sinusoidal, learned, RoPE, T5 relative buckets, ALiBi, the table."""
 
+import dataclasses
 import math
+from typing import Any
 
 import hypothesis
 import hypothesis.strategies as st
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from transformer import positional
+from transformer.config import CHOICES, ModelConfig, model_config
 
 SETTINGS = hypothesis.settings(max_examples=25, deadline=None)
 
@@ -230,3 +234,67 @@ def test_alibi_bias_is_negative_slope_times_distance():
     for i in range(4):
       for j in range(5):
         assert got[0, n, i, j] == pytest.approx(-slopes[n] * abs(int(qp[0, i]) - int(kp[0, j])))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The table
+# ----------------------------------------------------------------------------------------------------
+class _Apply(nn.Module):
+  """Runs a table entry's function inside a module (its parameters, if any, live here)."""
+  cfg: Any
+
+  @nn.compact
+  def __call__(self, positions, x):
+    encoding = positional.encoding(self.cfg)
+    if encoding.kind == 'absolute':
+      return encoding.fn(self.cfg, positions)
+    if encoding.kind == 'bias':
+      return encoding.fn(self.cfg, positions, positions, False)
+    if encoding.kind == 'rotary':
+      return encoding.fn(self.cfg, x, positions)
+    return x
+
+
+@pytest.mark.parametrize('name', list(positional.ENCODINGS))
+def test_every_table_entry_has_its_kinds_signature(name):
+  """Each entry: a known kind, config keys that exist (resumable ones among them), a valid config
+  choice; its function returns its kind's shape: [b, t, d] (absolute), [b, n, t, s] float32
+  (bias), x's shape (rotary); translating all positions leaves a bias unchanged."""
+  encoding = positional.ENCODINGS[name]
+  assert encoding.kind in positional.KINDS
+  fields = {f.name for f in dataclasses.fields(ModelConfig)}
+  assert set(encoding.keys) <= fields and set(encoding.resumable_keys) <= set(encoding.keys)
+  assert name in CHOICES['model.positional']
+  cfg = model_config(positional=name, d_model=16, num_heads=2, max_len=64)
+  positions = jnp.array([[0, 1, 2, 0, 1, 5]])
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(1, 6, 2, 8)), jnp.float32)
+  module = _Apply(cfg)
+  variables = module.init(jax.random.key(0), positions, x)
+  out = module.apply(variables, positions, x)
+  want = {'absolute': (1, 6, 16), 'bias': (1, 2, 6, 6)}.get(encoding.kind, x.shape)
+  assert out.shape == want
+  if encoding.kind == 'bias':
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(module.apply(variables, positions + 7, x), out, atol=1e-6)
+
+
+def test_shaw_is_a_clipped_relative_table_and_translation_invariant():
+  """'shaw' equals a NumPy lookup table[clip(k_pos - q_pos, -K, K) + K, head] (K =
+  relative_max_distance) as [b, n, t, s]; shifting every position by the same amount changes
+  nothing, and distances beyond K share the clipped entry."""
+  cfg = model_config(positional='shaw', d_model=16, num_heads=2, relative_max_distance=3)
+  module = _Apply(cfg)
+  qp = jnp.array([[0, 1, 2, 0, 1, 9]])
+  variables = module.init(jax.random.key(0), qp, None)
+  table = np.asarray(variables['params']['relative_bias']['embedding'].unbox())
+  assert table.shape == (7, 2)
+  got = np.asarray(module.apply(variables, qp, None))
+  q = np.asarray(qp[0])
+  want = np.zeros((1, 2, 6, 6), np.float32)
+  for n in range(2):
+    for i in range(6):
+      for j in range(6):
+        want[0, n, i, j] = table[min(max(q[j] - q[i], -3), 3) + 3, n]
+  np.testing.assert_allclose(got, want, atol=0)
+  np.testing.assert_allclose(module.apply(variables, qp + 11, None), got, atol=0)
+  np.testing.assert_allclose(got[0, :, 0, 5], table[6], atol=0)  # distance 9 clipped to 3

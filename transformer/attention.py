@@ -7,14 +7,15 @@ attention (num_kv_heads k < num_heads n, n = k * g) is expressed by splitting th
 i // g (the same grouping as jax.nn.dot_product_attention).
 """
 
+import functools
 import math
 from typing import Any, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
+from transformer import kv_cache
 from transformer import positional
 from transformer.config import ModelConfig
 
@@ -88,18 +89,14 @@ def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
 # ----------------------------------------------------------------------------------------------------
 # Scaled dot-product attention
 # ----------------------------------------------------------------------------------------------------
-def _check_shapes(q, k, v, mask, bias, kv_layout):
-  if kv_layout not in ('bskh', 'bksh'):
-    raise ValueError(f"attention kv_layout={kv_layout!r} is not one of bskh|bksh")
+def _check_shapes(q, k, v, mask, bias):
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError(f'attention expects q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv] (or [b,k,s,*] with '
-                     f'kv_layout="bksh"); got shapes {q.shape}, {k.shape}, {v.shape}')
+    raise ValueError(f'attention expects q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv]; got shapes '
+                     f'{q.shape}, {k.shape}, {v.shape}')
   if (k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]):
-    raise ValueError(f'attention shapes disagree: q {q.shape}, k {k.shape}, v {v.shape} '
-                     f'(kv_layout={kv_layout})')
-  num_kv = k.shape[2] if kv_layout == 'bskh' else k.shape[1]
-  if q.shape[2] % num_kv:
-    raise ValueError(f'num_kv_heads={num_kv} must divide num_heads={q.shape[2]}')
+    raise ValueError(f'attention shapes disagree: q {q.shape}, k {k.shape}, v {v.shape}')
+  if q.shape[2] % k.shape[2]:
+    raise ValueError(f'num_kv_heads={k.shape[2]} must divide num_heads={q.shape[2]}')
   for name, m in (('mask', mask), ('bias', bias)):
     if m is not None and (m.ndim != 4 or m.shape[1] not in (1, q.shape[2])):
       raise ValueError(f'attention {name} must be [b|1, 1|n, t|1, s|1] with n={q.shape[2]}, '
@@ -113,16 +110,12 @@ def _grouped(x: Array, num_kv: int) -> Array:
   return x.reshape(x.shape[0], num_kv, x.shape[1] // num_kv, *x.shape[2:])
 
 
-def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic, kv_layout):
-  """Reference path: returns out [b, t, n, hv] and float32 weights [b, n, t, s].
-
-  k, v are [b, s, k, *] or, with kv_layout='bksh', [b, k, s, *]: the KV-cache layout, in which the
-  batched dims (b, k) lead, so XLA runs both einsums on the cache without transposing it.
-  """
+def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic):
+  """Reference path: returns out [b, t, n, hv] and float32 weights [b, n, t, s]."""
   b, t, n, h = q.shape
-  num_kv, s = (k.shape[2], k.shape[1]) if kv_layout == 'bskh' else k.shape[1:3]
+  s, num_kv = k.shape[1:3]
   qg = q.reshape(b, t, num_kv, n // num_kv, h)  # [b, t, k, g, h]
-  logits = jnp.einsum(f'btkgh,{kv_layout}->bkgts', qg, k, preferred_element_type=jnp.float32)
+  logits = jnp.einsum('btkgh,bskh->bkgts', qg, k, preferred_element_type=jnp.float32)
   logits = logits * (1.0 / math.sqrt(h))
   if bias is not None:
     logits = logits + _grouped(bias, num_kv).astype(jnp.float32)
@@ -136,7 +129,7 @@ def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, determinis
   if not deterministic and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-  out = jnp.einsum(f'bkgts,{kv_layout}->btkgh', weights.astype(v.dtype), v)
+  out = jnp.einsum('bkgts,bskh->btkgh', weights.astype(v.dtype), v)
   return out.reshape(b, t, n, v.shape[-1]), weights.reshape(b, n, t, s)
 
 
@@ -176,29 +169,24 @@ def _fused_attention(q, k, v, mask, bias):
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
                           bias: Optional[Array] = None, dropout_rate: float = 0.0,
                           dropout_rng: Optional[Array] = None, deterministic: bool = True,
-                          impl: str = 'einsum', return_weights: bool = False,
-                          kv_layout: str = 'bskh'):
+                          impl: str = 'einsum', return_weights: bool = False):
   """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv].
 
-  kv_layout='bksh' takes k [b,k,s,h], v [b,k,s,hv] instead (the KV-cache layout).
   Returns out [b, t, n, hv] (v's dtype), and float32 weights [b, n, t, s] if return_weights.
   A fully masked query row gets all-zero weights and a zero output (never NaN).
   impl='fused' uses jax.nn.dot_product_attention (cuDNN on GPU for half precision); it falls back
   to the einsum path when weights are requested or attention dropout is active, since the fused
   kernel provides neither.
   """
-  _check_shapes(q, k, v, mask, bias, kv_layout)
+  _check_shapes(q, k, v, mask, bias)
   if impl not in ('einsum', 'fused'):
     raise ValueError(f"attention impl={impl!r} is not one of einsum|fused")
   dropout_active = not deterministic and dropout_rate > 0.0
   if dropout_active and dropout_rng is None:
     raise ValueError('attention dropout needs dropout_rng when deterministic=False')
   if impl == 'fused' and not return_weights and not dropout_active:
-    if kv_layout == 'bksh':
-      k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
     return _fused_attention(q, k, v, mask, bias)
-  out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic,
-                                   kv_layout)
+  out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic)
   return (out, weights) if return_weights else out
 
 
@@ -239,7 +227,7 @@ class Projection(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-  """Self- or cross-attention with MHA/GQA/MQA, separate q/k and v head sizes, RoPE and a KV cache.
+  """Self- or cross-attention with MHA/GQA/MQA, separate q/k and v head sizes, rotary encodings.
 
   Parameters: submodules with 'kernel' [in..., out...] and 'bias' [out...] (when config.use_bias);
   kernel shapes and logical axis names:
@@ -249,24 +237,65 @@ class MultiHeadAttention(nn.Module):
     `kv` kernel [d, 2, k, h] ('embed', None, 'kv_heads', 'head_dim') when head_dim == v_head_dim,
     else `key` [d, k, h] and `value` [d, k, hv] ('embed', 'kv_heads', 'head_dim');
   - `out` [n, hv, d] ('heads', 'head_dim', 'embed').
-  Decode mode keeps `cached_key` [b, k, L, h] and `cached_value` [b, k, L, hv] in the 'cache'
-  collection, kv heads before slots so that attention reads the cache without transposing it:
-  L = max_len (the init call's length) for self-attention, L = s (the source length) for
-  cross-attention. The caller owns the cache index and the masks. A cache may have fewer rows than
-  the queries: with c cache rows and b = r * c query rows, query rows i*r .. i*r+r-1 share cache
-  row i (beam search: the beams of one source), and attend to it as one row of r*t queries. A
-  shared self-attention cache row holds r*L slots, r regions of L, region j written by query row
-  i*r+j; `slot_rows` [b, L] (which query row wrote each slot of a row's history) then masks each
-  query row to its own history, so beam search reorders only slot_rows, never the keys/values.
+  Decode mode (a `kv_cache.DecodeStep` given) hands the keys/values to `kv_cache`, which owns the
+  cache variables, their layout and beam sharing; the caller owns the step and the masks.
   """
   config: ModelConfig
   cross: bool = False
 
-  def _project(self, x, name, out_shape, out_axes):
-    """x [b, t, d] -> [b, t, *out_shape] through the projection `name`."""
+  @nn.compact
+  def __call__(self, x: Array, kv: Optional[Array] = None, *, mask: Optional[Array] = None,
+               bias: Optional[Array] = None, positions: Optional[Array] = None,
+               deterministic: bool = True,
+               decode: Optional[kv_cache.DecodeStep] = None) -> Array:
+    """x [b, t, d] (queries), kv [b, s, d] (cross only) -> [b, t, d] in config.dtype.
+
+    mask [b, 1|n, t, s] bool, bias [b|1, n, t, s]; in decode mode s is the cache length.
+    positions [b, t] feed a rotary encoding (self-attention only; default arange).
+    decode: None for a plain forward pass; a DecodeStep to read and write the KV cache
+    (cross-attention: kv given -> keys/values computed and cached; kv None -> the cached ones).
+    """
     cfg = self.config
-    return Projection((cfg.d_model,), tuple(out_shape), ('embed', *out_axes), cfg.use_bias,
-                      jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype), name=name)(x)
+    x = x.astype(jnp.dtype(cfg.dtype))
+    query, key, value = self._project_qkv(x, kv)
+    encoding = positional.encoding(cfg)
+    if encoding.kind == 'rotary' and not self.cross:
+      if positions is None:
+        if decode is not None:
+          raise ValueError('decode-mode self-attention with a rotary encoding needs positions')
+        positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+      query, key = encoding.fn(cfg, query, positions), encoding.fn(cfg, key, positions)
+
+    attend = functools.partial(self._attend, deterministic=deterministic)
+    if decode is None:
+      if key is None:
+        raise ValueError('cross-attention needs kv, or keys/values cached by a decode step')
+      out, weights = attend(query, key, value, mask, bias)
+    elif self.cross:
+      out, weights = kv_cache.attend_cross(self, query, key, value, mask, bias, attend)
+    else:
+      out, weights = kv_cache.attend_self(self, query, key, value, mask, bias, decode, attend)
+    if weights is not None:
+      self.sow('intermediates', 'attention_weights', weights)
+    return Projection((cfg.num_heads, cfg.v_head_dim), (cfg.d_model,),
+                      ('heads', 'head_dim', 'embed'), cfg.use_bias, jnp.dtype(cfg.dtype),
+                      jnp.dtype(cfg.param_dtype), name='out')(out)
+
+  def _project_qkv(self, x, kv):
+    """-> query [b, t, n, h], keys [b, s, k, h], values [b, s, k, hv] (None: cross, kv None)."""
+    cfg = self.config
+    n, k_, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    if self.cross:
+      query = self._project(x, 'query', (n, h), ('heads', 'head_dim'))
+      if kv is None:
+        return query, None, None
+      return (query, *self._key_value(kv.astype(jnp.dtype(cfg.dtype))))
+    if kv is not None:
+      raise ValueError('self-attention (cross=False) takes no kv input')
+    if n == k_ and h == cfg.v_head_dim:
+      qkv = self._project(x, 'qkv', (3, n, h), (None, 'heads', 'head_dim'))
+      return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    return (self._project(x, 'query', (n, h), ('heads', 'head_dim')), *self._key_value(x))
 
   def _key_value(self, kv):
     """kv [b, s, d] -> keys [b, s, k, h], values [b, s, k, hv] (no positional treatment)."""
@@ -279,153 +308,20 @@ class MultiHeadAttention(nn.Module):
     value = self._project(kv, 'value', (k_, hv), ('kv_heads', 'head_dim'))
     return key, value
 
-  @nn.compact
-  def __call__(self, x: Array, kv: Optional[Array] = None, *, mask: Optional[Array] = None,
-               bias: Optional[Array] = None, positions: Optional[Array] = None,
-               kv_positions: Optional[Array] = None, deterministic: bool = True,
-               decode: bool = False, cache_index: Optional[Array] = None,
-               slot_rows: Optional[Array] = None) -> Array:
-    """x [b, t, d] (queries), kv [b, s, d] (cross only) -> [b, t, d] in config.dtype.
-
-    mask [b, 1|n, t, s] bool, bias [b|1, n, t, s]; in decode mode s is the cache length.
-    positions [b, t] / kv_positions [b, s] feed RoPE (self-attention only; default arange).
-    Decode mode (self): writes the t new keys/values at slot cache_index[0] ([b] int32, all equal)
-    and attends over the whole cache (a shared cache: the slots slot_rows [b, L] allows). Decode
-    mode (cross): kv given -> keys/values computed and cached; kv None -> the cached ones are used.
-    """
+  def _project(self, x, name, out_shape, out_axes):
+    """x [b, t, d] -> [b, t, *out_shape] through the projection `name`."""
     cfg = self.config
-    dtype = jnp.dtype(cfg.dtype)
-    n, k_, h, hv = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.v_head_dim
-    x = x.astype(dtype)
-    b, t = x.shape[:2]
+    return Projection((cfg.d_model,), tuple(out_shape), ('embed', *out_axes), cfg.use_bias,
+                      jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype), name=name)(x)
 
-    kv_layout = 'bskh'
-    if not self.cross:
-      if kv is not None:
-        raise ValueError('self-attention (cross=False) takes no kv input')
-      if n == k_ and h == hv:
-        qkv = self._project(x, 'qkv', (3, n, h), (None, 'heads', 'head_dim'))
-        query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-      else:
-        query = self._project(x, 'query', (n, h), ('heads', 'head_dim'))
-        key, value = self._key_value(x)
-      if cfg.positional == 'rope':
-        if positions is None:
-          if decode:
-            raise ValueError('decode-mode self-attention with RoPE needs positions')
-          positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-        query = positional.apply_rope(query, positions, cfg.rope_base)
-        key = positional.apply_rope(key, positions if kv_positions is None else kv_positions,
-                                    cfg.rope_base)
-      if decode:
-        key, value = self._update_self_cache(key, value, cache_index)
-        kv_layout = 'bksh'
-        if key.shape[0] != b:  # a shared cache (see the class docstring)
-          mask, bias = _own_slots(mask, bias, slot_rows, b, key.shape[0], key.shape[2])
-    else:
-      query = self._project(x, 'query', (n, h), ('heads', 'head_dim'))
-      if kv is not None:
-        key, value = self._key_value(kv.astype(dtype))
-        if decode:
-          key, value = _heads_major(key), _heads_major(value)
-          kv_layout = 'bksh'
-          self.variable('cache', 'cached_key', lambda: key).value = key
-          self.variable('cache', 'cached_value', lambda: value).value = value
-      elif decode and self.has_variable('cache', 'cached_key'):
-        key = self.get_variable('cache', 'cached_key')
-        value = self.get_variable('cache', 'cached_value')
-        kv_layout = 'bksh'
-      else:
-        raise ValueError('cross-attention needs kv, or decode=True with keys/values already cached')
-    rows = key.shape[0]
-    if rows != b:  # shared cross-attention cache rows: group the queries by row
-      if not decode or rows == 0 or b % rows:
-        raise ValueError(f'attention: {b} query rows cannot share {rows} key/value rows '
-                         f'(decode-mode caches only, a whole number of queries per row)')
-      query = query.reshape(rows, b // rows * t, n, h)
-      mask = _fold_rows(mask, b, t, rows)
-      bias = _fold_rows(bias, b, t, rows)
-
+  def _attend(self, query, key, value, mask, bias, *, deterministic):
+    """dot_product_attention with this layer's settings -> (out, weights if sown, else None)."""
+    cfg = self.config
     want_weights = self.is_mutable_collection('intermediates')
     dropout_active = not deterministic and cfg.attention_dropout_rate > 0.0
     result = dot_product_attention(
         query, key, value, mask=mask, bias=bias, dropout_rate=cfg.attention_dropout_rate,
         dropout_rng=self.make_rng('dropout') if dropout_active else None,
-        deterministic=deterministic, impl=cfg.attention_impl, return_weights=want_weights,
-        kv_layout=kv_layout)
-    out = result[0] if want_weights else result
-    out = out.reshape(b, t, n, hv)  # undoes the grouping of queries by cache row (if any)
-    if want_weights:
-      # The fused kernel returns no weights, so dot_product_attention used the einsum path.
-      weights = result[1]
-      if rows != b:
-        s_ = weights.shape[-1]
-        weights = jnp.swapaxes(weights.reshape(rows, n, b // rows, t, s_), 1, 2)
-        weights = weights.reshape(b, n, t, s_)
-      self.sow('intermediates', 'attention_weights', weights)
-    return Projection((n, hv), (cfg.d_model,), ('heads', 'head_dim', 'embed'), cfg.use_bias,
-                      dtype, jnp.dtype(cfg.param_dtype), name='out')(out)
-
-  def _update_self_cache(self, key, value, cache_index):
-    """Writes [b, t, k, *] keys/values at cache_index[0]; returns the full [c, k, r*max_len, *] cache.
-
-    c cache rows are shared by b = r * c query rows (r = 1 unless beams share a row, see the class
-    docstring); query row i*r+j writes region j of row i. On the init call (cache not yet created) the cache is created with max_len = t, zero-filled,
-    and the call attends over its own keys/values, flax-style.
-    """
-    key, value = _heads_major(key), _heads_major(value)  # [b, k, t, *]: only the new tokens move
-    initialized = self.has_variable('cache', 'cached_key')
-    cached_key = self.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
-    if not initialized:
-      return key, value
-    if cache_index is None:
-      raise ValueError('decode-mode self-attention needs cache_index ([b] int32)')
-    (c, k_, slots, _), (b, _, t, _) = cached_key.value.shape, key.shape
-    if c == 0 or b % c or slots % (b // c):
-      raise ValueError(f'decode call with {b} rows cannot share a self-attention cache of {c} rows '
-                       f'x {slots} slots')
-    r = b // c
-    max_len = slots // r
-    if t > max_len:
-      raise ValueError(f'decode call writes {t} tokens into a cache of max_len={max_len}')
-    start = jnp.asarray(cache_index, jnp.int32).reshape(-1)[0]
-    zero = jnp.zeros((), jnp.int32)
-
-    def write(cache, new):  # cache [c, k, r*L, *]: query row i*r+j -> row i, slots j*L + start..
-      new = new.reshape(c, r, k_, t, new.shape[-1]).astype(cache.dtype)
-      for j in range(r):  # r small in-place updates (a 5-d view of the cache would be copied)
-        cache = lax.dynamic_update_slice(cache, new[:, j], (zero, zero, j * max_len + start, zero))
-      return cache
-
-    cached_key.value = write(cached_key.value, key)
-    cached_value.value = write(cached_value.value, value)
-    return cached_key.value, cached_value.value
-
-
-def _heads_major(x: Array) -> Array:
-  """Keys or values [b, s, k, *] -> the cache layout [b, k, s, *]."""
-  return jnp.swapaxes(x, 1, 2)
-
-
-def _own_slots(mask, bias, slot_rows, b, c, slots):
-  """A mask [b|1, 1, t, L] and bias [b|1, n, t, L] over a row's own history -> over the r*L slots
-  of its shared cache row: slot j of region m is query row q's iff slot_rows[q, j] == q//r*r + m."""
-  r = b // c
-  if slot_rows is None:
-    raise ValueError(f'{b} query rows share a self-attention cache of {c} rows: needs slot_rows')
-  group = (jnp.arange(b, dtype=jnp.int32) // r * r)[:, None, None] + jnp.arange(r)[:, None]
-  own = (slot_rows[:, None, :] == group).reshape(b, 1, 1, slots)  # [b, 1, 1, r*L]
-  mask = own if mask is None else jnp.tile(mask, (1, 1, 1, r)) & own
-  return mask, None if bias is None else jnp.tile(bias, (1, 1, 1, r))
-
-
-def _fold_rows(x: Optional[Array], b: int, t: int, rows: int) -> Optional[Array]:
-  """A mask or bias [b|1, c, t|1, s] for b query rows -> [rows, c, (b // rows) * t, s]: the
-  queries of each group of b // rows consecutive rows become one row (see MultiHeadAttention)."""
-  if x is None:
-    return None
-  x = jnp.broadcast_to(x, (b, x.shape[1], t, x.shape[3]))
-  c, s = x.shape[1], x.shape[3]
-  x = jnp.swapaxes(x.reshape(rows, b // rows, c, t, s), 1, 2)
-  return x.reshape(rows, c, b // rows * t, s)
+        deterministic=deterministic, impl=cfg.attention_impl, return_weights=want_weights)
+    # The fused kernel returns no weights, so dot_product_attention used the einsum path for them.
+    return result if want_weights else (result, None)

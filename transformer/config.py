@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from transformer import defaults
+from transformer import defaults, positional
 
 
 class ConfigError(ValueError):
@@ -183,7 +183,7 @@ class Config:
 # Keys whose value must be one of a fixed set.
 CHOICES = {
     "model.arch": ("encoder_decoder", "decoder_only"),
-    "model.positional": ("sinusoidal", "learned", "rope", "relative", "alibi", "none"),
+    "model.positional": tuple(positional.ENCODINGS),
     "model.norm": ("layernorm", "rmsnorm"),
     "model.norm_position": ("post", "pre"),
     "model.ffn": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"),
@@ -282,25 +282,17 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
     raise ConfigError(
         f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads}")
   head_dim = m.head_dim or m.d_model // m.num_heads
-  if m.positional == "rope" and head_dim % 2:
-    raise ConfigError(f"model.head_dim={head_dim} must be even with model.positional='rope'")
-  if m.positional == "relative":
-    # positional.max_distance_bound: the decoder's causal buckets (the stricter bound) give offsets
-    # below num_buckets // 2 their own bucket; the log-spaced ones must reach beyond them, or the
-    # biases are NaN or the buckets run backwards. The encoder halves the buckets per direction.
-    least = 4 if m.arch == "encoder_decoder" else 2
-    if m.relative_num_buckets < least:
-      raise ConfigError(f"model.relative_num_buckets={m.relative_num_buckets} must be >= {least} "
-                        f"with model.arch={m.arch!r}")
-    if m.relative_max_distance <= m.relative_num_buckets // 2:
-      raise ConfigError(f"model.relative_max_distance={m.relative_max_distance} must be > "
-                        f"model.relative_num_buckets // 2 = {m.relative_num_buckets // 2}")
+  resolved = dataclasses.replace(m, num_kv_heads=kv_heads, head_dim=head_dim,
+                                 v_head_dim=m.v_head_dim or head_dim)
+  check = positional.encoding(resolved).check
+  problem = check(resolved) if check else None
+  if problem:
+    raise ConfigError(problem)
   if m.arch == "encoder_decoder" and not m.num_encoder_layers:
     raise ConfigError("model.num_encoder_layers=0 must be > 0 with model.arch='encoder_decoder'")
   if not m.num_decoder_layers:
     raise ConfigError("model.num_decoder_layers=0 must be > 0")
-  return dataclasses.replace(m, num_kv_heads=kv_heads, head_dim=head_dim,
-                             v_head_dim=m.v_head_dim or head_dim)
+  return resolved
 
 
 def _validate(cfg: Config) -> Config:

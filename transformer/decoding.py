@@ -1,4 +1,4 @@
-"""Autoregressive decoding: greedy, temperature/top-k/top-p sampling and beam search with a KV cache.
+"""Autoregressive decoding: greedy, temperature/top-k/top-p sampling, beam search over `kv_cache`.
 
 Two layers:
 - search loops over a pure `step_fn(tokens [B], cache, j) -> (logits [B, V] float32, cache)` that feeds
@@ -17,10 +17,12 @@ from collections.abc import Callable
 import functools
 from typing import Any, NamedTuple
 
-import flax
 import jax
 from jax import lax
 import jax.numpy as jnp
+
+from transformer import kv_cache
+from transformer import models
 
 StepFn = Callable[[jnp.ndarray, Any, jnp.ndarray], tuple[jnp.ndarray, Any]]
 ReorderFn = Callable[[Any, jnp.ndarray], Any]
@@ -177,11 +179,6 @@ def _gather_beams(x: jnp.ndarray, indices: jnp.ndarray) -> jnp.ndarray:
   return jax.vmap(lambda row, idx: row[idx])(x, indices)
 
 
-def take_rows(cache: Any, indices: jnp.ndarray) -> Any:
-  """Default cache reordering: every leaf gathered along axis 0 (indices in range)."""
-  return jax.tree_util.tree_map(lambda x: jnp.take(x, indices, axis=0, mode="clip"), cache)
-
-
 class _Beams(NamedTuple):
   i: jnp.ndarray          # [] index of the token being chosen
   alive_seqs: jnp.ndarray  # [b, k, L]
@@ -192,7 +189,7 @@ class _Beams(NamedTuple):
 
 
 def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_size: int,
-                alpha: float, eos_id: int, max_len: int, reorder_fn: ReorderFn = take_rows,
+                alpha: float, eos_id: int, max_len: int, reorder_fn: ReorderFn = kv_cache.reorder,
                 return_all_beams: bool = False, tile_fn: Callable[[Any, int], Any] | None = None
                 ) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Beam search with the GNMT length penalty; the score of a hypothesis is logp / lp(len).
@@ -271,32 +268,6 @@ def _variables(params: Any) -> dict[str, Any]:
   return {"params": params}
 
 
-def _empty_cache(model, *args, **kwargs) -> Any:
-  """The model's zeroed 'cache' collection for a full-length dummy decode call (shapes only)."""
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *args, decode=True,
-                                             method="decode"))["cache"]
-  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-
-def _split_cross_attention(cache: Any) -> tuple[Any, dict[tuple[str, ...], Any]]:
-  """(the cache without cross-attention keys/values, those keys/values as a flat dict).
-
-  The cross-attention keys/values never change after the first decoder call and are equal across a
-  row's beams, so they stay out of the loop state and are never reordered. (Found by the module
-  name 'cross_attention'; under another name they would simply be carried and reordered.)
-  """
-  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(cache))
-  cross = {k: v for k, v in flat.items() if "cross_attention" in k}
-  rest = {k: v for k, v in flat.items() if "cross_attention" not in k}
-  return flax.traverse_util.unflatten_dict(rest), cross
-
-
-def _with(cache: Any, cross: dict[tuple[str, ...], Any]) -> Any:
-  """The full cache: `cache` plus the cross-attention keys/values split off it."""
-  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(cache))
-  return flax.traverse_util.unflatten_dict({**flat, **cross})
-
-
 def _left_pad_prompt(prompt: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Right-padded prompts [b, p] -> left-padded decoder inputs [b, p+1] = pads, start token 0,
   prompt; with segment ids (0 on padding) and positions (0 at each row's start token)."""
@@ -314,7 +285,6 @@ def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, pre
   """(first_logits [b, v], cache, step_fn for b * beams rows) before the first generated token:
   the encoder run and the start token fed (batch['inputs']), or start token + left-padded prompt
   prefilled in one call (batch['prompt'], right-padded; the prefix if prefix_lm)."""
-  from transformer import models  # pylint: disable=g-import-not-at-top
   variables = _variables(params)
   apply = functools.partial(model.apply, deterministic=True, decode=True, mutable=["cache"],
                             method="decode")
@@ -324,7 +294,7 @@ def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, pre
     source_segments = (inputs != 0).astype(jnp.int32)
     encoded = model.apply(variables, inputs, inputs_segment_ids=source_segments,
                           deterministic=True, method="encode")
-    cache = _empty_cache(model, encoded, jnp.zeros((b, max_len), jnp.int32),
+    cache = kv_cache.empty(model, encoded, jnp.zeros((b, max_len), jnp.int32),
                          encoder_segment_ids=source_segments)
     ones = jnp.ones((b, 1), jnp.int32)
     # Feeding the start token computes (and caches) the cross-attention keys/values once.
@@ -334,19 +304,19 @@ def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, pre
     step_segments = jnp.repeat(source_segments, beams, axis=0)
     # The cross-attention keys/values keep their b rows: the model's cross-attention lets the k
     # beams of a row share it (no copies, and each source is read once per step, not k times).
-    state["cache"], cross = _split_cross_attention(state["cache"])
+    state["cache"], cross = kv_cache.split_cross(state["cache"])
 
     def step_fn(tokens, cache, j):
       ones = jnp.ones((tokens.shape[0], 1), jnp.int32)
-      logits, state = apply({**variables, "cache": _with(cache, cross)}, None, tokens[:, None],
-                            encoder_segment_ids=step_segments, decoder_positions=(j + 1) * ones,
-                            decoder_segment_ids=ones)
-      return logits[:, -1], _split_cross_attention(state["cache"])[0]
+      logits, state = apply({**variables, "cache": kv_cache.join(cache, cross)}, None,
+                            tokens[:, None], encoder_segment_ids=step_segments,
+                            decoder_positions=(j + 1) * ones, decoder_segment_ids=ones)
+      return logits[:, -1], kv_cache.split_cross(state["cache"])[0]
   else:
     prompt = batch["prompt"]
     b = prompt.shape[0]
     tokens, segments, positions = _left_pad_prompt(prompt)
-    cache = _empty_cache(model, jnp.zeros((b, tokens.shape[1] + max_len - 1), jnp.int32))
+    cache = kv_cache.empty(model, jnp.zeros((b, tokens.shape[1] + max_len - 1), jnp.int32))
     prompt_targets = jnp.pad(tokens[:, 1:] != 0, ((0, 0), (0, 1)))  # input i's target: i+1
     prefix = models.decoder_prefix(prompt_targets, segments) if prefix_lm else None
     logits, state = apply({**variables, "cache": cache}, tokens, decoder_positions=positions,
@@ -366,7 +336,6 @@ def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, pre
 def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
               prefix_lm: bool, params: Any, batch: dict[str, jnp.ndarray], rng: jnp.ndarray):
   """The traced body of `generate` (model and settings are static)."""
-  from transformer import models  # pylint: disable=g-import-not-at-top
   scan_layers = model.config.scan_layers
   k = search.beam_size if search.method == "beam" else 1
   first_logits, cache, step_fn = prefill(model, params, batch, max_len, prefix_lm, beams=k)
@@ -374,8 +343,8 @@ def _generate(model, search: Search, eos_id: int, max_len: int, return_all_beams
     # Beams share their row's self-attention keys/values: a reorder gathers only the bookkeeping.
     return beam_search(step_fn, first_logits, cache, beam_size=k, alpha=search.length_penalty,
                        eos_id=eos_id, max_len=max_len, return_all_beams=return_all_beams,
-                       reorder_fn=lambda c, idx: models.reorder_beam_cache(c, idx, scan_layers),
-                       tile_fn=lambda c, beams: models.tile_beam_cache(c, beams, scan_layers))
+                       reorder_fn=lambda c, idx: kv_cache.reorder_beams(c, idx, scan_layers),
+                       tile_fn=lambda c, beams: kv_cache.tile_beams(c, beams, scan_layers))
   return sample_search(step_fn, first_logits, cache, search=search, eos_id=eos_id,
                        max_len=max_len, rng=rng)
 

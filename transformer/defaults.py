@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.mlp_dim = 2048
   m.num_encoder_layers = 6
   m.num_decoder_layers = 6
-  m.positional = "sinusoidal"  # sinusoidal | learned | rope | relative | alibi | none
+  m.positional = "sinusoidal"  # a name in transformer/positional.py ENCODINGS: sinusoidal, rope, ...
   m.rope_base = 10000.0
   m.relative_num_buckets = 32
   m.relative_max_distance = 128

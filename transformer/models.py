@@ -3,17 +3,12 @@
 One `DecoderBlock` serves both architectures: with cross-attention it is the encoder-decoder's
 decoder block, without it the decoder-only block. Residual wiring is post-LN, the paper's
 x = Norm(x + Dropout(Sublayer(x))), or pre-LN, x = x + Dropout(Sublayer(Norm(x))) with a final norm
-at the end of each stack. Positional information: absolute encodings are added to the embeddings,
-relative (T5) and ALiBi biases are computed once per stack and passed to every layer, RoPE is applied
-inside attention from the positions given to it.
+at the end of each stack. Positional information comes from `positional.ENCODINGS` by kind:
+absolute encodings are added to the embeddings, biases are computed once per stack and passed to
+every layer, rotary encodings are applied inside attention from the positions given to it.
 
-Decoding cache ('cache' collection): each attention layer owns its keys/values; the Decoder stack owns
-the bookkeeping (`cache_index` [b], `cached_positions`, `cached_segment_ids`, `cached_prefix`,
-`cached_rows` [b, L]) from which it builds the mask and bias over all L cache slots. Beam search
-(`tile_beam_cache`, `reorder_beam_cache`) lets a source's beams share its self-attention keys/values
-and reorders only the bookkeeping; `cached_rows` (the row that wrote each slot) tells each beam its
-own slots. Every leaf has the batch on axis 0,
-except that under `scan_layers` the layers' leaves (under 'layers') are stacked on a leading axis.
+Decoding (decode=True): the Decoder stack writes its bookkeeping and each attention layer its
+keys/values through `kv_cache`, which owns the cache layout and beam sharing.
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import attention as attn
+from transformer import kv_cache
 from transformer import positional
 from transformer.config import ConfigError, ModelConfig
 from transformer.layers import Embed, FeedForward, make_norm
@@ -94,31 +90,29 @@ class EncoderBlock(nn.Module):
 class DecoderBlock(nn.Module):
   """Causal self-attention, cross-attention (if `cross_attention`), feed-forward.
 
-  Without cross-attention this is the decoder-only block. In decode mode the attention layers read
-  and write their KV caches at `cache_index` [b]; cross-attention recomputes its cached keys/values
-  when `encoded` is given and reuses them when it is None.
+  Without cross-attention this is the decoder-only block. In decode mode (`step` given) the
+  attention layers read and write their KV caches; cross-attention recomputes its cached
+  keys/values when `encoded` is given and reuses them when it is None.
   """
   config: ModelConfig
   cross_attention: bool = False
   deterministic: bool = True
-  decode: bool = False
   scanned: bool = False
 
   @nn.compact
   def __call__(self, x: Array, encoded: Array | None, self_mask: Array | None,
                cross_mask: Array | None, bias: Array | None, positions: Array | None,
-               cache_index: Array | None, slot_rows: Array | None = None) -> Any:
-    """x [b, t, d]; encoded [b, s, d]; masks [b, 1, t, L|s]; bias [b, n, t, L]; positions [b, t];
-    slot_rows [b, L] (decode: the row that wrote each cache slot, for shared beam caches)."""
-    cfg, det, dec = self.config, self.deterministic, self.decode
+               step: kv_cache.DecodeStep | None) -> Any:
+    """x [b, t, d]; encoded [b, s, d]; masks [b, 1, t, L|s]; bias [b, n, t, L]; positions [b, t]."""
+    cfg, det = self.config, self.deterministic
     self_attention = attn.MultiHeadAttention(cfg, name='self_attention')
     x = _residual(cfg, x, lambda y: self_attention(
-        y, mask=self_mask, bias=bias, positions=positions, deterministic=det, decode=dec,
-        cache_index=cache_index, slot_rows=slot_rows), make_norm(cfg, 'attention_norm'), det)
+        y, mask=self_mask, bias=bias, positions=positions, deterministic=det, decode=step),
+                  make_norm(cfg, 'attention_norm'), det)
     if self.cross_attention:
       cross = attn.MultiHeadAttention(cfg, cross=True, name='cross_attention')
       x = _residual(cfg, x, lambda y: cross(
-          y, encoded, mask=cross_mask, deterministic=det, decode=dec, cache_index=cache_index),
+          y, encoded, mask=cross_mask, deterministic=det, decode=step),
                     make_norm(cfg, 'cross_attention_norm'), det)
     ffn = FeedForward(cfg, name='ffn')
     x = _residual(cfg, x, lambda y: ffn(y, deterministic=det), make_norm(cfg, 'ffn_norm'), det)
@@ -151,28 +145,24 @@ def _run_layers(cfg: ModelConfig, block: type[nn.Module], num_layers: int, x: Ar
 
 def _embed(cfg: ModelConfig, embed: Embed, tokens: Array, positions: Array,
            deterministic: bool) -> Array:
-  """Token embeddings plus absolute positional encodings (if configured), then dropout."""
+  """Token embeddings plus an absolute positional encoding (if configured), then dropout."""
   x = embed(tokens)  # [b, t, d]
-  if cfg.positional == 'sinusoidal':
-    x = x + positional.sinusoidal(positions, cfg.d_model).astype(x.dtype)
-  elif cfg.positional == 'learned':
-    x = x + positional.LearnedPositions(
-        cfg.max_len, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
-        dtype=jnp.dtype(cfg.dtype), name='position_embed')(positions)
+  encoding = positional.encoding(cfg)
+  if encoding.kind == 'absolute':
+    x = x + encoding.fn(cfg, positions).astype(x.dtype)
   return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 def _position_bias(cfg: ModelConfig, q_pos: Array, k_pos: Array,
                    bidirectional: bool) -> Array | None:
-  """Relative (T5) or ALiBi bias [b, n, t, s] computed once per stack; None for other encodings."""
-  if cfg.positional == 'relative':
-    return positional.RelativePositionBias(
-        cfg.relative_num_buckets, cfg.relative_max_distance, cfg.num_heads,
-        bidirectional=bidirectional, param_dtype=jnp.dtype(cfg.param_dtype),
-        name='relative_bias')(q_pos, k_pos)
-  if cfg.positional == 'alibi':
-    return positional.alibi_bias(q_pos, k_pos, positional.alibi_slopes(cfg.num_heads))
-  return None
+  """A positional bias [b, n, t, s] computed once per stack; None for other kinds of encoding."""
+  encoding = positional.encoding(cfg)
+  return encoding.fn(cfg, q_pos, k_pos, bidirectional) if encoding.kind == 'bias' else None
+
+
+def _rotary_positions(cfg: ModelConfig, positions: Array) -> Array | None:
+  """The positions attention rotates queries and keys by (rotary encodings only)."""
+  return positions if positional.encoding(cfg).kind == 'rotary' else None
 
 
 def _default_positions(tokens: Array) -> Array:
@@ -196,8 +186,8 @@ class Encoder(nn.Module):
     x = _embed(cfg, self.embed, tokens, positions, deterministic)
     mask = attn.segment_mask(segment_ids, segment_ids)  # same nonzero segment
     bias = _position_bias(cfg, positions, positions, bidirectional=True)
-    rope_positions = positions if cfg.positional == 'rope' else None
-    x = _run_layers(cfg, EncoderBlock, cfg.num_encoder_layers, x, (mask, bias, rope_positions),
+    rotary_positions = _rotary_positions(cfg, positions)
+    x = _run_layers(cfg, EncoderBlock, cfg.num_encoder_layers, x, (mask, bias, rotary_positions),
                     deterministic=deterministic)
     if cfg.norm_position == 'pre':
       x = make_norm(cfg, 'final_norm')(x)
@@ -209,31 +199,6 @@ class Decoder(nn.Module):
   config: ModelConfig
   embed: Embed
   cross_attention: bool = False
-
-  def _update_cache(self, positions, segment_ids, prefix):
-    """Writes this call's tokens into the stack's cache; returns slot indices and key features."""
-    b, t = segment_ids.shape
-    initialized = self.has_variable('cache', 'cache_index')
-    index = self.variable('cache', 'cache_index', jnp.zeros, (b,), jnp.int32)
-    new = {'cached_positions': positions, 'cached_segment_ids': segment_ids,
-           'cached_prefix': prefix.astype(jnp.int32),
-           'cached_rows': jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))}
-    cached = {k: self.variable('cache', k, jnp.zeros, (b, t), jnp.int32) for k in new}
-    cache_index = index.value
-    if not initialized:  # init: the cache is created empty; compute as a plain forward pass.
-      q_idx = _default_positions(segment_ids)
-      return cache_index, q_idx, q_idx, new
-    start = cache_index[0]  # all entries are equal
-    keys = {}
-    for k, value in new.items():
-      keys[k] = jax.lax.dynamic_update_slice(cached[k].value, value.astype(jnp.int32),
-                                             (jnp.int32(0), start))
-      cached[k].value = keys[k]
-    index.value = cache_index + t
-    q_idx = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)  # [b, t] slot of each query
-    k_idx = jnp.broadcast_to(jnp.arange(keys['cached_positions'].shape[1], dtype=jnp.int32),
-                             keys['cached_positions'].shape)  # [b, L]
-    return cache_index, q_idx, k_idx, keys
 
   @nn.compact
   def __call__(self, tokens: Array, positions: Array | None = None,
@@ -252,17 +217,14 @@ class Decoder(nn.Module):
     if prefix is None:
       prefix = jnp.zeros(tokens.shape, bool)
     prefix = prefix.astype(bool)
-    cache_index = slot_rows = None
+    step = None
     if decode:
-      if positions is None and self.has_variable('cache', 'cache_index'):
-        index = self.get_variable('cache', 'cache_index')
-        positions = index[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)
+      if positions is None:
+        positions = kv_cache.next_positions(self, tokens.shape[1])
       if positions is None:
         positions = _default_positions(tokens)
-      cache_index, q_idx, k_idx, keys = self._update_cache(positions, segment_ids, prefix)
-      k_pos, k_seg = keys['cached_positions'], keys['cached_segment_ids']
-      k_prefix = keys['cached_prefix'] != 0
-      slot_rows = keys['cached_rows']
+      step, q_idx, k_idx, k_pos, k_seg, k_prefix = kv_cache.write_slots(self, positions,
+                                                                         segment_ids, prefix)
     else:
       if positions is None:
         positions = _default_positions(tokens)
@@ -276,11 +238,11 @@ class Decoder(nn.Module):
     if self.cross_attention and encoder_segment_ids is not None:
       cross_mask = attn.segment_mask(segment_ids, encoder_segment_ids)
     bias = _position_bias(cfg, positions, k_pos, bidirectional=False)
-    rope_positions = positions if cfg.positional == 'rope' else None
+    rotary_positions = _rotary_positions(cfg, positions)
     x = _run_layers(cfg, DecoderBlock, cfg.num_decoder_layers, x,
-                    (encoded, self_mask, cross_mask, bias, rope_positions, cache_index, slot_rows),
+                    (encoded, self_mask, cross_mask, bias, rotary_positions, step),
                     remat_allowed=not decode, cross_attention=self.cross_attention,
-                    deterministic=deterministic, decode=decode)
+                    deterministic=deterministic)
     if cfg.norm_position == 'pre':
       x = make_norm(cfg, 'final_norm')(x)
     if cfg.tie_embeddings:
@@ -383,51 +345,6 @@ def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly:
   if cfg.arch == 'decoder_only':
     return DecoderOnly(cfg)
   raise ConfigError(f"model.arch={cfg.arch!r} is not one of encoder_decoder|decoder_only")
-
-
-def reorder_cache(cache: Any, indices: Array, scan_layers: bool) -> Any:
-  """Gathers every cache leaf along its batch axis (beam search): axis 0, or 1 for scanned layers.
-
-  Indices must be in range: they are clipped, not checked (the check would cost a full pass over
-  every leaf per call).
-  """
-  def gather(path, leaf):
-    return jnp.take(leaf, indices, axis=_is_self_kv(path, scan_layers)[1], mode='clip')
-  return jax.tree_util.tree_map_with_path(gather, cache)
-
-
-def _is_self_kv(path, scan_layers: bool) -> tuple[bool, int]:
-  """(is this leaf a self-attention key/value cache, its batch axis) for a cache leaf's path."""
-  names = [getattr(key, 'key', None) for key in path]
-  return ('self_attention' in names and names[-1] in ('cached_key', 'cached_value'),
-          1 if scan_layers and 'layers' in names else 0)
-
-
-def tile_beam_cache(cache: Any, beam_size: int, scan_layers: bool) -> Any:
-  """A decoder cache of b rows -> the beam-search cache of b*k rows whose beams share the
-  self-attention keys/values: each row's [k, L, h] becomes [k, beam_size*L, h] (region 0 holds the
-  row's cached slots, the others are written by beams 1.., see MultiHeadAttention); the
-  bookkeeping is repeated per beam, its `cached_rows` renamed to row i*k (beam 0 of row i)."""
-  def tile(path, leaf):
-    is_kv, axis = _is_self_kv(path, scan_layers)
-    if is_kv:
-      pad = [(0, 0)] * leaf.ndim
-      pad[axis + 2] = (0, (beam_size - 1) * leaf.shape[axis + 2])
-      return jnp.pad(leaf, pad)
-    leaf = jnp.repeat(leaf, beam_size, axis=axis)
-    return leaf * beam_size if getattr(path[-1], 'key', None) == 'cached_rows' else leaf
-  return jax.tree_util.tree_map_with_path(tile, cache)
-
-
-def reorder_beam_cache(cache: Any, indices: Array, scan_layers: bool) -> Any:
-  """reorder_cache for a `tile_beam_cache` cache: indices [b*k] stay within each row's k beams, so
-  the shared self-attention keys/values stay put and only the small bookkeeping is gathered."""
-  def gather(path, leaf):
-    is_kv, axis = _is_self_kv(path, scan_layers)
-    if is_kv and leaf.shape[axis] != indices.shape[0]:
-      return leaf
-    return jnp.take(leaf, indices, axis=axis, mode='clip')
-  return jax.tree_util.tree_map_with_path(gather, cache)
 
 
 # ---------------------------------------------------------------------------------------------

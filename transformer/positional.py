@@ -1,13 +1,21 @@
-"""Positional encodings: sinusoidal, learned absolute, RoPE, T5 relative bias, ALiBi.
+"""Positional encodings in one table, `ENCODINGS`: name -> kind, function, config keys, check.
 
+The kind says where an encoding enters the model, and so the function's signature:
+- 'absolute': fn(cfg, positions [b, t]) -> [b, t, d], added to the token embeddings;
+- 'bias':     fn(cfg, q_positions [b, t], k_positions [b, s], bidirectional) -> [b, n, t, s]
+              float32, computed once per stack and added to every layer's attention logits;
+- 'rotary':   fn(cfg, x [b, t, n, h], positions [b, t]) -> x rotated: queries and keys, inside
+              self-attention;
+- 'none':     nothing (NoPE: the causal mask alone carries order).
+Config choices and validation, the models, attention, the checkpoint-compatibility keys and the
+tests all read the table, so a new encoding is one function and one entry. Functions run inside a
+module's compact method and may create parameters (named as their entry says).
 Every function takes explicit integer positions ([b, t]) rather than assuming `arange(t)`, so packed
 rows (positions restart per segment) and cached decoding (absolute offsets) need no special cases.
-Absolute encodings (sinusoidal, learned) are added to the embeddings by the model; relative biases
-(T5 buckets, ALiBi) are computed once per stack as [b, n, t, s] and passed to attention as `bias`;
-RoPE rotates queries and keys inside attention. 'none' needs nothing from this file.
 """
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -181,3 +189,109 @@ def alibi_bias(q_positions: Array, k_positions: Array, slopes: Any) -> Array:
   dist = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [b, t, s]
   slopes = jnp.asarray(slopes, jnp.float32)
   return -slopes[None, :, None, None] * dist[:, None]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The table
+# ----------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Encoding:
+  """One positional encoding: where it enters the model (`kind`) and how (`fn`, see the module
+  docstring); `keys`: the model config keys it reads beyond d_model, num_heads and max_len;
+  `resumable_keys`: those of them that shape no parameter (a run may resume with other values);
+  `check(cfg)`: a one-line problem with a resolved ModelConfig, or None."""
+  kind: str
+  fn: Optional[Callable[..., Array]] = None
+  keys: tuple[str, ...] = ()
+  resumable_keys: tuple[str, ...] = ()
+  check: Optional[Callable[[Any], Optional[str]]] = None
+
+
+def _sinusoidal(cfg, positions):
+  return sinusoidal(positions, cfg.d_model)
+
+
+def _learned(cfg, positions):
+  return LearnedPositions(cfg.max_len, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
+                          dtype=jnp.dtype(cfg.dtype), name='position_embed')(positions)
+
+
+def _rope(cfg, x, positions):
+  return apply_rope(x, positions, cfg.rope_base)
+
+
+def _check_rope(cfg):
+  if cfg.head_dim % 2:
+    return f"model.head_dim={cfg.head_dim} must be even with model.positional='rope'"
+  return None
+
+
+def _relative(cfg, q_positions, k_positions, bidirectional):
+  return RelativePositionBias(cfg.relative_num_buckets, cfg.relative_max_distance, cfg.num_heads,
+                              bidirectional=bidirectional, param_dtype=jnp.dtype(cfg.param_dtype),
+                              name='relative_bias')(q_positions, k_positions)
+
+
+def _check_relative(cfg):
+  # max_distance_bound: the decoder's causal buckets (the stricter bound) give offsets below
+  # num_buckets // 2 their own bucket; the log-spaced ones must reach beyond them, or the biases
+  # are NaN or the buckets run backwards. The encoder halves the buckets per direction.
+  least = 4 if cfg.arch == 'encoder_decoder' else 2
+  if cfg.relative_num_buckets < least:
+    return (f"model.relative_num_buckets={cfg.relative_num_buckets} must be >= {least} "
+            f"with model.arch={cfg.arch!r}")
+  if cfg.relative_max_distance <= max_distance_bound(cfg.relative_num_buckets, False):
+    return (f"model.relative_max_distance={cfg.relative_max_distance} must be > "
+            f"model.relative_num_buckets // 2 = {cfg.relative_num_buckets // 2}")
+  return None
+
+
+def _alibi(cfg, q_positions, k_positions, bidirectional):
+  del bidirectional  # symmetric: under a causal mask only past keys count anyway
+  return alibi_bias(q_positions, k_positions, alibi_slopes(cfg.num_heads))
+
+
+def _shaw(cfg, q_positions, k_positions, bidirectional):
+  """Shaw et al. 2018: a learned embedding per relative distance k_pos - q_pos, clipped to
+  [-K, K] with K = model.relative_max_distance, here a scalar per head added to the logits.
+
+  The paper adds a vector a_ij (of the head size) to each key, so that the logit is
+  q_i . (k_j + a_ij); we learn the scalar per (clipped distance, head) instead, i.e. the bias kind,
+  for two reasons: a vector needs the queries, so it would live inside attention rather than in one
+  bias computed once per stack (the cache, the fused kernel and every kind of block then stay
+  untouched), and it is the simplification T5 (Raffel et al. 2020, section 2.1) made of Shaw's
+  embeddings. Unlike T5's log buckets every distance up to K has its own entry: a [2K+1, n] table,
+  logical axes ('relpos_buckets', 'heads').
+  """
+  del bidirectional  # both directions have their own entries; a causal mask hides the future
+  clip = cfg.relative_max_distance
+  table = nn.Embed(2 * clip + 1, cfg.num_heads, param_dtype=jnp.dtype(cfg.param_dtype),
+                   embedding_init=nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
+                                                               ('relpos_buckets', 'heads')),
+                   name='relative_bias')
+  distance = jnp.clip(k_positions[:, None, :] - q_positions[:, :, None], -clip, clip)  # [b, t, s]
+  return jnp.transpose(table(distance + clip).astype(jnp.float32), (0, 3, 1, 2))
+
+
+ENCODINGS: dict[str, Encoding] = {
+    'sinusoidal': Encoding('absolute', _sinusoidal),
+    'learned': Encoding('absolute', _learned),
+    'rope': Encoding('rotary', _rope, keys=('rope_base',), resumable_keys=('rope_base',),
+                     check=_check_rope),
+    'relative': Encoding('bias', _relative, keys=('relative_num_buckets', 'relative_max_distance'),
+                         check=_check_relative),
+    'alibi': Encoding('bias', _alibi),
+    'none': Encoding('none'),
+    'shaw': Encoding('bias', _shaw, keys=('relative_max_distance',)),
+}
+KINDS = ('absolute', 'bias', 'rotary', 'none')
+
+
+def encoding(cfg: Any) -> Encoding:
+  """The table entry of a ModelConfig's `positional`."""
+  return ENCODINGS[cfg.positional]
+
+
+def resumable_keys() -> frozenset[str]:
+  """Positional config keys that shape no parameter, over all encodings (for checkpoints)."""
+  return frozenset(key for e in ENCODINGS.values() for key in e.resumable_keys)

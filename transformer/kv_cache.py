@@ -1,0 +1,274 @@
+"""Decoding caches: self-attention cache writes, cross-attention keys/values once, beam bookkeeping.
+
+Everything that knows a cache layout lives here; attention and the model stacks only call in.
+
+- Layout ('cache' collection): each attention layer keeps `cached_key` [c, k, S, h] and
+  `cached_value` [c, k, S, hv], kv heads before slots so that attention reads the cache without
+  transposing it (S = max_len, the init call's length, for self-attention; S = s, the source length,
+  for cross-attention). The decoder stack keeps the bookkeeping: `cache_index` [b] (the next slot),
+  `cached_positions`, `cached_segment_ids`, `cached_prefix` and `cached_rows` [b, L], from which it
+  builds the mask and bias over all L slots. Every leaf has the batch on axis 0, except that under
+  `scan_layers` the layers' leaves (under 'layers') are stacked on a leading axis.
+- Shared beam rows: a cache may have fewer rows than the queries. With c cache rows and b = r * c
+  query rows, query rows i*r .. i*r+r-1 share cache row i (beam search: the beams of one source)
+  and attend to it as one row of r*t queries. The cross-attention keys/values are thus stored once
+  per source, not per beam. A shared self-attention row holds r*L slots, r regions of L, region j
+  written by query row i*r+j; `cached_rows` [b, L] (which query row wrote each slot of a row's
+  history) masks each query row to its own history, so a beam reorder gathers only the small
+  bookkeeping, never the keys/values (`tile_beams`, `reorder_beams`).
+- Search helpers: `empty` (the zeroed cache of a model), `split_cross` / `join` (keep the
+  never-changing cross-attention keys/values out of a search loop's state), `reorder` (gather rows).
+"""
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+# attend(q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv], mask, bias) -> (out [b,t,n,hv], weights or None)
+Attend = Callable[..., tuple[Array, Optional[Array]]]
+
+
+class DecodeStep(NamedTuple):
+  """What a decode call tells its attention layers: the slot of its first token, all rows equal
+  (`index` [b] int32), and the query row that wrote each slot (`slot_rows` [b, L], shared rows)."""
+  index: Optional[Array] = None
+  slot_rows: Optional[Array] = None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Attention over a cache (called by MultiHeadAttention in decode mode)
+# ----------------------------------------------------------------------------------------------------
+def attend_self(module: nn.Module, query: Array, key: Array, value: Array, mask: Optional[Array],
+                bias: Optional[Array], step: DecodeStep, attend: Attend):
+  """Writes the t new keys/values [b, t, k, *] at slot step.index[0] of `module`'s cache, then
+  attends the queries over the whole cache (a shared row: over the slots step.slot_rows allows).
+
+  On the init call (cache not yet created) the cache is created zero-filled with max_len = t, and
+  the call attends over its own keys/values, flax-style.
+  """
+  initialized = module.has_variable('cache', 'cached_key')
+  key, value = _heads_major(key), _heads_major(value)  # [b, k, t, *]: only the new tokens move
+  cached_key = module.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
+  cached_value = module.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
+  if initialized:
+    if step.index is None:
+      raise ValueError('decode-mode self-attention needs cache_index (DecodeStep.index, [b] int32)')
+    cached_key.value = _write(cached_key.value, key, step.index)
+    cached_value.value = _write(cached_value.value, value, step.index)
+    key, value = cached_key.value, cached_value.value
+    b, c = query.shape[0], key.shape[0]
+    if c != b:
+      mask, bias = _own_slots(mask, bias, step.slot_rows, b, c, key.shape[2])
+  return attend_rows(attend, query, key, value, mask, bias)
+
+
+def attend_cross(module: nn.Module, query: Array, key: Optional[Array], value: Optional[Array],
+                 mask: Optional[Array], bias: Optional[Array], attend: Attend):
+  """Caches the source keys/values when given ([c, s, k, *]); else reads those cached. Attends."""
+  if key is not None:
+    key, value = _heads_major(key), _heads_major(value)
+    module.variable('cache', 'cached_key', lambda: key).value = key
+    module.variable('cache', 'cached_value', lambda: value).value = value
+  elif module.has_variable('cache', 'cached_key'):
+    key = module.get_variable('cache', 'cached_key')
+    value = module.get_variable('cache', 'cached_value')
+  else:
+    raise ValueError('cross-attention needs kv, or keys/values cached by a decode step')
+  return attend_rows(attend, query, key, value, mask, bias)
+
+
+def attend_rows(attend: Attend, query: Array, key: Array, value: Array, mask: Optional[Array],
+                bias: Optional[Array]):
+  """Queries [b, t, n, h] over cache rows [c, k, S, *] (c divides b, see the module docstring)
+  -> (out [b, t, n, hv], weights [b, n, t, S] or None)."""
+  (b, t, n, h), c = query.shape, key.shape[0]
+  if c == 0 or b % c:
+    raise ValueError(f'attention: {b} query rows cannot share {c} key/value rows '
+                     f'(decode-mode caches only, a whole number of queries per row)')
+  r = b // c
+  if r > 1:  # shared rows: each group of r query rows becomes one row of r*t queries
+    query = query.reshape(c, r * t, n, h)
+    mask, bias = _fold_rows(mask, b, t, c), _fold_rows(bias, b, t, c)
+  # The swap is a view for attention's [b, s, k, *]: XLA folds it into the einsum (no copy).
+  out, weights = attend(query, jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2), mask, bias)
+  out = out.reshape(b, t, n, value.shape[-1])
+  if weights is not None and r > 1:
+    s = weights.shape[-1]
+    weights = jnp.swapaxes(weights.reshape(c, n, r, t, s), 1, 2).reshape(b, n, t, s)
+  return out, weights
+
+
+def _heads_major(x: Array) -> Array:
+  """Keys or values [b, s, k, *] -> the cache layout [b, k, s, *]."""
+  return jnp.swapaxes(x, 1, 2)
+
+
+def _write(cache: Array, new: Array, index: Array) -> Array:
+  """cache [c, k, r*L, *] with new [b, k, t, *] written at slot index[0]: query row i*r+j -> row i,
+  slots j*L + index[0] ..."""
+  (c, k, slots, _), (b, _, t, _) = cache.shape, new.shape
+  if c == 0 or b % c or slots % (b // c):
+    raise ValueError(f'decode call with {b} rows cannot share a self-attention cache of {c} rows '
+                     f'x {slots} slots')
+  r = b // c
+  max_len = slots // r
+  if t > max_len:
+    raise ValueError(f'decode call writes {t} tokens into a cache of max_len={max_len}')
+  start = jnp.asarray(index, jnp.int32).reshape(-1)[0]
+  zero = jnp.zeros((), jnp.int32)
+  new = new.reshape(c, r, k, t, new.shape[-1]).astype(cache.dtype)
+  for j in range(r):  # r small in-place updates (a 5-d view of the cache would be copied)
+    cache = lax.dynamic_update_slice(cache, new[:, j], (zero, zero, j * max_len + start, zero))
+  return cache
+
+
+def _own_slots(mask, bias, slot_rows, b, c, slots):
+  """A mask [b|1, 1, t, L] and bias [b|1, n, t, L] over a row's own history -> over the r*L slots
+  of its shared cache row: slot j of region m is query row q's iff slot_rows[q, j] == q//r*r + m."""
+  r = b // c
+  if slot_rows is None:
+    raise ValueError(f'{b} query rows share a self-attention cache of {c} rows: needs slot_rows')
+  group = (jnp.arange(b, dtype=jnp.int32) // r * r)[:, None, None] + jnp.arange(r)[:, None]
+  own = (slot_rows[:, None, :] == group).reshape(b, 1, 1, slots)  # [b, 1, 1, r*L]
+  mask = own if mask is None else jnp.tile(mask, (1, 1, 1, r)) & own
+  return mask, None if bias is None else jnp.tile(bias, (1, 1, 1, r))
+
+
+def _fold_rows(x: Optional[Array], b: int, t: int, rows: int) -> Optional[Array]:
+  """A mask or bias [b|1, c, t|1, s] for b query rows -> [rows, c, (b // rows) * t, s]: the
+  queries of each group of b // rows consecutive rows become one row."""
+  if x is None:
+    return None
+  x = jnp.broadcast_to(x, (b, x.shape[1], t, x.shape[3]))
+  c, s = x.shape[1], x.shape[3]
+  x = jnp.swapaxes(x.reshape(rows, b // rows, c, t, s), 1, 2)
+  return x.reshape(rows, c, b // rows * t, s)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The decoder stack's bookkeeping (called by models.Decoder in decode mode)
+# ----------------------------------------------------------------------------------------------------
+class Slots(NamedTuple):
+  """One decode call's view of the stack cache: its step, the slot of each query [b, t], and per
+  key slot [b, L] its index, position, segment id and prefix flag."""
+  step: DecodeStep
+  q_idx: Array
+  k_idx: Array
+  k_positions: Array
+  k_segment_ids: Array
+  k_prefix: Array
+
+
+def next_positions(module: nn.Module, length: int) -> Optional[Array]:
+  """[b, length] positions continuing the cache (its next slots); None before the cache exists."""
+  if not module.has_variable('cache', 'cache_index'):
+    return None
+  index = module.get_variable('cache', 'cache_index')
+  return index[:, None] + jnp.arange(length, dtype=jnp.int32)
+
+
+def write_slots(module: nn.Module, positions: Array, segment_ids: Array, prefix: Array) -> Slots:
+  """Writes this call's tokens' [b, t] bookkeeping into `module`'s cache at its cache_index."""
+  b, t = segment_ids.shape
+  initialized = module.has_variable('cache', 'cache_index')
+  index = module.variable('cache', 'cache_index', jnp.zeros, (b,), jnp.int32)
+  new = {'cached_positions': positions, 'cached_segment_ids': segment_ids,
+         'cached_prefix': prefix.astype(jnp.int32),
+         'cached_rows': jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))}
+  cached = {k: module.variable('cache', k, jnp.zeros, (b, t), jnp.int32) for k in new}
+  cache_index = index.value
+  if not initialized:  # init: the cache is created empty; compute as a plain forward pass.
+    idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    return Slots(DecodeStep(cache_index, new['cached_rows']), idx, idx, positions, segment_ids,
+                 prefix)
+  start = cache_index[0]  # all entries are equal
+  keys = {}
+  for k, value in new.items():
+    keys[k] = lax.dynamic_update_slice(cached[k].value, value.astype(jnp.int32),
+                                       (jnp.int32(0), start))
+    cached[k].value = keys[k]
+  index.value = cache_index + t
+  q_idx = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)  # [b, t] slot of each query
+  length = keys['cached_positions'].shape[1]
+  k_idx = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [b, L]
+  return Slots(DecodeStep(cache_index, keys['cached_rows']), q_idx, k_idx,
+               keys['cached_positions'], keys['cached_segment_ids'], keys['cached_prefix'] != 0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Whole caches (called by decoding)
+# ----------------------------------------------------------------------------------------------------
+def empty(model: nn.Module, *args, **kwargs) -> Any:
+  """The model's zeroed 'cache' collection for a full-length dummy decode call (shapes only)."""
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *args, decode=True,
+                                             method='decode'))['cache']
+  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def split_cross(cache: Any) -> tuple[Any, dict[tuple[str, ...], Any]]:
+  """(the cache without cross-attention keys/values, those keys/values as a flat dict).
+
+  The cross-attention keys/values never change after the first decoder call and are equal across a
+  row's beams, so they stay out of the loop state and are never reordered. (Found by the module
+  name 'cross_attention'; under another name they would simply be carried and reordered.)
+  """
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(cache))
+  cross = {k: v for k, v in flat.items() if 'cross_attention' in k}
+  rest = {k: v for k, v in flat.items() if 'cross_attention' not in k}
+  return flax.traverse_util.unflatten_dict(rest), cross
+
+
+def join(cache: Any, cross: dict[tuple[str, ...], Any]) -> Any:
+  """The full cache: `cache` plus the cross-attention keys/values split off it."""
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(cache))
+  return flax.traverse_util.unflatten_dict({**flat, **cross})
+
+
+def reorder(cache: Any, indices: Array, scan_layers: bool = False) -> Any:
+  """Gathers every cache leaf along its batch axis: axis 0, or 1 for scanned layers.
+
+  Indices must be in range: they are clipped, not checked (the check would cost a full pass over
+  every leaf per call).
+  """
+  def gather(path, leaf):
+    return jnp.take(leaf, indices, axis=_is_self_kv(path, scan_layers)[1], mode='clip')
+  return jax.tree_util.tree_map_with_path(gather, cache)
+
+
+def tile_beams(cache: Any, beam_size: int, scan_layers: bool) -> Any:
+  """A decoder cache of b rows -> the beam-search cache of b*k rows whose beams share the
+  self-attention keys/values: each row's [k, L, h] becomes [k, beam_size*L, h] (region 0 holds the
+  row's cached slots, the others are written by beams 1..); the bookkeeping is repeated per beam,
+  its `cached_rows` renamed to row i*k (beam 0 of row i)."""
+  def tile(path, leaf):
+    is_kv, axis = _is_self_kv(path, scan_layers)
+    if is_kv:
+      pad = [(0, 0)] * leaf.ndim
+      pad[axis + 2] = (0, (beam_size - 1) * leaf.shape[axis + 2])
+      return jnp.pad(leaf, pad)
+    leaf = jnp.repeat(leaf, beam_size, axis=axis)
+    return leaf * beam_size if getattr(path[-1], 'key', None) == 'cached_rows' else leaf
+  return jax.tree_util.tree_map_with_path(tile, cache)
+
+
+def reorder_beams(cache: Any, indices: Array, scan_layers: bool) -> Any:
+  """reorder for a `tile_beams` cache: indices [b*k] stay within each row's k beams, so the shared
+  self-attention keys/values stay put and only the small bookkeeping is gathered."""
+  def gather(path, leaf):
+    is_kv, axis = _is_self_kv(path, scan_layers)
+    if is_kv and leaf.shape[axis] != indices.shape[0]:
+      return leaf
+    return jnp.take(leaf, indices, axis=axis, mode='clip')
+  return jax.tree_util.tree_map_with_path(gather, cache)
+
+
+def _is_self_kv(path, scan_layers: bool) -> tuple[bool, int]:
+  """(is this leaf a self-attention key/value cache, its batch axis) for a cache leaf's path."""
+  names = [getattr(key, 'key', None) for key in path]
+  return ('self_attention' in names and names[-1] in ('cached_key', 'cached_value'),
+          1 if scan_layers and 'layers' in names else 0)
