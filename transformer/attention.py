@@ -114,8 +114,11 @@ def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, determinis
   """Reference path: returns out [b, t, n, hv] and float32 weights [b, n, t, s]."""
   b, t, n, h = q.shape
   s, num_kv = k.shape[1:3]
+  # Batched dims (b, k) first, as the dots want them; XLA cancels this against a caller's own swap
+  # (the KV cache is stored [b, k, s, *]), so cached keys/values are never copied per step.
+  k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [b, k, s, *]
   qg = q.reshape(b, t, num_kv, n // num_kv, h)  # [b, t, k, g, h]
-  logits = jnp.einsum('btkgh,bskh->bkgts', qg, k, preferred_element_type=jnp.float32)
+  logits = jnp.einsum('btkgh,bksh->bkgts', qg, k, preferred_element_type=jnp.float32)
   logits = logits * (1.0 / math.sqrt(h))
   if bias is not None:
     logits = logits + _grouped(bias, num_kv).astype(jnp.float32)
@@ -129,7 +132,7 @@ def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, determinis
   if not deterministic and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-  out = jnp.einsum('bkgts,bskh->btkgh', weights.astype(v.dtype), v)
+  out = jnp.einsum('bkgts,bksh->btkgh', weights.astype(v.dtype), v)
   return out.reshape(b, t, n, v.shape[-1]), weights.reshape(b, n, t, s)
 
 

@@ -1,6 +1,8 @@
 """Decoding caches: self-attention cache writes, cross-attention keys/values once, beam bookkeeping.
 
-Everything that knows a cache layout lives here; attention and the model stacks only call in.
+Everything that knows a cache layout lives here; attention and the model stacks only call in,
+passing themselves: the functions keep their variables in the calling module's 'cache' collection,
+so a cache leaf's path is that of its layer (e.g. decoder/layers_0/self_attention/cached_key).
 
 - Layout ('cache' collection): each attention layer keeps `cached_key` [c, k, S, h] and
   `cached_value` [c, k, S, hv], kv heads before slots so that attention reads the cache without
