@@ -1,4 +1,5 @@
-"""The `transformer` package's imports point one way (../shared/DESIGN.md, "Arrows point one way").
+"""The `transformer` package's imports point one way: configs -> config -> model, data, optim ->
+steps -> training and evaluation -> the entry points (the README's Layout).
 
 Every module's imports are read with `ast`, function-level ones included, into a graph of
 `transformer.*` modules; the tests fail on any cycle, on the library importing the top-level

@@ -1,0 +1,229 @@
+"""Train-step benchmark: ms per step, tokens/s and the share of a same-run matmul peak.
+
+  python benchmarks/train_step.py                         # every size below, this tree
+  python benchmarks/train_step.py --sizes=baby,encdec --steps=20
+  python benchmarks/train_step.py --compare=975536b       # this tree vs a git revision, alternating
+
+Sizes (float32, dropout 0, the project's own jitted train step with donation, random token ids):
+  baby    decoder-only, lm.py:nanogpt_cpu knobs: 4 layers, d 128, 4 heads, mlp 512, seq 64, batch 12
+  medium  decoder-only, the same knobs: 6 layers, d 384, 6 heads, mlp 1536, seq 256, batch 16
+  encdec  encoder-decoder, pre-LN: 3+3 layers, d 256, 4 heads, mlp 1024, src 32, tgt 48, batch 64
+  g2p     configs/g2p.py:tiny's model, packed rows: 64 rows x 32/30 (dropout as configured)
+(The sizes of the issue "Training speed"; vocabulary 64 for the first three, as there.)
+
+FLOPs per step = 6 x (matmul weights, output projection included) x tokens + 12 x layers x
+attention length x d_model x tokens (nanoGPT's and PaLM's count; causal attention counted whole),
+summed over the encoder and decoder stacks. The peak is a float32 2048^3 jitted matmul timed in
+the same process; "share" = achieved GFLOP/s / peak.
+
+--compare=REV runs this file against REV's tree (from `git archive`) and this tree in fresh
+processes, alternating `--rounds` times and keeping each one's fastest median, so a busy machine
+slows both alike; it prints before -> after per size and the ratio.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = 64
+
+
+def _tree() -> str:
+  """The source tree to time: --tree=DIR (--compare's baseline checkout), else this repository."""
+  for arg in sys.argv[1:]:
+    if arg.startswith("--tree="):
+      return os.path.abspath(arg.split("=", 1)[1])
+  return REPO
+
+
+sys.path.insert(0, _tree())
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from configs import base, g2p, lm  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.config import from_configdict  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.models import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+try:  # the train state and steps moved from training.py to steps.py; older trees have the former
+  from transformer import steps as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+except ImportError:
+  from transformer import training as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+SIZES = ("baby", "medium", "encdec", "g2p")
+
+
+def size_config(name: str):
+  """(ConfigDict, batch shapes {feature: [rows, length]}) of a named size."""
+  if name in ("baby", "medium"):
+    layers, d, heads, mlp, seq, batch = ((4, 128, 4, 512, 64, 12) if name == "baby"
+                                         else (6, 384, 6, 1536, 256, 16))
+    cd = lm.get_config("nanogpt_cpu")
+    cd.model.update(num_decoder_layers=layers, d_model=d, num_heads=heads, mlp_dim=mlp,
+                    max_len=seq, vocab_size=VOCAB, dropout_rate=0.0)
+    cd.data.update(max_target_len=seq, batch_size=batch)
+    return cd, {"targets": (batch, seq)}
+  if name == "encdec":
+    cd = base.get_config()
+    cd.model.update(d_model=256, num_heads=4, mlp_dim=1024, num_encoder_layers=3,
+                    num_decoder_layers=3, vocab_size=VOCAB, source_vocab_size=VOCAB,
+                    dropout_rate=0.0, norm_position="pre", max_len=64)
+    cd.train.update(optimizer="adamw", schedule="constant", learning_rate=1e-3,
+                    label_smoothing=0.0)
+    return cd, {"inputs": (64, 32), "targets": (64, 48)}
+  if name == "g2p":
+    cd = g2p.get_config("tiny")
+    cd.model.update(vocab_size=VOCAB, source_vocab_size=VOCAB)
+    rows = cd.data.batch_size
+    return cd, {"inputs": (rows, cd.data.max_source_len), "targets": (rows, cd.data.max_target_len)}
+  raise SystemExit(f"--sizes: unknown size {name!r} (one of {', '.join(SIZES)})")
+
+
+def random_batch(shapes: dict[str, tuple[int, int]], packed: bool, seed: int) -> dict:
+  """Random ids; `packed` rows hold 4 segments each, with positions restarting per segment."""
+  rng = np.random.default_rng(seed)
+  batch = {}
+  for name, (rows, length) in shapes.items():
+    batch[name] = rng.integers(4, VOCAB, (rows, length), dtype=np.int32)
+    if packed:
+      seg = np.repeat(np.arange(1, 5), -(-length // 4))[:length]
+      batch[f"{name}_segment_ids"] = np.tile(seg, (rows, 1)).astype(np.int32)
+      pos = np.concatenate([np.arange(np.sum(seg == s)) for s in range(1, 5)])
+      batch[f"{name}_positions"] = np.tile(pos, (rows, 1)).astype(np.int32)
+  if "targets" in batch:
+    batch["weights"] = np.ones(batch["targets"].shape, np.float32)
+  return batch
+
+
+def train_flops(cfg, shapes: dict[str, tuple[int, int]]) -> float:
+  """Model FLOPs of one train step (forward + backward), as the module docstring counts them."""
+  m = cfg.model
+  hd, vd, kv = m.head_dim, m.v_head_dim, m.num_kv_heads
+  attn_w = m.d_model * (m.num_heads * hd + kv * hd + kv * vd) + m.num_heads * vd * m.d_model
+  gated = m.ffn in ("swiglu", "geglu")
+  mlp_w = m.d_model * m.mlp_dim * (3 if gated else 2)
+  flops = 0.0
+  tgt_rows, tgt_len = shapes["targets"]
+  tgt_tokens = tgt_rows * tgt_len
+  if "inputs" in shapes:
+    src_rows, src_len = shapes["inputs"]
+    src_tokens = src_rows * src_len
+    flops += 6 * m.num_encoder_layers * (attn_w + mlp_w) * src_tokens
+    flops += 12 * m.num_encoder_layers * src_len * m.d_model * src_tokens
+    cross_w = m.d_model * (m.num_heads * hd) + m.num_heads * vd * m.d_model  # q and out
+    cross_kv = m.d_model * kv * (hd + vd)  # computed on the source tokens
+    flops += 6 * m.num_decoder_layers * (cross_w * tgt_tokens + cross_kv * src_tokens)
+    flops += 12 * m.num_decoder_layers * src_len * m.d_model * tgt_tokens
+  flops += 6 * m.num_decoder_layers * (attn_w + mlp_w) * tgt_tokens
+  flops += 12 * m.num_decoder_layers * tgt_len * m.d_model * tgt_tokens
+  flops += 6 * m.d_model * m.vocab_size * tgt_tokens  # output projection
+  return flops
+
+
+def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
+  """GFLOP/s of a jitted float32 n^3 matmul, the best of `repeats`."""
+  a = jax.random.normal(jax.random.key(0), (n, n), np.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    f(a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * n**3 / best / 1e9
+
+
+def bench(name: str, steps: int, warmup: int = 3) -> dict:
+  """Compile seconds and the median ms of `steps` train steps at size `name`."""
+  cd, shapes = size_config(name)
+  cfg = from_configdict(cd)
+  model = build_model(cfg.model)
+  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  packed = name == "g2p"
+  batches = [jax.device_put(random_batch(shapes, packed, seed)) for seed in range(4)]
+  example = {k: np.asarray(v)[:1] for k, v in batches[0].items()}
+  state = step_lib.create_train_state(cfg, model, jax.random.PRNGKey(0), example, tx)
+  step = jax.jit(step_lib.make_train_step(cfg, model, tx), donate_argnums=(0,))
+  start = time.perf_counter()
+  compiled = step.lower(state, batches[0]).compile()
+  compile_s = time.perf_counter() - start
+  times = []
+  for i in range(warmup + steps):
+    start = time.perf_counter()
+    state, metrics = compiled(state, batches[i % 4])
+    jax.block_until_ready(metrics)
+    if i >= warmup:
+      times.append(time.perf_counter() - start)
+  ms = float(np.median(times)) * 1e3
+  tokens = sum(r * t for r, t in shapes.values())
+  return {"size": name, "ms": ms, "compile_s": compile_s, "tokens_per_s": tokens / ms * 1e3,
+          "gflops": train_flops(cfg, shapes) / ms / 1e6}
+
+
+def _show(r: dict, peak: float) -> str:
+  return (f"{r['size']:7s} {r['ms']:8.1f} ms/step  {r['tokens_per_s']:9.0f} tok/s  "
+          f"{r['gflops']:6.1f} GFLOP/s = {r['gflops'] / peak:4.0%} of peak  "
+          f"(compile {r['compile_s']:.1f} s)")
+
+
+def compare(args, sizes: list[str]) -> None:
+  """This file at REV's tree and at this tree, alternating fresh processes."""
+  with tempfile.TemporaryDirectory() as old_tree:
+    archive = subprocess.run(["git", "-C", REPO, "archive", args.compare], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", old_tree], input=archive, check=True)
+    best: dict[tuple[str, str], dict] = {}
+    for _ in range(args.rounds):
+      for who, tree in (("before", old_tree), ("after", REPO)):
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--json",
+                              f"--sizes={','.join(sizes)}", f"--steps={args.steps}",
+                              f"--tree={tree}"], check=True, capture_output=True, text=True).stdout
+        record = json.loads(out.strip().splitlines()[-1])
+        for r in record["results"]:
+          if (who, r["size"]) not in best or r["ms"] < best[who, r["size"]]["ms"]:
+            best[who, r["size"]] = r | {"peak": record["peak"]}
+  print(f"train step: fastest median of {args.rounds} alternating rounds, {args.compare} (before) "
+        f"vs this tree (after); load {os.getloadavg()[0]:.2f}")
+  for size in sizes:
+    b, a = best["before", size], best["after", size]
+    print(f"  {size:7s} {b['ms']:8.1f} -> {a['ms']:8.1f} ms/step  {b['ms'] / a['ms']:.2f}x  "
+          f"({a['tokens_per_s']:.0f} tok/s, {a['gflops'] / a['peak']:.0%} of a "
+          f"{a['peak']:.0f} GFLOP/s peak)")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated: {SIZES}")
+  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--compare", default="", help="a git revision to time against")
+  parser.add_argument("--rounds", type=int, default=2, help="alternating rounds for --compare")
+  parser.add_argument("--tree", default="", help=argparse.SUPPRESS)  # read by _tree()
+  parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for --compare
+  args = parser.parse_args()
+  sizes = [s for s in args.sizes.split(",") if s]
+  for s in sizes:
+    if s not in SIZES:
+      parser.error(f"--sizes: unknown size {s!r} (one of {', '.join(SIZES)})")
+  if args.compare:
+    compare(args, sizes)
+    return
+  peak = matmul_peak()
+  results = [bench(s, args.steps) for s in sizes]
+  if args.json:
+    print(json.dumps({"peak": peak, "results": results}))
+    return
+  print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores; "
+        f"float32 matmul peak {peak:.0f} GFLOP/s (same run); load {os.getloadavg()[0]:.2f}")
+  for r in results:
+    print(_show(r, peak))
+
+
+if __name__ == "__main__":
+  main()
