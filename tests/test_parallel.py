@@ -295,6 +295,7 @@ def test_axes_that_do_not_divide_are_replicated(modes):
   assert modes["odd"] == {"emb": [None, "fsdp"], "kv": ["fsdp"]}, modes["odd"]
 
 
+@pytest.mark.slow  # ~60 s of 2 processes; jax.distributed also runs in test_interrupt's two-process test
 def test_two_processes_match_one_process(multihost):
   """A real 2-process jax.distributed run (2 CPU devices each, gloo on 127.0.0.1), each process
   feeding its half of the batch, matches one process with 4 devices (mesh 2x1x2) to LOSS_RTOL and

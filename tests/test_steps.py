@@ -183,6 +183,20 @@ def test_perplexity_is_exp_of_the_split_token_average_not_a_mean_of_batch_perple
   assert diverged["perplexity"] == math.inf and diverged["loss"] == 5e3
 
 
+def test_create_train_state_takes_typed_and_legacy_keys_alike():
+  """create_train_state from jax.random.key(s) and from jax.random.PRNGKey(s) gives bitwise the
+  same parameters and stores the same uint32 key data (the slow test below covers the steps)."""
+  cfg = tiny_config()
+  model, batch = build_model(cfg.model), make_batch()
+  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  typed = steps.create_train_state(cfg, model, jax.random.key(2), batch, tx=tx)
+  legacy = steps.create_train_state(cfg, model, jax.random.PRNGKey(2), batch, tx=tx)
+  np.testing.assert_array_equal(typed.rng, legacy.rng)
+  for a, b in zip(jax.tree.leaves(typed.params), jax.tree.leaves(legacy.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow  # ~70 s of compiles; the fast test above checks create_train_state
 def test_functions_taking_a_key_accept_typed_and_legacy_keys():
   """Every public function that takes a key gives bitwise the same result for a typed key
   (jax.random.key(s), what JAX recommends) and a legacy uint32 key (jax.random.PRNGKey(s)): both

@@ -2,6 +2,7 @@
 
 import csv
 
+import pytest
 from sweep_fixtures import TINY, sweep_cli, write_sweep
 from transformer import sweep_runner
 
@@ -14,6 +15,7 @@ TINY_OVERRIDES = {  # a 1+1-layer d=16 model, 2 steps, one eval batch, 4 decoded
     "model.num_encoder_layers": 1, "model.num_decoder_layers": 1}
 
 
+@pytest.mark.slow  # ~110 s: real train.py points; the runner is also run for real by test_interrupt
 def test_real_tiny_sweep_runs_reruns_nothing_and_reports(tmp_path):
   """`sweep.py` on configs/g2p.py:tiny (tiny overrides, a few hundred CMUdict words from
   tests/g2p_mini.py) trains and evaluates two points in parallel with the real train.py and

@@ -91,6 +91,7 @@ def reference(tmp_path_factory, env):
   return final_params(workdir)
 
 
+@pytest.mark.slow  # ~70 s; benchmarks/faults.py (test_faults, slow) kills and resumes 4 times more
 def test_sigkill_then_rerun_is_bitwise_identical(tmp_path, env, reference):
   """kill -9 after the first checkpoint, then the same command again: the run resumes from a
   checkpoint (not from scratch) and ends with parameters bitwise equal to an uninterrupted run;
@@ -147,7 +148,10 @@ def reference_no_dropout(tmp_path_factory, env):
   return final_params(workdir)[0]
 
 
-@pytest.mark.parametrize("mode,fsdp", [("mesh", 2), ("pmap", 1)])
+@pytest.mark.parametrize("mode,fsdp", [
+    ("mesh", 2),
+    pytest.param("pmap", 1, marks=pytest.mark.slow),  # ~60 s; pmap mode also in test_parallel
+])
 def test_two_devices_match_one_device(tmp_path, env, reference_no_dropout, mode, fsdp):
   """The same loop on 2 fake CPU devices (a mesh with fsdp=2, or pmap) ends with the parameters
   of the 1-device run to 1e-5: each step's update is the same mean over all tokens. Dropout is off
