@@ -112,6 +112,7 @@ def test_sigkill_then_rerun_is_bitwise_identical(tmp_path, env, reference):
     assert f.read() == before
 
 
+@pytest.mark.slow  # ~60 s; the same save-and-resume path runs in test_interrupt's Ctrl-C tests
 def test_sigterm_saves_exits_zero_and_resumes(tmp_path, env, reference):
   """SIGTERM mid-run saves a checkpoint at the current step and exits with status 0 without
   train_done.json (the run is not finished); rerunning resumes from it, ends bitwise equal to the
