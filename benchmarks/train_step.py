@@ -52,9 +52,11 @@ from transformer import optim  # pylint: disable=g-import-not-at-top,wrong-impor
 from transformer.config import from_configdict  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.models import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-try:  # the train state and steps moved from training.py to steps.py; older trees have the former
+# The train state and steps moved from training.py to steps.py; older trees have the former. Decided
+# by the tree's files: an import attempt could find steps.py through the editable install instead.
+if os.path.exists(os.path.join(_tree(), "transformer", "steps.py")):
   from transformer import steps as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-except ImportError:
+else:
   from transformer import training as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SIZES = ("baby", "medium", "encdec", "g2p")
