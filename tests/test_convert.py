@@ -382,3 +382,12 @@ def test_scanned_layers_export_like_unrolled_ones(run):
   got = convert.hf_from_params(scanned, run.config.model)
   assert sorted(got) == sorted(want)
   assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_main_restores_the_callers_logging_verbosity(tmp_path):
+  """convert.main quiets absl logging while it runs and gives the caller back its verbosity (an
+  in-process caller, e.g. a test after it in the same worker, still sees its warnings)."""
+  from absl import logging  # pylint: disable=g-import-not-at-top  (a test of absl's state)
+  logging.set_verbosity(logging.INFO)
+  assert convert.main(["--workdir", str(tmp_path / "none"), "--to_hf", str(tmp_path / "x")]) == 1
+  assert logging.get_verbosity() == logging.INFO

@@ -367,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
   if bool(args.from_hf) == bool(args.to_hf):
     parser.error("give exactly one of --from_hf and --to_hf")
+  verbosity = logging.get_verbosity()  # restored below: in-process callers keep their logging
   logging.set_verbosity(logging.ERROR)  # orbax and TFDS are chatty; stderr is for our one line
   try:
     if args.from_hf:
@@ -381,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   except (ConvertError, ConfigError, ValueError, FileNotFoundError) as e:
     print(f"error: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)
     return 1
+  finally:
+    logging.set_verbosity(verbosity)
   return 0
 
 
