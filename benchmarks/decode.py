@@ -29,18 +29,10 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from trees import REPO, export_revision, tree_from_argv  # benchmarks/ is the script's directory
 
 
-def _tree() -> str:
-  """The source tree to time: --tree=DIR (--compare's baseline checkout), else this repository."""
-  for arg in sys.argv[1:]:
-    if arg.startswith("--tree="):
-      return os.path.abspath(arg.split("=", 1)[1])
-  return REPO
-
-
-sys.path.insert(0, _tree())
+sys.path.insert(0, tree_from_argv())
 
 import flax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -121,9 +113,7 @@ def readme_row(r: dict, base: dict | None = None, rev: str = "") -> str:
 def compare_beam(args, vocabs: list[int]) -> None:
   """Beam search at revision args.compare and in this tree, alternating fresh processes."""
   with tempfile.TemporaryDirectory() as old_tree:
-    archive = subprocess.run(["git", "-C", REPO, "archive", args.compare], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", old_tree], input=archive, check=True)
+    export_revision(args.compare, old_tree)
     best = {}
     for _ in range(args.rounds):
       for name, tree in (("before", old_tree), ("after", REPO)):
@@ -199,7 +189,7 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--compare", default="", help="git revision to time beam search against")
   parser.add_argument("--rounds", type=int, default=2, help="alternating rounds for --compare")
-  parser.add_argument("--tree", default="", help=argparse.SUPPRESS)  # read by _tree()
+  parser.add_argument("--tree", default="", help=argparse.SUPPRESS)  # read by trees.tree_from_argv()
   parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for --compare
   parser.add_argument("--lm_layers", type=int, default=4)
   parser.add_argument("--lm_d_model", type=int, default=256)

@@ -29,19 +29,11 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from trees import REPO, export_revision, tree_from_argv  # benchmarks/ is the script's directory
 VOCAB = 64
 
 
-def _tree() -> str:
-  """The source tree to time: --tree=DIR (--compare's baseline checkout), else this repository."""
-  for arg in sys.argv[1:]:
-    if arg.startswith("--tree="):
-      return os.path.abspath(arg.split("=", 1)[1])
-  return REPO
-
-
-sys.path.insert(0, _tree())
+sys.path.insert(0, tree_from_argv())
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -54,7 +46,7 @@ from transformer.models import build_model  # pylint: disable=g-import-not-at-to
 
 # The train state and steps moved from training.py to steps.py; older trees have the former. Decided
 # by the tree's files: an import attempt could find steps.py through the editable install instead.
-if os.path.exists(os.path.join(_tree(), "transformer", "steps.py")):
+if os.path.exists(os.path.join(tree_from_argv(), "transformer", "steps.py")):
   from transformer import steps as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 else:
   from transformer import training as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -178,9 +170,7 @@ def _show(r: dict, peak: float) -> str:
 def compare(args, sizes: list[str]) -> None:
   """This file at REV's tree and at this tree, alternating fresh processes."""
   with tempfile.TemporaryDirectory() as old_tree:
-    archive = subprocess.run(["git", "-C", REPO, "archive", args.compare], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", old_tree], input=archive, check=True)
+    export_revision(args.compare, old_tree)
     best: dict[tuple[str, str], dict] = {}
     for _ in range(args.rounds):
       for who, tree in (("before", old_tree), ("after", REPO)):
@@ -206,7 +196,7 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--compare", default="", help="a git revision to time against")
   parser.add_argument("--rounds", type=int, default=2, help="alternating rounds for --compare")
-  parser.add_argument("--tree", default="", help=argparse.SUPPRESS)  # read by _tree()
+  parser.add_argument("--tree", default="", help=argparse.SUPPRESS)  # read by trees.tree_from_argv()
   parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for --compare
   args = parser.parse_args()
   sizes = [s for s in args.sizes.split(",") if s]
