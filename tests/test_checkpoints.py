@@ -16,7 +16,7 @@ import optax
 import pytest
 
 from configs import base
-from transformer import checkpoints
+from transformer import checkpoints, preemption
 from transformer.config import from_configdict, to_dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -232,7 +232,7 @@ def test_restore_from_8_devices_onto_1(tmp_path):
 def test_sigterm_sets_the_preemption_flag():
   """SIGTERM sets .requested / should_stop instead of killing the process; uninstall restores."""
   before = signal.getsignal(signal.SIGTERM)
-  handler = checkpoints.install_preemption_handler()
+  handler = preemption.install_preemption_handler()
   try:
     assert not handler.should_stop(0)
     os.kill(os.getpid(), signal.SIGTERM)

@@ -116,10 +116,10 @@ def test_first_sigint_requests_a_stop_and_the_second_raises():
   """A first SIGINT only sets the flag (reason 'interrupted'); a second raises KeyboardInterrupt
   at once; after SIGTERM (reason 'preempted') a SIGINT raises too; uninstall restores both
   handlers."""
-  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
+  from transformer import preemption  # pylint: disable=g-import-not-at-top
   before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
   for first, reason in ((signal.SIGINT, "interrupted"), (signal.SIGTERM, "preempted")):
-    handler = checkpoints.install_preemption_handler()
+    handler = preemption.install_preemption_handler()
     try:
       assert not handler.should_stop(0)
       try:
@@ -320,8 +320,8 @@ def scenario_two_hosts(process_id: int, port: int, ready: str) -> dict:
   jax.config.update("jax_num_cpu_devices", 1)
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                              process_id=process_id)
-  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
-  handler = checkpoints.install_preemption_handler()
+  from transformer import preemption  # pylint: disable=g-import-not-at-top
+  handler = preemption.install_preemption_handler()
   for step in range(1, 6000):
     time.sleep(0.01 * (1 + process_id))  # the hosts run at different speeds
     if step == 20 and process_id == 1:

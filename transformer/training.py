@@ -18,7 +18,8 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import checkpoints, evaluation, files, optim, parallel, reporting, steps
+from transformer import (checkpoints, evaluation, files, optim, parallel, preemption, reporting,
+                         steps)
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.models import build_model
 
@@ -129,7 +130,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   TrainingDiverged, each with a one-line message. A run that ends at train.num_steps or stops
   early leaves `<workdir>/train_done.json` (write_done_marker); a stop before the last step or an
   error leaves none, and training further (a larger num_steps) removes it first. SIGTERM or a
-  first SIGINT (checkpoints.PreemptionHandler) saves at the current step and returns with
+  first SIGINT (preemption.PreemptionHandler) saves at the current step and returns with
   `preempted` or `interrupted` = 1.0 in the metrics; a second SIGINT raises KeyboardInterrupt.
   """
   started = time.time()
@@ -211,7 +212,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
           cfg.model, global_batch, cfg.data.max_source_len, cfg.data.max_target_len),
       peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),
       data=reporting.data_fingerprint(task) if main else None)
-  preempt = checkpoints.install_preemption_handler()
+  preempt = preemption.install_preemption_handler()
   early = _EarlyStopping(tc, saved)
 
   # ---- the loop: dispatch step s, then check step s-1 (a one-step lag keeps the device busy)
