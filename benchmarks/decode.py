@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from trees import REPO, export_revision, tree_from_argv  # benchmarks/ is the script's directory
+from trees import REPO, export_revision, hlo_ops, same_work, tree_from_argv  # benchmarks/ is the script's directory
 
 
 sys.path.insert(0, tree_from_argv())
@@ -95,7 +95,18 @@ def bench_beam(vocab: int, repeats: int) -> dict:
   first, best, cpu, (tokens, _) = timed(run, repeats)
   assert tokens.shape == (batch, steps + 1)
   return dict(vocab=vocab, ms=1000 * best / steps, cpu_ms=1000 * cpu / steps, call_s=best,
-              first_s=first)
+              first_s=first, hlo=_beam_hlo(model, params, inputs, beam, steps + 1))
+
+
+def _beam_hlo(model, params, inputs, beam: int, length: int) -> dict[str, int] | None:
+  """Instruction counts of the compiled beam search; None where a tree's internals differ."""
+  try:
+    search = decoding.search_settings(decode_cfg("beam", beam))
+    fn = decoding._compiled(model, search, NEVER, length, False, False)  # pylint: disable=protected-access
+    return hlo_ops(fn.lower(params, {"inputs": jnp.asarray(inputs)}, jax.random.key(0))
+                   .compile().as_text())
+  except (AttributeError, TypeError):
+    return None
 
 
 def print_beam(r: dict) -> None:
@@ -131,6 +142,8 @@ def compare_beam(args, vocabs: list[int]) -> None:
     print(f"  vocab {vocab:6d}: {b['ms']:6.1f} -> {a['ms']:5.1f} ms per step "
           f"({b['cpu_ms']:.1f} -> {a['cpu_ms']:.1f} CPU-ms), {b['ms'] / a['ms']:.2f}x; "
           f"target <= 17")
+    if b.get("hlo") and a.get("hlo"):
+      print(f"                compiled search: {same_work(b['hlo'], a['hlo'])}")
   for vocab in vocabs:
     print("README:", readme_row(best["after", vocab], best["before", vocab], args.compare))
 

@@ -18,7 +18,9 @@ the same process; "share" = achieved GFLOP/s / peak.
 
 --compare=REV runs this file against REV's tree (from `git archive`) and this tree in fresh
 processes, alternating `--rounds` times and keeping each one's fastest median, so a busy machine
-slows both alike; it prints before -> after per size and the ratio.
+slows both alike; it prints before -> after per size and the ratio, and the instruction counts
+of the two compiled steps (matmuls, fusions, transposes, copies, ...): equal counts mean the same
+work, so a ratio away from 1.00 is then the machine's noise, not the code.
 """
 
 import argparse
@@ -29,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from trees import REPO, export_revision, tree_from_argv  # benchmarks/ is the script's directory
+from trees import KEY_OPS, REPO, export_revision, hlo_ops, same_work, tree_from_argv  # benchmarks/ is the script's directory
 VOCAB = 64
 
 
@@ -158,7 +160,7 @@ def bench(name: str, steps: int, warmup: int = 3) -> dict:
   ms = float(np.median(times)) * 1e3
   tokens = sum(r * t for r, t in shapes.values())
   return {"size": name, "ms": ms, "compile_s": compile_s, "tokens_per_s": tokens / ms * 1e3,
-          "gflops": train_flops(cfg, shapes) / ms / 1e6}
+          "gflops": train_flops(cfg, shapes) / ms / 1e6, "hlo": hlo_ops(compiled.as_text())}
 
 
 def _show(r: dict, peak: float) -> str:
@@ -188,6 +190,8 @@ def compare(args, sizes: list[str]) -> None:
     print(f"  {size:7s} {b['ms']:8.1f} -> {a['ms']:8.1f} ms/step  {b['ms'] / a['ms']:.2f}x  "
           f"({a['tokens_per_s']:.0f} tok/s, {a['gflops'] / a['peak']:.0%} of a "
           f"{a['peak']:.0f} GFLOP/s peak)")
+    if "hlo" in b:  # older trees' benchmark may not report them
+      print(f"          compiled step: {same_work(b['hlo'], a['hlo'])}")
 
 
 def main() -> None:
@@ -215,6 +219,8 @@ def main() -> None:
         f"float32 matmul peak {peak:.0f} GFLOP/s (same run); load {os.getloadavg()[0]:.2f}")
   for r in results:
     print(_show(r, peak))
+    print("        compiled step: " + ", ".join(f"{op} {r['hlo'][op]}" for op in KEY_OPS
+                                              if op in r["hlo"]))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,16 @@
-"""Which source tree a benchmark times, and a git revision's tree to compare it with.
+"""Which source tree a benchmark times, a git revision's tree to compare it with, and what each
+compiled to.
 
 A benchmark run with `--tree=DIR` imports the project from DIR (its `--compare` baseline); without,
 from this repository. `export_revision` writes a revision's files (`git archive`) into a directory.
+`hlo_ops` counts the instructions of a compiled program by kind; `same_work` compares two such
+counts: programs with equal counts of every kind (matmuls, fusions, transposes, copies, ...) do
+the same work, so a timing ratio away from 1.00 between them is the machine's noise.
 """
 
+import collections
 import os
+import re
 import subprocess
 import sys
 
@@ -24,3 +30,22 @@ def export_revision(revision: str, directory: str) -> None:
   archive = subprocess.run(["git", "-C", REPO, "archive", revision], check=True,
                            capture_output=True).stdout
   subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
+
+
+KEY_OPS = ("dot", "fusion", "transpose", "copy", "reduce", "custom-call", "while")
+
+
+def hlo_ops(compiled_text: str) -> dict[str, int]:
+  """Instruction counts by kind in an optimized HLO module (all its computations)."""
+  return dict(collections.Counter(re.findall(r" = [^ ]+ ([a-z][a-z-]*)\(", compiled_text)))
+
+
+def same_work(before: dict[str, int], after: dict[str, int]) -> str:
+  """One line: the kinds whose counts differ (before->after), or that all are the same."""
+  kinds = sorted(set(before) | set(after))
+  diff = [f"{k} {before.get(k, 0)}->{after.get(k, 0)}" for k in kinds
+          if before.get(k, 0) != after.get(k, 0)]
+  if diff:
+    return "instruction counts differ: " + ", ".join(diff)
+  return (f"all {sum(after.values())} instructions of {len(kinds)} kinds the same ("
+          + ", ".join(f"{k} {after[k]}" for k in KEY_OPS if k in after) + ")")
