@@ -158,7 +158,9 @@ def test_reporter_writes_run_files(tmp_path):
   assert prov["packages"]["jax"] == jax.__version__ and prov["mesh_shape"] == {"data": 1}
   assert prov["num_devices"] == jax.device_count() and prov["process_count"] == 1
   lines = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+  elapsed = [line.pop("time/elapsed_s") for line in lines]
   assert lines == [{"step": 1, "train/loss": 2.5, "train/lr": 0.1}, {"step": 2, "train/loss": 2.0}]
+  assert 0 <= elapsed[0] <= elapsed[1]
   events = read_events(workdir)
   assert ("train/loss", 1, 2.5) in events and ("train/loss", 2, 2.0) in events
 
@@ -175,6 +177,26 @@ def test_resumed_reporter_drops_metrics_after_checkpoint(tmp_path):
   rep.close()
   steps = [json.loads(l)["step"] for l in open(os.path.join(workdir, "metrics.jsonl"))]
   assert steps == [1, 2, 3, 4]
+
+
+def test_elapsed_time_is_wall_clock_and_continues_across_a_resume(tmp_path, monkeypatch):
+  """time/elapsed_s (the x axis of the time-to-quality plots) is time.time() minus the run's
+  start, and a resumed run adds the elapsed time its killed predecessor logged up to the resume
+  step (not what it logged after it): checked against a fake clock."""
+  clock = [1000.0]
+  monkeypatch.setattr(reporting.time, "time", lambda: clock[0])
+  workdir = str(tmp_path)
+  rep = reporting.Reporter(workdir, {}, True, show_progress=False, started=990.0)
+  for step in range(1, 6):
+    clock[0] += 10
+    rep.write_scalars(step, {"train/loss": 1.0})  # elapsed 20, 30, 40, 50, 60
+  rep.close()
+  clock[0] = 5000.0  # the resumed process starts much later; step 3 was logged at 40 s
+  rep = reporting.Reporter(workdir, {}, True, start_step=3, show_progress=False, started=4995.0)
+  rep.write_scalars(4, {"train/loss": 1.0})
+  rep.close()
+  rows = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+  assert [(r["step"], r["time/elapsed_s"]) for r in rows] == [(1, 20), (2, 30), (3, 40), (4, 45)]
 
 
 def test_non_main_process_writes_nothing(tmp_path):

@@ -64,3 +64,28 @@ def test_plot_learning_curves_plots_the_logged_values(tmp_path):
   (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n')
   with pytest.raises(ValueError, match=r"metrics.jsonl:2"):
     viz.plot_learning_curves(str(tmp_path))
+
+
+def test_plot_time_to_quality_places_each_evaluation_at_its_wall_clock_minute(tmp_path):
+  """Each run is one line through its (time/elapsed_s / 60, eval/wer x 100) points, rows without
+  the metric skipped; a final (minutes, value) is a star in the run's colour; a run that logged
+  no elapsed time is an error naming its file."""
+  for name, rows in (("a", [(60, None), (120, 0.5), (300, 0.3)]), ("b", [(90, 0.6), (180, 0.4)])):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "time/elapsed_s": t} | ({"eval/wer": w} if w is not None else {}))
+        + "\n" for i, (t, w) in enumerate(rows)))
+  fig = viz.plot_time_to_quality({"A": str(tmp_path / "a"), "B": str(tmp_path / "b")},
+                                 finals={"A": (6.0, 0.25)}, save_path=str(tmp_path / "t.png"))
+  ax = fig.axes[0]
+  curves = {line.get_label(): line for line in ax.lines if not line.get_label().startswith("_")}
+  assert list(curves["A"].get_xdata()) == [2.0, 5.0] and list(curves["A"].get_ydata()) == [50, 30]
+  assert list(curves["B"].get_xdata()) == [1.5, 3.0] and list(curves["B"].get_ydata()) == [60, 40]
+  star = [line for line in ax.lines if line.get_marker() == "*"]
+  assert len(star) == 1 and list(star[0].get_xdata()) == [6.0] and list(star[0].get_ydata()) == [25]
+  assert star[0].get_color() == curves["A"].get_color()
+  assert (tmp_path / "t.png").read_bytes().startswith(PNG_MAGIC)
+  (tmp_path / "c").mkdir()
+  (tmp_path / "c" / "metrics.jsonl").write_text('{"step": 1, "eval/wer": 0.5}\n')
+  with pytest.raises(ValueError, match="logged no eval/wer with time/elapsed_s"):
+    viz.plot_time_to_quality({"C": str(tmp_path / "c")})

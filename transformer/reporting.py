@@ -258,6 +258,15 @@ def _truncate_jsonl(path: str, last_step: int) -> None:
     files.write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
+def _last_elapsed(path: str) -> float:
+  """The last `time/elapsed_s` a metrics.jsonl holds (0 if none)."""
+  if not files.exists(path):
+    return 0.0
+  elapsed = [json.loads(line).get("time/elapsed_s") for line in files.read_text(path).split("\n")
+             if line.strip()]
+  return next((float(e) for e in reversed(elapsed) if e is not None), 0.0)
+
+
 class Reporter:
   """Writes a run's files and shows progress; a no-op unless `is_main_process`."""
 
@@ -265,8 +274,15 @@ class Reporter:
                total_steps: int | None = None, start_step: int = 0,
                mesh_shape: Mapping[str, int] | None = None, flops_per_step: float | None = None,
                peak_flops_per_device: float | None = None, num_devices: int | None = None,
-               show_progress: bool = True, data: Mapping[str, Any] | None = None):
+               show_progress: bool = True, data: Mapping[str, Any] | None = None,
+               started: float | None = None):
     self.workdir = workdir
+    # time/elapsed_s, logged with every row: wall-clock seconds since `started` (time.time() when
+    # the run's process began training setup; default: now) plus the elapsed time the run's
+    # earlier processes logged up to `start_step` (a resumed run continues its clock; the time
+    # between its last logged row and the kill is not counted).
+    self._started = time.time() if started is None else started
+    self._elapsed_before = 0.0
     self.active = is_main_process
     self.flops_per_step = flops_per_step
     self.peak_flops_per_device = peak_flops_per_device
@@ -282,6 +298,7 @@ class Reporter:
     self._write_json("provenance.json", provenance(mesh_shape, data))
     self._jsonl_path = os.path.join(workdir, "metrics.jsonl")
     _truncate_jsonl(self._jsonl_path, start_step)
+    self._elapsed_before = _last_elapsed(self._jsonl_path) if start_step else 0.0
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (process 0 only)
     # purge_step hides events a killed run logged after its last checkpoint.
     self._writer = SummaryWriter(workdir, purge_step=start_step + 1 if start_step else None)
@@ -348,6 +365,7 @@ class Reporter:
     if not self.active:
       return
     values = {k: float(v) for k, v in scalars.items()}
+    values["time/elapsed_s"] = self._elapsed_before + time.time() - self._started
     files.append_line(self._jsonl_path, json.dumps({"step": int(step), **values}))
     for key, value in values.items():
       self._writer.add_scalar(key, value, int(step))

@@ -211,7 +211,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
       flops_per_step=reporting.model_flops_per_step(
           cfg.model, global_batch, cfg.data.max_source_len, cfg.data.max_target_len),
       peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),
-      data=reporting.data_fingerprint(task) if main else None)
+      data=reporting.data_fingerprint(task) if main else None, started=started)
   preempt = preemption.install_preemption_handler()
   early = _EarlyStopping(tc, saved)
 

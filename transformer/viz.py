@@ -1,4 +1,5 @@
-"""Plots for looking at a model: attention heat maps, positional encodings, learning curves.
+"""Plots for looking at a model: attention heat maps, positional encodings, learning curves,
+quality against wall-clock time.
 
 Every function returns a matplotlib Figure (Agg backend: works headless) and, given `save_path`,
 also saves it there as a PNG; `metrics_path` names what is read. Typical use with the notebook API:
@@ -8,6 +9,7 @@ also saves it there as a PNG; `metrics_path` names what is read. Typical use wit
                  save_path="x.png")
   plot_positional_encoding(max_len=64, d_model=128)
   plot_learning_curves("runs/g2p")
+  plot_time_to_quality({"fast": "runs/g2p_fast", "best": "runs/g2p_best"}, key="eval/wer")
 """
 
 from __future__ import annotations
@@ -153,5 +155,40 @@ def plot_learning_curves(metrics_path: str, keys: Sequence[str] | None = None,
     ax.plot(steps, values, marker="." if len(points) < 30 else None)
     ax.set(title=keys[i], xlabel="step")
     ax.grid(alpha=0.3)
+  fig.tight_layout()
+  return _finish(fig, save_path)
+
+
+def plot_time_to_quality(runs: dict[str, str], key: str = "eval/wer",
+                         finals: dict[str, tuple[float, float]] | None = None,
+                         save_path: str | None = None) -> Any:
+  """`key` against wall-clock minutes (metrics.jsonl's time/elapsed_s) for several runs.
+
+  `runs`: label -> workdir (or its metrics.jsonl). `finals`: label -> (minutes, value), e.g. the
+  test-split number of the finished run, drawn as a marker in the run's colour. Fractions in
+  [0, 1] are drawn as percentages.
+  """
+  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  scale = 1.0
+  curves = {}
+  for label, path in runs.items():
+    points = [(r["time/elapsed_s"] / 60, r[key]) for r in read_metrics(path)
+              if key in r and "time/elapsed_s" in r]
+    if not points:
+      raise ValueError(f"plot_time_to_quality: {path} logged no {key} with time/elapsed_s "
+                       f"(runs from before elapsed time was logged cannot be placed on this plot)")
+    curves[label] = points
+  if all(0 <= v <= 1 for points in curves.values() for _, v in points):
+    scale = 100.0
+  for label, points in curves.items():
+    minutes, values = zip(*points)
+    (line,) = ax.plot(minutes, [v * scale for v in values], marker=".", label=label)
+    if finals and label in finals:
+      m, v = finals[label]
+      ax.plot([m], [v * scale], marker="*", markersize=12, color=line.get_color(), linestyle="")
+  ax.set(xlabel="wall-clock minutes", ylabel=key + (" (%)" if scale != 1 else ""),
+         title=f"{key} against time" + (" (stars: test split)" if finals else ""))
+  ax.grid(alpha=0.3)
+  ax.legend()
   fig.tight_layout()
   return _finish(fig, save_path)
