@@ -53,7 +53,7 @@ def _get_tokenizer(d: Any, kind: str, key: str, root: str, workdir_dir: str | No
   if workdir_dir and files.exists(os.path.join(workdir_dir, "tokenizer.json")):
     return tokenizers.load(workdir_dir)
   if kind == "hf":
-    tok = tokenizers.build(kind, (), hf_tokenizer=d.hf_tokenizer)
+    tok = tokenizers.build(kind, (), hf_tokenizer=d.hf_tokenizer, hf_id_offset=d.hf_id_offset)
     if workdir_dir:
       tok.save(workdir_dir)
     return tok
@@ -96,8 +96,13 @@ class Task:
     if not d.dataset:  # a model without data (transformer/convert.py): its workdir's tokenizer
       if not workdir:
         raise ValueError("data.dataset is unset: a model without data needs its workdir")
-      self.dataset, self.kind, self.source_tokenizer = None, "lm", None
+      self.dataset, self.source_tokenizer = None, None
       self.target_tokenizer = tokenizers.load(tok_dir("target"))
+      self.kind = "lm" if self.arch == "decoder_only" else "seq2seq"
+      if self.kind == "seq2seq":  # an encoder-decoder (T5): the source's tokenizer is saved too
+        source = tok_dir("source")
+        self.source_tokenizer = (tokenizers.load(source) if files.exists(
+            os.path.join(source, "tokenizer.json")) else self.target_tokenizer)
       return
     self.dataset = ds = builders.open_dataset(d)
     self.kind = ds.kind
