@@ -6,7 +6,7 @@ the original T5's (relu, tied head, decoder output times d_model**-0.5). Both ha
 decoder layers, d_model 32, 4 heads of d_kv 16 (not d_model / num_heads = 8), 8 relative buckets
 up to distance 20 (so rows of 14 tokens reach the log-spaced buckets), a 96-id vocabulary over a
 ~80-id tokenizer (as T5's 32128 over 32100). Every RMSNorm scale and the relative-bias tables are
-randomised too, so a swapped or transposed tensor cannot hide. A SentencePiece-like BPE tokenizer
+randomised too, so a swapped or transposed tensor cannot hide. A unigram tokenizer (T5's kind)
 with T5's <pad> 0, </s> 1, <unk> 2 is trained here with the `tokenizers` library. The reference
 is always Hugging Face's own forward pass or generate, never our code.
 """
@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers_lib = pytest.importorskip("tokenizers")
 
 import transformer  # noqa: E402
-from transformer import convert, evaluation  # noqa: E402
+from transformer import convert, evaluation, predict  # noqa: E402
 from transformer.convert import t5  # noqa: E402
 from transformer.data import tokenizers  # noqa: E402
 
@@ -41,13 +41,15 @@ TEXT = ["the cat sees the moon.", "a dog likes some fish.", "my friend finds a r
 
 
 def tiny_tokenizer():
-  """A byte-pair tokenizer with T5's special ids: <pad> 0, </s> 1, <unk> 2."""
+  """A SentencePiece-style unigram tokenizer (T5's kind) with T5's special ids: <pad> 0, </s> 1,
+  <unk> 2 (a unigram model names its unknown token by id)."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-  tok = Tokenizer(models.BPE(unk_token="<unk>"))
+  tok = Tokenizer(models.Unigram())
   tok.pre_tokenizer = pre_tokenizers.Metaspace()
   tok.decoder = decoders.Metaspace()
-  tok.train_from_iterator(TEXT, trainers.BpeTrainer(
-      vocab_size=80, special_tokens=["<pad>", "</s>", "<unk>"], show_progress=False))
+  tok.train_from_iterator(TEXT, trainers.UnigramTrainer(
+      vocab_size=80, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
+      show_progress=False))
   return tok
 
 
@@ -270,10 +272,11 @@ def test_relative_buckets_equal_hugging_face(runs):
       np.testing.assert_array_equal(got, want)
 
 
-def test_converted_workdir_restores_and_tokenizes_like_t5(hf_dirs, converted, runs):
+def test_converted_workdir_restores_and_tokenizes_like_t5(hf_dirs, converted, runs, capsys):
   """The workdir is one the library reads: restore() gives an encoder-decoder run whose 'hf'
   tokenizer (both sides, data.hf_id_offset=0) encodes exactly as the tokenizers library does
-  (T5's ids, no shift), decodes back and stops at </s>, and generate_text runs end to end."""
+  (T5's ids, no shift; its unknown token is T5's <unk> 2), decodes back and stops at </s>, and
+  generate_text and `python -m transformer.predict` run end to end."""
   run = runs["flan"]
   assert run.config.model.ffn == "geglu_tanh" and not run.config.model.tie_embeddings
   assert runs["t5"].config.model.ffn == "relu" and runs["t5"].config.model.scale_decoder_output
@@ -288,6 +291,8 @@ def test_converted_workdir_restores_and_tokenizes_like_t5(hf_dirs, converted, ru
   assert run.encode_source(text)[-1] == tokenizers.EOS_ID  # T5's inputs end with </s> too
   [out] = run.generate_text(["the cat"])
   assert isinstance(out, str)
+  assert predict.main(["--workdir", converted["flan"], "the cat"]) == 0
+  assert capsys.readouterr().out.startswith("the cat\t")
 
 
 def test_hf_id_offset_zero_needs_pad_and_eos_at_0_and_1(tmp_path):

@@ -93,7 +93,7 @@ class Task:
     self._cache: dict[str, list[tuple[str, ...]]] = {}
     self.stats: dict[str, Any] = {}
     tok_dir = lambda side: os.path.join(workdir, "tokenizers", side) if workdir else None
-    if not d.dataset:  # a model without data (transformer/convert.py): its workdir's tokenizer
+    if not d.dataset:  # a model without data (transformer/convert/): its workdir's tokenizer
       if not workdir:
         raise ValueError("data.dataset is unset: a model without data needs its workdir")
       self.dataset, self.source_tokenizer = None, None
@@ -142,7 +142,8 @@ class Task:
     prepared data (decoding array_record protos costs ~65 us a record)."""
     if self.dataset is None:
       raise ValueError(f"data.dataset is unset: this workdir holds a model without data (split "
-                       f"{split!r}); convert it again with --text_file, or train with a dataset")
+                       f"{split!r}); a GPT-2 converts again with --text_file, any run fine-tunes "
+                       f"with train.py --init_from and a dataset")
     if split not in self._cache:
       source = self.dataset.source(split)
       keys = self._keys()

@@ -15,7 +15,7 @@ A tokenizer is saved as a directory holding `tokenizer.json` (plus `spm.model` f
 `hf_tokenizer.json` for a Hugging Face tokenizer); `load(dir)` gives back exactly the same
 vocabulary. A Hugging Face tokenizer's id i is our id i + `offset` (`data.hf_id_offset`):
 NUM_SPECIAL by default (GPT-2: our specials come first), or 0 for a tokenizer whose own ids 0 and
-1 are pad and end-of-sequence, as ours are (T5); transformer/convert.py maps model weights the same
+1 are pad and end-of-sequence, as ours are (T5); transformer/convert/ maps model weights the same
 way.
 """
 
@@ -236,9 +236,11 @@ class HFTokenizer(Tokenizer):
         raise ValueError(f"data.hf_id_offset=0 needs a tokenizer whose ids {PAD_ID} and {EOS_ID} "
                          f"are special tokens (pad, end of sequence; T5's); this one's are "
                          f"{self._tok.id_to_token(PAD_ID)!r}, {self._tok.id_to_token(EOS_ID)!r}")
-    unk = spec.get("model", {}).get("unk_token")
-    unk_hf = self._tok.token_to_id(unk) if unk else None
-    self.unk_id = UNK_ID if unk_hf is None else unk_hf + offset
+    model = spec.get("model") or {}
+    unk = model.get("unk_token")  # BPE, WordPiece; a Unigram model (T5's) gives its unk_id
+    unk_hf = self._tok.token_to_id(unk) if unk else model.get("unk_id")
+    # Without an unknown token nothing is unknown; with offset 0 our UNK_ID is one of its pieces.
+    self.unk_id = (UNK_ID if offset else -1) if unk_hf is None else unk_hf + offset
 
   @property
   def vocab_size(self) -> int:
