@@ -16,6 +16,8 @@ import dataclasses
 import io
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -353,3 +355,43 @@ def test_unmappable_configs_are_one_line_errors_naming_the_key(converted, tmp_pa
   with pytest.raises(convert.ConvertError, match="model.scale_attention_logits=True"):
     t5.hf_config(dataclasses.replace(
         transformer.restore(converted["t5"]).config.model, scale_attention_logits=True))
+
+
+@pytest.mark.slow  # a train.py subprocess: ~100 s on 2 shared cores
+def test_fine_tuning_a_converted_t5_then_exporting_it(hf_dirs, converted, runs, tmp_path):
+  """`train.py --config=configs/g2p.py:tiny --init_from=<converted T5>` on a seq2seq TSV task
+  trains the T5 itself (its model config and 'hf' tokenizer with T5's ids carry over; g2p's do
+  not), the training loss falls from the converted model's, and --to_hf of the fine-tuned run
+  gives Hugging Face logits equal to ours to 1e-4."""
+  lines = [f"{s}\t{s.upper()}" for s in TEXT]
+  (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+  (tmp_path / "dev.tsv").write_text("\n".join(lines[:20]) + "\n")
+  workdir = str(tmp_path / "tuned")
+  cmd = [sys.executable, "train.py", "--config=configs/g2p.py:tiny", f"--workdir={workdir}",
+         f"--init_from={converted['flan']}", "--config.data.dataset=tsv_pairs",
+         f"--config.data.train_file={tmp_path / 'train.tsv'}",
+         f"--config.data.dev_file={tmp_path / 'dev.tsv'}",
+         f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.data.batch_size=8",
+         "--config.train.num_steps=8", "--config.train.log_every_steps=1",
+         "--config.train.warmup_steps=0", "--config.eval.every_steps=8",
+         "--config.eval.num_batches=1", "--config.eval.num_decode_examples=4",
+         "--config.checkpoint.every_steps=8"]
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  tuned = transformer.restore(workdir)
+  assert tuned.config.model == dataclasses.replace(
+      runs["flan"].config.model, dropout_rate=tuned.config.model.dropout_rate,
+      attention_dropout_rate=tuned.config.model.attention_dropout_rate,
+      ffn_dropout_rate=tuned.config.model.ffn_dropout_rate)
+  assert tuned.target_tokenizer == runs["flan"].target_tokenizer
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    losses = [m["train/loss"] for m in map(json.loads, f) if "train/loss" in m]
+  assert len(losses) == 8 and losses[-1] < losses[0] - 0.1
+  convert.to_hf(workdir, str(tmp_path / "hf"))
+  model = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path / "hf")).eval()
+  (inputs, inputs_mask), (targets, targets_mask) = batch(seed=3)
+  want = hf_logits(model, inputs, inputs_mask, targets)
+  got = our_logits(tuned, inputs, targets)
+  real = targets_mask.astype(bool)
+  assert np.abs(got[real] - want[real]).max() <= 1e-4
