@@ -39,7 +39,8 @@ def test_to_dict_round_trips():
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("model.num_heads", 6, "model.num_heads=6 must divide model.d_model=512 (or set model.head_dim)"),
+    ("model.num_heads", 6,
+     "model.num_heads=6 must divide model.d_model=512 (or set model.head_dim)"),
     ("data.hf_id_offset", 2, "data.hf_id_offset=2 is not one of 4|0"),
     ("model.ffn", "gated-gelu", "model.ffn='gated-gelu' is not one of"),
     ("model.positional", "rotary",

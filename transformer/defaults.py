@@ -44,8 +44,8 @@ def get_config() -> ml_collections.ConfigDict:
   m.ffn = "relu"  # relu | gelu (erf) | gelu_tanh (GPT-2's tanh approximation) | swiglu | geglu
   # (gated, erf GELU) | geglu_tanh (gated, tanh GELU: T5 v1.1 / Flan-T5's "gated-gelu")
   m.use_bias = True  # biases in attention projections and the feed-forward layers
-  m.scale_attention_logits = True  # q.k / sqrt(head_dim); False: q.k unscaled (T5 folds it into the init)
-  m.scale_decoder_output = False  # multiply the decoder output by d_model**-0.5 before the logits (T5 1.0)
+  m.scale_attention_logits = True  # q.k / sqrt(head_dim); False: unscaled (T5: folded in its init)
+  m.scale_decoder_output = False  # decoder output * d_model**-0.5 before the logits (original T5)
   m.dropout_rate = 0.1  # embeddings and residual branches
   m.attention_dropout_rate = 0.0  # attention weights
   m.ffn_dropout_rate = 0.0  # feed-forward hidden layer
@@ -78,7 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
   d.spm_model_type = "bpe"  # bpe | unigram
   d.spm_vocab_size = 8000
   d.hf_tokenizer = ""  # data.tokenizer=hf: a Hugging Face tokenizer.json (or a directory holding one)
-  d.hf_id_offset = 4  # our id = HF id + this: 4 (ours 0-3 come first, GPT-2) | 0 (T5: pad 0, eos 1 as ours)
+  d.hf_id_offset = 4  # our id = HF id + this: 4 (our 0-3 first: GPT-2) | 0 (T5's pad 0, eos 1 = ours)
   d.max_source_len = 64
   d.max_target_len = 64
   d.too_long = "drop"  # drop | truncate

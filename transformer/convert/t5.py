@@ -58,7 +58,8 @@ def head_is_tied(state: dict[str, np.ndarray]) -> bool:
 
 
 def _scales_output(hf: dict[str, Any]) -> bool:
-  """Hugging Face's scale_decoder_outputs, or what an older config.json said with tie_word_embeddings."""
+  """Hugging Face's scale_decoder_outputs, or what an older config.json said by
+  tie_word_embeddings."""
   if "scale_decoder_outputs" in hf:
     return bool(hf["scale_decoder_outputs"])
   return hf.get("tie_word_embeddings", True) is not False
@@ -79,7 +80,10 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
   ffn = hf.get("feed_forward_proj", "relu")
   if ffn not in _FFN:
     raise ConvertError(f"config.json: feed_forward_proj={ffn!r} is not one of {'|'.join(_FFN)}")
-  tied = (hf.get("tie_word_embeddings", True) is not False) if state is None else head_is_tied(state)
+  if state is None:  # config-only checks: read_hf calls this before loading any weight
+    tied = hf.get("tie_word_embeddings", True) is not False
+  else:
+    tied = head_is_tied(state)
   rate = float(hf.get("dropout_rate", 0.1))
   return dict(
       arch="encoder_decoder", vocab_size=hf["vocab_size"], source_vocab_size=hf["vocab_size"],
