@@ -30,7 +30,7 @@ config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/g2p.p
                                  lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
 flags.DEFINE_string("init_from", None, "Fine-tune: start from this run's (or converted "
-                    "checkpoint's, transformer/convert.py) model, tokenizers and parameters.")
+                    "checkpoint's, transformer/convert/) model, tokenizers and parameters.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -19,8 +19,9 @@ RNG = np.random.default_rng(0)
 # ----------------------------------------------------------------------------------------------------
 # Independent references written with explicit loops
 # ----------------------------------------------------------------------------------------------------
-def naive_attention(q, k, v, allowed, bias=None):
-  """Loops over batch, heads, queries and keys; `allowed[b][i][j]` (python bools) gates each pair."""
+def naive_attention(q, k, v, allowed, bias=None, scale=True):
+  """Loops over batch, heads, queries and keys; `allowed[b][i][j]` (python bools) gates each pair;
+  scores q.k / sqrt(h), or q.k with scale=False."""
   b_, t_, n_, h_ = q.shape
   s_, kh_ = k.shape[1], k.shape[2]
   g_ = n_ // kh_
@@ -35,7 +36,9 @@ def naive_attention(q, k, v, allowed, bias=None):
           continue  # fully masked row: zero output
         scores = {}
         for j in keys:
-          scores[j] = sum(q[b, i, n, x] * k[b, j, kv, x] for x in range(h_)) / math.sqrt(h_)
+          scores[j] = sum(q[b, i, n, x] * k[b, j, kv, x] for x in range(h_))
+          if scale:
+            scores[j] /= math.sqrt(h_)
           if bias is not None:
             scores[j] += bias[b if bias.shape[0] > 1 else 0, n, i, j]
         top = max(scores.values())
@@ -161,6 +164,20 @@ def test_fused_equals_einsum(n, k, h, hv, kind):
   np.testing.assert_allclose(fused_cache_layout, einsum, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize('impl', ['einsum', 'fused'])
+def test_unscaled_logits_match_naive_loops(impl):
+  """scale_logits=False (model.scale_attention_logits=False, T5) is softmax(q.k + bias) with no
+  1/sqrt(h), on both paths, against the loops with the division left out (h = 8, so a scaled
+  result would differ by far more than the tolerance)."""
+  q, kk, v = random_qkv(B, T, T, 4, 2, 8, 8)
+  bias = RNG.normal(size=(B, 4, T, T)).astype(np.float32)
+  want, _ = naive_attention(q, kk, v, allowed_pairs('padding', B, T, VALID), bias, scale=False)
+  got = attention.dot_product_attention(jnp.asarray(q), jnp.asarray(kk), jnp.asarray(v),
+                                        mask=mask_for('padding'), bias=jnp.asarray(bias),
+                                        impl=impl, scale_logits=False)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_fully_masked_row_is_finite_with_finite_gradients():
   """A query row with every key masked gives a zero output and zero weights (not NaN), in both
   implementations, and gradients through it stay finite."""
@@ -218,10 +235,14 @@ def unboxed(tree):
 
 
 @pytest.mark.parametrize('overrides', [dict(), dict(num_kv_heads=4),
-                                       dict(num_kv_heads=1, v_head_dim=6, positional='none')])
+                                       dict(num_kv_heads=1, v_head_dim=6, positional='none'),
+                                       dict(num_kv_heads=4, head_dim=16, v_head_dim=0,
+                                            scale_attention_logits=False)])
 def test_mha_equals_manual_projections(overrides):
   """MultiHeadAttention (fused qkv, fused kv, or separate k/v params) equals projecting by hand with
-  its own kernels, RoPE on q and k at the given positions, and the naive loop attention."""
+  its own kernels, RoPE on q and k at the given positions, and the naive loop attention; also with
+  a head_dim independent of d_model / num_heads (16 here, not 8) and model.scale_attention_logits
+  off (T5: the loops leave out the 1/sqrt(head_dim))."""
   cfg = tiny_config(**overrides)
   mha = attention.MultiHeadAttention(cfg)
   x = jnp.asarray(RNG.normal(size=(2, 5, D)), jnp.float32)
@@ -240,7 +261,8 @@ def test_mha_equals_manual_projections(overrides):
     from transformer.positional import apply_rope
     q, k = apply_rope(q, positions), apply_rope(k, positions)
   allowed = [[[True] * 5 for _ in range(5)] for _ in range(2)]
-  heads, _ = naive_attention(*(np.asarray(a, np.float64) for a in (q, k, v)), allowed)
+  heads, _ = naive_attention(*(np.asarray(a, np.float64) for a in (q, k, v)), allowed,
+                             scale=cfg.scale_attention_logits)
   want = np.einsum('btnh,nhd->btd', heads, p['out']['kernel']) + p['out']['bias']
   got = mha.apply({'params': p}, x, positions=positions)
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)

@@ -39,7 +39,10 @@ def test_to_dict_round_trips():
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("model.num_heads", 6, "model.num_heads=6 must divide model.d_model=512"),
+    ("model.num_heads", 6,
+     "model.num_heads=6 must divide model.d_model=512 (or set model.head_dim)"),
+    ("data.hf_id_offset", 2, "data.hf_id_offset=2 is not one of 4|0"),
+    ("model.ffn", "gated-gelu", "model.ffn='gated-gelu' is not one of"),
     ("model.positional", "rotary",
      f"model.positional='rotary' is not one of {'|'.join(positional.ENCODINGS)}"),
     ("model.num_kv_heads", 3, "model.num_kv_heads=3 must divide model.num_heads=8"),
@@ -59,6 +62,24 @@ def test_each_invalid_value_names_the_key(key, value, message):
   with pytest.raises(config_lib.ConfigError) as info:
     config_lib.from_configdict(d)
   assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_head_dim_is_independent_of_d_model_over_num_heads():
+  """An explicit model.head_dim frees num_heads from dividing d_model (T5's d_kv, e.g. d_model
+  512 with 6 heads of 64): it validates as given, v_head_dim follows it, and a model of it builds
+  query/key/value kernels of that head size."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top  (this one test builds a model)
+  import jax  # pylint: disable=g-import-not-at-top
+  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
+  cfg = config_lib.model_config(d_model=32, num_heads=3, head_dim=16, mlp_dim=48, vocab_size=20,
+                                source_vocab_size=20, num_encoder_layers=1, num_decoder_layers=1)
+  assert (cfg.head_dim, cfg.v_head_dim) == (16, 16)
+  params = jax.eval_shape(lambda: build_model(cfg).init(
+      jax.random.key(0), jax.numpy.ones((1, 4), int), jax.numpy.ones((1, 3), int)))["params"]
+  params = nn.meta.unbox(params)
+  layer = params["encoder"]["layers_0"]["self_attention"]
+  assert layer["qkv"]["kernel"].shape == (32, 3, 3, 16)
+  assert layer["out"]["kernel"].shape == (3, 16, 32)
 
 
 def test_odd_head_dim_with_rope():

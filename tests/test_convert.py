@@ -1,4 +1,4 @@
-"""Hugging Face GPT-2 <-> workdir (transformer/convert.py), checked against Hugging Face itself.
+"""Hugging Face GPT-2 <-> workdir (transformer/convert/gpt2.py), checked against Hugging Face itself.
 
 Everything is offline: a tiny GPT2LMHeadModel (2 layers, d_model 32, a ~100-id vocabulary) is
 built from a GPT2Config with every weight randomised (LayerNorm scales and all biases too, so a

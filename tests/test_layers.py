@@ -1,5 +1,7 @@
 """Tests for transformer.layers against NumPy references built from the same parameters."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -47,13 +49,15 @@ _NP_ACTS = {
     'gelu_tanh': lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
     'swiglu': lambda x: x / (1 + np.exp(-x)),
     'geglu': _np_gelu,
+    'geglu_tanh': lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
 }
 
 
-@pytest.mark.parametrize('ffn', ['relu', 'gelu', 'gelu_tanh', 'swiglu', 'geglu'])
+@pytest.mark.parametrize('ffn', ['relu', 'gelu', 'gelu_tanh', 'swiglu', 'geglu', 'geglu_tanh'])
 def test_feedforward_matches_numpy(ffn):
-  """Each FFN variant equals W2 act(W1 x) (+ biases), gated variants W2 (act(Wg x) * Wu x);
-  the hidden size is mlp_dim and kernels carry ('embed', 'mlp') / ('mlp', 'embed') axes."""
+  """Each FFN variant equals W2 act(W1 x) (+ biases), gated variants W2 (act(Wg x) * Wu x)
+  (geglu_tanh, T5 v1.1's "gated-gelu", with the tanh GELU); the hidden size is mlp_dim and
+  kernels carry ('embed', 'mlp') / ('mlp', 'embed') axes."""
   cfg = _cfg(ffn=ffn)
   x = np.random.default_rng(1).normal(size=(2, 3, 16)).astype(np.float32)
   variables = FeedForward(cfg).init(jax.random.key(1), jnp.asarray(x))
@@ -62,7 +66,7 @@ def test_feedforward_matches_numpy(ffn):
   p = jax.tree.map(np.asarray, nn.meta.unbox(boxed))
   act = _NP_ACTS[ffn]
   dense = lambda name, y: y @ p[name]['kernel'] + p[name]['bias']
-  if ffn in ('swiglu', 'geglu'):
+  if ffn in ('swiglu', 'geglu', 'geglu_tanh'):
     assert p['wi_gate']['kernel'].shape == (16, 24) and p['wi_up']['kernel'].shape == (16, 24)
     hidden = act(dense('wi_gate', x)) * dense('wi_up', x)
   else:
@@ -132,3 +136,18 @@ def test_bfloat16_model_computes_logits_in_float32(tie):
   np.testing.assert_allclose(logits, want, rtol=1e-6, atol=1e-6)
   in_bf16 = jnp.einsum('btd,vd->btv', hidden, jnp.asarray(table, jnp.bfloat16))
   assert np.abs(np.asarray(in_bf16, np.float32) - want).max() > 1e-3
+
+
+@pytest.mark.parametrize('tie', [True, False])
+def test_scale_decoder_output_multiplies_the_logits_by_rsqrt_d_model(tie):
+  """model.scale_decoder_output (the original T5) multiplies the decoder's output by
+  d_model**-0.5 before the (tied or untied, bias-free, linear) head: with the same parameters the
+  logits are exactly d_model**-0.5 times those without it."""
+  cfg = _cfg(tie_embeddings=tie, norm_position='pre', norm='rmsnorm', use_bias=False)
+  inputs, targets = jnp.array([[5, 6, 7, 1]]), jnp.array([[8, 9, 1]])
+  model = build_model(cfg)
+  params = model.init(jax.random.key(0), inputs, targets)['params']
+  plain = model.apply({'params': params}, inputs, targets)
+  scaled = build_model(dataclasses.replace(cfg, scale_decoder_output=True)).apply(
+      {'params': params}, inputs, targets)
+  np.testing.assert_allclose(scaled, np.asarray(plain) * 16**-0.5, rtol=1e-5, atol=1e-6)

@@ -110,7 +110,7 @@ def _grouped(x: Array, num_kv: int) -> Array:
   return x.reshape(x.shape[0], num_kv, x.shape[1] // num_kv, *x.shape[2:])
 
 
-def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic):
+def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic, scale):
   """Reference path: returns out [b, t, n, hv] and float32 weights [b, n, t, s]."""
   b, t, n, h = q.shape
   s, num_kv = k.shape[1:3]
@@ -119,7 +119,8 @@ def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, determinis
   k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [b, k, s, *]
   qg = q.reshape(b, t, num_kv, n // num_kv, h)  # [b, t, k, g, h]
   logits = jnp.einsum('btkgh,bksh->bkgts', qg, k, preferred_element_type=jnp.float32)
-  logits = logits * (1.0 / math.sqrt(h))
+  if scale != 1.0:
+    logits = logits * scale
   if bias is not None:
     logits = logits + _grouped(bias, num_kv).astype(jnp.float32)
   if mask is not None:
@@ -143,17 +144,17 @@ def _fused_implementation(dtype) -> Optional[str]:
   return None
 
 
-def _fused_attention(q, k, v, mask, bias):
+def _fused_attention(q, k, v, mask, bias, scale):
   """jax.nn.dot_product_attention, padded so that d_qk != d_v works, with zeroed fully masked rows."""
   h, hv = q.shape[-1], v.shape[-1]
   width = max(h, hv)
   # The fused kernel needs value and key head sizes equal. Zero padding is exact: padded q/k
-  # features add 0 to every dot product (the scale stays 1/sqrt(h)), padded v features are sliced off.
+  # features add 0 to every dot product (the scale is the caller's), padded v features are sliced off.
   pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])
   qp, kp, vp = pad(q), pad(k), pad(v)
   if bias is not None:
     bias = bias.astype(jnp.float32)
-  kwargs = dict(bias=bias, mask=mask, scale=1.0 / math.sqrt(h))
+  kwargs = dict(bias=bias, mask=mask, scale=scale)
   impl = _fused_implementation(q.dtype)
   try:
     out = jax.nn.dot_product_attention(qp, kp, vp, implementation=impl, **kwargs)
@@ -172,8 +173,11 @@ def _fused_attention(q, k, v, mask, bias):
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
                           bias: Optional[Array] = None, dropout_rate: float = 0.0,
                           dropout_rng: Optional[Array] = None, deterministic: bool = True,
-                          impl: str = 'einsum', return_weights: bool = False):
+                          impl: str = 'einsum', return_weights: bool = False,
+                          scale_logits: bool = True):
   """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv].
+
+  scale_logits=False drops the 1/sqrt(h): softmax(q.k + bias) (T5, which folds it into the init).
 
   Returns out [b, t, n, hv] (v's dtype), and float32 weights [b, n, t, s] if return_weights.
   A fully masked query row gets all-zero weights and a zero output (never NaN).
@@ -187,9 +191,11 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   dropout_active = not deterministic and dropout_rate > 0.0
   if dropout_active and dropout_rng is None:
     raise ValueError('attention dropout needs dropout_rng when deterministic=False')
+  scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
   if impl == 'fused' and not return_weights and not dropout_active:
-    return _fused_attention(q, k, v, mask, bias)
-  out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic)
+    return _fused_attention(q, k, v, mask, bias, scale)
+  out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic,
+                                   scale)
   return (out, weights) if return_weights else out
 
 
@@ -325,6 +331,7 @@ class MultiHeadAttention(nn.Module):
     result = dot_product_attention(
         query, key, value, mask=mask, bias=bias, dropout_rate=cfg.attention_dropout_rate,
         dropout_rng=self.make_rng('dropout') if dropout_active else None,
-        deterministic=deterministic, impl=cfg.attention_impl, return_weights=want_weights)
+        deterministic=deterministic, impl=cfg.attention_impl, return_weights=want_weights,
+        scale_logits=cfg.scale_attention_logits)
     # The fused kernel returns no weights, so dot_product_attention used the einsum path for them.
     return result if want_weights else (result, None)

@@ -305,7 +305,7 @@ STEP_NAMES = ("latest", "best")
 FINETUNE_MODEL_KEYS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
                        "attention_impl", "remat", "dtype")
 _TOKENIZER_KEYS = ("tokenizer", "source_tokenizer", "spm_model_type", "spm_vocab_size",
-                   "hf_tokenizer")
+                   "hf_tokenizer", "hf_id_offset")
 
 
 class EvaluationError(ValueError):

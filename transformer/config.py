@@ -43,6 +43,8 @@ class ModelConfig:
   norm_eps: float
   ffn: str
   use_bias: bool
+  scale_attention_logits: bool
+  scale_decoder_output: bool
   dropout_rate: float
   attention_dropout_rate: float
   ffn_dropout_rate: float
@@ -77,6 +79,7 @@ class DataConfig:
   spm_model_type: str
   spm_vocab_size: int
   hf_tokenizer: str
+  hf_id_offset: int
   max_source_len: int
   max_target_len: int
   too_long: str
@@ -186,7 +189,7 @@ CHOICES = {
     "model.positional": tuple(positional.ENCODINGS),
     "model.norm": ("layernorm", "rmsnorm"),
     "model.norm_position": ("post", "pre"),
-    "model.ffn": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"),
+    "model.ffn": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"),
     "model.attention_impl": ("einsum", "fused"),
     "model.remat": ("none", "full", "dots", "dots_no_batch"),
     "model.dtype": ("float32", "bfloat16", "float16"),
@@ -206,6 +209,9 @@ CHOICES = {
     "parallel.mode": ("mesh", "pmap"),
     "parallel.distributed": ("auto", "on", "off"),
 }
+
+# data.hf_id_offset: our id = a Hugging Face tokenizer's id + this (data/tokenizers.py HFTokenizer).
+HF_ID_OFFSETS = (4, 0)
 
 # Sizes that must be > 0 (those written 0 = "derive" are checked after resolution).
 POSITIVE = (
@@ -275,8 +281,9 @@ def _get(cfg: Config, key: str) -> Any:
 
 def _resolve_model(m: ModelConfig) -> ModelConfig:
   """Fills the sizes written 0 (derive) and checks the relations between model sizes."""
-  if m.d_model % m.num_heads:
-    raise ConfigError(f"model.num_heads={m.num_heads} must divide model.d_model={m.d_model}")
+  if not m.head_dim and m.d_model % m.num_heads:
+    raise ConfigError(f"model.num_heads={m.num_heads} must divide model.d_model={m.d_model} "
+                      f"(or set model.head_dim)")
   kv_heads = m.num_kv_heads or m.num_heads
   if m.num_heads % kv_heads:
     raise ConfigError(
@@ -311,6 +318,9 @@ def _validate(cfg: Config) -> Config:
     if not 0.0 <= _get(cfg, key) <= 1.0:
       raise ConfigError(f"{key}={_get(cfg, key)} must be in [0, 1]")
   d = cfg.data
+  if d.hf_id_offset not in HF_ID_OFFSETS:
+    raise ConfigError(f"data.hf_id_offset={d.hf_id_offset} is not one of "
+                      f"{'|'.join(map(str, HF_ID_OFFSETS))}")
   if d.max_source_len > cfg.model.max_len or d.max_target_len > cfg.model.max_len:
     longest = max(d.max_source_len, d.max_target_len)
     raise ConfigError(

@@ -29,7 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.d_model = 512
   m.num_heads = 8
   m.num_kv_heads = 0  # 0 = num_heads (MHA); 1 = MQA; a divisor of num_heads = GQA
-  m.head_dim = 0  # query/key size per head; 0 = d_model // num_heads
+  m.head_dim = 0  # query/key size per head; 0 = d_model // num_heads (which must then divide)
   m.v_head_dim = 0  # value size per head; 0 = head_dim
   m.mlp_dim = 2048
   m.num_encoder_layers = 6
@@ -42,7 +42,10 @@ def get_config() -> ml_collections.ConfigDict:
   m.norm_position = "post"  # post (the paper's LayerNorm(x + Sublayer(x))) | pre
   m.norm_eps = 1e-6
   m.ffn = "relu"  # relu | gelu (erf) | gelu_tanh (GPT-2's tanh approximation) | swiglu | geglu
+  # (gated, erf GELU) | geglu_tanh (gated, tanh GELU: T5 v1.1 / Flan-T5's "gated-gelu")
   m.use_bias = True  # biases in attention projections and the feed-forward layers
+  m.scale_attention_logits = True  # q.k / sqrt(head_dim); False: unscaled (T5: folded in its init)
+  m.scale_decoder_output = False  # decoder output * d_model**-0.5 before the logits (original T5)
   m.dropout_rate = 0.1  # embeddings and residual branches
   m.attention_dropout_rate = 0.0  # attention weights
   m.ffn_dropout_rate = 0.0  # feed-forward hidden layer
@@ -75,6 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
   d.spm_model_type = "bpe"  # bpe | unigram
   d.spm_vocab_size = 8000
   d.hf_tokenizer = ""  # data.tokenizer=hf: a Hugging Face tokenizer.json (or a directory holding one)
+  d.hf_id_offset = 4  # our id = HF id + this: 4 (our 0-3 first: GPT-2) | 0 (T5's pad 0, eos 1 = ours)
   d.max_source_len = 64
   d.max_target_len = 64
   d.too_long = "drop"  # drop | truncate

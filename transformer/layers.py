@@ -68,12 +68,14 @@ _GELU = functools.partial(nn.gelu, approximate=False)  # the exact (erf) form
 # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's "gelu_new", and cheaper than erf.
 _GELU_TANH = functools.partial(nn.gelu, approximate=True)
 _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    'relu': nn.relu, 'gelu': _GELU, 'gelu_tanh': _GELU_TANH, 'swiglu': nn.silu, 'geglu': _GELU}
+    'relu': nn.relu, 'gelu': _GELU, 'gelu_tanh': _GELU_TANH, 'swiglu': nn.silu, 'geglu': _GELU,
+    'geglu_tanh': _GELU_TANH}  # T5 v1.1 / Flan-T5's "gated-gelu" (Hugging Face's "gelu_new")
+_GATED = ('swiglu', 'geglu', 'geglu_tanh')
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward: relu | gelu | gelu_tanh (W2 act(W1 x)) or swiglu | geglu
-  (W2 (act(Wg x) * Wu x)).
+  """Position-wise feed-forward: relu | gelu | gelu_tanh (W2 act(W1 x)) or swiglu | geglu |
+  geglu_tanh (W2 (act(Wg x) * Wu x); geglu uses the erf GELU, geglu_tanh the tanh one).
 
   The hidden size is `config.mlp_dim` for every variant; dropout (`ffn_dropout_rate`) acts on the
   hidden layer.
@@ -87,7 +89,7 @@ class FeedForward(nn.Module):
     if cfg.ffn not in _ACTIVATIONS:
       raise ConfigError(f"model.ffn={cfg.ffn!r} is not one of {'|'.join(_ACTIVATIONS)}")
     act = _ACTIVATIONS[cfg.ffn]
-    if cfg.ffn in ('swiglu', 'geglu'):
+    if cfg.ffn in _GATED:
       gate = _dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_gate')(x)  # [b, t, f]
       up = _dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_up')(x)  # [b, t, f]
       h = act(gate) * up

@@ -245,6 +245,8 @@ class Decoder(nn.Module):
                     deterministic=deterministic)
     if cfg.norm_position == 'pre':
       x = make_norm(cfg, 'final_norm')(x)
+    if cfg.scale_decoder_output:  # T5 1.0 (tied head): the logits' input times d_model**-0.5
+      x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
     if cfg.tie_embeddings:
       logits = self.embed.attend(x)[..., :cfg.vocab_size]
     else:

@@ -53,7 +53,7 @@ def _get_tokenizer(d: Any, kind: str, key: str, root: str, workdir_dir: str | No
   if workdir_dir and files.exists(os.path.join(workdir_dir, "tokenizer.json")):
     return tokenizers.load(workdir_dir)
   if kind == "hf":
-    tok = tokenizers.build(kind, (), hf_tokenizer=d.hf_tokenizer)
+    tok = tokenizers.build(kind, (), hf_tokenizer=d.hf_tokenizer, hf_id_offset=d.hf_id_offset)
     if workdir_dir:
       tok.save(workdir_dir)
     return tok
@@ -93,11 +93,16 @@ class Task:
     self._cache: dict[str, list[tuple[str, ...]]] = {}
     self.stats: dict[str, Any] = {}
     tok_dir = lambda side: os.path.join(workdir, "tokenizers", side) if workdir else None
-    if not d.dataset:  # a model without data (transformer/convert.py): its workdir's tokenizer
+    if not d.dataset:  # a model without data (transformer/convert/): its workdir's tokenizer
       if not workdir:
         raise ValueError("data.dataset is unset: a model without data needs its workdir")
-      self.dataset, self.kind, self.source_tokenizer = None, "lm", None
+      self.dataset, self.source_tokenizer = None, None
       self.target_tokenizer = tokenizers.load(tok_dir("target"))
+      self.kind = "lm" if self.arch == "decoder_only" else "seq2seq"
+      if self.kind == "seq2seq":  # an encoder-decoder (T5): the source's tokenizer is saved too
+        source = tok_dir("source")
+        self.source_tokenizer = (tokenizers.load(source) if files.exists(
+            os.path.join(source, "tokenizer.json")) else self.target_tokenizer)
       return
     self.dataset = ds = builders.open_dataset(d)
     self.kind = ds.kind
@@ -137,7 +142,8 @@ class Task:
     prepared data (decoding array_record protos costs ~65 us a record)."""
     if self.dataset is None:
       raise ValueError(f"data.dataset is unset: this workdir holds a model without data (split "
-                       f"{split!r}); convert it again with --text_file, or train with a dataset")
+                       f"{split!r}); a GPT-2 converts again with --text_file, any run fine-tunes "
+                       f"with train.py --init_from and a dataset")
     if split not in self._cache:
       source = self.dataset.source(split)
       keys = self._keys()

@@ -13,8 +13,10 @@ Ordinary tokens start at id 4 (`NUM_SPECIAL`). `encode` never adds specials; the
 EOS where the task needs it. Unknown input maps to `unk_id` and is counted in `num_unknown`.
 A tokenizer is saved as a directory holding `tokenizer.json` (plus `spm.model` for SentencePiece,
 `hf_tokenizer.json` for a Hugging Face tokenizer); `load(dir)` gives back exactly the same
-vocabulary. A Hugging Face tokenizer's id i is our id i + NUM_SPECIAL (transformer/convert.py maps
-model weights the same way).
+vocabulary. A Hugging Face tokenizer's id i is our id i + `offset` (`data.hf_id_offset`):
+NUM_SPECIAL by default (GPT-2: our specials come first), or 0 for a tokenizer whose own ids 0 and
+1 are pad and end-of-sequence, as ours are (T5); transformer/convert/ maps model weights the same
+way.
 """
 
 from __future__ import annotations
@@ -204,40 +206,57 @@ class SentencePieceTokenizer(Tokenizer):
     return hash(self.model_proto)
 
 
+HF_ID_OFFSETS = (NUM_SPECIAL, 0)
+
+
 class HFTokenizer(Tokenizer):
-  """A Hugging Face `tokenizers` tokenizer (its tokenizer.json text); its id i is our i +
-  NUM_SPECIAL.
+  """A Hugging Face `tokenizers` tokenizer (its tokenizer.json text); its id i is our i + `offset`.
 
   `encode` adds no special tokens (the pipelines add ours); the model's own special tokens (e.g.
   GPT-2's <|endoftext|>) are ordinary ids here. Its unknown token, if it has one, is `unk_id`.
+  offset=NUM_SPECIAL puts our four specials first; offset=0 keeps its ids, which needs its ids 0
+  and 1 to be special tokens (T5's <pad> and </s>: our pad/start and EOS). Then its id 2 is our
+  BOS id, which decoding drops (T5's <unk>, never produced by T5's tokenizer on text it covers).
   """
 
   kind = "hf"
 
-  def __init__(self, tokenizer_json: str):
+  def __init__(self, tokenizer_json: str, offset: int = NUM_SPECIAL):
     super().__init__()
     from tokenizers import Tokenizer as _HF  # pylint: disable=g-import-not-at-top  (optional)
-    self.tokenizer_json = tokenizer_json
+    if offset not in HF_ID_OFFSETS:
+      raise ValueError(f"data.hf_id_offset={offset} is not one of "
+                       f"{'|'.join(map(str, HF_ID_OFFSETS))}")
+    self.tokenizer_json, self.offset = tokenizer_json, offset
     self._tok = _HF.from_str(tokenizer_json)
-    unk = json.loads(tokenizer_json).get("model", {}).get("unk_token")
-    unk_hf = self._tok.token_to_id(unk) if unk else None
-    self.unk_id = UNK_ID if unk_hf is None else unk_hf + NUM_SPECIAL
+    spec = json.loads(tokenizer_json)
+    if offset == 0:
+      special = {t.get("id") for t in spec.get("added_tokens", []) if t.get("special")}
+      if not {PAD_ID, EOS_ID} <= special:
+        raise ValueError(f"data.hf_id_offset=0 needs a tokenizer whose ids {PAD_ID} and {EOS_ID} "
+                         f"are special tokens (pad, end of sequence; T5's); this one's are "
+                         f"{self._tok.id_to_token(PAD_ID)!r}, {self._tok.id_to_token(EOS_ID)!r}")
+    model = spec.get("model") or {}
+    unk = model.get("unk_token")  # BPE, WordPiece; a Unigram model (T5's) gives its unk_id
+    unk_hf = self._tok.token_to_id(unk) if unk else model.get("unk_id")
+    # Without an unknown token nothing is unknown; with offset 0 our UNK_ID is one of its pieces.
+    self.unk_id = (UNK_ID if offset else -1) if unk_hf is None else unk_hf + offset
 
   @property
   def vocab_size(self) -> int:
-    return NUM_SPECIAL + self._tok.get_vocab_size(with_added_tokens=True)
+    return self.offset + self._tok.get_vocab_size(with_added_tokens=True)
 
   def encode(self, text: str) -> list[int]:
-    ids = [i + NUM_SPECIAL for i in self._tok.encode(text, add_special_tokens=False).ids]
+    ids = [i + self.offset for i in self._tok.encode(text, add_special_tokens=False).ids]
     self.num_unknown += ids.count(self.unk_id)
     return ids
 
   def _decode_ids(self, ids: list[int]) -> str:
-    return self._tok.decode([i - NUM_SPECIAL for i in ids if i >= NUM_SPECIAL],
+    return self._tok.decode([i - self.offset for i in ids if i >= self.offset],
                             skip_special_tokens=False)
 
   def _config(self) -> dict[str, Any]:
-    return {"file": HF_FILE}
+    return {"file": HF_FILE} | ({"offset": self.offset} if self.offset != NUM_SPECIAL else {})
 
   def save(self, directory: str) -> None:
     files.makedirs(directory)
@@ -245,19 +264,23 @@ class HFTokenizer(Tokenizer):
     super().save(directory)
 
   def __eq__(self, other: object) -> bool:
-    return isinstance(other, HFTokenizer) and self.tokenizer_json == other.tokenizer_json
+    return (isinstance(other, HFTokenizer) and self.tokenizer_json == other.tokenizer_json
+            and self.offset == other.offset)
 
   def __hash__(self) -> int:
-    return hash(self.tokenizer_json)
+    return hash((self.tokenizer_json, self.offset))
 
 
-def read_hf_tokenizer(path: str) -> HFTokenizer:
+def read_hf_tokenizer(path: str, offset: int = NUM_SPECIAL) -> HFTokenizer:
   """The HFTokenizer of a Hugging Face tokenizer.json file, or of the one in directory `path`."""
   if files.isdir(path):
     path = os.path.join(path, "tokenizer.json")
   if not files.exists(path):
     raise FileNotFoundError(f"data.hf_tokenizer={path!r}: no such tokenizer.json")
-  return HFTokenizer(files.read_text(path))
+  try:
+    return HFTokenizer(files.read_text(path), offset)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
 
 
 class OffsetTokenizer(Tokenizer):
@@ -331,7 +354,8 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_type: str =
 
 
 def build(kind: str, texts: Iterable[str], *, spm_vocab_size: int = 8000,
-          spm_model_type: str = "bpe", hf_tokenizer: str = "") -> Tokenizer:
+          spm_model_type: str = "bpe", hf_tokenizer: str = "",
+          hf_id_offset: int = NUM_SPECIAL) -> Tokenizer:
   """A new tokenizer of `kind` whose vocabulary comes from `texts` (the training split); kind 'hf'
   reads the tokenizer.json `hf_tokenizer` instead."""
   if kind == "byte":
@@ -345,7 +369,7 @@ def build(kind: str, texts: Iterable[str], *, spm_vocab_size: int = 8000,
   if kind == "hf":
     if not hf_tokenizer:
       raise ValueError("data.tokenizer='hf' needs data.hf_tokenizer (a tokenizer.json path)")
-    return read_hf_tokenizer(hf_tokenizer)
+    return read_hf_tokenizer(hf_tokenizer, hf_id_offset)
   raise ValueError(f"data.tokenizer={kind!r} is not one of {'|'.join(KINDS)}")
 
 
@@ -365,5 +389,6 @@ def load(directory: str) -> Tokenizer:
   if kind == "sentencepiece":
     return SentencePieceTokenizer(files.read_bytes(os.path.join(directory, spec["model_file"])))
   if kind == "hf":
-    return HFTokenizer(files.read_text(os.path.join(directory, spec["file"])))
+    return HFTokenizer(files.read_text(os.path.join(directory, spec["file"])),
+                       spec.get("offset", NUM_SPECIAL))
   raise ValueError(f"{path}: unknown tokenizer type {kind!r}")

@@ -1,0 +1,238 @@
+r"""Hugging Face checkpoints <-> workdirs, with identical logits: GPT-2 and T5.
+
+  python -m transformer.convert --from_hf=DIR --workdir=OUT [--text_file=CORPUS [--data_dir=D]]
+  python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest]
+
+`--from_hf` reads a local Hugging Face directory (config.json, model.safetensors or
+pytorch_model.bin, tokenizer.json; never the network); config.json's model_type picks the family
+(`FAMILIES`: gpt2.py, t5.py, each mapping configs and weights both ways). It writes a workdir as
+training does: config.json and provenance.json (reporting.Reporter), an orbax checkpoint of step 0
+holding a fresh train state with the converted parameters (checkpoints.Checkpointer), the tokenizer
+(`tokenizers/target`, and `tokenizers/source` for an encoder-decoder; kind 'hf') and
+`converted_from.json` (the source directory and its config.json). `transformer.restore(OUT)`,
+`python -m transformer.predict --workdir=OUT` and `train.py --init_from=OUT` (fine-tuning) read
+it; `eval.py` too when `--text_file` gave a GPT-2 data (without, `data.dataset` is empty: the
+workdir holds a model and its tokenizer only).
+`--to_hf` writes config.json, model.safetensors (and tokenizer.json for an 'hf' tokenizer) for any
+run whose config maps onto a family: decoder-only runs onto GPT-2, encoder-decoder runs onto T5; a
+config that does not is a one-line error naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from types import ModuleType
+from typing import Any, Sequence
+
+from absl import logging
+import jax
+import numpy as np
+
+from transformer import checkpoints, files, optim, reporting, steps
+from transformer.config import Config, ConfigError, ModelConfig, to_dict
+from transformer.convert import gpt2, t5
+from transformer.convert.common import ConvertError
+from transformer.data import tokenizers
+from transformer.data.tokenizers import HFTokenizer, read_hf_tokenizer
+from transformer.models import build_model, example_batch
+
+__all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf", "main"]
+
+CONVERTED_FROM = "converted_from.json"
+FAMILIES: dict[str, ModuleType] = {gpt2.MODEL_TYPE: gpt2, t5.MODEL_TYPE: t5}
+
+
+def family_of_hf(hf: dict[str, Any]) -> ModuleType:
+  """The family module of a config.json dict; ConvertError names an unsupported model_type."""
+  family = FAMILIES.get(hf.get("model_type"))
+  if family is None:
+    raise ConvertError(f"config.json: model_type={hf.get('model_type')!r} is not supported "
+                       f"(one of {'|'.join(FAMILIES)})")
+  return family
+
+
+def family_of_config(m: ModelConfig) -> ModuleType:
+  """The family a model config exports as: by architecture (decoder-only GPT-2, else T5)."""
+  return next(f for f in FAMILIES.values() if f.ARCH == m.arch)
+
+
+def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+  """The config.json dict of model config `m` in its family; ConvertError names a key it lacks."""
+  return family_of_config(m).hf_config(m, extra)
+
+
+def hf_from_params(params: Any, m: ModelConfig) -> dict[str, np.ndarray]:
+  """The Hugging Face state dict (float32 numpy) of our parameters, in `m`'s family."""
+  return family_of_config(m).hf_from_params(params, m)
+
+
+# ----------------------------------------------------------------------------- Hugging Face dirs
+
+
+def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """(config.json dict, state dict as float32 numpy) of a local Hugging Face directory."""
+  path = os.path.join(directory, "config.json")
+  if not files.exists(path):
+    raise ConvertError(f"--from_hf={directory}: no config.json (a Hugging Face model directory?)")
+  hf = json.loads(files.read_text(path))
+  family_of_hf(hf).model_overrides(hf)  # an unsupported config is reported before any weight
+  weights = os.path.join(directory, "model.safetensors")
+  if files.exists(weights):
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top  (optional)
+    state = load_file(weights)
+  elif files.exists(os.path.join(directory, "pytorch_model.bin")):
+    import torch  # pylint: disable=g-import-not-at-top  (optional, heavy)
+    loaded = torch.load(os.path.join(directory, "pytorch_model.bin"), map_location="cpu",
+                        weights_only=True)
+    state = {k: v.float().numpy() for k, v in loaded.items()}
+  else:
+    raise ConvertError(f"--from_hf={directory}: no model.safetensors or pytorch_model.bin")
+  return hf, {k: np.asarray(v, np.float32) for k, v in state.items()}
+
+
+def write_hf(directory: str, hf: dict[str, Any], state: dict[str, np.ndarray],
+             tokenizer: Any = None) -> None:
+  """Writes config.json, model.safetensors (a tied head is left out, as Hugging Face does) and,
+  for an 'hf' tokenizer, its tokenizer.json."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top  (optional)
+  files.makedirs(directory)
+  files.write_text_atomic(os.path.join(directory, "config.json"),
+                          json.dumps(hf, indent=2, sort_keys=True))
+  save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+  if isinstance(tokenizer, HFTokenizer):
+    files.write_text_atomic(os.path.join(directory, "tokenizer.json"), tokenizer.tokenizer_json)
+
+
+# ----------------------------------------------------------------------------- workdirs
+
+
+def write_workdir(cfg: Config, params: Any, tokenizer: Any, workdir: str,
+                  converted_from: dict[str, Any] | None = None) -> None:
+  """A workdir as training writes one: config.json, provenance.json, checkpoint 0 (a fresh train
+  state holding `params`), tokenizers/target (and /source for an encoder-decoder) and, given
+  `converted_from` ({"from_hf": dir, "config": its config.json}), converted_from.json."""
+  if any(files.exists(os.path.join(workdir, name)) for name in ("config.json", "checkpoints")):
+    raise ConvertError(f"--workdir={workdir} already holds a run; give a new directory")
+  model = build_model(cfg.model)
+  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  key = jax.random.key(cfg.seed)
+  # The state training would start from, as shapes only (a random init would compile for nothing).
+  fresh = jax.eval_shape(lambda: steps.create_train_state(cfg, model, key,
+                                                          example_batch(cfg.model, 4), tx))
+  if jax.tree_util.tree_structure(params) != jax.tree_util.tree_structure(fresh.params):
+    raise ConvertError(f"converted parameters do not match the model {cfg.model.arch} builds")
+  for (path, got), new in zip(jax.tree_util.tree_flatten_with_path(fresh.params)[0],
+                              jax.tree.leaves(params)):
+    if got.shape != np.shape(new):
+      raise ConvertError(f"parameter {jax.tree_util.keystr(path)} has shape {np.shape(new)}, "
+                         f"the config builds {got.shape}")
+  params = jax.tree.map(lambda x: jax.numpy.asarray(x, np.float32), params)
+  state = steps.TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
+                           opt_state=jax.jit(tx.init)(params), rng=steps.key_data(key))
+  if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(fresh):
+    raise ConvertError("the converted train state does not match the one training creates")
+  config_dict = to_dict(cfg)
+  reporting.Reporter(workdir, config_dict, show_progress=False).close()
+  tokenizer.save(os.path.join(workdir, "tokenizers", "target"))
+  if cfg.model.arch == "encoder_decoder":
+    tokenizer.save(os.path.join(workdir, "tokenizers", "source"))
+  if converted_from is not None:
+    files.write_text_atomic(os.path.join(workdir, CONVERTED_FROM),
+                            json.dumps(converted_from, indent=2, sort_keys=True))
+  ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint, config=config_dict)
+  try:
+    ckpt.save(0, state, force=True)
+  finally:
+    ckpt.close()
+
+
+def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") -> Config:
+  """Converts the model in local directory `hf_dir` into `workdir`; returns the workdir's config.
+  `text_file` (data.text_file, prepared in data.data_dir=`data_dir`; GPT-2 only) gives it data
+  for eval.py."""
+  hf, state = read_hf(hf_dir)
+  family = family_of_hf(hf)
+  tokenizer_path = os.path.join(hf_dir, "tokenizer.json")
+  if not files.exists(tokenizer_path):
+    raise ConvertError(f"--from_hf={hf_dir}: no tokenizer.json (write one with transformers' "
+                       f"AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))")
+  if text_file:
+    text_file = os.path.abspath(text_file)
+  cfg = family.workdir_config(hf, state, os.path.abspath(tokenizer_path), text_file, data_dir)
+  tokenizer = read_hf_tokenizer(tokenizer_path, cfg.data.hf_id_offset)
+  if tokenizer.vocab_size > cfg.model.vocab_size:
+    raise ConvertError(f"{tokenizer_path}: {tokenizer.vocab_size - cfg.data.hf_id_offset} ids, "
+                       f"more than config.json's vocab_size={hf['vocab_size']}")
+  params = family.params_from_hf(state, cfg.model, hf)
+  write_workdir(cfg, params, tokenizer, workdir,
+                {"from_hf": os.path.abspath(hf_dir), "config": hf})
+  return cfg
+
+
+def to_hf(workdir: str, hf_dir: str, step: int | str | None = None) -> dict[str, Any]:
+  """Writes the run in `workdir` (checkpoint `step`) as a Hugging Face directory of its family
+  (decoder-only: GPT-2, encoder-decoder: T5); returns its config."""
+  cfg = checkpoints.load_run_config(workdir)
+  family = family_of_config(cfg.model)
+  source = os.path.join(workdir, CONVERTED_FROM)
+  extra = json.loads(files.read_text(source))["config"] if files.exists(source) else None
+  if extra is not None and extra.get("model_type") != family.MODEL_TYPE:
+    extra = None  # converted from another family: nothing of its config applies
+  hf = family.hf_config(cfg.model, extra)
+  offset = cfg.data.hf_id_offset if cfg.data.tokenizer == "hf" else family.ID_OFFSET
+  if offset != family.ID_OFFSET:
+    raise ConvertError(f"data.hf_id_offset={offset} has no {family.NAME} counterpart "
+                       f"(need {family.ID_OFFSET})")
+  params, _ = checkpoints.restore_params(cfg, workdir, step)
+  tok_dir = os.path.join(workdir, "tokenizers", "target")
+  tokenizer = tokenizers.load(tok_dir) if files.exists(os.path.join(tok_dir, "tokenizer.json")) \
+      else None
+  write_hf(hf_dir, hf, family.hf_from_params(params, cfg.model), tokenizer)
+  return hf
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):
+    print(f"error: {message} (see --help)", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Runs the command line; returns the exit status (errors are one line on stderr)."""
+  parser = _Parser(prog="python -m transformer.convert",
+                   description="Hugging Face GPT-2 or T5 <-> workdir.")
+  parser.add_argument("--workdir", required=True, help="the workdir written or read")
+  parser.add_argument("--from_hf", default="",
+                      help="a local Hugging Face GPT-2 or T5 directory to read")
+  parser.add_argument("--to_hf", default="", help="a directory to write a Hugging Face model to "
+                      "(GPT-2 for a decoder-only run, T5 for an encoder-decoder)")
+  parser.add_argument("--text_file", default="",
+                      help="--from_hf of a GPT-2: data for eval.py (data.text_file)")
+  parser.add_argument("--data_dir", default="", help="--from_hf: where that data is prepared "
+                      "(data.data_dir; default: the usual TFDS directory)")
+  parser.add_argument("--step", default="latest", help="--to_hf: an integer, 'latest' or 'best'")
+  args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+  if bool(args.from_hf) == bool(args.to_hf):
+    parser.error("give exactly one of --from_hf and --to_hf")
+  verbosity = logging.get_verbosity()  # restored below: in-process callers keep their logging
+  logging.set_verbosity(logging.ERROR)  # orbax and TFDS are chatty; stderr is for our one line
+  try:
+    if args.from_hf:
+      cfg = from_hf(args.from_hf, args.workdir, args.text_file, args.data_dir)
+      print(f"wrote {args.workdir}: {family_of_config(cfg.model).describe_workdir(cfg)}")
+    else:
+      step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
+      hf = to_hf(args.workdir, args.to_hf, step)
+      print(f"wrote {args.to_hf}: {family_of_hf(hf).describe_hf(hf)}")
+  except (ConvertError, ConfigError, ValueError, FileNotFoundError) as e:
+    print(f"error: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)
+    return 1
+  finally:
+    logging.set_verbosity(verbosity)
+  return 0
