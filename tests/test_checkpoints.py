@@ -1,6 +1,7 @@
 """Tests for transformer/checkpoints.py: round trips, retention, tmp dirs, compatibility, preemption."""
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -284,3 +285,22 @@ def test_best_step_is_none_without_the_metric(tmp_path):
     ckpt.save(step, toy_state(), metrics={"train/loss": 1.0 / step} if step % 2 else None)
   assert ckpt.all_steps() == [3, 4] and ckpt.best_step() is None
   ckpt.close()
+
+
+def test_a_run_saved_before_a_key_existed_reads_back_with_its_default(tmp_path):
+  """config.json of an older run lacks keys added since (here model.scale_attention_logits and
+  data.hf_id_offset, added with the T5 converter, and a whole new section key); load_run_config
+  fills exactly those from transformer/defaults.py and keeps every saved value, so eval.py and
+  restore() read old runs instead of failing with "config key ... is missing"."""
+  from transformer import defaults  # pylint: disable=g-import-not-at-top
+  saved = to_dict(from_configdict(base.get_config()))
+  saved["model"]["d_model"] = 48  # a saved value that differs from the default
+  del saved["model"]["scale_attention_logits"], saved["data"]["hf_id_offset"]
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  cfg = checkpoints.load_run_config(str(tmp_path))
+  default = defaults.get_config()
+  assert cfg.model.scale_attention_logits == default.model.scale_attention_logits
+  assert cfg.data.hf_id_offset == default.data.hf_id_offset
+  assert cfg.model.d_model == 48
+  assert checkpoints.with_new_keys({"a": {"b": 1}}, {"a": {"b": 2, "c": 3}, "d": 4}) == {
+      "a": {"b": 1, "c": 3}, "d": 4}

@@ -49,7 +49,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from transformer import config as config_lib
-from transformer import files, models, positional, steps
+from transformer import defaults, files, models, positional, steps
 from transformer.config import Config
 
 # Model keys that change neither parameter shapes nor names: a run may resume with other values.
@@ -316,6 +316,21 @@ def _first_line(error: BaseException) -> str:
   return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
 
 
+def with_new_keys(saved: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+  """`saved` with the keys it lacks taken from `default`, section by section.
+
+  A run saved before a config key existed lacks it. Every key is added with a default that
+  reproduces the behaviour from before it existed (e.g. model.scale_attention_logits=True), so
+  the old run reads back as what it was trained as. Keys `saved` has are never changed."""
+  out = dict(saved)
+  for key, value in default.items():
+    if key not in out:
+      out[key] = value
+    elif isinstance(value, dict) and isinstance(out[key], dict):
+      out[key] = with_new_keys(out[key], value)
+  return out
+
+
 def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Config:
   """The run's Config from `<workdir>/config.json` with `overrides` (flat dotted keys) applied."""
   path = os.path.join(workdir, "config.json")
@@ -327,7 +342,7 @@ def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Co
     raise EvaluationError(f"{path}: not a JSON config ({_first_line(e)})") from None
   if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
     raise EvaluationError(f"{path}: not a run's config (no 'model' section)")
-  cd = ml_collections.ConfigDict(saved)
+  cd = ml_collections.ConfigDict(with_new_keys(saved, defaults.get_config().to_dict()))
   for key, value in (overrides or {}).items():
     if not (key.startswith(OVERRIDABLE_PREFIXES) or key in OVERRIDABLE_KEYS):
       raise config_lib.ConfigError(f"--config.{key} cannot be overridden at evaluation (it would not match "

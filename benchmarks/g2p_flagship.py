@@ -1,0 +1,171 @@
+r"""The flagship G2P measurement: train, select on validation, test; seeds; time-to-quality plot.
+
+  python benchmarks/g2p_flagship.py --config=configs/g2p.py:tiny --seeds=0 --out=runs/flagship/tiny
+  python benchmarks/g2p_flagship.py --config=configs/g2p.py:fast --seeds=0,1,2 \
+      --out=runs/flagship/fast --data_dir=/tmp/g2p_data
+  python benchmarks/g2p_flagship.py --config=configs/g2p.py:fast --seeds=0 --out=/tmp/f \
+      --config.train.num_steps=500                        # --config.* flags pass on to train.py
+  python benchmarks/g2p_flagship.py --plot=runs/flagship/fast,runs/flagship/best \
+      --save=docs/results/g2p_time_to_quality.png          # several configs on one plot
+
+One seed is one uninterrupted, timed pipeline, start to finish:
+  1. `python train.py --config=CONFIG --config.seed=K --config.data.shuffle_seed=K ...` (the config
+     evaluates the validation split during training and keeps the best checkpoint by its WER);
+  2. `python eval.py --split=test --step=best`: the whole test split, the checkpoint selected on
+     validation, the config's own decoding (beam size and length penalty are part of the config,
+     chosen beforehand on validation);
+  3. the wall-clock seconds of 1+2 (data preparation and compilation included: the first seed
+     of a fresh --data_dir prepares the data, which its time includes), with what the machine's
+     load was at the start and end (the numbers are claims only on an otherwise idle machine).
+Each seed's workdir is `<out>/seed<K>`; `<out>/summary.json` holds every seed's validation and test
+metrics, wall time, the commands, and mean / min / max / standard deviation over the seeds. A
+finished seed is not rerun (its summary entry is kept), so an interrupted campaign resumes.
+
+The plot: validation WER of every evaluation against its wall-clock minute (metrics.jsonl's
+`time/elapsed_s`), one line per seed and configuration, and the test WER as a star at the minute
+the test evaluation finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METRICS = ("wer", "per", "loss", "accuracy")
+
+
+def _run(cmd: list[str]) -> None:
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    raise SystemExit(f"g2p_flagship: `{' '.join(cmd[1:3])} ...` exited {proc.returncode}: {tail[0]}")
+
+
+def run_seed(config: str, seed: int, workdir: str, data_dir: str, extra: list[str]) -> dict:
+  """Trains and tests one seed; returns its summary entry."""
+  train_cmd = [sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}",
+               f"--config.seed={seed}", f"--config.data.shuffle_seed={seed}", *extra]
+  if data_dir:
+    train_cmd.append(f"--config.data.data_dir={data_dir}")
+  test_cmd = [sys.executable, "eval.py", f"--workdir={workdir}", "--split=test", "--step=best"]
+  if data_dir:
+    test_cmd.append(f"--config.data.data_dir={data_dir}")
+  load_start, start = os.getloadavg()[0], time.time()
+  _run(train_cmd)
+  trained = time.time()
+  _run(test_cmd)
+  end = time.time()
+  with open(os.path.join(workdir, "train_done.json")) as f:
+    done = json.load(f)
+  with open(os.path.join(workdir, "metrics.test.json")) as f:
+    test = json.load(f)
+  best = best_validation(workdir)
+  return {"seed": seed, "train_s": round(trained - start, 1), "test_s": round(end - trained, 1),
+          "wall_clock_s": round(end - start, 1), "load_start": load_start,
+          "load_end": os.getloadavg()[0], "steps": done.get("step"),
+          "validation": best, "test": {k: test.get(f"eval/{k}", test.get(k)) for k in METRICS},
+          "commands": [train_cmd[1:], test_cmd[1:]]}
+
+
+def best_validation(workdir: str) -> dict:
+  """The validation metrics of the evaluation with the lowest WER (the checkpoint --step=best)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  evals = [r for r in rows if "eval/wer" in r]
+  if not evals:
+    raise SystemExit(f"g2p_flagship: {workdir}/metrics.jsonl has no eval/wer row")
+  row = min(evals, key=lambda r: r["eval/wer"])
+  return {"step": row["step"], "minutes": round(row.get("time/elapsed_s", 0) / 60, 2)} | {
+      k: row.get(f"eval/{k}") for k in METRICS}
+
+
+def spread(entries: list[dict], split: str) -> dict:
+  """mean, min, max and (n > 1) standard deviation of each metric over the seeds."""
+  out = {}
+  for k in METRICS:
+    values = [e[split][k] for e in entries if e[split].get(k) is not None]
+    if values:
+      out[k] = {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+                "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+  return out
+
+
+def campaign(args) -> dict:
+  os.makedirs(args.out, exist_ok=True)
+  path = os.path.join(args.out, "summary.json")
+  summary = {"config": args.config, "extra": args.extra, "seeds": {}}
+  if os.path.exists(path):
+    with open(path) as f:
+      summary = json.load(f)
+    if summary["config"] != args.config or summary.get("extra", []) != args.extra:
+      raise SystemExit(f"g2p_flagship: {path} is a campaign of {summary['config']} "
+                       f"{summary.get('extra')}; use another --out")
+  for seed in (int(s) for s in args.seeds.split(",")):
+    if str(seed) in summary["seeds"]:
+      continue
+    entry = run_seed(args.config, seed, os.path.join(args.out, f"seed{seed}"), args.data_dir,
+                     args.extra)
+    summary["seeds"][str(seed)] = entry
+    entries = list(summary["seeds"].values())
+    summary["validation"] = spread(entries, "validation")
+    summary["test"] = spread(entries, "test")
+    summary["wall_clock_s"] = spread([{"t": {"wer": e["wall_clock_s"]}} for e in entries],
+                                     "t")["wer"]
+    with open(path, "w") as f:
+      json.dump(summary, f, indent=1)
+    print(f"seed {seed}: test WER {entry['test']['wer']:.2%} PER {entry['test']['per']:.2%}, "
+          f"validation WER {entry['validation']['wer']:.2%}, {entry['wall_clock_s'] / 60:.1f} min "
+          f"(load {entry['load_start']:.1f} -> {entry['load_end']:.1f})", flush=True)
+  return summary
+
+
+def plot(outs: list[str], save: str) -> None:
+  sys.path.insert(0, REPO)
+  from transformer import viz  # pylint: disable=g-import-not-at-top  (matplotlib only here)
+  runs, finals = {}, {}
+  for out in outs:
+    with open(os.path.join(out, "summary.json")) as f:
+      summary = json.load(f)
+    name = summary["config"].rsplit("/", 1)[-1]
+    for seed, entry in summary["seeds"].items():
+      label = f"{name} seed {seed}"
+      runs[label] = os.path.join(out, f"seed{seed}")
+      finals[label] = (entry["wall_clock_s"] / 60, entry["test"]["wer"])
+  viz.plot_time_to_quality(runs, key="eval/wer", finals=finals, save_path=save)
+  print(f"wrote {save}")
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--config", default="configs/g2p.py:fast")
+  parser.add_argument("--seeds", default="0,1,2")
+  parser.add_argument("--out", default="", help="the campaign's directory (one workdir per seed)")
+  parser.add_argument("--data_dir", default="", help="prepared data (default: the config's)")
+  parser.add_argument("--plot", default="", help="comma-separated campaign directories to plot")
+  parser.add_argument("--save", default="g2p_time_to_quality.png", help="the plot's PNG path")
+  args, extra = parser.parse_known_args(argv)
+  args.extra = extra  # more train.py flags, e.g. --config.train.num_steps=500
+  unknown = [a for a in extra if not a.startswith("--config.")]
+  if unknown:
+    parser.error(f"unknown arguments {unknown} (only --config.* flags pass on to train.py)")
+  if args.plot:
+    plot([p for p in args.plot.split(",") if p], args.save)
+    return
+  if not args.out:
+    parser.error("--out is required (the campaign's directory)")
+  summary = campaign(args)
+  t, v = summary["test"], summary["validation"]
+  print(f"{args.config}, seeds {','.join(summary['seeds'])}: test WER {t['wer']['mean']:.2%} "
+        f"(min {t['wer']['min']:.2%}, max {t['wer']['max']:.2%}), PER {t['per']['mean']:.2%}; "
+        f"validation WER {v['wer']['mean']:.2%}; wall clock {summary['wall_clock_s']['mean'] / 60:.1f}"
+        f" min (max {summary['wall_clock_s']['max'] / 60:.1f})")
+
+
+if __name__ == "__main__":
+  main()
