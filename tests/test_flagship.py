@@ -1,0 +1,82 @@
+"""benchmarks/g2p_flagship.py: the commands it runs, what it selects on, the seed statistics, and
+that an interrupted campaign resumes without rerunning a finished seed (train.py and eval.py
+replaced by fakes that write what they would)."""
+
+import importlib.util
+import json
+import os
+import statistics
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_flagship():
+  """benchmarks/g2p_flagship.py as a module (benchmarks/ is not a package)."""
+  spec = importlib.util.spec_from_file_location(
+      "g2p_flagship", os.path.join(REPO, "benchmarks", "g2p_flagship.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+flagship = load_flagship()
+DEV_WER = {0: [0.5, 0.30, 0.32], 1: [0.5, 0.28, 0.27], 2: [0.6, 0.31, 0.35]}  # per evaluation
+TEST_WER = {0: 0.33, 1: 0.29, 2: 0.30}
+
+
+def fake_run(calls):
+  """Stands in for subprocess: train.py writes metrics.jsonl + train_done.json, eval.py writes
+  metrics.test.json, each from the seed in the workdir's name."""
+  def run(cmd):
+    calls.append(cmd)
+    workdir = next(a.split("=", 1)[1] for a in cmd if a.startswith("--workdir="))
+    seed = int(workdir.rsplit("seed", 1)[1])
+    if cmd[1] == "train.py":
+      os.makedirs(workdir, exist_ok=True)
+      with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        for i, wer in enumerate(DEV_WER[seed]):
+          f.write(json.dumps({"step": 100 * (i + 1), "train/loss": 1.0}) + "\n")
+          f.write(json.dumps({"step": 100 * (i + 1), "eval/wer": wer, "eval/per": wer / 4,
+                              "time/elapsed_s": 60.0 * (i + 1)}) + "\n")
+      with open(os.path.join(workdir, "train_done.json"), "w") as f:
+        json.dump({"step": 300}, f)
+    else:
+      with open(os.path.join(workdir, "metrics.test.json"), "w") as f:
+        json.dump({"wer": TEST_WER[seed], "per": TEST_WER[seed] / 4, "loss": 0.3}, f)
+  return run
+
+
+def test_campaign_selects_on_validation_tests_the_best_checkpoint_and_resumes(tmp_path, monkeypatch):
+  """Each seed trains with its seed as both the init and the data-order seed, then eval.py tests
+  the checkpoint that was best on validation (--step=best); the summary's validation entry is the
+  evaluation with the lowest dev WER; test statistics are the mean/min/max/stdev of the seeds;
+  a second invocation with more seeds runs only the new ones; another config in the same
+  directory is refused."""
+  calls = []
+  monkeypatch.setattr(flagship, "_run", fake_run(calls))
+  out = str(tmp_path / "fast")
+  flagship.main(["--config=configs/g2p.py:fast", "--seeds=0,1", f"--out={out}",
+                 "--data_dir=/d", "--config.train.num_steps=300"])
+  assert len(calls) == 4
+  train, test = calls[0], calls[1]
+  assert train[1:4] == ["train.py", "--config=configs/g2p.py:fast", f"--workdir={out}/seed0"]
+  assert {"--config.seed=0", "--config.data.shuffle_seed=0", "--config.train.num_steps=300",
+          "--config.data.data_dir=/d"} <= set(train)
+  assert test[1] == "eval.py" and {"--split=test", "--step=best"} <= set(test)
+  flagship.main(["--config=configs/g2p.py:fast", "--seeds=0,1,2", f"--out={out}",
+                 "--data_dir=/d", "--config.train.num_steps=300"])
+  assert len(calls) == 6 and all("seed2" in " ".join(c) for c in calls[4:])
+  summary = json.load(open(os.path.join(out, "summary.json")))
+  assert summary["seeds"]["1"]["validation"]["wer"] == 0.27
+  assert summary["seeds"]["1"]["validation"]["step"] == 300
+  assert summary["seeds"]["0"]["validation"] == pytest.approx(
+      {"step": 200, "minutes": 2.0, "wer": 0.30, "per": 0.075, "loss": None, "accuracy": None})
+  wers = list(TEST_WER.values())
+  assert summary["test"]["wer"] == pytest.approx({"mean": statistics.fmean(wers), "min": 0.29,
+                                                  "max": 0.33, "std": statistics.stdev(wers)})
+  with pytest.raises(SystemExit, match="campaign of configs/g2p.py:fast"):
+    flagship.main(["--config=configs/g2p.py:best", "--seeds=0", f"--out={out}"])
+  with pytest.raises(SystemExit):  # only --config.* flags pass on to train.py
+    flagship.main(["--config=configs/g2p.py:fast", f"--out={out}", "--num_steps=3"])
