@@ -112,6 +112,7 @@ class TrainConfig:
   grad_accum_steps: int
   label_smoothing: float
   z_loss: float
+  ema_decay: float
   scheduled_sampling: ScheduledSamplingConfig
   early_stop_patience: int
   early_stop_metric: str
@@ -230,6 +231,21 @@ UNIT_INTERVAL = (
 )
 
 
+# Keys added after runs were saved: a saved config without one gets the value that reproduces what
+# such a run did (fill_added_keys), so older workdirs still evaluate, restore and resume.
+ADDED_KEYS = {"train.ema_decay": 0.0}
+
+
+def fill_added_keys(saved: dict[str, Any]) -> dict[str, Any]:
+  """A copy of a saved config dict with every ADDED_KEYS key it lacks set to that value."""
+  out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in saved.items()}
+  for key, value in ADDED_KEYS.items():
+    section, name = key.split(".")
+    if isinstance(out.get(section), dict):
+      out[section].setdefault(name, value)
+  return out
+
+
 def _convert(cls: type, value: Any, path: str) -> Any:
   """Builds dataclass `cls` from a mapping, checking keys and leaf types."""
   if not isinstance(value, (Mapping, ml_collections.ConfigDict)):
@@ -315,6 +331,8 @@ def _validate(cfg: Config) -> Config:
     longest = max(d.max_source_len, d.max_target_len)
     raise ConfigError(
         f"data.max_source_len/max_target_len={longest} must be <= model.max_len={cfg.model.max_len}")
+  if not 0.0 <= cfg.train.ema_decay < 1.0:
+    raise ConfigError(f"train.ema_decay={cfg.train.ema_decay} must be in [0, 1) (0 = off)")
   if cfg.train.learning_rate <= 0:
     raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")
   if not 0.0 < cfg.eval.decode.top_p <= 1.0:
