@@ -471,9 +471,10 @@ def read_params(cfg: Config, workdir: str, step: int | str | None = None, params
   if average_last:
     if average_last > min(len(available), cfg.checkpoint.keep):
       raise EvaluationError(
-          f"--average_last={average_last}: the run keeps its last checkpoint.keep="
-          f"{cfg.checkpoint.keep} checkpoints (steps found in {directory}: {available}); average "
-          f"fewer, or train with --config.checkpoint.keep={average_last} or more")
+          f"--average_last={average_last} needs the run's {average_last} newest checkpoints; it "
+          f"keeps the last checkpoint.keep={cfg.checkpoint.keep} (steps found in {directory}: "
+          f"{available}); average fewer, or train with --config.checkpoint.keep={average_last} "
+          "or more")
     chosen = available[-average_last:]
   model, trees, source = models.build_model(cfg.model), [], ""
   for s in chosen:

@@ -288,13 +288,13 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   the ones saved in `<workdir>/tokenizers` by training.
   """
   cfg = load_run_config(workdir, WHOLE_SPLIT | (overrides or {}))
+  restored = read_params(cfg, workdir, step, params=params, average_last=average_last)
+  params, step = restored.params, restored.step
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
   reporting.warn_if_data_differs(workdir, task, split)
   model = build_model(cfg.model)
-  restored = read_params(cfg, workdir, step, params=params, average_last=average_last)
-  params, step = restored.params, restored.step
   results: dict[str, Any] = {"split": split, "step": step, "params": restored.source}
   if average_last:
     results["averaged_steps"] = list(restored.steps)
