@@ -1,8 +1,9 @@
 """The compiled steps: TrainState, state creation, train_step, eval_step, teacher-forced metrics.
 
 Read top to bottom: `TrainState`; `make_train_step` (loss sums -> gradients of sums -> optional psum
-over devices -> normalise -> optax update; scheduled sampling from transformer/scheduled_sampling.py
-when configured); `make_eval_step` and `teacher_forced_metrics`, the one definition of the
+over devices -> normalise -> optax update -> the parameter EMA when train.ema_decay > 0; scheduled
+sampling from transformer/scheduled_sampling.py when configured); `eval_params` (the EMA when there
+is one: what evaluations use); `make_eval_step` and `teacher_forced_metrics`, the one definition of the
 teacher-forced loss, accuracy and perplexity that training and evaluation both report; then state
 creation. The loop lives in transformer/training.py, whole-split evaluation in evaluation.py.
 
