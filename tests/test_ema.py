@@ -326,3 +326,18 @@ def test_a_run_saved_before_the_ema_resumes_and_evaluates(tmp_path):
   assert "\n" not in str(e.value)
   longer = synthetic_task.config(**{"train.num_steps": 20})
   assert training.train_and_evaluate(longer, workdir, task=task)["step"] == 20
+
+
+def test_fine_tuning_from_an_ema_run_starts_from_its_ema(ema_run, tmp_path):
+  """--init_from an EMA run takes its EMA params (what eval.py evaluates), and a fine-tuning run
+  with an EMA starts its average there: after one update e_1 = d_1 p_0 + (1 - d_1) p_1 with
+  d_1 = min(0.9, 2/11) and p_0 the source run's EMA."""
+  workdir = str(tmp_path / "tuned")
+  cd = synthetic_task.config(**{"train.num_steps": 1, "train.ema_decay": 0.9})
+  training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask(), init_from=ema_run)
+  start, tuned = _saved_state(ema_run, 20)["ema_params"], _saved_state(workdir, 1)
+  d = 2 / 11
+  for p0, p1, e1 in zip(jax.tree.leaves(start), jax.tree.leaves(tuned["params"]),
+                        jax.tree.leaves(tuned["ema_params"]), strict=True):
+    want = d * np.asarray(p0, np.float64) + (1 - d) * np.asarray(p1, np.float64)
+    np.testing.assert_allclose(np.asarray(e1, np.float64), want, rtol=2e-6, atol=1e-7)

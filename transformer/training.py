@@ -16,6 +16,7 @@ from typing import Any
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from transformer import (checkpoints, evaluation, files, optim, parallel, preemption, reporting,
@@ -186,9 +187,10 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
       logging.info("Fine-tuning: parameters from %s.", init_from)
       state = state.replace(params=jax.device_put(checkpoints.init_params(init_from),
                                                   shardings.params))
-      if state.ema_params is not None:  # the average starts where training starts
-        state = state.replace(ema_params=jax.device_put(
-            jax.tree.map(lambda p: p.astype(np.float32), state.params), shardings.ema_params))
+      if state.ema_params is not None:  # the average starts where training starts; copies:
+        # float32 params cast to float32 are the same buffers, which the donating step rejects
+        state = state.replace(ema_params=jax.device_put(jax.tree.map(
+            lambda p: jnp.array(p, jnp.float32, copy=True), state.params), shardings.ema_params))
   start = int(state.step)
   main = parallel.is_main_process()
   done_path = os.path.join(workdir, DONE_FILE)
