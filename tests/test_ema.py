@@ -328,6 +328,7 @@ def test_a_run_saved_before_the_ema_resumes_and_evaluates(tmp_path):
   assert training.train_and_evaluate(longer, workdir, task=task)["step"] == 20
 
 
+@pytest.mark.slow  # ~30 s of CPU (a training with --init_from), ~70 s with the cores shared
 def test_fine_tuning_from_an_ema_run_starts_from_its_ema(ema_run, tmp_path):
   """--init_from an EMA run takes its EMA params (what eval.py evaluates), and a fine-tuning run
   with an EMA starts its average there: after one update e_1 = d_1 p_0 + (1 - d_1) p_1 with
