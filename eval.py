@@ -1,5 +1,10 @@
 r"""Evaluates a trained run: `python eval.py --workdir=runs/g2p [--split=test] [--step=N|best|latest]`.
 
+Which parameters: a run trained with `train.ema_decay > 0` is evaluated with its EMA parameters
+unless `--params=raw`; `--average_last=N` evaluates the mean of the parameters (EMA or raw, as
+`--params` says) of the run's N newest checkpoints (it needs `checkpoint.keep >= N`). The table and
+metrics.<split>.json say which: `params` (ema|raw) and `averaged_steps`.
+
 Evaluates the WHOLE split: the teacher-forced loss, token accuracy and perplexity over every target
 token, and the task's metrics (WER/PER for G2P, BLEU for translation, bits per char/byte for LMs)
 over every example decoded. It prints a table that ends with the coverage (examples decoded and
@@ -44,6 +49,11 @@ except Exception as error:  # pylint: disable=broad-except
 flags.DEFINE_string("workdir", None, "The training run's workdir (holds config.json, checkpoints).")
 flags.DEFINE_string("split", "test", "The split to evaluate (whole): train, validation or test.")
 flags.DEFINE_string("step", "latest", "Checkpoint step: an integer, 'latest' or 'best'.")
+flags.DEFINE_enum("params", "auto", ["auto", "ema", "raw"],
+                  "Which parameters: auto (the EMA if the run was trained with train.ema_decay > 0, "
+                  "else the raw ones), ema or raw.")
+flags.DEFINE_integer("average_last", 0, "Evaluate the mean of the parameters of the run's N newest "
+                     "checkpoints (needs checkpoint.keep >= N); 0 = one checkpoint (--step).")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -56,7 +66,8 @@ def main(argv):
   overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
   try:
     evaluation.evaluate_split(flags.FLAGS.workdir, split=flags.FLAGS.split, step=flags.FLAGS.step,
-                        overrides=overrides)
+                              overrides=overrides, params=flags.FLAGS.params,
+                              average_last=flags.FLAGS.average_last)
   except (ValueError, OSError, CheckpointError) as e:  # ConfigError is a ValueError
     cli.fail(str(e) or type(e).__name__)
 

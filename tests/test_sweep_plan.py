@@ -52,9 +52,9 @@ def test_point_names_are_readable_safe_unique_and_short():
 def test_shipped_sweep_files_expand_and_validate():
   """Every shipped sweep file plans against g2p :small with distinct names and valid configs,
   with the point counts the files promise (6 positional, 3 norm, 4 ffn, 8 regularization, 6 lr,
-  2 arch), and the gated FFNs / decoder-only model get matched sizes."""
+  2 arch, 3 ema), and the gated FFNs / decoder-only model get matched sizes."""
   config = sweeps.load_config_file("configs/g2p.py:small")
-  counts = {"positional": 6, "norm": 3, "ffn": 4, "regularization": 8, "lr": 6, "arch": 2}
+  counts = {"positional": 6, "norm": 3, "ffn": 4, "regularization": 8, "lr": 6, "arch": 2, "ema": 3}
   plans = {}
   for name, n in counts.items():
     plans[name] = sweeps.plan(config, "configs/g2p.py:small",

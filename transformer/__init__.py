@@ -8,8 +8,10 @@ or I/O code:
   load_task(config, workdir=None)                                transformer.data
   generate(model, params, batch, decode_cfg, ...) -> token ids   transformer.decoding
   train_and_evaluate(configdict, workdir)                        transformer.training
-  evaluate_split(workdir, split='test', step=None)               transformer.evaluation
-  restore(workdir, step=None) -> Run (.generate_text/.score/.attention)  transformer.api
+  evaluate_split(workdir, split='test', step=None, params='auto', average_last=0)
+                                                                 transformer.evaluation
+  restore(workdir, step=None, params='auto', average_last=0) -> Run (.generate_text/.score/
+    .attention)                                                  transformer.api
 `evaluate` is the deprecated name of `evaluate_split` (older README examples).
 """
 

@@ -1,6 +1,8 @@
 """The notebook API: `restore(workdir)` gives a `Run` to decode, score and look inside.
 
   run = transformer.restore("runs/g2p")           # latest checkpoint; step='best' or an int
+  transformer.restore("runs/g2p", params="raw")   # not the EMA (of a train.ema_decay > 0 run)
+  transformer.restore("runs/g2p", average_last=3) # the mean of the 3 newest checkpoints
   run.generate_text(["hello", "world"], method="beam", beam_size=4)  # ['HH AH L OW', 'W ER L D']
   run.score(["hello"], ["HH AH L OW"])            # log p(target | source), summed over tokens
   att = run.attention("hello")                    # every layer and head, see `Attention`
@@ -80,16 +82,21 @@ def _bucket(n: int) -> int:
 class Run:
   """A restored run: config, model, params and tokenizers, with decoding and inspection helpers."""
 
-  def __init__(self, config: Config, model: Any, params: Any, task: Any, step: int, workdir: str):
+  def __init__(self, config: Config, model: Any, params: Any, task: Any, step: int, workdir: str,
+               params_source: str = "raw", averaged_steps: Sequence[int] = ()):
     self.config, self.model, self.params, self.task = config, model, params, task
     self.source_tokenizer, self.target_tokenizer = task.source_tokenizer, task.target_tokenizer
     self.step, self.workdir = step, workdir
+    self.params_source = params_source  # 'ema' or 'raw' (checkpoints.read_params)
+    self.averaged_steps = tuple(averaged_steps)  # the checkpoints averaged; () = one checkpoint
     self.kind = getattr(task, "kind", "seq2seq")
     self._forward = jax.jit(self._logits_fn)
 
   def __repr__(self) -> str:
     m = self.config.model
-    return (f"Run({self.workdir!r}, step={self.step}, arch={m.arch}, d_model={m.d_model}, "
+    averaged = f", averaged_steps={list(self.averaged_steps)}" if self.averaged_steps else ""
+    return (f"Run({self.workdir!r}, step={self.step}, params={self.params_source!r}{averaged}, "
+            f"arch={m.arch}, d_model={m.d_model}, "
             f"layers={m.num_encoder_layers}+{m.num_decoder_layers})")
 
   # ---- encoding
@@ -195,13 +202,19 @@ class Run:
                      decoder_self=first(("decoder", "self")), cross=first(("decoder", "cross")))
 
 
-def restore(workdir: str, step: int | str | None = None, task: Any = None) -> Run:
+def restore(workdir: str, step: int | str | None = None, task: Any = None, params: str = "auto",
+            average_last: int = 0) -> Run:
   """Restores the run in `workdir` (step: None/'latest', 'best' or an int) as a `Run`.
 
-  `task` overrides `transformer.data.load_task(config, workdir)` (tests).
+  params: 'auto' (the EMA of a run trained with train.ema_decay > 0, else the raw parameters),
+  'ema' or 'raw'; average_last=N: the mean of those parameters over the run's N newest
+  checkpoints (checkpoints.read_params). `task` overrides `transformer.data.load_task(config,
+  workdir)` (tests).
   """
   cfg = checkpoints.load_run_config(workdir)
+  restored = checkpoints.read_params(cfg, workdir, step, params=params, average_last=average_last)
   if task is None:
     task = load_task(cfg, workdir)
-  params, step = checkpoints.restore_params(cfg, workdir, step)
-  return Run(cfg, models.build_model(cfg.model), params, task, step, workdir)
+  return Run(cfg, models.build_model(cfg.model), restored.params, task, restored.step, workdir,
+             params_source=restored.source,
+             averaged_steps=restored.steps if average_last else ())

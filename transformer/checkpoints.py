@@ -49,7 +49,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from transformer import config as config_lib
-from transformer import defaults, files, models, positional, steps
+from transformer import files, models, optim, positional, steps
 from transformer.config import Config
 
 # Model keys that change neither parameter shapes nor names: a run may resume with other values.
@@ -266,7 +266,8 @@ def check_compatible(workdir: str, config: Any) -> None:
   run already in `workdir`; does nothing for an empty workdir.
 
   Only keys that change parameter or optimizer-state structure are compared (see
-  NON_STRUCTURAL_MODEL_KEYS); derived sizes written 0 are not compared.
+  NON_STRUCTURAL_MODEL_KEYS); derived sizes written 0 are not compared; train.ema_decay only as
+  on (> 0) or off (the decay itself may change on resume).
   """
   saved, source = _saved_config(workdir)
   if not saved:
@@ -276,6 +277,9 @@ def check_compatible(workdir: str, config: Any) -> None:
            for k, v in saved.get("model", {}).items() if k not in NON_STRUCTURAL_MODEL_KEYS]
   pairs.append(("train.optimizer", saved.get("train", {}).get("optimizer"),
                 new.get("train", {}).get("optimizer")))
+  ema = [d.get("train", {}).get("ema_decay", 0.0) for d in (saved, new)]
+  if bool(ema[0]) != bool(ema[1]):  # an EMA in the train state or none: its tree differs
+    pairs.append(("train.ema_decay", *ema))
   for key, old, cur in pairs:
     if key.split(".")[1] in DERIVED_MODEL_KEYS and (not old or not cur):
       continue
@@ -301,6 +305,7 @@ OVERRIDABLE_KEYS = frozenset({
     "seed", "data.data_dir", "data.eval_split", "data.batch_size",
     "model.attention_impl", "model.dtype"})
 STEP_NAMES = ("latest", "best")
+PARAMS_CHOICES = ("auto", "ema", "raw")  # read_params: which parameters of a checkpoint
 # Model keys a fine-tuning config sets itself: regularisation and execution, never the function.
 FINETUNE_MODEL_KEYS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
                        "attention_impl", "remat", "dtype")
@@ -316,21 +321,6 @@ def _first_line(error: BaseException) -> str:
   return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
 
 
-def with_new_keys(saved: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
-  """`saved` with the keys it lacks taken from `default`, section by section.
-
-  A run saved before a config key existed lacks it. Every key is added with a default that
-  reproduces the behaviour from before it existed (e.g. model.scale_attention_logits=True), so
-  the old run reads back as what it was trained as. Keys `saved` has are never changed."""
-  out = dict(saved)
-  for key, value in default.items():
-    if key not in out:
-      out[key] = value
-    elif isinstance(value, dict) and isinstance(out[key], dict):
-      out[key] = with_new_keys(out[key], value)
-  return out
-
-
 def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Config:
   """The run's Config from `<workdir>/config.json` with `overrides` (flat dotted keys) applied."""
   path = os.path.join(workdir, "config.json")
@@ -342,7 +332,7 @@ def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Co
     raise EvaluationError(f"{path}: not a JSON config ({_first_line(e)})") from None
   if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
     raise EvaluationError(f"{path}: not a run's config (no 'model' section)")
-  cd = ml_collections.ConfigDict(with_new_keys(saved, defaults.get_config().to_dict()))
+  cd = ml_collections.ConfigDict(config_lib.fill_added_keys(saved))
   for key, value in (overrides or {}).items():
     if not (key.startswith(OVERRIDABLE_PREFIXES) or key in OVERRIDABLE_KEYS):
       raise config_lib.ConfigError(f"--config.{key} cannot be overridden at evaluation (it would not match "
@@ -423,26 +413,84 @@ def _check_params(cfg: Config, model: Any, params: Any, where: str) -> None:
                             f"config.json builds {want.get(key)}")
 
 
-def restore_params(cfg: Config, workdir: str, step: int | str | None = None) -> tuple[Any, int]:
-  """(params, step) of a checkpoint in `workdir`, restored read-only onto the first local device."""
-  if not files.isdir(os.path.join(workdir, "checkpoints")):
-    raise EvaluationError(f"no checkpoints in {workdir}: has the run saved one yet?")
-  with _quiet_orbax():
-    ckpt = Checkpointer(workdir, cfg.checkpoint, read_only=True)
+@dataclasses.dataclass(frozen=True)
+class RestoredParams:
+  """What read_params restored: the parameters, the (newest) step, their source ('ema' or 'raw')
+  and the steps whose parameters they are (several when averaged)."""
+  params: Any
+  step: int
+  source: str
+  steps: tuple[int, ...]
+
+
+def _read_params(directory: str, step: int, available: list[int], which: str) -> tuple[Any, str]:
+  """(the EMA or raw parameters, 'ema'|'raw') of one checkpoint; EMA cast to the params' dtypes."""
   try:
-    step = resolve_step(ckpt, step)
-    directory, available = ckpt.directory, ckpt.all_steps()
-  finally:
-    ckpt.close()
-  try:
-    params = _read_state(directory, step)["params"]
+    state = _read_state(directory, step)
   except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many kinds)
     others = [s for s in available if s != step]
     hint = f"; other steps: {others} (--step=N)" if others else ""
     raise EvaluationError(f"cannot read the checkpoint {directory}/{step} (truncated or not a "
                           f"train state?): {type(e).__name__}: {_first_line(e)}{hint}") from None
-  _check_params(cfg, models.build_model(cfg.model), params, f"{directory}/{step}")
-  return params, step
+  ema = state.get("ema_params")
+  if which == "raw" or (which == "auto" and ema is None):
+    return state["params"], "raw"
+  if ema is None:
+    raise EvaluationError(f"--params=ema: {directory}/{step} holds no EMA of the parameters (its "
+                          "run had train.ema_decay=0); use --params=raw")
+  return jax.tree.map(lambda e, p: e.astype(p.dtype), ema, state["params"]), "ema"
+
+
+def read_params(cfg: Config, workdir: str, step: int | str | None = None, params: str = "auto",
+                average_last: int = 0) -> RestoredParams:
+  """The parameters of the run in `workdir` to evaluate, restored read-only onto the first local
+  device.
+
+  params: 'auto' (the EMA when the run kept one, i.e. train.ema_decay > 0, else the raw ones),
+  'ema' or 'raw'. average_last=N > 0: the elementwise float32 mean (optim.average_trees) of those
+  parameters over the run's N newest checkpoints instead of one checkpoint's (step must then be
+  None or 'latest'); fewer than N of them kept is an EvaluationError naming checkpoint.keep and
+  the steps found (retention keeps the latest checkpoint.keep and one best).
+  """
+  if params not in PARAMS_CHOICES:
+    raise EvaluationError(f"--params={params!r} is not one of {'|'.join(PARAMS_CHOICES)}")
+  if isinstance(average_last, bool) or not isinstance(average_last, int) or average_last < 0:
+    raise EvaluationError(f"--average_last={average_last!r} must be an integer >= 0 (0 = off)")
+  if average_last and step not in (None, "latest"):
+    raise EvaluationError(f"--average_last={average_last} averages the newest checkpoints; it "
+                          f"cannot be combined with --step={step}")
+  if not files.isdir(os.path.join(workdir, "checkpoints")):
+    raise EvaluationError(f"no checkpoints in {workdir}: has the run saved one yet?")
+  with _quiet_orbax():
+    ckpt = Checkpointer(workdir, cfg.checkpoint, read_only=True)
+  try:
+    chosen = [resolve_step(ckpt, step)]
+    directory, available = ckpt.directory, ckpt.all_steps()
+  finally:
+    ckpt.close()
+  if average_last:
+    if average_last > min(len(available), cfg.checkpoint.keep):
+      raise EvaluationError(
+          f"--average_last={average_last} needs the run's {average_last} newest checkpoints; it "
+          f"keeps the last checkpoint.keep={cfg.checkpoint.keep} (steps found in {directory}: "
+          f"{available}); average fewer, or train with --config.checkpoint.keep={average_last} "
+          "or more")
+    chosen = available[-average_last:]
+  model, trees, source = models.build_model(cfg.model), [], ""
+  for s in chosen:
+    tree, source = _read_params(directory, s, available, params)
+    _check_params(cfg, model, tree, f"{directory}/{s}")
+    trees.append(tree)
+  return RestoredParams(trees[0] if len(trees) == 1 else optim.average_trees(trees), chosen[-1],
+                        source, tuple(chosen))
+
+
+def restore_params(cfg: Config, workdir: str, step: int | str | None = None,
+                   params: str = "auto") -> tuple[Any, int]:
+  """(params, step) of one checkpoint in `workdir` (read_params: the EMA by default for a run
+  that kept one), restored read-only onto the first local device."""
+  restored = read_params(cfg, workdir, step, params)
+  return restored.params, restored.step
 
 
 def init_from_config(cfg: Config, init_from: str) -> Config:
@@ -463,7 +511,8 @@ def init_from_config(cfg: Config, init_from: str) -> Config:
 
 
 def init_params(init_from: str) -> Any:
-  """The latest parameters of the run in `init_from` (fine-tuning); ConfigError if unreadable."""
+  """The latest parameters of the run in `init_from` (fine-tuning; its EMA when it kept one, as
+  eval.py evaluates by default); ConfigError if unreadable."""
   try:
     return restore_params(load_run_config(init_from), init_from)[0]
   except EvaluationError as e:

@@ -115,6 +115,7 @@ class TrainConfig:
   grad_accum_steps: int
   label_smoothing: float
   z_loss: float
+  ema_decay: float
   scheduled_sampling: ScheduledSamplingConfig
   early_stop_patience: int
   early_stop_metric: str
@@ -236,6 +237,33 @@ UNIT_INTERVAL = (
 )
 
 
+# Keys added after runs were saved. A saved config without one reads back with the value that
+# reproduces what such a run did (fill_added_keys): the default (defaults.py), which every new key
+# is given so that it means "as before", unless ADDED_KEYS says otherwise. Older workdirs thus still
+# evaluate, restore and resume.
+ADDED_KEYS: dict[str, Any] = {}  # "section.key": the value before the key existed, if not the default
+
+
+def fill_added_keys(saved: dict[str, Any]) -> dict[str, Any]:
+  """A copy of a saved config dict with each key it lacks from ADDED_KEYS, else the defaults;
+  the keys it has are never changed."""
+  default = defaults.get_config().to_dict()
+  for key, value in ADDED_KEYS.items():
+    section, name = key.split(".", 1)
+    default[section][name] = value
+
+  def fill(saved_part: dict[str, Any], default_part: dict[str, Any]) -> dict[str, Any]:
+    out = dict(saved_part)
+    for key, value in default_part.items():
+      if key not in out:
+        out[key] = value
+      elif isinstance(value, dict) and isinstance(out[key], dict):
+        out[key] = fill(out[key], value)
+    return out
+
+  return fill(saved, default)
+
+
 def _convert(cls: type, value: Any, path: str) -> Any:
   """Builds dataclass `cls` from a mapping, checking keys and leaf types."""
   if not isinstance(value, (Mapping, ml_collections.ConfigDict)):
@@ -325,6 +353,8 @@ def _validate(cfg: Config) -> Config:
     longest = max(d.max_source_len, d.max_target_len)
     raise ConfigError(
         f"data.max_source_len/max_target_len={longest} must be <= model.max_len={cfg.model.max_len}")
+  if not 0.0 <= cfg.train.ema_decay < 1.0:
+    raise ConfigError(f"train.ema_decay={cfg.train.ema_decay} must be in [0, 1) (0 = off)")
   if cfg.train.learning_rate <= 0:
     raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")
   if not 0.0 < cfg.eval.decode.top_p <= 1.0:

@@ -104,6 +104,7 @@ def get_config() -> ml_collections.ConfigDict:
   t.grad_accum_steps = 1
   t.label_smoothing = 0.1
   t.z_loss = 0.0
+  t.ema_decay = 0.0  # EMA of the parameters, used by evaluation and best-checkpoint choice; 0 = off
   t.scheduled_sampling = ss = ml_collections.ConfigDict()
   ss.schedule = "none"  # none | linear | exponential | inverse_sigmoid (Mihaylova & Martins 2019)
   ss.k = 1.0  # linear: start teacher-forcing prob; exponential: base; inverse_sigmoid: k

@@ -6,7 +6,9 @@
      flags) are applied on top. Only keys that cannot change the parameters may be overridden
      (checkpoints.OVERRIDABLE_*); anything else is a one-line ConfigError;
   2. the parameters of `step` (None|'latest', 'best' or an int) are restored read-only onto one
-     device (checkpoints.restore_params);
+     device (checkpoints.read_params): by default the EMA for a run trained with train.ema_decay
+     > 0 (`params='raw'` for the raw ones), or with `average_last=N` the mean over the run's N
+     newest checkpoints; the results say which (`params`, and `averaged_steps` when averaging);
   3. teacher-forced loss / token accuracy / perplexity over the whole split
      (steps.teacher_forced_metrics, the same definition training logs);
   4. every example of the split is decoded with `eval.decode` (batched `generate`) and scored
@@ -46,7 +48,7 @@ import numpy as np
 from transformer import files
 from transformer import metrics as metrics_lib
 from transformer import reporting, steps
-from transformer.checkpoints import EvaluationError, load_run_config, restore_params
+from transformer.checkpoints import EvaluationError, load_run_config, read_params
 from transformer.config import Config, ConfigError, DecodeConfig
 from transformer.decoding import generate
 from transformer.models import build_model
@@ -259,6 +261,7 @@ def format_table(results: dict[str, Any]) -> str:
   """A two-column text table of the scalar results, then how much of the split they cover."""
   rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in results.items()
           if isinstance(v, (int, float, str))]
+  rows += [(k, ", ".join(map(str, v))) for k, v in results.items() if isinstance(v, list)]
   cov = results.get("coverage", {})
   for what, done, total in (("decoded", "decoded_examples", "split_examples"),
                             ("scored", "scored_tokens", "split_tokens")):
@@ -273,22 +276,28 @@ def format_table(results: dict[str, Any]) -> str:
 
 def evaluate_split(workdir: str, split: str = "test", step: int | str | None = None,
              overrides: dict[str, Any] | None = None, task: Any = None,
-             verbose: bool = True) -> dict[str, Any]:
+             verbose: bool = True, params: str = "auto", average_last: int = 0) -> dict[str, Any]:
   """Evaluates a run's checkpoint on the whole `split` (unless `overrides` set eval.num_batches /
   eval.num_decode_examples); process 0 writes the predictions and metrics files; returns the
   metrics, with `coverage` = {decoded_examples, split_examples, scored_tokens, split_tokens}.
+
+  `params` ('auto': the EMA if the run kept one, 'ema', 'raw') and `average_last` (the mean over
+  the N newest checkpoints; 0 = one checkpoint) choose the parameters (checkpoints.read_params).
 
   `task` overrides `transformer.data.load_task(cfg, workdir)` (tests); the tokenizers it loads are
   the ones saved in `<workdir>/tokenizers` by training.
   """
   cfg = load_run_config(workdir, WHOLE_SPLIT | (overrides or {}))
+  restored = read_params(cfg, workdir, step, params=params, average_last=average_last)
+  params, step = restored.params, restored.step
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
   reporting.warn_if_data_differs(workdir, task, split)
   model = build_model(cfg.model)
-  params, step = restore_params(cfg, workdir, step)
-  results: dict[str, Any] = {"split": split, "step": step}
+  results: dict[str, Any] = {"split": split, "step": step, "params": restored.source}
+  if average_last:
+    results["averaged_steps"] = list(restored.steps)
   scores, coverage = teacher_forced(cfg, model, params, task, split)
   results |= scores
   names = metric_names(cfg, task)

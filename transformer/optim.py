@@ -34,6 +34,16 @@ parameters carry a leading 'layers' axis):
     token_embed, pos_embedding, relative position tables named *embed*): decayed only if
     `train.weight_decay_embeddings`. Tied output logits reuse the embedding, so they follow it;
   * everything else (kernels) is decayed.
+
+Averages of parameters (the evaluation levers; steps.py and checkpoints.py use these):
+  EMA (`train.ema_decay` = d > 0): a float32 copy of the parameters, initialised to them and updated
+      after every optimizer update n = 1, 2, ... (n counts the updates, this one included) as
+          ema <- d_n * ema + (1 - d_n) * params,   d_n = min(d, (1 + n) / (10 + n))
+      The warmup of d_n (TensorFlow's ExponentialMovingAverage with num_updates) is always on: a
+      long-horizon d such as 0.999 would otherwise keep the average near the random init for
+      thousands of steps; from n >= (10 d - 1) / (1 - d) on (8990 for 0.999) it is the plain EMA.
+  checkpoint averaging: the elementwise mean, in float32, of the same parameters of N checkpoints,
+      cast back to their dtype (average_trees).
 """
 
 from typing import Any, Callable
@@ -175,3 +185,29 @@ def accumulate_gradients(loss_and_grad_fn: Callable, params: Any, micro_batches:
   init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
   (loss_sum, weight_sum, grads), _ = jax.lax.scan(body, init, micro_batches)
   return loss_sum, weight_sum, grads
+
+
+def ema_decay_at(decay: float, num_updates: Any) -> jax.Array:
+  """d_n = min(decay, (1 + n) / (10 + n)) for n updates (this one included); see the module doc."""
+  n = jnp.asarray(num_updates, jnp.float32)
+  return jnp.minimum(jnp.float32(decay), (1.0 + n) / (10.0 + n))
+
+
+def update_ema(ema: Any, params: Any, decay: float, num_updates: Any) -> Any:
+  """One EMA update after update number `num_updates` (from 1); `ema` and the result are float32."""
+  d = ema_decay_at(decay, num_updates)
+  return jax.tree.map(lambda e, p: d * e + (1.0 - d) * p.astype(jnp.float32), ema, params)
+
+
+def average_trees(trees: Any) -> Any:
+  """The elementwise mean of equally shaped pytrees, summed in float32 and cast back to the first
+  tree's dtypes (checkpoint averaging)."""
+  trees = list(trees)
+  if not trees:
+    raise ValueError("average_trees needs at least one tree")
+
+  def mean(*leaves):
+    total = sum(jnp.asarray(x, jnp.float32) for x in leaves)
+    return (total / len(leaves)).astype(jnp.asarray(leaves[0]).dtype)
+
+  return jax.tree.map(mean, *trees)

@@ -1,8 +1,9 @@
 """The compiled steps: TrainState, state creation, train_step, eval_step, teacher-forced metrics.
 
 Read top to bottom: `TrainState`; `make_train_step` (loss sums -> gradients of sums -> optional psum
-over devices -> normalise -> optax update; scheduled sampling from transformer/scheduled_sampling.py
-when configured); `make_eval_step` and `teacher_forced_metrics`, the one definition of the
+over devices -> normalise -> optax update -> the parameter EMA when train.ema_decay > 0; scheduled
+sampling from transformer/scheduled_sampling.py when configured); `eval_params` (the EMA when there
+is one: what evaluations use); `make_eval_step` and `teacher_forced_metrics`, the one definition of the
 teacher-forced loss, accuracy and perplexity that training and evaluation both report; then state
 creation. The loop lives in transformer/training.py, whole-split evaluation in evaluation.py.
 
@@ -14,9 +15,9 @@ accumulation and data parallelism give exactly the large batch's mean.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -32,13 +33,36 @@ Array = jax.Array
 PyTree = Any
 
 
-@flax.struct.dataclass
+@dataclasses.dataclass(frozen=True)
 class TrainState:
-  """Everything a step updates; plain arrays only, so it checkpoints and shards cleanly."""
+  """Everything a step updates; plain arrays only, so it checkpoints and shards cleanly.
+
+  `ema_params` is the float32 EMA of `params` when train.ema_decay > 0 (optim.update_ema), else
+  None. A None EMA is no node of the pytree at all (see _flatten), so an EMA-off state flattens,
+  shards and checkpoints exactly as it did before the EMA existed: older runs resume unchanged.
+  """
   step: Array  # int32 []: updates applied so far
   params: PyTree
   opt_state: PyTree
   rng: Array  # uint32 [2]: the run's key data (checkpoints hold no typed keys); see key_data
+  ema_params: PyTree = None  # float32, shaped (and sharded) like params; None = no EMA
+
+  def replace(self, **changes: Any) -> "TrainState":
+    return dataclasses.replace(self, **changes)
+
+
+_STATE_FIELDS = ("step", "params", "opt_state", "rng")
+
+
+def _state_fields(state: TrainState) -> tuple[str, ...]:
+  return _STATE_FIELDS + (("ema_params",) if state.ema_params is not None else ())
+
+
+jax.tree_util.register_pytree_with_keys(
+    TrainState,
+    lambda s: ([(jax.tree_util.GetAttrKey(n), getattr(s, n)) for n in _state_fields(s)], None),
+    lambda _, children: TrainState(*children),
+    flatten_func=lambda s: ([getattr(s, n) for n in _state_fields(s)], None))
 
 
 def key_data(key: Array) -> Array:
@@ -62,6 +86,8 @@ def target_weights(batch: dict[str, Any]) -> Array:
 def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformation) -> Callable:
   """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)`.
 
+  With train.ema_decay > 0 the state's EMA of the parameters follows each update
+  (optim.update_ema, its decay warmed up as that module says).
   One function serves jit-over-a-mesh (axis_name None) and pmap (axis_name = the device axis,
   where the loss, weight and gradient sums are `psum`med before normalising). `rng` overrides the
   state's key (None = state.rng). Metrics stay on device: loss, weight_sum, grad_norm,
@@ -112,9 +138,20 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
                    learning_rate=lr_fn(state.step), teacher_forcing=tf_prob,
                    finite=jnp.isfinite(loss) & jnp.isfinite(grad_norm))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    if tc.ema_decay:  # after the update, on every device alike (pmap: replicated params)
+      new_state = new_state.replace(ema_params=optim.update_ema(
+          state.ema_params, params, tc.ema_decay, new_state.step))
     return new_state, metrics
 
   return train_step
+
+
+def eval_params(state: TrainState) -> PyTree:
+  """The parameters evaluations use: the EMA (cast to each parameter's dtype) when the state has
+  one (train.ema_decay > 0), else the parameters themselves."""
+  if state.ema_params is None:
+    return state.params
+  return jax.tree.map(lambda e, p: e.astype(p.dtype), state.ema_params, state.params)
 
 
 def make_eval_step(model: nn.Module) -> Callable:
@@ -167,7 +204,8 @@ def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch:
                        tx: optax.GradientTransformation | None = None,
                        unbox: bool = True) -> TrainState:
   """A fresh TrainState: params from `rng`, optimizer state, step 0, the run key `rng` (as its
-  uint32 data; `rng` may be a typed or a legacy key).
+  uint32 data; `rng` may be a typed or a legacy key), and with train.ema_decay > 0 an EMA equal to
+  the params (in float32).
 
   With unbox=False the parameters (and their optimizer moments) keep flax's logical-axis boxes,
   which is what `jax.eval_shape` of this function should see to derive shardings.
@@ -178,7 +216,8 @@ def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch:
   @jax.jit  # one compiled call instead of seconds of op-by-op dispatch
   def create(key, batch):
     params = init_params(model, jax.random.fold_in(key, 1), batch, unbox)
+    ema = jax.tree.map(lambda p: p.astype(jnp.float32), params) if cfg.train.ema_decay else None
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=key_data(key))
+                      rng=key_data(key), ema_params=ema)
 
   return create(rng, batch)

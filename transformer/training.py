@@ -16,6 +16,7 @@ from typing import Any
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from transformer import (checkpoints, evaluation, files, optim, parallel, preemption, reporting,
@@ -91,7 +92,9 @@ def _host_tokens(batch: dict[str, Any]) -> tuple[int, int]:
 
 def evaluate_in_training(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, float]:
   """Teacher-forced eval/loss, eval/accuracy, eval/perplexity over `eval.num_batches` batches of
-  the eval split (steps.teacher_forced_metrics); evaluation.evaluate_split does the whole split."""
+  the eval split (steps.teacher_forced_metrics); evaluation.evaluate_split does the whole split.
+  `run_eval` evaluates steps.eval_params: the EMA when train.ema_decay > 0, so every in-training
+  metric, early stopping and the best checkpoint (checkpoint.keep_best_by) follow the EMA."""
   totals: dict[str, float] = {}
   batches = task.eval_batches(cfg.data.eval_split, batch_size=cfg.eval.batch_size or None)
   for i, batch in enumerate(batches):
@@ -184,6 +187,10 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
       logging.info("Fine-tuning: parameters from %s.", init_from)
       state = state.replace(params=jax.device_put(checkpoints.init_params(init_from),
                                                   shardings.params))
+      if state.ema_params is not None:  # the average starts where training starts; copies:
+        # float32 params cast to float32 are the same buffers, which the donating step rejects
+        state = state.replace(ema_params=jax.device_put(jax.tree.map(
+            lambda p: jnp.array(p, jnp.float32, copy=True), state.params), shardings.ema_params))
   start = int(state.step)
   main = parallel.is_main_process()
   done_path = os.path.join(workdir, DONE_FILE)
@@ -202,7 +209,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
     logging.info("Resuming from the checkpoint of step %d in %s.", start, workdir)
   run = parallel.compile_train_step(steps.make_train_step(cfg, model, tx), mode, mesh, shardings)
   eval_step = steps.make_eval_step(model)
-  run_eval = parallel.compile_eval_step(lambda s, b: eval_step(s.params, b), mode, mesh, shardings)
+  run_eval = parallel.compile_eval_step(lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh,
+                                        shardings)
   state = run.prepare_state(state)
   global_batch = cfg.data.batch_size
   reporter = reporting.Reporter(
@@ -255,8 +263,9 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
       if evaluated:
         check(pending)
         last_eval = evaluate_in_training(cfg, run_eval, state, task)
-        last_eval |= evaluation.decode_metrics(cfg, model, run.fetch_state(state).params, task,
-                                    cfg.data.eval_split, cfg.eval.num_decode_examples)
+        last_eval |= evaluation.decode_metrics(
+            cfg, model, steps.eval_params(run.fetch_state(state)), task, cfg.data.eval_split,
+            cfg.eval.num_decode_examples)
         reporter.write_scalars(step, last_eval)
         reporter.reset_throughput()
         if early.update(last_eval):
