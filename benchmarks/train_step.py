@@ -1,8 +1,18 @@
 """Train-step benchmark: ms per step, tokens/s and the share of a same-run matmul peak.
 
-  python benchmarks/train_step.py                         # every size below, this tree
-  python benchmarks/train_step.py --sizes=baby,encdec --steps=20
+  python benchmarks/train_step.py                         # every size, ours vs the anchors
+  python benchmarks/train_step.py --sizes=baby,encdec --steps=20 --rounds=3
+  python benchmarks/train_step.py --no-anchors            # ours only
   python benchmarks/train_step.py --compare=975536b       # this tree vs a git revision, alternating
+  python benchmarks/train_step.py --scan-compile=6,24     # compile s with model.scan_layers=True
+
+Anchors (benchmarks/anchors.py): flax examples/lm1b at baby and medium, nanoGPT's model.py
+(torch) at the same two sizes, flax examples/wmt at encdec; none at g2p. They are imported from
+local checkouts under `--anchors=DIR` ($TRANSFORMER_ANCHORS, default /tmp/anchors); absent ones
+are skipped with a note. Ours and the anchors run in one process, alternating `--rounds` times
+(`--steps` steps each), and each keeps its fastest median, so a busy machine slows all alike;
+the report gives ours/anchor ratios and every side's share of the same-run matmul peak (the
+anchors' share uses our FLOP count of the same widths).
 
 Sizes (float32, dropout 0, the project's own jitted train step with donation, random token ids):
   baby    decoder-only, lm.py:nanogpt_cpu knobs: 4 layers, d 128, 4 heads, mlp 512, seq 64, batch 12
@@ -31,6 +41,7 @@ import sys
 import tempfile
 import time
 
+import anchors  # pylint: disable=g-import-not-at-top
 from trees import KEY_OPS, REPO, export_revision, hlo_ops, same_work, tree_from_argv  # benchmarks/ is the script's directory
 VOCAB = 64
 
@@ -136,9 +147,10 @@ def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
   return 2 * n**3 / best / 1e9
 
 
-def bench(name: str, steps: int, warmup: int = 3) -> dict:
-  """Compile seconds and the median ms of `steps` train steps at size `name`."""
+def build(name: str, **model_overrides) -> tuple:
+  """(run: one train step, blocking; record: size, compile_s, tokens, flops, hlo) of size `name`."""
   cd, shapes = size_config(name)
+  cd.model.update(model_overrides)
   cfg = from_configdict(cd)
   model = build_model(cfg.model)
   tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
@@ -150,17 +162,101 @@ def bench(name: str, steps: int, warmup: int = 3) -> dict:
   start = time.perf_counter()
   compiled = step.lower(state, batches[0]).compile()
   compile_s = time.perf_counter() - start
+  box = {"state": state, "i": 0}
+
+  def run():
+    box["state"], metrics = compiled(box["state"], batches[box["i"] % 4])
+    box["i"] += 1
+    jax.block_until_ready(metrics)
+
+  tokens = sum(r * t for r, t in shapes.values())
+  return run, {"size": name, "compile_s": compile_s, "tokens": tokens,
+               "flops": train_flops(cfg, shapes), "hlo": hlo_ops(compiled.as_text())}
+
+
+def median_ms(run, steps: int, warmup: int = 0) -> float:
+  """Median wall milliseconds of `steps` calls of `run` after `warmup` untimed ones."""
   times = []
   for i in range(warmup + steps):
     start = time.perf_counter()
-    state, metrics = compiled(state, batches[i % 4])
-    jax.block_until_ready(metrics)
+    run()
     if i >= warmup:
       times.append(time.perf_counter() - start)
-  ms = float(np.median(times)) * 1e3
-  tokens = sum(r * t for r, t in shapes.values())
-  return {"size": name, "ms": ms, "compile_s": compile_s, "tokens_per_s": tokens / ms * 1e3,
-          "gflops": train_flops(cfg, shapes) / ms / 1e6, "hlo": hlo_ops(compiled.as_text())}
+  return float(np.median(times)) * 1e3
+
+
+def _finish(record: dict, ms: float) -> dict:
+  return record | {"ms": ms, "tokens_per_s": record["tokens"] / ms * 1e3,
+                   "gflops": record["flops"] / ms / 1e6}
+
+
+def bench(name: str, steps: int, warmup: int = 3) -> dict:
+  """Compile seconds and the median ms of `steps` train steps at size `name`."""
+  run, record = build(name)
+  return _finish(record, median_ms(run, steps, warmup))
+
+
+def anchor_runners(name: str, directory: str) -> tuple[dict, list[str]]:
+  """{label: step callable} of the public anchors at size `name`, and notes on those skipped."""
+  cd, shapes = size_config(name)
+  m = cd.model
+  if name in ("baby", "medium"):
+    (batch, seq), = shapes.values()
+    made = [anchors.make_lm1b(directory, m.num_decoder_layers, m.d_model, m.num_heads, m.mlp_dim,
+                              seq, batch, VOCAB),
+            anchors.make_nanogpt(directory, m.num_decoder_layers, m.d_model, m.num_heads, seq,
+                                 batch, VOCAB)]
+  elif name == "encdec":
+    (batch, src), (_, tgt) = shapes["inputs"], shapes["targets"]
+    made = [anchors.make_wmt(directory, m.num_decoder_layers, m.d_model, m.num_heads, m.mlp_dim,
+                             src, tgt, batch, VOCAB)]
+  else:
+    return {}, [f"{name}: no public anchor at this size"]
+  runners = {label.split(" ")[0]: run for run, label in made if run is not None}
+  return runners, [label for run, label in made if run is None]
+
+
+def against_anchors(args, sizes: list[str]) -> None:
+  """Ours and the anchors at each size, alternating `--rounds` times; fastest median each."""
+  peak = matmul_peak()
+  print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores; "
+        f"float32 matmul peak {peak:.0f} GFLOP/s (same run); load {_load()}; "
+        f"{anchors.describe(args.anchors)}")
+  for name in sizes:
+    ours, record = build(name)
+    runners, notes = anchor_runners(name, args.anchors)
+    runners = {"ours": ours, **runners}
+    best = {who: float("inf") for who in runners}
+    for run in runners.values():
+      median_ms(run, 3)  # warm-up
+    for _ in range(args.rounds):
+      for who, run in runners.items():
+        best[who] = min(best[who], median_ms(run, args.steps))
+    r = _finish(record, best["ours"])
+    print(_show(r, peak))
+    for who, ms in best.items():
+      if who != "ours":
+        share = record["flops"] / ms / 1e6 / peak
+        print(f"        {who:8s} {ms:8.1f} ms/step  ours/{who} = {best['ours'] / ms:.2f}x  "
+              f"({share:.0%} of peak)")
+    for note in notes:
+      print(f"        {note}")
+    print("        compiled step: " + ", ".join(f"{op} {r['hlo'][op]}" for op in KEY_OPS
+                                              if op in r["hlo"]))
+  print(f"fastest median of {args.rounds} alternating rounds of {args.steps} steps each; "
+        f"load at the end {_load()}")
+
+
+def scan_compile(layer_counts: list[int]) -> None:
+  """Compile seconds of the `baby` step with model.scan_layers=True at each layer count."""
+  print(f"compile with model.scan_layers=True, baby widths; load {_load()}")
+  for n in layer_counts:
+    _, record = build("baby", scan_layers=True, num_decoder_layers=n)
+    print(f"  {n:3d} layers: compile {record['compile_s']:.1f} s")
+
+
+def _load() -> str:
+  return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def _show(r: dict, peak: float) -> str:
@@ -200,6 +296,11 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--compare", default="", help="a git revision to time against")
   parser.add_argument("--rounds", type=int, default=2, help="alternating rounds for --compare")
+  parser.add_argument("--anchors", default=anchors.DEFAULT_DIR,
+                      help="local checkouts of flax examples and nanoGPT (see benchmarks/anchors.py)")
+  parser.add_argument("--no-anchors", action="store_true", help="time ours only")
+  parser.add_argument("--scan-compile", default="",
+                      help="comma-separated layer counts: compile seconds with scan_layers=True")
   parser.add_argument("--tree", default="", help=argparse.SUPPRESS)  # read by trees.tree_from_argv()
   parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for --compare
   args = parser.parse_args()
@@ -209,6 +310,12 @@ def main() -> None:
       parser.error(f"--sizes: unknown size {s!r} (one of {', '.join(SIZES)})")
   if args.compare:
     compare(args, sizes)
+    return
+  if args.scan_compile:
+    scan_compile([int(n) for n in args.scan_compile.split(",")])
+    return
+  if not (args.json or args.no_anchors):
+    against_anchors(args, sizes)
     return
   peak = matmul_peak()
   results = [bench(s, args.steps) for s in sizes]

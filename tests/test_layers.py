@@ -77,6 +77,39 @@ def test_feedforward_matches_numpy(ffn):
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def _np_gelu_grad(x):
+  from math import erf, sqrt
+  return 0.5 * (1 + np.vectorize(erf)(x / sqrt(2))) + x * np.exp(-x**2 / 2) / sqrt(2 * np.pi)
+
+
+@pytest.mark.parametrize('ffn', ['relu', 'gelu'])
+def test_feedforward_gradients_match_numpy(ffn):
+  """The gradients of sum(r * FFN(x)) with respect to x and every kernel equal the NumPy chain
+  rule: dh = (r W2^T) act'(x W1 + b1), dW1 = x^T dh over all tokens, dx = dh W1^T, dW2 = h^T r
+  (the expanding projection's kernel gradient is hand-written in layers.py)."""
+  cfg = _cfg(ffn=ffn)
+  rng = np.random.default_rng(4)
+  x = rng.normal(size=(2, 3, 16)).astype(np.float32)
+  r = rng.normal(size=(2, 3, 16)).astype(np.float32)
+  variables = FeedForward(cfg).init(jax.random.key(2), jnp.asarray(x))
+  params = nn.meta.unbox(variables['params'])
+  loss = lambda p, x: jnp.sum(FeedForward(cfg).apply({'params': p}, x) * r)
+  g_params, g_x = jax.grad(loss, argnums=(0, 1))(params, jnp.asarray(x))
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  x64, r64 = x.astype(np.float64), r.astype(np.float64)
+  pre = x64 @ p['wi']['kernel'] + p['wi']['bias']
+  act, act_grad = {'relu': (lambda z: np.maximum(z, 0), lambda z: (z > 0).astype(float)),
+                   'gelu': (_np_gelu, _np_gelu_grad)}[ffn]
+  dh = (r64 @ p['wo']['kernel'].T) * act_grad(pre)
+  tokens = lambda a: a.reshape(-1, a.shape[-1])
+  np.testing.assert_allclose(g_params['wi']['kernel'], tokens(x64).T @ tokens(dh),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(g_params['wi']['bias'], tokens(dh).sum(0), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(g_params['wo']['kernel'], tokens(act(pre)).T @ tokens(r64),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(g_x, dh @ p['wi']['kernel'].T, rtol=1e-4, atol=1e-5)
+
+
 def test_feedforward_dropout_only_when_not_deterministic():
   """ffn_dropout_rate drops hidden units in training mode only; without bias a dropped unit is 0."""
   cfg = _cfg(ffn_dropout_rate=0.5, use_bias=False, mlp_dim=8)  # d > f: hidden recoverable
