@@ -50,7 +50,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from transformer import config as config_lib
-from transformer import files, models, positional, steps
+from transformer import defaults, files, models, positional, steps
 from transformer.config import Config
 
 # Model keys that change neither parameter shapes nor names: a run may resume with other values.
@@ -386,6 +386,9 @@ FINETUNE_MODEL_KEYS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_ra
                        "attention_impl", "remat", "dtype")
 _TOKENIZER_KEYS = ("tokenizer", "source_tokenizer", "spm_model_type", "spm_vocab_size",
                    "hf_tokenizer")
+# Encoder-only fine-tuning puts a new head on the pretrained encoder: these keys are the new config's.
+HEAD_MODEL_KEYS = ("arch", "head", "pooling", "num_classes")
+NEW_HEAD = "head"  # the parameter subtree an encoder-only fine-tuning initialises afresh
 
 
 class EvaluationError(ValueError):
@@ -394,6 +397,18 @@ class EvaluationError(ValueError):
 
 def _first_line(error: BaseException) -> str:
   return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+
+
+def _with_defaults(default: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+  """`saved` with the keys it lacks taken from `default`: a run saved before a key existed had
+  what the key's default does (every new knob defaults to the old behaviour)."""
+  out = dict(saved)
+  for key, value in default.items():
+    if key not in out:
+      out[key] = value
+    elif isinstance(value, dict) and isinstance(out[key], dict):
+      out[key] = _with_defaults(value, out[key])
+  return out
 
 
 def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Config:
@@ -407,7 +422,7 @@ def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Co
     raise EvaluationError(f"{path}: not a JSON config ({_first_line(e)})") from None
   if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
     raise EvaluationError(f"{path}: not a run's config (no 'model' section)")
-  cd = ml_collections.ConfigDict(saved)
+  cd = ml_collections.ConfigDict(_with_defaults(defaults.get_config().to_dict(), saved))
   for key, value in (overrides or {}).items():
     if not (key.startswith(OVERRIDABLE_PREFIXES) or key in OVERRIDABLE_KEYS):
       raise config_lib.ConfigError(f"--config.{key} cannot be overridden at evaluation (it would not match "
@@ -518,8 +533,18 @@ def init_from_config(cfg: Config, init_from: str) -> Config:
     run = load_run_config(init_from)
   except EvaluationError as e:
     raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
-  model = dataclasses.replace(run.model, **{k: getattr(cfg.model, k) for k in FINETUNE_MODEL_KEYS})
+  keep = FINETUNE_MODEL_KEYS
   data = dataclasses.replace(cfg.data, **{k: getattr(run.data, k) for k in _TOKENIZER_KEYS})
+  if cfg.model.arch == "encoder_only":  # the pretrained encoder and its input tokenizer only
+    if run.model.arch == "decoder_only":
+      raise config_lib.ConfigError(f"--init_from={init_from}: a decoder_only run has no encoder "
+                                   f"for model.arch='encoder_only'")
+    keep += HEAD_MODEL_KEYS
+    source = run.data.source_tokenizer or run.data.tokenizer
+    data = dataclasses.replace(data, tokenizer=cfg.data.tokenizer, source_tokenizer=source)
+  model = dataclasses.replace(run.model, **{k: getattr(cfg.model, k) for k in keep})
+  if run.model.arch == "encoder_decoder" and cfg.model.arch == "encoder_only":
+    model = dataclasses.replace(model, vocab_size=run.model.source_vocab_size)
   merged = dataclasses.replace(cfg, model=model, data=data)
   try:
     return config_lib.from_configdict(dataclasses.asdict(merged))  # e.g. lengths vs max_len
@@ -527,9 +552,45 @@ def init_from_config(cfg: Config, init_from: str) -> Config:
     raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
 
 
-def init_params(init_from: str) -> Any:
-  """The latest parameters of the run in `init_from` (fine-tuning); ConfigError if unreadable."""
+def init_params(init_from: str, fresh: Any = None) -> Any:
+  """The latest parameters of the run in `init_from` (fine-tuning); ConfigError if unreadable.
+
+  With `fresh` (the new model's initial parameters, an encoder-only model): the pretrained run's
+  encoder and embeddings (`shared_params`) with the fresh, new head.
+  """
   try:
-    return restore_params(load_run_config(init_from), init_from)[0]
+    run = load_run_config(init_from)
+    params = restore_params(run, init_from)[0]
   except EvaluationError as e:
     raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
+  return params if fresh is None else shared_params(params, fresh, init_from)
+
+
+def _leaves(tree: Any) -> dict[str, Any]:
+  return {"/".join(str(getattr(k, "key", k)) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def shared_params(pretrained: Any, fresh: Any, init_from: str) -> Any:
+  """`fresh` with every parameter outside its NEW_HEAD subtree taken from `pretrained` (an
+  encoder-only or encoder-decoder run: its encoder, and its source or shared embedding as the
+  token embedding); the pretrained run's own head or decoder is dropped. Any parameter of the
+  new encoder missing from the run, or of another shape, is a ConfigError naming them all."""
+  source = dict(pretrained)
+  if "token_embed" not in source:  # an encoder-decoder run with separate tables
+    source["token_embed"] = source.get("source_embed", {})
+  want = {k: v for k, v in _leaves(fresh).items() if not k.startswith(NEW_HEAD + "/")}
+  have = _leaves({k: v for k, v in source.items() if k in ("token_embed", "encoder")})
+  missing = sorted(set(want) - set(have))
+  unexpected = sorted(set(have) - set(want))
+  shapes = sorted(k for k in set(want) & set(have) if want[k].shape != have[k].shape)
+  if missing or unexpected or shapes:
+    parts = [f"{name}: {', '.join(keys[:6])}{' ...' if len(keys) > 6 else ''}" for name, keys in
+             (("missing in the run", missing), ("not in the new model", unexpected),
+              ("shapes differ", shapes)) if keys]
+    raise config_lib.ConfigError(f"--init_from={init_from}: the encoder's parameters do not "
+                                 f"match ({'; '.join(parts)})")
+  flat, treedef = jax.tree_util.tree_flatten_with_path(fresh)
+  names = ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in flat]
+  return jax.tree_util.tree_unflatten(treedef, [
+      have[n].astype(leaf.dtype) if n in have else leaf for n, (_, leaf) in zip(names, flat)])
