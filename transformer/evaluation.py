@@ -306,9 +306,10 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
     results |= prediction_metrics(names, predictions)
     coverage = {"decoded_examples": len(predictions),
                 "split_examples": len(task.eval_examples(split))} | coverage
-  results["decode"] = cfg.eval.decode.method + (
-      f"(beam={cfg.eval.decode.beam_size}, alpha={cfg.eval.decode.length_penalty})"
-      if cfg.eval.decode.method == "beam" else "")
+  if predictions or getattr(task, "decodes", True):
+    results["decode"] = cfg.eval.decode.method + (
+        f"(beam={cfg.eval.decode.beam_size}, alpha={cfg.eval.decode.length_penalty})"
+        if cfg.eval.decode.method == "beam" else "")
   results["coverage"] = coverage
   write_results(workdir, split, results, predictions)
   if verbose:
