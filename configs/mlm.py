@@ -18,7 +18,7 @@ Variants:
            fine-tunes (`--init_from`).
   text     a text file (data.text_file) cut into rows of 128 characters, whole-word masking;
            same model. Measured on tinyshakespeare.txt (nanoGPT's; first 90% train, last 10%
-           validation) with --config.train.num_steps=600 (about 1.9 passes; 463 s wall, same
+           validation) with --config.train.num_steps=600 (about 2.4 passes; 463 s wall, same
            machine and sharing as below): `eval.py --split=validation`, masked-character accuracy
            24.6%, perplexity 20.7 over all 16,186 masked characters of the validation text.
 Measured (cmudict, the first command above with --config.data.data_dir=/tmp/g2p_data, at commit
