@@ -4,6 +4,7 @@ head is freshly initialised, and mismatched parameters are one line naming them.
 restored runs' `classify()` and `fill_mask()` against logits computed by hand."""
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ import transformer
 from transformer import checkpoints, models, steps
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL
 from transformer.config import ConfigError, from_configdict
+from transformer.evaluation import evaluate_split
 from transformer.training import train_and_evaluate
 import encoder_fixtures
 
@@ -65,6 +67,17 @@ def _hand_logits(run, ids):
   """Head logits of one BOS + ids + EOS row, straight from the model (no padding, no batching)."""
   row = np.array([[BOS_ID] + list(ids) + [EOS_ID]])
   return np.asarray(models.batch_logits(run.model, run.params, {"inputs": row}))[0]
+
+
+def test_eval_reports_label_accuracy_and_f1_over_the_whole_split(tuned_run):
+  """eval.py's evaluate_split on a classifier: accuracy and macro F1 of every test word (one
+  scored label each), nothing decoded."""
+  results = evaluate_split(tuned_run, "test", verbose=False)
+  test_file = os.path.join(os.path.dirname(tuned_run), "data", "test.tsv")
+  with open(test_file) as f:
+    words = {line.split("\t")[0] for line in f if line.strip()}
+  assert results["coverage"]["scored_tokens"] == len(words) and 0 <= results["f1"] <= 1
+  assert 0 <= results["accuracy"] <= 1 and "decode" not in results
 
 
 def test_classify_gives_the_argmax_label_of_each_word(tuned_run):
