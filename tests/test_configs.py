@@ -16,7 +16,8 @@ from transformer.models import build_model
 from transformer.training import fill_vocab_sizes
 
 ALL = ["g2p:tiny", "g2p:small", "g2p:base", "g2p_decoder_only:tiny", "g2p_decoder_only:small",
-       "g2p_decoder_only:base", "lm:char", "lm:nanogpt_cpu", "lm:bpe", "wmt14_ende:", "lm1b:"]
+       "g2p_decoder_only:base", "lm:char", "lm:nanogpt_cpu", "lm:bpe", "wmt14_ende:", "lm1b:",
+       "mlm:cmudict", "mlm:text", "classify:"]
 
 
 def load(name):

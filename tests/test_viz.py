@@ -89,3 +89,16 @@ def test_plot_time_to_quality_places_each_evaluation_at_its_wall_clock_minute(tm
   (tmp_path / "c" / "metrics.jsonl").write_text('{"step": 1, "eval/wer": 0.5}\n')
   with pytest.raises(ValueError, match="logged no eval/wer with time/elapsed_s"):
     viz.plot_time_to_quality({"C": str(tmp_path / "c")})
+
+
+def test_plot_label_efficiency_draws_each_initialisation_in_percent(tmp_path):
+  """One line per initialisation at the given label fractions (as %), plus the dashed baseline."""
+  path = tmp_path / "le.png"
+  results = {"scratch": {0.01: 0.75, 0.1: 0.77, 1.0: 0.78}, "pretrained": {1.0: 0.8, 0.01: 0.76}}
+  fig = viz.plot_label_efficiency(results, baseline=0.72, save_path=str(path))
+  lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+  np.testing.assert_allclose(lines["scratch"].get_xdata(), [1, 10, 100])
+  np.testing.assert_allclose(lines["scratch"].get_ydata(), [75, 77, 78])
+  np.testing.assert_allclose(lines["pretrained"].get_ydata(), [76, 80])
+  np.testing.assert_allclose(lines["majority class"].get_ydata(), [72, 72])
+  assert path.read_bytes()[:8] == PNG_MAGIC

@@ -7,6 +7,8 @@
   run.score(["hello"], ["HH AH L OW"])            # log p(target | source), summed over tokens
   att = run.attention("hello")                    # every layer and head, see `Attention`
   viz.plot_attention(att.cross[0], att.target_tokens, att.source_tokens)
+  transformer.restore("runs/stress").classify(["hello"])      # encoder-only classifier: ['2']
+  transformer.restore("runs/mlm").fill_mask(["he_lo"])        # masked LM: ['hello']
 
 Everything comes from the workdir: config.json, the orbax checkpoint, and the task built by
 `transformer.data.load_task(config, workdir)`, which reuses the tokenizers training saved under
@@ -26,7 +28,8 @@ import numpy as np
 
 from transformer import checkpoints, evaluation, models
 from transformer.config import Config
-from transformer.data import load_task, pipeline
+from transformer.data import labels, load_task, objectives, pipeline
+from transformer.data.tokenizers import NUM_SPECIAL
 from transformer.decoding import search_settings
 
 
@@ -172,6 +175,48 @@ class Run:
                                           rng=jax.random.key(seed),
                                           prefix_lm=None if self.kind == "seq2seq" else False)
     return [tok.decode(t) for t in tokens]
+
+  # ---- encoder-only models
+
+  def _encoder_logits(self, rows: Sequence[Sequence[int]], head: str) -> np.ndarray:
+    """Head logits of encoder rows (BOS + ids + EOS), one per batch row, padded."""
+    if self.config.model.arch != "encoder_only" or self.config.model.head != head:
+      raise ValueError(f"this run is model.arch={self.config.model.arch!r} with model.head="
+                       f"{self.config.model.head!r}; this method needs head {head!r}")
+    width = -(-max(len(r) for r in rows) // 8) * 8
+    array = np.zeros((_bucket(len(rows)), width), np.int32)
+    for i, row in enumerate(rows):
+      array[i, :len(row)] = row
+    return np.asarray(self._forward(self.params, {"inputs": array}))[:len(rows)]
+
+  def classify(self, texts: Sequence[str] | str) -> list[str]:
+    """The predicted label of each text (a classification run: model.head='classify')."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    rows, _ = labels.encoder_rows(texts, self.source_tokenizer, self.config.data.max_source_len,
+                                  "truncate")
+    logits = self._encoder_logits(rows, "classify")[:, 0]  # slot 0: the row's one example
+    ordinary = logits[:, NUM_SPECIAL:self.target_tokenizer.vocab_size]
+    return [self.target_tokenizer.decode([int(i) + NUM_SPECIAL]) for i in ordinary.argmax(-1)]
+
+  def fill_mask(self, texts: Sequence[str] | str, mask: str = "_") -> list[str]:
+    """Each text with every `mask` marker replaced by the masked LM's most likely token (an
+    ordinary token of the tokenizer, never a special id); texts are encoded piece by piece
+    around the markers, each marker one [MASK]."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    tok = self.source_tokenizer
+    mask_id = objectives.ExtraIds(tok.vocab_size).mask_id
+    rows = []
+    for text in texts:
+      pieces = [tok.encode(p) for p in text.split(mask)]
+      ids = [t for i, p in enumerate(pieces) for t in ([mask_id] if i else []) + p]
+      rows.append([tok.bos_id] + ids + [tok.eos_id])
+    logits = self._encoder_logits(rows, "mlm")
+    out = []
+    for r, row in enumerate(rows):
+      best = logits[r, :, NUM_SPECIAL:tok.vocab_size].argmax(-1) + NUM_SPECIAL
+      filled = [int(best[i]) if t == mask_id else t for i, t in enumerate(row)]
+      out.append(tok.decode(filled[1:-1]))
+    return out
 
   def generate(self, *args: Any, **kwargs: Any) -> list[str]:
     """Deprecated name of generate_text (the README's older examples use it)."""

@@ -52,6 +52,9 @@ class ModelConfig:
   share_src_tgt_embeddings: bool
   scale_embeddings: bool
   prefix_lm: bool
+  head: str
+  pooling: str
+  num_classes: int
   attention_impl: str
   scan_layers: bool
   remat: str
@@ -74,6 +77,13 @@ class DataConfig:
   text_file: str
   text_split: str
   train_fraction: float
+  label_fraction: float
+  label: str
+  objective: str
+  mask_rate: float
+  whole_word_masking: bool
+  noise_density: float
+  mean_span_length: float
   tokenizer: str
   source_tokenizer: str
   spm_model_type: str
@@ -186,7 +196,9 @@ class Config:
 
 # Keys whose value must be one of a fixed set.
 CHOICES = {
-    "model.arch": ("encoder_decoder", "decoder_only"),
+    "model.arch": ("encoder_decoder", "decoder_only", "encoder_only"),
+    "model.head": ("mlm", "classify", "tag"),
+    "model.pooling": ("first", "mean"),
     "model.positional": tuple(positional.ENCODINGS),
     "model.norm": ("layernorm", "rmsnorm"),
     "model.norm_position": ("post", "pre"),
@@ -196,6 +208,8 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16", "float16"),
     "data.text_split": ("fraction", "document"),
+    "data.objective": ("none", "mlm", "span"),
+    "data.label": ("none", "primary_stress", "syllables"),
     "data.tokenizer": ("char", "byte", "symbol", "sentencepiece", "hf"),
     "data.source_tokenizer": ("", "char", "byte", "symbol", "sentencepiece", "hf"),
     "data.spm_model_type": ("bpe", "unigram"),
@@ -224,7 +238,7 @@ POSITIVE = (
 )
 NON_NEGATIVE = (
     "model.vocab_size", "model.source_vocab_size", "model.num_kv_heads", "model.head_dim",
-    "model.v_head_dim", "model.num_encoder_layers", "model.num_decoder_layers",
+    "model.v_head_dim", "model.num_classes", "model.num_encoder_layers", "model.num_decoder_layers",
     "train.warmup_steps", "train.weight_decay", "train.grad_clip", "train.z_loss",
     "train.early_stop_patience", "eval.num_batches", "eval.batch_size",
     "eval.num_decode_examples", "eval.decode.top_k", "eval.decode.max_decode_len",
@@ -233,6 +247,7 @@ NON_NEGATIVE = (
 UNIT_INTERVAL = (
     "model.dropout_rate", "model.attention_dropout_rate", "model.ffn_dropout_rate",
     "train.label_smoothing", "train.min_learning_rate_ratio", "data.train_fraction",
+    "data.label_fraction", "data.mask_rate", "data.noise_density",
     "train.scheduled_sampling.min_teacher_forcing",
 )
 
@@ -323,11 +338,28 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
   problem = check(resolved) if check else None
   if problem:
     raise ConfigError(problem)
-  if m.arch == "encoder_decoder" and not m.num_encoder_layers:
-    raise ConfigError("model.num_encoder_layers=0 must be > 0 with model.arch='encoder_decoder'")
-  if not m.num_decoder_layers:
+  if m.arch != "decoder_only" and not m.num_encoder_layers:
+    raise ConfigError(f"model.num_encoder_layers=0 must be > 0 with model.arch={m.arch!r}")
+  if m.arch != "encoder_only" and not m.num_decoder_layers:
     raise ConfigError("model.num_decoder_layers=0 must be > 0")
   return resolved
+
+
+def _check_objective(cfg: Config) -> None:
+  """The relations between data.objective and the architecture and head it trains."""
+  d, m = cfg.data, cfg.model
+  if d.label_fraction <= 0:
+    raise ConfigError(f"data.label_fraction={d.label_fraction} must be in (0, 1]")
+  if d.mean_span_length < 1:
+    raise ConfigError(f"data.mean_span_length={d.mean_span_length} must be >= 1")
+  if d.objective == "mlm" and not (m.arch == "encoder_only" and m.head == "mlm"):
+    raise ConfigError(f"data.objective='mlm' needs model.arch='encoder_only' with "
+                      f"model.head='mlm' (got {m.arch!r}, {m.head!r})")
+  if d.objective == "span" and m.arch != "encoder_decoder":
+    raise ConfigError(f"data.objective='span' needs model.arch='encoder_decoder', got {m.arch!r}")
+  if m.arch == "encoder_only" and cfg.train.scheduled_sampling.schedule != "none":
+    raise ConfigError("train.scheduled_sampling.schedule must be 'none' with "
+                      "model.arch='encoder_only' (it has no decoder)")
 
 
 def _validate(cfg: Config) -> Config:
@@ -355,6 +387,7 @@ def _validate(cfg: Config) -> Config:
         f"data.max_source_len/max_target_len={longest} must be <= model.max_len={cfg.model.max_len}")
   if not 0.0 <= cfg.train.ema_decay < 1.0:
     raise ConfigError(f"train.ema_decay={cfg.train.ema_decay} must be in [0, 1) (0 = off)")
+  _check_objective(cfg)
   if cfg.train.learning_rate <= 0:
     raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")
   if not 0.0 < cfg.eval.decode.top_p <= 1.0:

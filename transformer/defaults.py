@@ -23,7 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.peak_flops = 0.0  # FLOP/s per device for MFU; 0 = look the device kind up in a table.
 
   c.model = m = ml_collections.ConfigDict()
-  m.arch = "encoder_decoder"  # encoder_decoder | decoder_only
+  m.arch = "encoder_decoder"  # encoder_decoder | decoder_only | encoder_only (BERT-style)
   m.vocab_size = 0  # target (or shared) vocabulary; 0 = from the tokenizer
   m.source_vocab_size = 0  # encoder vocabulary; 0 = from the source tokenizer (or vocab_size)
   m.d_model = 512
@@ -53,6 +53,9 @@ def get_config() -> ml_collections.ConfigDict:
   m.share_src_tgt_embeddings = True  # one embedding table for encoder and decoder
   m.scale_embeddings = True  # multiply embeddings by sqrt(d_model), as in the paper
   m.prefix_lm = True  # decoder_only on a seq2seq task: bidirectional attention over the prefix
+  m.head = "mlm"  # encoder_only: mlm (masked LM, tied per tie_embeddings) | classify | tag
+  m.pooling = "mean"  # head=classify: first (the example's first token, BOS) | mean (its tokens)
+  m.num_classes = 0  # head=classify|tag outputs; 0 = the label tokenizer's vocabulary
   m.attention_impl = "einsum"  # einsum | fused (jax.nn.dot_product_attention; cuDNN on GPU)
   m.scan_layers = False  # nn.scan over layers: compile time flat in depth
   m.remat = "none"  # none | full | dots | dots_no_batch (nn.remat policy)
@@ -73,6 +76,13 @@ def get_config() -> ml_collections.ConfigDict:
   d.text_file = ""  # text_files builder: a path or a glob
   d.text_split = "fraction"  # fraction (first train_fraction is train) | document
   d.train_fraction = 0.9
+  d.label_fraction = 1.0  # fraction of the training examples used (a fixed nested subset)
+  d.label = "none"  # cmudict_g2p/stress as classification: none | primary_stress | syllables
+  d.objective = "none"  # none | mlm (BERT; encoder_only) | span (T5; encoder_decoder)
+  d.mask_rate = 0.15  # mlm: fraction of each example's tokens selected (80/10/10 replaced)
+  d.whole_word_masking = False  # mlm: select whole words (char, byte, sentencepiece tokenizers)
+  d.noise_density = 0.15  # span: fraction of tokens corrupted
+  d.mean_span_length = 3.0  # span: mean length of a corrupted span
   d.tokenizer = "symbol"  # target (or shared) tokenizer: char | byte | symbol | sentencepiece | hf
   d.source_tokenizer = "char"  # "" = the same tokenizer as the target
   d.spm_model_type = "bpe"  # bpe | unigram

@@ -212,7 +212,7 @@ def decode_metrics(cfg: Config, model: Any, params: Any, task: Any, split: str,
   The training loop's in-training evaluation calls this with the eval split and its (partial)
   eval.num_decode_examples; the logged count says how many examples the metrics cover.
   """
-  if getattr(task, "kind", "seq2seq") == "lm":
+  if getattr(task, "kind", "seq2seq") == "lm" or not getattr(task, "decodes", True):
     return {}
   predictions = decode_split(cfg, model, params, task, split, num_examples)
   out = prediction_metrics(metric_names(cfg, task), predictions)
@@ -231,8 +231,8 @@ def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str
     split_tokens += float(jnp.sum(steps.target_weights(batch)))  # every batch: the split's size
     if cfg.eval.num_batches and i >= cfg.eval.num_batches:
       continue
-    for k, v in jax.device_get(step(params, batch)).items():
-      totals[k] += float(v)
+    for k, v in jax.device_get(step(params, batch)).items():  # per-class counts are arrays
+      totals[k] = totals.get(k, 0.0) + np.asarray(v, np.float64)
   if not totals["weight_sum"]:
     raise EvaluationError(f"split {split!r} has no target tokens to evaluate")
   scores = steps.teacher_forced_metrics(totals)
@@ -301,7 +301,11 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   scores, coverage = teacher_forced(cfg, model, params, task, split)
   results |= scores
   names = metric_names(cfg, task)
-  if getattr(task, "kind", "seq2seq") == "lm":
+  if cfg.model.arch == "encoder_only" or cfg.data.objective != "none":
+    # The teacher-forced metrics are the task's: masked-token or label accuracy and perplexity,
+    # F1 (classify, tag); span corruption's loss over the spans.
+    predictions = []
+  elif getattr(task, "kind", "seq2seq") == "lm":
     unit = {"char": "char", "byte": "byte"}.get(getattr(task.target_tokenizer, "kind", ""), "token")
     if "bpc" in names:
       results[f"bits_per_{unit}"] = metrics_lib.bits_per_unit(results["loss"])
@@ -311,9 +315,10 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
     results |= prediction_metrics(names, predictions)
     coverage = {"decoded_examples": len(predictions),
                 "split_examples": len(task.eval_examples(split))} | coverage
-  results["decode"] = cfg.eval.decode.method + (
-      f"(beam={cfg.eval.decode.beam_size}, alpha={cfg.eval.decode.length_penalty})"
-      if cfg.eval.decode.method == "beam" else "")
+  if predictions or getattr(task, "decodes", True):
+    results["decode"] = cfg.eval.decode.method + (
+        f"(beam={cfg.eval.decode.beam_size}, alpha={cfg.eval.decode.length_penalty})"
+        if cfg.eval.decode.method == "beam" else "")
   results["coverage"] = coverage
   write_results(workdir, split, results, predictions)
   if verbose:

@@ -8,6 +8,7 @@ from collections.abc import Hashable, Sequence
 import math
 
 import jax.numpy as jnp
+import numpy as np
 import sacrebleu
 
 
@@ -91,3 +92,13 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequenc
   else:
     streams = [list(references)]
   return float(sacrebleu.corpus_bleu(list(hypotheses), streams).score)
+
+
+def macro_f1(true_positives, predicted, references) -> float:
+  """Macro-averaged F1 from per-class counts [c]: the mean over the classes that occur (in the
+  references or the predictions) of 2 tp / (predicted + references); 0.0 when none occurs."""
+  tp, pred, ref = (np.asarray(x, np.float64) for x in (true_positives, predicted, references))
+  seen = (pred + ref) > 0
+  if not seen.any():
+    return 0.0
+  return float(np.mean(2 * tp[seen] / (pred[seen] + ref[seen])))

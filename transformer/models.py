@@ -1,4 +1,4 @@
-"""Transformer models: encoder/decoder blocks and stacks, EncoderDecoder and DecoderOnly.
+"""Transformer models: encoder/decoder blocks and stacks, EncoderDecoder, DecoderOnly, EncoderOnly.
 
 One `DecoderBlock` serves both architectures: with cross-attention it is the encoder-decoder's
 decoder block, without it the decoder-only block. Residual wiring is post-LN, the paper's
@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import attention as attn
+from transformer import heads
 from transformer import kv_cache
 from transformer import positional
 from transformer.config import ConfigError, ModelConfig
@@ -248,15 +249,8 @@ class Decoder(nn.Module):
     if cfg.scale_decoder_output:  # T5 1.0 (tied head): the logits' input times d_model**-0.5
       x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
     if cfg.tie_embeddings:
-      logits = self.embed.attend(x)[..., :cfg.vocab_size]
-    else:
-      logits = nn.Dense(  # float32 whatever cfg.dtype, as Embed.attend (see there why)
-          cfg.vocab_size, use_bias=False, dtype=jnp.float32,
-          param_dtype=jnp.dtype(cfg.param_dtype),
-          kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
-                                                   ('embed', 'vocab')),
-          name='logits_dense')(x)
-    return logits
+      return self.embed.attend(x)[..., :cfg.vocab_size]
+    return heads.output_dense(cfg, cfg.vocab_size, ('embed', 'vocab'), 'logits_dense')(x)
 
 
 class EncoderDecoder(nn.Module):
@@ -334,7 +328,30 @@ class DecoderOnly(nn.Module):
                        targets_segment_ids, prefix, deterministic)
 
 
-def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly:
+class EncoderOnly(nn.Module):
+  """BERT-style: the Encoder stack with a head (model.head): masked-LM logits [b, s, vocab],
+  classification logits [b, t, num_classes] (t = target slots, one per packed example, see
+  heads.py) or tagging logits [b, s, num_classes]; all float32."""
+  config: ModelConfig
+
+  def setup(self):
+    self.token_embed = Embed(self.config, self.config.vocab_size)
+    self.encoder = Encoder(self.config, self.token_embed)
+    kind = 'lm' if self.config.head == 'mlm' else self.config.head
+    self.head = heads.OutputHead(self.config, self.token_embed, kind)
+
+  def __call__(self, inputs: Array, inputs_positions: Array | None = None,
+               inputs_segment_ids: Array | None = None, targets_segment_ids: Array | None = None,
+               deterministic: bool = True) -> Array:
+    """Head logits for inputs [b, s]; targets_segment_ids [b, t] names each classification slot's
+    example (default: one example per row)."""
+    if inputs_segment_ids is None:
+      inputs_segment_ids = default_segment_ids(inputs)
+    encoded = self.encoder(inputs, inputs_positions, inputs_segment_ids, deterministic)
+    return self.head(encoded, inputs_segment_ids, targets_segment_ids)
+
+
+def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly | EncoderOnly:
   """The model named by `model_config.arch`; vocabulary sizes must be filled in (not 0)."""
   cfg = model_config
   if cfg.vocab_size <= 0:
@@ -346,7 +363,9 @@ def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly:
     return EncoderDecoder(cfg)
   if cfg.arch == 'decoder_only':
     return DecoderOnly(cfg)
-  raise ConfigError(f"model.arch={cfg.arch!r} is not one of encoder_decoder|decoder_only")
+  if cfg.arch == 'encoder_only':
+    return EncoderOnly(cfg)
+  raise ConfigError(f"model.arch={cfg.arch!r} is not one of encoder_decoder|decoder_only|encoder_only")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,6 +388,10 @@ def batch_segment_ids(batch: dict[str, Any], feature: str) -> Array:
 def _call_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
   """The keyword arguments of the model's __call__ for a batch (features absent -> None)."""
   g = batch.get
+  if arch == 'encoder_only':
+    return dict(inputs=batch['inputs'], inputs_positions=g('inputs_positions'),
+                inputs_segment_ids=g('inputs_segment_ids'),
+                targets_segment_ids=g('targets_segment_ids'))
   kwargs = dict(targets=batch['targets'], targets_positions=g('targets_positions'),
                 targets_segment_ids=g('targets_segment_ids'))
   if arch == 'encoder_decoder':
@@ -394,6 +417,6 @@ def example_batch(model_config: ModelConfig, length: int = 8) -> dict[str, np.nd
   """A one-row batch with the features the architecture reads; parameter shapes never depend
   on its length, so it serves init, eval_shape and parameter counts."""
   ones = np.ones((1, length), np.int32)
-  if model_config.arch == 'encoder_decoder':
+  if model_config.arch != 'decoder_only':
     return dict(inputs=ones, targets=ones)
   return dict(targets=ones)

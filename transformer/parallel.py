@@ -63,6 +63,7 @@ LOGICAL_AXIS_RULES = (
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("vocab", "tensor"),
+    ("classes", None),  # classification/tagging outputs: a handful
     ("head_dim", None),
     ("layers", None),
     ("length", None),

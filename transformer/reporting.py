@@ -114,8 +114,12 @@ def model_flops_per_step(model_cfg: Any, batch_size: int, source_len: int, targe
   elif arch == "decoder_only":
     encoder = 0
     decoder = cfg.num_decoder_layers * (_attention_flops(cfg, t, t) + _ffn_flops(cfg, t))
+  elif arch == "encoder_only":  # rows of source_len tokens; the head's output over them
+    t, decoder = source_len, 0
+    encoder = cfg.num_encoder_layers * (_attention_flops(cfg, t, t) + _ffn_flops(cfg, t))
+    vocab = vocab if cfg.head == "mlm" else cfg.num_classes
   else:
-    raise ValueError(f"model.arch={arch!r} is not one of encoder_decoder|decoder_only")
+    raise ValueError(f"model.arch={arch!r} is not one of encoder_decoder|decoder_only|encoder_only")
   forward = encoder + decoder + 2 * t * cfg.d_model * vocab
   return 3 * batch_size * forward  # backward: gradients w.r.t. both operands = 2 x forward
 

@@ -154,16 +154,32 @@ def eval_params(state: TrainState) -> PyTree:
   return jax.tree.map(lambda e, p: e.astype(p.dtype), state.ema_params, state.params)
 
 
+def num_classes(model_config: Any) -> int:
+  """The classes a classification or tagging head predicts; 0 for vocabulary logits."""
+  m = model_config
+  return m.num_classes if m.arch == "encoder_only" and m.head != "mlm" else 0
+
+
 def make_eval_step(model: nn.Module) -> Callable:
-  """Returns `eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight)."""
+  """Returns `eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight; for
+  classification and tagging heads also per-class counts [classes] of true positives,
+  predictions and references, for F1)."""
+  classes = num_classes(model.config)
 
   def eval_step(params, batch):
     batch = {k: v for k, v in batch.items() if v is not None}
     logits = models.batch_logits(model, params, batch)
     weights = target_weights(batch)
     loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights)
-    correct = (jnp.argmax(logits, -1) == batch["targets"]).astype(jnp.float32)
-    return dict(loss_sum=loss_sum, weight_sum=weight_sum, correct_sum=jnp.sum(correct * weights))
+    predicted = jnp.argmax(logits, -1)
+    correct = (predicted == batch["targets"]).astype(jnp.float32)
+    sums = dict(loss_sum=loss_sum, weight_sum=weight_sum, correct_sum=jnp.sum(correct * weights))
+    if classes:
+      pred = jax.nn.one_hot(predicted, classes) * weights[..., None]  # [b, t, c]
+      true = jax.nn.one_hot(batch["targets"], classes) * weights[..., None]
+      sums |= dict(true_positives=jnp.sum(pred * true, (0, 1)), predicted=jnp.sum(pred, (0, 1)),
+                   references=jnp.sum(true, (0, 1)))
+    return sums
 
   return eval_step
 
@@ -174,12 +190,15 @@ def teacher_forced_metrics(sums: dict[str, float], prefix: str = "") -> dict[str
 
   The loss is the split's total NLL over its total weight, and the perplexity exp of it: a token
   average, never a mean of per-batch values (batches hold different numbers of tokens). A diverged
-  model's perplexity is inf (metrics.perplexity), not a capped number.
+  model's perplexity is inf (metrics.perplexity), not a capped number. With per-class counts
+  (classification, tagging) also `f1`, the macro F1 over the classes that occur (metrics.macro_f1).
   """
   w = max(float(sums["weight_sum"]), 1.0)
   loss = float(sums["loss_sum"]) / w
   out = {"loss": loss, "accuracy": float(sums["correct_sum"]) / w,
          "perplexity": metrics_lib.perplexity(loss), "scored_tokens": float(sums["weight_sum"])}
+  if "true_positives" in sums:
+    out["f1"] = metrics_lib.macro_f1(sums["true_positives"], sums["predicted"], sums["references"])
   return {prefix + k: v for k, v in out.items()}
 
 

@@ -41,6 +41,9 @@ def check_loop_config(cfg: Config) -> None:
   if cfg.data.batch_size % tc.grad_accum_steps:
     raise ConfigError(f"data.batch_size={cfg.data.batch_size} must be divisible by "
                       f"train.grad_accum_steps={tc.grad_accum_steps}")
+  if cfg.model.arch == "encoder_only" and cfg.model.head == "mlm" and cfg.data.objective != "mlm":
+    raise ConfigError(f"model.head='mlm' trains on masked inputs: set data.objective='mlm' (got "
+                      f"{cfg.data.objective!r})")
   for key, value in (("train.early_stop_metric", tc.early_stop_metric),
                      ("checkpoint.keep_best_by", cfg.checkpoint.keep_best_by)):
     if value and not value.startswith("eval/"):
@@ -52,11 +55,18 @@ def fill_vocab_sizes(cfg: Config, task: Any) -> Config:
   m = cfg.model
   vocab = task.target_tokenizer.vocab_size
   source = task.source_tokenizer.vocab_size if task.source_tokenizer is not None else vocab
+  classes = vocab if m.arch == "encoder_only" and m.head != "mlm" else 0
+  extra = getattr(task, "extra_ids", None)
+  if extra is not None:  # [MASK] and sentinels after the text's ids, on both sides
+    vocab = source = extra.total_vocab_size
+  elif m.arch == "encoder_only":  # the encoder reads source ids; the head predicts classes
+    vocab = source
   if m.arch == "decoder_only":  # seq2seq as a prefix-LM: source ids share the one table
     vocab = max(vocab, source)
   vocab = m.vocab_size or vocab
   return dataclasses.replace(cfg, model=dataclasses.replace(
-      m, vocab_size=vocab, source_vocab_size=m.source_vocab_size or source))
+      m, vocab_size=vocab, source_vocab_size=m.source_vocab_size or source,
+      num_classes=m.num_classes or classes))
 
 
 class _EarlyStopping:
@@ -101,8 +111,8 @@ def evaluate_in_training(cfg: Config, run_eval: Any, state: Any, task: Any) -> d
     if cfg.eval.num_batches and i >= cfg.eval.num_batches:
       break
     sums = jax.device_get(run_eval.step(state, run_eval.prepare_batch(batch)))
-    for k, v in sums.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
+    for k, v in sums.items():  # per-class counts are arrays
+      totals[k] = totals.get(k, 0.0) + np.asarray(v, np.float64)
   return steps.teacher_forced_metrics(totals, prefix="eval/") if totals else {}
 
 
@@ -147,14 +157,15 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
     from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
     try:
       if init_from and not files.exists(os.path.join(workdir, "tokenizers")):
-        copy_tokenizers(init_from, workdir)
+        copy_tokenizers(init_from, workdir, only_source=cfg.model.arch == "encoder_only")
       task = load_task(cfg, workdir)
     except (ValueError, OSError) as e:  # a missing file, an unprepared dataset, a bad size
       raise ConfigError(f"data: {str(e).strip().splitlines()[0]}") from e
   cfg = fill_vocab_sizes(cfg, task)
-  if init_from and task.target_tokenizer.vocab_size > cfg.model.vocab_size:
+  input_tok = task.source_tokenizer if cfg.model.arch == "encoder_only" else task.target_tokenizer
+  if init_from and input_tok.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"--init_from={init_from}: its model.vocab_size={cfg.model.vocab_size} is "
-                      f"smaller than the tokenizer's {task.target_tokenizer.vocab_size}")
+                      f"smaller than the tokenizer's {input_tok.vocab_size}")
   config_dict = to_dict(cfg)
   checkpoints.check_compatible(workdir, config_dict)
   tc, mode = cfg.train, cfg.parallel.mode
@@ -185,7 +196,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
     state = jax.jit(init, out_shardings=shardings)(rng)
     if init_from:
       logging.info("Fine-tuning: parameters from %s.", init_from)
-      state = state.replace(params=jax.device_put(checkpoints.init_params(init_from),
+      fresh = jax.device_get(state.params) if cfg.model.arch == "encoder_only" else None
+      state = state.replace(params=jax.device_put(checkpoints.init_params(init_from, fresh),
                                                   shardings.params))
       if state.ema_params is not None:  # the average starts where training starts; copies:
         # float32 params cast to float32 are the same buffers, which the donating step rejects

@@ -192,3 +192,21 @@ def plot_time_to_quality(runs: dict[str, str], key: str = "eval/wer",
   ax.legend()
   fig.tight_layout()
   return _finish(fig, save_path)
+
+
+def plot_label_efficiency(results: dict[str, dict[float, float]], metric: str = "test accuracy",
+                          baseline: float | None = None, save_path: str | None = None) -> Any:
+  """One line per initialisation ({'from scratch': {0.01: 0.75, ...}, ...}): `metric` against
+  the fraction of training labels (log axis); `baseline` (e.g. the majority class) as a dashed line."""
+  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  for name, points in results.items():
+    xs = sorted(points)
+    ax.plot([100 * x for x in xs], [100 * points[x] for x in xs], marker="o", label=name)
+  if baseline is not None:
+    ax.axhline(100 * baseline, color="gray", linestyle="--", label="majority class")
+  ax.set_xscale("log")
+  ax.set_xlabel("training labels used (%)")
+  ax.set_ylabel(f"{metric} (%)")
+  ax.grid(True, alpha=0.3)
+  ax.legend()
+  return _finish(fig, save_path)

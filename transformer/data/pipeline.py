@@ -20,6 +20,10 @@ Batching modes (rows per batch are always the per-host row count, shapes fixed p
 Features (int32 unless noted): `inputs`, `targets`, `*_segment_ids`, `*_positions`, `weights`
 (float32) and, for decoder-only models on seq2seq tasks, `prefix_mask` (1 on the prompt: source +
 separator; exactly the real tokens of weight 0, see `transformer.models.decoder_prefix`).
+
+A `transform` (data/denoise.py: masked LM, span corruption) turns the examples a batch takes into
+the features it holds, given each example's (index, epoch); its `lengths(examples)` are the output
+lengths that packing and bucketing plan with.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from transformer.data.tokenizers import EOS_ID
 PACK_SKIP_DIVISOR = 4  # packing sets aside at most rows // 4 examples per batch for the next one
 BUCKET_WINDOW = 16  # batches of examples sorted together by bucketing
 BUCKET_FRACTIONS = (0.25, 0.5, 1.0)  # bucket lengths as fractions of the maximum length
+EVAL_EPOCH = 2**31 - 1  # the epoch a transform is told for evaluation batches (one fixed draw)
 
 
 @dataclasses.dataclass
@@ -207,7 +212,7 @@ class BatchDataset(grain.IterDataset):
   """
 
   def __init__(self, examples: Examples, *, rows: int, row_len: dict[str, int], mode: str,
-               seed: int, host: int = 0, hosts: int = 1):
+               seed: int, host: int = 0, hosts: int = 1, transform: Any = None):
     super().__init__()
     if len(examples) == 0:
       raise ValueError("the training split has no examples left after filtering "
@@ -216,7 +221,8 @@ class BatchDataset(grain.IterDataset):
       raise ValueError(f"data.batching={mode!r} is not one of pack|bucket|pad")
     self.examples, self.rows, self.row_len, self.mode, self.seed = (
         examples, rows, dict(row_len), mode, seed)
-    self.host, self.hosts = host, hosts
+    self.host, self.hosts, self.transform = host, hosts, transform
+    self.lengths = transform.lengths(examples) if transform is not None else examples.lengths
     Stream(len(examples), seed, host, hosts)  # fails now, not at the first batch, if n < hosts
 
   def __iter__(self) -> BatchIterator:
@@ -242,10 +248,19 @@ class BatchIterator(grain.DatasetIterator):
     self.stats = {"batches": 0, **{f"{n}_non_padding": 0.0 for n in self._names}}
 
   def _lens(self, idx: np.ndarray) -> np.ndarray:
-    return np.stack([self._ds.examples.lengths[n][idx] for n in self._names], axis=1)  # [m, F]
+    return np.stack([self._ds.lengths[n][idx] for n in self._names], axis=1)  # [m, F]
 
-  def _one_per_row(self, idx: np.ndarray, row_len: dict[str, int]) -> dict[str, np.ndarray]:
-    return one_per_row(self._ds.examples, idx, row_len, self._ds.rows)
+  def _materialize(self, positions: np.ndarray) -> tuple[Examples, np.ndarray]:
+    """(examples, their indices) of the examples at stream `positions`: the split's own, or
+    the transform's output for them (which knows each example's index and epoch)."""
+    idx = self._stream.ids(positions)
+    if self._ds.transform is None:
+      return self._ds.examples, idx
+    epochs = self._stream.locate(positions)[0]
+    return self._ds.transform(self._ds.examples, idx, epochs), np.arange(len(idx))
+
+  def _one_per_row(self, positions: np.ndarray, row_len: dict[str, int]) -> dict[str, np.ndarray]:
+    return one_per_row(*self._materialize(positions), row_len, self._ds.rows)
 
   def _lookahead(self) -> int:
     return self._ds.rows * int(self._caps.max())  # more examples than could ever fit
@@ -261,7 +276,7 @@ class BatchIterator(grain.DatasetIterator):
     self._pos += max(0, seen - len(self._deferred))
     self._deferred = [int(positions[j]) for j in skipped]
     self._last = positions[placed]
-    return assemble(self._ds.examples, idx[placed], row,
+    return assemble(*self._materialize(self._last), row,
                     {n: off[:, j] for j, n in enumerate(self._names)}, seg, self._ds.row_len, rows)
 
   def _bucket_window(self) -> list[tuple[np.ndarray, dict[str, int]]]:
@@ -288,13 +303,13 @@ class BatchIterator(grain.DatasetIterator):
       batch = self._next_pack()
     elif ds.mode == "pad":
       self._last = np.arange(self._pos, self._pos + ds.rows)
-      batch = self._one_per_row(self._stream.ids(self._last), ds.row_len)
+      batch = self._one_per_row(self._last, ds.row_len)
       self._pos += ds.rows
     else:
       if self._window is None:
         self._window = self._bucket_window()
       self._last, row_len = self._window[self._emitted]
-      batch = self._one_per_row(self._stream.ids(self._last), row_len)
+      batch = self._one_per_row(self._last, row_len)
       self._emitted += 1
       if self._emitted == len(self._window):
         self._pos += ds.rows * BUCKET_WINDOW
@@ -345,7 +360,8 @@ class BatchIterator(grain.DatasetIterator):
     for h, state in enumerate(states):
       rows = int(state.get("rows", ds.rows * ds.hosts // count))
       it = BatchIterator(BatchDataset(ds.examples, rows=rows, row_len=ds.row_len, mode=ds.mode,
-                                      seed=ds.seed, host=h, hosts=count))
+                                      seed=ds.seed, host=h, hosts=count,
+                                      transform=ds.transform))
       it.set_state(state)
       old.append(it)
     ends, pending = zip(*(it._progress() for it in old))
@@ -368,9 +384,13 @@ class BatchIterator(grain.DatasetIterator):
     return {n: self.stats[f"{n}_non_padding"] / b for n in self._names}
 
 
-def eval_batches(examples: Examples, rows: int, row_len: dict[str, int], num_batches: int
-                 ) -> Iterator[dict[str, np.ndarray]]:
-  """Examples in order, one per row; the last batches are padded with zero-weight rows."""
+def eval_batches(examples: Examples, rows: int, row_len: dict[str, int], num_batches: int,
+                 transform: Any = None) -> Iterator[dict[str, np.ndarray]]:
+  """Examples in order, one per row; the last batches are padded with zero-weight rows. A
+  transform sees every example at EVAL_EPOCH: each evaluation scores the same draw."""
   for b in range(num_batches):
-    yield one_per_row(examples, np.arange(b * rows, min((b + 1) * rows, len(examples))), row_len,
-                      rows)
+    idx = np.arange(b * rows, min((b + 1) * rows, len(examples)))
+    ex = examples
+    if transform is not None:
+      ex, idx = transform(examples, idx, np.full(len(idx), EVAL_EPOCH)), np.arange(len(idx))
+    yield one_per_row(ex, idx, row_len, rows)

@@ -13,6 +13,9 @@ import numpy as np
 
 from transformer import files
 from transformer.data import builders
+from transformer.data import denoise
+from transformer.data import labels
+from transformer.data import objectives
 from transformer.data import pipeline
 from transformer.data import tokenizers
 
@@ -106,19 +109,28 @@ class Task:
       return
     self.dataset = ds = builders.open_dataset(d)
     self.kind = ds.kind
-    if self.kind == "lm" and self.arch != "decoder_only":
+    self.head = cfg.model.head if self.arch == "encoder_only" else ""
+    if self.kind == "lm" and self.arch != "decoder_only" and d.objective == "none":
       raise ValueError(f"data.dataset={d.dataset!r} is a language-modelling task: set "
-                       f"model.arch='decoder_only'")
+                       f"model.arch='decoder_only' (or data.objective=mlm|span)")
+    if self.head in ("classify", "tag") and self.kind == "lm":
+      raise ValueError(f"model.head={self.head!r} needs a dataset of (text, label) pairs, "
+                       f"not the language-modelling {d.dataset!r}")
+    if d.label != "none" and self.kind == "lm":
+      raise ValueError(f"data.label={d.label!r} needs cmudict_g2p/stress, not {d.dataset!r}")
     self._example_cache: dict[tuple[str, str], tuple[pipeline.Examples, dict[str, int]]] = {}
     target_texts = lambda: [r[-1] for r in self._records(d.train_split)]
+    target_key = ds.target_key + ("" if d.label == "none" else f":{d.label}")  # labels, not phones
     if self.kind == "lm":
       self.source_tokenizer = None
       self.target_tokenizer = _get_tokenizer(d, d.tokenizer, ds.target_key, ds.root,
                                              tok_dir("target"), target_texts)
+      if self.arch != "decoder_only":  # an objective over the text: the encoder reads it
+        self.source_tokenizer = self.target_tokenizer
     elif not d.source_tokenizer:  # one tokenizer for both sides
       both = lambda: [t for r in self._records(d.train_split) for t in r]
       self.target_tokenizer = _get_tokenizer(
-          d, d.tokenizer, f"{ds.source_key}+{ds.target_key}", ds.root, tok_dir("target"), both)
+          d, d.tokenizer, f"{ds.source_key}+{target_key}", ds.root, tok_dir("target"), both)
       self.source_tokenizer = self.target_tokenizer
       if workdir:
         self.target_tokenizer.save(tok_dir("source"))
@@ -126,11 +138,32 @@ class Task:
       self.source_tokenizer = _get_tokenizer(
           d, d.source_tokenizer, ds.source_key, ds.root, tok_dir("source"),
           lambda: [r[0] for r in self._records(d.train_split)])
-      self.target_tokenizer = _get_tokenizer(d, d.tokenizer, ds.target_key, ds.root,
+      self.target_tokenizer = _get_tokenizer(d, d.tokenizer, target_key, ds.root,
                                              tok_dir("target"), target_texts)
       if self.arch == "decoder_only":  # one embedding table: target ids after the source's
         self.target_tokenizer = tokenizers.OffsetTokenizer(
             self.target_tokenizer, self.source_tokenizer.vocab_size - tokenizers.NUM_SPECIAL)
+
+    self.extra_ids, self.transform = None, None
+    if d.objective != "none":
+      self.extra_ids = objectives.ExtraIds(self.source_tokenizer.vocab_size)
+      if d.objective == "mlm":
+        starts = (denoise.word_starts_fn(self.source_tokenizer) if d.whole_word_masking
+                  else None)
+        self.transform = denoise.MaskedLM(self.extra_ids, d.shuffle_seed, d.mask_rate, starts)
+      else:
+        self.transform = denoise.SpanCorruption(self.extra_ids, d.shuffle_seed, d.noise_density,
+                                                d.mean_span_length)
+        _, targets = denoise.span_lengths([d.max_source_len - 1], d.noise_density,
+                                          d.mean_span_length)
+        if targets[0] > d.max_target_len:
+          raise ValueError(f"data.max_target_len={d.max_target_len} is too short for the spans "
+                           f"of a {d.max_source_len - 1}-token example ({targets[0]} tokens)")
+
+  @property
+  def decodes(self) -> bool:
+    """Whether the task's metrics come from decoding (seq2seq without an objective)."""
+    return self.kind != "lm" and self.arch != "encoder_only" and self.transform is None
 
   # ---------------------------------------------------------------- reading and tokenizing
   def _keys(self) -> tuple[str, ...]:
@@ -159,12 +192,19 @@ class Task:
           files.write_text_atomic(path, json.dumps(self._cache[split], ensure_ascii=False))
         except OSError as e:
           logging.warning("Could not cache %s records to %s: %s", split, path, e)
+    if self.data_config.label != "none":  # words with class labels instead of phones
+      return labels.word_labels(self._cache[split], self.data_config.label)
     return self._cache[split]
 
   @property
   def row_len(self) -> dict[str, int]:
     """Row length of each token feature of a batch."""
     d = self.data_config
+    if self.arch == "encoder_only":
+      return {"inputs": d.max_source_len,
+              "targets": d.max_target_len if self.head == "classify" else d.max_source_len}
+    if self.transform is not None:  # span corruption
+      return {"inputs": d.max_source_len, "targets": d.max_target_len}
     if self.kind == "lm":
       return {"targets": d.max_target_len}
     if self.arch == "decoder_only":
@@ -180,6 +220,17 @@ class Task:
   def _encode(self, split: str, too_long: str) -> tuple[pipeline.Examples, dict[str, int]]:
     d = self.data_config
     records = self._records(split)
+    if self.transform is not None:
+      texts = [r[0] for r in records] if self.kind == "lm" else list(dict.fromkeys(
+          r[0] for r in records))  # the distinct sources (words), in split order
+      mlm = d.objective == "mlm"
+      return labels.objective_examples(texts, self.source_tokenizer,
+                                       d.max_source_len - (0 if mlm else 1), self.kind == "lm",
+                                       mlm, too_long)
+    if self.head in ("classify", "tag"):
+      make = labels.classify_examples if self.head == "classify" else labels.tag_examples
+      return make(records, self.source_tokenizer, self.target_tokenizer, d.max_source_len,
+                  too_long)
     if self.kind == "lm":
       ex = pipeline.encode_stream([r[0] for r in records], self.target_tokenizer,
                                   d.max_target_len)
@@ -193,7 +244,8 @@ class Task:
     """This host's endless, checkpointable iterator of training batches."""
     d = self.data_config
     ex, counts = self._examples(d.train_split, d.too_long)
-    self.stats["train"] = counts
+    ex = labels.subset(ex, d.label_fraction)
+    self.stats["train"] = counts | {"used": len(ex)}
     if counts["dropped"] or counts["truncated"]:
       logging.info("%s %s: %d examples longer than data.max_*_len %s, %d truncated.",
                    self.dataset.name, d.train_split, counts["dropped"],
@@ -203,7 +255,8 @@ class Task:
     # iterator states of any host count map onto any other (elastic resume, data/stream.py).
     ds = pipeline.BatchDataset(ex, rows=d.batch_size // self.process_count,
                                row_len=self.row_len, mode=mode, seed=d.shuffle_seed,
-                               host=self.process_index, hosts=self.process_count)
+                               host=self.process_index, hosts=self.process_count,
+                               transform=self.transform)
     return iter(ds)
 
   def eval_batches(self, split: str, batch_size: int | None = None
@@ -218,7 +271,8 @@ class Task:
     ex, _ = self._examples(split, "truncate")
     per_host = math.ceil(len(ex) / self.process_count)
     ex = ex.shard(self.process_index, self.process_count)
-    return pipeline.eval_batches(ex, rows, self.row_len, math.ceil(per_host / rows))
+    return pipeline.eval_batches(ex, rows, self.row_len, math.ceil(per_host / rows),
+                                 self.transform)
 
   def encode_source(self, text: str) -> list[int]:
     """Encoder input (encoder-decoder) or prompt (decoder-only) ids of a source text, as in the
@@ -231,7 +285,7 @@ class Task:
   def eval_examples(self, split: str) -> list[dict[str, Any]]:
     """Seq2seq: one dict per distinct source, {'source', 'references': all its targets}, in
     split order (all hosts get the whole list). LM tasks: []."""
-    if self.kind == "lm":
+    if not self.decodes:
       return []
     grouped: dict[str, list[str]] = {}
     for source, target in self._records(split):
@@ -252,8 +306,12 @@ def load_task(cfg: Any, workdir: str | None = None, *, process_index: int | None
   return Task(cfg, workdir, process_index=process_index, process_count=process_count)
 
 
-def copy_tokenizers(src_workdir: str, dst_workdir: str) -> None:
-  """Copies a run's tokenizers to another workdir (e.g. fine-tuning from a run)."""
-  for side in files.listdir(os.path.join(src_workdir, "tokenizers")):
+def copy_tokenizers(src_workdir: str, dst_workdir: str, only_source: bool = False) -> None:
+  """Copies a run's tokenizers to another workdir (e.g. fine-tuning from a run); `only_source`:
+  just the tokenizer its encoder read (a language-modelling run's only one), as `source`."""
+  sides = files.listdir(os.path.join(src_workdir, "tokenizers"))
+  if only_source:
+    sides = [("source" if "source" in sides else "target", "source")]
+  for side, to in sides if only_source else [(s, s) for s in sides]:
     tok = tokenizers.load(os.path.join(src_workdir, "tokenizers", side))
-    tok.save(os.path.join(dst_workdir, "tokenizers", side))
+    tok.save(os.path.join(dst_workdir, "tokenizers", to))

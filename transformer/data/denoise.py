@@ -1,0 +1,119 @@
+"""The self-supervised objectives wired into the pipeline: per-example transforms of `Examples`.
+
+A transform turns the raw ids of the examples a batch takes (feature `inputs`) into the features
+the model trains on, one example at a time with `numpy.random.default_rng([seed, SALT, epoch,
+index])`: the randomness is a pure function of the data seed, the epoch and the example's index,
+so a resumed (or re-sharded) iterator masks exactly as an uninterrupted one, and every epoch
+masks an example afresh (RoBERTa's dynamic masking). Evaluation uses the fixed EVAL_EPOCH, so
+every evaluation of a split scores the same masked positions.
+
+  MaskedLM        BERT (objectives.bert_mask): `inputs` = the corrupted ids, `targets` = the
+                  original id on the selected positions and 0 (padding, weight 0) elsewhere, so
+                  the loss counts exactly the selected positions. Only ordinary ids are ever
+                  selected: BOS/EOS and other special ids stay as they are.
+  SpanCorruption  T5 (objectives.span_corrupt): `inputs` with sentinels, `targets` the spans.
+Both know their output lengths in advance (masking keeps the length; span corruption's lengths
+depend only on the example's length), which is what packing needs before drawing anything.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transformer.data import objectives
+from transformer.data.pipeline import EVAL_EPOCH, Examples  # pylint: disable=unused-import
+from transformer.data.tokenizers import NUM_SPECIAL
+
+SALT = 0x6D61736B  # keeps the objective's streams apart from the shuffling's
+
+
+def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+  """The generator of one example's draw in one epoch."""
+  return np.random.default_rng([seed, SALT, int(epoch), int(index)])
+
+
+def _ids(ex: Examples, i: int) -> np.ndarray:
+  start, length = ex.starts["inputs"][i], ex.lengths["inputs"][i]
+  return ex.tokens["inputs"][start:start + length]
+
+
+def word_starts_fn(tokenizer):
+  """ids [n] -> bool [n], True where a word begins, for whole-word masking; raises ValueError
+  naming the tokenizer when its units do not say where words begin."""
+  kind = getattr(tokenizer, "kind", "")
+  if kind in ("char", "byte"):
+    space = np.zeros(tokenizer.vocab_size, bool)
+    for i in range(NUM_SPECIAL, tokenizer.vocab_size):
+      space[i] = tokenizer.decode([i]).isspace()
+
+    def starts(ids):
+      sp = space[ids]
+      return ~sp & np.concatenate([[True], sp[:-1]])
+    return starts
+  if kind == "sentencepiece":
+    sp = tokenizer._sp  # pylint: disable=protected-access
+    begins = np.array([i >= NUM_SPECIAL and sp.id_to_piece(i).startswith("\u2581")
+                       for i in range(tokenizer.vocab_size)])
+    return lambda ids: begins[ids]
+  raise ValueError(f"data.whole_word_masking=True needs a char, byte or sentencepiece tokenizer "
+                   f"(word boundaries); this one is {kind!r}")
+
+
+class MaskedLM:
+  """BERT's masked LM over the ordinary ids of each example (see the module docstring)."""
+
+  def __init__(self, extra: objectives.ExtraIds, seed: int, rate: float = 0.15,
+               word_starts=None):
+    self.extra, self.seed, self.rate, self.word_starts = extra, seed, rate, word_starts
+
+  def lengths(self, ex: Examples) -> dict[str, np.ndarray]:
+    return {"inputs": ex.lengths["inputs"], "targets": ex.lengths["inputs"]}
+
+  def apply(self, ids: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One example's ids -> (inputs, targets with 0 where nothing is predicted)."""
+    ids = np.asarray(ids, np.int32)
+    inputs, targets = ids.copy(), np.zeros_like(ids)
+    ordinary = np.flatnonzero(ids >= NUM_SPECIAL)
+    if ordinary.size:
+      starts = None if self.word_starts is None else self.word_starts(ids)[ordinary]
+      masked, original, weights = objectives.bert_mask(ids[ordinary], self.extra, rng,
+                                                       rate=self.rate, word_starts=starts)
+      inputs[ordinary] = masked
+      targets[ordinary] = np.where(weights > 0, original, 0)
+    return inputs, targets
+
+  def __call__(self, ex: Examples, idx: np.ndarray, epochs: np.ndarray) -> Examples:
+    pairs = [self.apply(_ids(ex, i), example_rng(self.seed, e, i)) for i, e in zip(idx, epochs)]
+    return Examples.from_lists({"inputs": [p[0] for p in pairs], "targets": [p[1] for p in pairs]})
+
+
+def span_lengths(n: np.ndarray, noise_density: float, mean_span_length: float
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """(inputs, targets) lengths, EOS included, of span-corrupting examples of n >= 2 ids: they
+  depend on n alone (objectives.noise_span_mask)."""
+  n = np.asarray(n, np.int64)
+  noise = np.clip(np.round(n * noise_density).astype(np.int64), 1, n - 1)
+  spans = np.maximum(np.round(noise / mean_span_length).astype(np.int64), 1)
+  spans = np.minimum(np.minimum(spans, noise), n - noise)
+  return n - noise + spans + 1, noise + spans + 1
+
+
+class SpanCorruption:
+  """T5's span corruption of each example's ids (examples need at least 2 ids)."""
+
+  def __init__(self, extra: objectives.ExtraIds, seed: int, noise_density: float = 0.15,
+               mean_span_length: float = 3.0):
+    self.extra, self.seed = extra, seed
+    self.noise_density, self.mean_span_length = noise_density, mean_span_length
+
+  def lengths(self, ex: Examples) -> dict[str, np.ndarray]:
+    inputs, targets = span_lengths(ex.lengths["inputs"], self.noise_density,
+                                   self.mean_span_length)
+    return {"inputs": inputs, "targets": targets}
+
+  def __call__(self, ex: Examples, idx: np.ndarray, epochs: np.ndarray) -> Examples:
+    pairs = [objectives.span_corrupt(_ids(ex, i), self.extra, example_rng(self.seed, e, i),
+                                     noise_density=self.noise_density,
+                                     mean_span_length=self.mean_span_length)
+             for i, e in zip(idx, epochs)]
+    return Examples.from_lists({"inputs": [p[0] for p in pairs], "targets": [p[1] for p in pairs]})

@@ -1,0 +1,127 @@
+"""Examples of the encoder-only tasks and of the self-supervised objectives, and CMUdict labels.
+
+Encoder-only rows are BERT's: BOS (the [CLS] that first-token pooling reads) + the text's ids +
+EOS (the [SEP]); BOS and EOS are special ids, which masking never selects.
+  classify  `inputs` = the row, `targets` = one label id per example (a packed row's i-th target
+            slot is its i-th example: segment id i + 1, see transformer/heads.py)
+  tag       `inputs` = the row, `targets` = 0 (unscored) under BOS and EOS, one tag per token
+  objectives (mlm, span): `inputs` = raw ids of each text (data/denoise.py transforms them)
+`data.label` turns CMUdict phone strings (config `stress`) into class labels per word, from its
+first pronunciation (CMU's order): `primary_stress` is the 1-based syllable (vowel) with stress 1
+(0: no primary stress), `syllables` the number of vowels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from transformer.data.pipeline import Examples, encode_stream
+from transformer.data.tokenizers import BOS_ID, EOS_ID
+
+LABELS = ("none", "primary_stress", "syllables")
+
+
+def label_of(phones: str, label: str) -> str:
+  """The class label of a CMUdict pronunciation with stress digits ('HH AH0 L OW1' -> '2')."""
+  vowels = [p for p in phones.split() if p[-1:].isdigit()]
+  if label == "syllables":
+    return str(len(vowels))
+  if label == "primary_stress":
+    return str(next((i + 1 for i, p in enumerate(vowels) if p.endswith("1")), 0))
+  raise ValueError(f"data.label={label!r} is not one of {'|'.join(LABELS)}")
+
+
+def word_labels(records: Sequence[tuple[str, str]], label: str) -> list[tuple[str, str]]:
+  """(word, label) per distinct word, from its first pronunciation (a word without vowels, e.g.
+  'fs' -> 'F S', is label 0); records without any stress digit are a ValueError (no_stress data)."""
+  out, seen = [], set()
+  for word, phones in records:
+    if word not in seen:
+      seen.add(word)
+      out.append((word, label_of(phones, label)))
+  if records and not any(p[-1:].isdigit() for _, phones in records for p in phones.split()):
+    raise ValueError(f"data.label={label!r}: the pronunciations carry no stress digits; use "
+                     f"data.dataset='cmudict_g2p/stress'")
+  return out
+
+
+def _fit(ids: list[int], room: int, too_long: str) -> list[int] | None:
+  if len(ids) <= room:
+    return ids
+  return ids[:room] if too_long == "truncate" else None
+
+
+def encoder_rows(texts: Sequence[str], tok, max_len: int, too_long: str
+                 ) -> tuple[list[list[int]], list[int]]:
+  """BOS + ids + EOS per text within max_len (truncated or dropped); (rows, kept text indices)."""
+  rows, kept = [], []
+  for i, text in enumerate(texts):
+    ids = _fit(tok.encode(text), max_len - 2, too_long)
+    if ids is not None:
+      rows.append([BOS_ID] + ids + [EOS_ID])
+      kept.append(i)
+  return rows, kept
+
+
+def classify_examples(pairs: Sequence[tuple[str, str]], source_tok, label_tok, max_len: int,
+                      too_long: str) -> tuple[Examples, dict[str, int]]:
+  """Encoder rows with one label id each; a label that is not exactly one id is a ValueError."""
+  rows, kept = encoder_rows([s for s, _ in pairs], source_tok, max_len, too_long)
+  labels = []
+  for i in kept:
+    ids = label_tok.encode(pairs[i][1])
+    if len(ids) != 1:
+      raise ValueError(f"model.head='classify': the label {pairs[i][1]!r} of {pairs[i][0]!r} is "
+                       f"{len(ids)} tokens, not one (data.tokenizer={label_tok.kind!r})")
+    labels.append(ids)
+  counts = {"examples": len(rows), "dropped": len(pairs) - len(rows), "truncated": 0}
+  return Examples.from_lists({"inputs": rows, "targets": labels}), counts
+
+
+def tag_examples(pairs: Sequence[tuple[str, str]], source_tok, tag_tok, max_len: int,
+                 too_long: str) -> tuple[Examples, dict[str, int]]:
+  """Encoder rows with one tag per token (0 under BOS/EOS); unequal counts are a ValueError."""
+  rows, kept = encoder_rows([s for s, _ in pairs], source_tok, max_len, too_long)
+  tags = []
+  for row, i in zip(rows, kept):
+    ids = tag_tok.encode(pairs[i][1])[:len(row) - 2]
+    if len(ids) != len(row) - 2:
+      raise ValueError(f"model.head='tag': {pairs[i][0]!r} has {len(row) - 2} tokens but "
+                       f"{len(ids)} tags ({pairs[i][1]!r})")
+    tags.append([0] + ids + [0])
+  counts = {"examples": len(rows), "dropped": len(pairs) - len(rows), "truncated": 0}
+  return Examples.from_lists({"inputs": rows, "targets": tags}), counts
+
+
+def objective_examples(texts: Sequence[str], tok, row_len: int, stream: bool, wrap: bool,
+                       too_long: str) -> tuple[Examples, dict[str, int]]:
+  """Raw `inputs` ids for an objective: a language-modelling text cut into rows of row_len
+  (`stream`), else one example per text (BOS + ids + EOS when `wrap`, as encoder rows are);
+  examples of fewer than 2 ids are left out (span corruption needs 2)."""
+  if stream:
+    ex = encode_stream(texts, tok, row_len)
+    rows = [ex.tokens["targets"][s:s + n] for s, n in zip(ex.starts["targets"],
+                                                          ex.lengths["targets"])]
+  elif wrap:
+    rows = encoder_rows(texts, tok, row_len, too_long)[0]
+  else:
+    rows = [ids for ids in (_fit(tok.encode(t), row_len, too_long) for t in texts)
+            if ids is not None]
+  kept = [list(r) for r in rows if len(r) >= 2]
+  counts = {"examples": len(kept), "dropped": len(texts) - len(kept) if not stream else 0,
+            "truncated": 0}
+  return Examples.from_lists({"inputs": kept}), counts
+
+
+def subset(ex: Examples, fraction: float, seed: int = 0) -> Examples:
+  """The first round(n * fraction) (at least 1) examples of a fixed permutation, in split order:
+  smaller fractions are subsets of larger ones."""
+  if fraction >= 1.0:
+    return ex
+  n = len(ex)
+  keep = np.sort(np.random.default_rng(seed).permutation(n)[:max(1, round(n * fraction))])
+  return Examples(ex.tokens, {k: v[keep] for k, v in ex.starts.items()},
+                  {k: v[keep] for k, v in ex.lengths.items()},
+                  None if ex.prefix_len is None else ex.prefix_len[keep])

@@ -1,0 +1,73 @@
+"""Output heads on top of a stack: vocabulary logits (tied or not), pooled classification, tagging.
+
+`OutputHead` is the one definition of "hidden states -> float32 logits": the decoder's output layer
+and the encoder-only model's three heads all use it.
+  mlm       per token, over the vocabulary: the embedding table (tied) or a Dense 'logits_dense'
+  classify  per example: the example's tokens pooled (`pool`), then a Dense 'classifier'
+  tag       per token: a Dense 'classifier'
+Classification works on packed rows: the i-th target slot of a row is the example whose segment
+id is `target_segment_ids[i]` (the pipeline puts one label per example there, in order), so every
+example is pooled over its own tokens only, never over padding or its row neighbours.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.config import ModelConfig
+from transformer.layers import Embed
+
+Array = jax.Array
+
+
+def output_dense(cfg: ModelConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+  """A bias-free Dense computed in float32 whatever cfg.dtype (as Embed.attend, see there why)."""
+  return nn.Dense(features, use_bias=False, dtype=jnp.float32,
+                  param_dtype=jnp.dtype(cfg.param_dtype),
+                  kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
+                  name=name)
+
+
+def pool(x: Array, segment_ids: Array, target_segment_ids: Array, pooling: str) -> Array:
+  """x [b, s, d] -> [b, t, d]: for each target slot, its example's first token or token mean.
+
+  An example is the positions whose segment id equals the slot's (segment 0 is padding, and a
+  slot of segment 0 pools nothing: zeros), so padding never enters a pooled vector.
+  """
+  member = ((segment_ids[:, None, :] == target_segment_ids[:, :, None])
+            & (target_segment_ids[:, :, None] != 0))  # [b, t, s]
+  if pooling == 'first':
+    first = jnp.argmax(member, axis=-1)  # [b, t]
+    weights = jax.nn.one_hot(first, x.shape[1]) * member.any(-1, keepdims=True)
+  elif pooling == 'mean':
+    weights = member / jnp.maximum(member.sum(-1, keepdims=True), 1)
+  else:
+    raise ValueError(f"model.pooling={pooling!r} is not one of first|mean")
+  return jnp.einsum('bts,bsd->btd', weights.astype(x.dtype), x)
+
+
+class OutputHead(nn.Module):
+  """Hidden states [b, s, d] -> float32 logits, by `kind`: 'lm' (vocabulary, tied or not),
+  'classify' ([b, t, num_classes], pooled per target slot) or 'tag' ([b, s, num_classes])."""
+  config: ModelConfig
+  embed: Embed
+  kind: str
+
+  @nn.compact
+  def __call__(self, x: Array, segment_ids: Array | None = None,
+               target_segment_ids: Array | None = None) -> Array:
+    cfg = self.config
+    if self.kind == 'lm':
+      if cfg.tie_embeddings:
+        return self.embed.attend(x)[..., :cfg.vocab_size]
+      return output_dense(cfg, cfg.vocab_size, ('embed', 'vocab'), 'logits_dense')(x)
+    if cfg.num_classes <= 0:
+      raise ValueError(f"model.num_classes={cfg.num_classes} must be set (> 0) for "
+                       f"model.head={cfg.head!r}")
+    if self.kind == 'classify':
+      if target_segment_ids is None:  # one example per row: slot 0 is segment 1
+        target_segment_ids = jnp.ones((x.shape[0], 1), jnp.int32)
+      x = pool(x, segment_ids, target_segment_ids, cfg.pooling)
+    return output_dense(cfg, cfg.num_classes, ('embed', 'classes'), 'classifier')(x)
