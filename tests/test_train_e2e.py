@@ -136,7 +136,7 @@ def test_train_py_config_error_is_one_line(tmp_path):
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines() == [
-      "error: model.num_heads=7 must divide model.d_model=512"]
+      "error: model.num_heads=7 must divide model.d_model=512 (or set model.head_dim)"]
 
 
 SGD = {"model.dropout_rate": 0.0, "train.optimizer": "sgd", "train.learning_rate": 0.1}

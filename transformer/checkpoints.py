@@ -27,9 +27,11 @@ Usage in a training loop:
     if preempt.should_stop(step): ckpt.save(step, state, it, force=True); break
   ckpt.close()                                   # waits for the last async save
 
-Reading a trained run back (evaluation, the notebook API): load_run_config and restore_params,
-the last section. This module is over 400 lines on purpose: everything that reads or writes a
-workdir's checkpoints sits behind this one boundary.
+Reading a trained run back (evaluation, the notebook API, fine-tuning), the last section:
+load_run_config, read_params (one checkpoint's raw or EMA parameters, or the mean of the last N),
+restore_params, and fine-tuning's init_from_config / init_params / shared_params. This module is
+over 400 lines on purpose: everything that reads or writes a workdir's checkpoints sits behind
+this one boundary.
 """
 
 from __future__ import annotations
