@@ -85,14 +85,19 @@ def best_validation(workdir: str) -> dict:
       k: row.get(f"eval/{k}") for k in METRICS}
 
 
+def stats(values: list[float]) -> dict[str, float]:
+  """mean, min, max and (n > 1) standard deviation of `values`."""
+  return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+          "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
 def spread(entries: list[dict], split: str) -> dict:
-  """mean, min, max and (n > 1) standard deviation of each metric over the seeds."""
+  """`stats` of each metric of `split` over the seeds."""
   out = {}
   for k in METRICS:
     values = [e[split][k] for e in entries if e[split].get(k) is not None]
     if values:
-      out[k] = {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
-                "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+      out[k] = stats(values)
   return out
 
 
@@ -115,8 +120,7 @@ def campaign(args) -> dict:
     entries = list(summary["seeds"].values())
     summary["validation"] = spread(entries, "validation")
     summary["test"] = spread(entries, "test")
-    summary["wall_clock_s"] = spread([{"t": {"wer": e["wall_clock_s"]}} for e in entries],
-                                     "t")["wer"]
+    summary["wall_clock_s"] = stats([e["wall_clock_s"] for e in entries])
     with open(path, "w") as f:
       json.dump(summary, f, indent=1)
     print(f"seed {seed}: test WER {entry['test']['wer']:.2%} PER {entry['test']['per']:.2%}, "

@@ -2,26 +2,15 @@
 that an interrupted campaign resumes without rerunning a finished seed (train.py and eval.py
 replaced by fakes that write what they would)."""
 
-import importlib.util
 import json
 import os
 import statistics
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_loader import load_benchmark
 
-
-def load_flagship():
-  """benchmarks/g2p_flagship.py as a module (benchmarks/ is not a package)."""
-  spec = importlib.util.spec_from_file_location(
-      "g2p_flagship", os.path.join(REPO, "benchmarks", "g2p_flagship.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-flagship = load_flagship()
+flagship = load_benchmark("g2p_flagship")
 DEV_WER = {0: [0.5, 0.30, 0.32], 1: [0.5, 0.28, 0.27], 2: [0.6, 0.31, 0.35]}  # per evaluation
 TEST_WER = {0: 0.33, 1: 0.29, 2: 0.30}
 

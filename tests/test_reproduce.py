@@ -1,24 +1,13 @@
 """benchmarks/reproduce.py: comparison with tolerances, paste-ready rows, exit status, commands."""
 
-import importlib.util
 import json
 import os
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_loader import REPO, load_benchmark
 
-
-def load_reproduce():
-  """benchmarks/reproduce.py as a module (benchmarks/ is not a package)."""
-  spec = importlib.util.spec_from_file_location(
-      "reproduce", os.path.join(REPO, "benchmarks", "reproduce.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-reproduce = load_reproduce()
+reproduce = load_benchmark("reproduce")
 Claim = reproduce.Claim
 CLAIMS = (Claim("a", "eval/wer", 0.734, 0.02, "README.md"),
           Claim("a", "eval/loss", 0.603, 0.01, "configs/g2p.py"),
