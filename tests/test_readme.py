@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import g2p_mini
-from test_reproduce import load_reproduce
+from bench_loader import load_benchmark
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
@@ -81,7 +81,7 @@ def test_readme_block_runs(line, mark, lang, code, tmp_path, tmp_path_factory):
 def test_documented_numbers_are_reproduce_claims():
   """Every value in benchmarks/reproduce.py's CLAIMS appears, as the docs write it (73.4%,
   0.603), in each file its `where` names, so the one table and the docs cannot drift apart."""
-  reproduce = load_reproduce()
+  reproduce = load_benchmark("reproduce")
   assert reproduce.CLAIMS and {c.run for c in reproduce.CLAIMS} <= set(reproduce.RUNS)
   for claim in reproduce.CLAIMS:
     for path in claim.where.split():
