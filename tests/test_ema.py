@@ -178,7 +178,8 @@ def test_ema_in_pmap_mode_and_its_mesh_shardings():
   in tests/test_parallel.py); on a fsdp=2 mesh the EMA's shardings are exactly the params' (some
   leaves split over fsdp), so mesh mode shards it like them."""
   env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+             XLA_FLAGS=os.environ.get("XLA_FLAGS", "") +
+             " --xla_force_host_platform_device_count=2")
   proc = subprocess.run([sys.executable, "-c", PARALLEL_SCRIPT, os.path.join(REPO, "tests")],
                         env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]

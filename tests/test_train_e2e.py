@@ -166,7 +166,8 @@ def test_two_devices_match_one_device(tmp_path, env, reference_no_dropout, mode,
                           "parallel.mesh_shape.fsdp": fsdp,
                           "parallel.mesh_shape.data": -1 if fsdp == 1 else 1})
   workdir = str(tmp_path / "two")
-  run(workdir, dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2"), overrides)
+  run(workdir, dict(env, XLA_FLAGS=env.get("XLA_FLAGS", "") +
+                    " --xla_force_host_platform_device_count=2"), overrides)
   import jax  # pylint: disable=g-import-not-at-top
   for a, b in zip(jax.tree.leaves(reference_no_dropout), jax.tree.leaves(final_params(workdir)[0])):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
