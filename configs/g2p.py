@@ -33,11 +33,11 @@ Variants (the argument after the colon):
 
 from configs import base
 
-VARIANTS = ("tiny", "small", "base")
+VARIANTS = ("tiny", "fast", "small", "base", "ablate")
 
 
 def get_config(arg: str = "base"):
-  """The G2P config; `arg` picks the variant (tiny | small | base)."""
+  """The G2P config; `arg` picks the variant (tiny | fast | small | base | ablate)."""
   variant = arg or "base"
   if variant not in VARIANTS:
     raise ValueError(f"configs/g2p.py: unknown variant {variant!r} (one of {', '.join(VARIANTS)})")
@@ -61,6 +61,19 @@ def get_config(arg: str = "base"):
 
   m, t = c.model, c.train
   if variant == "tiny":
+    # Chosen on the dev split (README, "Choosing :tiny"): wider than deep, no dropout for a
+    # 2-epoch run, a short warmup and a cosine decay to zero at a constant-scale learning rate.
+    m.update(d_model=96, num_heads=4, mlp_dim=384, num_encoder_layers=2, num_decoder_layers=2,
+             dropout_rate=0.0)
+    c.data.batch_size = 64
+    t.update(num_steps=1000, schedule="warmup_cosine", learning_rate=5e-3, warmup_steps=100,
+             log_every_steps=50)
+    c.eval.update(every_steps=1000, num_batches=0, num_decode_examples=0)  # the whole dev split
+    c.eval.decode.update(method="greedy", beam_size=1)
+    c.checkpoint.update(every_steps=200, keep=2)
+  elif variant == "ablate":
+    # The ablation baseline of the README's G2P tables (positional encodings, embedding sharing,
+    # EMA): :tiny as it was up to commit 911d2f9; the tables run it for 3000 steps.
     m.update(d_model=64, num_heads=4, mlp_dim=256, num_encoder_layers=2, num_decoder_layers=2,
              dropout_rate=0.1)
     c.data.batch_size = 64
@@ -68,6 +81,18 @@ def get_config(arg: str = "base"):
     c.eval.update(every_steps=600, num_batches=0, num_decode_examples=0)  # the whole dev split
     c.eval.decode.update(method="greedy", beam_size=1)
     c.checkpoint.update(every_steps=200, keep=2)
+  elif variant == "fast":
+    # The 60-minute budget on 2 CPU cores: 3+3 layers at d 128 is ~16 epochs of 128 packed rows
+    # (10k tokens/s); dropout for that many epochs; greedy decoding of the whole dev split every
+    # 600 steps, the best of which eval.py --step=best tests.
+    m.update(d_model=128, num_heads=4, mlp_dim=512, num_encoder_layers=3, num_decoder_layers=3,
+             dropout_rate=0.1)
+    c.data.batch_size = 128
+    t.update(num_steps=3600, schedule="warmup_cosine", learning_rate=3e-3, warmup_steps=300,
+             log_every_steps=100)
+    c.eval.update(every_steps=600, num_batches=0, num_decode_examples=0)
+    c.eval.decode.update(method="greedy", beam_size=1)
+    c.checkpoint.update(every_steps=600, keep=2)
   elif variant == "small":
     m.update(d_model=256, num_heads=4, mlp_dim=1024, num_encoder_layers=3, num_decoder_layers=3,
              dropout_rate=0.1)

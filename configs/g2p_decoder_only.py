@@ -6,7 +6,9 @@ variant of the same name (data, tokenizers, optimizer, steps, evaluation), and t
 so that the weight matrices have the same number of parameters as the encoder-decoder's: an
 encoder layer has 4d^2 + 2df, a decoder layer with cross-attention 8d^2 + 2df, a decoder-only
 layer 4d^2 + 2df, so
-  tiny   2+2 layers (d 64, f 256)  -> 4 layers with f 320 (229,376 block weights each),
+  tiny   2+2 layers (d 96, f 384)  -> 4 layers with f 480 (516,096 block weights each),
+  fast   3+3 layers (d 128, f 512) -> 6 layers with f 640 (1,376,256 each),
+  ablate 2+2 layers (d 64, f 256)  -> 4 layers with f 320 (229,376 each),
   small  3+3 layers (d 256, f 1024) -> 7 layers (5,505,024 each),
   base   6+6 layers (d 512, f 2048) -> 14 layers (44,040,192 each).
 tests/test_configs.py checks the totals, embeddings included, to within 1%.
@@ -24,7 +26,8 @@ ids after the source's (`OffsetTokenizer`), so no letter and phone share a row.
 
 from configs import g2p
 
-LAYERS = {"tiny": (4, 320), "small": (7, 1024), "base": (14, 2048)}
+LAYERS = {"tiny": (4, 480), "fast": (6, 640), "small": (7, 1024), "base": (14, 2048),
+          "ablate": (4, 320)}
 
 
 def get_config(arg: str = "base"):
