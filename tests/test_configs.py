@@ -15,9 +15,10 @@ from transformer.data import load_task
 from transformer.models import build_model
 from transformer.training import fill_vocab_sizes
 
-ALL = ["g2p:tiny", "g2p:small", "g2p:base", "g2p_decoder_only:tiny", "g2p_decoder_only:small",
-       "g2p_decoder_only:base", "lm:char", "lm:nanogpt_cpu", "lm:bpe", "wmt14_ende:", "lm1b:",
-       "mlm:cmudict", "mlm:text", "classify:"]
+G2P_VARIANTS = ["tiny", "fast", "small", "base", "ablate"]
+ALL = [f"{name}:{v}" for name in ("g2p", "g2p_decoder_only") for v in G2P_VARIANTS] + [
+    "lm:char", "lm:nanogpt_cpu", "lm:bpe", "wmt14_ende:", "lm1b:", "mlm:cmudict", "mlm:text",
+    "classify:"]
 
 
 def load(name):
@@ -33,7 +34,7 @@ def test_every_config_validates(name):
 
 def test_unknown_variant_is_a_clear_error():
   """An unknown variant names itself and the valid ones."""
-  with pytest.raises(ValueError, match="unknown variant 'huge'.*tiny, small, base"):
+  with pytest.raises(ValueError, match="unknown variant 'huge'.*tiny, fast, small, base, ablate"):
     load("g2p:huge")
 
 
@@ -81,7 +82,7 @@ def test_training_vocabularies_of_g2p():
   assert (enc_dec.source_vocab_size, enc_dec.vocab_size, dec_only.vocab_size) == (31, 43, 70)
 
 
-@pytest.mark.parametrize("variant", ["tiny", "small", "base"])
+@pytest.mark.parametrize("variant", G2P_VARIANTS)
 def test_decoder_only_g2p_matches_encoder_decoder_parameters(variant):
   """g2p_decoder_only has the same parameter count as g2p (embeddings, norms and biases
   included) to within 1% at the vocabulary sizes training gives each (with_training_vocab), so

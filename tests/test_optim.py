@@ -54,6 +54,19 @@ def test_warmup_cosine_closed_form():
   np.testing.assert_allclose(float(sched(500)), low, rtol=1e-6)  # stays at the floor
 
 
+@pytest.mark.parametrize("name", ["warmup_cosine", "warmup_linear"])
+def test_run_shorter_than_its_warmup_only_ramps(name):
+  """num_steps <= warmup_steps (a shortened smoke run): lr(s) = peak * s / warmup at every step,
+  the same values as the full-length run's first steps, with no division by zero."""
+  short = optim.make_schedule(train_cfg(schedule=name, learning_rate=2.0, warmup_steps=100,
+                                        num_steps=20), 64)
+  full = optim.make_schedule(train_cfg(schedule=name, learning_rate=2.0, warmup_steps=100,
+                                       num_steps=1000), 64)
+  counts = np.arange(20)
+  np.testing.assert_allclose([float(short(c)) for c in counts], 2.0 * (counts + 1) / 100, rtol=1e-6)
+  np.testing.assert_allclose([float(short(c)) for c in counts], [float(full(c)) for c in counts])
+
+
 def test_warmup_linear_and_constant():
   """warmup_linear decays linearly to the floor at num_steps; constant holds the peak after warmup."""
   lin = optim.make_schedule(train_cfg(schedule="warmup_linear", learning_rate=1.0, warmup_steps=4,

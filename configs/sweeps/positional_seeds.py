@@ -3,7 +3,7 @@
 The seed-to-seed spread says which gaps between encodings a sweep resolves. The README's table
 ("Positional encodings on G2P") came from:
 
-  python sweep.py --config=configs/g2p.py:tiny --sweep=configs/sweeps/positional_seeds.py \
+  python sweep.py --config=configs/g2p.py:ablate --sweep=configs/sweeps/positional_seeds.py \
       --workdir=runs/sweep_pos --config.train.num_steps=3000 --config.eval.every_steps=1000 \
       --config.checkpoint.every_steps=1000 --parallel=2
 """

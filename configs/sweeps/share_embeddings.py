@@ -4,7 +4,7 @@ With char sources and symbol targets both numbered from 4, a shared table makes 
 i the same vector: a modelling accident rather than a choice (the paper shares because its BPE
 vocabulary is shared). README "Ablations and sweeps" has the measured result.
 
-  python sweep.py --config=configs/g2p.py:tiny --sweep=configs/sweeps/share_embeddings.py \
+  python sweep.py --config=configs/g2p.py:ablate --sweep=configs/sweeps/share_embeddings.py \
     --workdir=runs/sweep_share
 """
 
