@@ -294,8 +294,8 @@ def test_cli_from_hf_and_to_hf(hf_dir, converted_cli, tmp_path):
 
 
 def test_unmappable_configs_are_one_line_errors_naming_the_key(converted, hf_dir, tmp_path, capsys):
-  """--to_hf of a run with RoPE names model.positional; --from_hf of a non-GPT-2 config names
-  model_type; each is exit status 1 and one line on stderr."""
+  """--to_hf of a run with RoPE names model.positional; --from_hf of an unsupported family (BART)
+  names model_type; each is exit status 1 and one line on stderr."""
   bad = tmp_path / "rope"
   bad.mkdir()
   with open(os.path.join(converted, "config.json")) as f:
@@ -305,13 +305,13 @@ def test_unmappable_configs_are_one_line_errors_naming_the_key(converted, hf_dir
   assert convert.main(["--workdir", str(bad), "--to_hf", str(tmp_path / "x")]) == 1
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "model.positional='rope'" in err
-  bert = tmp_path / "bert"
-  bert.mkdir()
-  (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
-  (bert / "model.safetensors").write_bytes(b"")
-  assert convert.main(["--from_hf", str(bert), "--workdir", str(tmp_path / "y")]) == 1
+  bart = tmp_path / "bart"
+  bart.mkdir()
+  (bart / "config.json").write_text(json.dumps({"model_type": "bart"}))
+  (bart / "model.safetensors").write_bytes(b"")
+  assert convert.main(["--from_hf", str(bart), "--workdir", str(tmp_path / "y")]) == 1
   err = capsys.readouterr().err.strip()
-  assert len(err.splitlines()) == 1 and "model_type='bert'" in err
+  assert len(err.splitlines()) == 1 and "model_type='bart'" in err
   with pytest.raises(convert.ConvertError, match="model.ffn='swiglu'"):
     convert.hf_config(model_config(arch="decoder_only", positional="learned", norm_position="pre",
                                    scale_embeddings=False, ffn="swiglu"))

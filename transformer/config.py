@@ -51,6 +51,9 @@ class ModelConfig:
   tie_embeddings: bool
   share_src_tgt_embeddings: bool
   scale_embeddings: bool
+  embedding_norm: bool
+  head_transform: bool
+  logits_bias: bool
   prefix_lm: bool
   head: str
   pooling: str

@@ -52,6 +52,9 @@ def get_config() -> ml_collections.ConfigDict:
   m.tie_embeddings = True  # output logits from the target embedding matrix
   m.share_src_tgt_embeddings = True  # one embedding table for encoder and decoder
   m.scale_embeddings = True  # multiply embeddings by sqrt(d_model), as in the paper
+  m.embedding_norm = False  # a norm (model.norm) on the embeddings before the first layer (BERT)
+  m.head_transform = False  # vocabulary logits from Norm(act(Dense(x))) instead of x (BERT's MLM)
+  m.logits_bias = False  # a learned bias over the vocabulary added to the logits (BERT's MLM)
   m.prefix_lm = True  # decoder_only on a seq2seq task: bidirectional attention over the prefix
   m.head = "mlm"  # encoder_only: mlm (masked LM, tied per tie_embeddings) | classify | tag
   m.pooling = "mean"  # head=classify: first (the example's first token, BOS) | mean (its tokens)

@@ -1,7 +1,8 @@
 """Output heads on top of a stack: vocabulary logits (tied or not), pooled classification, tagging.
 
-`OutputHead` is the one definition of "hidden states -> float32 logits": the decoder's output layer
-and the encoder-only model's three heads all use it.
+`vocab_logits` is the one definition of "hidden states -> float32 vocabulary logits": the decoder's
+output layer and the encoder-only model's masked-LM head (`OutputHead`, with its two other heads)
+both call it.
   mlm       per token, over the vocabulary: the embedding table (tied) or a Dense 'logits_dense'
   classify  per example: the example's tokens pooled (`pool`), then a Dense 'classifier'
   tag       per token: a Dense 'classifier'
@@ -17,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.config import ModelConfig
-from transformer.layers import Embed
+from transformer.layers import Embed, activation, make_norm
 
 Array = jax.Array
 
@@ -48,6 +49,38 @@ def pool(x: Array, segment_ids: Array, target_segment_ids: Array, pooling: str) 
   return jnp.einsum('bts,bsd->btd', weights.astype(x.dtype), x)
 
 
+class LogitsBias(nn.Module):
+  """A learned float32 bias [vocab] added to logits (model.logits_bias; BERT's MLM head)."""
+  vocab_size: int
+
+  @nn.compact
+  def __call__(self, logits: Array) -> Array:
+    bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           ('vocab',)),
+                      (self.vocab_size,), jnp.float32)
+    return logits + bias
+
+
+def vocab_logits(cfg: ModelConfig, embed: Embed, x: Array) -> Array:
+  """Hidden states [b, t, d] -> float32 vocabulary logits [b, t, vocab], called inside a compact
+  module (its submodules are the caller's): with model.head_transform, x is first replaced by
+  Norm(act(Dense(x))) ('transform', 'transform_norm'; act is model.ffn's activation); then the
+  embedding table (tied) or 'logits_dense'; with model.logits_bias, plus 'logits_bias'."""
+  if cfg.head_transform:
+    x = nn.Dense(cfg.d_model, use_bias=cfg.use_bias, dtype=jnp.dtype(cfg.dtype),
+                 param_dtype=jnp.dtype(cfg.param_dtype),
+                 kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
+                                                          ('embed', 'mlp')),
+                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ('mlp',)),
+                 name='transform')(x)
+    x = make_norm(cfg, 'transform_norm')(activation(cfg)(x))
+  if cfg.tie_embeddings:
+    logits = embed.attend(x)[..., :cfg.vocab_size]
+  else:
+    logits = output_dense(cfg, cfg.vocab_size, ('embed', 'vocab'), 'logits_dense')(x)
+  return LogitsBias(cfg.vocab_size, name='logits_bias')(logits) if cfg.logits_bias else logits
+
+
 class OutputHead(nn.Module):
   """Hidden states [b, s, d] -> float32 logits, by `kind`: 'lm' (vocabulary, tied or not),
   'classify' ([b, t, num_classes], pooled per target slot) or 'tag' ([b, s, num_classes])."""
@@ -60,9 +93,7 @@ class OutputHead(nn.Module):
                target_segment_ids: Array | None = None) -> Array:
     cfg = self.config
     if self.kind == 'lm':
-      if cfg.tie_embeddings:
-        return self.embed.attend(x)[..., :cfg.vocab_size]
-      return output_dense(cfg, cfg.vocab_size, ('embed', 'vocab'), 'logits_dense')(x)
+      return vocab_logits(cfg, self.embed, x)
     if cfg.num_classes <= 0:
       raise ValueError(f"model.num_classes={cfg.num_classes} must be set (> 0) for "
                        f"model.head={cfg.head!r}")

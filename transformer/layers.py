@@ -116,6 +116,13 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 _GATED = ('swiglu', 'geglu', 'geglu_tanh')
 
 
+def activation(cfg: ModelConfig) -> Callable[[Array], Array]:
+  """model.ffn's activation (of the gate, for a gated FFN): also the MLM head's transform's."""
+  if cfg.ffn not in _ACTIVATIONS:
+    raise ConfigError(f"model.ffn={cfg.ffn!r} is not one of {'|'.join(_ACTIVATIONS)}")
+  return _ACTIVATIONS[cfg.ffn]
+
+
 class FeedForward(nn.Module):
   """Position-wise feed-forward: relu | gelu | gelu_tanh (W2 act(W1 x)) or swiglu | geglu |
   geglu_tanh (W2 (act(Wg x) * Wu x); geglu uses the erf GELU, geglu_tanh the tanh one).
@@ -129,9 +136,7 @@ class FeedForward(nn.Module):
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
     """[b, t, d] -> [b, t, d]."""
     cfg = self.config
-    if cfg.ffn not in _ACTIVATIONS:
-      raise ConfigError(f"model.ffn={cfg.ffn!r} is not one of {'|'.join(_ACTIVATIONS)}")
-    act = _ACTIVATIONS[cfg.ffn]
+    act = activation(cfg)
     if cfg.ffn in _GATED:
       gate = _dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_gate', _wide_out_dot_general)(x)  # [b, t, f]
       up = _dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_up', _wide_out_dot_general)(x)  # [b, t, f]

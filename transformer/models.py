@@ -146,11 +146,14 @@ def _run_layers(cfg: ModelConfig, block: type[nn.Module], num_layers: int, x: Ar
 
 def _embed(cfg: ModelConfig, embed: Embed, tokens: Array, positions: Array,
            deterministic: bool) -> Array:
-  """Token embeddings plus an absolute positional encoding (if configured), then dropout."""
+  """Token embeddings plus an absolute positional encoding (if configured), the embedding norm
+  (model.embedding_norm), then dropout."""
   x = embed(tokens)  # [b, t, d]
   encoding = positional.encoding(cfg)
   if encoding.kind == 'absolute':
     x = x + encoding.fn(cfg, positions).astype(x.dtype)
+  if cfg.embedding_norm:
+    x = make_norm(cfg, 'embedding_norm')(x)
   return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
@@ -248,9 +251,7 @@ class Decoder(nn.Module):
       x = make_norm(cfg, 'final_norm')(x)
     if cfg.scale_decoder_output:  # T5 1.0 (tied head): the logits' input times d_model**-0.5
       x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
-    if cfg.tie_embeddings:
-      return self.embed.attend(x)[..., :cfg.vocab_size]
-    return heads.output_dense(cfg, cfg.vocab_size, ('embed', 'vocab'), 'logits_dense')(x)
+    return heads.vocab_logits(cfg, self.embed, x)
 
 
 class EncoderDecoder(nn.Module):

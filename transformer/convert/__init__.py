@@ -1,21 +1,21 @@
-r"""Hugging Face checkpoints <-> workdirs, with identical logits: GPT-2 and T5.
+r"""Hugging Face checkpoints <-> workdirs, with identical logits: GPT-2, T5 and BERT.
 
   python -m transformer.convert --from_hf=DIR --workdir=OUT [--text_file=CORPUS [--data_dir=D]]
   python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest]
 
 `--from_hf` reads a local Hugging Face directory (config.json, model.safetensors or
 pytorch_model.bin, tokenizer.json; never the network); config.json's model_type picks the family
-(`FAMILIES`: gpt2.py, t5.py, each mapping configs and weights both ways). It writes a workdir as
+(`FAMILIES`: gpt2.py, t5.py, bert.py, each mapping configs and weights both ways). It writes a workdir as
 training does: config.json and provenance.json (reporting.Reporter), an orbax checkpoint of step 0
 holding a fresh train state with the converted parameters (checkpoints.Checkpointer), the tokenizer
 (`tokenizers/target`, and `tokenizers/source` for an encoder-decoder; kind 'hf') and
 `converted_from.json` (the source directory and its config.json). `transformer.restore(OUT)`,
 `python -m transformer.predict --workdir=OUT` and `train.py --init_from=OUT` (fine-tuning) read
-it; `eval.py` too when `--text_file` gave a GPT-2 data (without, `data.dataset` is empty: the
+it; `eval.py` too when `--text_file` gave a GPT-2 or BERT data (without, `data.dataset` is empty: the
 workdir holds a model and its tokenizer only).
 `--to_hf` writes config.json, model.safetensors (and tokenizer.json for an 'hf' tokenizer) for any
-run whose config maps onto a family: decoder-only runs onto GPT-2, encoder-decoder runs onto T5; a
-config that does not is a one-line error naming the key.
+run whose config maps onto a family: decoder-only runs onto GPT-2, encoder-decoder runs onto T5,
+encoder-only masked-LM runs onto BERT; a config that does not is a one-line error naming the key.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 
 from transformer import checkpoints, files, optim, reporting, steps
 from transformer.config import Config, ConfigError, ModelConfig, to_dict
-from transformer.convert import gpt2, t5
+from transformer.convert import bert, gpt2, t5
 from transformer.convert.common import ConvertError
 from transformer.data import tokenizers
 from transformer.data.tokenizers import HFTokenizer, read_hf_tokenizer
@@ -42,7 +42,8 @@ from transformer.models import build_model, example_batch
 __all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf", "main"]
 
 CONVERTED_FROM = "converted_from.json"
-FAMILIES: dict[str, ModuleType] = {gpt2.MODEL_TYPE: gpt2, t5.MODEL_TYPE: t5}
+FAMILIES: dict[str, ModuleType] = {gpt2.MODEL_TYPE: gpt2, t5.MODEL_TYPE: t5,
+                                    bert.MODEL_TYPE: bert}
 
 
 def family_of_hf(hf: dict[str, Any]) -> ModuleType:
@@ -55,7 +56,8 @@ def family_of_hf(hf: dict[str, Any]) -> ModuleType:
 
 
 def family_of_config(m: ModelConfig) -> ModuleType:
-  """The family a model config exports as: by architecture (decoder-only GPT-2, else T5)."""
+  """The family a model config exports as, by architecture: decoder-only GPT-2, encoder-decoder
+  T5, encoder-only BERT."""
   return next(f for f in FAMILIES.values() if f.ARCH == m.arch)
 
 
@@ -64,9 +66,11 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
   return family_of_config(m).hf_config(m, extra)
 
 
-def hf_from_params(params: Any, m: ModelConfig) -> dict[str, np.ndarray]:
-  """The Hugging Face state dict (float32 numpy) of our parameters, in `m`'s family."""
-  return family_of_config(m).hf_from_params(params, m)
+def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
+                   ) -> dict[str, np.ndarray]:
+  """The Hugging Face state dict (float32 numpy) of our parameters, in `m`'s family; `hf` is the
+  config.json written beside it (hf_config's)."""
+  return family_of_config(m).hf_from_params(params, m, hf)
 
 
 # ----------------------------------------------------------------------------- Hugging Face dirs
@@ -166,7 +170,7 @@ def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") 
   if tokenizer.vocab_size > cfg.model.vocab_size:
     raise ConvertError(f"{tokenizer_path}: {tokenizer.vocab_size - cfg.data.hf_id_offset} ids, "
                        f"more than config.json's vocab_size={hf['vocab_size']}")
-  params = family.params_from_hf(state, cfg.model, hf)
+  params = family.params_from_hf(state, cfg.model, hf, tokenizer)
   write_workdir(cfg, params, tokenizer, workdir,
                 {"from_hf": os.path.abspath(hf_dir), "config": hf})
   return cfg
@@ -190,7 +194,7 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None) -> dict[str,
   tok_dir = os.path.join(workdir, "tokenizers", "target")
   tokenizer = tokenizers.load(tok_dir) if files.exists(os.path.join(tok_dir, "tokenizer.json")) \
       else None
-  write_hf(hf_dir, hf, family.hf_from_params(params, cfg.model), tokenizer)
+  write_hf(hf_dir, hf, family.hf_from_params(params, cfg.model, hf), tokenizer)
   return hf
 
 
@@ -206,14 +210,15 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
   """Runs the command line; returns the exit status (errors are one line on stderr)."""
   parser = _Parser(prog="python -m transformer.convert",
-                   description="Hugging Face GPT-2 or T5 <-> workdir.")
+                   description="Hugging Face GPT-2, T5 or BERT <-> workdir.")
   parser.add_argument("--workdir", required=True, help="the workdir written or read")
   parser.add_argument("--from_hf", default="",
-                      help="a local Hugging Face GPT-2 or T5 directory to read")
+                      help="a local Hugging Face GPT-2, T5 or BERT directory to read")
   parser.add_argument("--to_hf", default="", help="a directory to write a Hugging Face model to "
-                      "(GPT-2 for a decoder-only run, T5 for an encoder-decoder)")
+                      "(GPT-2 for a decoder-only run, T5 for an encoder-decoder, BERT for an "
+                      "encoder-only masked LM)")
   parser.add_argument("--text_file", default="",
-                      help="--from_hf of a GPT-2: data for eval.py (data.text_file)")
+                      help="--from_hf of a GPT-2 or BERT: data for eval.py (data.text_file)")
   parser.add_argument("--data_dir", default="", help="--from_hf: where that data is prepared "
                       "(data.data_dir; default: the usual TFDS directory)")
   parser.add_argument("--step", default="latest", help="--to_hf: an integer, 'latest' or 'best'")

@@ -139,10 +139,11 @@ def _special_rows(table: np.ndarray, eos_id: Any) -> np.ndarray:
   return np.repeat(row[None].astype(table.dtype), NUM_SPECIAL, axis=0)
 
 
-def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any]
-                   ) -> dict[str, Any]:
+def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
+                   tokenizer: Any = None) -> dict[str, Any]:
   """Our DecoderOnly parameters (unrolled layers) from a GPT2LMHeadModel state dict; every array
   is a reshaped, never recomputed, copy."""
+  del tokenizer  # GPT-2's specials are in its config
   state = {k.removeprefix("transformer."): v for k, v in state.items()}
   eos_id = hf.get("eos_token_id")
   n, h, d = m.num_heads, m.d_model // m.num_heads, m.d_model
@@ -172,8 +173,10 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
           "decoder": decoder}
 
 
-def hf_from_params(params: Any, m: ModelConfig) -> dict[str, np.ndarray]:
+def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
+                   ) -> dict[str, np.ndarray]:
   """The GPT2LMHeadModel state dict (float32 numpy, `transformer.` prefixed) of our parameters."""
+  del hf  # m says all
   d = m.d_model
   dec = params["decoder"]
   out = {"transformer.wte.weight": params["token_embed"]["embedding"][NUM_SPECIAL:],

@@ -163,11 +163,11 @@ def _ffn_from_hf(state, p: str, m: ModelConfig) -> dict[str, Any]:
   return {"wi": w("wi"), "wo": w("wo")}
 
 
-def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any]
-                   ) -> dict[str, Any]:
+def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
+                   tokenizer: Any = None) -> dict[str, Any]:
   """Our EncoderDecoder parameters (unrolled layers) from a T5ForConditionalGeneration state dict;
   every array is a transposed and reshaped, never recomputed, copy."""
-  del hf
+  del hf, tokenizer  # T5's ids are ours
   d, n, h = m.d_model, m.num_heads, m.head_dim
   norm = lambda p: {"scale": state[f"{p}.weight"]}  # noqa: E731
   heads = lambda w: w.T.reshape(d, n, h)  # torch [n*h, d] -> ours [d, n, h]  # noqa: E731
@@ -204,9 +204,11 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
   return params
 
 
-def hf_from_params(params: Any, m: ModelConfig) -> dict[str, np.ndarray]:
+def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
+                   ) -> dict[str, np.ndarray]:
   """The T5ForConditionalGeneration state dict (float32 numpy) of our parameters: shared.weight
   once (Hugging Face ties the stacks' embed_tokens to it) and lm_head.weight when untied."""
+  del hf  # m says all
   d, n, h = m.d_model, m.num_heads, m.head_dim
   out = {"shared.weight": params["token_embed"]["embedding"]}
   flat = lambda k: np.reshape(k, (d, n * h)).T  # ours [d, n, h] -> torch [n*h, d]  # noqa: E731

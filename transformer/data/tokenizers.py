@@ -246,6 +246,11 @@ class HFTokenizer(Tokenizer):
   def vocab_size(self) -> int:
     return self.offset + self._tok.get_vocab_size(with_added_tokens=True)
 
+  def token_id(self, token: str) -> int | None:
+    """The tokenizer's own id (without our offset) of `token`, e.g. BERT's "[MASK]"; None if it
+    has no such token."""
+    return self._tok.token_to_id(token)
+
   def encode(self, text: str) -> list[int]:
     ids = [i + self.offset for i in self._tok.encode(text, add_special_tokens=False).ids]
     self.num_unknown += ids.count(self.unk_id)
