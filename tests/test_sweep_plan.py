@@ -87,7 +87,7 @@ def test_bad_values_are_config_errors_naming_the_point(tmp_path):
   config = sweeps.load_config_file(TINY)
   cases = {'sweep("model.positional", ["rope", "sinus"])': r"point 1 \(positional=sinus\).*model.positional",
            'sweep("model.d_model", ["big"])': "point 0.*model.d_model='big'",
-           'sweep("model.num_heads", [3])': "point 0.*model.num_heads=3 must divide"}
+           'sweep("model.num_heads", [5])': "point 0.*model.num_heads=5 must divide"}
   for body, pattern in cases.items():
     path = write_sweep(tmp_path, f"def get_sweep():\n  return {body}\n")
     with pytest.raises(ConfigError, match=pattern):
