@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.config import ModelConfig
-from transformer.layers import Embed, activation, make_norm
+from transformer.layers import Embed, activation, dense, make_norm
 
 Array = jax.Array
 
@@ -67,12 +67,7 @@ def vocab_logits(cfg: ModelConfig, embed: Embed, x: Array) -> Array:
   Norm(act(Dense(x))) ('transform', 'transform_norm'; act is model.ffn's activation); then the
   embedding table (tied) or 'logits_dense'; with model.logits_bias, plus 'logits_bias'."""
   if cfg.head_transform:
-    x = nn.Dense(cfg.d_model, use_bias=cfg.use_bias, dtype=jnp.dtype(cfg.dtype),
-                 param_dtype=jnp.dtype(cfg.param_dtype),
-                 kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
-                                                          ('embed', 'mlp')),
-                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ('mlp',)),
-                 name='transform')(x)
+    x = dense(cfg.d_model, ('embed', 'mlp'), cfg, 'transform')(x)
     x = make_norm(cfg, 'transform_norm')(activation(cfg)(x))
   if cfg.tie_embeddings:
     logits = embed.attend(x)[..., :cfg.vocab_size]

@@ -52,7 +52,7 @@ def _wide_out_dot_general(x, kernel, dimension_numbers, precision=None, **kwargs
   return _matmul(x, kernel)
 
 
-def _dense(features: int, axes: tuple[str, str], cfg: ModelConfig, name: str,
+def dense(features: int, axes: tuple[str, str], cfg: ModelConfig, name: str,
            dot_general=None) -> nn.Dense:
   """A Dense layer whose kernel and bias carry logical axis names."""
   return nn.Dense(
@@ -138,13 +138,13 @@ class FeedForward(nn.Module):
     cfg = self.config
     act = activation(cfg)
     if cfg.ffn in _GATED:
-      gate = _dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_gate', _wide_out_dot_general)(x)  # [b, t, f]
-      up = _dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_up', _wide_out_dot_general)(x)  # [b, t, f]
+      gate = dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_gate', _wide_out_dot_general)(x)  # [b, t, f]
+      up = dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_up', _wide_out_dot_general)(x)  # [b, t, f]
       h = act(gate) * up
     else:
-      h = act(_dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi', _wide_out_dot_general)(x))  # [b, t, f]
+      h = act(dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi', _wide_out_dot_general)(x))  # [b, t, f]
     h = nn.Dropout(cfg.ffn_dropout_rate)(h, deterministic=deterministic)
-    return _dense(cfg.d_model, ('mlp', 'embed'), cfg, 'wo')(h)
+    return dense(cfg.d_model, ('mlp', 'embed'), cfg, 'wo')(h)
 
 
 def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
