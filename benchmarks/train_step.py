@@ -87,7 +87,8 @@ def size_config(name: str):
                     label_smoothing=0.0)
     return cd, {"inputs": (64, 32), "targets": (64, 48)}
   if name == "g2p":
-    cd = g2p.get_config("ablate")
+    # --compare runs this against older trees, where the same model is g2p.py's "tiny".
+    cd = g2p.get_config("ablate" if "ablate" in g2p.VARIANTS else "tiny")
     cd.model.update(vocab_size=VOCAB, source_vocab_size=VOCAB)
     rows = cd.data.batch_size
     return cd, {"inputs": (rows, cd.data.max_source_len), "targets": (rows, cd.data.max_target_len)}
