@@ -8,6 +8,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import time
 
 import flax.linen as nn
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
+from tensorflow_datasets.proto import tf_example_pb2
 
 import g2p_mini
 from configs import base
@@ -259,28 +261,69 @@ def test_profile_context_resumed_inside_the_window(tmp_path):
   assert not reporting._tracing  # pylint: disable=protected-access
 
 
-def sha256_of_split_files(data_dir, split):
-  """The reference: sha256 over the bytes of a split's prepared files, found on disk by glob."""
-  paths = sorted(glob.glob(os.path.join(data_dir, "**", f"*-{split}.array_record-*"),
-                           recursive=True))
-  assert paths, (data_dir, split)
-  digest = hashlib.sha256()
-  for path in paths:
-    with open(path, "rb") as f:
-      digest.update(f.read())
-  return digest.hexdigest()
+def records_sha256_of_tsv(path):
+  """The reference: (records, sha256) of a TSV file's pairs as tf.Examples built here, each with
+  its `source` and `target` text features and serialized deterministically, in file order."""
+  digest, count = hashlib.sha256(), 0
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      source, target = line.rstrip("\n").split("\t")
+      example = tf_example_pb2.Example()
+      example.features.feature["source"].bytes_list.value.append(source.encode())
+      example.features.feature["target"].bytes_list.value.append(target.encode())
+      digest.update(example.SerializeToString(deterministic=True))
+      count += 1
+  return count, digest.hexdigest()
 
 
 def test_training_records_the_fingerprint_of_the_data_it_read(tmp_path_factory):
   """A trained run's provenance.json holds the dataset, builder version and, per split, the
-  sha256 of the prepared files it read (checked against hashing those files directly)."""
+  number and sha256 of the records it read: equal to those of tf.Examples built here from the
+  TSV files the data was prepared from, so the fingerprint is the records' content."""
   workdir = g2p_mini.trained_run(tmp_path_factory)
   data = json.load(open(os.path.join(workdir, "provenance.json")))["data"]
-  data_dir = json.load(open(os.path.join(workdir, "config.json")))["data"]["data_dir"]
+  cfg = json.load(open(os.path.join(workdir, "config.json")))["data"]
   assert data["dataset"].startswith("tsv_pairs/") and data["version"] == "1.1.0"
   assert set(data["splits"]) == {"train", "validation", "test"}
+  tsv = {"train": cfg["train_file"], "validation": cfg["dev_file"], "test": cfg["test_file"]}
   for split, got in data["splits"].items():
-    assert got["files"] == 1 and got["sha256"] == sha256_of_split_files(data_dir, split)
+    records, sha = records_sha256_of_tsv(tsv[split])
+    assert got["files"] == 1 and (got["records"], got["records_sha256"]) == (records, sha)
+
+
+FINGERPRINT_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import g2p_mini
+from transformer import reporting
+from transformer.config import from_configdict
+from transformer.data import load_task
+task = load_task(from_configdict(g2p_mini.config({directory!r})), None, process_index=0,
+                 process_count=1)
+print(json.dumps(reporting.data_fingerprint(task, ["test"])))
+"""
+
+
+def test_the_same_data_prepared_by_two_processes_has_one_fingerprint(tmp_path):
+  """The known flake's cause: TFDS serializes a tf.Example's feature map in the preparing
+  process's dict order, which Python's per-process hash seed decides, so the same TSV prepared
+  under PYTHONHASHSEED=1 and =2 gives files that differ byte for byte (checked here, so the test
+  exercises the case). The fingerprints of the two must still be equal, and data_difference
+  must see no difference."""
+  prints = []
+  for seed in ("1", "2"):
+    directory = tmp_path / f"seed{seed}"
+    env = os.environ | {"PYTHONHASHSEED": seed, "JAX_PLATFORMS": "cpu"}
+    code = FINGERPRINT_SCRIPT.format(tests=os.path.dirname(__file__), directory=str(directory))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=300).stdout
+    prints.append(json.loads(out.strip().splitlines()[-1]))
+  paths = [glob.glob(os.path.join(tmp_path, f"seed{s}", "**", "*-test.array_record-*"),
+                     recursive=True) for s in ("1", "2")]
+  assert [len(p) for p in paths] == [1, 1]
+  assert open(paths[0][0], "rb").read() != open(paths[1][0], "rb").read()
+  assert prints[0]["splits"]["test"] == prints[1]["splits"]["test"]
+  assert reporting.data_difference(prints[0], prints[1], "test") is None
 
 
 def test_eval_warns_in_one_line_when_the_data_differs_from_the_runs(tmp_path_factory, tmp_path,
@@ -309,9 +352,11 @@ def test_eval_warns_in_one_line_when_the_data_differs_from_the_runs(tmp_path_fac
 
 
 def test_data_difference_compares_content_not_location():
-  """Two fingerprints of a split differ by their content (files, bytes, sha256), not by the
-  directory or the dataset's name (tsv_pairs names hold the files' paths); a split either side
-  lacks, or no fingerprint, is nothing to compare."""
+  """Two fingerprints of a split differ by their content (records, else files, bytes, sha256),
+  not by the directory or the dataset's name (tsv_pairs names hold the files' paths); a split
+  either side lacks, or no fingerprint, is nothing to compare. With records hashed on both
+  sides, the files' bytes are not compared (the same records prepared twice may differ in
+  bytes); against a run written before records were hashed, the keys both hold are."""
   split = {"files": 1, "bytes": 10, "sha256": "ab" * 32}
   run = {"dataset": "d/c", "version": "1.1.0", "dir": "/a", "splits": {"test": split}}
   moved = run | {"dir": "/b", "dataset": "d/e"}
@@ -323,3 +368,13 @@ def test_data_difference_compares_content_not_location():
           "test (1 files, 10 bytes, sha256 abababababab)")
   assert reporting.data_difference(run, moved, "validation") is None
   assert reporting.data_difference(None, moved, "test") is None
+  records = {"files": 1, "bytes": 10, "records": 5, "records_sha256": "ef" * 32}
+  new = run | {"splits": {"test": records}}
+  assert reporting.data_difference(new, new | {"splits": {"test": records | {"bytes": 12}}},
+                                   "test") is None
+  changed = new | {"splits": {"test": records | {"records_sha256": "01" * 32}}}
+  assert reporting.data_difference(new, changed, "test").endswith(
+      "test (1 files, 10 bytes, 5 records, records sha256 efefefefefef)")
+  assert reporting.data_difference(run, new, "test") is None  # old run: files and bytes agree
+  assert reporting.data_difference(run, new | {"splits": {"test": records | {"bytes": 12}}},
+                                   "test")

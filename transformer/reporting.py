@@ -16,9 +16,9 @@ Reporter whose methods are no-ops, so the training loop calls it unconditionally
       reporter.write_scalars(step, {"train/loss": float(loss), **reporter.throughput()})
   reporter.close()
 
-provenance.json records `data_fingerprint(task)`, the sizes and sha256 of the prepared split files
-the run reads; `eval.py` calls `warn_if_data_differs`, so evaluating on other data than training
-read (another preparation, builder version or data_dir content) is one warning line.
+provenance.json records `data_fingerprint(task)`, the sizes of the prepared split files the run
+reads and a sha256 of their records; `eval.py` calls `warn_if_data_differs`, so evaluating on other
+data than training read (another builder version or data_dir content) is one warning line.
 
 MFU = model FLOPs per step * steps per second / (devices * peak FLOP/s per device). Model FLOPs
 count the matmuls of forward + backward (backward = 2 x forward) exactly per layer; elementwise
@@ -45,6 +45,7 @@ import jax
 
 from transformer import config as config_lib
 from transformer import files
+from transformer.data import builders
 
 # A split whose files are larger than this is fingerprinted by its file sizes only: hashing
 # gigabytes (from a bucket, at every start) would cost more than the check is worth.
@@ -160,38 +161,55 @@ def _git(args: list[str], cwd: str) -> str | None:
 
 def data_fingerprint(task: Any, splits: Sequence[str] | None = None) -> dict[str, Any] | None:
   """The prepared data a task reads: dataset, builder version, directory and, per split (default
-  all), the number and total bytes of its files and their sha256 (None above DATA_HASH_LIMIT).
-  None when the data has no directory (mocked or in-memory tasks)."""
+  all), the number and total bytes of its files and what they hold: `records` and
+  `records_sha256` (builders.prepared_records_sha256: the same for the same records, whichever
+  process prepared them) for array_record shards, else the files' `sha256`; no hash above
+  DATA_HASH_LIMIT. None when the data has no directory (mocked or in-memory tasks)."""
   ds = getattr(task, "dataset", None)
   if ds is None or not files.isdir(ds.root):
     return None
-  names = files.listdir(ds.root)
+  names = sorted(files.listdir(ds.root))
   prefix = ds.name.split("/")[0]
   out = {}
   for split in ds.splits if splits is None else splits:
     shards = [epath.Path(ds.root) / n for n in names if n.startswith(f"{prefix}-{split}.")]
     size = sum(p.stat().length for p in shards)
-    digest = None
-    if size <= DATA_HASH_LIMIT:
+    out[split] = {"files": len(shards), "bytes": size}
+    if size > DATA_HASH_LIMIT:
+      out[split]["sha256"] = None
+    elif shards and all(".array_record-" in p.name for p in shards):
+      records, sha = builders.prepared_records_sha256([str(p) for p in shards])
+      out[split].update(records=records, records_sha256=sha)
+    else:
       digest = hashlib.sha256()
       for path in shards:
         with path.open("rb") as f:
           while chunk := f.read(1 << 22):
             digest.update(chunk)
-    out[split] = {"files": len(shards), "bytes": size,
-                  "sha256": digest.hexdigest() if digest else None}
+      out[split]["sha256"] = digest.hexdigest()
   # TFDS lays prepared data out as <data_dir>/<name>/<config>/<version>.
   return {"dataset": ds.name, "version": os.path.basename(os.path.normpath(ds.root)),
           "dir": ds.root, "splits": out}
 
 
+# What two fingerprints of a split compare: the records when both hashed them (the bytes of the
+# same records may differ, see data_fingerprint), else what both recorded (runs written before
+# records_sha256 existed hold the files' bytes and sha256).
+_CONTENT = ("records", "records_sha256")
+_FILES = ("files", "bytes", "sha256")
+
+
 def data_difference(run: Mapping[str, Any] | None, now: Mapping[str, Any] | None,
                     split: str) -> str | None:
-  """How split `split` of fingerprint `now` differs from the run's (its files' count, bytes or
-  sha256), in words; None when it does not, or when either side lacks it (nothing to compare)."""
+  """How split `split` of fingerprint `now` differs from the run's (its records, or its files'
+  count, bytes or sha256), in words; None when it does not, or when either side lacks it
+  (nothing to compare)."""
   if not run or not now or split not in run["splits"] or split not in now["splits"]:
     return None
-  if run["splits"][split] == now["splits"][split]:  # content only: the same data may move
+  a, b = run["splits"][split], now["splits"][split]
+  keys = _CONTENT if all(k in a and k in b for k in _CONTENT) else [
+      k for k in _FILES if k in a and k in b]
+  if all(a[k] == b[k] for k in keys):  # content only: the same data may move
     return None
   return f"{_describe(now, split)} in {now['dir']}, not {_describe(run, split)}"
 
@@ -199,8 +217,10 @@ def data_difference(run: Mapping[str, Any] | None, now: Mapping[str, Any] | None
 def _describe(fingerprint: Mapping[str, Any], split: str) -> str:
   """One split of a data fingerprint in words."""
   f = fingerprint["splits"][split]
+  held = (f"{f['records']} records, records sha256 {f['records_sha256'][:12]}"
+          if "records_sha256" in f else f"sha256 {(f.get('sha256') or 'not hashed')[:12]}")
   return (f"{fingerprint['dataset']} {fingerprint['version']} {split} ({f['files']} files, "
-          f"{f['bytes']} bytes, sha256 {(f['sha256'] or 'not hashed')[:12]})")
+          f"{f['bytes']} bytes, {held})")
 
 
 def warn_if_data_differs(workdir: str, task: Any, split: str) -> str | None:

@@ -46,6 +46,32 @@ def records_sha256(records: Iterable[Sequence[str]]) -> str:
   return digest.hexdigest()
 
 
+def prepared_records_sha256(paths: Sequence[str], chunk: int = 10_000) -> tuple[int, str]:
+  """(records, sha256) of the records in prepared array_record shard files, in order, each
+  tf.Example re-serialized deterministically (its feature map sorted by name).
+
+  The bytes TFDS writes are not a function of the records alone: a tf.Example's feature map is
+  serialized in the preparing process's dict order, which follows Python's per-process string
+  hash seed, so the same data prepared twice can differ byte for byte ('source' before 'target'
+  or after) at the same size. This digest is the same for the same records.
+  """
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
+  digest, count = hashlib.sha256(), 0
+  for path in paths:
+    reader = array_record_module.ArrayRecordReader(str(path))
+    try:
+      n = reader.num_records()
+      for start in range(0, n, chunk):
+        for raw in reader.read(start, min(start + chunk, n)):
+          digest.update(tf_example_pb2.Example.FromString(raw).SerializeToString(
+              deterministic=True))
+      count += n
+    finally:
+      reader.close()
+  return count, digest.hexdigest()
+
+
 def _files_fingerprint(paths: Sequence[str], *extra: Any) -> str:
   """A short name identifying local input files (path, size, mtime) and options."""
   stats = [(os.path.abspath(p), os.path.getsize(p), int(os.path.getmtime(p))) for p in paths]
