@@ -42,25 +42,31 @@ def tiny_tokenizer():
   return tok
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
-def hf_dir(request, tmp_path_factory):
-  """(directory, model, tokenizer) of a saved random BertForMaskedLM, tied head or not."""
-  tmp = tmp_path_factory.mktemp("bert")
+def save_tiny_bert(directory: str, tied: bool = True):
+  """Saves a random BertForMaskedLM (every weight perturbed) and its tokenizer.json in
+  `directory`; returns (model, tokenizer)."""
   tok = tiny_tokenizer()
   config = transformers.BertConfig(
       vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
       intermediate_size=64, max_position_embeddings=32, type_vocab_size=2,
       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0,
-      tie_word_embeddings=request.param)
+      tie_word_embeddings=tied)
   torch.manual_seed(0)
   model = transformers.BertForMaskedLM(config).eval()
   with torch.no_grad():
     for p in model.parameters():  # LayerNorm scales around 1, every bias non-zero
       p.add_(0.3 * torch.randn_like(p))
-  directory = tmp / "hf"
   model.save_pretrained(directory)
-  tok.save(str(directory / "tokenizer.json"))
-  return str(directory), model, tok
+  tok.save(os.path.join(directory, "tokenizer.json"))
+  return model, tok
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
+def hf_dir(request, tmp_path_factory):
+  """(directory, model, tokenizer) of a saved random BertForMaskedLM, tied head or not."""
+  directory = str(tmp_path_factory.mktemp("bert") / "hf")
+  model, tok = save_tiny_bert(directory, request.param)
+  return directory, model, tok
 
 
 def hf_batch(tok, texts):

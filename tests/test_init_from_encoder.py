@@ -1,5 +1,5 @@
-"""`train.py --init_from` for encoder-only fine-tuning (checkpoints.init_from_config, init_params
-with a fresh tree, shared_params): the pretrained encoder and embeddings load exactly, the new
+"""`train.py --init_from` for encoder-only fine-tuning (transformer/finetune.py: init_from_config,
+init_params with a fresh tree, shared_params): the pretrained encoder and embeddings load exactly, the new
 head is freshly initialised, and mismatched parameters are one line naming them. Then the
 restored runs' `classify()` and `fill_mask()` against logits computed by hand."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import transformer
-from transformer import checkpoints, models, steps
+from transformer import checkpoints, finetune, models, steps
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL
 from transformer.config import ConfigError, from_configdict
 from transformer.evaluation import evaluate_split
@@ -38,13 +38,13 @@ def test_fine_tuning_loads_exactly_the_shared_weights(mlm_run, tuned_run):
   from it trains)."""
   root, workdir = mlm_run
   pretrained = _flat(checkpoints.restore_params(checkpoints.load_run_config(workdir), workdir)[0])
-  cfg = checkpoints.init_from_config(
+  cfg = finetune.init_from_config(
       from_configdict(encoder_fixtures.config(str(root / "data"), "classify")), workdir)
   assert cfg.model.head == "classify" and cfg.model.vocab_size > 0  # the run's vocabulary
   cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_classes=7))
   model = models.build_model(cfg.model)
   fresh = steps.init_params(model, jax.random.key(1), models.example_batch(cfg.model))
-  loaded = _flat(checkpoints.init_params(workdir, fresh))
+  loaded = _flat(finetune.init_params(workdir, fresh))
   fresh = _flat(fresh)
   assert set(loaded) == set(fresh)
   heads = {k for k in loaded if k.startswith("['head']")}
@@ -118,7 +118,7 @@ def test_mismatched_parameters_are_one_line_naming_them():
   pretrained = {"token_embed": {"embedding": np.zeros((8, 4))},
                 "encoder": {"layers_0": {"w": np.zeros((4, 4))}}}
   with pytest.raises(ConfigError) as e:
-    checkpoints.shared_params(pretrained, fresh, "runs/mlm")
+    finetune.shared_params(pretrained, fresh, "runs/mlm")
   message = str(e.value)
   assert "\n" not in message and "--init_from=runs/mlm" in message
   assert "missing in the run: encoder/layers_0/b" in message
