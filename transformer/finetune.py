@@ -38,7 +38,7 @@ TOKENIZER_KEYS = ("tokenizer", "source_tokenizer", "spm_model_type", "spm_vocab_
                   "hf_tokenizer", "hf_id_offset")
 # Encoder-only fine-tuning puts a head on the pretrained encoder: these keys are the new config's.
 HEAD_MODEL_KEYS = ("arch", "head", "pooling", "num_classes")
-# The vocabulary head's knobs: the run's when its masked-LM head is continued, else the new config's.
+# The vocabulary head's knobs: the run's if its masked-LM head is continued, else the new config's.
 VOCAB_HEAD_KEYS = ("head_transform", "logits_bias", "tie_embeddings")
 HEAD = "head"  # the parameter subtree of an encoder-only model's head
 SHARED = ("token_embed", "encoder")  # what an encoder-only model takes from any pretrained run
