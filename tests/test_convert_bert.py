@@ -226,3 +226,40 @@ def test_bert_knobs_are_ordinary_config_values():
     assert any("['transform']['kernel']" in n for n in names) and any(
         "['transform_norm']['scale']" in n for n in names), names
     assert any(n.endswith("['logits_bias']['bias']") for n in names), names
+
+
+def test_encoder_attention_equals_hugging_face_attentions(hf_dir, converted):
+  """Run.attention on an encoder-only run gives, layer by layer and head by head, the attention
+  probabilities BertForMaskedLM (eager attention) returns with output_attentions=True for
+  [CLS] text [SEP], to 1e-5, with the row's tokens as labels."""
+  directory, _, tok = hf_dir
+  model = transformers.BertForMaskedLM.from_pretrained(directory, attn_implementation="eager")
+  run = transformer.restore(converted[0])
+  text = "the cat sees the mat."
+  att = run.attention(text)
+  ids, mask = hf_batch(tok, [text])
+  with torch.no_grad():
+    want = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                 output_attentions=True).attentions
+  assert len(att.encoder_self) == len(want) == 2 and not att.decoder_self and not att.cross
+  for got, ref in zip(att.encoder_self, want):
+    np.testing.assert_allclose(got, ref[0].numpy(), atol=1e-5)
+  assert att.source_tokens == ["<bos>", *[tok.id_to_token(i) for i in ids[0, 1:-1]], "</s>"]
+
+
+def test_notebook_plots_a_converted_bert(converted, tmp_path, capsys):
+  """The notebook's BERT section (notebooks/explore.py), run on the converted workdir, fills the
+  mask, draws the learned positional embeddings and the last layer's attention maps."""
+  import jupytext
+  from transformer import viz
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  notebook = jupytext.read(os.path.join(repo, "notebooks", "explore.py"))
+  cells = [c.source for c in notebook.cells]
+  code = cells[next(i for i, c in enumerate(cells) if c.startswith("## A converted BERT")) + 1]
+  env = dict(os=os, transformer=transformer, viz=viz, BERT_WORKDIR=converted[0],
+             BERT_TEXT="the cat _ the mat.", FIG_DIR=str(tmp_path))
+  exec(code, env)  # pylint: disable=exec-used
+  assert sorted(os.listdir(tmp_path)) == ["bert_attention.png", "bert_positional.png"]
+  assert all(os.path.getsize(tmp_path / f) > 1000 for f in os.listdir(tmp_path))
+  filled = transformer.restore(converted[0]).fill_mask("the cat _ the mat.")[0]
+  assert filled in capsys.readouterr().out

@@ -281,7 +281,16 @@ class Run:
     return self.generate_text(*args, **kwargs)
 
   def attention(self, text: str, target: str | None = None) -> Attention:
-    """Attention weights of every layer and head for `text` and `target` (default: greedy output)."""
+    """Attention weights of every layer and head for `text` and `target` (default: greedy output);
+    for an encoder-only run the encoder's over BOS + `text` + EOS (`target` unused)."""
+    if self.config.model.arch == "encoder_only":
+      row = np.asarray(self._encoder_rows([text])[0])[None]
+      _, state = models.batch_logits(self.model, self.params, {"inputs": jnp.asarray(row)},
+                                     mutable=["intermediates"])
+      weights = _collect_weights(state["intermediates"]).get(("encoder", "self"), [])
+      return Attention(source_tokens=_token_labels(self.source_tokenizer, row[0]),
+                       target_tokens=[], encoder_self=[w[0] for w in weights], decoder_self=[],
+                       cross=[])
     if target is None:
       target = self.generate_text([text], method="greedy")[0]
     batch = self._teacher_forced_batch([text], [target], multiple=1)  # exact lengths, no padding
