@@ -5,7 +5,8 @@ tensor BERT's can have), converted, then trained for 2 steps (dropout off, so th
 loss is the step-0 parameters' own) by train.py's train_and_evaluate with
   - configs/classify.py on CMUdict stress words (encoder_fixtures' small files): a new
     classification head on BERT's encoder, read through BERT's WordPiece tokenizer;
-  - configs/mlm.py:text on a small text file: continued masked-LM training of the whole model.
+  - configs/mlm.py:text on a small text file: continued masked-LM training of the whole model
+    (whole-word masking, mlm.py:text's default, over BERT's WordPiece words).
 References: the converted checkpoint as restore_params reads it, a fresh init of the classifier's
 config, and the loss of the converted model itself (transformer.restore of the converted workdir)
 on the same first batch.
@@ -77,7 +78,7 @@ def _mlm_config(root, **overrides):
   return _tiny(mlm.get_config("text"), **{
       "data.text_file": str(text_file), "data.data_dir": str(root / "tfds_text"),
       "data.max_source_len": 32, "data.max_target_len": 32,  # BERT's max_position_embeddings
-      "data.whole_word_masking": False, **overrides})
+      **overrides})
 
 
 def _train(cd, workdir, init_from):
@@ -146,7 +147,7 @@ def test_continued_mlm_starts_from_exactly_the_converted_model(converted, contin
   """configs/mlm.py:text --init_from=<converted BERT> continues BERT's own masked LM: the model
   config is BERT's (its MLM head's transform, bias and untied decoder included) but for dropout;
   both sides read BERT's tokenizer (mlm.py's char tokenizer is replaced, not built from the
-  text); the step-0 parameters are the converted checkpoint's, every leaf, head too; and the
+  text) and whole-word masking follows its '##' pieces; the step-0 parameters are the converted checkpoint's, every leaf, head too; and the
   run's first logged loss is the converted model's own loss on that first batch."""
   workdir, lines = continued
   bert = transformer.restore(converted)
@@ -155,6 +156,7 @@ def test_continued_mlm_starts_from_exactly_the_converted_model(converted, contin
   assert dataclasses.replace(cfg.model, **keep) == dataclasses.replace(bert.config.model, **keep)
   assert cfg.model.head_transform and cfg.model.logits_bias and not cfg.model.tie_embeddings
   assert (cfg.data.tokenizer, cfg.data.source_tokenizer) == ("hf", "hf")
+  assert cfg.data.whole_word_masking
   tuned = transformer.restore(workdir)
   assert tuned.source_tokenizer == tuned.target_tokenizer == bert.target_tokenizer
 
@@ -169,14 +171,9 @@ def test_continued_mlm_starts_from_exactly_the_converted_model(converted, contin
 
 
 def test_a_converted_bert_that_does_not_fit_the_task_is_a_one_line_error(root, converted):
-  """mlm.py:text as it is asks for rows of 128 tokens (BERT here has 32 positions) and
-  whole-word masking (which the WordPiece 'hf' tokenizer does not support): each is one line
-  naming --init_from and the key."""
+  """mlm.py:text as it is asks for rows of 128 tokens, BERT here has 32 positions: one line
+  naming --init_from and the keys."""
   cd = _mlm_config(root, **{"data.max_source_len": 128, "data.max_target_len": 128})
   with pytest.raises(ConfigError, match=r"^--init_from=.*data.max_source_len/max_target_len=128 "
                                         r"must be <= model.max_len=32$"):
     finetune.init_from_config(from_configdict(cd), converted)
-  cd = _mlm_config(root, **{"data.whole_word_masking": True})
-  with pytest.raises(ConfigError, match=r"^data: data.whole_word_masking=True needs .* this one "
-                                        r"is 'hf'$"):
-    train_and_evaluate(cd, str(root / "wwm"), init_from=converted)
