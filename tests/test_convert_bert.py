@@ -263,3 +263,28 @@ def test_notebook_plots_a_converted_bert(converted, tmp_path, capsys):
   assert all(os.path.getsize(tmp_path / f) > 1000 for f in os.listdir(tmp_path))
   filled = transformer.restore(converted[0]).fill_mask("the cat _ the mat.")[0]
   assert filled in capsys.readouterr().out
+
+
+def test_predict_prints_berts_own_top_k_and_probabilities(hf_dir, converted, capsys):
+  """`python -m transformer.predict --top_k=3` on the converted workdir prints at the marker
+  BERT's own three most likely tokens for [CLS] text-with-[MASK] [SEP], with the probabilities
+  of BERT's softmax over its vocabulary (to the 3 decimals printed), and fill_mask's text."""
+  from transformer import predict
+  _, model, tok = hf_dir
+  left, right = "the cat", "the mat."
+  ids = ([tok.token_to_id("[CLS]")] + tok.encode(left, add_special_tokens=False).ids
+         + [tok.token_to_id("[MASK]")] + tok.encode(right, add_special_tokens=False).ids
+         + [tok.token_to_id("[SEP]")])
+  logits = hf_logits(model, np.array([ids]), np.ones((1, len(ids)), np.int64))[0]
+  at = ids.index(tok.token_to_id("[MASK]"))
+  probs = np.exp(logits[at] - logits[at].max())
+  probs /= probs.sum()
+  order = np.argsort(-logits[at], kind="stable")[:3]
+  text = f"{left} _ {right}"
+  assert predict.main([f"--workdir={converted[0]}", "--top_k=3", text]) == 0
+  fields = capsys.readouterr().out.strip().split("\t")
+  assert fields[:2] == [text, transformer.restore(converted[0]).fill_mask(text)[0]]
+  fillers = [f.rsplit("=", 1) for f in fields[2].split("  ")]
+  assert [t for t, _ in fillers] == [tok.decode([int(j)], skip_special_tokens=False)
+                                     for j in order]
+  np.testing.assert_allclose([float(p) for _, p in fillers], probs[order], atol=5e-4 + 1e-6)

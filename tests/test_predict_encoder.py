@@ -74,7 +74,7 @@ def _predict(capsys, *argv, stdin=None):
 def test_mlm_prints_the_filled_text_and_top_k_fillers_per_marker(runs, capsys):
   """An MLM run's line: the input, fill_mask's text, then per marker the --top_k most likely
   ordinary tokens of the hand-computed logits at that [MASK] (ordered, probabilities of the
-  softmax over the whole vocabulary, 3 decimals); the first filler is the one filled in."""
+  softmax over the ordinary tokens, 3 decimals); the first filler is the one filled in."""
   run = runs["mlm"]
   texts = ["ba_an_", "_at"]
   status, lines, err = _predict(capsys, f"--workdir={run.workdir}", "--top_k=3", *texts)
@@ -88,7 +88,8 @@ def test_mlm_prints_the_filled_text_and_top_k_fillers_per_marker(runs, capsys):
     at = [i + 1 for i, c in enumerate(text) if c == "_"]
     assert len(fields) == 2 + len(at)
     for i, field in zip(at, fields[2:]):
-      probs = _softmax(logits[i])
+      probs = np.concatenate([np.zeros(NUM_SPECIAL),
+                              _softmax(logits[i, NUM_SPECIAL:tok.vocab_size])])
       order = np.argsort(-logits[i, NUM_SPECIAL:tok.vocab_size], kind="stable")[:3] + NUM_SPECIAL
       want = [f"{tok.decode([int(j)])}={probs[j]:.3f}" for j in order]
       assert field.split("  ") == want
@@ -97,7 +98,7 @@ def test_mlm_prints_the_filled_text_and_top_k_fillers_per_marker(runs, capsys):
 
 def test_classify_prints_the_argmax_label_and_its_probability(runs, capsys):
   """A classification run's line: input, the argmax of the hand-computed logits over the
-  ordinary labels, and its softmax probability over all classes (4 decimals); lines come from
+  ordinary labels, and its softmax probability over those labels (4 decimals); lines come from
   stdin as well."""
   run = runs["classify"]
   status, lines, err = _predict(capsys, f"--workdir={run.workdir}",
@@ -107,7 +108,8 @@ def test_classify_prints_the_argmax_label_and_its_probability(runs, capsys):
     logits = _hand_logits(run, run.source_tokenizer.encode(word))[0]
     best = int(logits[NUM_SPECIAL:run.target_tokenizer.vocab_size].argmax()) + NUM_SPECIAL
     assert label == run.target_tokenizer.decode([best]) == run.classify(word)[0]
-    assert prob == f"{_softmax(logits)[best]:.4f}"
+    vocab = run.target_tokenizer.vocab_size
+    assert prob == f"{_softmax(logits[NUM_SPECIAL:vocab])[best - NUM_SPECIAL]:.4f}"
 
 
 def test_tag_prints_one_tag_per_token(runs, capsys):

@@ -8,9 +8,9 @@
   att = run.attention("hello")                    # every layer and head, see `Attention`
   viz.plot_attention(att.cross[0], att.target_tokens, att.source_tokens)
   transformer.restore("runs/stress").classify(["hello"])      # encoder-only classifier: ['2']
-  transformer.restore("runs/stress").classify_with_probability(["hello"])  # [('2', 0.71)]
+  transformer.restore("runs/stress").classify_with_probability(["hello"])  # [(label, p)]
   transformer.restore("runs/mlm").fill_mask(["he_lo"])        # masked LM: ['hello']
-  transformer.restore("runs/mlm").mask_fillers(["he_lo"], k=2)  # [[[('l', 0.6), ('r', 0.1)]]]
+  transformer.restore("runs/mlm").mask_fillers(["he_lo"], k=2)  # [[[(tok, p), (tok, p)]]]
   transformer.restore("runs/tagger").tag(["hello"])           # [[('h', 'C'), ('e', 'V'), ...]]
 
 Everything comes from the workdir: config.json, the orbax checkpoint, and the task built by
@@ -202,16 +202,24 @@ class Run:
     """[..., classes] logits -> the argmax over the ordinary label ids (never a special id)."""
     return logits[..., NUM_SPECIAL:self.target_tokenizer.vocab_size].argmax(-1) + NUM_SPECIAL
 
+  @staticmethod
+  def _ordinary_probs(logits: np.ndarray, vocab_size: int) -> np.ndarray:
+    """[..., n] logits -> the softmax over the ordinary ids NUM_SPECIAL..vocab_size, the ones a
+    prediction can be (index i is id NUM_SPECIAL + i). For a converted BERT that is exactly
+    BERT's own softmax over its vocabulary: our reserved and objective ids are copies."""
+    return np.asarray(jax.nn.softmax(jnp.asarray(logits[..., NUM_SPECIAL:vocab_size]), axis=-1))
+
   def classify_with_probability(self, texts: Sequence[str] | str) -> list[tuple[str, float]]:
     """(predicted label, its probability) of each text (a classification run: model.head=
     'classify'); the label is the most likely ordinary label, the probability its softmax over
-    all of the head's classes."""
+    the ordinary labels (never a special id)."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     rows = self._encoder_rows(texts)
     logits = self._encoder_logits(rows, "classify")[:, 0]  # slot 0: the row's one example
-    probs = np.asarray(jax.nn.softmax(logits, axis=-1))
+    probs = self._ordinary_probs(logits, self.target_tokenizer.vocab_size)
     best = self._best_labels(logits)
-    return [(self.target_tokenizer.decode([int(i)]), float(p[i])) for i, p in zip(best, probs)]
+    return [(self.target_tokenizer.decode([int(i)]), float(p[i - NUM_SPECIAL]))
+            for i, p in zip(best, probs)]
 
   def classify(self, texts: Sequence[str] | str) -> list[str]:
     """The predicted label of each text (a classification run: model.head='classify')."""
@@ -241,15 +249,15 @@ class Run:
   def mask_fillers(self, texts: Sequence[str] | str, k: int = 5, mask: str = "_"
                    ) -> list[list[list[tuple[str, float]]]]:
     """For each text, for each `mask` marker in order, the masked LM's k most likely ordinary
-    tokens there with their probabilities (softmax over the whole vocabulary), most likely
-    first; the first is what fill_mask puts there."""
+    tokens there with their probabilities (softmax over the ordinary tokens, those that can fill
+    a marker), most likely first; the first is what fill_mask puts there."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     if k < 1:
       raise ValueError(f"top_k={k} must be >= 1")
     tok = self.source_tokenizer
     rows, mask_id = self._mask_rows(texts, mask)
     logits = self._encoder_logits(rows, "mlm")
-    probs = np.asarray(jax.nn.softmax(logits, axis=-1))[..., NUM_SPECIAL:tok.vocab_size]
+    probs = self._ordinary_probs(logits, tok.vocab_size)
     out = []
     for r, row in enumerate(rows):
       at = [i for i, t in enumerate(row) if t == mask_id]
