@@ -124,6 +124,7 @@ def test_tag_prints_one_tag_per_token(runs, capsys):
     best = logits[:, NUM_SPECIAL:run.target_tokenizer.vocab_size].argmax(-1) + NUM_SPECIAL
     want = [f"{c}/{run.target_tokenizer.decode([int(b)])}" for c, b in zip(word, best)]
     assert tags.split(" ") == want and len(want) == len(word)
+  assert repr(run).endswith("arch=encoder_only, d_model=32, layers=2+0)")  # no decoder stack
 
 
 def test_bad_lines_and_flags_are_one_line_errors(runs, capsys):

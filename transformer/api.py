@@ -101,9 +101,10 @@ class Run:
   def __repr__(self) -> str:
     m = self.config.model
     averaged = f", averaged_steps={list(self.averaged_steps)}" if self.averaged_steps else ""
+    encoder = m.num_encoder_layers if m.arch != "decoder_only" else 0  # the stacks it has
+    decoder = m.num_decoder_layers if m.arch != "encoder_only" else 0
     return (f"Run({self.workdir!r}, step={self.step}, params={self.params_source!r}{averaged}, "
-            f"arch={m.arch}, d_model={m.d_model}, "
-            f"layers={m.num_encoder_layers}+{m.num_decoder_layers})")
+            f"arch={m.arch}, d_model={m.d_model}, layers={encoder}+{decoder})")
 
   # ---- encoding
 
