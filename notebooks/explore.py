@@ -17,9 +17,10 @@
 # Restores the README quickstart's run, `runs/g2p_tiny` (`configs/g2p.py:tiny`), training it first
 # only if that directory holds no checkpoints; decodes a few words with every decoding method,
 # scores pronunciations, and looks inside: attention maps of every kind, the sinusoidal
-# positional encoding and the learning curves. Last, if there is one, a Hugging Face GPT-2
-# converted into a workdir (`python -m transformer.convert --from_hf=DIR --workdir=runs/gpt2`):
-# its attention maps and the positional embeddings it learned.
+# positional encoding and the learning curves. Last, if there are any, a Hugging Face GPT-2 and
+# a BERT converted into workdirs (`python -m transformer.convert --from_hf=DIR
+# --workdir=runs/gpt2`, and `runs/bert`): their attention maps and the positional embeddings they
+# learned.
 #
 # This file is the source (jupytext percent format); `explore.ipynb` is generated from it with
 # `jupytext --to notebook notebooks/explore.py`. Start it from the repository root or from
@@ -36,6 +37,8 @@ FIG_DIR = os.environ.get("EXPLORE_FIG_DIR") or os.path.join(WORKDIR, "figures")
 WORDS = ["phoneme", "attention", "transformer", "jax"]
 HF_WORKDIR = os.environ.get("EXPLORE_HF_WORKDIR") or os.path.join(ROOT, "runs", "gpt2")
 HF_TEXT = "The quick brown fox jumps over the lazy dog."
+BERT_WORKDIR = os.environ.get("EXPLORE_BERT_WORKDIR") or os.path.join(ROOT, "runs", "bert")
+BERT_TEXT = "paris is the _ of france."
 
 # %% [markdown]
 # ## Restore (or train)
@@ -134,3 +137,25 @@ if os.path.isdir(os.path.join(HF_WORKDIR, "checkpoints")):
                      path=os.path.join(FIG_DIR, "gpt2_attention.png"))
 else:
   print(f"no converted GPT-2 in {HF_WORKDIR}")
+
+# %% [markdown]
+# ## A converted BERT
+# Skipped unless `BERT_WORKDIR` holds a converted checkpoint (`python -m transformer.convert
+# --from_hf=bert_base_uncased_dir --workdir=runs/bert`). The masked LM fills the `_` of
+# `BERT_TEXT`; BERT learned its positions too (the table folds in the type-0 embedding, see
+# `transformer/convert/bert.py`); its encoder's last layer attends over [CLS] (shown as <bos>),
+# the text and [SEP] (</s>) in both directions.
+
+# %%
+if os.path.isdir(os.path.join(BERT_WORKDIR, "checkpoints")):
+  bert = transformer.restore(BERT_WORKDIR)
+  print(bert.fill_mask(BERT_TEXT), bert.mask_fillers(BERT_TEXT, k=5))
+  positions = bert.params["encoder"]["position_embed"]["embedding"]
+  viz.plot_positional_encoding(table=positions[:64],
+                               path=os.path.join(FIG_DIR, "bert_positional.png"))
+  att = bert.attention(BERT_TEXT.replace("_", "capital"))
+  viz.plot_attention(att.encoder_self[-1], att.source_tokens, att.source_tokens,
+                     title=f"BERT self-attention, layer {len(att.encoder_self) - 1}",
+                     path=os.path.join(FIG_DIR, "bert_attention.png"))
+else:
+  print(f"no converted BERT in {BERT_WORKDIR}")

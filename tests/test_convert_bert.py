@@ -42,25 +42,31 @@ def tiny_tokenizer():
   return tok
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
-def hf_dir(request, tmp_path_factory):
-  """(directory, model, tokenizer) of a saved random BertForMaskedLM, tied head or not."""
-  tmp = tmp_path_factory.mktemp("bert")
+def save_tiny_bert(directory: str, tied: bool = True):
+  """Saves a random BertForMaskedLM (every weight perturbed) and its tokenizer.json in
+  `directory`; returns (model, tokenizer)."""
   tok = tiny_tokenizer()
   config = transformers.BertConfig(
       vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
       intermediate_size=64, max_position_embeddings=32, type_vocab_size=2,
       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0,
-      tie_word_embeddings=request.param)
+      tie_word_embeddings=tied)
   torch.manual_seed(0)
   model = transformers.BertForMaskedLM(config).eval()
   with torch.no_grad():
     for p in model.parameters():  # LayerNorm scales around 1, every bias non-zero
       p.add_(0.3 * torch.randn_like(p))
-  directory = tmp / "hf"
   model.save_pretrained(directory)
-  tok.save(str(directory / "tokenizer.json"))
-  return str(directory), model, tok
+  tok.save(os.path.join(directory, "tokenizer.json"))
+  return model, tok
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
+def hf_dir(request, tmp_path_factory):
+  """(directory, model, tokenizer) of a saved random BertForMaskedLM, tied head or not."""
+  directory = str(tmp_path_factory.mktemp("bert") / "hf")
+  model, tok = save_tiny_bert(directory, request.param)
+  return directory, model, tok
 
 
 def hf_batch(tok, texts):
@@ -220,3 +226,65 @@ def test_bert_knobs_are_ordinary_config_values():
     assert any("['transform']['kernel']" in n for n in names) and any(
         "['transform_norm']['scale']" in n for n in names), names
     assert any(n.endswith("['logits_bias']['bias']") for n in names), names
+
+
+def test_encoder_attention_equals_hugging_face_attentions(hf_dir, converted):
+  """Run.attention on an encoder-only run gives, layer by layer and head by head, the attention
+  probabilities BertForMaskedLM (eager attention) returns with output_attentions=True for
+  [CLS] text [SEP], to 1e-5, with the row's tokens as labels."""
+  directory, _, tok = hf_dir
+  model = transformers.BertForMaskedLM.from_pretrained(directory, attn_implementation="eager")
+  run = transformer.restore(converted[0])
+  text = "the cat sees the mat."
+  att = run.attention(text)
+  ids, mask = hf_batch(tok, [text])
+  with torch.no_grad():
+    want = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                 output_attentions=True).attentions
+  assert len(att.encoder_self) == len(want) == 2 and not att.decoder_self and not att.cross
+  for got, ref in zip(att.encoder_self, want):
+    np.testing.assert_allclose(got, ref[0].numpy(), atol=1e-5)
+  assert att.source_tokens == ["<bos>", *[tok.id_to_token(i) for i in ids[0, 1:-1]], "</s>"]
+
+
+def test_notebook_plots_a_converted_bert(converted, tmp_path, capsys):
+  """The notebook's BERT section (notebooks/explore.py), run on the converted workdir, fills the
+  mask, draws the learned positional embeddings and the last layer's attention maps."""
+  import jupytext
+  from transformer import viz
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  notebook = jupytext.read(os.path.join(repo, "notebooks", "explore.py"))
+  cells = [c.source for c in notebook.cells]
+  code = cells[next(i for i, c in enumerate(cells) if c.startswith("## A converted BERT")) + 1]
+  env = dict(os=os, transformer=transformer, viz=viz, BERT_WORKDIR=converted[0],
+             BERT_TEXT="the cat _ the mat.", FIG_DIR=str(tmp_path))
+  exec(code, env)  # pylint: disable=exec-used
+  assert sorted(os.listdir(tmp_path)) == ["bert_attention.png", "bert_positional.png"]
+  assert all(os.path.getsize(tmp_path / f) > 1000 for f in os.listdir(tmp_path))
+  filled = transformer.restore(converted[0]).fill_mask("the cat _ the mat.")[0]
+  assert filled in capsys.readouterr().out
+
+
+def test_predict_prints_berts_own_top_k_and_probabilities(hf_dir, converted, capsys):
+  """`python -m transformer.predict --top_k=3` on the converted workdir prints at the marker
+  BERT's own three most likely tokens for [CLS] text-with-[MASK] [SEP], with the probabilities
+  of BERT's softmax over its vocabulary (to the 3 decimals printed), and fill_mask's text."""
+  from transformer import predict
+  _, model, tok = hf_dir
+  left, right = "the cat", "the mat."
+  ids = ([tok.token_to_id("[CLS]")] + tok.encode(left, add_special_tokens=False).ids
+         + [tok.token_to_id("[MASK]")] + tok.encode(right, add_special_tokens=False).ids
+         + [tok.token_to_id("[SEP]")])
+  logits = hf_logits(model, np.array([ids]), np.ones((1, len(ids)), np.int64))[0]
+  at = ids.index(tok.token_to_id("[MASK]"))
+  probs = np.exp(logits[at] - logits[at].max())
+  probs /= probs.sum()
+  order = np.argsort(-logits[at], kind="stable")[:3]
+  text = f"{left} _ {right}"
+  assert predict.main([f"--workdir={converted[0]}", "--top_k=3", text]) == 0
+  fields = capsys.readouterr().out.strip().split("\t")
+  assert fields[:2] == [text, transformer.restore(converted[0]).fill_mask(text)[0]]
+  fillers = [f.rsplit("=", 1) for f in fields[2].split("  ")]
+  assert [t for t, _ in fillers] == [tok.decode([int(j)], skip_special_tokens=False)
+                                     for j in order]
+  np.testing.assert_allclose([float(p) for _, p in fillers], probs[order], atol=5e-4 + 1e-6)

@@ -100,6 +100,31 @@ def test_whole_word_boundaries_of_a_char_tokenizer():
     denoise.word_starts_fn(tokenizers.build("symbol", ["A B"]))
 
 
+def test_whole_word_boundaries_of_a_wordpiece_tokenizer():
+  """BERT's WordPiece ('hf'): a word starts at every piece without the '##' prefix, exactly where
+  Hugging Face's own word_ids() begin a new word (punctuation is a word of its own, as in BERT's
+  whole-word masking); a byte-level BPE tokenizer.json is a one-line error naming its model."""
+  hf = pytest.importorskip("tokenizers")
+  tok = hf.Tokenizer(hf.models.WordPiece(unk_token="[UNK]"))
+  tok.normalizer = hf.normalizers.BertNormalizer(lowercase=True)
+  tok.pre_tokenizer = hf.pre_tokenizers.BertPreTokenizer()
+  tok.train_from_iterator(["the cat sees the mat.", "a dog likes a red ball."] * 10,
+                          hf.trainers.WordPieceTrainer(vocab_size=40, show_progress=False,
+                                                       special_tokens=["[PAD]", "[UNK]"]))
+  text = "the cats like red balls, the dog sees."
+  ours = tokenizers.HFTokenizer(tok.to_str())
+  ids = np.array(ours.encode(text))
+  words = tok.encode(text, add_special_tokens=False).word_ids
+  want = [i == 0 or words[i] != words[i - 1] for i in range(len(words))]
+  assert any(not w for w in want) and len(want) == len(ids)  # some word has several pieces
+  np.testing.assert_array_equal(denoise.word_starts_fn(ours)(ids), want)
+  bpe = hf.Tokenizer(hf.models.BPE())
+  bpe.train_from_iterator(["a b"], hf.trainers.BpeTrainer(special_tokens=["<s>", "</s>"],
+                                                          show_progress=False))
+  with pytest.raises(ValueError, match=r"whole_word_masking.* this one is 'hf' \('BPE'\)$"):
+    denoise.word_starts_fn(tokenizers.HFTokenizer(bpe.to_str()))
+
+
 def test_label_fraction_subsets_are_nested_and_in_order():
   ex, _ = _examples(200)
   small, large = labels.subset(ex, 0.01), labels.subset(ex, 0.1)

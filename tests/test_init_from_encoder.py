@@ -1,7 +1,8 @@
-"""`train.py --init_from` for encoder-only fine-tuning (checkpoints.init_from_config, init_params
-with a fresh tree, shared_params): the pretrained encoder and embeddings load exactly, the new
-head is freshly initialised, and mismatched parameters are one line naming them. Then the
-restored runs' `classify()` and `fill_mask()` against logits computed by hand."""
+"""`train.py --init_from` for encoder-only fine-tuning (transformer/finetune.py: init_from_config,
+init_params with a fresh tree, shared_params): the pretrained encoder and embeddings load
+exactly, the new head is freshly initialised (its keys the new config's unless a masked LM
+continues), and mismatched parameters are one line naming them. Then the restored runs'
+`classify()` and `fill_mask()` against logits computed by hand."""
 
 import dataclasses
 import os
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 import transformer
-from transformer import checkpoints, models, steps
+from transformer import checkpoints, finetune, models, steps
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL
 from transformer.config import ConfigError, from_configdict
 from transformer.evaluation import evaluate_split
@@ -38,13 +39,13 @@ def test_fine_tuning_loads_exactly_the_shared_weights(mlm_run, tuned_run):
   from it trains)."""
   root, workdir = mlm_run
   pretrained = _flat(checkpoints.restore_params(checkpoints.load_run_config(workdir), workdir)[0])
-  cfg = checkpoints.init_from_config(
+  cfg = finetune.init_from_config(
       from_configdict(encoder_fixtures.config(str(root / "data"), "classify")), workdir)
   assert cfg.model.head == "classify" and cfg.model.vocab_size > 0  # the run's vocabulary
   cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_classes=7))
   model = models.build_model(cfg.model)
   fresh = steps.init_params(model, jax.random.key(1), models.example_batch(cfg.model))
-  loaded = _flat(checkpoints.init_params(workdir, fresh))
+  loaded = _flat(finetune.init_params(workdir, fresh))
   fresh = _flat(fresh)
   assert set(loaded) == set(fresh)
   heads = {k for k in loaded if k.startswith("['head']")}
@@ -118,8 +119,40 @@ def test_mismatched_parameters_are_one_line_naming_them():
   pretrained = {"token_embed": {"embedding": np.zeros((8, 4))},
                 "encoder": {"layers_0": {"w": np.zeros((4, 4))}}}
   with pytest.raises(ConfigError) as e:
-    checkpoints.shared_params(pretrained, fresh, "runs/mlm")
+    finetune.shared_params(pretrained, fresh, "runs/mlm")
   message = str(e.value)
   assert "\n" not in message and "--init_from=runs/mlm" in message
   assert "missing in the run: encoder/layers_0/b" in message
   assert "shapes differ: token_embed/embedding" in message
+
+
+@pytest.mark.parametrize("source_arch,source_head,new_head,continued", [
+    ("encoder_only", "mlm", "mlm", True), ("encoder_only", "mlm", "classify", False),
+    ("encoder_decoder", "mlm", "mlm", False), ("encoder_only", "classify", "mlm", False)])
+def test_head_keys_are_the_runs_only_when_its_masked_lm_head_continues(
+    tmp_path, source_arch, source_head, new_head, continued):
+  """init_from_config (a run's config.json is all it reads): the vocabulary head's knobs
+  (head_transform, logits_bias, tie_embeddings) are the run's when a masked-LM config continues an
+  encoder-only masked-LM run, else the new config's; the encoder's own knobs (embedding_norm,
+  norm_position) are always the run's. A masked-LM objective reads the run's tokenizer on both
+  sides, a classifier keeps its label tokenizer."""
+  import json
+  from transformer.config import to_dict
+  run = from_configdict(encoder_fixtures.config(str(tmp_path / "d"), "mlm", **{
+      "model.arch": source_arch, "model.head": source_head, "model.num_decoder_layers": 1,
+      "model.tie_embeddings": False, "model.head_transform": True, "model.logits_bias": True,
+      "model.embedding_norm": True, "model.norm_position": "post", "data.tokenizer": "byte",
+      "data.source_tokenizer": "" if source_arch == "encoder_only" else "char",
+      "data.objective": "mlm" if source_head == "mlm" and source_arch == "encoder_only" else "none",
+      "data.label": "none" if source_head == "mlm" else "primary_stress"}))
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "config.json").write_text(json.dumps(to_dict(run)))
+  new = from_configdict(encoder_fixtures.config(str(tmp_path / "d"), new_head))
+  got = finetune.init_from_config(new, str(tmp_path / "run"))
+  knobs = lambda m: (m.head_transform, m.logits_bias, m.tie_embeddings)  # noqa: E731
+  assert knobs(got.model) == knobs((run if continued else new).model)
+  assert got.model.embedding_norm and got.model.norm_position == "post"
+  assert finetune.continues_head(run, new_head) == continued
+  source = "byte" if source_arch == "encoder_only" else "char"
+  assert got.data.source_tokenizer == source
+  assert got.data.tokenizer == (source if new_head == "mlm" else new.data.tokenizer)

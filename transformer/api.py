@@ -8,7 +8,10 @@
   att = run.attention("hello")                    # every layer and head, see `Attention`
   viz.plot_attention(att.cross[0], att.target_tokens, att.source_tokens)
   transformer.restore("runs/stress").classify(["hello"])      # encoder-only classifier: ['2']
+  transformer.restore("runs/stress").classify_with_probability(["hello"])  # [(label, p)]
   transformer.restore("runs/mlm").fill_mask(["he_lo"])        # masked LM: ['hello']
+  transformer.restore("runs/mlm").mask_fillers(["he_lo"], k=2)  # [[[(tok, p), (tok, p)]]]
+  transformer.restore("runs/tagger").tag(["hello"])           # [[('h', 'C'), ('e', 'V'), ...]]
 
 Everything comes from the workdir: config.json, the orbax checkpoint, and the task built by
 `transformer.data.load_task(config, workdir)`, which reuses the tokenizers training saved under
@@ -98,9 +101,10 @@ class Run:
   def __repr__(self) -> str:
     m = self.config.model
     averaged = f", averaged_steps={list(self.averaged_steps)}" if self.averaged_steps else ""
+    encoder = m.num_encoder_layers if m.arch != "decoder_only" else 0  # the stacks it has
+    decoder = m.num_decoder_layers if m.arch != "encoder_only" else 0
     return (f"Run({self.workdir!r}, step={self.step}, params={self.params_source!r}{averaged}, "
-            f"arch={m.arch}, d_model={m.d_model}, "
-            f"layers={m.num_encoder_layers}+{m.num_decoder_layers})")
+            f"arch={m.arch}, d_model={m.d_model}, layers={encoder}+{decoder})")
 
   # ---- encoding
 
@@ -189,20 +193,51 @@ class Run:
       array[i, :len(row)] = row
     return np.asarray(self._forward(self.params, {"inputs": array}))[:len(rows)]
 
-  def classify(self, texts: Sequence[str] | str) -> list[str]:
-    """The predicted label of each text (a classification run: model.head='classify')."""
-    texts = [texts] if isinstance(texts, str) else list(texts)
+  def _encoder_rows(self, texts: Sequence[str]) -> list[list[int]]:
+    """BOS + ids + EOS of each text, truncated to data.max_source_len as training's rows."""
     rows, _ = labels.encoder_rows(texts, self.source_tokenizer, self.config.data.max_source_len,
                                   "truncate")
-    logits = self._encoder_logits(rows, "classify")[:, 0]  # slot 0: the row's one example
-    ordinary = logits[:, NUM_SPECIAL:self.target_tokenizer.vocab_size]
-    return [self.target_tokenizer.decode([int(i) + NUM_SPECIAL]) for i in ordinary.argmax(-1)]
+    return rows
 
-  def fill_mask(self, texts: Sequence[str] | str, mask: str = "_") -> list[str]:
-    """Each text with every `mask` marker replaced by the masked LM's most likely token (an
-    ordinary token of the tokenizer, never a special id); texts are encoded piece by piece
-    around the markers, each marker one [MASK]."""
+  def _best_labels(self, logits: np.ndarray) -> np.ndarray:
+    """[..., classes] logits -> the argmax over the ordinary label ids (never a special id)."""
+    return logits[..., NUM_SPECIAL:self.target_tokenizer.vocab_size].argmax(-1) + NUM_SPECIAL
+
+  @staticmethod
+  def _ordinary_probs(logits: np.ndarray, vocab_size: int) -> np.ndarray:
+    """[..., n] logits -> the softmax over the ordinary ids NUM_SPECIAL..vocab_size, the ones a
+    prediction can be (index i is id NUM_SPECIAL + i). For a converted BERT that is exactly
+    BERT's own softmax over its vocabulary: our reserved and objective ids are copies."""
+    return np.asarray(jax.nn.softmax(jnp.asarray(logits[..., NUM_SPECIAL:vocab_size]), axis=-1))
+
+  def classify_with_probability(self, texts: Sequence[str] | str) -> list[tuple[str, float]]:
+    """(predicted label, its probability) of each text (a classification run: model.head=
+    'classify'); the label is the most likely ordinary label, the probability its softmax over
+    the ordinary labels (never a special id)."""
     texts = [texts] if isinstance(texts, str) else list(texts)
+    rows = self._encoder_rows(texts)
+    logits = self._encoder_logits(rows, "classify")[:, 0]  # slot 0: the row's one example
+    probs = self._ordinary_probs(logits, self.target_tokenizer.vocab_size)
+    best = self._best_labels(logits)
+    return [(self.target_tokenizer.decode([int(i)]), float(p[i - NUM_SPECIAL]))
+            for i, p in zip(best, probs)]
+
+  def classify(self, texts: Sequence[str] | str) -> list[str]:
+    """The predicted label of each text (a classification run: model.head='classify')."""
+    return [label for label, _ in self.classify_with_probability(texts)]
+
+  def tag(self, texts: Sequence[str] | str) -> list[list[tuple[str, str]]]:
+    """(token, predicted tag) for every token of each text (a tagging run: model.head='tag'),
+    tokens as the source tokenizer splits the text (truncated to data.max_source_len)."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    rows = self._encoder_rows(texts)
+    best = self._best_labels(self._encoder_logits(rows, "tag"))
+    return [[(self.source_tokenizer.decode([t]), self.target_tokenizer.decode([int(b)]))
+             for t, b in zip(row[1:-1], best[r, 1:len(row) - 1])] for r, row in enumerate(rows)]
+
+  def _mask_rows(self, texts: Sequence[str], mask: str) -> tuple[list[list[int]], int]:
+    """BOS + ids + EOS per text, each `mask` marker one [MASK] (the pieces between markers are
+    encoded one by one); (rows, the [MASK] id)."""
     tok = self.source_tokenizer
     mask_id = objectives.ExtraIds(tok.vocab_size).mask_id
     rows = []
@@ -210,6 +245,36 @@ class Run:
       pieces = [tok.encode(p) for p in text.split(mask)]
       ids = [t for i, p in enumerate(pieces) for t in ([mask_id] if i else []) + p]
       rows.append([tok.bos_id] + ids + [tok.eos_id])
+    return rows, mask_id
+
+  def mask_fillers(self, texts: Sequence[str] | str, k: int = 5, mask: str = "_"
+                   ) -> list[list[list[tuple[str, float]]]]:
+    """For each text, for each `mask` marker in order, the masked LM's k most likely ordinary
+    tokens there with their probabilities (softmax over the ordinary tokens, those that can fill
+    a marker), most likely first; the first is what fill_mask puts there."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if k < 1:
+      raise ValueError(f"top_k={k} must be >= 1")
+    tok = self.source_tokenizer
+    rows, mask_id = self._mask_rows(texts, mask)
+    logits = self._encoder_logits(rows, "mlm")
+    probs = self._ordinary_probs(logits, tok.vocab_size)
+    out = []
+    for r, row in enumerate(rows):
+      at = [i for i, t in enumerate(row) if t == mask_id]
+      ranked = [np.argsort(-logits[r, i, NUM_SPECIAL:tok.vocab_size], kind="stable")[:k]
+                for i in at]
+      out.append([[(tok.decode([int(j) + NUM_SPECIAL]), float(probs[r, i, j])) for j in order]
+                  for i, order in zip(at, ranked)])
+    return out
+
+  def fill_mask(self, texts: Sequence[str] | str, mask: str = "_") -> list[str]:
+    """Each text with every `mask` marker replaced by the masked LM's most likely token (an
+    ordinary token of the tokenizer, never a special id); texts are encoded piece by piece
+    around the markers, each marker one [MASK]."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    tok = self.source_tokenizer
+    rows, mask_id = self._mask_rows(texts, mask)
     logits = self._encoder_logits(rows, "mlm")
     out = []
     for r, row in enumerate(rows):
@@ -225,7 +290,16 @@ class Run:
     return self.generate_text(*args, **kwargs)
 
   def attention(self, text: str, target: str | None = None) -> Attention:
-    """Attention weights of every layer and head for `text` and `target` (default: greedy output)."""
+    """Attention weights of every layer and head for `text` and `target` (default: greedy output);
+    for an encoder-only run the encoder's over BOS + `text` + EOS (`target` unused)."""
+    if self.config.model.arch == "encoder_only":
+      row = np.asarray(self._encoder_rows([text])[0])[None]
+      _, state = models.batch_logits(self.model, self.params, {"inputs": jnp.asarray(row)},
+                                     mutable=["intermediates"])
+      weights = _collect_weights(state["intermediates"]).get(("encoder", "self"), [])
+      return Attention(source_tokens=_token_labels(self.source_tokenizer, row[0]),
+                       target_tokens=[], encoder_self=[w[0] for w in weights], decoder_self=[],
+                       cross=[])
     if target is None:
       target = self.generate_text([text], method="greedy")[0]
     batch = self._teacher_forced_batch([text], [target], multiple=1)  # exact lengths, no padding

@@ -27,11 +27,10 @@ Usage in a training loop:
     if preempt.should_stop(step): ckpt.save(step, state, it, force=True); break
   ckpt.close()                                   # waits for the last async save
 
-Reading a trained run back (evaluation, the notebook API, fine-tuning), the last section:
-load_run_config, read_params (one checkpoint's raw or EMA parameters, or the mean of the last N),
-restore_params, and fine-tuning's init_from_config / init_params / shared_params. This module is
-over 400 lines on purpose: everything that reads or writes a workdir's checkpoints sits behind
-this one boundary.
+Reading a trained run back (evaluation, the notebook API, fine-tuning's transformer/finetune.py),
+the last section: load_run_config, read_params (one checkpoint's raw or EMA parameters, or the
+mean of the last N), restore_params. This module is over 400 lines on purpose: everything that
+reads or writes a workdir's checkpoints sits behind this one boundary.
 """
 
 from __future__ import annotations
@@ -308,15 +307,6 @@ OVERRIDABLE_KEYS = frozenset({
     "model.attention_impl", "model.dtype"})
 STEP_NAMES = ("latest", "best")
 PARAMS_CHOICES = ("auto", "ema", "raw")  # read_params: which parameters of a checkpoint
-# Model keys a fine-tuning config sets itself: regularisation and execution, never the function.
-FINETUNE_MODEL_KEYS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
-                       "attention_impl", "remat", "dtype")
-_TOKENIZER_KEYS = ("tokenizer", "source_tokenizer", "spm_model_type", "spm_vocab_size",
-                   "hf_tokenizer", "hf_id_offset")
-# Encoder-only fine-tuning puts a new head on the pretrained encoder: these keys are the new config's.
-HEAD_MODEL_KEYS = ("arch", "head", "pooling", "num_classes")
-NEW_HEAD = "head"  # the parameter subtree an encoder-only fine-tuning initialises afresh
-
 
 class EvaluationError(ValueError):
   """A workdir, step or split that cannot be evaluated; the message is one line naming it."""
@@ -497,74 +487,3 @@ def restore_params(cfg: Config, workdir: str, step: int | str | None = None,
   restored = read_params(cfg, workdir, step, params)
   return restored.params, restored.step
 
-
-def init_from_config(cfg: Config, init_from: str) -> Config:
-  """`cfg` with the model section and tokenizer keys of the run in `init_from` (fine-tuning,
-  `train.py --init_from`); FINETUNE_MODEL_KEYS keep `cfg`'s values. Raises ConfigError naming
-  --init_from."""
-  try:
-    run = load_run_config(init_from)
-  except EvaluationError as e:
-    raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
-  keep = FINETUNE_MODEL_KEYS
-  data = dataclasses.replace(cfg.data, **{k: getattr(run.data, k) for k in _TOKENIZER_KEYS})
-  if cfg.model.arch == "encoder_only":  # the pretrained encoder and its input tokenizer only
-    if run.model.arch == "decoder_only":
-      raise config_lib.ConfigError(f"--init_from={init_from}: a decoder_only run has no encoder "
-                                   f"for model.arch='encoder_only'")
-    keep += HEAD_MODEL_KEYS
-    source = run.data.source_tokenizer or run.data.tokenizer
-    data = dataclasses.replace(data, tokenizer=cfg.data.tokenizer, source_tokenizer=source)
-  model = dataclasses.replace(run.model, **{k: getattr(cfg.model, k) for k in keep})
-  if run.model.arch == "encoder_decoder" and cfg.model.arch == "encoder_only":
-    model = dataclasses.replace(model, vocab_size=run.model.source_vocab_size)
-  merged = dataclasses.replace(cfg, model=model, data=data)
-  try:
-    return config_lib.from_configdict(dataclasses.asdict(merged))  # e.g. lengths vs max_len
-  except config_lib.ConfigError as e:
-    raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
-
-
-def init_params(init_from: str, fresh: Any = None) -> Any:
-  """The latest parameters of the run in `init_from` (fine-tuning; its EMA when it kept one, as
-  eval.py evaluates by default); ConfigError if unreadable.
-
-  With `fresh` (the new model's initial parameters, an encoder-only model): the pretrained run's
-  encoder and embeddings (`shared_params`) with the fresh, new head.
-  """
-  try:
-    run = load_run_config(init_from)
-    params = restore_params(run, init_from)[0]
-  except EvaluationError as e:
-    raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
-  return params if fresh is None else shared_params(params, fresh, init_from)
-
-
-def _leaves(tree: Any) -> dict[str, Any]:
-  return {"/".join(str(getattr(k, "key", k)) for k in path): leaf
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def shared_params(pretrained: Any, fresh: Any, init_from: str) -> Any:
-  """`fresh` with every parameter outside its NEW_HEAD subtree taken from `pretrained` (an
-  encoder-only or encoder-decoder run: its encoder, and its source or shared embedding as the
-  token embedding); the pretrained run's own head or decoder is dropped. Any parameter of the
-  new encoder missing from the run, or of another shape, is a ConfigError naming them all."""
-  source = dict(pretrained)
-  if "token_embed" not in source:  # an encoder-decoder run with separate tables
-    source["token_embed"] = source.get("source_embed", {})
-  want = {k: v for k, v in _leaves(fresh).items() if not k.startswith(NEW_HEAD + "/")}
-  have = _leaves({k: v for k, v in source.items() if k in ("token_embed", "encoder")})
-  missing = sorted(set(want) - set(have))
-  unexpected = sorted(set(have) - set(want))
-  shapes = sorted(k for k in set(want) & set(have) if want[k].shape != have[k].shape)
-  if missing or unexpected or shapes:
-    parts = [f"{name}: {', '.join(keys[:6])}{' ...' if len(keys) > 6 else ''}" for name, keys in
-             (("missing in the run", missing), ("not in the new model", unexpected),
-              ("shapes differ", shapes)) if keys]
-    raise config_lib.ConfigError(f"--init_from={init_from}: the encoder's parameters do not "
-                                 f"match ({'; '.join(parts)})")
-  flat, treedef = jax.tree_util.tree_flatten_with_path(fresh)
-  names = ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in flat]
-  return jax.tree_util.tree_unflatten(treedef, [
-      have[n].astype(leaf.dtype) if n in have else leaf for n, (_, leaf) in zip(names, flat)])

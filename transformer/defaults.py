@@ -83,7 +83,7 @@ def get_config() -> ml_collections.ConfigDict:
   d.label = "none"  # cmudict_g2p/stress as classification: none | primary_stress | syllables
   d.objective = "none"  # none | mlm (BERT; encoder_only) | span (T5; encoder_decoder)
   d.mask_rate = 0.15  # mlm: fraction of each example's tokens selected (80/10/10 replaced)
-  d.whole_word_masking = False  # mlm: select whole words (char, byte, sentencepiece tokenizers)
+  d.whole_word_masking = False  # mlm: select whole words (char, byte, sentencepiece, WordPiece hf)
   d.noise_density = 0.15  # span: fraction of tokens corrupted
   d.mean_span_length = 3.0  # span: mean length of a corrupted span
   d.tokenizer = "symbol"  # target (or shared) tokenizer: char | byte | symbol | sentencepiece | hf

@@ -4,6 +4,12 @@ r"""Decodes words or sentences with a trained run from the command line.
   printf 'hello\nworld\n' | python -m transformer.predict --workdir=runs/g2p --method=beam --beam_size=8
 
 Prints one `input<TAB>output` line per input (inputs from the arguments, else one per stdin line).
+An encoder-only run is not decoded; its line depends on model.head:
+  mlm       input<TAB>the text with each marker (--mask, default `_`) filled<TAB>then one field per
+            marker: its --top_k (default 5) most likely tokens as `token=probability`
+  classify  input<TAB>the predicted label<TAB>its probability
+  tag       input<TAB>`token/tag` for every token of the input
+  python -m transformer.predict --workdir=runs/bert --top_k=3 "paris is the _ of france."
 An input that cannot be decoded (empty, characters outside the model's vocabulary, longer than the
 model was trained on) gets a one-line `error:` message on stderr and the others are still decoded;
 the exit status is 1 if any input (or the workdir) was bad, 0 otherwise. Inputs with no unknown
@@ -30,22 +36,35 @@ def shown(text: str, limit: int = 40) -> str:
   return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
-def check_input(run: Any, text: str, max_decode_len: int) -> tuple[str | None, str]:
-  """(error message or None, the text to decode) for one input; max_decode_len 0 = unset."""
+def check_input(run: Any, text: str, max_decode_len: int, mask: str = ""
+                ) -> tuple[str | None, str]:
+  """(error message or None, the text to decode) for one input; max_decode_len 0 = unset; `mask`:
+  the fill-mask marker of a masked-LM input (each one [MASK], the rest tokenized piece by piece)."""
   if not text.strip():
     return "is empty", text
   bad = next((c for c in text if "\udc80" <= c <= "\udcff"), None)  # undecodable bytes
   if bad is not None:  # (Python keeps them as surrogates in argv and stdin)
     return f"is not UTF-8 text (byte {ord(bad) - 0xdc00:#04x}); is it a binary file?", text
   text = text.strip()
+  if mask and mask not in text:
+    return f"has no mask marker {mask!r} (--mask) to fill", text
+  pieces = text.split(mask) if mask else [text]
   tokenizer = run.source_tokenizer or run.target_tokenizer
-  unknown = _unknown_units(tokenizer, text)
-  if unknown and not _unknown_units(tokenizer, text.lower()):
-    text, unknown = text.lower(), []
+  unknown = [u for p in pieces for u in _unknown_units(tokenizer, p)]
+  if unknown and not [u for p in pieces for u in _unknown_units(tokenizer, p.lower())]:
+    pieces, unknown = [p.lower() for p in pieces], []
+    text = mask.join(pieces) if mask else pieces[0]
   if unknown:
-    shown = " ".join(repr(u) for u in unknown[:10])
+    shown = " ".join(repr(u) for u in dict.fromkeys(unknown[:10]))
     return f"has characters outside the model's vocabulary: {shown}", text
   cfg = run.config
+  if cfg.model.arch == "encoder_only":  # BOS + ids + EOS, as long as training's rows at most
+    length = sum(len(tokenizer.encode(p)) for p in pieces) + len(pieces) - 1 + 2
+    limit = cfg.data.max_source_len
+    if length > limit:
+      return (f"is too long: {length} tokens with BOS and EOS, the model takes at most {limit} "
+              "(data.max_source_len)"), text
+    return None, text
   # The raw length: encode_source truncates to data.max_source_len, as the data pipeline does.
   length = len(tokenizer.encode(text)) + (run.kind != "lm")
   if cfg.model.arch == "encoder_decoder":
@@ -79,6 +98,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument("--top_p", type=float, default=None)
   parser.add_argument("--max_decode_len", type=int, default=None)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--mask", default="_", help="an encoder-only masked LM's marker to fill "
+                      "(each one [MASK]); --top_k fillers are printed per marker (default 5)")
   parser.add_argument("inputs", nargs="*", help="texts to decode (default: lines of stdin)")
   return parser.parse_args(list(argv))
 
@@ -111,6 +132,8 @@ def _predict(args: argparse.Namespace, texts: list[str]) -> int:
   options = dict(method=args.method, beam_size=args.beam_size, length_penalty=args.length_penalty,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  max_decode_len=args.max_decode_len)
+  if run.config.model.arch == "encoder_only":
+    return _predict_encoder(run, args, texts, options)
   # 0 for an LM: its continuation gets what fits after the prompt (max_target_len is the context).
   max_decode_len = args.max_decode_len or run.config.eval.decode.max_decode_len or (
       0 if run.kind == "lm" else run.config.data.max_target_len)
@@ -130,6 +153,53 @@ def _predict(args: argparse.Namespace, texts: list[str]) -> int:
       return 1
     for (text, _), output in zip(good, outputs):
       print(f"{text.strip()}\t{output}")
+  return status
+
+
+def _shown_token(token: str) -> str:
+  """A filler as printed: itself, or its repr when empty or with whitespace (a space token)."""
+  return token if token and not any(c.isspace() for c in token) else repr(token)
+
+
+def _predict_encoder(run: Any, args: argparse.Namespace, texts: list[str],
+                     options: dict[str, Any]) -> int:
+  """An encoder-only run's lines, by model.head: 'mlm' input<TAB>filled<TAB>one field per marker
+  of --top_k `token=probability` fillers; 'classify' input<TAB>label<TAB>probability; 'tag'
+  input<TAB>token/tag per token. The exit status."""
+  head = run.config.model.head
+  allowed = {"top_k"} if head == "mlm" else set()
+  bad = next((k for k, v in options.items() if v is not None and k not in allowed), None)
+  if bad:
+    print(f"error: --{bad} is a decoding option; this run is encoder-only (model.head={head!r}), "
+          "which is not decoded", file=sys.stderr)
+    return 1
+  good, status = [], 0
+  for n, text in enumerate(texts, start=1):
+    error, cleaned = check_input(run, text, 0, mask=args.mask if head == "mlm" else "")
+    if error:
+      print(f"error: input {n} {shown(text)} {error}", file=sys.stderr)
+      status = 1
+    else:
+      good.append((text.strip(), cleaned))
+  if not good:
+    return status
+  cleaned = [c for _, c in good]
+  if head == "mlm":
+    try:
+      fillers = run.mask_fillers(cleaned, k=5 if args.top_k is None else args.top_k,
+                                 mask=args.mask)
+    except ValueError as e:  # --top_k < 1
+      print(f"error: --{str(e).splitlines()[0]}", file=sys.stderr)
+      return 1
+    columns = [[f, *("  ".join(f"{_shown_token(t)}={p:.3f}" for t, p in marker)
+                     for marker in m)]
+               for f, m in zip(run.fill_mask(cleaned, mask=args.mask), fillers)]
+  elif head == "classify":
+    columns = [[label, f"{p:.4f}"] for label, p in run.classify_with_probability(cleaned)]
+  else:
+    columns = [[" ".join(f"{_shown_token(t)}/{g}" for t, g in tags)] for tags in run.tag(cleaned)]
+  for (text, _), cols in zip(good, columns):
+    print("\t".join([text, *cols]))
   return status
 
 

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import (checkpoints, evaluation, files, optim, parallel, preemption, reporting,
-                         steps)
+from transformer import (checkpoints, evaluation, files, finetune, optim, parallel, preemption,
+                         reporting, steps)
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.models import build_model
 
@@ -136,7 +136,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
 
   `init_from` (fine-tuning): another run's workdir, e.g. one written by transformer.convert; its
   model config, tokenizers and latest parameters replace the config's and the random init
-  (checkpoints.init_from_config); optimizer, schedule and data are the config's own.
+  (transformer/finetune.py); optimizer, schedule and data are the config's own.
 
   Returns the final metrics (the last evaluation, train/loss, step). `task` overrides
   `transformer.data.load_task` (tests, notebooks). Raises ConfigError, CheckpointError or
@@ -149,7 +149,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   started = time.time()
   cfg = config if isinstance(config, Config) else from_configdict(config)
   if init_from:
-    cfg = checkpoints.init_from_config(cfg, init_from)
+    cfg = finetune.init_from_config(cfg, init_from)
   check_loop_config(cfg)
   parallel.initialize_distributed(cfg.parallel)
   if task is None:
@@ -157,7 +157,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
     from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
     try:
       if init_from and not files.exists(os.path.join(workdir, "tokenizers")):
-        copy_tokenizers(init_from, workdir, only_source=cfg.model.arch == "encoder_only")
+        copy_tokenizers(init_from, workdir, only_source=cfg.model.arch == "encoder_only",
+                        also_target=cfg.data.objective != "none")
       task = load_task(cfg, workdir)
     except (ValueError, OSError) as e:  # a missing file, an unprepared dataset, a bad size
       raise ConfigError(f"data: {str(e).strip().splitlines()[0]}") from e
@@ -197,8 +198,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
     if init_from:
       logging.info("Fine-tuning: parameters from %s.", init_from)
       fresh = jax.device_get(state.params) if cfg.model.arch == "encoder_only" else None
-      state = state.replace(params=jax.device_put(checkpoints.init_params(init_from, fresh),
-                                                  shardings.params))
+      params = finetune.init_params(init_from, fresh, cfg.model.head)
+      state = state.replace(params=jax.device_put(params, shardings.params))
       if state.ema_params is not None:  # the average starts where training starts; copies:
         # float32 params cast to float32 are the same buffers, which the donating step rejects
         state = state.replace(ema_params=jax.device_put(jax.tree.map(

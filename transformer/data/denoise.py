@@ -18,6 +18,8 @@ depend only on the example's length), which is what packing needs before drawing
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from transformer.data import objectives
@@ -55,8 +57,17 @@ def word_starts_fn(tokenizer):
     begins = np.array([i >= NUM_SPECIAL and sp.id_to_piece(i).startswith("\u2581")
                        for i in range(tokenizer.vocab_size)])
     return lambda ids: begins[ids]
-  raise ValueError(f"data.whole_word_masking=True needs a char, byte or sentencepiece tokenizer "
-                   f"(word boundaries); this one is {kind!r}")
+  model = (json.loads(tokenizer.tokenizer_json).get("model") or {}) if kind == "hf" else {}
+  if model.get("type") == "WordPiece":  # BERT's: a word's later pieces carry the prefix "##"
+    prefix, offset = model.get("continuing_subword_prefix") or "##", tokenizer.offset
+    hf = tokenizer._tok  # pylint: disable=protected-access
+    begins = np.array([i >= max(offset, NUM_SPECIAL)
+                       and not (hf.id_to_token(i - offset) or "").startswith(prefix)
+                       for i in range(tokenizer.vocab_size)])
+    return lambda ids: begins[ids]
+  raise ValueError(f"data.whole_word_masking=True needs a char, byte, sentencepiece or WordPiece "
+                   f"('hf', BERT's) tokenizer (word boundaries); this one is {kind!r}"
+                   f"{' (' + repr(model.get('type')) + ')' if model else ''}")
 
 
 class MaskedLM:

@@ -306,12 +306,15 @@ def load_task(cfg: Any, workdir: str | None = None, *, process_index: int | None
   return Task(cfg, workdir, process_index=process_index, process_count=process_count)
 
 
-def copy_tokenizers(src_workdir: str, dst_workdir: str, only_source: bool = False) -> None:
+def copy_tokenizers(src_workdir: str, dst_workdir: str, only_source: bool = False,
+                    also_target: bool = False) -> None:
   """Copies a run's tokenizers to another workdir (e.g. fine-tuning from a run); `only_source`:
-  just the tokenizer its encoder read (a language-modelling run's only one), as `source`."""
+  just the tokenizer its encoder read (a language-modelling run's only one), as `source`, and with
+  `also_target` as `target` too (an objective such as masked LM predicts the input's own ids)."""
   sides = files.listdir(os.path.join(src_workdir, "tokenizers"))
   if only_source:
-    sides = [("source" if "source" in sides else "target", "source")]
+    read = "source" if "source" in sides else "target"
+    sides = [(read, "source")] + ([(read, "target")] if also_target else [])
   for side, to in sides if only_source else [(s, s) for s in sides]:
     tok = tokenizers.load(os.path.join(src_workdir, "tokenizers", side))
     tok.save(os.path.join(dst_workdir, "tokenizers", to))

@@ -1,0 +1,134 @@
+"""Fine-tuning's start (`train.py --init_from=RUN`): the config and the parameters a run begins
+with when it starts from another run's workdir (a trained run, or one transformer/convert wrote).
+
+  cfg = init_from_config(cfg, run)      # the run's model and tokenizers, cfg's regularisation
+  params = init_params(run, fresh, cfg.model.head)   # its parameters (encoder-only: see below)
+
+A decoder-only or encoder-decoder config takes the run's whole model and tokenizers and starts
+from all of its parameters. An encoder-only config takes the run's encoder and embeddings (an
+encoder-only or encoder-decoder run) and the tokenizer its encoder read; then:
+  - a new head (head 'classify' or 'tag', or 'mlm' on an encoder-decoder run's encoder): the head
+    keys (HEAD_MODEL_KEYS, and the vocabulary head's knobs VOCAB_HEAD_KEYS: BERT's
+    head_transform / logits_bias, tie_embeddings) are the new config's, the head's parameters
+    are initialised afresh, the run's own head or decoder is dropped, and the labels' tokenizer is
+    the new config's;
+  - continued masked-LM training (head 'mlm' on an encoder-only 'mlm' run, e.g. a converted
+    BERT): the head is the run's too, knobs and parameters, so training starts from exactly the
+    run's model; the text is both input and target, so both sides read the run's tokenizer.
+In both cases the run's tokenizer wins over the config's data.tokenizer / source_tokenizer keys
+(the embeddings only mean something with the ids they were trained on). Parameters that do not
+match are one ConfigError line naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from transformer import checkpoints
+from transformer import config as config_lib
+from transformer.config import Config
+
+# Model keys a fine-tuning config sets itself: regularisation and execution, never the function.
+FINETUNE_MODEL_KEYS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
+                       "attention_impl", "remat", "dtype")
+TOKENIZER_KEYS = ("tokenizer", "source_tokenizer", "spm_model_type", "spm_vocab_size",
+                  "hf_tokenizer", "hf_id_offset")
+# Encoder-only fine-tuning puts a head on the pretrained encoder: these keys are the new config's.
+HEAD_MODEL_KEYS = ("arch", "head", "pooling", "num_classes")
+# The vocabulary head's knobs: the run's if its masked-LM head is continued, else the new config's.
+VOCAB_HEAD_KEYS = ("head_transform", "logits_bias", "tie_embeddings")
+HEAD = "head"  # the parameter subtree of an encoder-only model's head
+SHARED = ("token_embed", "encoder")  # what an encoder-only model takes from any pretrained run
+
+
+def continues_head(run: Config, head: str) -> bool:
+  """True when an encoder-only model with `head` continues the run's own masked-LM head."""
+  return run.model.arch == "encoder_only" and run.model.head == "mlm" and head == "mlm"
+
+
+def _run_config(init_from: str) -> Config:
+  try:
+    return checkpoints.load_run_config(init_from)
+  except checkpoints.EvaluationError as e:
+    raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
+
+
+def init_from_config(cfg: Config, init_from: str) -> Config:
+  """`cfg` with the model section and tokenizer keys of the run in `init_from` (see the module
+  docstring for what an encoder-only config keeps); FINETUNE_MODEL_KEYS keep `cfg`'s values.
+  Raises ConfigError naming --init_from."""
+  run = _run_config(init_from)
+  keep = FINETUNE_MODEL_KEYS
+  data = dataclasses.replace(cfg.data, **{k: getattr(run.data, k) for k in TOKENIZER_KEYS})
+  if cfg.model.arch == "encoder_only":  # the pretrained encoder and its input tokenizer only
+    if run.model.arch == "decoder_only":
+      raise config_lib.ConfigError(f"--init_from={init_from}: a decoder_only run has no encoder "
+                                   f"for model.arch='encoder_only'")
+    keep += HEAD_MODEL_KEYS
+    if not continues_head(run, cfg.model.head):
+      keep += VOCAB_HEAD_KEYS
+    source = run.data.source_tokenizer or run.data.tokenizer
+    # An objective (masked LM) predicts the input's own ids: the run's tokenizer on both sides.
+    target = source if cfg.data.objective != "none" else cfg.data.tokenizer
+    data = dataclasses.replace(data, tokenizer=target, source_tokenizer=source)
+  model = dataclasses.replace(run.model, **{k: getattr(cfg.model, k) for k in keep})
+  if run.model.arch == "encoder_decoder" and cfg.model.arch == "encoder_only":
+    model = dataclasses.replace(model, vocab_size=run.model.source_vocab_size)
+  merged = dataclasses.replace(cfg, model=model, data=data)
+  try:
+    return config_lib.from_configdict(dataclasses.asdict(merged))  # e.g. lengths vs max_len
+  except config_lib.ConfigError as e:
+    raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
+
+
+def init_params(init_from: str, fresh: Any = None, head: str = "") -> Any:
+  """The latest parameters of the run in `init_from` (its EMA when it kept one, as eval.py
+  evaluates by default); ConfigError if unreadable.
+
+  With `fresh` (the new encoder-only model's initial parameters) and its `head`: the run's encoder
+  and embeddings with the fresh head, or with the run's own head when `continues_head`.
+  """
+  run = _run_config(init_from)
+  try:
+    params = checkpoints.restore_params(run, init_from)[0]
+  except checkpoints.EvaluationError as e:
+    raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
+  if fresh is None:
+    return params
+  return shared_params(params, fresh, init_from, keep_head=continues_head(run, head))
+
+
+def _leaves(tree: Any) -> dict[str, Any]:
+  return {"/".join(str(getattr(k, "key", k)) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def shared_params(pretrained: Any, fresh: Any, init_from: str, keep_head: bool = False) -> Any:
+  """`fresh` with every parameter outside its HEAD subtree (inside it too if `keep_head`) taken
+  from `pretrained` (an encoder-only or encoder-decoder run: its encoder, and its source or shared
+  embedding as the token embedding); the pretrained run's decoder (and, unless kept, its head) is
+  dropped. Any parameter of the new model missing from the run, or of another shape, is a
+  ConfigError naming them all."""
+  source = dict(pretrained)
+  if "token_embed" not in source:  # an encoder-decoder run with separate tables
+    source["token_embed"] = source.get("source_embed", {})
+  taken = SHARED + ((HEAD,) if keep_head else ())
+  want = {k: v for k, v in _leaves(fresh).items() if keep_head or not k.startswith(HEAD + "/")}
+  have = _leaves({k: v for k, v in source.items() if k in taken})
+  missing = sorted(set(want) - set(have))
+  unexpected = sorted(set(have) - set(want))
+  shapes = sorted(k for k in set(want) & set(have) if want[k].shape != have[k].shape)
+  if missing or unexpected or shapes:
+    parts = [f"{name}: {', '.join(keys[:6])}{' ...' if len(keys) > 6 else ''}" for name, keys in
+             (("missing in the run", missing), ("not in the new model", unexpected),
+              ("shapes differ", shapes)) if keys]
+    what = "model's" if keep_head else "encoder's"
+    raise config_lib.ConfigError(f"--init_from={init_from}: the {what} parameters do not "
+                                 f"match ({'; '.join(parts)})")
+  flat, treedef = jax.tree_util.tree_flatten_with_path(fresh)
+  names = ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in flat]
+  return jax.tree_util.tree_unflatten(treedef, [
+      have[n].astype(leaf.dtype) if n in have else leaf for n, (_, leaf) in zip(names, flat)])
