@@ -102,3 +102,17 @@ def test_plot_label_efficiency_draws_each_initialisation_in_percent(tmp_path):
   np.testing.assert_allclose(lines["pretrained"].get_ydata(), [76, 80])
   np.testing.assert_allclose(lines["majority class"].get_ydata(), [72, 72])
   assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plot_label_efficiency_draws_the_spread_as_error_bars():
+  """With `spread`, each point's (low, high) becomes an error bar around its value, in percent
+  (75 with 74-77 spans 74..77); a point it omits gets a zero bar; a range missing its value fails."""
+  results = {"scratch": {0.01: 0.75, 1.0: 0.78}}
+  fig = viz.plot_label_efficiency(results, spread={"scratch": {0.01: (0.74, 0.77)}})
+  (bars,) = fig.axes[0].containers
+  assert bars.get_label() == "scratch"
+  np.testing.assert_allclose(np.asarray(bars.lines[0].get_ydata(), float), [75, 78])
+  segments = bars.lines[2][0].get_segments()
+  np.testing.assert_allclose(np.array([s[:, 1] for s in segments], float), [[74, 77], [78, 78]])
+  with pytest.raises(ValueError, match="spread of 'scratch' does not contain"):
+    viz.plot_label_efficiency(results, spread={"scratch": {1.0: (0.79, 0.8)}})

@@ -195,13 +195,26 @@ def plot_time_to_quality(runs: dict[str, str], key: str = "eval/wer",
 
 
 def plot_label_efficiency(results: dict[str, dict[float, float]], metric: str = "test accuracy",
-                          baseline: float | None = None, save_path: str | None = None) -> Any:
+                          baseline: float | None = None, save_path: str | None = None,
+                          spread: dict[str, dict[float, tuple[float, float]]] | None = None) -> Any:
   """One line per initialisation ({'from scratch': {0.01: 0.75, ...}, ...}): `metric` against
-  the fraction of training labels (log axis); `baseline` (e.g. the majority class) as a dashed line."""
+  the fraction of training labels (log axis); `baseline` (e.g. the majority class) as a dashed line.
+  `spread` ({'from scratch': {0.01: (low, high), ...}}, e.g. the min and max over seeds) draws
+  each point's range as an error bar around its value (a point it omits gets none)."""
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
   for name, points in results.items():
     xs = sorted(points)
-    ax.plot([100 * x for x in xs], [100 * points[x] for x in xs], marker="o", label=name)
+    ys = [100 * points[x] for x in xs]
+    ranges = (spread or {}).get(name, {})
+    if any(x in ranges for x in xs):
+      lows = [y - 100 * ranges[x][0] if x in ranges else 0.0 for x, y in zip(xs, ys)]
+      highs = [100 * ranges[x][1] - y if x in ranges else 0.0 for x, y in zip(xs, ys)]
+      if min(lows + highs) < -1e-9:
+        raise ValueError(f"spread of {name!r} does not contain its value at every fraction")
+      ax.errorbar([100 * x for x in xs], ys, yerr=[lows, highs], marker="o", capsize=3,
+                  label=name)
+    else:
+      ax.plot([100 * x for x in xs], ys, marker="o", label=name)
   if baseline is not None:
     ax.axhline(100 * baseline, color="gray", linestyle="--", label="majority class")
   ax.set_xscale("log")
