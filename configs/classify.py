@@ -13,14 +13,16 @@ tokens (model.pooling=mean; first = the BOS token). `--config.data.label=syllabl
   --config.data.label_fraction=0.01 (or 0.1): 1% (10%) of the training words' labels.
 
 Measured (2 layers, d_model 64, 400 steps of 32 packed rows, best of 4 dev evaluations; test
-accuracy on all 12,523 test words; each run ~2 min wall on a 2-core CPU VM shared with two other
-agents' trainings; commit eaf4b19 plus edits that do not touch training):
-  labels used            1%      10%     100%
-  from scratch           75.1%   76.9%   77.8%
-  from configs/mlm.py    75.9%   77.6%   78.0%
-  mlm.py, 3000 steps     78.2%   79.9%   80.2%
-  (majority class 72.4%; one seed each). Positional ablation at 100% from scratch: RoPE 79.1%,
-  none 74.7%. Exact commands, the plot and the discussion: the README's "Encoder-only models".
+accuracy on all 12,523 test words; mean over seeds 0, 1, 2 (--config.seed and
+--config.data.shuffle_seed; the labelled subset is fixed), [lowest-highest seed]; each run ~1 min
+wall on a 2-core CPU VM shared with the lead's G2P trainings; fresh clone of commit ac0bd57):
+  labels used            1%                  10%                 100%
+  from scratch           75.4% [75.1-75.6]   77.5% [76.9-77.9]   77.9% [77.8-78.2]
+  from configs/mlm.py    76.9% [75.9-77.7]   78.6% [77.6-79.7]   79.0% [78.0-80.2]
+  mlm.py, 3000 steps     78.7% [78.2-79.2]   80.6% [79.9-81.2]   81.1% [80.2-81.6]
+  (majority class 72.4%). Positional ablation at 100% from scratch: RoPE 79.1%, none 74.7% (one
+  seed). Campaign (benchmarks/encoder_only.py), commands, plot and discussion: the README's
+  "Encoder-only models".
 """
 
 from configs import base
