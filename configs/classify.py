@@ -20,8 +20,8 @@ wall on a 2-core CPU VM shared with the lead's G2P trainings; fresh clone of com
   from scratch           75.4% [75.1-75.6]   77.5% [76.9-77.9]   77.9% [77.8-78.2]
   from configs/mlm.py    76.9% [75.9-77.7]   78.6% [77.6-79.7]   79.0% [78.0-80.2]
   mlm.py, 3000 steps     78.7% [78.2-79.2]   80.6% [79.9-81.2]   81.1% [80.2-81.6]
-  (majority class 72.4%). Positional ablation at 100% from scratch: RoPE 79.1%, none 74.7% (one
-  seed). Campaign (benchmarks/encoder_only.py), commands, plot and discussion: the README's
+  (majority class 72.4%). Positional ablation at 100% from scratch, same seeds: RoPE 78.9%
+  [78.5-79.1], none 74.8% [74.7-74.9]. Campaign (benchmarks/encoder_only.py), commands, plot and discussion: the README's
   "Encoder-only models".
 """
 
