@@ -130,11 +130,11 @@ if os.path.isdir(os.path.join(HF_WORKDIR, "checkpoints")):
   gpt2 = transformer.restore(HF_WORKDIR)
   positions = gpt2.params["decoder"]["position_embed"]["embedding"]
   viz.plot_positional_encoding(table=positions[:64],
-                               path=os.path.join(FIG_DIR, "gpt2_positional.png"))
+                               save_path=os.path.join(FIG_DIR, "gpt2_positional.png"))
   att = gpt2.attention(HF_TEXT, target="")  # the text as it is, nothing generated
   viz.plot_attention(att.decoder_self[-1], att.target_tokens, att.target_tokens,
                      title=f"GPT-2 self-attention, layer {len(att.decoder_self) - 1}",
-                     path=os.path.join(FIG_DIR, "gpt2_attention.png"))
+                     save_path=os.path.join(FIG_DIR, "gpt2_attention.png"))
 else:
   print(f"no converted GPT-2 in {HF_WORKDIR}")
 
@@ -152,10 +152,10 @@ if os.path.isdir(os.path.join(BERT_WORKDIR, "checkpoints")):
   print(bert.fill_mask(BERT_TEXT), bert.mask_fillers(BERT_TEXT, k=5))
   positions = bert.params["encoder"]["position_embed"]["embedding"]
   viz.plot_positional_encoding(table=positions[:64],
-                               path=os.path.join(FIG_DIR, "bert_positional.png"))
+                               save_path=os.path.join(FIG_DIR, "bert_positional.png"))
   att = bert.attention(BERT_TEXT.replace("_", "capital"))
   viz.plot_attention(att.encoder_self[-1], att.source_tokens, att.source_tokens,
                      title=f"BERT self-attention, layer {len(att.encoder_self) - 1}",
-                     path=os.path.join(FIG_DIR, "bert_attention.png"))
+                     save_path=os.path.join(FIG_DIR, "bert_attention.png"))
 else:
   print(f"no converted BERT in {BERT_WORKDIR}")
