@@ -199,9 +199,11 @@ class Run:
                                   "truncate")
     return rows
 
-  def _best_labels(self, logits: np.ndarray) -> np.ndarray:
-    """[..., classes] logits -> the argmax over the ordinary label ids (never a special id)."""
-    return logits[..., NUM_SPECIAL:self.target_tokenizer.vocab_size].argmax(-1) + NUM_SPECIAL
+  @staticmethod
+  def _best_ids(logits: np.ndarray, vocab_size: int) -> np.ndarray:
+    """[..., n] logits -> the argmax over the ordinary ids NUM_SPECIAL..vocab_size (never a
+    special id): a label, a tag or a masked token."""
+    return logits[..., NUM_SPECIAL:vocab_size].argmax(-1) + NUM_SPECIAL
 
   @staticmethod
   def _ordinary_probs(logits: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -218,7 +220,7 @@ class Run:
     rows = self._encoder_rows(texts)
     logits = self._encoder_logits(rows, "classify")[:, 0]  # slot 0: the row's one example
     probs = self._ordinary_probs(logits, self.target_tokenizer.vocab_size)
-    best = self._best_labels(logits)
+    best = self._best_ids(logits, self.target_tokenizer.vocab_size)
     return [(self.target_tokenizer.decode([int(i)]), float(p[i - NUM_SPECIAL]))
             for i, p in zip(best, probs)]
 
@@ -231,7 +233,7 @@ class Run:
     tokens as the source tokenizer splits the text (truncated to data.max_source_len)."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     rows = self._encoder_rows(texts)
-    best = self._best_labels(self._encoder_logits(rows, "tag"))
+    best = self._best_ids(self._encoder_logits(rows, "tag"), self.target_tokenizer.vocab_size)
     return [[(self.source_tokenizer.decode([t]), self.target_tokenizer.decode([int(b)]))
              for t, b in zip(row[1:-1], best[r, 1:len(row) - 1])] for r, row in enumerate(rows)]
 
@@ -278,7 +280,7 @@ class Run:
     logits = self._encoder_logits(rows, "mlm")
     out = []
     for r, row in enumerate(rows):
-      best = logits[r, :, NUM_SPECIAL:tok.vocab_size].argmax(-1) + NUM_SPECIAL
+      best = self._best_ids(logits[r], tok.vocab_size)
       filled = [int(best[i]) if t == mask_id else t for i, t in enumerate(row)]
       out.append(tok.decode(filled[1:-1]))
     return out
