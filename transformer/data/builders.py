@@ -50,10 +50,9 @@ def prepared_records_sha256(paths: Sequence[str], chunk: int = 10_000) -> tuple[
   """(records, sha256) of the records in prepared array_record shard files, in order, each
   tf.Example re-serialized deterministically (its feature map sorted by name).
 
-  The bytes TFDS writes are not a function of the records alone: a tf.Example's feature map is
-  serialized in the preparing process's dict order, which follows Python's per-process string
-  hash seed, so the same data prepared twice can differ byte for byte ('source' before 'target'
-  or after) at the same size. This digest is the same for the same records.
+  The bytes TFDS writes are not a function of the records alone: protobuf (upb) serializes a
+  tf.Example's feature map in an order that varies from process to process, so the same data
+  prepared twice can differ byte for byte ('source' before 'target' or after) at the same size. This digest is the same for the same records.
   """
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
