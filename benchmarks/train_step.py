@@ -20,6 +20,7 @@ Sizes (float32, dropout 0, the project's own jitted train step with donation, ra
   encdec  encoder-decoder, pre-LN: 3+3 layers, d 256, 4 heads, mlp 1024, src 32, tgt 48, batch 64
   g2p     configs/g2p.py:ablate's model (:tiny up to 911d2f9), packed rows: 64 rows x 32/30
           (dropout as configured)
+  g2pfast configs/g2p.py:fast's model (3+3 layers, d 128, mlp 512, dropout 0.1), 128 rows x 32/30
 (The sizes of the issue "Training speed"; vocabulary 64 for the first three, as there.)
 
 FLOPs per step = 6 x (matmul weights, output projection included) x tokens + 12 x layers x
@@ -65,7 +66,7 @@ if os.path.exists(os.path.join(tree_from_argv(), "transformer", "steps.py")):
 else:
   from transformer import training as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-SIZES = ("baby", "medium", "encdec", "g2p")
+SIZES = ("baby", "medium", "encdec", "g2p", "g2pfast")
 
 
 def size_config(name: str):
@@ -86,9 +87,12 @@ def size_config(name: str):
     cd.train.update(optimizer="adamw", schedule="constant", learning_rate=1e-3,
                     label_smoothing=0.0)
     return cd, {"inputs": (64, 32), "targets": (64, 48)}
-  if name == "g2p":
-    # --compare runs this against older trees, where the same model is g2p.py's "tiny".
-    cd = g2p.get_config("ablate" if "ablate" in g2p.VARIANTS else "tiny")
+  if name in ("g2p", "g2pfast"):
+    # --compare runs this against older trees, where :ablate's model is g2p.py's "tiny".
+    variant = "fast" if name == "g2pfast" else "ablate" if "ablate" in g2p.VARIANTS else "tiny"
+    if variant not in g2p.VARIANTS:
+      raise SystemExit(f"--sizes={name}: this tree's configs/g2p.py has no :{variant}")
+    cd = g2p.get_config(variant)
     cd.model.update(vocab_size=VOCAB, source_vocab_size=VOCAB)
     rows = cd.data.batch_size
     return cd, {"inputs": (rows, cd.data.max_source_len), "targets": (rows, cd.data.max_target_len)}
@@ -156,7 +160,7 @@ def build(name: str, **model_overrides) -> tuple:
   cfg = from_configdict(cd)
   model = build_model(cfg.model)
   tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
-  packed = name == "g2p"
+  packed = name.startswith("g2p")
   batches = [jax.device_put(random_batch(shapes, packed, seed)) for seed in range(4)]
   example = {k: np.asarray(v)[:1] for k, v in batches[0].items()}
   state = step_lib.create_train_state(cfg, model, jax.random.PRNGKey(0), example, tx)

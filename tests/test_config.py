@@ -158,7 +158,8 @@ def _leaf_keys(d, prefix=""):
 LEAVES = sorted(_leaf_keys(_base_dict()))
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 1024),
                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-                   st.sampled_from(sorted({v for opts in config_lib.CHOICES.values() for v in opts})),
+                   st.sampled_from(sorted({v for opts in config_lib.CHOICES.values() for v in opts},
+                                          key=repr)),
                    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer import kv_cache
+from transformer import layers
 from transformer import positional
 from transformer.config import ModelConfig
 
@@ -110,7 +111,8 @@ def _grouped(x: Array, num_kv: int) -> Array:
   return x.reshape(x.shape[0], num_kv, x.shape[1] // num_kv, *x.shape[2:])
 
 
-def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic, scale):
+def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits, deterministic,
+                      scale):
   """Reference path: returns out [b, t, n, hv] and float32 weights [b, n, t, s]."""
   b, t, n, h = q.shape
   s, num_kv = k.shape[1:3]
@@ -131,8 +133,7 @@ def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, determinis
     # A fully masked row would otherwise be uniform over garbage keys; make it exactly zero.
     weights = jnp.where(gmask, weights, 0.0)
   if not deterministic and dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    weights = layers.dropout(weights, dropout_rate, dropout_rng, dropout_bits)
   out = jnp.einsum('bkgts,bksh->btkgh', weights.astype(v.dtype), v)
   return out.reshape(b, t, n, v.shape[-1]), weights.reshape(b, n, t, s)
 
@@ -172,12 +173,13 @@ def _fused_attention(q, k, v, mask, bias, scale):
 
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
                           bias: Optional[Array] = None, dropout_rate: float = 0.0,
-                          dropout_rng: Optional[Array] = None, deterministic: bool = True,
-                          impl: str = 'einsum', return_weights: bool = False,
+                          dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
+                          deterministic: bool = True, impl: str = 'einsum', return_weights: bool = False,
                           scale_logits: bool = True):
   """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv].
 
   scale_logits=False drops the 1/sqrt(h): softmax(q.k + bias) (T5, which folds it into the init).
+  Attention dropout draws `dropout_bits` random bits per weight (layers.dropout).
 
   Returns out [b, t, n, hv] (v's dtype), and float32 weights [b, n, t, s] if return_weights.
   A fully masked query row gets all-zero weights and a zero output (never NaN).
@@ -194,8 +196,8 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
   if impl == 'fused' and not return_weights and not dropout_active:
     return _fused_attention(q, k, v, mask, bias, scale)
-  out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, deterministic,
-                                   scale)
+  out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits,
+                                   deterministic, scale)
   return (out, weights) if return_weights else out
 
 
@@ -331,7 +333,7 @@ class MultiHeadAttention(nn.Module):
     result = dot_product_attention(
         query, key, value, mask=mask, bias=bias, dropout_rate=cfg.attention_dropout_rate,
         dropout_rng=self.make_rng('dropout') if dropout_active else None,
-        deterministic=deterministic, impl=cfg.attention_impl, return_weights=want_weights,
+        dropout_bits=cfg.dropout_bits, deterministic=deterministic, impl=cfg.attention_impl, return_weights=want_weights,
         scale_logits=cfg.scale_attention_logits)
     # The fused kernel returns no weights, so dot_product_attention used the einsum path for them.
     return result if want_weights else (result, None)

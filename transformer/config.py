@@ -48,6 +48,7 @@ class ModelConfig:
   dropout_rate: float
   attention_dropout_rate: float
   ffn_dropout_rate: float
+  dropout_bits: int
   tie_embeddings: bool
   share_src_tgt_embeddings: bool
   scale_embeddings: bool
@@ -207,6 +208,7 @@ CHOICES = {
     "model.norm_position": ("post", "pre"),
     "model.ffn": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"),
     "model.attention_impl": ("einsum", "fused"),
+    "model.dropout_bits": (8, 32),
     "model.remat": ("none", "full", "dots", "dots_no_batch"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16", "float16"),
@@ -259,7 +261,9 @@ UNIT_INTERVAL = (
 # reproduces what such a run did (fill_added_keys): the default (defaults.py), which every new key
 # is given so that it means "as before", unless ADDED_KEYS says otherwise. Older workdirs thus still
 # evaluate, restore and resume.
-ADDED_KEYS: dict[str, Any] = {}  # "section.key": the value before the key existed, if not the default
+ADDED_KEYS: dict[str, Any] = {  # "section.key": the value before the key existed, if not the default
+    "model.dropout_bits": 32,  # every dropout mask came from jax.random.bernoulli's 32-bit draws
+}
 
 
 def fill_added_keys(saved: dict[str, Any]) -> dict[str, Any]:
@@ -370,7 +374,8 @@ def _validate(cfg: Config) -> Config:
   for key, options in CHOICES.items():
     value = _get(cfg, key)
     if value not in options:
-      raise ConfigError(f"{key}={value!r} is not one of {'|'.join(o or repr(o) for o in options)}")
+      raise ConfigError(f"{key}={value!r} is not one of "
+                        f"{'|'.join(str(o) if o != '' else repr(o) for o in options)}")
   for key in POSITIVE:
     if _get(cfg, key) <= 0:
       raise ConfigError(f"{key}={_get(cfg, key)} must be > 0")

@@ -1,4 +1,5 @@
-"""Building blocks: token embedding (with tied output logits), feed-forward networks and norms.
+"""Building blocks: token embedding (with tied output logits), dropout, feed-forward networks and
+norms.
 
 Every parameter carries logical axis names ('vocab', 'embed', 'mlp', 'norm') so that a mesh can
 shard it later; `dtype` is the compute dtype and `param_dtype` the storage dtype.
@@ -123,6 +124,44 @@ def activation(cfg: ModelConfig) -> Callable[[Array], Array]:
   return _ACTIVATIONS[cfg.ffn]
 
 
+def dropout(x: Array, rate: float, rng: Array, bits: int = 8) -> Array:
+  """x with each element zeroed with probability `rate` and the rest scaled to keep the mean.
+
+  bits=32 is Flax's nn.Dropout bit for bit: one `jax.random.bernoulli` draw (32 random bits, a
+  float compare) per element. bits=8 splits each 32-bit threefry word into four bytes, little-end
+  first, so the generator runs a quarter as often (its cost dominated the mask: ~5x less time for
+  the masks of a g2p step on a 2-core CPU, benchmarks/dropout_masks.py): element i is dropped when
+  byte i < round(256 * rate), i.e. the rate is rounded to a multiple of 1/256 (0.1 -> 26/256 =
+  0.1016), and kept elements are scaled by 256 / (256 - that threshold), so the expectation is x.
+  """
+  if rate >= 1.0:
+    return jnp.zeros_like(x)
+  if bits == 32:
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
+  threshold = round(256 * rate)
+  if threshold >= 256:  # a rate within 1/512 of 1 rounds to "drop everything"
+    return jnp.zeros_like(x)
+  n = math.prod(x.shape)
+  words = jax.random.bits(rng, (-(-n // 4),), jnp.uint32)
+  draws = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)[:n].reshape(x.shape)
+  scale = jnp.asarray(256 / (256 - threshold), x.dtype)
+  return jax.lax.select(draws >= threshold, x * scale, jnp.zeros_like(x))
+
+
+class Dropout(nn.Module):
+  """nn.Dropout's interface over `dropout` with `bits` random bits per decision. Named like
+  nn.Dropout, so its 'dropout' rng (folded in by module path) is the one nn.Dropout drew."""
+  rate: float
+  bits: int = 8
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool = True) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    return dropout(x, self.rate, self.make_rng('dropout'), self.bits)
+
+
 class FeedForward(nn.Module):
   """Position-wise feed-forward: relu | gelu | gelu_tanh (W2 act(W1 x)) or swiglu | geglu |
   geglu_tanh (W2 (act(Wg x) * Wu x); geglu uses the erf GELU, geglu_tanh the tanh one).
@@ -143,7 +182,7 @@ class FeedForward(nn.Module):
       h = act(gate) * up
     else:
       h = act(dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi', _wide_out_dot_general)(x))  # [b, t, f]
-    h = nn.Dropout(cfg.ffn_dropout_rate)(h, deterministic=deterministic)
+    h = Dropout(cfg.ffn_dropout_rate, cfg.dropout_bits)(h, deterministic=deterministic)
     return dense(cfg.d_model, ('mlp', 'embed'), cfg, 'wo')(h)
 
 

@@ -25,7 +25,7 @@ from transformer import heads
 from transformer import kv_cache
 from transformer import positional
 from transformer.config import ConfigError, ModelConfig
-from transformer.layers import Embed, FeedForward, make_norm
+from transformer.layers import Dropout, Embed, FeedForward, make_norm
 
 Array = jax.Array
 
@@ -62,7 +62,7 @@ def decoder_prefix(prefix_mask: Array, segment_ids: Array) -> Array:
 
 def _residual(cfg: ModelConfig, x: Array, sublayer, norm: nn.Module, deterministic: bool) -> Array:
   """Post-LN Norm(x + Dropout(f(x))) or pre-LN x + Dropout(f(Norm(x)))."""
-  drop = nn.Dropout(cfg.dropout_rate)
+  drop = Dropout(cfg.dropout_rate, cfg.dropout_bits)
   if cfg.norm_position == 'pre':
     return x + drop(sublayer(norm(x)), deterministic=deterministic)
   return norm(x + drop(sublayer(x), deterministic=deterministic))
@@ -154,7 +154,7 @@ def _embed(cfg: ModelConfig, embed: Embed, tokens: Array, positions: Array,
     x = x + encoding.fn(cfg, positions).astype(x.dtype)
   if cfg.embedding_norm:
     x = make_norm(cfg, 'embedding_norm')(x)
-  return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+  return Dropout(cfg.dropout_rate, cfg.dropout_bits)(x, deterministic=deterministic)
 
 
 def _position_bias(cfg: ModelConfig, q_pos: Array, k_pos: Array,
