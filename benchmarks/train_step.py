@@ -5,6 +5,7 @@
   python benchmarks/train_step.py --no-anchors            # ours only
   python benchmarks/train_step.py --compare=975536b       # this tree vs a git revision, alternating
   python benchmarks/train_step.py --scan-compile=6,24     # compile s with model.scan_layers=True
+  python benchmarks/train_step.py --sizes=g2pfast --variants="dropout_bits=32|dropout_bits=8|dropout_rate=0"
 
 Anchors (benchmarks/anchors.py): flax examples/lm1b at baby and medium, nanoGPT's model.py
 (torch) at the same two sizes, flax examples/wmt at encdec; none at g2p. They are imported from
@@ -28,6 +29,10 @@ attention length x d_model x tokens (nanoGPT's and PaLM's count; causal attentio
 summed over the encoder and decoder stacks. The peak is a float32 2048^3 jitted matmul timed in
 the same process; "share" = achieved GFLOP/s / peak.
 
+--variants="K=V,K=V|K=V|..." times each size once per variant (model config overrides; `|`
+separates variants, `,` the keys of one) in one process, alternating `--rounds` times, and prints
+each variant's fastest median and its ratio to the first: one knob's cost, same run.
+
 --compare=REV runs this file against REV's tree (from `git archive`) and this tree in fresh
 processes, alternating `--rounds` times and keeping each one's fastest median, so a busy machine
 slows both alike; it prints before -> after per size and the ratio, and the instruction counts
@@ -36,6 +41,7 @@ work, so a ratio away from 1.00 is then the machine's noise, not the code.
 """
 
 import argparse
+import ast
 import json
 import os
 import subprocess
@@ -56,7 +62,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from configs import base, g2p, lm  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.config import from_configdict  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.models import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # The train state and steps moved from training.py to steps.py; older trees have the former. Decided
@@ -253,6 +259,52 @@ def against_anchors(args, sizes: list[str]) -> None:
         f"load at the end {_load()}")
 
 
+def parse_variants(text: str) -> list[dict]:
+  """'k=v,k=v|k=v' -> [{k: v, k: v}, {k: v}], values read as Python literals (else strings)."""
+  variants = []
+  for part in text.split("|"):
+    overrides = {}
+    for item in filter(None, part.split(",")):
+      key, sep, value = item.partition("=")
+      if not sep:
+        raise SystemExit(f"--variants: {item!r} is not KEY=VALUE (a model config key)")
+      try:
+        overrides[key.strip()] = ast.literal_eval(value.strip())
+      except (ValueError, SyntaxError):
+        overrides[key.strip()] = value.strip()
+    variants.append(overrides)
+  return variants
+
+
+def variants(args, sizes: list[str]) -> None:
+  """Each size under each variant's model overrides, in one process, alternating."""
+  chosen = parse_variants(args.variants)
+  labels = [",".join(f"{k}={v}" for k, v in o.items()) or "(config as is)" for o in chosen]
+  print(f"train step per variant: fastest median of {args.rounds} alternating rounds of "
+        f"{args.steps} steps; load {_load()}")
+  model_keys = size_config(sizes[0])[0].model
+  for overrides in chosen:
+    for key in overrides:
+      if key not in model_keys:
+        raise SystemExit(f"--variants: {key!r} is not a model config key (e.g. dropout_bits)")
+  for name in sizes:
+    try:
+      built = [build(name, **overrides) for overrides in chosen]
+    except ConfigError as e:
+      raise SystemExit(f"--variants: {e}") from None
+    for run, _ in built:
+      median_ms(run, 3)  # warm-up
+    best = [float("inf")] * len(built)
+    for _ in range(args.rounds):
+      for i, (run, _) in enumerate(built):
+        best[i] = min(best[i], median_ms(run, args.steps))
+    for label, (_, record), ms in zip(labels, built, best):
+      r = _finish(record, ms)
+      print(f"  {name:7s} {label:32s} {ms:8.1f} ms/step  {r['tokens_per_s']:9.0f} tok/s  "
+            f"{best[0] / ms:.2f}x the first")
+  print(f"load at the end {_load()}")
+
+
 def scan_compile(layer_counts: list[int]) -> None:
   """Compile seconds of the `baby` step with model.scan_layers=True at each layer count."""
   print(f"compile with model.scan_layers=True, baby widths; load {_load()}")
@@ -305,6 +357,8 @@ def main() -> None:
   parser.add_argument("--anchors", default=anchors.DEFAULT_DIR,
                       help="local checkouts of flax examples and nanoGPT (see benchmarks/anchors.py)")
   parser.add_argument("--no-anchors", action="store_true", help="time ours only")
+  parser.add_argument("--variants", default="",
+                      help="model overrides per variant, e.g. 'dropout_bits=32|dropout_bits=8'")
   parser.add_argument("--scan-compile", default="",
                       help="comma-separated layer counts: compile seconds with scan_layers=True")
   parser.add_argument("--tree", default="", help=argparse.SUPPRESS)  # read by trees.tree_from_argv()
@@ -316,6 +370,9 @@ def main() -> None:
       parser.error(f"--sizes: unknown size {s!r} (one of {', '.join(SIZES)})")
   if args.compare:
     compare(args, sizes)
+    return
+  if args.variants:
+    variants(args, sizes)
     return
   if args.scan_compile:
     scan_compile([int(n) for n in args.scan_compile.split(",")])

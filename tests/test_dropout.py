@@ -12,18 +12,22 @@ from transformer import layers
 from transformer.config import ConfigError, fill_added_keys, from_configdict, to_dict
 
 
-def test_eight_bit_masks_are_the_bytes_of_threefry_words():
+@pytest.mark.parametrize("shape", [(3, 7, 5), (3, 2, 8)])
+def test_eight_bit_masks_are_the_bytes_of_threefry_words(shape):
   """bits=8: element i is dropped iff byte i (little-end first) of the uint32 words that
   jax.random.bits draws is below round(256 * rate), and kept elements are scaled by
-  256 / (256 - threshold). Checked exactly against NumPy's byte view of the same words, on a shape
-  whose size is not a multiple of 4 (the last word's spare bytes are unused)."""
-  shape, rate = (3, 7, 5), 0.3
+  256 / (256 - threshold). Checked exactly against NumPy's byte view of the same words: for a last
+  axis divisible by 4 the words have x's shape with that axis divided by 4 (so XLA can fuse the
+  draw into the mask's consumer), else they cover x flattened and the last word's spare bytes are
+  unused."""
+  rate = 0.3
   x = jax.random.normal(jax.random.key(1), shape)
   rng = jax.random.key(7)
   got = np.asarray(layers.dropout(x, rate, rng, bits=8))
   n = x.size
-  words = np.asarray(jax.random.bits(rng, (-(-n // 4),), jnp.uint32)).astype("<u4")
-  draws = words.view(np.uint8)[:n].reshape(shape)
+  words_shape = (*shape[:-1], shape[-1] // 4) if shape[-1] % 4 == 0 else (-(-n // 4),)
+  words = np.asarray(jax.random.bits(rng, words_shape, jnp.uint32)).astype("<u4")
+  draws = words.reshape(-1).view(np.uint8)[:n].reshape(shape)
   threshold = round(256 * rate)  # 77
   want = np.where(draws >= threshold, np.asarray(x) * np.float32(256 / (256 - threshold)), 0.0)
   np.testing.assert_array_equal(got, want.astype(np.float32))

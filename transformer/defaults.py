@@ -49,9 +49,9 @@ def get_config() -> ml_collections.ConfigDict:
   m.dropout_rate = 0.1  # embeddings and residual branches
   m.attention_dropout_rate = 0.0  # attention weights
   m.ffn_dropout_rate = 0.0  # feed-forward hidden layer
-  # Random bits per dropout decision: 8 (one threefry word decides four elements, ~5x cheaper on
-  # CPU; each rate is rounded to a multiple of 1/256) | 32 (Flax's nn.Dropout, bit for bit; the
-  # masks of every run before this knob existed).
+  # Random bits per dropout decision: 8 (one threefry word decides four elements: half of
+  # dropout's cost in a CPU train step; each rate is rounded to a multiple of 1/256) | 32 (Flax's
+  # nn.Dropout, bit for bit; the masks of every run before this knob existed).
   m.dropout_bits = 8
   m.tie_embeddings = True  # output logits from the target embedding matrix
   m.share_src_tgt_embeddings = True  # one embedding table for encoder and decoder
