@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+import cmudict_data
 from configs import base
 from transformer.config import from_configdict
 from transformer.data import builders
@@ -31,8 +32,8 @@ def make_cfg(**data):
 
 @pytest.fixture(scope="session")
 def cmudict_task(tmp_path_factory):
-  """cmudict_g2p/no_stress prepared once per session (~15 s) into a temporary data_dir, loaded."""
-  data_dir = str(tmp_path_factory.mktemp("tfds"))
+  """cmudict_g2p/no_stress as prepared once per pytest invocation (cmudict_data), loaded."""
+  data_dir = cmudict_data.prepared_data_dir(tmp_path_factory)
   cfg = make_cfg(data_dir=data_dir, max_source_len=32, max_target_len=32, batch_size=8)
   return load_task(cfg, process_index=0, process_count=1)
 

@@ -29,7 +29,7 @@ def test_scan_and_remat_do_not_change_numbers(arch):
   w = jnp.asarray(rng.normal(size=(B, 8, V)), jnp.float32)
   def loss(cfg, p):
     return jnp.sum(_forward(cfg, p, inputs, targets) * w)
-  ref, ref_grad = jax.value_and_grad(functools.partial(loss, base))(params)
+  ref, ref_grad = jax.jit(jax.value_and_grad(functools.partial(loss, base)))(params)
   variants = [(True, 'none'), (False, 'full'), (True, 'dots')]
   if arch == 'decoder_only':  # the same stack code; one more policy, kept short for speed
     variants = [(True, 'dots_no_batch')]
@@ -42,7 +42,7 @@ def test_scan_and_remat_do_not_change_numbers(arch):
     own = jax.eval_shape(build_model(cfg).init, jax.random.key(0), *args)['params']
     assert (jax.tree.map(lambda x: x.shape, nn.meta.unbox(own))
             == jax.tree.map(lambda x: x.shape, p))
-    value, grad = jax.value_and_grad(functools.partial(loss, cfg))(p)
+    value, grad = jax.jit(jax.value_and_grad(functools.partial(loss, cfg)))(p)
     np.testing.assert_allclose(value, ref, rtol=1e-5)
     grad = _unstack_layers(grad) if scan else grad
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),

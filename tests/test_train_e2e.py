@@ -15,6 +15,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import cmudict_data
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
 STEPS = 60
@@ -173,13 +175,16 @@ def test_two_devices_match_one_device(tmp_path, env, reference_no_dropout, mode,
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
 
 
-def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path):
-  """The product path: train.py on configs/g2p.py:tiny (shortened to 20 steps, CMUdict prepared
-  offline on first use) exits 0 and leaves config.json, provenance.json, metrics.jsonl with
-  train and eval (WER/PER) lines, TensorBoard events and the final checkpoint; the same command
-  again resumes the finished run instead of retraining (metrics.jsonl unchanged)."""
+def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
+  """The product path: train.py on configs/g2p.py:tiny (shortened to 20 steps, on the whole
+  CMUdict as prepared once for the suite by cmudict_data) exits 0 and leaves config.json,
+  provenance.json, metrics.jsonl with train and eval (WER/PER) lines, TensorBoard events and the
+  final checkpoint; the same command again resumes the finished run instead of retraining
+  (metrics.jsonl unchanged)."""
   workdir = str(tmp_path / "g2p")
+  data_dir = cmudict_data.prepared_data_dir(tmp_path_factory)
   cmd = [sys.executable, "train.py", "--config=configs/g2p.py:tiny", f"--workdir={workdir}",
+         f"--config.data.data_dir={data_dir}",
          "--config.train.num_steps=20", "--config.train.log_every_steps=10",
          "--config.eval.every_steps=20", "--config.eval.num_decode_examples=16",
          "--config.eval.num_batches=2", "--config.checkpoint.every_steps=10"]
