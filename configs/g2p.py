@@ -29,11 +29,14 @@ Variants (the argument after the colon):
          --seeds=0 --out=runs/flagship/fast`: test WER 29.3%, PER 7.1% (all 12,523 test words,
          greedy; dev WER 29.5%), 51.5 min including the test evaluation (1.2 steps/s, ~10k
          tokens/s; data prepared beforehand). One seed; the goal of <= 24% is not met yet.
+         That run drew 32 random bits per dropout decision; add --config.model.dropout_bits=32
+         to reproduce it bit for bit (the default 8 is 1.09x faster per step, README).
   ablate the ablation baseline of the README's G2P tables (positional encodings, embedding
          sharing): 2+2 layers, d_model 64, dropout 0.1, the paper's rsqrt schedule (lr 2.0,
          warmup 200), 600 steps of 64 rows; the quickstart :tiny up to commit 911d2f9, which at
          600 steps gave dev WER 58.9% / PER 17.3% (docs/results/reproduce.json of that time).
-         The tables run it for 3000 steps.
+         The tables run it for 3000 steps, measured with 32-bit dropout masks (before
+         model.dropout_bits; --config.model.dropout_bits=32 reproduces them).
   small  3+3 layers, d_model 256, 4 heads, mlp 1024, 20k steps of 128 rows, beam 4.
          Not run to completion here, so no quality is claimed for it. Its speed was measured at
          commit 975536b (fresh data dir) with `--config.train.num_steps=200
