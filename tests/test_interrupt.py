@@ -169,6 +169,7 @@ def test_train_py_ctrl_c_saves_the_current_step_and_resumes_to_the_same_metrics(
 # ------------------------------------------------------------------ sweep.py
 
 
+@pytest.mark.slow  # ~25 s: a real sweep; its signal forwarding is also test_signals_to_the_sweep_...
 def test_sweep_ctrl_c_reaches_only_the_sweep_which_stops_its_point_and_resumes(
     tmp_path, env, mini_flags, reference):
   """SIGINT to sweep.py's process group (a terminal's Ctrl-C) while its point trains: the point
@@ -272,7 +273,11 @@ class BlockingEvalTask(synthetic_task.ReverseTask):
   def eval_batches(self, split, batch_size=None):
     if not os.path.exists(marker):
       open(marker, "w").close()
-      time.sleep(1200)
+      # 1200 s in short sleeps, as a real evaluation returns to Python between its device calls:
+      # a signal that lands between one sleep's signal check and its restart would otherwise wait
+      # for the whole sleep (CPython runs Python handlers only between bytecodes).
+      for _ in range(12000):
+        time.sleep(0.1)
     return super().eval_batches(split, batch_size)
 
 real = training.train_and_evaluate
@@ -282,6 +287,7 @@ runpy.run_path({train!r}, run_name="__main__")
 """
 
 
+@pytest.mark.slow  # ~20-30 s, two train.py runs; the handler's second-signal path is unit-tested above
 def test_second_ctrl_c_exits_at_once_and_committed_checkpoints_stay_usable(tmp_path, env):
   """Two SIGINTs while train.py evaluates at step 20 (the first asks for a save after the step;
   the second comes before it): the process ends at once, killed by SIGINT, with one line saying
