@@ -105,11 +105,11 @@ def get_config(arg: str = "base"):
     m.update(d_model=128, num_heads=4, mlp_dim=512, num_encoder_layers=3, num_decoder_layers=3,
              dropout_rate=0.1)
     c.data.batch_size = 128
-    t.update(num_steps=3600, schedule="warmup_cosine", learning_rate=3e-3, warmup_steps=300,
+    t.update(num_steps=6000, schedule="warmup_cosine", learning_rate=3e-3, warmup_steps=300,
              log_every_steps=100)
-    c.eval.update(every_steps=600, num_batches=0, num_decode_examples=0)
+    c.eval.update(every_steps=1000, num_batches=0, num_decode_examples=0)
     c.eval.decode.update(method="greedy", beam_size=1)
-    c.checkpoint.update(every_steps=600, keep=2)
+    c.checkpoint.update(every_steps=1000, keep=2)
   elif variant == "small":
     m.update(d_model=256, num_heads=4, mlp_dim=1024, num_encoder_layers=3, num_decoder_layers=3,
              dropout_rate=0.1)
