@@ -133,10 +133,14 @@ def plot(outs: list[str], save: str) -> None:
   sys.path.insert(0, REPO)
   from transformer import viz  # pylint: disable=g-import-not-at-top  (matplotlib only here)
   runs, finals = {}, {}
+  summaries = []
   for out in outs:
     with open(os.path.join(out, "summary.json")) as f:
-      summary = json.load(f)
-    name = summary["config"].rsplit("/", 1)[-1]
+      summaries.append(json.load(f))
+  names = [s["config"].rsplit("/", 1)[-1] for s in summaries]
+  for out, summary, name in zip(outs, summaries, names):
+    if names.count(name) > 1:  # two campaigns of one config (e.g. before and after a change)
+      name = f"{name} ({os.path.basename(os.path.normpath(out))})"
     for seed, entry in summary["seeds"].items():
       label = f"{name} seed {seed}"
       runs[label] = os.path.join(out, f"seed{seed}")

@@ -159,8 +159,9 @@ def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
   return 2 * n**3 / best / 1e9
 
 
-def build(name: str, **model_overrides) -> tuple:
-  """(run: one train step, blocking; record: size, compile_s, tokens, flops, hlo) of size `name`."""
+def build(name: str, keep_hlo_text: bool = False, **model_overrides) -> tuple:
+  """(run: one train step, blocking; record: size, compile_s, tokens, flops, hlo) of size `name`;
+  keep_hlo_text adds the compiled step's HLO text as record["hlo_text"] (step_profile.py)."""
   cd, shapes = size_config(name)
   cd.model.update(model_overrides)
   cfg = from_configdict(cd)
@@ -182,8 +183,10 @@ def build(name: str, **model_overrides) -> tuple:
     jax.block_until_ready(metrics)
 
   tokens = sum(r * t for r, t in shapes.values())
-  return run, {"size": name, "compile_s": compile_s, "tokens": tokens,
-               "flops": train_flops(cfg, shapes), "hlo": hlo_ops(compiled.as_text())}
+  text = compiled.as_text()
+  record = {"size": name, "compile_s": compile_s, "tokens": tokens,
+            "flops": train_flops(cfg, shapes), "hlo": hlo_ops(text)}
+  return run, record | ({"hlo_text": text} if keep_hlo_text else {})
 
 
 def median_ms(run, steps: int, warmup: int = 0) -> float:

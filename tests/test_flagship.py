@@ -69,3 +69,28 @@ def test_campaign_selects_on_validation_tests_the_best_checkpoint_and_resumes(tm
     flagship.main(["--config=configs/g2p.py:best", "--seeds=0", f"--out={out}"])
   with pytest.raises(SystemExit):  # only --config.* flags pass on to train.py
     flagship.main(["--config=configs/g2p.py:fast", f"--out={out}", "--num_steps=3"])
+
+
+def test_plot_labels_two_campaigns_of_one_config_apart(tmp_path, monkeypatch):
+  """Campaigns of the same config (e.g. a recipe before and after a change) each keep their lines:
+  their labels add the campaign directory's name; a config plotted once keeps its plain label."""
+  plotted = {}
+
+  def fake_plot(runs, key, finals, save_path):
+    plotted.update(runs=runs, finals=finals, key=key, save=save_path)
+
+  import transformer.viz  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(transformer.viz, "plot_time_to_quality", fake_plot)
+  outs = []
+  for name, config, wer in (("fast", "configs/g2p.py:fast", 0.27), ("fast_3600", "configs/g2p.py:fast", 0.29),
+                            ("tiny", "configs/g2p.py:tiny", 0.40)):
+    out = tmp_path / name
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"config": config, "seeds": {
+        "0": {"wall_clock_s": 600.0, "test": {"wer": wer}}}}))
+    outs.append(str(out))
+  flagship.plot(outs, str(tmp_path / "plot.png"))
+  assert plotted["finals"] == {"g2p.py:fast (fast) seed 0": (10.0, 0.27),
+                               "g2p.py:fast (fast_3600) seed 0": (10.0, 0.29),
+                               "g2p.py:tiny seed 0": (10.0, 0.40)}
+  assert plotted["runs"]["g2p.py:fast (fast_3600) seed 0"] == os.path.join(outs[1], "seed0")
