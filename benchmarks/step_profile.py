@@ -40,11 +40,14 @@ def _dims(text: str) -> list[int]:
 
 
 def matmul_flops(hlo_text: str) -> dict[str, tuple[float, str]]:
-  """{instruction: (FLOPs, 'lhs x rhs -> out')} for every top-level dot and every fusion whose
-  called computation holds dots (their FLOPs summed), from an optimized HLO module's text."""
+  """{thunk: (FLOPs, 'lhs x rhs -> out')} for every fusion whose called computation holds dots
+  (their FLOPs summed) and every dot outside a fusion (a thunk of its own: in the entry or in a
+  loop body), from an optimized HLO module's text."""
   shapes = {m.group(1): _dims(m.group(3)) for m in _INSTRUCTION.finditer(hlo_text)}
-  dots_in: dict[str, list[tuple[float, str]]] = collections.defaultdict(list)
-  dots: dict[str, tuple[float, str]] = {}
+  fusions = dict(re.findall(r"%([\w.-]+) = \S+ fusion\(.*?calls=%([\w.-]+)", hlo_text))
+  fused = set(fusions.values())
+  in_fused: dict[str, list[tuple[float, str]]] = collections.defaultdict(list)
+  found: dict[str, tuple[float, str]] = {}
   for comp in _COMPUTATION.finditer(hlo_text):
     for m in _INSTRUCTION.finditer(comp.group(2)):
       name, _, out, op, rest = m.groups()
@@ -53,17 +56,15 @@ def matmul_flops(hlo_text: str) -> dict[str, tuple[float, str]]:
       lhs, rhs = re.findall(r"%([\w.-]+)", rest)[:2]
       contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
       k = math.prod(shapes[lhs][d] for d in _dims(contracting.group(1))) if contracting else 1
-      flops = 2.0 * math.prod(_dims(out)) * k
-      desc = (f"{','.join(map(str, shapes[lhs]))} x {','.join(map(str, shapes[rhs]))} -> {out}")
-      dots_in[comp.group(1)].append((flops, desc))
-      dots[name] = (flops, desc)
-  found = {}
-  for m in re.finditer(r"%([\w.-]+) = \S+ fusion\(.*?calls=%([\w.-]+)", hlo_text):
-    inner = dots_in.get(m.group(2))
-    if inner:
-      found[m.group(1)] = (sum(f for f, _ in inner), " + ".join(d for _, d in inner))
-  for name, value in dots.items():  # a top-level dot is a thunk of its own
-    found.setdefault(name, value)
+      dot = (2.0 * math.prod(_dims(out)) * k,
+             f"{','.join(map(str, shapes[lhs]))} x {','.join(map(str, shapes[rhs]))} -> {out}")
+      if comp.group(1) in fused:
+        in_fused[comp.group(1)].append(dot)
+      else:
+        found[name] = dot
+  for name, comp in fusions.items():
+    if in_fused.get(comp):
+      found[name] = (sum(f for f, _ in in_fused[comp]), " + ".join(d for _, d in in_fused[comp]))
   return found
 
 

@@ -44,6 +44,7 @@ def test_matmul_flops_counts_fused_and_top_level_dots():
   assert flops["ynn_fusion.7"] == (384.0, "8,4 x 4,6 -> 8,6")
   assert flops["dot.9"] == (640.0, "2,8,4 x 2,4,5 -> 2,8,5")
   assert "exponential_fusion.8" not in flops
+  assert "dot.3" not in flops  # inside the fusion: counted in ynn_fusion.7, not a thunk of its own
 
 
 def test_thunk_times_leave_out_runtime_spans_and_average_over_steps():
