@@ -34,7 +34,7 @@ ids after the source's (`OffsetTokenizer`), so no letter and phone share a row.
 
 from configs import g2p
 
-LAYERS = {"tiny": (4, 480), "fast": (6, 640), "small": (7, 1024), "base": (14, 2048),
+LAYERS = {"tiny": (4, 480), "fast": (6, 640), "best": (6, 640), "small": (7, 1024), "base": (14, 2048),
           "ablate": (4, 320)}
 
 

@@ -15,7 +15,7 @@ from transformer.data import load_task
 from transformer.models import build_model
 from transformer.training import fill_vocab_sizes
 
-G2P_VARIANTS = ["tiny", "fast", "small", "base", "ablate"]
+G2P_VARIANTS = ["tiny", "fast", "best", "small", "base", "ablate"]
 ALL = [f"{name}:{v}" for name in ("g2p", "g2p_decoder_only") for v in G2P_VARIANTS] + [
     "lm:char", "lm:nanogpt_cpu", "lm:bpe", "wmt14_ende:", "lm1b:", "mlm:cmudict", "mlm:text",
     "classify:"]
@@ -34,7 +34,7 @@ def test_every_config_validates(name):
 
 def test_unknown_variant_is_a_clear_error():
   """An unknown variant names itself and the valid ones."""
-  with pytest.raises(ValueError, match="unknown variant 'huge'.*tiny, fast, small, base, ablate"):
+  with pytest.raises(ValueError, match="unknown variant 'huge'.*tiny, fast, best, small, base, ablate"):
     load("g2p:huge")
 
 
