@@ -27,15 +27,15 @@ data directory it prepared itself, nothing else running), by `python benchmarks/
 --config.model.dropout_rate=0.1` (the flag was the default then): test WER 25.8%, PER 6.1% (all
 12,523 test words, greedy, the step-6000 checkpoint chosen on dev; dev WER 26.8%) in 93.6 min at
 1.12 steps/s, one seed: per step better than g2p.py:fast's three seeds with dropout 0.1 (27.3%
-mean), per minute 2.1x slower (README, "G2P in an hour"). small and base were not run here.
+mean), per minute 2.1x slower (README, "G2P in an hour"). best, small and base were not run here.
 Source (char) and target (phone) ids share one embedding table: the data layer places the target's
 ids after the source's (`OffsetTokenizer`), so no letter and phone share a row.
 """
 
 from configs import g2p
 
-LAYERS = {"tiny": (4, 480), "fast": (6, 640), "best": (6, 640), "small": (7, 1024), "base": (14, 2048),
-          "ablate": (4, 320)}
+LAYERS = {"tiny": (4, 480), "fast": (6, 640), "best": (6, 640), "small": (7, 1024),
+          "base": (14, 2048), "ablate": (4, 320)}
 
 
 def get_config(arg: str = "base"):
