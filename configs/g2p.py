@@ -2,7 +2,8 @@ r"""Encoder-decoder grapheme-to-phoneme conversion on CMUdict (`cmudict_g2p`, pr
 
 Characters in, ARPAbet phones (stress removed) out; packed batches; the paper's post-LN Transformer
 (Adam 0.9/0.98/1e-9, label smoothing 0.1) at G2P sizes, with the paper's rsqrt schedule (small,
-base, ablate) or a warmup and cosine decay (tiny, fast, best: better on dev for short runs).
+base, ablate) or a warmup and cosine decay (tiny, fast, best: better on dev for the short runs of
+tiny and fast; best keeps fast's recipe).
 
   python train.py --config=configs/g2p.py:tiny --workdir=runs/g2p_tiny    # quickstart, ~3 min
   python train.py --config=configs/g2p.py:fast --workdir=runs/g2p_fast    # ~1 hour
