@@ -34,7 +34,8 @@ def test_every_config_validates(name):
 
 def test_unknown_variant_is_a_clear_error():
   """An unknown variant names itself and the valid ones."""
-  with pytest.raises(ValueError, match="unknown variant 'huge'.*tiny, fast, best, small, base, ablate"):
+  with pytest.raises(ValueError,
+                     match="unknown variant 'huge'.*tiny, fast, best, small, base, ablate"):
     load("g2p:huge")
 
 
@@ -99,6 +100,23 @@ def test_nanogpt_cpu_settings():
   got = (c.model.num_decoder_layers, c.model.num_heads, c.model.d_model, c.data.max_target_len,
          c.data.batch_size, c.train.num_steps, c.train.learning_rate, c.model.dropout_rate)
   assert got == (4, 4, 128, 64, 12, 2000, 1e-3, 0.0)
+
+
+def _flat(d, prefix=""):
+  return {k2: v2 for k, v in d.items()
+          for k2, v2 in (_flat(v, f"{prefix}{k}.").items() if isinstance(v, dict)
+                         else [(f"{prefix}{k}", v)])}
+
+
+def test_g2p_best_is_fast_for_three_times_the_steps():
+  """g2p.py:best is what its docstring and the README say it is, :fast's recipe (model,
+  optimizer, schedule, data, decoding) with 3x the steps and dev/checkpoints every 2000 steps:
+  every other key equal, so :best's measured result compares with :fast's on epochs alone."""
+  fast, best = (_flat(load(f"g2p:{v}").to_dict()) for v in ("fast", "best"))
+  differ = {k: (fast[k], best[k]) for k in fast if fast[k] != best[k]}
+  assert fast.keys() == best.keys()
+  assert differ == {"train.num_steps": (6000, 18000), "eval.every_steps": (1000, 2000),
+                    "checkpoint.every_steps": (1000, 2000)}
 
 
 def test_paper_base_recipe_in_wmt14():
