@@ -388,6 +388,28 @@ def test_cross_attention_cache_shared_by_groups_of_query_rows():
     mha.apply({'params': params, 'cache': cache}, x[:5], None, decode=DecodeStep(), mutable=['cache'])
 
 
+@pytest.mark.parametrize('in_shape,out_shape', [((8,), (3, 2, 4)), ((2, 4), (8,)), ((8,), (5,))])
+def test_projection_gradients_equal_the_einsums(in_shape, out_shape):
+  """Projection folds its in/out axes into one matmul whose kernel gradient is hand-written
+  (layers.matmul): its value and its gradients with respect to the input, kernel and bias equal
+  those of the plain einsum over the unfolded axes, differentiated by JAX, for the fused qkv
+  [d, 3, n, h], the output [n, h, d] and a plain [d, f] kernel."""
+  x = jnp.asarray(RNG.normal(size=(2, 3, *in_shape)), jnp.float32)
+  r = jnp.asarray(RNG.normal(size=(2, 3, *out_shape)), jnp.float32)
+  axes = tuple(f'a{i}' for i in range(len(in_shape) + len(out_shape)))
+  module = attention.Projection(in_shape, out_shape, axes)
+  params = jax.tree.map(lambda a: a + 0.1, module.init(jax.random.key(0), x)['params'])
+  params = {k: jnp.asarray(getattr(v, 'value', v)) for k, v in params.items()}
+  letters = 'cdefghij'
+  ins, outs = letters[:len(in_shape)], letters[len(in_shape):len(axes)]
+  reference = lambda p, x: jnp.einsum(f'bt{ins},{ins}{outs}->bt{outs}', x, p['kernel']) + p['bias']
+  ours = lambda p, x: module.apply({'params': p}, x)
+  np.testing.assert_allclose(ours(params, x), reference(params, x), rtol=1e-5, atol=1e-5)
+  grad = lambda f: jax.grad(lambda p, x: jnp.sum(f(p, x) * r), argnums=(0, 1))(params, x)
+  for got, want in zip(jax.tree.leaves(grad(ours)), jax.tree.leaves(grad(reference))):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_mha_dropout_uses_dropout_rng():
   """With attention_dropout_rate > 0, deterministic=False draws from the 'dropout' rng (outputs
   change with the key) and deterministic=True is unaffected by it."""

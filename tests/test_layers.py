@@ -148,6 +148,52 @@ def test_norms_match_formula(norm):
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_layernorm_gradients_match_numpy_chain_rule():
+  """The hand-written LayerNorm backward (layers._layer_norm_bwd) against the float64 NumPy chain
+  rule of y = (x - mean) / sqrt(var + eps) * s + b: dx = rstd (g s - mean(g s) - xhat mean(g s
+  xhat)), ds = sum(g xhat), db = sum(g); with a non-trivial scale and bias, and the forward equal
+  to flax's nn.LayerNorm (same parameters, same values)."""
+  eps = 1e-6
+  cfg = _cfg(norm='layernorm', norm_eps=eps)
+  rng = np.random.default_rng(5)
+  x = (rng.normal(size=(2, 3, 16)) * 3 + 1).astype(np.float32)
+  r = rng.normal(size=(2, 3, 16)).astype(np.float32)
+  module = make_norm(cfg)
+  params = {'scale': jnp.asarray(rng.normal(size=16) + 1, jnp.float32),
+            'bias': jnp.asarray(rng.normal(size=16), jnp.float32)}
+  y = module.apply({'params': params}, jnp.asarray(x))
+  np.testing.assert_array_equal(y, nn.LayerNorm(epsilon=eps).apply({'params': params}, x))
+  loss = lambda p, x: jnp.sum(module.apply({'params': p}, x) * r)
+  g_params, g_x = jax.grad(loss, argnums=(0, 1))(params, jnp.asarray(x))
+  x64, r64 = x.astype(np.float64), r.astype(np.float64)
+  s64, b64 = (np.asarray(params[k], np.float64) for k in ('scale', 'bias'))
+  rstd = 1 / np.sqrt(x64.var(-1, keepdims=True) + eps)
+  xhat = (x64 - x64.mean(-1, keepdims=True)) * rstd
+  gs = r64 * s64
+  dx = rstd * (gs - gs.mean(-1, keepdims=True) - xhat * (gs * xhat).mean(-1, keepdims=True))
+  np.testing.assert_allclose(g_x, dx, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(g_params['scale'], (r64 * xhat).sum((0, 1)), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(g_params['bias'], r64.sum((0, 1)), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(y, xhat * s64 + b64, rtol=1e-4, atol=1e-5)
+
+
+def test_layernorm_in_bfloat16_keeps_float32_statistics_and_dtypes():
+  """model.dtype=bfloat16: the norm's output (and its input gradient) is bfloat16, the parameter
+  gradients float32, and the values are nn.LayerNorm's with the same dtypes."""
+  cfg = _cfg(norm='layernorm', dtype='bfloat16')
+  x = jnp.asarray(np.random.default_rng(6).normal(size=(2, 3, 16)) * 2 + 1, jnp.bfloat16)
+  module = make_norm(cfg)
+  variables = module.init(jax.random.key(0), x)
+  y = module.apply(variables, x)
+  ref = nn.LayerNorm(epsilon=cfg.norm_eps, dtype=jnp.bfloat16).apply(nn.meta.unbox(variables), x)
+  assert y.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(ref, np.float32))
+  g_params, g_x = jax.grad(lambda p, x: jnp.sum(module.apply(p, x).astype(jnp.float32)),
+                           argnums=(0, 1))(variables, x)
+  assert g_x.dtype == jnp.bfloat16
+  assert nn.meta.unbox(g_params)['params']['scale'].dtype == jnp.float32
+
+
 @pytest.mark.parametrize('tie', [True, False])
 def test_bfloat16_model_computes_logits_in_float32(tie):
   """A bfloat16 model's logits (tied: Embed.attend; untied: the decoder's logits_dense) equal the

@@ -40,6 +40,21 @@ def test_sinusoidal_of_arbitrary_positions_gathers_table_rows():
   np.testing.assert_allclose(positional.sinusoidal(positions, 8), table[positions], atol=1e-6)
 
 
+def test_sinusoidal_lookup_is_the_formula_at_any_position_under_jit():
+  """What the models add (rows of a [max_len, d] table computed at compile time) equals the
+  float64 formula at packed positions, inside jit as in a train step (odd d included), and a
+  concrete position >= max_len is a clear error naming model.max_len."""
+  positions = np.array([[0, 1, 2, 0, 1], [7, 8, 9, 10, 15]])
+  for d in (8, 5):
+    j = np.arange(d)
+    angle = positions[..., None] / 10000 ** (2 * (j // 2) / d)
+    want = np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+    got = jax.jit(positional.sinusoidal_lookup, static_argnums=(1, 2))(positions, 16, d)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+  with pytest.raises(ValueError, match='model.max_len=16'):
+    positional.sinusoidal_lookup(jnp.array([[0, 16]]), 16, 8)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Learned
 # ----------------------------------------------------------------------------------------------------

@@ -225,10 +225,13 @@ class Projection(nn.Module):
     n_in, shape = len(self.in_shape), (*self.in_shape, *self.out_shape)
     kernel = self.param('kernel', nn.with_logical_partitioning(_dense_init(n_in, len(shape)),
                                                                self.axes), shape, self.param_dtype)
-    letters = 'cdefghijklmnopqrsuvwxyz'  # not b, t
-    ins, outs = letters[:n_in], letters[n_in:len(shape)]
-    y = jnp.einsum(f'bt{ins},{ins}{outs}->bt{outs}', x.astype(self.dtype),
-                   jnp.asarray(kernel, self.dtype))
+    # One [b, t, in] x [in, out] matmul over the folded axes (row-major, so the reshapes are free),
+    # whose kernel gradient layers.matmul forms as (g^T x)^T: as an einsum over the unfolded axes,
+    # XLA:CPU transposed the wide output gradient of the fused qkv / kv projections for it.
+    b, t = x.shape[:2]
+    y = layers.matmul(x.astype(self.dtype).reshape(b, t, -1),
+                      jnp.asarray(kernel, self.dtype).reshape(math.prod(self.in_shape), -1))
+    y = y.reshape(b, t, *self.out_shape)
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros,
                                                              self.axes[n_in:]),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -21,13 +21,15 @@ Array = jax.Array
 
 
 @jax.custom_vjp
-def _matmul(x: Array, kernel: Array) -> Array:
-  """x [..., d] @ kernel [d, f], whose kernel gradient is formed as (g^T x)^T; see _dense."""
+def matmul(x: Array, kernel: Array) -> Array:
+  """x [..., d] @ kernel [d, f], whose kernel gradient is formed as (g^T x)^T over the tokens
+  folded into one axis: XLA:CPU then transposes whichever operand is narrower for it, rather than
+  the output gradient g (see _wide_out_dot_general); used by every dense projection."""
   return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
 
 
 def _matmul_fwd(x: Array, kernel: Array) -> tuple[Array, tuple[Array, Array]]:
-  return _matmul(x, kernel), (x, kernel)
+  return matmul(x, kernel), (x, kernel)
 
 
 def _matmul_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
@@ -39,7 +41,7 @@ def _matmul_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
   return dx, dk_t.T.astype(kernel.dtype)
 
 
-_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
 def _wide_out_dot_general(x, kernel, dimension_numbers, precision=None, **kwargs):
@@ -50,7 +52,7 @@ def _wide_out_dot_general(x, kernel, dimension_numbers, precision=None, **kwargs
   if (dimension_numbers != (((x.ndim - 1,), (0,)), ((), ())) or precision is not None
       or kwargs or kernel.ndim != 2):
     return jax.lax.dot_general(x, kernel, dimension_numbers, precision=precision, **kwargs)
-  return _matmul(x, kernel)
+  return matmul(x, kernel)
 
 
 def dense(features: int, axes: tuple[str, str], cfg: ModelConfig, name: str,
@@ -192,6 +194,73 @@ class FeedForward(nn.Module):
     return dense(cfg.d_model, ('mlp', 'embed'), cfg, 'wo')(h)
 
 
+def _ln_stats(x: Array) -> tuple[Array, Array]:
+  """float32 mean and 1/sqrt(var + eps)'s ingredients over the last axis, as nn.LayerNorm computes
+  them: var = E[x^2] - E[x]^2 (clipped at 0), both means in one pass."""
+  x = x.astype(jnp.float32)
+  mean, mean2 = x.mean(-1, keepdims=True), (x * x).mean(-1, keepdims=True)
+  return mean, jnp.maximum(0.0, mean2 - mean * mean)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
+  """float32 (x - mean) / sqrt(var + eps) * scale + bias over x's last axis (nn.LayerNorm's
+  forward, the same operations in the same order)."""
+  mean, var = _ln_stats(x)
+  return (x - mean) * (jax.lax.rsqrt(var + epsilon) * scale) + bias
+
+
+def _layer_norm_fwd(x, scale, bias, epsilon):
+  mean, var = _ln_stats(x)
+  rstd = jax.lax.rsqrt(var + epsilon)
+  return (x - mean) * (rstd * scale) + bias, (x, mean, rstd, scale, bias)
+
+
+def _layer_norm_bwd(epsilon, res, g):
+  """dx = rstd (g s - mean(g s) - xhat mean(g s xhat)), with xhat = (x - mean) rstd.
+
+  The two feature means are matrix-vector products with the scale, g @ s and (g xhat) @ s: as
+  autodiff writes them (reductions of g * broadcast(s)), XLA:CPU materialised the [tokens, d]
+  broadcast of the scale, or of rstd * scale, for every norm of the step (README, Train-step speed).
+  """
+  del epsilon
+  x, mean, rstd, scale, bias = res
+  g = g.astype(jnp.float32)
+  s = scale.astype(jnp.float32)
+  xhat = (x.astype(jnp.float32) - mean) * rstd
+  gx = g * xhat
+  d = x.shape[-1]
+  mean_gs = (g @ s)[..., None] / d
+  mean_gsx = (gx @ s)[..., None] / d
+  dx = rstd * (g * s - mean_gs - xhat * mean_gsx)
+  lead = tuple(range(x.ndim - 1))
+  return (dx.astype(x.dtype), jnp.sum(gx, lead).astype(scale.dtype),
+          jnp.sum(g, lead).astype(bias.dtype))
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+class LayerNorm(nn.Module):
+  """nn.LayerNorm over the last axis (parameters 'scale' and 'bias' [d], float32 statistics with
+  E[x^2] - E[x]^2, output in `dtype`): the same parameters and forward values, with the backward
+  written out (`_layer_norm_bwd`) so that it needs no [tokens, d] broadcast of the scale."""
+  epsilon: float = 1e-6
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  scale_init: Callable = nn.initializers.ones_init()
+  bias_init: Callable = nn.initializers.zeros_init()
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """[..., d] -> [..., d] in `dtype` (x's dtype if None)."""
+    d = x.shape[-1]
+    scale = self.param('scale', self.scale_init, (d,), self.param_dtype)
+    bias = self.param('bias', self.bias_init, (d,), self.param_dtype)
+    y = _layer_norm(x, jnp.asarray(scale), jnp.asarray(bias), self.epsilon)
+    return y.astype(self.dtype or x.dtype)
+
+
 def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
   """LayerNorm or RMSNorm per `config.norm`, epsilon `config.norm_eps`; scale axis 'norm'."""
   kwargs = dict(
@@ -200,7 +269,7 @@ def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ('norm',)),
       name=name)
   if config.norm == 'layernorm':
-    return nn.LayerNorm(
+    return LayerNorm(
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',)), **kwargs)
   if config.norm == 'rmsnorm':
     return nn.RMSNorm(**kwargs)
