@@ -410,6 +410,23 @@ def test_projection_gradients_equal_the_einsums(in_shape, out_shape):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_projection_keeps_output_axes_that_a_mesh_splits_unfolded():
+  """Projection folds its output axes into one matmul column only when no mesh axis of size > 1
+  splits them: under the project's logical rules a 'tensor' axis of 2 splits 'heads' (the fused
+  qkv [d, 3, n, h] then stays unfolded, so XLA need not reshard it), a data-parallel mesh splits
+  nothing, and without a mesh nothing is split."""
+  import flax.linen as nn
+  from transformer import parallel
+  qkv_out = (None, 'heads', 'head_dim')
+  def unsplit(shape):
+    mesh = jax.sharding.AbstractMesh(shape, ('data', 'fsdp', 'tensor'))
+    with jax.sharding.use_abstract_mesh(mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
+      return attention._unsplit(qkv_out), attention._unsplit(('embed',))
+  assert unsplit((1, 1, 2)) == (False, True)
+  assert unsplit((2, 1, 1)) == (True, True)
+  assert attention._unsplit(qkv_out)
+
+
 def test_mha_dropout_uses_dropout_rng():
   """With attention_dropout_rate > 0, deterministic=False draws from the 'dropout' rng (outputs
   change with the key) and deterministic=True is unaffected by it."""

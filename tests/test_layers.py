@@ -175,11 +175,17 @@ def test_layernorm_gradients_match_numpy_chain_rule():
   np.testing.assert_allclose(g_params['scale'], (r64 * xhat).sum((0, 1)), rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(g_params['bias'], r64.sum((0, 1)), rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(y, xhat * s64 + b64, rtol=1e-4, atol=1e-5)
+  # and equal to autodiff of flax's nn.LayerNorm (another implementation of the same function)
+  flax_grads = jax.grad(lambda p, x: jnp.sum(nn.LayerNorm(epsilon=eps).apply({'params': p}, x) * r),
+                        argnums=(0, 1))(params, jnp.asarray(x))
+  for got, want in zip(jax.tree.leaves((g_params, g_x)), jax.tree.leaves(flax_grads)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_layernorm_in_bfloat16_keeps_float32_statistics_and_dtypes():
   """model.dtype=bfloat16: the norm's output (and its input gradient) is bfloat16, the parameter
-  gradients float32, and the values are nn.LayerNorm's with the same dtypes."""
+  gradients float32, both parameters carry the 'norm' axis, and the values and gradients are
+  nn.LayerNorm's with the same dtypes (the input gradient to bfloat16's precision)."""
   cfg = _cfg(norm='layernorm', dtype='bfloat16')
   x = jnp.asarray(np.random.default_rng(6).normal(size=(2, 3, 16)) * 2 + 1, jnp.bfloat16)
   module = make_norm(cfg)
@@ -190,8 +196,16 @@ def test_layernorm_in_bfloat16_keeps_float32_statistics_and_dtypes():
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(ref, np.float32))
   g_params, g_x = jax.grad(lambda p, x: jnp.sum(module.apply(p, x).astype(jnp.float32)),
                            argnums=(0, 1))(variables, x)
+  ref_params, ref_x = jax.grad(
+      lambda p, x: jnp.sum(nn.LayerNorm(epsilon=cfg.norm_eps, dtype=jnp.bfloat16).apply(p, x)
+                           .astype(jnp.float32)), argnums=(0, 1))(nn.meta.unbox(variables), x)
   assert g_x.dtype == jnp.bfloat16
-  assert nn.meta.unbox(g_params)['params']['scale'].dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(g_x, np.float32), np.asarray(ref_x, np.float32), atol=0.02)
+  g_params = nn.meta.unbox(g_params)['params']
+  for name in ('scale', 'bias'):
+    assert variables['params'][name].names == ('norm',)
+    assert g_params[name].dtype == jnp.float32
+    np.testing.assert_allclose(g_params[name], ref_params['params'][name], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize('tie', [True, False])

@@ -49,6 +49,24 @@ def test_scan_and_remat_do_not_change_numbers(arch):
                  grad, ref_grad)
 
 
+def test_remat_dots_recomputes_no_matmul():
+  """remat='dots' saves every matmul's output, so the backward pass recomputes none: the traced
+  gradient has as many dot_generals as without remat, and 'full' (which saves nothing) has more.
+  layers.matmul (the FFN's expanding projection and every attention projection) hides its dot in
+  a custom_vjp, which the plain dot policy does not see; its outputs are saved by name."""
+  base = _cfg(arch='encoder_decoder')
+  _, params = _init(base)
+  rng = np.random.default_rng(9)
+  inputs = rng.integers(1, SV, size=(B, 8))
+  targets = rng.integers(1, V, size=(B, 8))
+  def dots(remat):
+    cfg = dataclasses.replace(base, remat=remat)
+    grad = jax.grad(lambda p: jnp.sum(_forward(cfg, p, inputs, targets)))
+    return str(jax.make_jaxpr(grad)(params)).count('dot_general')
+  none, with_dots, full = dots('none'), dots('dots'), dots('full')
+  assert with_dots == none < full
+
+
 def test_base_transformer_parameter_count():
   """The paper's base model (6+6 layers, d=512, 8 heads, d_ff=2048, one shared 37000-token table
   tied to the output, biases in every projection, LayerNorm scale+bias, sinusoidal positions)

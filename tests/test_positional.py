@@ -40,17 +40,25 @@ def test_sinusoidal_of_arbitrary_positions_gathers_table_rows():
   np.testing.assert_allclose(positional.sinusoidal(positions, 8), table[positions], atol=1e-6)
 
 
-def test_sinusoidal_lookup_is_the_formula_at_any_position_under_jit():
-  """What the models add (rows of a [max_len, d] table computed at compile time) equals the
-  float64 formula at packed positions, inside jit as in a train step (odd d included), and a
-  concrete position >= max_len is a clear error naming model.max_len."""
-  positions = np.array([[0, 1, 2, 0, 1], [7, 8, 9, 10, 15]])
-  for d in (8, 5):
+def test_sinusoidal_lookup_is_the_formula_at_every_position_of_a_row_under_jit():
+  """What the models add (rows of a table that is a constant of the compiled program) equals the
+  float64 formula at packed positions inside jit, as in a train step (odd d included), also for a
+  row longer than max_len (a prompt plus target scored at once: positions up to t - 1 > max_len
+  must not be clipped); a concrete position beyond the table is a clear error naming
+  model.max_len."""
+  def formula(positions, d):
     j = np.arange(d)
     angle = positions[..., None] / 10000 ** (2 * (j // 2) / d)
-    want = np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
-    got = jax.jit(positional.sinusoidal_lookup, static_argnums=(1, 2))(positions, 16, d)
-    np.testing.assert_allclose(got, want, atol=2e-5)
+    return np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+  lookup = jax.jit(positional.sinusoidal_lookup, static_argnums=(1, 2))
+  positions = np.array([[0, 1, 2, 0, 1], [7, 8, 9, 10, 15]])
+  for d in (8, 5):
+    np.testing.assert_allclose(lookup(positions, 16, d), formula(positions, d), atol=2e-5)
+  long_row = np.arange(24)[None]  # t = 24 > max_len = 16
+  np.testing.assert_allclose(lookup(long_row, 16, 8), formula(long_row, 8), atol=2e-5)
+  compiled = jax.jit(positional.sinusoidal_lookup, static_argnums=(1, 2)).lower(
+      positions, 16, 8).compile().as_text()
+  assert 'sine' not in compiled and 'cosine' not in compiled  # no per-step sin/cos
   with pytest.raises(ValueError, match='model.max_len=16'):
     positional.sinusoidal_lookup(jnp.array([[0, 16]]), 16, 8)
 

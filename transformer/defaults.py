@@ -65,7 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.num_classes = 0  # head=classify|tag outputs; 0 = the label tokenizer's vocabulary
   m.attention_impl = "einsum"  # einsum | fused (jax.nn.dot_product_attention; cuDNN on GPU)
   m.scan_layers = False  # nn.scan over layers: compile time flat in depth
-  m.remat = "none"  # none | full | dots | dots_no_batch (nn.remat policy)
+  m.remat = "none"  # none | full | dots | dots_no_batch (nn.remat policy; dots* save every matmul)
   m.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16
   m.param_dtype = "float32"
   m.max_len = 512  # longest sequence: learned/sinusoidal tables and the decoding cache

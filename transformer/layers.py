@@ -14,6 +14,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from transformer.config import ConfigError, ModelConfig
 
@@ -21,27 +22,38 @@ Array = jax.Array
 
 
 @jax.custom_vjp
-def matmul(x: Array, kernel: Array) -> Array:
-  """x [..., d] @ kernel [d, f], whose kernel gradient is formed as (g^T x)^T over the tokens
-  folded into one axis: XLA:CPU then transposes whichever operand is narrower for it, rather than
-  the output gradient g (see _wide_out_dot_general); used by every dense projection."""
+def _matmul(x: Array, kernel: Array) -> Array:
   return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
 
 
 def _matmul_fwd(x: Array, kernel: Array) -> tuple[Array, tuple[Array, Array]]:
-  return matmul(x, kernel), (x, kernel)
+  return _matmul(x, kernel), (x, kernel)
 
 
 def _matmul_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
   x, kernel = res
-  dx = jax.lax.dot_general(g, kernel, (((g.ndim - 1,), (1,)), ((), ())))  # [..., d]
+  out = tuple(range(1, kernel.ndim))  # the kernel's output axes
+  dx = jax.lax.dot_general(g, kernel, ((tuple(range(x.ndim - 1, g.ndim)), out), ((), ())))
   rows = math.prod(x.shape[:-1])
-  # [f, d] = g^T x over the tokens folded into one axis, then a small [f, d] transpose.
-  dk_t = jax.lax.dot_general(g.reshape(rows, -1), x.reshape(rows, -1), (((0,), (0,)), ((), ())))
-  return dx, dk_t.T.astype(kernel.dtype)
+  # [*out, d] = g^T x over the tokens folded into one axis, then a small transpose to [d, *out].
+  dk_t = jax.lax.dot_general(g.reshape(rows, *kernel.shape[1:]), x.reshape(rows, -1),
+                             (((0,), (0,)), ((), ())))
+  return dx, jnp.moveaxis(dk_t, -1, 0).astype(kernel.dtype)
 
 
-matmul.defvjp(_matmul_fwd, _matmul_bwd)
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+# The name remat policies save `matmul`'s outputs by (models._REMAT_POLICIES): the custom_vjp hides
+# its dot from jax.checkpoint_policies.checkpoint_dots.
+MATMUL_NAME = 'matmul'
+
+
+def matmul(x: Array, kernel: Array) -> Array:
+  """x [..., d] @ kernel [d, *out] -> [..., *out], whose kernel gradient is formed as (g^T x)^T
+  over the tokens folded into one axis, so that XLA:CPU transposes the narrow input x for it rather
+  than the output gradient g (see _wide_out_dot_general). The expanding FFN projections and every
+  attention projection use it; the output is named MATMUL_NAME for remat policies."""
+  return checkpoint_name(_matmul(x, kernel), MATMUL_NAME)
 
 
 def _wide_out_dot_general(x, kernel, dimension_numbers, precision=None, **kwargs):
@@ -202,18 +214,17 @@ def _ln_stats(x: Array) -> tuple[Array, Array]:
   return mean, jnp.maximum(0.0, mean2 - mean * mean)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
-  """float32 (x - mean) / sqrt(var + eps) * scale + bias over x's last axis (nn.LayerNorm's
-  forward, the same operations in the same order)."""
-  mean, var = _ln_stats(x)
-  return (x - mean) * (jax.lax.rsqrt(var + epsilon) * scale) + bias
-
-
 def _layer_norm_fwd(x, scale, bias, epsilon):
+  """float32 (x - mean) / sqrt(var + eps) * scale + bias over x's last axis (nn.LayerNorm's
+  forward, the same operations in the same order), and the backward's residuals."""
   mean, var = _ln_stats(x)
   rstd = jax.lax.rsqrt(var + epsilon)
   return (x - mean) * (rstd * scale) + bias, (x, mean, rstd, scale, bias)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
+  return _layer_norm_fwd(x, scale, bias, epsilon)[0]
 
 
 def _layer_norm_bwd(epsilon, res, g):
@@ -230,8 +241,10 @@ def _layer_norm_bwd(epsilon, res, g):
   xhat = (x.astype(jnp.float32) - mean) * rstd
   gx = g * xhat
   d = x.shape[-1]
-  mean_gs = (g @ s)[..., None] / d
-  mean_gsx = (gx @ s)[..., None] / d
+  # float32 products (a TPU's default matmul precision would round them to bfloat16).
+  matvec = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
+  mean_gs = matvec(g, s)[..., None] / d
+  mean_gsx = matvec(gx, s)[..., None] / d
   dx = rstd * (g * s - mean_gs - xhat * mean_gsx)
   lead = tuple(range(x.ndim - 1))
   return (dx.astype(x.dtype), jnp.sum(gx, lead).astype(scale.dtype),
@@ -243,8 +256,9 @@ _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 class LayerNorm(nn.Module):
   """nn.LayerNorm over the last axis (parameters 'scale' and 'bias' [d], float32 statistics with
-  E[x^2] - E[x]^2, output in `dtype`): the same parameters and forward values, with the backward
-  written out (`_layer_norm_bwd`) so that it needs no [tokens, d] broadcast of the scale."""
+  E[x^2] - E[x]^2, output in `dtype`; `make_norm` always gives one, and None keeps x's dtype where
+  flax would promote with the parameters'): the same parameters and forward values, with the
+  backward written out (`_layer_norm_bwd`) so that it needs no [tokens, d] broadcast of the scale."""
   epsilon: float = 1e-6
   dtype: Any = None
   param_dtype: Any = jnp.float32

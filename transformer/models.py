@@ -23,16 +23,22 @@ import numpy as np
 from transformer import attention as attn
 from transformer import heads
 from transformer import kv_cache
+from transformer import layers
 from transformer import positional
 from transformer.config import ConfigError, ModelConfig
 from transformer.layers import Dropout, Embed, FeedForward, make_norm
 
 Array = jax.Array
 
+# The dot policies also save layers.matmul's outputs (the FFN's expanding and every attention
+# projection), whose custom gradient hides their dots from the dot policies.
+_SAVE_MATMULS = jax.checkpoint_policies.save_only_these_names(layers.MATMUL_NAME)
 _REMAT_POLICIES = {
     'full': None,  # save nothing: recompute the whole block in the backward pass
-    'dots': jax.checkpoint_policies.checkpoint_dots,
-    'dots_no_batch': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    'dots': jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots, _SAVE_MATMULS),
+    'dots_no_batch': jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims, _SAVE_MATMULS),
 }
 
 

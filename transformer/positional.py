@@ -15,6 +15,7 @@ rows (positions restart per segment) and cached decoding (absolute offsets) need
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -45,20 +46,28 @@ def sinusoidal_table(length: int, d: int, max_timescale: float = 10000.0) -> Arr
   return sinusoidal(jnp.arange(length)[None], d, max_timescale)[0]
 
 
-def sinusoidal_lookup(positions: Array, max_len: int, d: int) -> Array:
-  """[b, t] int positions < max_len -> [b, t, d]: rows of `sinusoidal_table(max_len, d)`.
+@functools.lru_cache(maxsize=32)
+def _sinusoidal_constant(length: int, d: int) -> np.ndarray:
+  """sinusoidal_table(length, d) evaluated now (also inside a jit trace), as a NumPy array."""
+  with jax.ensure_compile_time_eval():
+    return np.asarray(sinusoidal_table(length, d))
 
-  What the models add to their embeddings. The table's shape is static, so XLA computes it once
-  (at compile time); a train step then gathers a row per token instead of evaluating a sine or
-  cosine per element (on a 2-core CPU those took ~2% of `:fast`'s step). Positions >= max_len raise
-  ValueError when concrete; under jit they are clipped, as for learned positions (the config
-  validator's `max_len` guarantees them).
+
+def sinusoidal_lookup(positions: Array, max_len: int, d: int) -> Array:
+  """[b, t] int positions -> [b, t, d]: rows of the sinusoidal table (what the models add).
+
+  The table is a constant of the compiled program, with max(max_len, t) rows: a train step gathers
+  a row per token instead of evaluating a sine or cosine per element (on a 2-core CPU those took
+  ~2% of `:fast`'s step). Positions within a row (packed segments, a whole prompt plus target
+  scored at once) are below t and those of cached decoding below max_len (the cache's length), so
+  none is clipped; a concrete position beyond the table raises ValueError.
   """
+  rows = max(max_len, positions.shape[-1])
   if not isinstance(positions, jax.core.Tracer):
     hi = int(np.max(np.asarray(positions), initial=0))
-    if hi >= max_len:
+    if hi >= rows:
       raise ValueError(f'position {hi} >= model.max_len={max_len} (sinusoidal positions)')
-  return jnp.take(sinusoidal_table(max_len, d), positions, axis=0, mode='clip')
+  return jnp.take(_sinusoidal_constant(rows, d), positions, axis=0, mode='clip')
 
 
 # ----------------------------------------------------------------------------------------------------
