@@ -46,6 +46,15 @@ def sinusoidal_table(length: int, d: int, max_timescale: float = 10000.0) -> Arr
   return sinusoidal(jnp.arange(length)[None], d, max_timescale)[0]
 
 
+def _check_concrete_positions(positions: Array, rows: int, max_len: int, kind: str) -> None:
+  """A ValueError naming model.max_len if concrete positions (an eager call) reach past a table of
+  `rows` rows; under jit they cannot be inspected, and the lookups clip."""
+  if not isinstance(positions, jax.core.Tracer):
+    hi = int(np.max(np.asarray(positions), initial=0))
+    if hi >= rows:
+      raise ValueError(f'position {hi} >= model.max_len={max_len} ({kind} positions)')
+
+
 @functools.lru_cache(maxsize=32)
 def _sinusoidal_constant(length: int, d: int) -> np.ndarray:
   """sinusoidal_table(length, d) evaluated now (also inside a jit trace), as a NumPy array."""
@@ -63,10 +72,7 @@ def sinusoidal_lookup(positions: Array, max_len: int, d: int) -> Array:
   none is clipped; a concrete position beyond the table raises ValueError.
   """
   rows = max(max_len, positions.shape[-1])
-  if not isinstance(positions, jax.core.Tracer):
-    hi = int(np.max(np.asarray(positions), initial=0))
-    if hi >= rows:
-      raise ValueError(f'position {hi} >= model.max_len={max_len} (sinusoidal positions)')
+  _check_concrete_positions(positions, rows, max_len, 'sinusoidal')
   return jnp.take(_sinusoidal_constant(rows, d), positions, axis=0, mode='clip')
 
 
@@ -92,10 +98,7 @@ class LearnedPositions(nn.Module):
     table = self.param('embedding',
                        nn.with_logical_partitioning(self.embedding_init, ('length', 'embed')),
                        (self.max_len, self.features), self.param_dtype)
-    if not isinstance(positions, jax.core.Tracer):
-      hi = int(np.max(np.asarray(positions), initial=0))
-      if hi >= self.max_len:
-        raise ValueError(f'position {hi} >= model.max_len={self.max_len} (learned positions)')
+    _check_concrete_positions(positions, self.max_len, self.max_len, 'learned')
     return jnp.take(jnp.asarray(table, self.dtype), positions, axis=0, mode='clip')
 
 
