@@ -51,7 +51,8 @@ def test_without_the_wheel_the_error_is_one_line(monkeypatch):
 
 def test_real_phonetisaurus_learns_its_training_words(tmp_path):
   """Trains the real binaries on 400 training words and decodes them back: a joint n-gram of
-  order 8 nearly memorises its training set, so most words must come out exactly (WER < 25%);
+  order 8 nearly memorises its training set (3% WER measured; 92% on 200 unseen words), so WER
+  < 10% separates a working pipeline from one that misreads or misaligns the output;
   proves the command lines, the file formats and the scoring glue against the real tool."""
   pytest.importorskip("phonetisaurus")
   env = baseline.environment()
@@ -63,4 +64,4 @@ def test_real_phonetisaurus_learns_its_training_words(tmp_path):
   out = baseline.apply(model, sorted(words), str(tmp_path / "small.words"), env)
   res = baseline.score(words, baseline.read_hypotheses(out))
   assert res["missing"] == 0
-  assert res["wer"] < 0.25, res
+  assert res["wer"] < 0.10, res
