@@ -75,15 +75,22 @@ def score(words: dict[str, list[str]], hypotheses: dict[str, list[str]]) -> dict
           "missing": sum(w not in hypotheses for w in order)}
 
 
+def _run(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> str:
+  """Runs one Phonetisaurus binary; its stdout, or a one-line exit naming it and its last line."""
+  proc = subprocess.run(cmd, cwd=cwd, env=env, check=False, capture_output=True, text=True)
+  if proc.returncode:
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    raise SystemExit(f"g2p_phonetisaurus: {cmd[0]} exited {proc.returncode}: {tail[0]}")
+  return proc.stdout
+
+
 def train(lexicon: str, work_dir: str, ngram_order: int, env: dict[str, str]) -> str:
   """`phonetisaurus-train --seq2_del` on a lexicon file; returns the path of the model's FST."""
-  proc = subprocess.run(["phonetisaurus-train", "--lexicon", os.path.abspath(lexicon),
-                         "--seq2_del", "--ngram_order", str(ngram_order), "--dir_prefix", "train"],
-                        cwd=work_dir, env=env, check=False, capture_output=True, text=True)
+  _run(["phonetisaurus-train", "--lexicon", os.path.abspath(lexicon), "--seq2_del",
+        "--ngram_order", str(ngram_order), "--dir_prefix", "train"], env, cwd=work_dir)
   model = os.path.join(work_dir, "train", "model.fst")
-  if proc.returncode or not os.path.exists(model):
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    raise SystemExit(f"g2p_phonetisaurus: phonetisaurus-train exited {proc.returncode}: {tail[0]}")
+  if not os.path.exists(model):
+    raise SystemExit(f"g2p_phonetisaurus: phonetisaurus-train wrote no {model}")
   return model
 
 
@@ -91,12 +98,7 @@ def apply(model: str, words: list[str], path: str, env: dict[str, str]) -> str:
   """The 1-best `phonetisaurus-apply` output for `words` (written to `path` first, one a line)."""
   with open(path, "w") as f:
     f.write("\n".join(words) + "\n")
-  proc = subprocess.run(["phonetisaurus-apply", "--model", model, "--word_list", path,
-                         "--nbest", "1"], env=env, check=False, capture_output=True, text=True)
-  if proc.returncode:
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    raise SystemExit(f"g2p_phonetisaurus: phonetisaurus-apply exited {proc.returncode}: {tail[0]}")
-  return proc.stdout
+  return _run(["phonetisaurus-apply", "--model", model, "--word_list", path, "--nbest", "1"], env)
 
 
 def main(argv=None) -> None:
@@ -105,6 +107,9 @@ def main(argv=None) -> None:
   parser.add_argument("--ngram_order", type=int, default=8)
   parser.add_argument("--splits", default="validation,test")
   args = parser.parse_args(argv)
+  unknown = set(args.splits.split(",")) - {"validation", "test"}
+  if unknown:
+    parser.error(f"--splits: {sorted(unknown)} not among validation, test")
   env = environment()
   os.makedirs(args.work_dir, exist_ok=True)
   splits = cmudict.load_splits(stress=False)

@@ -65,3 +65,14 @@ def test_real_phonetisaurus_learns_its_training_words(tmp_path):
   res = baseline.score(words, baseline.read_hypotheses(out))
   assert res["missing"] == 0
   assert res["wer"] < 0.10, res
+
+
+def test_a_failing_binary_is_a_one_line_error_naming_it(tmp_path):
+  with pytest.raises(SystemExit, match=r"^g2p_phonetisaurus: false exited 1: no output$"):
+    baseline._run(["false"], env={"PATH": "/usr/bin:/bin"})
+
+
+def test_an_unknown_split_is_a_one_line_error(capsys):
+  with pytest.raises(SystemExit):
+    baseline.main(["--work_dir=unused", "--splits=test,train"])
+  assert "--splits: ['train'] not among validation, test" in capsys.readouterr().err
