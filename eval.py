@@ -5,6 +5,11 @@ unless `--params=raw`; `--average_last=N` evaluates the mean of the parameters (
 `--params` says) of the run's N newest checkpoints (it needs `checkpoint.keep >= N`). The table and
 metrics.<split>.json say which: `params` (ema|raw) and `averaged_steps`.
 
+An ensemble: `--ensemble=runs/b,runs/c --out=runs/abc` evaluates the runs in --workdir, runs/b and
+runs/c as one model whose next-token distribution is the mean of theirs (each run at --step, e.g.
+its own best checkpoint; same vocabularies), with --workdir's data and decoding settings, and writes
+the files to --out (`ensemble` and `ensemble_steps` in the metrics say which runs and steps).
+
 Evaluates the WHOLE split: the teacher-forced loss, token accuracy and perplexity over every target
 token, and the task's metrics (WER/PER for G2P, BLEU for translation, bits per char/byte for LMs)
 over every example decoded. It prints a table that ends with the coverage (examples decoded and
@@ -54,6 +59,10 @@ flags.DEFINE_enum("params", "auto", ["auto", "ema", "raw"],
                   "else the raw ones), ema or raw.")
 flags.DEFINE_integer("average_last", 0, "Evaluate the mean of the parameters of the run's N newest "
                      "checkpoints (needs checkpoint.keep >= N); 0 = one checkpoint (--step).")
+flags.DEFINE_list("ensemble", [], "Further runs' workdirs (same vocabularies): evaluate them with "
+                  "--workdir as one model, the mean of their probabilities, each at --step.")
+flags.DEFINE_string("out", None, "Where an ensemble's metrics and predictions go (required with "
+                    "--ensemble; a single run writes into its --workdir).")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -67,7 +76,8 @@ def main(argv):
   try:
     evaluation.evaluate_split(flags.FLAGS.workdir, split=flags.FLAGS.split, step=flags.FLAGS.step,
                               overrides=overrides, params=flags.FLAGS.params,
-                              average_last=flags.FLAGS.average_last)
+                              average_last=flags.FLAGS.average_last,
+                              ensemble=flags.FLAGS.ensemble, out_dir=flags.FLAGS.out)
   except (ValueError, OSError, CheckpointError) as e:  # ConfigError is a ValueError
     cli.fail(str(e) or type(e).__name__)
 

@@ -5,6 +5,8 @@ r"""The flagship G2P measurement: train, select on validation, test; seeds; time
       --out=runs/flagship/fast --data_dir=/tmp/g2p_data
   python benchmarks/g2p_flagship.py --config=configs/g2p.py:fast --seeds=0 --out=/tmp/f \
       --config.train.num_steps=500                        # --config.* flags pass on to train.py
+  python benchmarks/g2p_flagship.py --config=configs/g2p.py:fast --seeds=0,1,2 --ensemble \
+      --out=runs/flagship/fast                             # then the ensembles of seeds 0,1 and 0,1,2
   python benchmarks/g2p_flagship.py --plot=runs/flagship/fast,runs/flagship/best \
       --save=docs/results/g2p_time_to_quality.png          # several configs on one plot
 
@@ -17,6 +19,10 @@ One seed is one uninterrupted, timed pipeline, start to finish:
   3. the wall-clock seconds of 1+2 (data preparation and compilation included: the first seed
      of a fresh --data_dir prepares the data, which its time includes), with what the machine's
      load was at the start and end (the numbers are claims only on an otherwise idle machine).
+With `--ensemble`, the ensembles of the first 2, 3, ... seeds are then evaluated as one model each
+(`eval.py --ensemble`, every member at its best checkpoint on validation) on both splits, into
+`<out>/ensemble<seeds>`; an ensemble's wall clock is its members' training times added up (trained
+one after another) plus its own test evaluation.
 Each seed's workdir is `<out>/seed<K>`; `<out>/summary.json` holds every seed's validation and test
 metrics, wall time, the commands, and mean / min / max / standard deviation over the seeds. A
 finished seed is not rerun (its summary entry is kept), so an interrupted campaign resumes.
@@ -129,6 +135,47 @@ def campaign(args) -> dict:
   return summary
 
 
+def run_ensemble(seeds: list[str], out: str, data_dir: str, summary: dict) -> dict:
+  """Evaluates the ensemble of `seeds`' runs (each at its best checkpoint on validation) on the
+  validation and test splits; its wall clock is the pipeline that produces its test number: the
+  members trained one after another (their train_s) plus the ensemble's test evaluation."""
+  workdirs = [os.path.join(out, f"seed{s}") for s in seeds]
+  target = os.path.join(out, "ensemble" + "_".join(seeds))
+  entry: dict = {"seeds": [int(s) for s in seeds], "commands": []}
+  for split in ("validation", "test"):
+    cmd = [sys.executable, "eval.py", f"--workdir={workdirs[0]}",
+           f"--ensemble={','.join(workdirs[1:])}", f"--out={target}", f"--split={split}",
+           "--step=best"] + ([f"--config.data.data_dir={data_dir}"] if data_dir else [])
+    start = time.time()
+    _run(cmd)
+    entry[f"{split}_s"] = round(time.time() - start, 1)
+    with open(os.path.join(target, f"metrics.{split}.json")) as f:
+      metrics = json.load(f)
+    entry[split] = {k: metrics.get(k) for k in METRICS}
+    entry["commands"].append(cmd[1:])
+  entry["wall_clock_s"] = round(sum(summary["seeds"][s]["train_s"] for s in seeds)
+                                + entry["test_s"], 1)
+  return entry
+
+
+def ensembles(args, summary: dict) -> None:
+  """The ensembles of the first 2, 3, ... seeds (`--ensemble`), added to the summary."""
+  path = os.path.join(args.out, "summary.json")
+  seeds = [s for s in args.seeds.split(",") if s in summary["seeds"]]
+  for k in range(2, len(seeds) + 1):
+    name = ",".join(seeds[:k])
+    if name in summary.setdefault("ensembles", {}):
+      continue
+    entry = run_ensemble(seeds[:k], args.out, args.data_dir, summary)
+    summary["ensembles"][name] = entry
+    with open(path, "w") as f:
+      json.dump(summary, f, indent=1)
+    print(f"ensemble of seeds {name}: test WER {entry['test']['wer']:.2%} PER "
+          f"{entry['test']['per']:.2%}, validation WER {entry['validation']['wer']:.2%}, "
+          f"{entry['wall_clock_s'] / 60:.1f} min (the members' training one after another + "
+          f"the ensemble's test evaluation)", flush=True)
+
+
 def plot(outs: list[str], save: str) -> None:
   sys.path.insert(0, REPO)
   from transformer import viz  # pylint: disable=g-import-not-at-top  (matplotlib only here)
@@ -155,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--out", default="", help="the campaign's directory (one workdir per seed)")
   parser.add_argument("--data_dir", default="", help="prepared data (default: the config's)")
+  parser.add_argument("--ensemble", action="store_true",
+                      help="after the seeds, evaluate the ensembles of the first 2, 3, ... seeds")
   parser.add_argument("--plot", default="", help="comma-separated campaign directories to plot")
   parser.add_argument("--save", default="g2p_time_to_quality.png", help="the plot's PNG path")
   args, extra = parser.parse_known_args(argv)
@@ -168,6 +217,8 @@ def main(argv: list[str] | None = None) -> None:
   if not args.out:
     parser.error("--out is required (the campaign's directory)")
   summary = campaign(args)
+  if args.ensemble:
+    ensembles(args, summary)
   t, v = summary["test"], summary["validation"]
   print(f"{args.config}, seeds {','.join(summary['seeds'])}: test WER {t['wer']['mean']:.2%} "
         f"(min {t['wer']['min']:.2%}, max {t['wer']['max']:.2%}), PER {t['per']['mean']:.2%}; "

@@ -31,6 +31,13 @@ def fake_run(calls):
                               "time/elapsed_s": 60.0 * (i + 1)}) + "\n")
       with open(os.path.join(workdir, "train_done.json"), "w") as f:
         json.dump({"step": 300}, f)
+    elif any(a.startswith("--ensemble=") for a in cmd):
+      out = next(a.split("=", 1)[1] for a in cmd if a.startswith("--out="))
+      split = next(a.split("=", 1)[1] for a in cmd if a.startswith("--split="))
+      members = next(a.split("=", 1)[1] for a in cmd if a.startswith("--ensemble=")).split(",")
+      os.makedirs(out, exist_ok=True)
+      with open(os.path.join(out, f"metrics.{split}.json"), "w") as f:
+        json.dump({"wer": 0.2 - 0.01 * len(members), "per": 0.05, "loss": 0.25}, f)
     else:
       with open(os.path.join(workdir, "metrics.test.json"), "w") as f:
         json.dump({"wer": TEST_WER[seed], "per": TEST_WER[seed] / 4, "loss": 0.3}, f)
@@ -94,3 +101,29 @@ def test_plot_labels_two_campaigns_of_one_config_apart(tmp_path, monkeypatch):
                                "g2p.py:fast (fast_3600) seed 0": (10.0, 0.29),
                                "g2p.py:tiny seed 0": (10.0, 0.40)}
   assert plotted["runs"]["g2p.py:fast (fast_3600) seed 0"] == os.path.join(outs[1], "seed0")
+
+
+def test_ensembles_of_the_first_seeds_at_their_best_checkpoints(tmp_path, monkeypatch):
+  """--ensemble evaluates seeds 0+1 and 0+1+2 as ensembles (each member at --step=best, both
+  splits, files into their own directory); an ensemble's wall clock is its members' training
+  times plus its test evaluation; a rerun evaluates nothing again."""
+  calls = []
+  monkeypatch.setattr(flagship, "_run", fake_run(calls))
+  out = str(tmp_path / "fast")
+  argv = ["--config=configs/g2p.py:fast", "--seeds=0,1,2", f"--out={out}", "--ensemble"]
+  flagship.main(argv)
+  ens = [c for c in calls if any(a.startswith("--ensemble=") for a in c)]
+  assert len(calls) == 6 + 4 and len(ens) == 4
+  assert ens[0][1:] == ["eval.py", f"--workdir={out}/seed0", f"--ensemble={out}/seed1",
+                        f"--out={out}/ensemble0_1", "--split=validation", "--step=best"]
+  assert ens[3][1:] == ["eval.py", f"--workdir={out}/seed0",
+                        f"--ensemble={out}/seed1,{out}/seed2", f"--out={out}/ensemble0_1_2",
+                        "--split=test", "--step=best"]
+  summary = json.load(open(os.path.join(out, "summary.json")))
+  three = summary["ensembles"]["0,1,2"]
+  assert three["seeds"] == [0, 1, 2] and three["test"]["wer"] == pytest.approx(0.18)
+  assert summary["ensembles"]["0,1"]["validation"]["wer"] == pytest.approx(0.19)
+  trained = sum(summary["seeds"][s]["train_s"] for s in "012")
+  assert three["wall_clock_s"] == pytest.approx(trained + three["test_s"], abs=0.11)
+  flagship.main(argv)
+  assert len(calls) == 10

@@ -14,6 +14,8 @@
   4. every example of the split is decoded with `eval.decode` (batched `generate`) and scored
      with the task's metrics (METRICS below);
   5. process 0 writes `predictions.<split>.jsonl` and `metrics.<split>.json`, and a table is printed.
+With `ensemble` (further runs' workdirs) steps 2-4 read every run's parameters and score and decode
+the mean of their probabilities (transformer.ensemble); the files go to `out_dir`.
 The run's own `eval.num_batches` / `eval.num_decode_examples` are its in-training (partial) dev
 settings and do not carry over: only overrides given here (e.g. `--config.eval.num_decode_examples
 =500`, the first 500 examples) evaluate less. `coverage` in the results says how much of the split
@@ -274,9 +276,47 @@ def format_table(results: dict[str, Any]) -> str:
   return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def _same_vocabularies(workdir: str, member: str) -> None:
+  """Raises EvaluationError unless `member` saved the same tokenizers as `workdir` (equal JSON)."""
+  for side in ("source", "target"):
+    mine = os.path.join(workdir, "tokenizers", side, "tokenizer.json")
+    theirs = os.path.join(member, "tokenizers", side, "tokenizer.json")
+    exists = files.exists(mine), files.exists(theirs)
+    if exists != (True, True):
+      if any(exists):
+        missing = theirs if exists[0] else mine
+        raise EvaluationError(f"{missing} not found: an ensemble needs every member's tokenizers")
+      continue
+    if json.loads(files.read_text(mine)) != json.loads(files.read_text(theirs)):
+      raise EvaluationError(f"ensemble member {member}: its {side} vocabulary "
+                            f"(tokenizers/{side}/tokenizer.json) differs from {workdir}'s; the "
+                            "members of an ensemble must share the vocabularies")
+
+
+def read_members(workdir: str, cfg: Config, restored: Any, ensemble: Sequence[str],
+                 overrides: dict[str, Any], step: int | str | None, params: str,
+                 average_last: int) -> tuple[tuple[Any, ...], tuple[Any, ...], list[int]]:
+  """(models, parameter trees, steps) of the run in `workdir` and every run in `ensemble`, each at
+  the same `step`/`params`/`average_last` choice; one model when `ensemble` is empty."""
+  models, trees, steps_ = [build_model(cfg.model)], [restored.params], [restored.step]
+  seen = {os.path.normpath(workdir)}
+  for member in ensemble:
+    if os.path.normpath(member) in seen:
+      raise EvaluationError(f"ensemble member {member} is given twice")
+    seen.add(os.path.normpath(member))
+    _same_vocabularies(workdir, member)
+    member_cfg = load_run_config(member, WHOLE_SPLIT | overrides)
+    got = read_params(member_cfg, member, step, params=params, average_last=average_last)
+    models.append(build_model(member_cfg.model))
+    trees.append(got.params)
+    steps_.append(got.step)
+  return tuple(models), tuple(trees), steps_
+
+
 def evaluate_split(workdir: str, split: str = "test", step: int | str | None = None,
              overrides: dict[str, Any] | None = None, task: Any = None,
-             verbose: bool = True, params: str = "auto", average_last: int = 0) -> dict[str, Any]:
+             verbose: bool = True, params: str = "auto", average_last: int = 0,
+             ensemble: Sequence[str] = (), out_dir: str | None = None) -> dict[str, Any]:
   """Evaluates a run's checkpoint on the whole `split` (unless `overrides` set eval.num_batches /
   eval.num_decode_examples); process 0 writes the predictions and metrics files; returns the
   metrics, with `coverage` = {decoded_examples, split_examples, scored_tokens, split_tokens}.
@@ -284,20 +324,32 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   `params` ('auto': the EMA if the run kept one, 'ema', 'raw') and `average_last` (the mean over
   the N newest checkpoints; 0 = one checkpoint) choose the parameters (checkpoints.read_params).
 
+  `ensemble`: the workdirs of further runs (same vocabularies) evaluated with this one as one model,
+  the mean of their probabilities (transformer.ensemble), each at the same step/params choice;
+  the run in `workdir` gives the data, metrics and decoding settings. Its files go to `out_dir`
+  (required then, so that no run's own metrics are overwritten; default for one run: `workdir`).
+
   `task` overrides `transformer.data.load_task(cfg, workdir)` (tests); the tokenizers it loads are
   the ones saved in `<workdir>/tokenizers` by training.
   """
-  cfg = load_run_config(workdir, WHOLE_SPLIT | (overrides or {}))
+  if ensemble and not out_dir:
+    raise EvaluationError("an ensemble's metrics need their own directory: give --out")
+  overrides = WHOLE_SPLIT | (overrides or {})
+  cfg = load_run_config(workdir, overrides)
   restored = read_params(cfg, workdir, step, params=params, average_last=average_last)
-  params, step = restored.params, restored.step
+  model, params, member_steps = read_members(workdir, cfg, restored, list(ensemble), overrides,
+                                             step, params, average_last)
+  step = restored.step
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
   reporting.warn_if_data_differs(workdir, task, split)
-  model = build_model(cfg.model)
   results: dict[str, Any] = {"split": split, "step": step, "params": restored.source}
   if average_last:
     results["averaged_steps"] = list(restored.steps)
+  if ensemble:
+    results["ensemble"] = [workdir, *ensemble]
+    results["ensemble_steps"] = member_steps
   scores, coverage = teacher_forced(cfg, model, params, task, split)
   results |= scores
   names = metric_names(cfg, task)
@@ -320,7 +372,9 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
         f"(beam={cfg.eval.decode.beam_size}, alpha={cfg.eval.decode.length_penalty})"
         if cfg.eval.decode.method == "beam" else "")
   results["coverage"] = coverage
-  write_results(workdir, split, results, predictions)
+  if out_dir and jax.process_index() == 0:
+    files.makedirs(out_dir)
+  write_results(out_dir or workdir, split, results, predictions)
   if verbose:
     print(format_table(results))
     for p in predictions[:3] if getattr(task, "kind", "") == "lm" else []:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from transformer import metrics as metrics_lib
-from transformer import models, optim
+from transformer import ensemble, models, optim
 from transformer.config import Config
 from transformer.losses import cross_entropy
 from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits
@@ -160,15 +160,21 @@ def num_classes(model_config: Any) -> int:
   return m.num_classes if m.arch == "encoder_only" and m.head != "mlm" else 0
 
 
-def make_eval_step(model: nn.Module) -> Callable:
+def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
   """Returns `eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight; for
   classification and tagging heads also per-class counts [classes] of true positives,
-  predictions and references, for F1)."""
-  classes = num_classes(model.config)
+  predictions and references, for F1).
+
+  An ensemble: a tuple of models, whose `eval_step` takes a tuple of their parameter trees and
+  scores the mean of their probabilities (transformer.ensemble)."""
+  first = model[0] if isinstance(model, (tuple, list)) else model
+  classes = num_classes(first.config)
 
   def eval_step(params, batch):
     batch = {k: v for k, v in batch.items() if v is not None}
-    logits = models.batch_logits(model, params, batch)
+    members, trees = ensemble.members(model, params)
+    logits = ensemble.log_mean_probs([models.batch_logits(m, p, batch)
+                                      for m, p in zip(members, trees)])
     weights = target_weights(batch)
     loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights)
     predicted = jnp.argmax(logits, -1)

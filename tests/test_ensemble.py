@@ -1,0 +1,208 @@
+"""Ensembles (transformer/ensemble.py): the mean of several models' probabilities, scored
+teacher-forced (steps.make_eval_step), decoded with one KV cache per member (decoding.generate) and
+read back from several runs (evaluation.evaluate_split, eval.py --ensemble).
+
+The references are independent of the cached decoder: float64 NumPy means of softmaxes, and the
+uncached training-path forward pass of each member (test_decoding's helpers).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import g2p_mini
+from test_decoding import _decode_cfg, _full_forward_log_probs, _length, _tiny_model, random_params
+from transformer import decoding, ensemble, evaluation, steps
+from transformer.metrics import wer_per
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+
+
+def _np_log_mean_probs(*log_probs):
+  """float64 log of the mean of the members' probabilities."""
+  probs = [np.exp(np.asarray(lp, np.float64)) for lp in log_probs]
+  probs = [p / p.sum(-1, keepdims=True) for p in probs]
+  return np.log(np.mean(probs, axis=0))
+
+
+def test_log_mean_probs_is_the_log_of_the_mean_probability():
+  """Three members' logits (different scales and offsets: softmax must normalise each) against a
+  float64 NumPy mean of their softmaxes; one member passes through untouched."""
+  rng = np.random.default_rng(0)
+  logits = [rng.normal(size=(4, 7)) * s + o for s, o in ((1.0, 0.0), (5.0, 3.0), (0.1, -8.0))]
+  got = ensemble.log_mean_probs([jnp.asarray(x, jnp.float32) for x in logits])
+  want = _np_log_mean_probs(*[x - np.log(np.exp(x).sum(-1, keepdims=True)) for x in logits])
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.exp(np.asarray(got)).sum(-1), 1.0, rtol=1e-6)
+  single = jnp.asarray(logits[0], jnp.float32)
+  assert ensemble.log_mean_probs([single]) is single
+
+
+def test_members_errors():
+  with pytest.raises(ValueError, match="2 models needs as many parameter trees, got one"):
+    ensemble.members(("a", "b"), {"w": 1})
+  with pytest.raises(ValueError, match="at least one model"):
+    ensemble.members((), ())
+
+
+def _two_members(arch):
+  """Two different models (positions, norm placement, weights) over one vocabulary."""
+  extra = {} if arch == "encoder_decoder" else {"prefix_lm": True}
+  m1, p1, src = _tiny_model(arch, positional="sinusoidal" if arch == "encoder_decoder" else "rope",
+                            **extra)
+  m2, _, _ = _tiny_model(arch, positional="relative", norm_position="pre", **extra)
+  init_args = (src, src) if arch == "encoder_decoder" else (src,)
+  return (m1, m2), (p1, random_params(m2, init_args, seed=1)), src
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+def test_ensemble_greedy_equals_mean_of_full_forward_probabilities(arch):
+  """Cached ensemble greedy decoding picks at every step the argmax of the mean of the members'
+  probabilities from uncached full forward passes, and its score is the log of that mean summed
+  up to EOS: each member's cache, positions and masks advance together."""
+  models, params, src = _two_members(arch)
+  batch = {"inputs": src} if arch == "encoder_decoder" else {"prompt": src}
+  eos, max_len = 5, 7
+  gen, scores = decoding.generate(models, params, batch, _decode_cfg(), eos_id=eos,
+                                  max_decode_len=max_len)
+  gen = np.asarray(gen)
+  members = [_full_forward_log_probs(m, p, src, gen, arch == "decoder_only")[0]
+             for m, p in zip(models, params)]
+  mean = _np_log_mean_probs(*members)
+  alone = [decoding.generate(m, p, batch, _decode_cfg(), eos_id=eos, max_decode_len=max_len)[0]
+           for m, p in zip(models, params)]
+  assert not np.array_equal(np.asarray(alone[0]), np.asarray(alone[1]))  # the members disagree
+  for r in range(len(src)):
+    n = _length(gen[r], eos)
+    np.testing.assert_array_equal(gen[r, :n], mean[r, :n, 1:].argmax(-1) + 1)  # pad excluded
+    assert np.all(gen[r, n:] == 0)
+    np.testing.assert_allclose(scores[r], mean[r, np.arange(n), gen[r, :n]].sum(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+def test_ensemble_beam_scores_are_the_mean_probability(arch):
+  """Every beam's score is the length-penalised log of the members' mean probability of its
+  tokens under uncached forward passes (each member's cache reordered with the beams), best first."""
+  models, params, src = _two_members(arch)
+  batch = {"inputs": src} if arch == "encoder_decoder" else {"prompt": src}
+  eos, max_len, alpha, k = 5, 7, 0.6, 3
+  beams, scores = decoding.generate(models, params, batch, _decode_cfg("beam", k, alpha),
+                                    eos_id=eos, max_decode_len=max_len, return_all_beams=True)
+  beams, scores = np.asarray(beams), np.asarray(scores)
+  assert np.all(np.diff(scores, axis=1) <= 1e-6)
+  for j in range(k):
+    mean = _np_log_mean_probs(*[
+        _full_forward_log_probs(m, p, src, beams[:, j], arch == "decoder_only")[0]
+        for m, p in zip(models, params)])
+    for r in range(len(src)):
+      n = _length(beams[r, j], eos)
+      logp = mean[r, np.arange(n), beams[r, j, :n]].sum()
+      np.testing.assert_allclose(scores[r, j], logp / ((5 + n) / 6) ** alpha, rtol=1e-4)
+
+
+def test_ensemble_of_copies_is_the_model():
+  """A model ensembled with itself decodes the same tokens with the same scores (greedy, beam)."""
+  model, params, src = _tiny_model("encoder_decoder", positional="sinusoidal")
+  for cfg in (_decode_cfg(), _decode_cfg("beam", 3, 0.6)):
+    one = decoding.generate(model, params, {"inputs": src}, cfg, eos_id=5, max_decode_len=7)
+    two = decoding.generate((model, model), (params, params), {"inputs": src}, cfg, eos_id=5,
+                            max_decode_len=7)
+    np.testing.assert_array_equal(np.asarray(one[0]), np.asarray(two[0]))
+    np.testing.assert_allclose(np.asarray(one[1]), np.asarray(two[1]), rtol=1e-5)
+
+
+def test_generate_rejects_mismatched_members():
+  (m1, _), (p1, _), src = _two_members("encoder_decoder")
+  other, p_other, _ = _tiny_model("decoder_only", positional="rope")
+  with pytest.raises(ValueError, match="member 1 is a decoder_only model"):
+    decoding.generate((m1, other), (p1, p_other), {"inputs": src}, _decode_cfg(), eos_id=5,
+                      max_decode_len=7)
+
+
+def test_ensemble_eval_step_scores_the_mean_probability():
+  """Teacher-forced ensemble loss and accuracy equal float64 NumPy on the members' logits."""
+  models, params, src = _two_members("encoder_decoder")
+  targets = np.array([[3, 4, 5, 0], [6, 5, 0, 0], [7, 8, 9, 5]], np.int32)
+  batch = {"inputs": jnp.asarray(src), "targets": jnp.asarray(targets)}
+  sums = jax.device_get(steps.make_eval_step(models)(params, batch))
+  mean = _np_log_mean_probs(*[jax.nn.log_softmax(m.apply({"params": p}, src, targets))
+                              for m, p in zip(models, params)])
+  weights = targets != 0
+  nll = -np.take_along_axis(mean, targets[..., None], -1)[..., 0]
+  assert sums["weight_sum"] == weights.sum()
+  np.testing.assert_allclose(sums["loss_sum"], (nll * weights).sum(), rtol=1e-5)
+  assert sums["correct_sum"] == ((mean.argmax(-1) == targets) & weights).sum()
+
+
+# ----------------------------------------------------------------------------- trained runs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """Two mini G2P runs with different seeds over the same words (so the same vocabularies)."""
+  from transformer.training import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  first = g2p_mini.trained_run(tmp_path_factory)
+  root = tmp_path_factory.mktemp("ensemble")
+  second = str(root / "seed1")
+  train_and_evaluate(g2p_mini.config(str(root / "data"), seed=1), second)
+  return first, second
+
+
+def test_eval_py_ensemble_end_to_end(runs, tmp_path):
+  """eval.py --ensemble writes to --out only (the runs' own files untouched); its WER/PER are those
+  of its predictions, its loss differs from each member's, and it names the runs and steps."""
+  first, second = runs
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  shutil.copytree(first, a)
+  shutil.copytree(second, b)
+  before = sorted(os.listdir(a)), sorted(os.listdir(b))
+  out = str(tmp_path / "ab")
+  proc = subprocess.run(
+      [sys.executable, "eval.py", f"--workdir={a}", f"--ensemble={b}", f"--out={out}",
+       "--split=test", "--step=latest"], cwd=REPO, env=ENV, capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert (sorted(os.listdir(a)), sorted(os.listdir(b))) == before
+  with open(os.path.join(out, "metrics.test.json")) as f:
+    metrics = json.load(f)
+  with open(os.path.join(out, "predictions.test.jsonl")) as f:
+    preds = [json.loads(line) for line in f]
+  assert metrics["ensemble"] == [a, b] and len(metrics["ensemble_steps"]) == 2
+  wer, per = wer_per([p["hypothesis"].split() for p in preds],
+                     [[r.split() for r in p["references"]] for p in preds])
+  assert metrics["wer"] == pytest.approx(wer) and metrics["per"] == pytest.approx(per)
+  alone = [evaluation.evaluate_split(run, "test", verbose=False, out_dir=str(tmp_path / name))
+           for run, name in ((a, "just_a"), (b, "just_b"))]
+  assert all(metrics["loss"] != pytest.approx(m["loss"]) for m in alone)
+  assert metrics["coverage"] == alone[0]["coverage"]
+
+
+def test_ensemble_errors_are_one_line(runs, tmp_path):
+  """No --out, a member given twice, or a member with another vocabulary: a one-line error naming
+  the culprit, exit 1, nothing written."""
+  first, second = runs
+  other = str(tmp_path / "other")
+  shutil.copytree(second, other)
+  target = os.path.join(other, "tokenizers", "target", "tokenizer.json")
+  with open(target) as f:
+    vocab = json.load(f)
+  vocab["units"][:2] = vocab["units"][1::-1]  # two phones swap ids
+  with open(target, "w") as f:
+    json.dump(vocab, f)
+  for args, culprit in (([f"--ensemble={second}"], "give --out"),
+                        ([f"--ensemble={second},{second}", f"--out={tmp_path}/x"], "given twice"),
+                        ([f"--ensemble={other}", f"--out={tmp_path}/y"], "target vocabulary")):
+    proc = subprocess.run([sys.executable, "eval.py", f"--workdir={first}", "--split=test", *args],
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, (culprit, proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and culprit in lines[0], proc.stderr[-2000:]
+  assert not os.path.exists(f"{tmp_path}/x") and not os.path.exists(f"{tmp_path}/y")

@@ -1,0 +1,40 @@
+"""Ensembles: several trained models read as one distribution, the mean of their probabilities.
+
+An ensemble of N members predicts p(y | x) = (1/N) sum_i p_i(y | x) at every position: what
+teacher-forced evaluation scores (`steps.make_eval_step`) and what decoding searches
+(`decoding.generate`, one cached decoder per member, step by step). The members may differ in
+shape, depth or recipe; they must share the vocabularies (checked where runs are read back:
+`evaluation.evaluate_split`).
+
+A "models" argument is one flax module or a tuple of them, its "params" one tree or a tuple of the
+same length; `members` turns either into tuples. One member is the model itself: its logits pass
+through unchanged, so a single model decodes and scores bit for bit as without this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+
+def members(models: Any, params: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+  """(models, params) as two tuples of equal length; one model and its tree -> 1-tuples."""
+  if not isinstance(models, (tuple, list)):
+    return (models,), (params,)
+  if not isinstance(params, (tuple, list)) or len(params) != len(models):
+    raise ValueError(f"an ensemble of {len(models)} models needs as many parameter trees, got "
+                     f"{len(params) if isinstance(params, (tuple, list)) else 'one'}")
+  if not models:
+    raise ValueError("an ensemble needs at least one model")
+  return tuple(models), tuple(params)
+
+
+def log_mean_probs(logits: Sequence[jax.Array]) -> jax.Array:
+  """log((1/N) sum_i softmax(logits_i)) over the last axis, float32; one member: its logits as
+  they are (the searches and losses normalise them themselves)."""
+  if len(logits) == 1:
+    return logits[0]
+  log_probs = jnp.stack([jax.nn.log_softmax(x.astype(jnp.float32), axis=-1) for x in logits])
+  return jax.nn.logsumexp(log_probs, axis=0) - jnp.log(float(len(logits)))
