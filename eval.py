@@ -61,8 +61,8 @@ flags.DEFINE_integer("average_last", 0, "Evaluate the mean of the parameters of 
                      "checkpoints (needs checkpoint.keep >= N); 0 = one checkpoint (--step).")
 flags.DEFINE_list("ensemble", [], "Further runs' workdirs (same vocabularies): evaluate them with "
                   "--workdir as one model, the mean of their probabilities, each at --step.")
-flags.DEFINE_string("out", None, "Where an ensemble's metrics and predictions go (required with "
-                    "--ensemble; a single run writes into its --workdir).")
+flags.DEFINE_string("out", None, "Where the metrics and predictions go (required with --ensemble; "
+                    "default for a single run: its --workdir).")
 flags.mark_flags_as_required(["workdir"])
 
 

@@ -102,14 +102,11 @@ def _beam_hlo(model, params, inputs, beam: int, length: int) -> dict[str, int] |
   """Instruction counts of the compiled beam search; None where a tree's internals differ."""
   try:
     search = decoding.search_settings(decode_cfg("beam", beam))
-    batch, key = {"inputs": jnp.asarray(inputs)}, jax.random.key(0)
-    try:  # a tuple of members since the ensembles; one model before (--compare with older commits)
-      lowered = decoding._compiled((model,), search, NEVER, length, False, False).lower(  # pylint: disable=protected-access
-          (params,), batch, key)
-    except TypeError:
-      lowered = decoding._compiled(model, search, NEVER, length, False, False).lower(  # pylint: disable=protected-access
-          params, batch, key)
-    return hlo_ops(lowered.compile().as_text())
+    if hasattr(decoding, "ensemble"):  # a tuple of members since the ensembles
+      model, params = (model,), (params,)  # (older trees, timed by --compare, take one model)
+    fn = decoding._compiled(model, search, NEVER, length, False, False)  # pylint: disable=protected-access
+    return hlo_ops(fn.lower(params, {"inputs": jnp.asarray(inputs)}, jax.random.key(0))
+                   .compile().as_text())
   except (AttributeError, TypeError):
     return None
 

@@ -161,7 +161,7 @@ def run_ensemble(seeds: list[str], out: str, data_dir: str, summary: dict) -> di
 def ensembles(args, summary: dict) -> None:
   """The ensembles of the first 2, 3, ... seeds (`--ensemble`), added to the summary."""
   path = os.path.join(args.out, "summary.json")
-  seeds = [s for s in args.seeds.split(",") if s in summary["seeds"]]
+  seeds = [s for s in (str(int(s)) for s in args.seeds.split(",")) if s in summary["seeds"]]
   for k in range(2, len(seeds) + 1):
     name = ",".join(seeds[:k])
     if name in summary.setdefault("ensembles", {}):
@@ -171,7 +171,8 @@ def ensembles(args, summary: dict) -> None:
     with open(path, "w") as f:
       json.dump(summary, f, indent=1)
     print(f"ensemble of seeds {name}: test WER {entry['test']['wer']:.2%} PER "
-          f"{entry['test']['per']:.2%}, validation WER {entry['validation']['wer']:.2%}, "
+          f"{entry['test']['per']:.2%}, validation WER {entry['validation']['wer']:.2%} (the whole "
+          f"split), "
           f"{entry['wall_clock_s'] / 60:.1f} min (the members' training one after another + "
           f"the ensemble's test evaluation)", flush=True)
 

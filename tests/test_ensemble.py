@@ -6,6 +6,7 @@ The references are independent of the cached decoder: float64 NumPy means of sof
 uncached training-path forward pass of each member (test_decoding's helpers).
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,6 +21,8 @@ import pytest
 import g2p_mini
 from test_decoding import _decode_cfg, _full_forward_log_probs, _length, _tiny_model, random_params
 from transformer import decoding, ensemble, evaluation, steps
+from transformer.config import model_config
+from transformer.models import build_model
 from transformer.metrics import wer_per
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,11 +57,15 @@ def test_members_errors():
 
 
 def _two_members(arch):
-  """Two different models (positions, norm placement, weights) over one vocabulary."""
+  """Two different models over one vocabulary: positions, norm placement, depth, width, weights,
+  and scanned against unrolled layers (each member's cache has its own layout)."""
   extra = {} if arch == "encoder_decoder" else {"prefix_lm": True}
   m1, p1, src = _tiny_model(arch, positional="sinusoidal" if arch == "encoder_decoder" else "rope",
                             **extra)
-  m2, _, _ = _tiny_model(arch, positional="relative", norm_position="pre", **extra)
+  m2 = build_model(model_config(
+      arch=arch, vocab_size=13, source_vocab_size=11, d_model=24, num_heads=3, mlp_dim=40,
+      num_encoder_layers=2, num_decoder_layers=3, dropout_rate=0.0, max_len=64,
+      positional="relative", norm_position="pre", scan_layers=True, **extra))
   init_args = (src, src) if arch == "encoder_decoder" else (src,)
   return (m1, m2), (p1, random_params(m2, init_args, seed=1)), src
 
@@ -109,22 +116,32 @@ def test_ensemble_beam_scores_are_the_mean_probability(arch):
 
 
 def test_ensemble_of_copies_is_the_model():
-  """A model ensembled with itself decodes the same tokens with the same scores (greedy, beam)."""
+  """A model ensembled with itself decodes the same tokens with the same scores: greedy, beam,
+  and sampling with temperature, top-k and top-p (the same key draws the same tokens)."""
   model, params, src = _tiny_model("encoder_decoder", positional="sinusoidal")
-  for cfg in (_decode_cfg(), _decode_cfg("beam", 3, 0.6)):
-    one = decoding.generate(model, params, {"inputs": src}, cfg, eos_id=5, max_decode_len=7)
+  for cfg in (_decode_cfg(), _decode_cfg("beam", 3, 0.6),
+              _decode_cfg("sample", temperature=0.7, top_k=6, top_p=0.9)):
+    one = decoding.generate(model, params, {"inputs": src}, cfg, eos_id=5, max_decode_len=7,
+                            rng=jax.random.key(3))
     two = decoding.generate((model, model), (params, params), {"inputs": src}, cfg, eos_id=5,
-                            max_decode_len=7)
+                            max_decode_len=7, rng=jax.random.key(3))
     np.testing.assert_array_equal(np.asarray(one[0]), np.asarray(two[0]))
     np.testing.assert_allclose(np.asarray(one[1]), np.asarray(two[1]), rtol=1e-5)
 
 
 def test_generate_rejects_mismatched_members():
-  (m1, _), (p1, _), src = _two_members("encoder_decoder")
+  """Another architecture, another target vocabulary, a max_len too short: one line each,
+  naming the member."""
+  (m1, m2), (p1, p2), src = _two_members("encoder_decoder")
   other, p_other, _ = _tiny_model("decoder_only", positional="rope")
-  with pytest.raises(ValueError, match="member 1 is a decoder_only model"):
-    decoding.generate((m1, other), (p1, p_other), {"inputs": src}, _decode_cfg(), eos_id=5,
-                      max_decode_len=7)
+  cases = [((m1, other), (p1, p_other), dict(max_decode_len=7), "member 1 has model.arch"),
+           ((m1, build_model(dataclasses.replace(m2.config, vocab_size=14))), (p1, p2),
+            dict(max_decode_len=7), "member 1 has model.vocab_size=14"),
+           ((m1, build_model(dataclasses.replace(m2.config, max_len=6))), (p1, p2),
+            dict(max_decode_len=7), r"max_len=6 \(ensemble member 1\)")]
+  for models, params, kwargs, message in cases:
+    with pytest.raises(ValueError, match=message):
+      decoding.generate(models, params, {"inputs": src}, _decode_cfg(), eos_id=5, **kwargs)
 
 
 def test_ensemble_eval_step_scores_the_mean_probability():
@@ -147,12 +164,13 @@ def test_ensemble_eval_step_scores_the_mean_probability():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """Two mini G2P runs with different seeds over the same words (so the same vocabularies)."""
+  """Two mini G2P runs over the same words (so the same vocabularies): 60 steps seed 0, 40 steps
+  seed 1."""
   from transformer.training import train_and_evaluate  # pylint: disable=g-import-not-at-top
   first = g2p_mini.trained_run(tmp_path_factory)
   root = tmp_path_factory.mktemp("ensemble")
   second = str(root / "seed1")
-  train_and_evaluate(g2p_mini.config(str(root / "data"), seed=1), second)
+  train_and_evaluate(g2p_mini.config(str(root / "data"), num_steps=40, seed=1), second)
   return first, second
 
 
@@ -175,7 +193,8 @@ def test_eval_py_ensemble_end_to_end(runs, tmp_path):
     metrics = json.load(f)
   with open(os.path.join(out, "predictions.test.jsonl")) as f:
     preds = [json.loads(line) for line in f]
-  assert metrics["ensemble"] == [a, b] and len(metrics["ensemble_steps"]) == 2
+  assert metrics["ensemble"] == [a, b] and metrics["ensemble_steps"] == [60, 40]  # each its own
+  assert metrics["ensemble_params"] == ["raw", "raw"]
   wer, per = wer_per([p["hypothesis"].split() for p in preds],
                      [[r.split() for r in p["references"]] for p in preds])
   assert metrics["wer"] == pytest.approx(wer) and metrics["per"] == pytest.approx(per)
@@ -186,8 +205,8 @@ def test_eval_py_ensemble_end_to_end(runs, tmp_path):
 
 
 def test_ensemble_errors_are_one_line(runs, tmp_path):
-  """No --out, a member given twice, or a member with another vocabulary: a one-line error naming
-  the culprit, exit 1, nothing written."""
+  """No --out, a member given twice, a member with another vocabulary, a member that is no run,
+  --out on a member: a one-line error naming the culprit, exit 1, nothing written."""
   first, second = runs
   other = str(tmp_path / "other")
   shutil.copytree(second, other)
@@ -199,10 +218,14 @@ def test_ensemble_errors_are_one_line(runs, tmp_path):
     json.dump(vocab, f)
   for args, culprit in (([f"--ensemble={second}"], "give --out"),
                         ([f"--ensemble={second},{second}", f"--out={tmp_path}/x"], "given twice"),
-                        ([f"--ensemble={other}", f"--out={tmp_path}/y"], "target vocabulary")):
+                        ([f"--ensemble={other}", f"--out={tmp_path}/y"], "target vocabulary"),
+                        ([f"--ensemble={tmp_path}/nothing", f"--out={tmp_path}/z"],
+                         "the --workdir of a training run"),
+                        ([f"--ensemble={second}", f"--out={second}"], "one of the ensemble's runs")):
     proc = subprocess.run([sys.executable, "eval.py", f"--workdir={first}", "--split=test", *args],
                           cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, (culprit, proc.stderr[-2000:])
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and culprit in lines[0], proc.stderr[-2000:]
-  assert not os.path.exists(f"{tmp_path}/x") and not os.path.exists(f"{tmp_path}/y")
+  assert not any(os.path.exists(f"{tmp_path}/{d}") for d in "xyz")
+  assert not os.path.exists(os.path.join(second, "metrics.test.json"))

@@ -17,7 +17,8 @@ TEST_WER = {0: 0.33, 1: 0.29, 2: 0.30}
 
 def fake_run(calls):
   """Stands in for subprocess: train.py writes metrics.jsonl + train_done.json, eval.py writes
-  metrics.test.json, each from the seed in the workdir's name."""
+  metrics.test.json, each from the seed in the workdir's name; eval.py --ensemble writes
+  metrics.<split>.json into --out, its WER from the number of members."""
   def run(cmd):
     calls.append(cmd)
     workdir = next(a.split("=", 1)[1] for a in cmd if a.startswith("--workdir="))

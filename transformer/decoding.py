@@ -334,13 +334,13 @@ def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, pre
   return logits[:, -1], state["cache"], step_fn
 
 
-def _generate(models: tuple, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
+def _generate(members: tuple, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
               prefix_lm: bool, params: tuple, batch: dict[str, jnp.ndarray], rng: jnp.ndarray):
-  """The traced body of `generate` (models and settings are static): every member prefilled, then
-  one search over the mean of their probabilities (ensemble.log_mean_probs), each member's cache
-  carried, reordered and tiled beside the others'."""
+  """The traced body of `generate` (members, the models, and settings are static): every member
+  prefilled, then one search over the mean of their probabilities (ensemble.log_mean_probs), each
+  member's cache carried, reordered and tiled beside the others'."""
   k = search.beam_size if search.method == "beam" else 1
-  prefilled = [prefill(m, p, batch, max_len, prefix_lm, beams=k) for m, p in zip(models, params)]
+  prefilled = [prefill(m, p, batch, max_len, prefix_lm, beams=k) for m, p in zip(members, params)]
   first_logits = ensemble.log_mean_probs([first for first, _, _ in prefilled])
   cache = tuple(c for _, c, _ in prefilled)
   member_steps = [step for _, _, step in prefilled]
@@ -351,7 +351,7 @@ def _generate(models: tuple, search: Search, eos_id: int, max_len: int, return_a
 
   if search.method == "beam":
     # Beams share their row's self-attention keys/values: a reorder gathers only the bookkeeping.
-    scans = [m.config.scan_layers for m in models]
+    scans = [m.config.scan_layers for m in members]
     reorder = lambda caches, idx: tuple(  # noqa: E731
         kv_cache.reorder_beams(c, idx, s) for c, s in zip(caches, scans))
     tile = lambda caches, beams: tuple(  # noqa: E731
@@ -364,10 +364,10 @@ def _generate(models: tuple, search: Search, eos_id: int, max_len: int, return_a
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(models: tuple, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
+def _compiled(members: tuple, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
               prefix_lm: bool):
   """One jitted decoder per (models, settings); jax.jit then caches per input shape."""
-  return jax.jit(functools.partial(_generate, models, search, eos_id, max_len, return_all_beams,
+  return jax.jit(functools.partial(_generate, members, search, eos_id, max_len, return_all_beams,
                                    prefix_lm))
 
 
@@ -385,21 +385,17 @@ def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_
   True has no effect on a model whose config says False (the model ignores the prefix then).
   rng: the sampling key (None = key 0).
   An ensemble: `model` a tuple of models and `params` a tuple of their trees (transformer.ensemble),
-  decoded as one model whose next-token distribution is the mean of the members' probabilities;
-  the members must share the architecture (and prefix_lm, unless it is given here) and vocabulary.
+  decoded as one model whose next-token distribution is the mean of the members' probabilities
+  (temperature, top-k and top-p then shape that mean); the members must share the architecture
+  and vocabularies. prefix_lm=None is True if any member is a prefix-LM (a causal member ignores
+  the prefix).
   """
   search = search_settings(decode_cfg)
-  models, params = ensemble.members(model, params)
-  cfg = models[0].config
+  members, params = ensemble.members(model, params)
+  ensemble.check_compatible([m.config for m in members])
+  cfg = members[0].config
   if max_decode_len < 1:
     raise ValueError(f"max_decode_len={max_decode_len} must be >= 1")
-  for i, other in enumerate(m.config for m in models):
-    if other.arch != cfg.arch:
-      raise ValueError(f"generate: ensemble member {i} is a {other.arch} model, member 0 a "
-                       f"{cfg.arch} one: an ensemble needs one architecture")
-    if other.vocab_size != cfg.vocab_size:
-      raise ValueError(f"generate: ensemble member {i} has vocab_size {other.vocab_size}, member 0 "
-                       f"{cfg.vocab_size}: an ensemble needs one target vocabulary")
   key = "inputs" if cfg.arch == "encoder_decoder" else "prompt"
   if key not in batch:
     raise ValueError(f"generate: a {cfg.arch} model needs batch[{key!r}], got keys {sorted(batch)}")
@@ -408,17 +404,14 @@ def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_
     raise ValueError(f"generate: batch[{key!r}] must be [batch, length] token ids, got "
                      f"shape {tokens.shape}")
   cache_len = max_decode_len if key == "inputs" else tokens.shape[1] + max_decode_len
-  max_len = min(m.config.max_len for m in models)
-  if cache_len > max_len:
-    raise ValueError(f"generate: {'prompt length + ' if key == 'prompt' else ''}max_decode_len = "
-                     f"{cache_len} exceeds model.max_len={max_len}")
+  for i, m in enumerate(members):
+    if cache_len > m.config.max_len:
+      member = f" (ensemble member {i})" if len(members) > 1 else ""
+      raise ValueError(f"generate: {'prompt length + ' if key == 'prompt' else ''}max_decode_len = "
+                       f"{cache_len} exceeds model.max_len={m.config.max_len}{member}")
   if prefix_lm is None:
-    prefixes = {bool(getattr(m.config, "prefix_lm", False)) for m in models}
-    if len(prefixes) > 1:
-      raise ValueError("generate: the ensemble's members disagree on model.prefix_lm; pass "
-                       "prefix_lm=True or False")
-    prefix_lm = prefixes.pop()
+    prefix_lm = any(bool(getattr(m.config, "prefix_lm", False)) for m in members)
   rng = jax.random.key(0) if rng is None else rng
-  fn = _compiled(models, search, int(eos_id), int(max_decode_len), bool(return_all_beams),
+  fn = _compiled(members, search, int(eos_id), int(max_decode_len), bool(return_all_beams),
                  bool(prefix_lm) and cfg.arch == "decoder_only")
   return fn(tuple(params), {key: tokens}, rng)

@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer import ensemble as ensemble_lib
 from transformer import files
 from transformer import metrics as metrics_lib
 from transformer import reporting, steps
@@ -83,6 +84,7 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
                    batch_size: int = 0, rng: jax.Array | None = None,
                    prefix_lm: bool | None = None) -> tuple[list[list[int]], list[float]]:
   """Decodes every id list in `ids` (batched, fixed shapes): (token lists up to EOS, scores).
+  `model`/`params`: one model, or an ensemble's tuples (transformer.ensemble; `cfg` is the first's).
 
   Encoder-decoder: the ids are the encoder inputs; decoder-only: the prompts, attended
   bidirectionally when `prefix_lm` (None = model.prefix_lm; language models pass False, as they
@@ -101,10 +103,11 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
   if key == "prompt" and not decode_cfg.max_decode_len:
     # The prompt and its continuation share the model.max_len cache: by default decode what fits
     # (an LM's max_target_len is usually the whole context, so prompt + it would not).
-    max_decode_len = min(max_decode_len, cfg.model.max_len - width)
+    max_len = min(m.config.max_len for m in ensemble_lib.members(model, params)[0])
+    max_decode_len = min(max_decode_len, max_len - width)
     if max_decode_len < 1:
       raise EvaluationError(f"a prompt of {width} tokens leaves no room to decode within "
-                            f"model.max_len={cfg.model.max_len}")
+                            f"model.max_len={max_len}")
   tokens_out, scores_out = [], []
   for start in range(0, len(ids), b):
     chunk = list(ids[start:start + b])
@@ -251,6 +254,7 @@ def write_results(workdir: str, split: str, results: dict[str, Any],
   line: source, references, hypothesis, score); True if this process wrote them."""
   if jax.process_index() != 0:  # every host evaluates the same whole split: one writer
     return False
+  files.makedirs(workdir)
   files.write_text_atomic(os.path.join(workdir, f"predictions.{split}.jsonl"), "".join(
       json.dumps(p, ensure_ascii=False) + "\n" for p in predictions))
   finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
@@ -277,40 +281,43 @@ def format_table(results: dict[str, Any]) -> str:
 
 
 def _same_vocabularies(workdir: str, member: str) -> None:
-  """Raises EvaluationError unless `member` saved the same tokenizers as `workdir` (equal JSON)."""
+  """Raises EvaluationError unless `member` saved the same tokenizers as `workdir` (equal as
+  tokenizers: units, SentencePiece model or Hugging Face tokenizer)."""
+  from transformer.data import tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
   for side in ("source", "target"):
-    mine = os.path.join(workdir, "tokenizers", side, "tokenizer.json")
-    theirs = os.path.join(member, "tokenizers", side, "tokenizer.json")
-    exists = files.exists(mine), files.exists(theirs)
-    if exists != (True, True):
-      if any(exists):
-        missing = theirs if exists[0] else mine
-        raise EvaluationError(f"{missing} not found: an ensemble needs every member's tokenizers")
-      continue
-    if json.loads(files.read_text(mine)) != json.loads(files.read_text(theirs)):
-      raise EvaluationError(f"ensemble member {member}: its {side} vocabulary "
-                            f"(tokenizers/{side}/tokenizer.json) differs from {workdir}'s; the "
-                            "members of an ensemble must share the vocabularies")
+    mine, theirs = (os.path.join(d, "tokenizers", side) for d in (workdir, member))
+    exists = [files.exists(os.path.join(d, "tokenizer.json")) for d in (mine, theirs)]
+    if not any(exists):
+      continue  # e.g. no source tokenizer: a language model
+    if not all(exists):
+      missing = theirs if exists[0] else mine
+      raise EvaluationError(f"{missing}/tokenizer.json not found: an ensemble needs every "
+                            "member's tokenizers")
+    if tokenizers.load(mine) != tokenizers.load(theirs):
+      raise EvaluationError(f"ensemble member {member}: its {side} vocabulary (tokenizers/{side}) "
+                            f"differs from {workdir}'s; the members of an ensemble must share the "
+                            "vocabularies")
 
 
-def read_members(workdir: str, cfg: Config, restored: Any, ensemble: Sequence[str],
-                 overrides: dict[str, Any], step: int | str | None, params: str,
-                 average_last: int) -> tuple[tuple[Any, ...], tuple[Any, ...], list[int]]:
-  """(models, parameter trees, steps) of the run in `workdir` and every run in `ensemble`, each at
-  the same `step`/`params`/`average_last` choice; one model when `ensemble` is empty."""
-  models, trees, steps_ = [build_model(cfg.model)], [restored.params], [restored.step]
-  seen = {os.path.normpath(workdir)}
-  for member in ensemble:
-    if os.path.normpath(member) in seen:
-      raise EvaluationError(f"ensemble member {member} is given twice")
-    seen.add(os.path.normpath(member))
-    _same_vocabularies(workdir, member)
-    member_cfg = load_run_config(member, WHOLE_SPLIT | overrides)
-    got = read_params(member_cfg, member, step, params=params, average_last=average_last)
-    models.append(build_model(member_cfg.model))
-    trees.append(got.params)
-    steps_.append(got.step)
-  return tuple(models), tuple(trees), steps_
+def read_members(workdirs: Sequence[str], overrides: dict[str, Any], step: int | str | None,
+                 params: str, average_last: int) -> tuple[list[Config], list[Any]]:
+  """The configs and `checkpoints.read_params` results of the runs in `workdirs` (the first gives
+  the data and settings; the others are its ensemble), each at the same `step` / `params` /
+  `average_last` choice ('best': each run's own best checkpoint). Every run's config, vocabulary
+  and model are checked before any parameters are read."""
+  configs = []
+  for i, workdir in enumerate(workdirs):
+    if os.path.normpath(workdir) in map(os.path.normpath, workdirs[:i]):
+      raise EvaluationError(f"ensemble member {workdir} is given twice")
+    configs.append(load_run_config(workdir, overrides))
+    if i:
+      _same_vocabularies(workdirs[0], workdir)
+  try:
+    ensemble_lib.check_compatible([c.model for c in configs], workdirs)
+  except ValueError as e:
+    raise EvaluationError(str(e)) from None
+  return configs, [read_params(c, w, step, params=params, average_last=average_last)
+                   for c, w in zip(configs, workdirs)]
 
 
 def evaluate_split(workdir: str, split: str = "test", step: int | str | None = None,
@@ -332,24 +339,30 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   `task` overrides `transformer.data.load_task(cfg, workdir)` (tests); the tokenizers it loads are
   the ones saved in `<workdir>/tokenizers` by training.
   """
+  workdirs = [workdir, *ensemble]
   if ensemble and not out_dir:
     raise EvaluationError("an ensemble's metrics need their own directory: give --out")
-  overrides = WHOLE_SPLIT | (overrides or {})
-  cfg = load_run_config(workdir, overrides)
-  restored = read_params(cfg, workdir, step, params=params, average_last=average_last)
-  model, params, member_steps = read_members(workdir, cfg, restored, list(ensemble), overrides,
-                                             step, params, average_last)
-  step = restored.step
+  if out_dir and ensemble and os.path.normpath(out_dir) in map(os.path.normpath, workdirs):
+    raise EvaluationError(f"--out={out_dir} is one of the ensemble's runs: give a new directory")
+  configs, restored = read_members(workdirs, WHOLE_SPLIT | (overrides or {}), step, params,
+                                   average_last)
+  cfg = configs[0]
+  model = tuple(build_model(c.model) for c in configs) if ensemble else build_model(cfg.model)
+  params = tuple(r.params for r in restored) if ensemble else restored[0].params
+  step = restored[0].step
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
   reporting.warn_if_data_differs(workdir, task, split)
-  results: dict[str, Any] = {"split": split, "step": step, "params": restored.source}
+  results: dict[str, Any] = {"split": split, "step": step, "params": restored[0].source}
   if average_last:
-    results["averaged_steps"] = list(restored.steps)
-  if ensemble:
-    results["ensemble"] = [workdir, *ensemble]
-    results["ensemble_steps"] = member_steps
+    results["averaged_steps"] = list(restored[0].steps)
+  if ensemble:  # each member's own: the fields above are the first run's
+    results["ensemble"] = workdirs
+    results["ensemble_steps"] = [r.step for r in restored]
+    results["ensemble_params"] = [r.source for r in restored]
+    if average_last:
+      results["ensemble_averaged_steps"] = [list(r.steps) for r in restored]
   scores, coverage = teacher_forced(cfg, model, params, task, split)
   results |= scores
   names = metric_names(cfg, task)
@@ -372,8 +385,6 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
         f"(beam={cfg.eval.decode.beam_size}, alpha={cfg.eval.decode.length_penalty})"
         if cfg.eval.decode.method == "beam" else "")
   results["coverage"] = coverage
-  if out_dir and jax.process_index() == 0:
-    files.makedirs(out_dir)
   write_results(out_dir or workdir, split, results, predictions)
   if verbose:
     print(format_table(results))

@@ -167,12 +167,13 @@ def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
 
   An ensemble: a tuple of models, whose `eval_step` takes a tuple of their parameter trees and
   scores the mean of their probabilities (transformer.ensemble)."""
-  first = model[0] if isinstance(model, (tuple, list)) else model
-  classes = num_classes(first.config)
+  members = tuple(model) if ensemble.is_ensemble(model) else (model,)
+  ensemble.check_compatible([m.config for m in members])
+  classes = num_classes(members[0].config)
 
   def eval_step(params, batch):
     batch = {k: v for k, v in batch.items() if v is not None}
-    members, trees = ensemble.members(model, params)
+    _, trees = ensemble.members(model, params)
     logits = ensemble.log_mean_probs([models.batch_logits(m, p, batch)
                                       for m, p in zip(members, trees)])
     weights = target_weights(batch)
