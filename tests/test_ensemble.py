@@ -229,3 +229,20 @@ def test_ensemble_errors_are_one_line(runs, tmp_path):
     assert len(lines) == 1 and culprit in lines[0], proc.stderr[-2000:]
   assert not any(os.path.exists(f"{tmp_path}/{d}") for d in "xyz")
   assert not os.path.exists(os.path.join(second, "metrics.test.json"))
+
+
+def test_vocabulary_check_reads_sentencepiece_models(tmp_path):
+  """Two runs whose SentencePiece models differ (their tokenizer.json files are identical: only
+  the .model files tell them apart) are refused, naming the member; equal ones pass."""
+  from transformer.data import tokenizers  # pylint: disable=g-import-not-at-top
+  texts = [f"the {w} sat on the {v} mat" for w in ("cat", "dog", "bird", "fish") for v in
+           ("red", "blue", "green")] * 20
+  for name, corpus in (("a", texts), ("b", texts), ("c", [t.upper() for t in texts])):
+    for side in ("source", "target"):
+      tokenizers.build("sentencepiece", corpus, spm_vocab_size=40).save(
+          str(tmp_path / name / "tokenizers" / side))
+  assert ((tmp_path / "a/tokenizers/target/tokenizer.json").read_text() ==
+          (tmp_path / "c/tokenizers/target/tokenizer.json").read_text())
+  evaluation._same_vocabularies(str(tmp_path / "a"), str(tmp_path / "b"))
+  with pytest.raises(evaluation.EvaluationError, match=f"member {tmp_path}/c: its source vocab"):
+    evaluation._same_vocabularies(str(tmp_path / "a"), str(tmp_path / "c"))
