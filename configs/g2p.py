@@ -30,8 +30,8 @@ Variants (the argument after the colon):
          and 2 at 22d668c, the same code) with a data directory the run prepared itself, nothing
          else running, by `python benchmarks/g2p_flagship.py --config=configs/g2p.py:fast
          --seeds=0,1,2 --out=runs/flagship/nodrop --data_dir=DATA_DIR
-         --config.model.dropout_rate=0.0` (the flag is the default now): test WER 25.4%, 26.2% and
-         26.9%, PER 6.2%, 6.3% and 6.6% (all 12,523 test words, greedy, the checkpoint chosen on
+         --config.model.dropout_rate=0.0` (the flag is the default now): test WER 25.3%, 26.2% and
+         26.8%, PER 6.2%, 6.3% and 6.6% (all 12,523 test words, greedy, the checkpoint chosen on
          dev: steps 6000, 5000, 5000; dev WER 26.5%, 27.2% and 27.6%), mean test WER 26.1% (std
          0.8), in 47.7, 44.3 and 43.7 min start to finish (2.2-2.4 steps/s, ~18k tokens/s). The goal
          of <= 24% is not met. With dropout 0.1 (`--config.model.dropout_rate=0.1`, this
