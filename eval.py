@@ -8,7 +8,8 @@ metrics.<split>.json say which: `params` (ema|raw) and `averaged_steps`.
 An ensemble: `--ensemble=runs/b,runs/c --out=runs/abc` evaluates the runs in --workdir, runs/b and
 runs/c as one model whose next-token distribution is the mean of theirs (each run at --step, e.g.
 its own best checkpoint; same vocabularies), with --workdir's data and decoding settings, and writes
-the files to --out (`ensemble` and `ensemble_steps` in the metrics say which runs and steps).
+the files to --out (`ensemble`, `ensemble_steps` and `ensemble_params` in the metrics say
+which runs, steps and parameters).
 
 Evaluates the WHOLE split: the teacher-forced loss, token accuracy and perplexity over every target
 token, and the task's metrics (WER/PER for G2P, BLEU for translation, bits per char/byte for LMs)
