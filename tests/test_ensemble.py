@@ -149,7 +149,7 @@ def test_ensemble_eval_step_scores_the_mean_probability():
   models, params, src = _two_members("encoder_decoder")
   targets = np.array([[3, 4, 5, 0], [6, 5, 0, 0], [7, 8, 9, 5]], np.int32)
   batch = {"inputs": jnp.asarray(src), "targets": jnp.asarray(targets)}
-  sums = jax.device_get(steps.make_eval_step(models)(params, batch))
+  sums = jax.device_get(jax.jit(steps.make_eval_step(models))(params, batch))
   mean = _np_log_mean_probs(*[jax.nn.log_softmax(m.apply({"params": p}, src, targets))
                               for m, p in zip(models, params)])
   weights = targets != 0
