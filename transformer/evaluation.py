@@ -347,8 +347,8 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   configs, restored = read_members(workdirs, WHOLE_SPLIT | (overrides or {}), step, params,
                                    average_last)
   cfg = configs[0]
-  model = tuple(build_model(c.model) for c in configs) if ensemble else build_model(cfg.model)
-  params = tuple(r.params for r in restored) if ensemble else restored[0].params
+  model = tuple(build_model(c.model) for c in configs)  # one run: a 1-tuple, decoded as before
+  params = tuple(r.params for r in restored)
   step = restored[0].step
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
