@@ -162,7 +162,12 @@ def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
 def build(name: str, keep_hlo_text: bool = False, **model_overrides) -> tuple:
   """(run: one train step, blocking; record: size, compile_s, tokens, flops, hlo) of size `name`;
   keep_hlo_text adds the compiled step's HLO text as record["hlo_text"] (step_profile.py)."""
-  cd, shapes = size_config(name)
+  return build_sized(name, *size_config(name), keep_hlo_text=keep_hlo_text, **model_overrides)
+
+
+def build_sized(name: str, cd, shapes: dict[str, tuple[int, int]], keep_hlo_text: bool = False,
+                **model_overrides) -> tuple:
+  """build() of a size given as (config, batch shapes), e.g. accelerator.py's larger ones."""
   cd.model.update(model_overrides)
   cfg = from_configdict(cd)
   model = build_model(cfg.model)
@@ -184,8 +189,10 @@ def build(name: str, keep_hlo_text: bool = False, **model_overrides) -> tuple:
 
   tokens = sum(r * t for r, t in shapes.values())
   text = compiled.as_text()
+  memory = compiled.memory_analysis()  # XLA's own account; None where the backend gives none
   record = {"size": name, "compile_s": compile_s, "tokens": tokens,
-            "flops": train_flops(cfg, shapes), "hlo": hlo_ops(text)}
+            "flops": train_flops(cfg, shapes), "hlo": hlo_ops(text),
+            "temp_bytes": getattr(memory, "temp_size_in_bytes", None)}
   return run, record | ({"hlo_text": text} if keep_hlo_text else {})
 
 
