@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from bench_loader import REPO, load_benchmark
 from transformer.config import from_configdict
 
@@ -30,6 +32,7 @@ def test_gpt2_sizes_are_the_named_widths_and_their_flops_the_hand_count():
     assert accelerator.train_step.train_flops(cfg, shapes) == hand
 
 
+@pytest.mark.slow  # ~27 s on 2 cores (a compiled train step); the FLOP count above stays in the default run
 def test_one_variant_runs_on_the_cpu_and_its_record_adds_up(capsys, monkeypatch):
   """The last line is the JSON record: tokens/s and TFLOP/s follow from its ms and counts, a CPU
   has no datasheet peak (MFU None) and no cuDNN calls, and the first variant is 1.00x itself."""

@@ -115,6 +115,7 @@ def test_ensemble_beam_scores_are_the_mean_probability(arch):
       np.testing.assert_allclose(scores[r, j], logp / ((5 + n) / 6) ** alpha, rtol=1e-4)
 
 
+@pytest.mark.slow  # 37 s: six decoders compiled; the mean-probability tests above cover ensembles
 def test_ensemble_of_copies_is_the_model():
   """A model ensembled with itself decodes the same tokens with the same scores: greedy, beam,
   and sampling with temperature, top-k and top-p (the same key draws the same tokens)."""
