@@ -253,21 +253,48 @@ def test_workdir_tokenizers_are_reused(pairs_file, tmp_path_factory, tmp_path):
   assert "tensorflow" not in sys.modules
 
 
-def test_first_fit_against_naive_reference():
-  """first_fit places each example into the lowest-numbered row with room in every feature,
-  skipping (and recording) examples that fit nowhere, like a naive loop."""
-  rng = np.random.default_rng(0)
-  lens = rng.integers(1, 7, size=(40, 2))
-  caps = np.array([10, 8])
-  n, placed, row, off, seg, skipped = pipeline.first_fit(lens, 3, caps, max_skipped=5)
-  free = [caps.copy() for _ in range(3)]
-  ref_rows, ref_skipped = [], []
-  for i in range(n):
-    r = next((r for r in range(3) if (free[r] >= lens[i]).all()), None)
+def _naive_first_fit(lens, rows, caps, max_skipped):
+  """The reference: each example into the lowest-numbered row with room in every feature."""
+  free = [caps.copy() for _ in range(rows)]
+  count = [0] * rows
+  placed, skipped, n = [], [], 0
+  for n, ls in enumerate(lens, 1):
+    r = next((r for r in range(rows) if (free[r] >= ls).all()), None)
     if r is None:
-      ref_skipped.append(i)
-    else:
-      ref_rows.append((i, r, tuple(caps - free[r])))
-      free[r] = free[r] - lens[i]
-  assert [(int(i), int(r), tuple(o)) for i, r, o in zip(placed, row, off)] == ref_rows
-  assert skipped == ref_skipped and len(skipped) == 5
+      skipped.append(n - 1)
+      if len(skipped) >= max_skipped:
+        break
+      continue
+    count[r] += 1
+    placed.append((n - 1, r, tuple(int(x) for x in caps - free[r]), count[r]))
+    free[r] = free[r] - ls
+  return max(n, 1), placed, skipped
+
+
+@pytest.mark.parametrize("rows, num, features, max_skipped", [
+    (3, 40, 2, 5),      # stops at the 5th skip
+    (5, 400, 2, 1000),  # the candidates run out; more than one chunk of 4 x rows lists
+    (8, 300, 3, 7),     # three features
+    (2, 10, 1, 3),      # one feature
+])
+def test_first_fit_against_naive_reference(rows, num, features, max_skipped):
+  """first_fit places each example into the lowest-numbered row with room in every feature, at
+  the offset of the lengths already there, with segment ids 1, 2, ... in each row, skipping (and
+  recording) examples that fit nowhere, like a naive loop; examined counts agree."""
+  rng = np.random.default_rng(rows * num)
+  caps = rng.integers(8, 14, size=features)
+  lens = rng.integers(1, 7, size=(num, features))
+  n, placed, row, off, seg, skipped = pipeline.first_fit(lens, rows, caps, max_skipped)
+  ref_n, ref_placed, ref_skipped = _naive_first_fit(lens, rows, caps, max_skipped)
+  assert n == ref_n and skipped == ref_skipped
+  assert [(int(i), int(r), tuple(int(x) for x in o), int(s))
+          for i, r, o, s in zip(placed, row, off, seg)] == ref_placed
+  assert off.dtype == np.int64 and seg.dtype == np.int32 and off.shape == (len(placed), features)
+
+
+def test_first_fit_with_nothing_placed():
+  """No example fits any row: every one is skipped, and the placement arrays are empty, shaped."""
+  n, placed, row, off, seg, skipped = pipeline.first_fit(np.full((4, 2), 9), 3, np.array([5, 5]),
+                                                         max_skipped=10)
+  assert n == 4 and skipped == [0, 1, 2, 3]
+  assert placed.shape == row.shape == seg.shape == (0,) and off.shape == (0, 2)

@@ -174,34 +174,43 @@ def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
   An example that fits no row is skipped (set aside for the next batch); filling stops after
   `max_skipped` such examples or when the candidates run out. Returns (candidates examined,
   placed candidate indices [k], row [k], offsets [k, F], segment ids [k], skipped indices).
+  The loop only chooses rows; offsets and segment ids follow from the choices afterwards (an
+  example's offset is the length already placed in its row, its segment id its rank there).
   """
   num_features = len(caps)
   free = [np.full(rows, c, np.int64) for c in caps]  # per feature [rows]; 1-D ufuncs are fastest
   fits, tmp = np.empty(rows, bool), np.empty(rows, bool)
-  segs = [0] * rows
-  placed, placed_row, placed_off, placed_seg, skipped = [], [], [], [], []
-  i = 0
-  for i, ls in enumerate(lens.tolist()):
-    np.greater_equal(free[0], ls[0], out=fits)
-    for j in range(1, num_features):
-      np.logical_and(fits, np.greater_equal(free[j], ls[j], out=tmp), out=fits)
-    r = int(fits.argmax())
-    if not fits[r]:
-      skipped.append(i)
-      if len(skipped) >= max_skipped:
-        break
+  placed, placed_row, skipped = [], [], []
+  i, chunk = 0, 4 * rows  # lens to Python lists a chunk at a time: a batch reads ~rows * 4
+  for start in range(0, len(lens), chunk):
+    for i, ls in enumerate(lens[start:start + chunk].tolist(), start):
+      np.greater_equal(free[0], ls[0], out=fits)
+      for j in range(1, num_features):
+        np.logical_and(fits, np.greater_equal(free[j], ls[j], out=tmp), out=fits)
+      r = int(fits.argmax())
+      if not fits[r]:
+        skipped.append(i)
+        if len(skipped) >= max_skipped:
+          break
+        continue
+      placed.append(i)
+      placed_row.append(r)
+      for j in range(num_features):
+        free[j][r] -= ls[j]
+    else:
       continue
-    placed.append(i)
-    placed_row.append(r)
-    placed_off.append([int(caps[j] - free[j][r]) for j in range(num_features)])
-    segs[r] += 1
-    placed_seg.append(segs[r])
-    for j in range(num_features):
-      free[j][r] -= ls[j]
-  k = len(placed)
-  return (i + 1, np.asarray(placed, np.int64), np.asarray(placed_row, np.int64),
-          np.asarray(placed_off, np.int64).reshape(k, -1), np.asarray(placed_seg, np.int32),
-          skipped)
+    break
+  placed, row = np.asarray(placed, np.int64), np.asarray(placed_row, np.int64)
+  off, seg = np.zeros((len(placed), num_features), np.int64), np.zeros(len(placed), np.int32)
+  if len(placed):
+    order = np.argsort(row, kind="stable")  # grouped by row, in placement order within a row
+    grouped = np.asarray(lens, np.int64)[placed[order]]
+    before = np.cumsum(grouped, axis=0) - grouped  # length placed before, over all rows
+    first = np.flatnonzero(np.r_[True, row[order][1:] != row[order][:-1]])  # each row's first
+    group = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(placed)]))
+    off[order] = before - before[first][group]
+    seg[order] = np.arange(len(placed)) - first[group] + 1
+  return i + 1, placed, row, off, seg, skipped
 
 
 class BatchDataset(grain.IterDataset):
