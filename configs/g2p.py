@@ -72,8 +72,8 @@ Variants (the argument after the colon):
          --config=configs/g2p.py:small --seeds=0 --out=runs/flagship/small --data_dir=DATA_DIR`:
          test WER 23.9%, PER 5.7% (all 12,523 test words, beam 4, the step-20000 checkpoint chosen
          on the 1000 dev words, whose WER was 29.8%), 5.5 min start to finish (87.9 steps/s
-         median, bound by the input pipeline). Its speed on the 2-core CPU was measured at
-         commit 975536b (fresh data dir) with `--config.train.num_steps=200
+         median, bound by that commit's input pipeline). Its speed on the 2-core CPU was measured
+         at commit 975536b (fresh data dir) with `--config.train.num_steps=200
          --config.eval.num_decode_examples=64 --config.eval.num_batches=4`: 0.59-0.62 steps/s
          (1.7 s/step, ~4,900 tokens/s) while two other jobs (test runs) shared it, i.e. ~9.5 hours
          for the 20k steps there: a run for an accelerator or for `--config.train.num_steps` with
