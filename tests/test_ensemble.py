@@ -205,6 +205,33 @@ def test_eval_py_ensemble_end_to_end(runs, tmp_path):
   assert metrics["coverage"] == alone[0]["coverage"]
 
 
+def test_restore_a_list_of_runs_is_their_ensemble(runs):
+  """transformer.restore([a, b]) scores with the log of the members' mean probability (float64
+  NumPy over each run's own teacher-forced logits), decodes greedily the argmax of that mean at
+  every position of its outputs (uncached forward passes of the members), restores a list of
+  one as that run bit for bit, and refuses `attention` in one line."""
+  from transformer import api  # pylint: disable=g-import-not-at-top
+  first, second = runs
+  both, a, b = api.restore([first, second]), api.restore(first), api.restore(second)
+  assert both.members == (first, second) and both.step == (60, 40) and "ensemble of 2" in repr(both)
+  words = ["hello", "world", "phoneme"]
+  outputs = both.generate_text(words, method="greedy")
+  batch = a._teacher_forced_batch(words, outputs)  # pylint: disable=protected-access
+  probs = [np.exp(np.asarray(jax.nn.log_softmax(run.logits(words, outputs)), np.float64))
+           for run in (a, b)]
+  mean = (probs[0] + probs[1]) / 2
+  tokens, weights = batch["targets"], batch["weights"]
+  picked = np.log(np.take_along_axis(mean, tokens[..., None], -1)[..., 0])
+  np.testing.assert_allclose(both.score(words, outputs), (picked * weights).sum(1), rtol=1e-5)
+  np.testing.assert_array_equal(np.where(weights > 0, mean[..., 1:].argmax(-1) + 1, 0),
+                                np.where(weights > 0, tokens, 0))  # pad excluded, as decoding does
+  one = api.restore([first])
+  assert one.members == () and one.step == a.step
+  np.testing.assert_array_equal(one.score(words, outputs), a.score(words, outputs))
+  with pytest.raises(ValueError, match="ensemble of 2 runs; restore one of them"):
+    both.attention("hello")
+
+
 def test_ensemble_errors_are_one_line(runs, tmp_path):
   """No --out, a member given twice, a member with another vocabulary, a member that is no run,
   --out on a member: a one-line error naming the culprit, exit 1, nothing written."""

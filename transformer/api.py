@@ -3,6 +3,7 @@
   run = transformer.restore("runs/g2p")           # latest checkpoint; step='best' or an int
   transformer.restore("runs/g2p", params="raw")   # not the EMA (of a train.ema_decay > 0 run)
   transformer.restore("runs/g2p", average_last=3) # the mean of the 3 newest checkpoints
+  transformer.restore(["runs/a", "runs/b"], step="best")  # an ensemble: the mean probability
   run.generate_text(["hello", "world"], method="beam", beam_size=4)  # ['HH AH L OW', 'W ER L D']
   run.score(["hello"], ["HH AH L OW"])            # log p(target | source), summed over tokens
   att = run.attention("hello")                    # every layer and head, see `Attention`
@@ -29,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import checkpoints, evaluation, models
+from transformer import checkpoints, ensemble, evaluation, models
 from transformer.config import Config
 from transformer.data import labels, load_task, objectives, pipeline
 from transformer.data.tokenizers import NUM_SPECIAL
@@ -86,19 +87,29 @@ def _bucket(n: int) -> int:
 
 
 class Run:
-  """A restored run: config, model, params and tokenizers, with decoding and inspection helpers."""
+  """A restored run: config, model, params and tokenizers, with decoding and inspection helpers.
 
-  def __init__(self, config: Config, model: Any, params: Any, task: Any, step: int, workdir: str,
-               params_source: str = "raw", averaged_steps: Sequence[int] = ()):
+  An ensemble's Run (restore of several workdirs) holds a tuple of models and one of parameter
+  trees, `members` its workdirs and `step` their steps; everything but `attention` reads it as
+  one model whose probabilities are the mean of its members' (transformer/ensemble.py).
+  """
+
+  def __init__(self, config: Config, model: Any, params: Any, task: Any, step: Any, workdir: str,
+               params_source: str = "raw", averaged_steps: Sequence[int] = (),
+               members: Sequence[str] = ()):
     self.config, self.model, self.params, self.task = config, model, params, task
     self.source_tokenizer, self.target_tokenizer = task.source_tokenizer, task.target_tokenizer
     self.step, self.workdir = step, workdir
     self.params_source = params_source  # 'ema' or 'raw' (checkpoints.read_params)
     self.averaged_steps = tuple(averaged_steps)  # the checkpoints averaged; () = one checkpoint
     self.kind = getattr(task, "kind", "seq2seq")
+    self.members = tuple(members)  # the workdirs of an ensemble; () for one run
     self._forward = jax.jit(self._logits_fn)
 
   def __repr__(self) -> str:
+    if self.members:
+      return (f"Run(ensemble of {len(self.members)}: {list(self.members)}, step={list(self.step)}, "
+              f"params={self.params_source!r})")
     m = self.config.model
     averaged = f", averaged_steps={list(self.averaged_steps)}" if self.averaged_steps else ""
     encoder = m.num_encoder_layers if m.arch != "decoder_only" else 0  # the stacks it has
@@ -135,7 +146,10 @@ class Run:
     return pipeline.one_per_row(examples, np.arange(len(examples)), row_len, len(examples))
 
   def _logits_fn(self, params, batch):
-    return models.batch_logits(self.model, params, batch)
+    """The model's logits; an ensemble's: the log of its members' mean probability."""
+    members, trees = ensemble.members(self.model, params)
+    return ensemble.log_mean_probs([models.batch_logits(m, p, batch)
+                                    for m, p in zip(members, trees)])
 
   # ---- the API
 
@@ -294,6 +308,9 @@ class Run:
   def attention(self, text: str, target: str | None = None) -> Attention:
     """Attention weights of every layer and head for `text` and `target` (default: greedy output);
     for an encoder-only run the encoder's over BOS + `text` + EOS (`target` unused)."""
+    if self.members:
+      raise ValueError(f"attention: this Run is an ensemble of {len(self.members)} runs; restore "
+                       "one of them to look at its attention")
     if self.config.model.arch == "encoder_only":
       row = np.asarray(self._encoder_rows([text])[0])[None]
       _, state = models.batch_logits(self.model, self.params, {"inputs": jnp.asarray(row)},
@@ -323,15 +340,24 @@ class Run:
                      decoder_self=first(("decoder", "self")), cross=first(("decoder", "cross")))
 
 
-def restore(workdir: str, step: int | str | None = None, task: Any = None, params: str = "auto",
-            average_last: int = 0) -> Run:
+def restore(workdir: str | Sequence[str], step: int | str | None = None, task: Any = None,
+            params: str = "auto", average_last: int = 0) -> Run:
   """Restores the run in `workdir` (step: None/'latest', 'best' or an int) as a `Run`.
 
   params: 'auto' (the EMA of a run trained with train.ema_decay > 0, else the raw parameters),
   'ema' or 'raw'; average_last=N: the mean of those parameters over the run's N newest
   checkpoints (checkpoints.read_params). `task` overrides `transformer.data.load_task(config,
   workdir)` (tests).
+  A list of workdirs restores their ensemble (eval.py --ensemble's: the mean of the members'
+  probabilities), each at the same `step` / `params` / `average_last` choice ('best': each its
+  own best checkpoint), after the checks of `evaluation.read_members` (vocabularies, shapes);
+  the first gives the config and the task. A list of one is that run.
   """
+  if not isinstance(workdir, str):
+    workdirs = list(workdir)
+    if len(workdirs) != 1:
+      return _restore_ensemble(workdirs, step, task, params, average_last)
+    workdir = workdirs[0]
   cfg = checkpoints.load_run_config(workdir)
   restored = checkpoints.read_params(cfg, workdir, step, params=params, average_last=average_last)
   if task is None:
@@ -339,3 +365,16 @@ def restore(workdir: str, step: int | str | None = None, task: Any = None, param
   return Run(cfg, models.build_model(cfg.model), restored.params, task, restored.step, workdir,
              params_source=restored.source,
              averaged_steps=restored.steps if average_last else ())
+
+
+def _restore_ensemble(workdirs: list[str], step: int | str | None, task: Any, params: str,
+                      average_last: int) -> Run:
+  """restore() of several workdirs: one Run over their models' tuple."""
+  if not workdirs:
+    raise ValueError("restore: an empty list of workdirs")
+  configs, restored = evaluation.read_members(workdirs, {}, step, params, average_last)
+  if task is None:
+    task = load_task(configs[0], workdirs[0])
+  return Run(configs[0], tuple(models.build_model(c.model) for c in configs),
+             tuple(r.params for r in restored), task, tuple(r.step for r in restored),
+             workdirs[0], params_source=restored[0].source, members=workdirs)
