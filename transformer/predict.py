@@ -2,6 +2,7 @@ r"""Decodes words or sentences with a trained run from the command line.
 
   python -m transformer.predict --workdir=runs/g2p hello world
   printf 'hello\nworld\n' | python -m transformer.predict --workdir=runs/g2p --method=beam --beam_size=8
+  python -m transformer.predict --workdir=runs/a --ensemble=runs/b,runs/c --step=best hello
 
 Prints one `input<TAB>output` line per input (inputs from the arguments, else one per stdin line).
 An encoder-only run is not decoded; its line depends on model.head:
@@ -89,6 +90,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
                    description="Decode inputs with a trained run.")
   parser.add_argument("--workdir", required=True, help="the training run's workdir")
   parser.add_argument("--step", default="latest", help="an integer, 'latest' or 'best'")
+  parser.add_argument("--ensemble", default="", help="other runs' workdirs, comma-separated: "
+                      "decode with the ensemble of these and --workdir's (the mean of their "
+                      "probabilities; each at --step)")
   parser.add_argument("--method", choices=("greedy", "beam", "sample"), default=None,
                       help="default: the run's eval.decode.method")
   parser.add_argument("--beam_size", type=int, default=None)
@@ -124,8 +128,9 @@ def _predict(args: argparse.Namespace, texts: list[str]) -> int:
   from transformer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
   from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top  (as api)
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
+  workdirs = [args.workdir, *filter(None, args.ensemble.split(","))]
   try:
-    run = api.restore(args.workdir, step)
+    run = api.restore(workdirs, step)
   except (ValueError, CheckpointError, FileNotFoundError) as e:
     print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
     return 1
