@@ -168,6 +168,12 @@ def one_per_row(ex: Examples, idx: np.ndarray, row_len: dict[str, int], rows: in
                   row_len, rows)
 
 
+def _as_lists(lens: np.ndarray, chunk: int):
+  """The rows of lens [m, F] as Python lists, converted a chunk at a time (a batch reads few)."""
+  for start in range(0, len(lens), chunk):
+    yield from lens[start:start + chunk].tolist()
+
+
 def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
   """First-fit of examples with lengths lens [m, F] into `rows` rows of capacity caps [F].
 
@@ -181,25 +187,21 @@ def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
   free = [np.full(rows, c, np.int64) for c in caps]  # per feature [rows]; 1-D ufuncs are fastest
   fits, tmp = np.empty(rows, bool), np.empty(rows, bool)
   placed, placed_row, skipped = [], [], []
-  i, chunk = 0, 4 * rows  # lens to Python lists a chunk at a time: a batch reads ~rows * 4
-  for start in range(0, len(lens), chunk):
-    for i, ls in enumerate(lens[start:start + chunk].tolist(), start):
-      np.greater_equal(free[0], ls[0], out=fits)
-      for j in range(1, num_features):
-        np.logical_and(fits, np.greater_equal(free[j], ls[j], out=tmp), out=fits)
-      r = int(fits.argmax())
-      if not fits[r]:
-        skipped.append(i)
-        if len(skipped) >= max_skipped:
-          break
-        continue
-      placed.append(i)
-      placed_row.append(r)
-      for j in range(num_features):
-        free[j][r] -= ls[j]
-    else:
+  i = 0
+  for i, ls in enumerate(_as_lists(lens, chunk=4 * rows)):  # a batch examines ~4 per row
+    np.greater_equal(free[0], ls[0], out=fits)
+    for j in range(1, num_features):
+      np.logical_and(fits, np.greater_equal(free[j], ls[j], out=tmp), out=fits)
+    r = int(fits.argmax())
+    if not fits[r]:
+      skipped.append(i)
+      if len(skipped) >= max_skipped:
+        break
       continue
-    break
+    placed.append(i)
+    placed_row.append(r)
+    for j in range(num_features):
+      free[j][r] -= ls[j]
   placed, row = np.asarray(placed, np.int64), np.asarray(placed_row, np.int64)
   off, seg = np.zeros((len(placed), num_features), np.int64), np.zeros(len(placed), np.int32)
   if len(placed):
