@@ -24,12 +24,10 @@ busy machine slows both alike. The last line is a README-ready table row.
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
-from trees import REPO, export_revision, hlo_ops, same_work, tree_from_argv  # benchmarks/ is the script's directory
+from trees import alternate, hlo_ops, same_work, tree_from_argv  # benchmarks/ is the script's directory
 
 
 sys.path.insert(0, tree_from_argv())
@@ -125,18 +123,12 @@ def readme_row(r: dict, base: dict | None = None, rev: str = "") -> str:
 
 def compare_beam(args, vocabs: list[int]) -> None:
   """Beam search at revision args.compare and in this tree, alternating fresh processes."""
-  with tempfile.TemporaryDirectory() as old_tree:
-    export_revision(args.compare, old_tree)
-    best = {}
-    for _ in range(args.rounds):
-      for name, tree in (("before", old_tree), ("after", REPO)):
-        for vocab in vocabs:
-          out = subprocess.run([sys.executable, os.path.abspath(__file__), "--part=beam", "--json",
-                                f"--vocab={vocab}", f"--repeats={args.repeats}", f"--tree={tree}"],
-                               check=True, capture_output=True, text=True).stdout
-          r = json.loads(out.strip().splitlines()[-1])
-          if (name, vocab) not in best or r["ms"] < best[name, vocab]["ms"]:
-            best[name, vocab] = r
+  best = {}
+  runs = [["--part=beam", f"--vocab={vocab}", f"--repeats={args.repeats}"] for vocab in vocabs]
+  for name, run_args, r in alternate(os.path.abspath(__file__), runs, args.compare, args.rounds):
+    vocab = vocabs[runs.index(run_args)]
+    if (name, vocab) not in best or r["ms"] < best[name, vocab]["ms"]:
+      best[name, vocab] = r
   print(f"beam search  {BEAM_SHAPES}: best of {args.rounds} alternating rounds, "
         f"{args.compare} (before) vs this tree (after)")
   for vocab in vocabs:

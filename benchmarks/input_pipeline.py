@@ -21,12 +21,10 @@ import dataclasses
 import hashlib
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
-from trees import REPO, export_revision, tree_from_argv  # benchmarks/ is the script's directory
+from trees import alternate, tree_from_argv  # benchmarks/ is the script's directory
 
 sys.path.insert(0, tree_from_argv())
 
@@ -106,17 +104,12 @@ def compare(args) -> None:
   """This file at REV's tree and at this tree, alternating fresh processes; fastest of each."""
   data_dir = os.path.abspath(args.data_dir) if args.data_dir else ""
   best: dict[tuple[str, str], dict] = {}
-  with tempfile.TemporaryDirectory() as old_tree:
-    export_revision(args.compare, old_tree)
-    for _ in range(args.rounds):
-      for who, tree in (("before", old_tree), ("after", REPO)):
-        out = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--json", f"--variant={args.variant}",
-             f"--data_dir={data_dir}", f"--batches={args.batches}", f"--modes={args.modes}",
-             f"--tree={tree}"], check=True, capture_output=True, text=True).stdout
-        for mode, r in json.loads(out.strip().splitlines()[-1]).items():
-          if (who, mode) not in best or r["batches_per_s"] > best[who, mode]["batches_per_s"]:
-            best[who, mode] = r
+  flags = [f"--variant={args.variant}", f"--data_dir={data_dir}", f"--batches={args.batches}",
+           f"--modes={args.modes}"]
+  for who, _, record in alternate(os.path.abspath(__file__), [flags], args.compare, args.rounds):
+    for mode, r in record.items():
+      if (who, mode) not in best or r["batches_per_s"] > best[who, mode]["batches_per_s"]:
+        best[who, mode] = r
   print(f"input pipeline: fastest of {args.rounds} alternating rounds of {args.batches} batches, "
         f"{args.compare} (before) vs this tree (after); load {os.getloadavg()[0]:.2f}")
   for mode in args.modes.split(","):

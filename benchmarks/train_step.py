@@ -44,13 +44,11 @@ import argparse
 import ast
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import anchors  # pylint: disable=g-import-not-at-top
-from trees import KEY_OPS, REPO, export_revision, hlo_ops, same_work, tree_from_argv  # benchmarks/ is the script's directory
+from trees import KEY_OPS, alternate, hlo_ops, same_work, tree_from_argv  # benchmarks/ is the script's directory
 VOCAB = 64
 
 
@@ -335,18 +333,13 @@ def _show(r: dict, peak: float) -> str:
 
 def compare(args, sizes: list[str]) -> None:
   """This file at REV's tree and at this tree, alternating fresh processes."""
-  with tempfile.TemporaryDirectory() as old_tree:
-    export_revision(args.compare, old_tree)
-    best: dict[tuple[str, str], dict] = {}
-    for _ in range(args.rounds):
-      for who, tree in (("before", old_tree), ("after", REPO)):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--json",
-                              f"--sizes={','.join(sizes)}", f"--steps={args.steps}",
-                              f"--tree={tree}"], check=True, capture_output=True, text=True).stdout
-        record = json.loads(out.strip().splitlines()[-1])
-        for r in record["results"]:
-          if (who, r["size"]) not in best or r["ms"] < best[who, r["size"]]["ms"]:
-            best[who, r["size"]] = r | {"peak": record["peak"]}
+  best: dict[tuple[str, str], dict] = {}
+  for who, _, record in alternate(os.path.abspath(__file__),
+                                  [[f"--sizes={','.join(sizes)}", f"--steps={args.steps}"]],
+                                  args.compare, args.rounds):
+    for r in record["results"]:
+      if (who, r["size"]) not in best or r["ms"] < best[who, r["size"]]["ms"]:
+        best[who, r["size"]] = r | {"peak": record["peak"]}
   print(f"train step: fastest median of {args.rounds} alternating rounds, {args.compare} (before) "
         f"vs this tree (after); load {os.getloadavg()[0]:.2f}")
   for size in sizes:

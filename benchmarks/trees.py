@@ -3,16 +3,19 @@ compiled to.
 
 A benchmark run with `--tree=DIR` imports the project from DIR (its `--compare` baseline); without,
 from this repository. `export_revision` writes a revision's files (`git archive`) into a directory.
+`alternate` runs a benchmark script in both trees, turn about, in fresh processes.
 `hlo_ops` counts the instructions of a compiled program by kind; `same_work` compares two such
 counts: programs with equal counts of every kind (matmuls, fusions, transposes, copies, ...) do
 the same work, so a timing ratio away from 1.00 between them is the machine's noise.
 """
 
 import collections
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,6 +33,21 @@ def export_revision(revision: str, directory: str) -> None:
   archive = subprocess.run(["git", "-C", REPO, "archive", revision], check=True,
                            capture_output=True).stdout
   subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
+
+
+def alternate(script: str, arg_lists: list[list[str]], revision: str, rounds: int):
+  """Yields (who, args, record) for `rounds` rounds of: every `script *args --json --tree=TREE`
+  with TREE `revision`'s files ("before"), then with this repository ("after"), each in a fresh
+  process; record is the JSON of its last output line. Alternating makes a busy machine slow
+  both sides alike."""
+  with tempfile.TemporaryDirectory() as old_tree:
+    export_revision(revision, old_tree)
+    for _ in range(rounds):
+      for who, tree in (("before", old_tree), ("after", REPO)):
+        for args in arg_lists:
+          out = subprocess.run([sys.executable, script, *args, "--json", f"--tree={tree}"],
+                               check=True, capture_output=True, text=True).stdout
+          yield who, args, json.loads(out.strip().splitlines()[-1])
 
 
 KEY_OPS = ("dot", "fusion", "transpose", "copy", "reduce", "custom-call", "while")
