@@ -232,10 +232,9 @@ def test_restore_a_list_of_runs_is_their_ensemble(runs):
     both.attention("hello")
 
 
-
 def test_predict_cli_decodes_with_the_ensemble(runs, capsys):
   """python -m transformer.predict --ensemble=B prints what restore([A, B]) decodes; a member
-  with another vocabulary is one `error:` line naming it, exit 1."""
+  given twice is one `error:` line saying so, exit 1."""
   from transformer import api, predict  # pylint: disable=g-import-not-at-top
   first, second = runs
   words = ["hello", "world"]
@@ -246,6 +245,7 @@ def test_predict_cli_decodes_with_the_ensemble(runs, capsys):
   assert predict.main([f"--workdir={first}", f"--ensemble={second},{second}", "hello"]) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: ") and "given twice" in err[0]
+
 
 def test_ensemble_errors_are_one_line(runs, tmp_path):
   """No --out, a member given twice, a member with another vocabulary, a member that is no run,

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import checkpoints, ensemble, evaluation, models
+from transformer import ensemble, evaluation, models
 from transformer.config import Config
 from transformer.data import labels, load_task, objectives, pipeline
 from transformer.data.tokenizers import NUM_SPECIAL
@@ -353,28 +353,14 @@ def restore(workdir: str | Sequence[str], step: int | str | None = None, task: A
   own best checkpoint), after the checks of `evaluation.read_members` (vocabularies, shapes);
   the first gives the config and the task. A list of one is that run.
   """
-  if not isinstance(workdir, str):
-    workdirs = list(workdir)
-    if len(workdirs) != 1:
-      return _restore_ensemble(workdirs, step, task, params, average_last)
-    workdir = workdirs[0]
-  cfg = checkpoints.load_run_config(workdir)
-  restored = checkpoints.read_params(cfg, workdir, step, params=params, average_last=average_last)
-  if task is None:
-    task = load_task(cfg, workdir)
-  return Run(cfg, models.build_model(cfg.model), restored.params, task, restored.step, workdir,
-             params_source=restored.source,
-             averaged_steps=restored.steps if average_last else ())
-
-
-def _restore_ensemble(workdirs: list[str], step: int | str | None, task: Any, params: str,
-                      average_last: int) -> Run:
-  """restore() of several workdirs: one Run over their models' tuple."""
-  if not workdirs:
-    raise ValueError("restore: an empty list of workdirs")
+  workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
   configs, restored = evaluation.read_members(workdirs, {}, step, params, average_last)
   if task is None:
     task = load_task(configs[0], workdirs[0])
+  if len(workdirs) == 1:
+    (cfg,), (one,) = configs, restored
+    return Run(cfg, models.build_model(cfg.model), one.params, task, one.step, workdirs[0],
+               params_source=one.source, averaged_steps=one.steps if average_last else ())
   return Run(configs[0], tuple(models.build_model(c.model) for c in configs),
              tuple(r.params for r in restored), task, tuple(r.step for r in restored),
              workdirs[0], params_source=restored[0].source, members=workdirs)
