@@ -110,7 +110,7 @@ def main() -> None:
       for i, (run, _) in enumerate(built):
         best[i] = min(best[i], train_step.median_ms(run, args.steps))
     for (_, record), ms in zip(built, best):
-      r = train_step._finish(record, ms)  # pylint: disable=protected-access
+      r = train_step.with_rates(record, ms)
       tflops = r["gflops"] / 1e3
       r.update(tflops=tflops, mfu=tflops * 1e12 / peak if peak else None,
                matmul_share=tflops / matmul[r["dtype"]], ratio_to_first=best[0] / ms)

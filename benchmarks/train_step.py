@@ -205,7 +205,8 @@ def median_ms(run, steps: int, warmup: int = 0) -> float:
   return float(np.median(times)) * 1e3
 
 
-def _finish(record: dict, ms: float) -> dict:
+def with_rates(record: dict, ms: float) -> dict:
+  """The record with ms per step and the tokens/s and GFLOP/s they give."""
   return record | {"ms": ms, "tokens_per_s": record["tokens"] / ms * 1e3,
                    "gflops": record["flops"] / ms / 1e6}
 
@@ -213,7 +214,7 @@ def _finish(record: dict, ms: float) -> dict:
 def bench(name: str, steps: int, warmup: int = 3) -> dict:
   """Compile seconds and the median ms of `steps` train steps at size `name`."""
   run, record = build(name)
-  return _finish(record, median_ms(run, steps, warmup))
+  return with_rates(record, median_ms(run, steps, warmup))
 
 
 def anchor_runners(name: str, directory: str) -> tuple[dict, list[str]]:
@@ -252,7 +253,7 @@ def against_anchors(args, sizes: list[str]) -> None:
     for _ in range(args.rounds):
       for who, run in runners.items():
         best[who] = min(best[who], median_ms(run, args.steps))
-    r = _finish(record, best["ours"])
+    r = with_rates(record, best["ours"])
     print(_show(r, peak))
     for who, ms in best.items():
       if who != "ours":
@@ -307,7 +308,7 @@ def variants(args, sizes: list[str]) -> None:
       for i, (run, _) in enumerate(built):
         best[i] = min(best[i], median_ms(run, args.steps))
     for label, (_, record), ms in zip(labels, built, best):
-      r = _finish(record, ms)
+      r = with_rates(record, ms)
       print(f"  {name:7s} {label:32s} {ms:8.1f} ms/step  {r['tokens_per_s']:9.0f} tok/s  "
             f"{best[0] / ms:.2f}x the first")
   print(f"load at the end {_load()}")
