@@ -38,19 +38,20 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+import commands  # benchmarks/ is the script's directory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METRICS = ("wer", "per", "loss", "accuracy")
 
 
 def _run(cmd: list[str]) -> None:
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+  """Runs a train.py / eval.py command from the repository root; a one-line exit if it fails."""
+  proc = commands.run(cmd, cwd=REPO)
   if proc.returncode:
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    raise SystemExit(f"g2p_flagship: `{' '.join(cmd[1:3])} ...` exited {proc.returncode}: {tail[0]}")
+    raise SystemExit(f"g2p_flagship: `{' '.join(cmd[1:3])} ...` {commands.failure(proc)}")
 
 
 def run_seed(config: str, seed: int, workdir: str, data_dir: str, extra: list[str]) -> dict:

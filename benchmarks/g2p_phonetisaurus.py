@@ -26,9 +26,10 @@ import argparse
 import importlib.metadata
 import json
 import os
-import subprocess
 import sys
 import time
+
+import commands  # benchmarks/ is the script's directory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -77,10 +78,9 @@ def score(words: dict[str, list[str]], hypotheses: dict[str, list[str]]) -> dict
 
 def _run(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> str:
   """Runs one Phonetisaurus binary; its stdout, or a one-line exit naming it and its last line."""
-  proc = subprocess.run(cmd, cwd=cwd, env=env, check=False, capture_output=True, text=True)
+  proc = commands.run(cmd, cwd=cwd, env=env)
   if proc.returncode:
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    raise SystemExit(f"g2p_phonetisaurus: {cmd[0]} exited {proc.returncode}: {tail[0]}")
+    raise SystemExit(f"g2p_phonetisaurus: {cmd[0]} {commands.failure(proc)}")
   return proc.stdout
 
 

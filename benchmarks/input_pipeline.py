@@ -66,16 +66,23 @@ def run(cfg, mode: str, num_batches: int) -> dict[str, float]:
       fill[name][0] += int((b[name] != 0).sum())
       fill[name][1] += b[name].size
   elapsed = time.perf_counter() - start
-  digest = hashlib.sha256()
-  for b in batches:
-    for name in sorted(b):
-      digest.update(name.encode() + str(b[name].dtype).encode() + b[name].tobytes())
   real = sum(v[0] for v in fill.values())
   slots = sum(v[1] for v in fill.values())
   return {"setup_s": setup, "batches_per_s": num_batches / elapsed,
           "examples_per_s": examples / elapsed, "inputs_fill": fill["inputs"][0] / fill["inputs"][1],
           "targets_fill": fill["targets"][0] / fill["targets"][1], "both_fill": real / slots,
-          "digest": digest.hexdigest()}
+          "digest": batch_digest(batches)}
+
+
+def batch_digest(batches: list[dict]) -> str:
+  """sha256 of every array of every batch, in order, each with its name, dtype and shape: equal
+  digests mean the same batches (a reordering, a changed value, dtype or shape changes it)."""
+  digest = hashlib.sha256()
+  for b in batches:
+    for name in sorted(b):
+      array = b[name]
+      digest.update(f"{name}:{array.dtype}:{array.shape}:".encode() + array.tobytes())
+  return digest.hexdigest()
 
 
 def train_steps_per_s(cfg, num_steps: int) -> float:

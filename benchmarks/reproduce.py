@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from typing import NamedTuple
+
+import commands  # benchmarks/ is the script's directory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,11 +79,10 @@ def train(run: str, workdir: str, data_dir: str) -> dict:
   seconds, the command and provenance.json's git and data fields; on failure {"error": line}."""
   start = time.time()
   cmd = command(run, workdir, data_dir)
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+  proc = commands.run(cmd, cwd=REPO)
   done = os.path.join(workdir, "train_done.json")
   if proc.returncode or not os.path.exists(done):
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    return {"error": f"train.py exited {proc.returncode}: {tail[0]}", "command": cmd}
+    return {"error": f"train.py {commands.failure(proc)}", "command": cmd}
   with open(done) as f:
     result = json.load(f)
   with open(os.path.join(workdir, "provenance.json")) as f:

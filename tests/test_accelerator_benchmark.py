@@ -3,15 +3,13 @@ with a hand count, and one variant runs end to end on the CPU with a consistent 
 numbers of the README's "On a GPU" come from this script on an H200)."""
 
 import json
-import os
 import sys
 
 import pytest
 
-from bench_loader import REPO, load_benchmark
+from bench_loader import load_benchmark
 from transformer.config import from_configdict
 
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))  # accelerator imports train_step
 accelerator = load_benchmark("accelerator")
 
 

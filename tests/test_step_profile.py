@@ -1,14 +1,12 @@
 """benchmarks/step_profile.py: the FLOPs it counts per matmul thunk and the times it sums per kind,
 on a small hand-written HLO module and trace (the numbers below are worked out by hand)."""
 
-import os
 import sys
 
 import pytest
 
-from bench_loader import REPO, load_benchmark
+from bench_loader import load_benchmark
 
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))  # step_profile imports its neighbours
 step_profile = load_benchmark("step_profile")
 
 HLO = """HloModule jit_step, entry_computation_layout={()->()}

@@ -1,15 +1,12 @@
 """benchmarks/train_step.py --variants: how the flag is read, and that a bad key or value is one
 line naming it before anything compiles."""
 
-import os
-import sys
 import types
 
 import pytest
 
-from bench_loader import REPO, load_benchmark
+from bench_loader import load_benchmark
 
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))  # train_step imports its neighbours
 train_step = load_benchmark("train_step")
 
 

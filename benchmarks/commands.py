@@ -1,0 +1,22 @@
+"""Running a command for a benchmark script: its output captured, its failure told in one line.
+
+g2p_flagship.py (train.py and eval.py), g2p_phonetisaurus.py (the Phonetisaurus binaries) and
+reproduce.py (train.py) run their commands through `run`; `failure` is the line they report when
+one exits non-zero: the exit status and the last line the command printed (stderr first).
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+
+def run(cmd: list[str], cwd: str | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+  """`cmd` run to its end with stdout and stderr captured as text; never raises on its status."""
+  return subprocess.run(cmd, cwd=cwd, env=env, check=False, capture_output=True, text=True)
+
+
+def failure(proc: subprocess.CompletedProcess) -> str:
+  """'exited N: <the last line of stderr, else of stdout>' for a finished command."""
+  tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
+  return f"exited {proc.returncode}: {tail[0]}"
