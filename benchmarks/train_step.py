@@ -29,9 +29,10 @@ attention length x d_model x tokens (nanoGPT's and PaLM's count; causal attentio
 summed over the encoder and decoder stacks. The peak is a float32 2048^3 jitted matmul timed in
 the same process; "share" = achieved GFLOP/s / peak.
 
---variants="K=V,K=V|K=V|..." times each size once per variant (model config overrides; `|`
-separates variants, `,` the keys of one) in one process, alternating `--rounds` times, and prints
-each variant's fastest median and its ratio to the first: one knob's cost, same run.
+--variants="K=V,K=V|K=V|..." times each size once per variant (model config overrides, and
+`rows=N` for the batch's rows; `|` separates variants, `,` the keys of one) in one process,
+alternating `--rounds` times, and prints each variant's fastest median and its tokens/s against
+the first's: one knob's cost (or, with rows, what a larger batch buys per token), same run.
 
 --compare=REV runs this file against REV's tree (from `git archive`) and this tree in fresh
 processes, alternating `--rounds` times and keeping each one's fastest median, so a busy machine
@@ -157,10 +158,15 @@ def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
   return 2 * n**3 / best / 1e9
 
 
-def build(name: str, keep_hlo_text: bool = False, **model_overrides) -> tuple:
+def build(name: str, keep_hlo_text: bool = False, rows: int | None = None,
+          **model_overrides) -> tuple:
   """(run: one train step, blocking; record: size, compile_s, tokens, flops, hlo) of size `name`;
-  keep_hlo_text adds the compiled step's HLO text as record["hlo_text"] (step_profile.py)."""
-  return build_sized(name, *size_config(name), keep_hlo_text=keep_hlo_text, **model_overrides)
+  keep_hlo_text adds the compiled step's HLO text as record["hlo_text"] (step_profile.py);
+  rows replaces the size's batch rows (every feature keeps its length)."""
+  cd, shapes = size_config(name)
+  if rows is not None:
+    shapes = {feature: (rows, length) for feature, (_, length) in shapes.items()}
+  return build_sized(name, cd, shapes, keep_hlo_text=keep_hlo_text, **model_overrides)
 
 
 def build_sized(name: str, cd, shapes: dict[str, tuple[int, int]], keep_hlo_text: bool = False,
@@ -294,8 +300,11 @@ def variants(args, sizes: list[str]) -> None:
   model_keys = size_config(sizes[0])[0].model
   for overrides in chosen:
     for key in overrides:
-      if key not in model_keys:
-        raise SystemExit(f"--variants: {key!r} is not a model config key (e.g. dropout_bits)")
+      if key not in model_keys and key != "rows":
+        raise SystemExit(f"--variants: {key!r} is not a model config key (e.g. dropout_bits) "
+                         "or rows")
+    if not isinstance(overrides.get("rows", 1), int) or overrides.get("rows", 1) < 1:
+      raise SystemExit(f"--variants: rows={overrides['rows']!r} is not a positive number of rows")
   for name in sizes:
     try:
       built = [build(name, **overrides) for overrides in chosen]
@@ -307,10 +316,11 @@ def variants(args, sizes: list[str]) -> None:
     for _ in range(args.rounds):
       for i, (run, _) in enumerate(built):
         best[i] = min(best[i], median_ms(run, args.steps))
+    first = with_rates(built[0][1], best[0])["tokens_per_s"]
     for label, (_, record), ms in zip(labels, built, best):
       r = with_rates(record, ms)
       print(f"  {name:7s} {label:32s} {ms:8.1f} ms/step  {r['tokens_per_s']:9.0f} tok/s  "
-            f"{best[0] / ms:.2f}x the first")
+            f"{r['tokens_per_s'] / first:.2f}x the first's tokens/s")
   print(f"load at the end {_load()}")
 
 
@@ -362,7 +372,7 @@ def main() -> None:
                       help="local checkouts of flax examples and nanoGPT (see benchmarks/anchors.py)")
   parser.add_argument("--no-anchors", action="store_true", help="time ours only")
   parser.add_argument("--variants", default="",
-                      help="model overrides per variant, e.g. 'dropout_bits=32|dropout_bits=8'")
+                      help="model overrides (and rows=N) per variant, e.g. 'dropout_bits=32|dropout_bits=8'")
   parser.add_argument("--scan-compile", default="",
                       help="comma-separated layer counts: compile seconds with scan_layers=True")
   parser.add_argument("--tree", default="", help=argparse.SUPPRESS)  # read by trees.tree_from_argv()

@@ -24,6 +24,8 @@ def test_variants_are_read_as_model_overrides_with_python_values():
 @pytest.mark.parametrize("text, message", [
     ("dropout_bitz=8", "'dropout_bitz' is not a model config key"),
     ("dropout_bits=16", r"model\.dropout_bits=16 is not one of 8\|32"),
+    ("rows=0", "rows=0 is not a positive number of rows"),
+    ("rows=many", "rows='many' is not a positive number of rows"),
 ])
 def test_a_bad_variant_is_one_line_naming_it(text, message, monkeypatch):
   """An unknown key is refused before anything is built; a value the config rejects gives the
@@ -32,3 +34,16 @@ def test_a_bad_variant_is_one_line_naming_it(text, message, monkeypatch):
   args = types.SimpleNamespace(variants=text, rounds=1, steps=1)
   with pytest.raises(SystemExit, match=message):
     train_step.variants(args, ["g2pfast"])
+
+
+def test_rows_resizes_the_batch_and_nothing_else():
+  """rows=N times the size's step on N rows of the same lengths: the tokens and FLOPs scale by
+  N / rows, the model is the same (its parameter count in the FLOPs), and the step runs."""
+  cd, shapes = train_step.size_config("g2p")
+  (rows, src), (_, tgt) = shapes["inputs"], shapes["targets"]
+  run, record = train_step.build("g2p", rows=8)
+  _, base = train_step.build("g2p")
+  assert record["tokens"] == 8 * (src + tgt) and base["tokens"] == rows * (src + tgt)
+  assert record["flops"] * rows == pytest.approx(base["flops"] * 8)
+  run()
+  run()
