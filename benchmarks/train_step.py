@@ -303,8 +303,9 @@ def variants(args, sizes: list[str]) -> None:
       if key not in model_keys and key != "rows":
         raise SystemExit(f"--variants: {key!r} is not a model config key (e.g. dropout_bits) "
                          "or rows")
-    if not isinstance(overrides.get("rows", 1), int) or overrides.get("rows", 1) < 1:
-      raise SystemExit(f"--variants: rows={overrides['rows']!r} is not a positive number of rows")
+    rows = overrides.get("rows", 1)
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:  # True is no count
+      raise SystemExit(f"--variants: rows={rows!r} is not a positive number of rows")
   for name in sizes:
     try:
       built = [build(name, **overrides) for overrides in chosen]

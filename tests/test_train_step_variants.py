@@ -26,6 +26,7 @@ def test_variants_are_read_as_model_overrides_with_python_values():
     ("dropout_bits=16", r"model\.dropout_bits=16 is not one of 8\|32"),
     ("rows=0", "rows=0 is not a positive number of rows"),
     ("rows=many", "rows='many' is not a positive number of rows"),
+    ("rows=True", "rows=True is not a positive number of rows"),
 ])
 def test_a_bad_variant_is_one_line_naming_it(text, message, monkeypatch):
   """An unknown key is refused before anything is built; a value the config rejects gives the
@@ -39,7 +40,7 @@ def test_a_bad_variant_is_one_line_naming_it(text, message, monkeypatch):
 def test_rows_resizes_the_batch_and_nothing_else():
   """rows=N times the size's step on N rows of the same lengths: the tokens and FLOPs scale by
   N / rows, the model is the same (its parameter count in the FLOPs), and the step runs."""
-  cd, shapes = train_step.size_config("g2p")
+  _, shapes = train_step.size_config("g2p")
   (rows, src), (_, tgt) = shapes["inputs"], shapes["targets"]
   run, record = train_step.build("g2p", rows=8)
   _, base = train_step.build("g2p")
