@@ -1,8 +1,9 @@
 """Running a command for a benchmark script: its output captured, its failure told in one line.
 
-g2p_flagship.py (train.py and eval.py), g2p_phonetisaurus.py (the Phonetisaurus binaries) and
-reproduce.py (train.py) run their commands through `run`; `failure` is the line they report when
-one exits non-zero: the exit status and the last line the command printed (stderr first).
+g2p_flagship.py (train.py and eval.py), g2p_phonetisaurus.py (the Phonetisaurus binaries),
+reproduce.py (train.py) and trees.alternate (the --compare runs) run their commands through `run`;
+`failure` is the line they report when one exits non-zero: the exit status and the last line the
+command printed (stderr first).
 """
 
 from __future__ import annotations

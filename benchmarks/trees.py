@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 
+import commands  # benchmarks/ is this module's directory
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -45,9 +47,11 @@ def alternate(script: str, arg_lists: list[list[str]], revision: str, rounds: in
     for _ in range(rounds):
       for who, tree in (("before", old_tree), ("after", REPO)):
         for args in arg_lists:
-          out = subprocess.run([sys.executable, script, *args, "--json", f"--tree={tree}"],
-                               check=True, capture_output=True, text=True).stdout
-          yield who, args, json.loads(out.strip().splitlines()[-1])
+          proc = commands.run([sys.executable, script, *args, "--json", f"--tree={tree}"])
+          if proc.returncode:
+            raise SystemExit(f"{os.path.basename(script)} in the {who} tree "
+                             f"{commands.failure(proc)}")
+          yield who, args, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 KEY_OPS = ("dot", "fusion", "transpose", "copy", "reduce", "custom-call", "while")

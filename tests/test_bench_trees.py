@@ -2,13 +2,11 @@
 It must run the script in the revision's exported tree and in this repository, turn about, with
 every argument list, and hand back each run's last JSON line."""
 
-import os
-import sys
+import pytest
 
-from bench_loader import REPO
+from bench_loader import REPO, load_benchmark
 
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-import trees  # pylint: disable=g-import-not-at-top,wrong-import-position
+trees = load_benchmark("trees")
 
 
 def test_alternate_runs_both_trees_in_turn_with_every_argument_list(tmp_path):
@@ -29,3 +27,11 @@ def test_alternate_runs_both_trees_in_turn_with_every_argument_list(tmp_path):
   assert all(r["tree"] == REPO for who, _, r in runs if who == "after")
   assert all(r["has_readme"] and r["args"][-2] == "--json" for _, _, r in runs)
   assert [r["args"][0] for _, _, r in runs] == ["--x=1", "--x=2"] * 4
+
+
+def test_a_failing_run_is_one_line_naming_the_script_and_tree(tmp_path):
+  """A run that exits non-zero stops the loop with the script, the tree and its last line."""
+  script = tmp_path / "broken.py"
+  script.write_text("import sys\nprint('working')\nsys.exit('broken: no such size')\n")
+  with pytest.raises(SystemExit, match=r"^broken\.py in the before tree exited 1: broken: no such size$"):
+    list(trees.alternate(str(script), [[]], "HEAD", rounds=1))
