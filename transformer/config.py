@@ -127,6 +127,7 @@ class TrainConfig:
   weight_decay_embeddings: bool
   grad_clip: float
   grad_accum_steps: int
+  steps_per_dispatch: int
   label_smoothing: float
   z_loss: float
   ema_decay: float
@@ -238,7 +239,8 @@ POSITIVE = (
     "model.d_model", "model.num_heads", "model.mlp_dim", "model.max_len",
     "model.relative_num_buckets", "model.relative_max_distance",
     "data.max_source_len", "data.max_target_len", "data.batch_size", "data.spm_vocab_size",
-    "train.num_steps", "train.grad_accum_steps", "train.log_every_steps",
+    "train.num_steps", "train.grad_accum_steps", "train.steps_per_dispatch",
+    "train.log_every_steps",
     "eval.every_steps", "eval.decode.beam_size", "checkpoint.every_steps", "checkpoint.keep",
 )
 NON_NEGATIVE = (
