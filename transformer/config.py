@@ -100,6 +100,7 @@ class DataConfig:
   batching: str
   batch_size: int
   shuffle_seed: int
+  prefetch: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +247,7 @@ POSITIVE = (
 NON_NEGATIVE = (
     "model.vocab_size", "model.source_vocab_size", "model.num_kv_heads", "model.head_dim",
     "model.v_head_dim", "model.num_classes", "model.num_encoder_layers", "model.num_decoder_layers",
+    "data.prefetch",
     "train.warmup_steps", "train.weight_decay", "train.grad_clip", "train.z_loss",
     "train.early_stop_patience", "eval.num_batches", "eval.batch_size",
     "eval.num_decode_examples", "eval.decode.top_k", "eval.decode.max_decode_len",

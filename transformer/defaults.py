@@ -102,6 +102,7 @@ def get_config() -> ml_collections.ConfigDict:
   d.batching = "pack"  # pack | bucket | pad
   d.batch_size = 128  # global, in rows of max_*_len tokens
   d.shuffle_seed = 0
+  d.prefetch = 2  # training batches made ahead on a background thread; 0 = in the loop
 
   c.train = t = ml_collections.ConfigDict()
   t.num_steps = 100_000

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import (checkpoints, evaluation, files, finetune, optim, parallel, preemption,
-                         reporting, steps)
+                         prefetch, reporting, steps)
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.models import build_model
 
@@ -202,6 +202,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
 
   ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint, config=config_dict)
   train_iter = task.train_iterator()
+  if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
+    train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
   saved: dict[str, float] = {}
   if ckpt.latest_step() is not None:
     state = ckpt.restore(None, abstract, data_iterator=train_iter)
@@ -326,6 +328,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
     finally:
       reporter.close()
       preempt.uninstall()
+      if isinstance(train_iter, prefetch.Prefetch):
+        train_iter.close()
   final = final | last_eval | {"step": step} | ({stop_reason: 1.0} if stop_reason else {})
   # Only now, with the last checkpoint committed (close waits); a stop before the last step is
   # not an end.
