@@ -22,24 +22,32 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join("docs", "results")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
-# (record name, metric keys of its "metrics" shown in the row), in the table's order.
-ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
+# (record name, the metrics of its "metrics" shown in the row), in the table's order. A metric
+# is its key, labelled as metric_label says, or (key, label).
+Metric = str | tuple[str, str]
+ROWS: tuple[tuple[str, tuple[Metric, ...]], ...] = (
     ("g2p_tiny", ("dev_wer", "dev_per")),
     ("g2p_decoder_only_tiny", ("dev_wer", "dev_per")),
-    ("g2p_fast", ("test_wer", "test_per")),
+    ("g2p_fast_nodrop", ("test_wer", "test_per")),
     ("g2p_best", ("test_wer", "test_per")),
-    ("gpu_h200_best", ("test_wer", "test_per")),
-    ("gpu_h200_small", ("test_wer", "test_per")),
+    ("g2p_best_do_partial", ("test_wer", "test_per")),
+    ("gpu_h200/fast", ("test_wer", "test_per")),
+    ("gpu_h200/best_do", ("test_wer", "test_per")),
+    ("gpu_h200/small", ("test_wer", "test_per")),
     ("g2p_phonetisaurus", ("test_wer", "test_per")),
-    ("g2p_decoder_only_fast", ("test_wer", "test_per")),
-    ("sweep_positional", ("test_wer",)),
-    ("encoder_only", ("test_accuracy",)),
-    ("lm_nanogpt_cpu", ("val_loss",)),
-    ("gpu_h200_gpt2s", ("mfu",)),
+    ("g2p_flagship_dofast", ("test_wer", "test_per")),
+    ("sweep_positional", (("test_wer_sinusoidal", "test WER: sinusoidal"), ("test_wer_rope", "RoPE"),
+                          ("test_wer_alibi", "ALiBi"), ("test_wer_none", "none"))),
+    ("encoder_only", (("test_accuracy_scratch_1pct", "test accuracy, 1% of the labels: scratch"),
+                      ("test_accuracy_mlm3000_1pct", "pretrained"))),
+    ("lm_nanogpt_cpu", (("dev_loss", "val loss (nats/char)"),)),
+    ("gpu_h200", (("gpt2s_bfloat16_fused_mfu_pct", "GPT-2 small, bf16, cuDNN attention: MFU"),
+                  ("gpt2s_bfloat16_fused_tokens_per_s", "tokens/s"))),
 )
+SHOWN_OVERRIDES = ("model.", "train.", "data.")  # the overrides the config cell shows
 
 REQUIRED = ("name", "title", "task", "config", "hardware", "wall_clock_s", "metrics", "report")
-PERCENT = ("wer", "per", "accuracy", "acc", "mfu", "f1")  # metric suffixes stored in percent
+PERCENT = ("wer", "per", "accuracy", "mfu", "pct")  # a key with one of these parts is in percent
 UPPER = {"wer": "WER", "per": "PER", "mfu": "MFU", "f1": "F1", "bleu": "BLEU"}
 HEADER = ("| task | config | hardware | wall clock | result | report |",
           "|---|---|---|---|---|---|")
@@ -79,28 +87,31 @@ def load_record(name: str, repo: str = REPO) -> dict[str, Any]:
 
 
 def metric_label(key: str) -> str:
-  """'test_wer' -> 'test WER', 'val_loss' -> 'val loss', 'mfu' -> 'MFU'."""
-  split, _, metric = key.rpartition("_")
-  name = UPPER.get(metric, metric.replace("_", " "))
-  return f"{split.replace('_', ' ')} {name}" if split else name
+  """'test_wer' -> 'test WER', 'dev_loss' -> 'dev loss'."""
+  return " ".join(UPPER.get(part, part) for part in key.split("_"))
 
 
 def format_value(key: str, value: float) -> str:
-  """A metric as the docs write it: percentages with one decimal, others with three."""
-  if key.rpartition("_")[2] in PERCENT:
+  """A metric as the docs write it: percentages with one decimal, large counts with thousands
+  separators, others with three decimals."""
+  if set(key.replace("_per_s", "").split("_")) & set(PERCENT):  # tokens_per_s is a rate
     return f"{value:.1f}%"
+  if abs(value) >= 1000:
+    return f"{value:,.0f}"
   return f"{value:.3f}"
 
 
-def format_metric(record: dict[str, Any], key: str) -> str:
-  """'test WER 26.1% (25.3-26.8%)': the value, and the seeds' range where the record has one."""
-  rel = f"{RESULTS}/{record['name']}/record.json"
+def format_metric(record: dict[str, Any], metric: Metric) -> str:
+  """'test WER 26.1% (25.3-26.8%)': the label, the value, and the seeds' range where the record
+  has one."""
+  key, label = (metric, metric_label(metric)) if isinstance(metric, str) else metric
   if key not in record["metrics"]:
+    rel = f"{RESULTS}/{record['name']}/record.json"
     raise RecordError(f"{rel}: no metric {key!r} (has {', '.join(record['metrics']) or 'none'})")
   value = record["metrics"][key]
   if value is None:
-    return f"{metric_label(key)} unknown"
-  text = f"{metric_label(key)} {format_value(key, value)}"
+    return f"{label} unknown"
+  text = f"{label} {format_value(key, value)}"
   spread = (record.get("spread") or {}).get(key)
   if spread:
     low, high = (format_value(key, v) for v in spread)
@@ -120,13 +131,18 @@ def format_wall_clock(seconds: float | None) -> str:
 
 
 def format_config(record: dict[str, Any]) -> str:
-  """'`g2p.py:fast`', followed by the overrides without their `--config.` prefix."""
-  config = record["config"].removeprefix("configs/")
+  """'`g2p.py:fast`' and the model, train and data overrides without their `--config.` prefix;
+  for a record without a config, the script its command runs."""
+  config = record["config"]
+  if config is None:
+    scripts = [w for w in record["command"].split() if w.endswith((".py", ".sh"))]
+    return f"`{scripts[0]}`" if scripts else "-"
   overrides = [o.removeprefix("--config.") for o in record.get("overrides") or []]
-  return " ".join(f"`{c}`" for c in [config, *overrides])
+  shown = [o for o in overrides if o.startswith(SHOWN_OVERRIDES)]
+  return " ".join(f"`{c}`" for c in [config.removeprefix("configs/"), *shown])
 
 
-def row(record: dict[str, Any], keys: tuple[str, ...]) -> str:
+def row(record: dict[str, Any], keys: tuple[Metric, ...]) -> str:
   """One markdown row: task, config, hardware, wall clock, the metrics, links to the report
   and the record."""
   seeds = record.get("seeds") or []
@@ -141,7 +157,7 @@ def row(record: dict[str, Any], keys: tuple[str, ...]) -> str:
   return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
 
-def table(rows: tuple[tuple[str, tuple[str, ...]], ...] | None = None,
+def table(rows: tuple[tuple[str, tuple[Metric, ...]], ...] | None = None,
           repo: str | None = None) -> str:
   """The markdown table of `rows` (default ROWS) from the records under `repo` (default REPO)."""
   rows, repo = rows or ROWS, repo or REPO

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from bench_loader import REPO, load_benchmark
+from test_records import anchors
 
 results_table = load_benchmark("results_table")
 README = os.path.join(REPO, "README.md")
@@ -44,6 +45,10 @@ def test_rows_format_each_field_from_the_record(tmp_path):
                     "| [performance](docs/performance.md#lm), [record](docs/results/b/record.json) |")
   assert [results_table.format_wall_clock(s) for s in (42.0, 200.0, 7920.0)] == [
       "42 s", "3.3 min", "2.2 h"]
+  assert [results_table.format_value(k, v) for k, v in (
+      ("test_per_rope", 11.47), ("x_mfu_pct", 27.6), ("x_tokens_per_s", 319483),
+      ("dev_perplexity", 20.74), ("test_f1_scratch", 0.2791))] == [
+          "11.5%", "27.6%", "319,483", "20.740", "0.279"]
 
 
 def test_bad_records_are_one_line_errors_naming_the_file(tmp_path):
@@ -98,13 +103,6 @@ def test_readme_table_is_the_generated_one():
   assert written == generated, results_table.difference(written, generated)
 
 
-def _anchors(path):
-  """The heading anchors of a markdown file, as GitHub makes them."""
-  with open(path, encoding="utf-8") as f:
-    headings = [line.lstrip("#").strip() for line in f if line.startswith("#")]
-  return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
-
-
 def test_every_row_links_a_report_section_and_a_record_that_exist():
   """Each row links a report page that exists (and its heading, when the link names one) and
   the record.json it was generated from."""
@@ -113,5 +111,5 @@ def test_every_row_links_a_report_section_and_a_record_that_exist():
     assert len(links) == 2, line
     (page, anchor), (record, _) = links
     assert os.path.exists(os.path.join(REPO, page)), f"{page} (linked by {line[:60]})"
-    assert not anchor or anchor in _anchors(os.path.join(REPO, page)), f"{page}#{anchor}"
+    assert not anchor or anchor in anchors(os.path.join(REPO, page)), f"{page}#{anchor}"
     assert os.path.exists(os.path.join(REPO, record)), record
