@@ -30,7 +30,6 @@ ROWS: tuple[tuple[str, tuple[Metric, ...]], ...] = (
     ("g2p_decoder_only_tiny", ("dev_wer", "dev_per")),
     ("g2p_fast_nodrop", ("test_wer", "test_per")),
     ("g2p_best", ("test_wer", "test_per")),
-    ("g2p_best_do_partial", ("test_wer", "test_per")),
     ("gpu_h200/fast", ("test_wer", "test_per")),
     ("gpu_h200/best_do", ("test_wer", "test_per")),
     ("gpu_h200/small", ("test_wer", "test_per")),
