@@ -63,7 +63,7 @@ def record_path(name: str, repo: str = REPO) -> str:
 
 def load_record(name: str, repo: str = REPO) -> dict[str, Any]:
   """Record `name`: a JSON object with at least REQUIRED's keys, "name" equal to its directory
-  and "metrics" an object of numbers or nulls; anything else is a RecordError naming the file."""
+  and "metrics" an object; anything else is a RecordError naming the file."""
   path = record_path(name, repo)
   rel = os.path.relpath(path, repo)
   if not os.path.exists(path):

@@ -1,4 +1,4 @@
-"""Docstrings and comments point only to files the project has."""
+"""Docstrings, comments and the README point only to files (and headings) the project has."""
 
 import os
 import re
