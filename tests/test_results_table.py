@@ -42,7 +42,8 @@ def test_rows_format_each_field_from_the_record(tmp_path):
                     "| 45.2 min | test WER 26.1% (25.3-26.8%), test PER 6.4%; 3 seeds "
                     "| [g2p](docs/g2p.md#fast), [record](docs/results/a/record.json) |")
   assert got[3] == ("| G2P (CMUdict) | `lm.py:nanogpt_cpu` | 1x NVIDIA H200 | - | val loss 1.817 "
-                    "| [performance](docs/performance.md#lm), [record](docs/results/b/record.json) |")
+                    "| [performance](docs/performance.md#lm), "
+                    "[record](docs/results/b/record.json) |")
   assert [results_table.format_wall_clock(s) for s in (42.0, 200.0, 7920.0)] == [
       "42 s", "3.3 min", "2.2 h"]
   assert [results_table.format_value(k, v) for k, v in (
