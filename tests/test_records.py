@@ -94,3 +94,30 @@ def test_record(path):
   report, _, frag = rec["report"].partition("#")
   assert os.path.exists(os.path.join(REPO, report)), f"{where}: no report {report}"
   assert frag in anchors(os.path.join(REPO, report)), f"{where}: no heading #{frag} in {report}"
+
+
+REPORTS = sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=os.path.basename)
+def test_report_links_resolve(path):
+  """Every relative link and image of a report names a file that exists, and its #anchor a heading
+  of that file."""
+  text, fenced = [], False
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      if line.lstrip().startswith("```"):
+        fenced = not fenced
+      elif not fenced:
+        text.append(re.sub(r"`[^`]*`", "", line))
+  broken = []
+  for target in re.findall(r"\]\(([^)\s]+)\)", "".join(text)):
+    if re.match(r"[a-z]+:", target):
+      continue
+    file, _, frag = target.partition("#")
+    dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+    if not os.path.exists(dest):
+      broken.append(target)
+    elif frag and frag not in anchors(dest):
+      broken.append(target)
+  assert not broken, f"{os.path.relpath(path, REPO)}: {broken}"
