@@ -18,7 +18,7 @@ the same tokens. Target: the cache at least 10x faster.
 
 --compare=REV times beam search at git revision REV too (its tree from `git archive`), in the same
 run, alternating fresh processes of the two trees `--rounds` times and keeping each one's best, so a
-busy machine slows both alike. The last line is a table row for docs/performance.md.
+busy machine slows both alike. The last line is a README-ready table row.
 """
 
 import argparse

@@ -1,11 +1,11 @@
-r"""docs/encoder_only.md's campaign: runs what is missing, then the table and plot over seeds.
+r"""The README's encoder-only campaign: runs what is missing, then the table and plot over seeds.
 
   python benchmarks/encoder_only.py --runs=RUNS_DIR --seeds=0,1,2 --data_dir=DATA_DIR \
       --out=docs/results/encoder_only          # trains and evaluates what is missing, then reports
   python benchmarks/encoder_only.py --runs=RUNS_DIR --out=...   # only the table of what is there
 
-With --seeds, each seed K gets, one process at a time, docs/encoder_only.md's plain commands
-with `--config.seed=K --config.data.shuffle_seed=K` (and `--config.data.data_dir=DATA_DIR`): the
+With --seeds, each seed K gets, one process at a time, the README's plain commands with
+`--config.seed=K --config.data.shuffle_seed=K` (and `--config.data.data_dir=DATA_DIR`): the
 masked LMs `mlm_cmudict_seedK` (configs/mlm.py:cmudict, 1000 steps) and `mlm_cmudict_3000_seedK`
 (--config.train.num_steps=3000), each evaluated with `eval.py --split=test`, then for each label
 fraction F the classifiers `scratch_F_seedK`, `pretrained_F_seedK` (--init_from the 1000-step LM)
