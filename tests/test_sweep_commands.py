@@ -68,7 +68,7 @@ def _readme_block_after(marker: str) -> str:
 
 
 def test_readme_tpu_sweep_lines_are_what_sweep_py_prints():
-  """README's "Running on cloud TPUs": its command prints, for the point positional=rope, exactly
+  """README's "On a TPU pod": its command prints, for the point positional=rope, exactly
   the ssh line the README shows, and its last line is exactly the collect command shown there."""
   command = _readme_block_after("run them one after the other from your machine")
   args = shlex.split(command.replace(" [--execute]", ""))
