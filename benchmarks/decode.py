@@ -14,7 +14,7 @@ each step a full forward pass over the fixed-length [prompt + 256] buffer, causa
 single jit-compiled while loops with the same sampling code and seed, so they should also produce
 the same tokens. Target: the cache at least 10x faster.
 
-  python benchmarks/decode.py --part=beam --vocab=32000,8000,1000 --compare=ae90a2b
+  python benchmarks/decode.py --part=beam --vocab=32000,8000,1000 --compare=HEAD~1
 
 --compare=REV times beam search at git revision REV too (its tree from `git archive`), in the same
 run, alternating fresh processes of the two trees `--rounds` times and keeping each one's best, so a

@@ -6,11 +6,10 @@ r"""Reruns the cheap documented results and compares them with the numbers the d
 Each run is its documented `python train.py ...` command (RUNS) from the repository root with a
 fresh workdir and `--config.data.data_dir` set to one fresh directory per invocation (a new
 temporary one unless --data_dir is given), so the data is prepared by this code: a stale
-prepared directory cannot stand in for it, which is how the README's G2P numbers once stopped
-reproducing. The final evaluation the run writes (`<workdir>/train_done.json`) is compared with
+prepared directory cannot stand in for it. The final evaluation the run writes (`<workdir>/train_done.json`) is compared with
 CLAIMS; the script prints a table (run, metric, stated, measured, tolerance, PASS/FAIL), then
 the CLAIMS rows with the measured values, ready to paste below, and exits 1 on any FAIL.
-Wall-clock time is printed, never compared (the machine is shared).
+Wall-clock time is printed, never compared (it depends on the machine and its load).
 """
 
 from __future__ import annotations
