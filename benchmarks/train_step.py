@@ -64,8 +64,9 @@ from transformer import optim  # pylint: disable=g-import-not-at-top,wrong-impor
 from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.models import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-# The train state and steps moved from training.py to steps.py; older trees have the former. Decided
-# by the tree's files: an import attempt could find steps.py through the editable install instead.
+# The train state and steps live in steps.py, in the trees of older revisions (--compare) in
+# training.py. Decided by the tree's files: an import attempt could find steps.py through the
+# editable install instead.
 if os.path.exists(os.path.join(tree_from_argv(), "transformer", "steps.py")):
   from transformer import steps as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 else:
