@@ -100,6 +100,7 @@ class DataConfig:
   batching: str
   batch_size: int
   shuffle_seed: int
+  prefetch: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +128,7 @@ class TrainConfig:
   weight_decay_embeddings: bool
   grad_clip: float
   grad_accum_steps: int
+  steps_per_dispatch: int
   label_smoothing: float
   z_loss: float
   ema_decay: float
@@ -238,12 +240,14 @@ POSITIVE = (
     "model.d_model", "model.num_heads", "model.mlp_dim", "model.max_len",
     "model.relative_num_buckets", "model.relative_max_distance",
     "data.max_source_len", "data.max_target_len", "data.batch_size", "data.spm_vocab_size",
-    "train.num_steps", "train.grad_accum_steps", "train.log_every_steps",
+    "train.num_steps", "train.grad_accum_steps", "train.steps_per_dispatch",
+    "train.log_every_steps",
     "eval.every_steps", "eval.decode.beam_size", "checkpoint.every_steps", "checkpoint.keep",
 )
 NON_NEGATIVE = (
     "model.vocab_size", "model.source_vocab_size", "model.num_kv_heads", "model.head_dim",
     "model.v_head_dim", "model.num_classes", "model.num_encoder_layers", "model.num_decoder_layers",
+    "data.prefetch",
     "train.warmup_steps", "train.weight_decay", "train.grad_clip", "train.z_loss",
     "train.early_stop_patience", "eval.num_batches", "eval.batch_size",
     "eval.num_decode_examples", "eval.decode.top_k", "eval.decode.max_decode_len",

@@ -102,6 +102,7 @@ def get_config() -> ml_collections.ConfigDict:
   d.batching = "pack"  # pack | bucket | pad
   d.batch_size = 128  # global, in rows of max_*_len tokens
   d.shuffle_seed = 0
+  d.prefetch = 2  # training batches made ahead on a background thread; 0 = in the loop
 
   c.train = t = ml_collections.ConfigDict()
   t.num_steps = 100_000
@@ -119,6 +120,7 @@ def get_config() -> ml_collections.ConfigDict:
   t.weight_decay_embeddings = False
   t.grad_clip = 0.0  # global-norm clipping; 0 = off
   t.grad_accum_steps = 1
+  t.steps_per_dispatch = 1  # train steps per host dispatch (one lax.scan); same results as 1
   t.label_smoothing = 0.1
   t.z_loss = 0.0
   t.ema_decay = 0.0  # EMA of the parameters, used by evaluation and best-checkpoint choice; 0 = off

@@ -146,6 +146,21 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
   return train_step
 
 
+def scan_steps(train_step: Callable) -> Callable:
+  """Returns `multi_step(state, batches, rng=None, axis_name=None) -> (state, metrics)`: `train_step`
+  applied to each batch along the leading axis of `batches` in turn, in one compiled `lax.scan`
+  (train.steps_per_dispatch); each metric comes back stacked, [K].
+
+  Every step draws its key from `fold_in(rng, state.step)` as a lone step does, so K steps per
+  dispatch train exactly as K dispatches of one step."""
+
+  def multi_step(state: TrainState, batches: dict[str, Any], rng: Array | None = None,
+                 axis_name: str | None = None):
+    return jax.lax.scan(lambda s, b: train_step(s, b, rng, axis_name), state, batches)
+
+  return multi_step
+
+
 def eval_params(state: TrainState) -> PyTree:
   """The parameters evaluations use: the EMA (cast to each parameter's dtype) when the state has
   one (train.ema_decay > 0), else the parameters themselves."""

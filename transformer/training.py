@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import (checkpoints, evaluation, files, finetune, optim, parallel, preemption,
-                         reporting, steps)
+                         prefetch, reporting, steps)
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.models import build_model
 
@@ -41,6 +41,9 @@ def check_loop_config(cfg: Config) -> None:
   if cfg.data.batch_size % tc.grad_accum_steps:
     raise ConfigError(f"data.batch_size={cfg.data.batch_size} must be divisible by "
                       f"train.grad_accum_steps={tc.grad_accum_steps}")
+  if tc.steps_per_dispatch > 1 and cfg.parallel.mode != "mesh":
+    raise ConfigError(f"train.steps_per_dispatch={tc.steps_per_dispatch} needs parallel.mode=mesh "
+                      f"(got {cfg.parallel.mode!r})")
   if cfg.model.arch == "encoder_only" and cfg.model.head == "mlm" and cfg.data.objective != "mlm":
     raise ConfigError(f"model.head='mlm' trains on masked inputs: set data.objective='mlm' (got "
                       f"{cfg.data.objective!r})")
@@ -91,6 +94,16 @@ class _EarlyStopping:
 
   def state(self) -> dict[str, float]:
     return {"early_stop/best": self.best, "early_stop/bad_evals": float(self.bad)}
+
+
+def dispatch_size(cfg: Config, step: int) -> int:
+  """Steps the next dispatch runs from `step`: train.steps_per_dispatch, cut short at the next step
+  that logs, evaluates, checkpoints or ends the run, so those happen at the same steps as with 1."""
+  tc = cfg.train
+  if tc.steps_per_dispatch == 1:
+    return 1
+  every = (tc.log_every_steps, cfg.eval.every_steps, cfg.checkpoint.every_steps)
+  return min([tc.steps_per_dispatch, tc.num_steps - step] + [e - step % e for e in every])
 
 
 def _host_tokens(batch: dict[str, Any]) -> tuple[int, int]:
@@ -189,6 +202,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
 
   ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint, config=config_dict)
   train_iter = task.train_iterator()
+  if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
+    train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
   saved: dict[str, float] = {}
   if ckpt.latest_step() is not None:
     state = ckpt.restore(None, abstract, data_iterator=train_iter)
@@ -220,7 +235,10 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
 
   if start:
     logging.info("Resuming from the checkpoint of step %d in %s.", start, workdir)
-  run = parallel.compile_train_step(steps.make_train_step(cfg, model, tx), mode, mesh, shardings)
+  train_step = steps.make_train_step(cfg, model, tx)
+  run = parallel.compile_train_step(train_step, mode, mesh, shardings)
+  multi = (parallel.compile_multi_step(steps.scan_steps(train_step), mesh, shardings)
+           if tc.steps_per_dispatch > 1 else None)
   eval_step = steps.make_eval_step(model)
   run_eval = parallel.compile_eval_step(lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh,
                                         shardings)
@@ -236,26 +254,35 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   preempt = preemption.install_preemption_handler()
   early = _EarlyStopping(tc, saved)
 
-  # ---- the loop: dispatch step s, then check step s-1 (a one-step lag keeps the device busy)
+  # ---- the loop: dispatch steps s (one, or train.steps_per_dispatch in one scan), then check the
+  # dispatch before it (a one-dispatch lag keeps the device busy)
   step, pending, window, last_eval = start, None, [], {}
   final: dict[str, float] = {}
 
   def check(entry):
-    s, m = entry
-    if not bool(m["finite"]):
+    s, m = entry  # s: the step count after the dispatch; metrics scalars, or [K] for K steps
+    finite = np.ravel(m["finite"])
+    if not finite.all():
       ckpt.wait()  # the last good checkpoint stays; this state is never saved
+      i = int(np.argmin(finite))
+      loss, grad_norm = (float(np.ravel(m[k])[i]) for k in ("loss", "grad_norm"))
       raise TrainingDiverged(
-          f"non-finite training loss={float(m['loss'])} grad_norm={float(m['grad_norm'])} at step "
-          f"{s}; stopped (last good checkpoint: step {ckpt.latest_step()} in {ckpt.directory})")
+          f"non-finite training loss={loss} grad_norm={grad_norm} at step {s - finite.size + i + 1}"
+          f"; stopped (last good checkpoint: step {ckpt.latest_step()} in {ckpt.directory})")
 
   try:
     stop_reason = ""
     while step < tc.num_steps:
-      batch = next(train_iter)
-      reporter.add_tokens(*_host_tokens(batch))
+      n = dispatch_size(cfg, step)
+      batches = [next(train_iter) for _ in range(n)]
+      for batch in batches:
+        reporter.add_tokens(*_host_tokens(batch))
       with reporting.maybe_profile(step, tc, workdir):
-        state, metrics = run.step(state, run.prepare_batch(batch))
-      step += 1
+        if n == 1:
+          state, metrics = run.step(state, run.prepare_batch(batches[0]))
+        else:
+          state, metrics = multi.step(state, multi.prepare_batch(batches))
+      step += n
       if pending is not None:
         check(pending)
       pending = (step, metrics)
@@ -265,11 +292,12 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
         check(pending)
         fetched = jax.device_get(window)
         window = []
-        scalars = {f"train/{k}": float(np.mean([m[k] for m in fetched]))
+        scalars = {f"train/{k}": float(np.mean(np.concatenate([np.ravel(m[k]) for m in fetched])))
                    for k in ("loss", "grad_norm")}
-        scalars["train/learning_rate"] = float(fetched[-1]["learning_rate"])
+        last = lambda k: float(np.ravel(fetched[-1][k])[-1])  # pylint: disable=cell-var-from-loop
+        scalars["train/learning_rate"] = last("learning_rate")
         if tc.scheduled_sampling.schedule != "none":
-          scalars["train/teacher_forcing"] = float(fetched[-1]["teacher_forcing"])
+          scalars["train/teacher_forcing"] = last("teacher_forcing")
         reporter.write_scalars(step, scalars | reporter.throughput())
         final |= scalars
       evaluated = step % cfg.eval.every_steps == 0 or step == tc.num_steps
@@ -283,8 +311,9 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
         reporter.reset_throughput()
         if early.update(last_eval):
           stop_reason = "early_stop"
-      # Asked every step (multi-host: all hosts agree on the step); at num_steps it is no stop.
-      if preempt.should_stop(step) and not stop_reason and step < tc.num_steps:
+      # Asked for every step (multi-host: all hosts agree on the step); at num_steps it is no stop.
+      asked = [preempt.should_stop(s) for s in range(step - n + 1, step + 1)]
+      if any(asked) and not stop_reason and step < tc.num_steps:
         stop_reason = preempt.reason  # 'interrupted' (SIGINT) or 'preempted' (SIGTERM)
       if stop_reason or step == tc.num_steps or ckpt.should_save(step):
         check(pending)
@@ -299,6 +328,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
     finally:
       reporter.close()
       preempt.uninstall()
+      if isinstance(train_iter, prefetch.Prefetch):
+        train_iter.close()
   final = final | last_eval | {"step": step} | ({stop_reason: 1.0} if stop_reason else {})
   # Only now, with the last checkpoint committed (close waits); a stop before the last step is
   # not an end.
