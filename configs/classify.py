@@ -11,7 +11,8 @@ syllable count instead. Packed rows; each example is pooled over its own tokens 
   python eval.py --workdir=runs/stress_pretrained --split=test --step=best   # accuracy, F1
   --config.data.label_fraction=0.01 (or 0.1) trains on 1% (10%) of the training words' labels.
 
-Results (from scratch vs pretrained, label fractions, seeds): docs/encoder_only.md.
+Results (from scratch vs pretrained, label fractions, seeds):
+docs/encoder_only.md#masked-lm-pretraining-for-a-stress-classifier.
 """
 
 from configs import base

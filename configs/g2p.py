@@ -12,7 +12,7 @@ Letters in, ARPAbet phones (stress removed) out, packed rows; the paper's post-L
   python train.py --config=configs/g2p.py:tiny --workdir=runs/g2p_tiny
   python eval.py --workdir=runs/g2p_tiny --split=test --step=best
 
-Results of every variant (WER, PER, seeds, wall clock, hardware): docs/g2p.md.
+Results of every variant (WER, PER, seeds, wall clock, hardware): docs/g2p.md#recipes.
 """
 
 from configs import base
@@ -44,8 +44,8 @@ def get_config(arg: str = "base"):
 
   m, t = c.model, c.train
   if variant == "tiny":
-    # Chosen on the dev split (docs/g2p.md): wider than deep, no dropout for a 2-epoch run, a
-    # short warmup and a cosine decay to zero at a constant-scale learning rate.
+    # Chosen on the dev split (docs/g2p.md#choosing-tiny): wider than deep, no dropout for a
+    # 2-epoch run, a short warmup and a cosine decay to zero at a constant-scale learning rate.
     m.update(d_model=96, num_heads=4, mlp_dim=384, num_encoder_layers=2, num_decoder_layers=2,
              dropout_rate=0.0)
     c.data.batch_size = 64
@@ -66,7 +66,7 @@ def get_config(arg: str = "base"):
     c.checkpoint.update(every_steps=200, keep=2)
   elif variant in ("fast", "best"):
     # The 60-minute budget on 2 CPU cores: ~25 epochs of 128 packed rows; no dropout (better
-    # than 0.1 on three seeds at this length: docs/g2p.md); greedy decoding of the whole dev
+    # than 0.1 on three seeds at this length: docs/g2p.md#dropout); greedy decoding of the whole dev
     # split every 1000 steps, the best of which eval.py --step=best tests.
     m.update(d_model=128, num_heads=4, mlp_dim=512, num_encoder_layers=3, num_decoder_layers=3,
              dropout_rate=0.0)
@@ -78,7 +78,7 @@ def get_config(arg: str = "base"):
     c.checkpoint.update(every_steps=1000, keep=2)
     if variant == "best":
       # The 150-minute budget: :fast's recipe for 3x the steps (~75 epochs), dev every 2000, and
-      # dropout 0.1: without it the dev loss rises after ~33 epochs (docs/g2p.md).
+      # dropout 0.1: without it the dev loss rises after ~33 epochs (docs/g2p.md#best-18000-steps).
       m.update(dropout_rate=0.1)
       t.update(num_steps=18_000)
       c.eval.update(every_steps=2000)

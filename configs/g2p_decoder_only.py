@@ -10,7 +10,7 @@ give the weight matrices the parameter count of the encoder-decoder's (an encode
 
   python train.py --config=configs/g2p_decoder_only.py:tiny --workdir=runs/g2p_do_tiny
 
-Results against the encoder-decoder: docs/g2p.md.
+Results against the encoder-decoder: docs/g2p.md#decoder-only-prefix-lm-partners.
 """
 
 from configs import g2p

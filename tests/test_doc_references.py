@@ -30,3 +30,21 @@ def test_markdown_files_named_in_code_exist():
           if not any(map(os.path.exists, here)) and os.path.basename(name) not in have:
             missing.append(f"{os.path.relpath(path, REPO)}:{n}: {name}")
   assert not missing, missing
+
+
+_DOC_LINK = re.compile(r"\b(docs/[\w-]+\.md)(?:#([\w-]+))?")
+
+
+def test_report_pages_and_anchors_named_in_code_exist():
+  """Every report page (`docs/<page>.md`, with an optional `#anchor`) named in a .py file of the
+  project exists, and the anchor is one of its headings."""
+  from test_records import anchors  # pylint: disable=g-import-not-at-top
+  missing = []
+  for path in _sources():
+    with open(path, encoding="utf-8") as f:
+      for n, line in enumerate(f, 1):
+        for page, anchor in _DOC_LINK.findall(line):
+          target = os.path.join(REPO, page)
+          if not os.path.exists(target) or (anchor and anchor not in anchors(target)):
+            missing.append(f"{os.path.relpath(path, REPO)}:{n}: {page}{'#' * bool(anchor)}{anchor}")
+  assert not missing, missing
