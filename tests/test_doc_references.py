@@ -49,3 +49,20 @@ def test_readme_links_point_to_files_and_headings_that_exist():
     if not os.path.exists(target) or (heading and heading not in anchors(target)):
       broken.append(link)
   assert links and not broken, broken
+
+
+_DOC_LINK = re.compile(r"\b(docs/[\w-]+\.md)(?:#([\w-]+))?")
+
+
+def test_report_pages_and_anchors_named_in_code_exist():
+  """Every report page (`docs/<page>.md`, with an optional `#anchor`) named in a .py file of the
+  project exists, and the anchor is one of its headings."""
+  missing = []
+  for path in _sources():
+    with open(path, encoding="utf-8") as f:
+      for n, line in enumerate(f, 1):
+        for page, anchor in _DOC_LINK.findall(line):
+          target = os.path.join(REPO, page)
+          if not os.path.exists(target) or (anchor and anchor not in anchors(target)):
+            missing.append(f"{os.path.relpath(path, REPO)}:{n}: {page}{'#' * bool(anchor)}{anchor}")
+  assert not missing, missing

@@ -20,7 +20,7 @@ def _record(repo, dirname, **fields):
             "config": "configs/g2p.py:fast", "overrides": [], "command": "python train.py",
             "commit": None, "hardware": "2-core x86_64 CPU", "versions": None,
             "wall_clock_s": 2712.0, "rates": {}, "metrics": {"test_wer": 26.1, "test_per": 6.4},
-            "seeds": [0], "report": "docs/g2p.md#fast"} | fields
+            "seeds": [0], "report": "docs/g2p.md#recipes"} | fields
   path = repo / "docs" / "results" / dirname
   path.mkdir(parents=True)
   (path / "record.json").write_text(json.dumps(record))
@@ -34,15 +34,15 @@ def test_rows_format_each_field_from_the_record(tmp_path):
   _record(tmp_path, "a", seeds=[0, 1, 2], spread={"test_wer": [25.3, 26.8]},
           overrides=["--config.model.dropout_rate=0.0"])
   _record(tmp_path, "b", config="configs/lm.py:nanogpt_cpu", metrics={"val_loss": 1.8172},
-          wall_clock_s=None, hardware="1x NVIDIA H200", report="docs/performance.md#lm")
+          wall_clock_s=None, hardware="1x NVIDIA H200", report="docs/performance.md#character-lm-against-nanogpt")
   got = results_table.table((("a", ("test_wer", "test_per")), ("b", ("val_loss",))),
                             repo=tmp_path).splitlines()
   assert got[:2] == list(results_table.HEADER)
   assert got[2] == ("| G2P (CMUdict) | `g2p.py:fast` `model.dropout_rate=0.0` | 2-core x86_64 CPU "
                     "| 45.2 min | test WER 26.1% (25.3-26.8%), test PER 6.4%; 3 seeds "
-                    "| [g2p](docs/g2p.md#fast), [record](docs/results/a/record.json) |")
+                    "| [g2p](docs/g2p.md#recipes), [record](docs/results/a/record.json) |")
   assert got[3] == ("| G2P (CMUdict) | `lm.py:nanogpt_cpu` | 1x NVIDIA H200 | - | val loss 1.817 "
-                    "| [performance](docs/performance.md#lm), "
+                    "| [performance](docs/performance.md#character-lm-against-nanogpt), "
                     "[record](docs/results/b/record.json) |")
   assert [results_table.format_wall_clock(s) for s in (42.0, 200.0, 7920.0)] == [
       "42 s", "3.3 min", "2.2 h"]

@@ -300,7 +300,7 @@ class Run:
     return out
 
   def generate(self, *args: Any, **kwargs: Any) -> list[str]:
-    """Deprecated name of generate_text (the README's older examples use it)."""
+    """Deprecated name of generate_text, kept for existing callers."""
     warnings.warn("Run.generate is deprecated: use Run.generate_text", DeprecationWarning,
                   stacklevel=2)
     return self.generate_text(*args, **kwargs)
