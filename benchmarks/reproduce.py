@@ -1,7 +1,7 @@
 r"""Reruns the cheap recorded results and compares them with their records in docs/results/.
 
   python benchmarks/reproduce.py                          # every run below: two :tiny trainings
-  python benchmarks/reproduce.py --only=g2p_tiny --results=docs/results/reproduce.json
+  python benchmarks/reproduce.py --only=g2p_tiny --results=runs/reproduce.json
 
 Each run (RUNS) is the `command` of its record, `docs/results/<run>/record.json`, run from the
 repository root with a fresh workdir and `--config.data.data_dir` set to one fresh directory per
