@@ -102,22 +102,18 @@ def test_help_keys_lists_every_key_with_its_default():
   assert keys == {k: repr(v) for k, v in sweeps.flat_items(defaults.get_config()).items()}
 
 
-def test_warmup_longer_than_the_run_warns_in_one_line(caplog):
-  """num_steps <= warmup_steps with a decaying schedule: one warning naming both keys; none for a
-  constant schedule or a run longer than its warmup."""
-  def warnings(**train):
+def test_warmup_longer_than_the_run_warns_in_one_line():
+  """num_steps <= warmup_steps with a decaying schedule: one line naming both keys (train.py logs
+  it before training); none for a constant schedule or a run longer than its warmup."""
+  def warning(**train):
     cfg = from_configdict(defaults.get_config())
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train))
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-      training.check_loop_config(cfg)
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-  got = warnings(num_steps=100, warmup_steps=100, schedule="warmup_cosine")
-  assert len(got) == 1 and "\n" not in got[0]
-  assert "train.num_steps=100" in got[0] and "train.warmup_steps=100" in got[0]
-  assert len(warnings(num_steps=50, warmup_steps=100, schedule="rsqrt")) == 1
-  assert warnings(num_steps=101, warmup_steps=100, schedule="warmup_cosine") == []
-  assert warnings(num_steps=100, warmup_steps=100, schedule="constant") == []
+    return training.schedule_warning(
+        dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train)))
+  got = warning(num_steps=100, warmup_steps=100, schedule="warmup_cosine")
+  assert "\n" not in got and "train.num_steps=100" in got and "train.warmup_steps=100" in got
+  assert "train.num_steps=50" in warning(num_steps=50, warmup_steps=100, schedule="rsqrt")
+  assert warning(num_steps=101, warmup_steps=100, schedule="warmup_cosine") == ""
+  assert warning(num_steps=100, warmup_steps=100, schedule="constant") == ""
 
 
 def test_progress_bar_always_shows_the_loss(tmp_path):

@@ -179,8 +179,8 @@ def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
   """The product path: train.py on configs/g2p.py:tiny (shortened to 20 steps, on the whole
   CMUdict as prepared once for the suite by cmudict_data) exits 0 and leaves config.json,
   provenance.json, metrics.jsonl with train and eval (WER/PER) lines, TensorBoard events and the
-  final checkpoint, and its last lines name the workdir and the eval, predict and TensorBoard
-  commands; the same command again resumes the finished run instead of retraining (metrics.jsonl
+  final checkpoint, warns in one line that its 20 steps end inside the warmup, and its last lines
+  name the workdir and the eval, predict and TensorBoard commands; the same command again resumes the finished run instead of retraining (metrics.jsonl
   unchanged) and says so in one line before the same commands, with no library warning."""
   workdir = str(tmp_path / "g2p")
   data_dir = cmudict_data.prepared_data_dir(tmp_path_factory)
@@ -200,6 +200,8 @@ def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
       ["eval.py", f"--workdir={workdir}", "--split=test"],
       ["-m", "transformer.predict", f"--workdir={workdir}"]]
   assert last[4].split() == ["tensorboard", f"--logdir={workdir}"]
+  warned = [line for line in proc.stderr.splitlines() if "warmup" in line]  # 20 of 100 steps
+  assert len(warned) == 1 and "train.num_steps=20 <= train.warmup_steps=100" in warned[0]
   files = os.listdir(workdir)
   for name in ("config.json", "provenance.json", "metrics.jsonl", "checkpoints"):
     assert name in files, name

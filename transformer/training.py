@@ -38,9 +38,7 @@ class TrainingDiverged(RuntimeError):
 
 
 def check_loop_config(cfg: Config) -> None:
-  """Relations the loop needs that transformer.config cannot check alone; raises ConfigError.
-  Warns (one line) when the schedule cannot do what the config says: a decaying schedule whose
-  warmup lasts the whole run."""
+  """Relations the loop needs that transformer.config cannot check alone; raises ConfigError."""
   tc = cfg.train
   if cfg.data.batch_size % tc.grad_accum_steps:
     raise ConfigError(f"data.batch_size={cfg.data.batch_size} must be divisible by "
@@ -52,10 +50,16 @@ def check_loop_config(cfg: Config) -> None:
                      ("checkpoint.keep_best_by", cfg.checkpoint.keep_best_by)):
     if value and not value.startswith("eval/"):
       raise ConfigError(f"{key}={value!r} must name an evaluation metric such as 'eval/loss'")
+
+
+def schedule_warning(cfg: Config) -> str:
+  """One line when the schedule cannot do what the config says (a decaying schedule whose warmup
+  lasts the whole run), else ''."""
+  tc = cfg.train
   if tc.schedule != "constant" and 0 < tc.num_steps <= tc.warmup_steps:
-    logging.warning("train.num_steps=%d <= train.warmup_steps=%d: the run ends inside the warmup, "
-                    "so train.schedule=%r never decays the learning rate", tc.num_steps,
-                    tc.warmup_steps, tc.schedule)
+    return (f"train.num_steps={tc.num_steps} <= train.warmup_steps={tc.warmup_steps}: the run ends "
+            f"inside the warmup, so train.schedule={tc.schedule!r} never decays the learning rate")
+  return ""
 
 
 def fill_vocab_sizes(cfg: Config, task: Any) -> Config:
@@ -228,6 +232,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
 
   if start:
     logging.info("Resuming from the checkpoint of step %d in %s.", start, workdir)
+  if warning := schedule_warning(cfg):
+    logging.warning(warning)
   run = parallel.compile_train_step(steps.make_train_step(cfg, model, tx), mode, mesh, shardings)
   eval_step = steps.make_eval_step(model)
   run_eval = parallel.compile_eval_step(lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh,
