@@ -3,10 +3,10 @@ r"""Trains a transformer: `python train.py --config=configs/g2p.py:tiny --workdi
 Any config key can be overridden on the command line, e.g. `--config.model.positional=rope
 --config.train.num_steps=2000`. Rerunning the same command in the same workdir resumes from the
 latest checkpoint (a finished run is not retrained). The last lines name the workdir and the
-commands that evaluate the run, decode with it and show its curves. `--init_from=RUN` fine-tunes: the model,
-tokenizers and parameters come from RUN's workdir (a training run, or one written by
-`python -m transformer.convert`). A bad config, an incompatible workdir or a
-diverged run prints one line and exits 1.
+commands that evaluate the run, decode with it and show its curves. `--init_from=RUN` fine-tunes:
+the model, tokenizers and parameters come from RUN's workdir (a training run, or one written by
+`python -m transformer.convert`). A bad config, an incompatible workdir or a diverged run prints
+one line and exits 1.
 
 Stopping: SIGTERM (preemption) saves a checkpoint at the current step, prints one line naming it
 and the command that resumes, and exits 0. Ctrl-C (SIGINT) does the same, then ends the way an

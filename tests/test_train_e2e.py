@@ -176,12 +176,13 @@ def test_two_devices_match_one_device(tmp_path, env, reference_no_dropout, mode,
 
 
 def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
-  """The product path: train.py on configs/g2p.py:tiny (shortened to 20 steps, on the whole
-  CMUdict as prepared once for the suite by cmudict_data) exits 0 and leaves config.json,
-  provenance.json, metrics.jsonl with train and eval (WER/PER) lines, TensorBoard events and the
-  final checkpoint, warns in one line that its 20 steps end inside the warmup, and its last lines
-  name the workdir and the eval, predict and TensorBoard commands; the same command again resumes the finished run instead of retraining (metrics.jsonl
-  unchanged) and says so in one line before the same commands, with no library warning."""
+  """The product path: train.py on configs/g2p.py:tiny (shortened to 20 steps, on the whole CMUdict
+  as prepared once for the suite by cmudict_data) exits 0 and leaves config.json, provenance.json,
+  metrics.jsonl with train and eval (WER/PER) lines, TensorBoard events and the final checkpoint,
+  warns in one line that its 20 steps end inside the warmup, and its last lines name the workdir and
+  the eval, predict and TensorBoard commands; the same command again resumes the finished run
+  instead of retraining (metrics.jsonl unchanged) and says so in one line before the same commands,
+  with no library warning."""
   workdir = str(tmp_path / "g2p")
   data_dir = cmudict_data.prepared_data_dir(tmp_path_factory)
   cmd = [sys.executable, "train.py", "--config=configs/g2p.py:tiny", f"--workdir={workdir}",
@@ -214,8 +215,9 @@ def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
   assert any("eval/wer" in r and "eval/per" in r for r in records)
   again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert again.returncode == 0, again.stderr[-3000:]
-  assert again.stdout.splitlines() == [f"{workdir} holds a finished run (step 20): nothing to train",
-                                       *last]
-  assert not [line for line in again.stderr.splitlines() if line.startswith(("W", "E"))], again.stderr
+  finished = f"{workdir} holds a finished run (step 20): nothing to train"
+  assert again.stdout.splitlines() == [finished, *last]
+  warned = [line for line in again.stderr.splitlines() if line.startswith(("W", "E"))]
+  assert not warned, again.stderr  # no orbax "read only" warnings, no warmup warning
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     assert f.read() == before

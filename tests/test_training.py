@@ -26,12 +26,12 @@ def _done(workdir):
 
 
 def test_loop_trains_resumes_finished_run_and_rejects_incompatible_workdir(tmp_path, monkeypatch):
-  """The loop lowers the loss (train loss falls, eval loss ends below the uniform ln(vocab)),
-  shows it on the progress bar from the first step on, writes its files, checkpoints and
-  train_done.json (step 40, reason num_steps, the returned metrics); rerunning the finished run returns at once without training (metrics.jsonl
-  unchanged); training it further (num_steps 50) first removes the marker, so when that fails
-  (a NaN at step 43) no marker claims the run done; a config with another d_model in the same
-  workdir is a one-line CheckpointError naming model.d_model."""
+  """The loop lowers the loss (train loss falls, eval loss ends below the uniform ln(vocab)), shows
+  it on the progress bar from the first step on, writes its files, checkpoints and train_done.json
+  (step 40, reason num_steps, the returned metrics); rerunning the finished run returns at once
+  without training (metrics.jsonl unchanged); training it further (num_steps 50) first removes the
+  marker, so when that fails (a NaN at step 43) no marker claims the run done; a config with another
+  d_model in the same workdir is a one-line CheckpointError naming model.d_model."""
   workdir = str(tmp_path / "run")
   cd = synthetic_task.config(**{"train.num_steps": 40})
   shown, progress = [], reporting.Reporter.progress

@@ -49,7 +49,7 @@ def fail(message: str) -> NoReturn:
 
 
 def keep_record(record: pylogging.LogRecord) -> bool:
-  """False for library chatter: orbax, XLA and TFDS below their levels, JAX's accelerator guesses."""
+  """False for library chatter: orbax, XLA, TFDS below their levels; JAX's accelerator guesses."""
   return not_backend_guess(record) and all(
       record.levelno >= level for name, level in _QUIET_BELOW.items() if name in record.pathname)
 

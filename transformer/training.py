@@ -153,9 +153,9 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   Returns the final metrics (the last evaluation, train/loss, step). `task` overrides
   `transformer.data.load_task` (tests, notebooks). Raises ConfigError, CheckpointError or
   TrainingDiverged, each with a one-line message. A workdir that holds a finished run trains
-  nothing and returns its saved metrics with FINISHED_BEFORE = 1.0. A run that ends at train.num_steps or stops
-  early leaves `<workdir>/train_done.json` (write_done_marker); a stop before the last step or an
-  error leaves none, and training further (a larger num_steps) removes it first. SIGTERM or a
+  nothing and returns its saved metrics with FINISHED_BEFORE = 1.0. A run that ends at
+  train.num_steps or stops early leaves `<workdir>/train_done.json` (write_done_marker); a stop
+  before the last step or an error leaves none, and training further (a larger num_steps) removes it first. SIGTERM or a
   first SIGINT (preemption.PreemptionHandler) saves at the current step and returns with
   `preempted` or `interrupted` = 1.0 in the metrics; a second SIGINT raises KeyboardInterrupt.
   """
