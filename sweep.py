@@ -61,6 +61,7 @@ flags.mark_flags_as_required(["config", "sweep", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.quiet_logging()
   from transformer import sweep_runner  # pylint: disable=g-import-not-at-top
   try:
     run_sweep()

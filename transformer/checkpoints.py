@@ -247,7 +247,9 @@ def _saved_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
   """The config of the latest checkpoint in workdir (else workdir/config.json), and its source."""
   directory = os.path.join(workdir, "checkpoints")
   if files.isdir(directory):
-    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
+    with _quiet_orbax():
+      manager = ocp.CheckpointManager(directory,
+                                      options=ocp.CheckpointManagerOptions(read_only=True))
     try:
       step = manager.latest_step()
       if step is not None:

@@ -3,7 +3,9 @@
 absl and ml_collections report a bad flag as a traceback, or as a wrapped message that loses the
 culprit: a config file's own `get_config` error becomes "Error whilst parsing config file:" followed
 by a traceback. `parse_flags` turns each failure into one line naming the flag, config key or file
-(and line), printed as `error: ...` with exit status 1. Importing this module does not import JAX,
+(and line), printed as `error: ...` with exit status 1. `--help` prints one screen (the tool's
+first docstring paragraph, its own flags, where the config keys are documented) and exits 0;
+`--help_keys` lists every config key with its default. Importing this module does not import JAX,
 so `--help` and flag errors stay fast.
 """
 
@@ -13,6 +15,7 @@ import difflib
 import logging as pylogging
 import os
 import sys
+import textwrap
 import traceback
 from typing import NoReturn, Sequence
 
@@ -28,6 +31,14 @@ _WRAPPED = "Error whilst parsing config file"  # ml_collections' wrapper of a co
 # missing TPU/GPU backends, TFDS every dataset it opens (with a warning for each custom config).
 _QUIET_BELOW = {"orbax": pylogging.WARNING, "xla_bridge": pylogging.WARNING,
                 "tensorflow_datasets": pylogging.ERROR}
+# JAX's guesses at accelerators whose plugin is not installed ("An NVIDIA GPU may be present on
+# this machine, but a CUDA-enabled jaxlib is not installed. Falling back to cpu."): noise on a CPU.
+# A backend that is installed and fails to start still warns.
+_BACKEND_GUESS = "may be present on this machine"
+_JAX_BACKENDS_LOGGER = "jax._src.xla_bridge"
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort")
+KEYS_FLAG = "--help_keys"
+HELP_LINES = 60  # --help fits a screen
 
 
 def fail(message: str) -> NoReturn:
@@ -37,10 +48,26 @@ def fail(message: str) -> NoReturn:
   sys.exit(1)
 
 
+def keep_record(record: pylogging.LogRecord) -> bool:
+  """False for library chatter: orbax, XLA, TFDS below their levels; JAX's accelerator guesses."""
+  return not_backend_guess(record) and all(
+      record.levelno >= level for name, level in _QUIET_BELOW.items() if name in record.pathname)
+
+
+def not_backend_guess(record: pylogging.LogRecord) -> bool:
+  """False for JAX's guess at an accelerator whose plugin is not installed."""
+  return _BACKEND_GUESS not in record.getMessage()
+
+
+def quiet_backends() -> None:
+  """Mutes JAX's accelerator guesses whichever handler prints JAX's logs (absl's or Python's)."""
+  pylogging.getLogger(_JAX_BACKENDS_LOGGER).addFilter(not_backend_guess)
+
+
 def quiet_logging() -> None:
-  """Keeps our INFO logs and everyone's warnings, except the chatter of orbax, XLA and TFDS."""
-  logging.get_absl_handler().addFilter(lambda r: all(
-      r.levelno >= level for name, level in _QUIET_BELOW.items() if name in r.pathname))
+  """Keeps our INFO logs and everyone's warnings, except the chatter `keep_record` drops."""
+  logging.get_absl_handler().addFilter(keep_record)
+  quiet_backends()
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -129,8 +156,61 @@ def flag_error(error: BaseException, argv: Sequence[str]) -> str:
   return text or type(error).__name__
 
 
+def _flag_lines(flag: flags.Flag) -> list[str]:
+  """`--name: help (default: x)`, wrapped to 100 columns."""
+  default = flag.default
+  shown = "" if default in (None, "", []) or isinstance(default, ml_collections.ConfigDict) else (
+      f" (default: {default!r})" if isinstance(default, str) else f" (default: {default})")
+  return textwrap.wrap(f"--{flag.name}: {flag.help}{shown}", 100, initial_indent="  ",
+                       subsequent_indent="      ")
+
+
+def help_text(script: str, doc: str, main_flags: Sequence[flags.Flag]) -> str:
+  """The --help screen: the docstring (its first paragraph if all of it does not fit in
+  HELP_LINES), the script's own flags, and where every config key is documented."""
+  lines = [line for f in sorted(main_flags, key=lambda f: f.name) for line in _flag_lines(f)]
+  if any(f.name == "config" for f in main_flags):
+    lines.append("  --config.KEY=VALUE: override one config key, e.g. "
+                 "--config.eval.decode.beam_size=4")
+  tail = ["", "Every config key is documented in docs/config.md;",
+          f"`python {script} {KEYS_FLAG}` lists them all with their defaults."]
+  text = (doc or "").strip()
+  if len(text.splitlines()) + len(lines) + len(tail) + 2 > HELP_LINES:
+    text = text.split("\n\n")[0] + f"\n(More in the docstring of {script}.)"
+  return "\n".join([text, "", "flags:", *lines, *tail])
+
+
+def key_lines(config: ml_collections.ConfigDict) -> list[str]:
+  """Every key of `config` with its default, one per line, indented under its section."""
+  out, section = [], None
+  for key, value in sorted(flat_items(config).items(), key=lambda kv: kv[0].rpartition(".")[::2]):
+    head, _, name = key.rpartition(".")
+    if head != section:
+      out.append(f"{head}:" if head else "(top level):")
+      section = head
+    out.append(f"  {name} = {value!r}")
+  return out
+
+
+def _help(argv: Sequence[str]) -> None:
+  """Answers --help (one screen) or --help_keys (every config key) and exits 0; else returns."""
+  args = argv[1:]
+  script = os.path.basename(argv[0])
+  if KEYS_FLAG in args:
+    print("Every config key and its default (configs/base.py); what each means: docs/config.md.")
+    print("\n".join(key_lines(defaults.get_config())))
+    sys.exit(0)
+  if any(a in HELP_FLAGS for a in args):
+    main = sys.modules.get("__main__")
+    print(help_text(script, getattr(main, "__doc__", "") or "",
+                    flags.FLAGS.get_key_flags_for_module(argv[0])))
+    sys.exit(0)
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
-  """absl flag parsing (`flags_parser` of app.run); a bad flag or argument is one line, exit 1."""
+  """absl flag parsing (`flags_parser` of app.run); a bad flag or argument is one line, exit 1;
+  --help and --help_keys print their screens and exit 0."""
+  _help(argv)
   path = _config_path(argv[1:])
   if path and not os.path.isfile(path):
     fail(f"--config file {path} not found")

@@ -250,13 +250,19 @@ def write_results(workdir: str, split: str, results: dict[str, Any],
   line: source, references, hypothesis, score); True if this process wrote them."""
   if jax.process_index() != 0:  # every host evaluates the same whole split: one writer
     return False
+  metrics_name, predictions_name = result_files(split)
   files.makedirs(workdir)
-  files.write_text_atomic(os.path.join(workdir, f"predictions.{split}.jsonl"), "".join(
+  files.write_text_atomic(os.path.join(workdir, predictions_name), "".join(
       json.dumps(p, ensure_ascii=False) + "\n" for p in predictions))
   finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
-  files.write_text_atomic(os.path.join(workdir, f"metrics.{split}.json"), json.dumps(
+  files.write_text_atomic(os.path.join(workdir, metrics_name), json.dumps(
       {k: finite(v) for k, v in results.items()}, indent=1))
   return True
+
+
+def result_files(split: str) -> tuple[str, str]:
+  """The names of the metrics and predictions files that write_results writes for `split`."""
+  return f"metrics.{split}.json", f"predictions.{split}.jsonl"
 
 
 def format_table(results: dict[str, Any]) -> str:
@@ -381,9 +387,12 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
         f"(beam={cfg.eval.decode.beam_size}, alpha={cfg.eval.decode.length_penalty})"
         if cfg.eval.decode.method == "beam" else "")
   results["coverage"] = coverage
-  write_results(out_dir or workdir, split, results, predictions)
+  wrote = write_results(out_dir or workdir, split, results, predictions)
   if verbose:
     print(format_table(results))
     for p in predictions[:3] if getattr(task, "kind", "") == "lm" else []:
       print(f"--- {p['source']!r} -> {p['hypothesis']!r}")
+    if wrote:
+      print("wrote " + ", ".join(os.path.join(out_dir or workdir, name)
+                                 for name in result_files(split)))
   return results

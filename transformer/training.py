@@ -25,6 +25,8 @@ from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.models import build_model
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
+# In train_and_evaluate's metrics when the workdir held a finished run: nothing was trained.
+FINISHED_BEFORE = "finished_before"
 
 
 class TrainingDiverged(RuntimeError):
@@ -51,6 +53,16 @@ def check_loop_config(cfg: Config) -> None:
                      ("checkpoint.keep_best_by", cfg.checkpoint.keep_best_by)):
     if value and not value.startswith("eval/"):
       raise ConfigError(f"{key}={value!r} must name an evaluation metric such as 'eval/loss'")
+
+
+def schedule_warning(cfg: Config) -> str:
+  """One line when the schedule cannot do what the config says (a decaying schedule whose warmup
+  lasts the whole run), else ''."""
+  tc = cfg.train
+  if tc.schedule != "constant" and 0 < tc.num_steps <= tc.warmup_steps:
+    return (f"train.num_steps={tc.num_steps} <= train.warmup_steps={tc.warmup_steps}: the run ends "
+            f"inside the warmup, so train.schedule={tc.schedule!r} never decays the learning rate")
+  return ""
 
 
 def fill_vocab_sizes(cfg: Config, task: Any) -> Config:
@@ -153,9 +165,10 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
 
   Returns the final metrics (the last evaluation, train/loss, step). `task` overrides
   `transformer.data.load_task` (tests, notebooks). Raises ConfigError, CheckpointError or
-  TrainingDiverged, each with a one-line message. A run that ends at train.num_steps or stops
-  early leaves `<workdir>/train_done.json` (write_done_marker); a stop before the last step or an
-  error leaves none, and training further (a larger num_steps) removes it first. SIGTERM or a
+  TrainingDiverged, each with a one-line message. A workdir that holds a finished run trains
+  nothing and returns its saved metrics with FINISHED_BEFORE = 1.0. A run that ends at
+  train.num_steps or stops early leaves `<workdir>/train_done.json` (write_done_marker); a stop
+  before the last step or an error leaves none, and training further (a larger num_steps) removes it first. SIGTERM or a
   first SIGINT (preemption.PreemptionHandler) saves at the current step and returns with
   `preempted` or `interrupted` = 1.0 in the metrics; a second SIGINT raises KeyboardInterrupt.
   """
@@ -223,18 +236,19 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   main = parallel.is_main_process()
   done_path = os.path.join(workdir, DONE_FILE)
   if start >= tc.num_steps or saved.get("train/stopped_early"):
-    logging.info("%s holds a finished run (step %d): nothing to train.", workdir, start)
     ckpt.close()
     final = {k: v for k, v in saved.items() if not k.startswith("early_stop/")} | {"step": start}
     if main and not files.exists(done_path):  # finished before markers existed
       write_done_marker(workdir, start, "early_stop" if saved.get("train/stopped_early")
                         else "num_steps", final, time.time() - started)
-    return final
+    return final | {FINISHED_BEFORE: 1.0}
   if main and files.exists(done_path):  # a finished run trained further: not finished now
     files.remove(done_path)
 
   if start:
     logging.info("Resuming from the checkpoint of step %d in %s.", start, workdir)
+  if warning := schedule_warning(cfg):
+    logging.warning(warning)
   train_step = steps.make_train_step(cfg, model, tx)
   run = parallel.compile_train_step(train_step, mode, mesh, shardings)
   multi = (parallel.compile_multi_step(steps.scan_steps(train_step), mesh, shardings)
@@ -287,7 +301,9 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
         check(pending)
       pending = (step, metrics)
       window.append(metrics)
-      reporter.progress(step)
+      # The bar shows the loss from this process's first dispatch on (then every logged step's).
+      first = float(np.mean(jax.device_get(metrics["loss"]))) if step - n == start else None
+      reporter.progress(step, first)
       if step % tc.log_every_steps == 0 or step == tc.num_steps:
         check(pending)
         fetched = jax.device_get(window)

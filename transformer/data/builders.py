@@ -8,17 +8,18 @@ names. Local builders are prepared offline on first use into `data.data_dir`; ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import hashlib
 import importlib
+import io
 import json
 import os
-import time
-from collections.abc import Callable, Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from absl import logging
 import tensorflow_datasets as tfds
 
 from transformer.data import cmudict
@@ -231,15 +232,29 @@ class Dataset:
     return self._open(split)
 
 
+@contextlib.contextmanager
+def _quiet_tfds() -> Iterator[None]:
+  """Mutes what TFDS shows while it prepares a dataset: its progress bars and its lines on stdout
+  ("Downloading and preparing dataset Unknown size ...", "Dataset ... downloaded and prepared")."""
+  from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
+  shown = getattr(tqdm_utils, "_active", True)
+  tfds.display_progress_bar(False)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      yield
+  finally:
+    tfds.display_progress_bar(shown)
+
+
 def _prepare(builder: tfds.core.DatasetBuilder) -> None:
-  """Prepares a local builder offline (array_record) unless it is already there."""
+  """Prepares a local builder offline (array_record) unless it is already there, saying so in one
+  line on stderr instead of TFDS's own lines and progress bars."""
   if builder.is_prepared():
     return
-  logging.info("Preparing %s into %s (first use, offline)...", builder.info.full_name,
-               builder.data_dir)
-  start = time.time()
-  builder.download_and_prepare(file_format="array_record")
-  logging.info("Prepared %s in %.1f s.", builder.info.full_name, time.time() - start)
+  print(f"preparing {builder.info.full_name} in {builder.data_dir} (first use, offline) ...",
+        file=sys.stderr, flush=True)
+  with _quiet_tfds():
+    builder.download_and_prepare(file_format="array_record")
 
 
 def _local_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
