@@ -20,8 +20,9 @@ has no eos_token_id) are `model.excluded_ids`: probability 0, so the softmax ove
 is GPT-2's, id for id (the tokenizer still encodes a literal "<|endoftext|>" as the shifted id,
 which then scores -1e30). Their embedding rows are copies of <|endoftext|>'s row (the mean row
 without one): the start token 0 reads as the <|endoftext|> GPT-2 saw before every document. Export
-takes each GPT-2 row from its place (`our_ids` of the written config.json), so HF -> ours -> HF is
-bitwise equal, and a fine-tuned run's EOS row becomes <|endoftext|>'s. (A decoder-only seq2seq run,
+takes each GPT-2 row from its place (`our_ids` of the written config.json, whose
+eos_token_id, when no source config.json says it, is the excluded shifted id), so HF -> ours -> HF
+is bitwise equal, and a fine-tuned run's EOS row becomes <|endoftext|>'s. (A decoder-only seq2seq run,
 `model.prefix_lm`, exports as GPT-2 is: causal over the prompt too.)
 """
 
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from transformer import defaults
-from transformer.config import Config, ModelConfig, from_configdict
+from transformer.config import Config, ModelConfig, excluded_ids, from_configdict
 from transformer.convert.common import (ConvertError, float32, positive_ints, require,
                                         require_unmapped_excluded, stack_layers, unmapped_ids)
 from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
@@ -84,11 +85,21 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
       param_dtype="float32", max_len=hf["n_positions"])
 
 
+def _endoftext(m: ModelConfig) -> int | None:
+  """The GPT-2 id whose place is our EOS, read from a converted run's model.excluded_ids (its
+  shifted id is the one excluded id above NUM_SPECIAL, with EOS itself kept); None if none."""
+  excluded = excluded_ids(m)
+  shifted = [i for i in excluded if i >= NUM_SPECIAL]
+  return shifted[0] - NUM_SPECIAL if len(shifted) == 1 and EOS_ID not in excluded else None
+
+
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
   """The GPT-2 config.json dict of model config `m`; ConvertError names the first key GPT-2 lacks.
 
   `extra` (the source's config.json, for a converted run) gives the keys with no counterpart in
-  ours (token ids, initializer range, ...); architecture keys always come from `m`.
+  ours (token ids, initializer range, ...); architecture keys always come from `m`. Without it
+  (e.g. a converted run fine-tuned in another workdir), <|endoftext|> (bos and eos) is the id
+  that model.excluded_ids says was moved to our EOS.
   """
   if m.d_model % m.num_heads:
     raise ConvertError(f"model.head_dim={m.head_dim} has no GPT-2 counterpart (GPT-2's is "
@@ -105,8 +116,9 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
   if m.vocab_size <= NUM_SPECIAL:
     raise ConvertError(f"model.vocab_size={m.vocab_size} leaves no Hugging Face ids "
                        f"(ids below {NUM_SPECIAL} are ours)")
-  out = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "bos_token_id": None,
-         "eos_token_id": None} | dict(extra or {})
+  eot = _endoftext(m)
+  out = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "bos_token_id": eot,
+         "eos_token_id": eot} | dict(extra or {})
   activation = out.get("activation_function")  # the source's name when it means the same
   if _ACTIVATIONS.get(activation) != m.ffn:
     activation = _HF_ACTIVATION[m.ffn]
