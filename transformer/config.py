@@ -425,10 +425,6 @@ def _validate(cfg: Config) -> Config:
   if not 0.0 <= cfg.train.ema_decay < 1.0:
     raise ConfigError(f"train.ema_decay={cfg.train.ema_decay} must be in [0, 1) (0 = off)")
   _check_objective(cfg)
-  if cfg.train.label_smoothing and excluded_ids(cfg.model):
-    raise ConfigError(f"train.label_smoothing={cfg.train.label_smoothing} spreads probability "
-                      f"onto model.excluded_ids={cfg.model.excluded_ids!r}, ids the model never "
-                      f"predicts (use 0)")
   if cfg.train.learning_rate <= 0:
     raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")
   if not 0.0 < cfg.eval.decode.top_p <= 1.0:
