@@ -64,14 +64,16 @@ def tokenizer(family: str, lines: list[str]):
   (GPT-2), unigram with <pad> 0, </s> 1, <unk> 2 (T5), WordPiece with BERT's specials."""
   from tokenizers import Tokenizer, decoders, models as tmodels, normalizers, pre_tokenizers
   from tokenizers import trainers
-  if family == "bert":
-    tok = Tokenizer(tmodels.WordPiece(unk_token="[UNK]"))
+  if family == "bert":  # the vocabulary written out: WordPiece's trainer breaks ties at random
+    words = sorted({w for line in lines for w in line.replace(".", " .").split()})
+    chars = sorted({c for w in words for c in w})
+    vocab = BERT_SPECIALS + chars + [f"##{c}" for c in chars] + [w for w in words if len(w) > 1]
+    tok = Tokenizer(tmodels.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=60, special_tokens=BERT_SPECIALS,
-                                        show_progress=False)
-  elif family == "t5":
+    return tok
+  if family == "t5":
     tok = Tokenizer(tmodels.Unigram())
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
     trainer = trainers.UnigramTrainer(vocab_size=80, special_tokens=["<pad>", "</s>", "<unk>"],
