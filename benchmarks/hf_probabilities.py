@@ -164,7 +164,7 @@ def train(family: str, model: torch.nn.Module, tok, lines: list[str], steps: int
 
 def build(family: str, trained: bool, directory: str, seed: int = 0) -> tuple[Any, Any]:
   """(model, tokenizer) of `family`, saved in `directory` with its tokenizer.json (built on one
-  torch thread: these tiny models run ~15x slower on two threads of a shared 2-core CPU)."""
+  torch thread: for models this small more threads only add synchronisation)."""
   threads = torch.get_num_threads()
   torch.set_num_threads(1)
   try:
