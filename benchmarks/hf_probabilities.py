@@ -12,7 +12,7 @@ logits the notebook API gives (`Run.logits`; BERT's masked-LM logits of `Run.mas
 read at each Hugging Face id's place (`our_ids`); Hugging Face's are the log-softmax of its forward
 pass on the same tokens. The metric is the largest absolute difference over every id and every
 real position. "before" is the same converted parameters with `model.excluded_ids` cleared and
-GPT-2's <|endoftext|> read at its shifted id: the distribution the converter gave without the
+GPT-2's <|endoftext|> read at its shifted id: the distribution of the same weights without the
 vocabulary map. Writes record.json (docs/results/<name>/record.json's schema) under --out.
 """
 
