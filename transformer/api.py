@@ -154,7 +154,8 @@ class Run:
   # ---- the API
 
   def logits(self, sources: Sequence[str], targets: Sequence[str]) -> np.ndarray:
-    """Teacher-forced logits [b, t, vocab] float32 (decoder-only: over prompt + target)."""
+    """Teacher-forced logits [b, t, vocab] float32 (decoder-only: over prompt + target); the ids
+    of model.excluded_ids have heads.EXCLUDED_LOGIT (probability 0)."""
     batch = self._teacher_forced_batch(sources, targets)
     batch = {k: v for k, v in batch.items() if k != "weights"}
     return np.asarray(self._forward(self.params, batch))

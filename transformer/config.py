@@ -55,6 +55,7 @@ class ModelConfig:
   embedding_norm: bool
   head_transform: bool
   logits_bias: bool
+  excluded_ids: str
   prefix_lm: bool
   head: str
   pooling: str
@@ -326,6 +327,30 @@ def _convert(cls: type, value: Any, path: str) -> Any:
   return cls(**kwargs)
 
 
+def excluded_ids(m: ModelConfig) -> tuple[int, ...]:
+  """The sorted ids of model.excluded_ids ("0,2-3,54": ids and inclusive ranges); ConfigError
+  names the key when it does not parse."""
+  ids: set[int] = set()
+  for part in filter(None, (p.strip() for p in m.excluded_ids.split(","))):
+    low, dash, high = part.partition("-")
+    if not (low.isdigit() and (high.isdigit() or not dash)) or int(high or low) < int(low):
+      raise ConfigError(f"model.excluded_ids={m.excluded_ids!r}: {part!r} is not an id or a "
+                        f"range a-b with a <= b (e.g. '0,2-3,54')")
+    ids.update(range(int(low), int(high or low) + 1))
+  return tuple(sorted(ids))
+
+
+def id_ranges(ids: Any) -> str:
+  """The model.excluded_ids string of a collection of ids: sorted, runs written a-b."""
+  out, ids = [], sorted({int(i) for i in ids})
+  for i in ids:
+    if out and out[-1][1] == i - 1:
+      out[-1][1] = i
+    else:
+      out.append([i, i])
+  return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
 def _get(cfg: Config, key: str) -> Any:
   value = cfg
   for part in key.split("."):
@@ -353,6 +378,10 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
     raise ConfigError(f"model.num_encoder_layers=0 must be > 0 with model.arch={m.arch!r}")
   if m.arch != "encoder_only" and not m.num_decoder_layers:
     raise ConfigError("model.num_decoder_layers=0 must be > 0")
+  excluded = excluded_ids(m)
+  if excluded and m.vocab_size and excluded[-1] >= m.vocab_size:
+    raise ConfigError(f"model.excluded_ids={m.excluded_ids!r} names id {excluded[-1]}, outside "
+                      f"model.vocab_size={m.vocab_size}")
   return resolved
 
 

@@ -59,6 +59,10 @@ def get_config() -> ml_collections.ConfigDict:
   m.embedding_norm = False  # a norm (model.norm) on the embeddings before the first layer (BERT)
   m.head_transform = False  # vocabulary logits from Norm(act(Dense(x))) instead of x (BERT's MLM)
   m.logits_bias = False  # a learned bias over the vocabulary added to the logits (BERT's MLM)
+  # Ids the vocabulary head never predicts: their logits are -1e30 (probability 0) for every
+  # consumer (loss, score, decoding). Comma-separated ids or inclusive ranges, e.g. "0,2-3,54";
+  # transformer/convert sets it to the ids a converted model's original vocabulary lacks.
+  m.excluded_ids = ""
   m.prefix_lm = True  # decoder_only on a seq2seq task: bidirectional attention over the prefix
   m.head = "mlm"  # encoder_only: mlm (masked LM, tied per tie_embeddings) | classify | tag
   m.pooling = "mean"  # head=classify: first (the example's first token, BOS) | mean (its tokens)

@@ -25,7 +25,7 @@ import optax
 
 from transformer import metrics as metrics_lib
 from transformer import ensemble, models, optim
-from transformer.config import Config
+from transformer.config import Config, excluded_ids
 from transformer.losses import cross_entropy
 from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits
 
@@ -99,6 +99,9 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
   deterministic = not (cfg.model.dropout_rate or cfg.model.attention_dropout_rate
                        or cfg.model.ffn_dropout_rate)
 
+  vocab_head = arch != "encoder_only" or cfg.model.head == "mlm"
+  excluded = excluded_ids(cfg.model) if vocab_head else ()  # no smoothing mass goes there
+
   def loss_sums(params, micro):
     batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
     if use_ss:
@@ -108,7 +111,8 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
                                    rngs={"dropout": key})
     weights = target_weights(batch)
     loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights,
-                                            label_smoothing=tc.label_smoothing, z_loss=tc.z_loss)
+                                            label_smoothing=tc.label_smoothing, z_loss=tc.z_loss,
+                                            excluded=excluded)
     return loss_sum, weight_sum
 
   grad_fn = jax.value_and_grad(loss_sums, has_aux=True)

@@ -1,4 +1,4 @@
-r"""Hugging Face checkpoints <-> workdirs, with identical logits: GPT-2, T5 and BERT.
+r"""Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, T5 and BERT.
 
   python -m transformer.convert --from_hf=DIR --workdir=OUT [--text_file=CORPUS [--data_dir=D]]
   python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest]
@@ -13,6 +13,16 @@ holding a fresh train state with the converted parameters (checkpoints.Checkpoin
 `python -m transformer.predict --workdir=OUT` and `train.py --init_from=OUT` (fine-tuning) read
 it; `eval.py` too when `--text_file` gave a GPT-2 or BERT data (without, `data.dataset` is empty: the
 workdir holds a model and its tokenizer only).
+Probabilities, not only logits: each family maps its vocabulary into ours by `our_ids` (the id of
+ours each Hugging Face id is; GPT-2: id + 4 and <|endoftext|> our EOS; BERT: id + 4; T5: itself).
+Our vocabulary may hold ids that are no Hugging Face id's place (GPT-2's and BERT's four reserved
+ids, BERT's [MASK] and sentinels after its vocabulary, <|endoftext|>'s shifted copy); the
+converted config lists them in `model.excluded_ids`, and the output head (heads.vocab_logits)
+gives them a logit of -1e30, probability exactly 0. So every consumer of the logits (loss and
+perplexity, `Run.score`, greedy, sampling and beam search, eval.py, predict) sees the original's
+distribution, id for id, without knowing that the model was converted; their rows stay as inputs
+(start token, BOS/EOS framing, [MASK]). Export takes each Hugging Face row from its `our_ids`
+place and refuses an excluded id that is one (the exported model could not exclude it).
 `--to_hf` writes config.json, model.safetensors (and tokenizer.json for an 'hf' tokenizer) for any
 run whose config maps onto a family: decoder-only runs onto GPT-2, encoder-decoder runs onto T5,
 encoder-only masked-LM runs onto BERT; a config that does not is a one-line error naming the key.
