@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
       "versions": {"jax": jax.__version__, "torch": torch.__version__,
                    "transformers": transformers.__version__,
                    "python": platform.python_version()},
-      "wall_clock_s": round(time.time() - start, 1), "metrics": metrics, "seeds": [0],
+      "wall_clock_s": round(time.time() - start, 1), "rates": {}, "metrics": metrics, "seeds": [0],
       "report": "docs/hf_conversion.md#probabilities"}
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "record.json"), "w") as f:
