@@ -24,6 +24,7 @@ import io
 import sys
 from typing import Any, Sequence
 
+from transformer import cli
 from transformer.inputs import check_input, decode_length, input_error
 
 
@@ -67,6 +68,13 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
   logging.set_verbosity(logging.ERROR)  # keep stderr for our one-line messages (TFDS is chatty)
   try:
     return _predict(args, texts)
+  except Exception as e:  # pylint: disable=broad-except  (cli.error_line decides)
+    # The library's own errors (ConfigError, CheckpointError, bad options) are ValueErrors.
+    line = cli.error_line(e, (ValueError, OSError))
+    if line is None:
+      raise
+    print(f"error: {line}", file=sys.stderr)
+    return 1
   finally:  # a caller in the same process (a notebook, a test) keeps its own logging
     logging.set_verbosity(verbosity)
 
@@ -74,14 +82,8 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
 def _predict(args: argparse.Namespace, texts: list[str]) -> int:
   """Restores the run, checks each input and prints `input<TAB>output` lines; the exit status."""
   from transformer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
-  from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top  (as api)
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
-  workdirs = [args.workdir, *filter(None, args.ensemble.split(","))]
-  try:
-    run = api.restore(workdirs, step)
-  except (ValueError, CheckpointError, FileNotFoundError) as e:
-    print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-    return 1
+  run = api.restore([args.workdir, *filter(None, args.ensemble.split(","))], step)
   options = dict(method=args.method, beam_size=args.beam_size, length_penalty=args.length_penalty,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  max_decode_len=args.max_decode_len)
@@ -97,12 +99,8 @@ def _predict(args: argparse.Namespace, texts: list[str]) -> int:
       status = 1
     else:
       good.append((text, cleaned))
-  if good:
-    try:
-      outputs = run.generate_text([c for _, c in good], seed=args.seed, **options)
-    except ValueError as e:  # bad decoding options: one line naming the option
-      print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-      return 1
+  if good:  # bad decoding options: a ValueError naming the option, reported by main
+    outputs = run.generate_text([c for _, c in good], seed=args.seed, **options)
     for (text, _), output in zip(good, outputs):
       print(f"{text.strip()}\t{output}")
   return status

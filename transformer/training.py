@@ -151,6 +151,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   if init_from:
     cfg = finetune.init_from_config(cfg, init_from)
   check_loop_config(cfg)
+  for directory in (workdir, os.path.join(workdir, "checkpoints")):  # not minutes into a save
+    files.check_writable(directory)
   parallel.initialize_distributed(cfg.parallel)
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
