@@ -37,6 +37,14 @@ def trained(tmp_path_factory):
   return g2p_mini.trained_run(tmp_path_factory)
 
 
+def _config_file(tmp_path, run):
+  """A config file (for train.py) giving the config.json of `run`."""
+  cfg = tmp_path / "cfg.py"
+  cfg.write_text("import json\nimport ml_collections\n\ndef get_config(arg=None):\n"
+                 f"  return ml_collections.ConfigDict(json.load(open({str(run / 'config.json')!r})))\n")
+  return cfg
+
+
 def _float_keys(section, path=""):
   """Every float key of a Config (dotted)."""
   for f in dataclasses.fields(section):
@@ -199,9 +207,7 @@ def test_read_only_checkpoints_directory_fails_at_once(trained, tmp_path):
   it within seconds, not minutes of orbax retries and a traceback; nothing changes."""
   run = tmp_path / "run"
   shutil.copytree(trained, run)
-  cfg = tmp_path / "cfg.py"
-  cfg.write_text("import json\nimport ml_collections\n\ndef get_config(arg=None):\n"
-                 f"  return ml_collections.ConfigDict(json.load(open({str(run / 'config.json')!r})))\n")
+  cfg = _config_file(tmp_path, run)
   before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
   ckpt = run / "checkpoints"
   script = (f"mount --bind {ckpt} {ckpt} && mount -o remount,bind,ro {ckpt} && exec "
@@ -284,3 +290,37 @@ def test_a_sweep_file_that_raises_names_its_line(tmp_path):
   path.write_text("def get_sweep():\n  return [{'a': 1 / 0}]\n")
   with pytest.raises(sweeps.SweepError, match=rf"sweep file {path}:2: ZeroDivisionError"):
     sweeps.load_sweep(str(path), base.get_config())
+
+
+def test_no_training_examples_left_is_a_config_error(trained):
+  """Lengths that drop every training pair are a ConfigError naming the keys (train.py reports
+  it in one line), not a ValueError from deep in the pipeline."""
+  from transformer.data import load_task  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(trained, "config.json")) as f:
+    cd = ml_collections.ConfigDict(json.load(f))
+  cd.data.update(max_source_len=2, too_long="drop")
+  task = load_task(from_configdict(cd))
+  with pytest.raises(ConfigError, match=r"data.max_source_len=2, data.max_target_len=12 with "
+                     r"data.too_long='drop': no training example of .* is left \(\d+ dropped"):
+    task.train_iterator()
+
+
+@pytest.mark.slow  # a resume that trains and saves: ~30 s on 2 cores
+def test_disk_full_while_saving_is_one_line_and_keeps_checkpoints(trained, tmp_path):
+  """A resume whose checkpoint write fails (a file size limit: orbax's own writer gets EFBIG, as
+  it gets ENOSPC from a full disk) ends with one line naming the file, no traceback (orbax's
+  background threads log theirs), exit 1; the committed checkpoint is unchanged."""
+  import resource  # pylint: disable=g-import-not-at-top
+  run = tmp_path / "run"
+  shutil.copytree(trained, run)
+  before = {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()}
+  limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))  # noqa: E731
+  out = subprocess.run([sys.executable, "train.py", f"--config={_config_file(tmp_path, run)}",
+                        f"--workdir={run}", "--config.train.num_steps=62",
+                        "--config.checkpoint.every_steps=2"], cwd=REPO, env=ENV,
+                       capture_output=True, text=True, timeout=300, preexec_fn=limit)
+  assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"error: {run}/checkpoints/62.orbax-checkpoint-tmp") and (
+      "File too large; a file size limit (ulimit -f) stopped the write" in last), last
+  assert {p: p.read_bytes() for p in before} == before

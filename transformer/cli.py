@@ -13,6 +13,7 @@ Importing this module does not import JAX, so `--help` and flag errors stay fast
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import difflib
 import errno
@@ -47,18 +48,30 @@ def fail(message: str) -> NoReturn:
 
 def quiet_logging() -> None:
   """Keeps our INFO logs and everyone's warnings, except the chatter of orbax, XLA and TFDS, and
-  the tracebacks orbax and asyncio log for a failed background write (the error reaches the
-  caller, which reports it in one line)."""
+  the tracebacks orbax and asyncio log or print for a failed background write (the error reaches
+  the caller, which reports it in one line)."""
   logging.get_absl_handler().addFilter(lambda r: all(
       r.levelno >= level for name, level in _QUIET_BELOW.items() if name in r.pathname)
       and not (r.exc_info and any(name in r.pathname for name in _BACKGROUND_WRITERS)))
-  hook = sys.excepthook
+  _drop_calls_into_closed_loops()
 
-  def quiet_hook(kind, value, tb):  # tensorstore's callbacks into orbax's closed event loop
-    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
-      hook(kind, value, tb)
 
-  sys.excepthook = quiet_hook
+def _drop_calls_into_closed_loops() -> None:
+  """tensorstore completes orbax's writes on its own threads through the event loop's
+  call_soon_threadsafe; after a failed save orbax has closed that loop, and every write that
+  completes later would print a traceback ('Event loop is closed') that nobody can act on: the
+  save's own error reaches the caller. Such calls are dropped (a closed loop runs nothing)."""
+  if getattr(asyncio.BaseEventLoop.call_soon_threadsafe, "drops_when_closed", False):
+    return
+  original = asyncio.BaseEventLoop.call_soon_threadsafe
+
+  def call_soon_threadsafe(self, callback, *args, context=None):
+    if self.is_closed():
+      return None
+    return original(self, callback, *args, context=context)
+
+  call_soon_threadsafe.drops_when_closed = True
+  asyncio.BaseEventLoop.call_soon_threadsafe = call_soon_threadsafe
 
 
 # Hints for a failed file operation, by errno: what to do about it.
