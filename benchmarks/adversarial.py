@@ -394,6 +394,32 @@ def sweep_file_raises(ctx):
           f"--workdir={ctx.dir}/sweep", "--dry_run"]
 
 
+def _data_file(content: bytes):
+  def setup(ctx):
+    path = os.path.join(ctx.dir, "train.tsv")
+    with open(path, "wb") as f:
+      f.write(content)
+    return [PY, "train.py", f"--config={ctx.config}", f"--workdir={ctx.dir}/new",
+            f"--config.data.train_file={path}", f"--config.data.data_dir={ctx.dir}/tfds"]
+  return setup
+
+
+def _flags(tool: Callable[..., list[str]], *flags: str):
+  return lambda ctx: tool(ctx, *flags)
+
+
+def predict_binary_stdin(ctx):
+  path = os.path.join(ctx.dir, "inputs.bin")
+  with open(path, "wb") as f:
+    f.write(b"cat\n\xff\xfe\x00binary\n")
+  return ["sh", "-c", f"{shlex.join(_predict(ctx))} < {shlex.quote(path)}"]
+
+
+def no_checkpoints_eval(ctx):
+  shutil.rmtree(os.path.join(ctx.run, "checkpoints"))
+  return _eval(ctx, "--split=validation")
+
+
 def _resumes_from_30(ctx, proc):
   """A resume past a corrupt newest checkpoint: it names it and trains on from step 30."""
   return "60" in proc.stderr and (" 30" in proc.stderr or "step 30" in proc.stderr)
@@ -473,6 +499,36 @@ CASES = [
          corrupt_pytorch_bin, "pytorch_model.bin"),
     Case("sweep file raising on import", "no tracebacks", "clear error", sweep_file_raises,
          "bad_sweep.py:2: KeyError"),
+    # bad input the entry points already named in one line
+    Case("binary training file", "bad input", "clear error", _data_file(b"cat\tK AE T\n\x89PNG\x00"),
+         "train.tsv:2: not UTF-8"),
+    Case("empty training file", "bad input", "clear error", _data_file(b""), "train.tsv"),
+    Case("training file without tabs", "bad input", "clear error",
+         _data_file(b"cat K AE T\n"), "train.tsv:1"),
+    Case("unknown config key", "bad input", "clear error",
+         _flags(_train, "--config.model.d_modle=8"), "did you mean --config.model.d_model?"),
+    Case("config value of the wrong type", "bad input", "clear error",
+         _flags(_train, "--config.train.num_steps=ten"), "--config.train.num_steps=ten"),
+    Case("eval overrides a shape key", "bad input", "clear error",
+         _flags(_eval, "--config.model.d_model=8"), "model.d_model"),
+    Case("eval of a missing step", "bad input", "clear error", _flags(_eval, "--step=7"),
+         "step 7"),
+    Case("eval of an unknown split", "bad input", "clear error", _flags(_eval, "--split=dev"),
+         "'dev'"),
+    Case("eval of a run without checkpoints", "bad input", "clear error", no_checkpoints_eval,
+         "no checkpoints"),
+    Case("eval temperature=0", "validation", "clear error",
+         _flags(_eval, "--config.eval.decode.method=sample", "--config.eval.decode.temperature=0"),
+         "temperature"),
+    Case("eval top_p=1.5", "validation", "clear error",
+         _flags(_eval, "--config.eval.decode.method=sample", "--config.eval.decode.top_p=1.5"),
+         "top_p"),
+    Case("predict --max_decode_len=100000", "validation", "clear error",
+         _flags(_predict, "--max_decode_len=100000", "cat"), "max_decode_len"),
+    Case("predict, binary stdin", "bad input", "clear error", predict_binary_stdin,
+         "not UTF-8"),
+    Case("predict --temperature=inf", "validation", "clear error",
+         _flags(_predict, "--method=sample", "--temperature=inf", "cat"), "temperature"),
 ]
 
 

@@ -161,7 +161,7 @@ def test_out_of_memory_names_the_model_size():
   assert line.startswith("out of memory: RESOURCE_EXHAUSTED") and "\n" not in line
   from transformer import models  # pylint: disable=g-import-not-at-top
   n = models.parameter_count(model)
-  assert f"the model has {n / 1e9:.3g}B parameters" in line and n > 64 * 128
+  assert f"the model has {n:,} parameters (" in line and n > 64 * 128
 
 
 def test_one_line_errors_exits_1_with_the_line_and_keeps_bugs(capsys):
@@ -324,3 +324,16 @@ def test_disk_full_while_saving_is_one_line_and_keeps_checkpoints(trained, tmp_p
   assert last.startswith(f"error: {run}/checkpoints/62.orbax-checkpoint-tmp") and (
       "File too large; a file size limit (ulimit -f) stopped the write" in last), last
   assert {p: p.read_bytes() for p in before} == before
+
+
+def test_a_train_state_larger_than_memory_is_refused_before_allocating(trained):
+  """A model whose train state (by shapes) exceeds the memory here is one ConfigError line with
+  its parameter count, raised before anything is allocated (an allocation that size waits or is
+  killed on a host)."""
+  with open(os.path.join(trained, "config.json")) as f:
+    cd = ml_collections.ConfigDict(json.load(f))
+  cd.model.update(d_model=524288, num_heads=2, mlp_dim=1048576)
+  from transformer import training  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match=r"model.d_model=524288, model.mlp_dim=1048576: the model "
+                     r"has [\d,]+ parameters and its train state needs [\d,.]+ GiB, more than"):
+    training.train_and_evaluate(cd, os.path.join(os.path.dirname(trained), "huge"))

@@ -102,10 +102,10 @@ def _file_failure(error: BaseException) -> tuple[int, str, str] | None:
 
 
 def _model_size(model_config: Any) -> str:
-  """`model_config`'s size for a message, e.g. '1.2B parameters (4.5 GiB as float32)'."""
+  """`model_config`'s size for a message, e.g. '124,439,808 parameters (0.5 GiB as float32)'."""
   from transformer import models  # pylint: disable=g-import-not-at-top  (JAX, only when needed)
   n = models.parameter_count(model_config)
-  return f"{n / 1e9:.3g}B parameters ({n * 4 / 2**30:.3g} GiB as float32)"
+  return f"{n:,} parameters ({n * 4 / 2**30:,.1f} GiB as float32)"
 
 
 def environment_error(error: BaseException, model_config: Callable[[], Any] | None = None
