@@ -649,11 +649,12 @@ def prepare(root: str) -> tuple[str, str, str]:
   import g2p_mini  # pylint: disable=g-import-not-at-top  (tests/: the mini G2P run)
   data, base = os.path.join(root, "data"), os.path.join(root, "base")
   config = os.path.join(root, "config.py")
-  cd = g2p_mini.config(data, num_steps=BASE_STEPS)
-  cd.checkpoint.update(every_steps=30, keep=3)
-  cd.eval.update(every_steps=30)
-  with open(os.path.join(root, "config.json"), "w") as f:
-    json.dump(cd.to_dict(), f, indent=1)
+  if not os.path.exists(os.path.join(root, "config.json")):  # (its data files are written once)
+    cd = g2p_mini.config(data, num_steps=BASE_STEPS)
+    cd.checkpoint.update(every_steps=30, keep=3)
+    cd.eval.update(every_steps=30)
+    with open(os.path.join(root, "config.json"), "w") as f:
+      json.dump(cd.to_dict(), f, indent=1)
   with open(config, "w") as f:
     f.write("import json\nimport ml_collections\n\n\ndef get_config(arg=None):\n"
             f"  with open({os.path.join(root, 'config.json')!r}) as f:\n"
@@ -684,16 +685,17 @@ def table(rows: list[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
-def record(rows: list[dict[str, Any]], command: str, wall: float) -> dict[str, Any]:
-  """docs/results/adversarial_campaign/record.json's content."""
-  from transformer import reporting  # pylint: disable=g-import-not-at-top
-  prov = reporting.provenance()
+def record(rows: list[dict[str, Any]], command: str, wall: float, prov: dict[str, Any]
+           ) -> dict[str, Any]:
+  """docs/results/adversarial_campaign/record.json's content (`prov`: the provenance of the code
+  the campaign ran, taken when it started)."""
   c = counts(rows)
   return {
       "name": "adversarial_campaign",
       "title": f"Reliability campaign: {c['as_expected']}/{c['cases']} cases as expected",
       "task": "G2P (CMUdict)", "config": "tests/g2p_mini.py (1+1 layers, d=32)",
-      "overrides": [], "command": command, "commit": prov.get("git_sha"),
+      "overrides": [], "command": command,
+      "commit": None if prov.get("git_dirty") else prov.get("git_sha"),
       "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
       "versions": prov.get("packages"),
       "wall_clock_s": round(wall, 1),
@@ -715,6 +717,8 @@ def main(argv: list[str] | None = None) -> int:
   wanted = [w.strip() for w in args.only.split(",") if w.strip()]
   cases = [c for c in CASES if not wanted or any(w in c.name for w in wanted)]
   started = time.monotonic()
+  from transformer import reporting  # pylint: disable=g-import-not-at-top
+  prov = reporting.provenance()  # the code the cases run
   os.makedirs(args.workdir, exist_ok=True)
   base, data, config = prepare(args.workdir)
   unshare = _can_unshare()
@@ -732,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "benchmarks/adversarial.py", *sys.argv[1:]])
     os.makedirs(os.path.dirname(RECORD), exist_ok=True)
     with open(RECORD, "w") as f:
-      json.dump(record(rows, command, time.monotonic() - started), f, indent=1)
+      json.dump(record(rows, command, time.monotonic() - started, prov), f, indent=1)
       f.write("\n")
     print(f"wrote {os.path.relpath(RECORD, REPO)}")
   return 0 if c["as_expected"] == c["cases"] else 1

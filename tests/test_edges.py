@@ -146,6 +146,13 @@ def test_environment_errors_are_one_line_naming_the_file():
   riegeli = RuntimeError("Corrupted Riegeli/records file: block header hash mismatch")
   assert "rerun to prepare it again" in cli.environment_error(riegeli)
   assert cli.environment_error(KeyError("x")) is None
+  try:
+    try:
+      raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/w/cache")
+    except FileNotFoundError:
+      raise KeyError("a bug while handling it")  # pylint: disable=raise-missing-from
+  except KeyError as bug:
+    assert cli.environment_error(bug) is None  # the bug keeps its traceback
   assert cli.error_line(KeyError("x"), (ValueError,)) is None
   assert cli.error_line(ConfigError("a.b=1 bad\nmore"), (ValueError,)) == "a.b=1 bad"
 
@@ -310,15 +317,16 @@ def test_disk_full_while_saving_is_one_line_and_keeps_checkpoints(trained, tmp_p
   """A resume whose checkpoint write fails (a file size limit: orbax's own writer gets EFBIG, as
   it gets ENOSPC from a full disk) ends with one line naming the file, no traceback (orbax's
   background threads log theirs), exit 1; the committed checkpoint is unchanged."""
-  import resource  # pylint: disable=g-import-not-at-top
   run = tmp_path / "run"
   shutil.copytree(trained, run)
   before = {p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file()}
-  limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))  # noqa: E731
-  out = subprocess.run([sys.executable, "train.py", f"--config={_config_file(tmp_path, run)}",
-                        f"--workdir={run}", "--config.train.num_steps=62",
-                        "--config.checkpoint.every_steps=2"], cwd=REPO, env=ENV,
-                       capture_output=True, text=True, timeout=300, preexec_fn=limit)
+  train = [sys.executable, "train.py", f"--config={_config_file(tmp_path, run)}",
+           f"--workdir={run}", "--config.train.num_steps=62", "--config.checkpoint.every_steps=2"]
+  limited = ("import os, resource, sys\n"
+             "resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))\n"
+             "os.execv(sys.executable, sys.argv[1:])\n")
+  out = subprocess.run([sys.executable, "-c", limited, *train], cwd=REPO, env=ENV,
+                       capture_output=True, text=True, timeout=300)
   assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
   last = out.stderr.strip().splitlines()[-1]
   assert last.startswith(f"error: {run}/checkpoints/62.orbax-checkpoint-tmp") and (

@@ -89,9 +89,26 @@ _OS_ERROR_CODE = re.compile(r"\[os_error_code='?(\d+)'?\]")
 _QUOTED_PATH = re.compile(r'"((?:/|gs://)[^"]+)"')
 
 
+# What a failure of the machine or of a file arrives as, possibly wrapped in one another: XLA's
+# JaxRuntimeError and array_record's errors are RuntimeErrors, tensorstore's are ValueErrors.
+_ENVIRONMENT_TYPES = (OSError, ValueError, RuntimeError)
+
+
+def _environment_chain(error: BaseException) -> list[BaseException]:
+  """`error` and what it was raised from or during, up to the first exception of another type
+  than _ENVIRONMENT_TYPES: a KeyError raised while handling a missing file is a bug, not the
+  missing file."""
+  out = []
+  for e in _chain(error):
+    if not isinstance(e, _ENVIRONMENT_TYPES):
+      break
+    out.append(e)
+  return out
+
+
 def _file_failure(error: BaseException) -> tuple[int, str, str] | None:
   """(errno, path, reason) of a failed file operation in `error`'s chain, or None."""
-  for e in _chain(error):
+  for e in _environment_chain(error):
     if isinstance(e, OSError) and e.errno:
       return e.errno, os.fspath(e.filename or ""), e.strerror or os.strerror(e.errno)
     found = _OS_ERROR_CODE.search(str(e))
@@ -117,7 +134,7 @@ def environment_error(error: BaseException, model_config: Callable[[], Any] | No
   (`model_config()`, a ModelConfig, when given); corrupt prepared data (Riegeli) says how to
   prepare it again.
   """
-  texts = [str(e) for e in _chain(error)]
+  texts = [str(e) for e in _environment_chain(error)]
   oom = next((t for t in texts if "RESOURCE_EXHAUSTED" in t), None)
   if oom is not None:
     size = ""
