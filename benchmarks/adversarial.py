@@ -30,7 +30,6 @@ import dataclasses
 import json
 import os
 import platform
-import resource
 import shlex
 import shutil
 import subprocess
@@ -564,8 +563,19 @@ def _can_unshare() -> bool:
       ["unshare", "-m", "true"], capture_output=True, check=False).returncode == 0)
 
 
+# Runs sys.argv[1:] with RLIMIT_FSIZE = sys.argv[1] bytes (no preexec_fn: this process has JAX's
+# threads, and a fork that runs Python code in the child may deadlock).
+_FSIZE_LIMITED = ("import os, resource, sys\n"
+                  "n = int(sys.argv[1])\n"
+                  "resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))\n"
+                  "os.execvp(sys.argv[2], sys.argv[2:])\n")
+
+
 def _command(case: Case, ctx: Context, argv: list[str]) -> list[str]:
-  """argv, inside a private mount namespace with case.read_only mounted read-only."""
+  """argv, with case.fsize_limit, inside a private mount namespace with case.read_only mounted
+  read-only."""
+  if case.fsize_limit:
+    argv = [PY, "-c", _FSIZE_LIMITED, str(case.fsize_limit), *argv]
   if not case.read_only:
     return argv
   mounts = " && ".join(
@@ -622,14 +632,9 @@ def run_case(case: Case, root: str, base: str, data: str, config: str, unshare: 
   argvs = argvs if argvs and isinstance(argvs[0], list) else [argvs]
   before = _snapshot(ctx.dir)
 
-  def limit():
-    os.setsid()
-    if case.fsize_limit:
-      resource.setrlimit(resource.RLIMIT_FSIZE, (case.fsize_limit, case.fsize_limit))
-
   popens = [subprocess.Popen(_command(case, ctx, a), cwd=REPO, env=_env(), text=True,
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, preexec_fn=limit) for a in argvs]
+                             stderr=subprocess.PIPE, start_new_session=True) for a in argvs]
   procs: list[subprocess.CompletedProcess | None] = []
   for p in popens:
     try:
