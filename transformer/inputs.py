@@ -32,7 +32,8 @@ def check_input(run: Any, text: str, max_decode_len: int, mask: str = ""
   bad = next((c for c in text if "\udc80" <= c <= "\udcff"), None)  # undecodable bytes
   if bad is not None:  # (Python keeps them as surrogates in argv and stdin)
     return f"is not UTF-8 text (byte {ord(bad) - 0xdc00:#04x}); is it a binary file?", text
-  text = text.strip()
+  if run.kind != "lm":  # a word or sentence; a language model's prompt keeps its whitespace
+    text = text.strip()
   if mask and mask not in text:
     return f"has no mask marker {mask!r} (--mask) to fill", text
   pieces = text.split(mask) if mask else [text]
