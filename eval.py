@@ -49,15 +49,15 @@ def main(argv):
   cli.quiet_logging()
   # Imported here so that --help and flag errors do not pay for importing JAX.
   from transformer import evaluation  # pylint: disable=g-import-not-at-top
-  from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
+  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
   overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
-  try:
+  # ConfigError is a ValueError
+  with cli.one_line_errors(ValueError, OSError, checkpoints.CheckpointError, model_config=lambda:
+                           checkpoints.load_run_config(flags.FLAGS.workdir).model):
     evaluation.evaluate_split(flags.FLAGS.workdir, split=flags.FLAGS.split, step=flags.FLAGS.step,
                               overrides=overrides, params=flags.FLAGS.params,
                               average_last=flags.FLAGS.average_last,
                               ensemble=flags.FLAGS.ensemble, out_dir=flags.FLAGS.out)
-  except (ValueError, OSError, CheckpointError) as e:  # ConfigError is a ValueError
-    cli.fail(str(e) or type(e).__name__)
 
 
 if __name__ == "__main__":

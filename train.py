@@ -41,13 +41,13 @@ def main(argv):
   # Imported here so that --help and flag errors do not pay for importing JAX.
   from transformer import training  # pylint: disable=g-import-not-at-top
   from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
-  from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
+  from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
   workdir = flags.FLAGS.workdir
   try:
-    metrics = training.train_and_evaluate(flags.FLAGS.config, workdir,
-                                          init_from=flags.FLAGS.init_from or "")
-  except (ConfigError, CheckpointError, training.TrainingDiverged) as e:
-    cli.fail(str(e))
+    with cli.one_line_errors(ConfigError, CheckpointError, training.TrainingDiverged,
+                             model_config=lambda: from_configdict(flags.FLAGS.config).model):
+      metrics = training.train_and_evaluate(flags.FLAGS.config, workdir,
+                                            init_from=flags.FLAGS.init_from or "")
   except KeyboardInterrupt:  # a second Ctrl-C, or one before training started: out at once
     print(f"interrupted: stopped without saving; resume from the latest checkpoint in {workdir} "
           f"with: {resume_command()}", file=sys.stderr, flush=True)

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import ensemble, evaluation, models
+from transformer import ensemble, evaluation, inputs, models
 from transformer.config import Config
 from transformer.data import labels, load_task, objectives, pipeline
 from transformer.data.tokenizers import NUM_SPECIAL
@@ -178,6 +178,9 @@ class Run:
                seed: int = 0) -> list[str]:
     """Decodes each text to text; unset options come from the run's eval.decode config.
 
+    Inputs are checked as predict checks them (transformer/inputs.py): an empty one, one with
+    characters outside the model's vocabulary or one longer than the model was trained on is a
+    one-line ValueError naming it, as are bad decoding options, before anything compiles.
     (transformer.generate is the array-level search this calls: token ids in, token ids out.)
     """
     if isinstance(texts, str):
@@ -186,7 +189,9 @@ class Run:
                    top_p=top_p, length_penalty=length_penalty, max_decode_len=max_decode_len)
     decode_cfg = dataclasses.replace(self.config.eval.decode,
                                      **{k: v for k, v in options.items() if v is not None})
-    search_settings(decode_cfg)  # one-line ValueError for bad options, before anything compiles
+    model_cfg = ensemble.members(self.model, self.params)[0][0].config
+    search_settings(decode_cfg, model_cfg.vocab_size, model_cfg.max_len)
+    texts = inputs.checked_texts(self, texts, max_decode_len)
     ids = [self.encode_source(t) for t in texts]
     tok = self.target_tokenizer
     tokens, _ = evaluation.decode_batches(self.config, self.model, self.params, ids, decode_cfg,

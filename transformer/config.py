@@ -9,6 +9,7 @@ Field names are exactly the keys of transformer/defaults.py, which holds the def
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any, Mapping
 
@@ -233,6 +234,10 @@ CHOICES = {
     "parallel.distributed": ("auto", "on", "off"),
 }
 
+# The widest beam decoding accepts (and at most the vocabulary): wider ones take minutes to compile
+# and gigabytes of cache for no better output.
+MAX_BEAM_SIZE = 1024
+
 # data.hf_id_offset: our id = a Hugging Face tokenizer's id + this (data/tokenizers.py HFTokenizer).
 HF_ID_OFFSETS = (4, 0)
 
@@ -358,6 +363,17 @@ def _get(cfg: Config, key: str) -> Any:
   return value
 
 
+def check_finite(cfg: Any, path: str = "") -> None:
+  """Raises ConfigError naming the first float key of `cfg` (a Config or one of its sections)
+  that is nan or infinite: no float key means anything there (0 is each key's "off")."""
+  for f in dataclasses.fields(cfg):
+    value = getattr(cfg, f.name)
+    if dataclasses.is_dataclass(value):
+      check_finite(value, f"{path}{f.name}.")
+    elif isinstance(value, float) and not math.isfinite(value):
+      raise ConfigError(f"{path}{f.name}={value} must be a finite number")
+
+
 def _resolve_model(m: ModelConfig) -> ModelConfig:
   """Fills the sizes written 0 (derive) and checks the relations between model sizes."""
   if not m.head_dim and m.d_model % m.num_heads:
@@ -404,6 +420,7 @@ def _check_objective(cfg: Config) -> None:
 
 def _validate(cfg: Config) -> Config:
   """Checks choices, ranges and cross-field relations; returns cfg with derived sizes filled."""
+  check_finite(cfg)
   for key, options in CHOICES.items():
     value = _get(cfg, key)
     if value not in options:
@@ -435,6 +452,12 @@ def _validate(cfg: Config) -> Config:
     raise ConfigError(f"eval.decode.top_p={cfg.eval.decode.top_p} must be in (0, 1]")
   if cfg.eval.decode.temperature <= 0:
     raise ConfigError(f"eval.decode.temperature={cfg.eval.decode.temperature} must be > 0")
+  if cfg.eval.decode.beam_size > MAX_BEAM_SIZE:
+    raise ConfigError(f"eval.decode.beam_size={cfg.eval.decode.beam_size} must be <= "
+                      f"{MAX_BEAM_SIZE}")
+  if cfg.eval.decode.max_decode_len > cfg.model.max_len:
+    raise ConfigError(f"eval.decode.max_decode_len={cfg.eval.decode.max_decode_len} must be <= "
+                      f"model.max_len={cfg.model.max_len} (the decoding cache's length)")
   for axis, size in dataclasses.asdict(cfg.parallel.mesh_shape).items():
     if size == 0 or size < -1:
       raise ConfigError(f"parallel.mesh_shape.{axis}={size} must be > 0 or -1 (the rest)")

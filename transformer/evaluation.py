@@ -348,6 +348,7 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
     raise EvaluationError(f"--out={out_dir} is one of the ensemble's runs: give a new directory")
   configs, restored = read_members(workdirs, WHOLE_SPLIT | (overrides or {}), step, params,
                                    average_last)
+  files.check_writable(out_dir or workdir)  # before the split is evaluated, not after
   cfg = configs[0]
   model = tuple(build_model(c.model) for c in configs)  # one run: a 1-tuple, a one-member ensemble
   params = tuple(r.params for r in restored)

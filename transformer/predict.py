@@ -27,59 +27,8 @@ import select
 import sys
 from typing import Any, Iterable, Iterator, Sequence
 
-
-def _unknown_units(tokenizer: Any, text: str) -> list[str]:
-  """The characters (or symbols) of `text` that the tokenizer maps to its unknown id."""
-  units = text.split() if getattr(tokenizer, "kind", "") == "symbol" else list(text)
-  return [u for u in dict.fromkeys(units) if tokenizer.unk_id in tokenizer.encode(u)]
-
-
-def shown(text: str, limit: int = 40) -> str:
-  """An input as an error message shows it: its repr, cut to `limit` characters."""
-  text = text.strip()
-  return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
-
-
-def check_input(run: Any, text: str, max_decode_len: int, mask: str = ""
-                ) -> tuple[str | None, str]:
-  """(error message or None, the text to decode) for one input; max_decode_len 0 = unset; `mask`:
-  the fill-mask marker of a masked-LM input (each one [MASK], the rest tokenized piece by piece)."""
-  if not text.strip():
-    return "is empty", text
-  bad = next((c for c in text if "\udc80" <= c <= "\udcff"), None)  # undecodable bytes
-  if bad is not None:  # (Python keeps them as surrogates in argv and stdin)
-    return f"is not UTF-8 text (byte {ord(bad) - 0xdc00:#04x}); is it a binary file?", text
-  text = text.strip()
-  if mask and mask not in text:
-    return f"has no mask marker {mask!r} (--mask) to fill", text
-  pieces = text.split(mask) if mask else [text]
-  tokenizer = run.source_tokenizer or run.target_tokenizer
-  unknown = [u for p in pieces for u in _unknown_units(tokenizer, p)]
-  if unknown and not [u for p in pieces for u in _unknown_units(tokenizer, p.lower())]:
-    pieces, unknown = [p.lower() for p in pieces], []
-    text = mask.join(pieces) if mask else pieces[0]
-  if unknown:
-    shown = " ".join(repr(u) for u in dict.fromkeys(unknown[:10]))
-    return f"has characters outside the model's vocabulary: {shown}", text
-  cfg = run.config
-  if cfg.model.arch == "encoder_only":  # BOS + ids + EOS, as long as training's rows at most
-    length = sum(len(tokenizer.encode(p)) for p in pieces) + len(pieces) - 1 + 2
-    limit = cfg.data.max_source_len
-    if length > limit:
-      return (f"is too long: {length} tokens with BOS and EOS, the model takes at most {limit} "
-              "(data.max_source_len)"), text
-    return None, text
-  # The raw length: encode_source truncates to data.max_source_len, as the data pipeline does.
-  length = len(tokenizer.encode(text)) + (run.kind != "lm")
-  if cfg.model.arch == "encoder_decoder":
-    limit, key = cfg.data.max_source_len, "data.max_source_len"
-  elif max_decode_len:
-    limit, key = cfg.model.max_len - max_decode_len, "model.max_len - max_decode_len"
-  else:  # unset: the continuation gets what fits after the prompt (evaluation.decode_batches)
-    limit, key = cfg.model.max_len - 1, "model.max_len - 1"
-  if length > limit:
-    return f"is too long: {length} tokens, the model takes at most {limit} ({key})", text
-  return None, text
+from transformer import cli
+from transformer.inputs import check_input, decode_length, input_error
 
 
 class _Parser(argparse.ArgumentParser):
@@ -147,12 +96,18 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
   else:
     batches = stdin_batches(sys.stdin.fileno())
   from absl import logging  # pylint: disable=g-import-not-at-top  (after --help, as api)
-  from transformer import cli  # pylint: disable=g-import-not-at-top  (after --help, as api)
   cli.quiet_backends()
   verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.ERROR)  # keep stderr for our one-line messages (TFDS is chatty)
   try:
     return _predict(args, batches)
+  except Exception as e:  # pylint: disable=broad-except  (cli.error_line decides)
+    # The library's own errors (ConfigError, CheckpointError, bad options) are ValueErrors.
+    line = cli.error_line(e, (ValueError, OSError))
+    if line is None:
+      raise
+    print(f"error: {line}", file=sys.stderr)
+    return 1
   finally:  # a caller in the same process (a notebook, a test) keeps its own logging
     logging.set_verbosity(verbosity)
 
@@ -161,14 +116,8 @@ def _predict(args: argparse.Namespace, batches: Iterable[list[str]]) -> int:
   """Restores the run, then checks each batch of inputs and prints its `input<TAB>output` lines
   (flushed); the exit status."""
   from transformer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
-  from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top  (as api)
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
-  workdirs = [args.workdir, *filter(None, args.ensemble.split(","))]
-  try:
-    run = api.restore(workdirs, step)
-  except (ValueError, CheckpointError, FileNotFoundError) as e:
-    print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-    return 1
+  run = api.restore([args.workdir, *filter(None, args.ensemble.split(","))], step)
   options = dict(method=args.method, beam_size=args.beam_size, length_penalty=args.length_penalty,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  max_decode_len=args.max_decode_len)
@@ -188,13 +137,12 @@ def _predict_decoder(run: Any, args: argparse.Namespace, texts: list[str],
   """Decodes one batch of inputs (numbered from `first`) and prints their lines; 0, 1 if an input
   was bad, 2 if the options are."""
   # 0 for an LM: its continuation gets what fits after the prompt (max_target_len is the context).
-  max_decode_len = args.max_decode_len or run.config.eval.decode.max_decode_len or (
-      0 if run.kind == "lm" else run.config.data.max_target_len)
+  max_decode_len = decode_length(run, args.max_decode_len)
   good, status = [], 0
   for n, text in enumerate(texts, start=first):
     error, cleaned = check_input(run, text, max_decode_len)
     if error:
-      print(f"error: input {n} {shown(text)} {error}", file=sys.stderr)
+      print(f"error: {input_error(n, text, error)}", file=sys.stderr)
       status = 1
     else:
       good.append((text, cleaned))
@@ -231,7 +179,7 @@ def _predict_encoder(run: Any, args: argparse.Namespace, texts: list[str],
   for n, text in enumerate(texts, start=first):
     error, cleaned = check_input(run, text, 0, mask=args.mask if head == "mlm" else "")
     if error:
-      print(f"error: input {n} {shown(text)} {error}", file=sys.stderr)
+      print(f"error: {input_error(n, text, error)}", file=sys.stderr)
       status = 1
     else:
       good.append((text.strip(), cleaned))

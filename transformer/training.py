@@ -155,6 +155,32 @@ def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, f
   files.write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=float))
 
 
+def memory_bytes() -> int | None:
+  """The memory this process's devices hold together (on CPU: the host's RAM), or None."""
+  stats = [d.memory_stats() or {} for d in jax.local_devices()]
+  if all("bytes_limit" in s for s in stats):
+    return sum(int(s["bytes_limit"]) for s in stats)
+  if jax.local_devices()[0].platform == "cpu":
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return None
+
+
+def check_fits(abstract_state: Any, cfg: Config) -> None:
+  """Raises ConfigError naming the model's size when the train state alone (parameters and
+  optimizer state, by shapes) is larger than this process's device memory: one line before
+  anything is allocated (an allocation that big fails, or on a host, is killed, or waits)."""
+  leaves = jax.tree.leaves(abstract_state)
+  need = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
+  have = memory_bytes()
+  if have is not None and need / max(1, jax.process_count()) > have:
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_state.params))
+    m = cfg.model
+    raise ConfigError(
+        f"model.d_model={m.d_model}, model.mlp_dim={m.mlp_dim}: the model has {params:,} "
+        f"parameters and its train state needs {need / 2**30:,.1f} GiB, more than the "
+        f"{have / 2**30:,.1f} GiB of memory here; make the model smaller")
+
+
 def train_and_evaluate(config: Any, workdir: str, task: Any = None,
                        init_from: str = "") -> dict[str, float]:
   """Trains `config` (a ConfigDict or Config) in `workdir`, resuming from its latest checkpoint.
@@ -177,6 +203,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   if init_from:
     cfg = finetune.init_from_config(cfg, init_from)
   check_loop_config(cfg)
+  for directory in (workdir, os.path.join(workdir, "checkpoints")):  # not minutes into a save
+    files.check_writable(directory)
   parallel.initialize_distributed(cfg.parallel)
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
@@ -212,6 +240,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
     shardings = jax.tree.map(lambda _: device, jax.eval_shape(init, rng))
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           jax.eval_shape(init, rng), shardings)
+  check_fits(abstract, cfg)
 
   ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint, config=config_dict)
   train_iter = task.train_iterator()

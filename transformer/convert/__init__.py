@@ -41,7 +41,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import checkpoints, files, optim, reporting, steps
+from transformer import checkpoints, cli, files, optim, reporting, steps
 from transformer.config import Config, ConfigError, ModelConfig, to_dict
 from transformer.convert import bert, gpt2, t5
 from transformer.convert.common import ConvertError
@@ -94,16 +94,24 @@ def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   hf = json.loads(files.read_text(path))
   family_of_hf(hf).model_overrides(hf)  # an unsupported config is reported before any weight
   weights = os.path.join(directory, "model.safetensors")
-  if files.exists(weights):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top  (optional)
-    state = load_file(weights)
-  elif files.exists(os.path.join(directory, "pytorch_model.bin")):
-    import torch  # pylint: disable=g-import-not-at-top  (optional, heavy)
-    loaded = torch.load(os.path.join(directory, "pytorch_model.bin"), map_location="cpu",
-                        weights_only=True)
-    state = {k: v.float().numpy() for k, v in loaded.items()}
-  else:
-    raise ConvertError(f"--from_hf={directory}: no model.safetensors or pytorch_model.bin")
+  if not files.exists(weights):
+    weights = os.path.join(directory, "pytorch_model.bin")
+    if not files.exists(weights):
+      raise ConvertError(f"--from_hf={directory}: no model.safetensors or pytorch_model.bin")
+  try:
+    if weights.endswith(".safetensors"):
+      from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top  (optional)
+      state = load_file(weights)
+    else:
+      import torch  # pylint: disable=g-import-not-at-top  (optional, heavy)
+      loaded = torch.load(weights, map_location="cpu", weights_only=True)
+      state = {k: v.float().numpy() for k, v in loaded.items()}
+  except Exception as e:  # pylint: disable=broad-except  (each reader has its own error types)
+    if cli.environment_error(e) is not None:  # a failure of the machine: reported as such
+      raise
+    why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    raise ConvertError(f"{weights}: not a readable weights file ({type(e).__name__}: {why}); "
+                       "is it complete?") from e
   return hf, {k: np.asarray(v, np.float32) for k, v in state.items()}
 
 
@@ -245,8 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
       step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
       hf = to_hf(args.workdir, args.to_hf, step)
       print(f"wrote {args.to_hf}: {family_of_hf(hf).describe_hf(hf)}")
-  except (ConvertError, ConfigError, ValueError, FileNotFoundError) as e:
-    print(f"error: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)
+  except Exception as e:  # pylint: disable=broad-except  (cli.error_line decides)
+    line = cli.error_line(e, (ConvertError, ConfigError, ValueError, OSError))
+    if line is None:
+      raise
+    print(f"error: {line}", file=sys.stderr)
     return 1
   finally:
     logging.set_verbosity(verbosity)
