@@ -158,7 +158,7 @@ def _leaf_keys(d, prefix=""):
 LEAVES = sorted(_leaf_keys(_base_dict()))
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 1024),
                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-                   st.sampled_from(sorted({v for opts in config_lib.CHOICES.values() for v in opts},
+                   st.sampled_from(sorted({v for k in config_lib.SCHEMA for v in k.choices()},
                                           key=repr)),
                    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
@@ -176,3 +176,21 @@ def test_random_configs_validate_or_raise_config_error(changes):
     assert "\n" not in str(e)
   else:
     assert cfg.model.d_model % cfg.model.num_heads == 0
+
+
+def test_docs_config_md_is_the_generated_key_reference():
+  """docs/config.md is exactly what `python -m transformer.config` prints (regenerate it so)."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(__file__).resolve().parent.parent / "docs" / "config.md"
+  assert path.read_text() == config_lib.markdown(), "python -m transformer.config > docs/config.md"
+
+
+def test_every_key_is_declared_once_with_a_meaning_and_valid_range_and_roles():
+  """SCHEMA: unique names, a meaning each, a known range, known roles, a default that validates."""
+  names = [k.name for k in config_lib.SCHEMA]
+  assert len(names) == len(set(names))
+  for k in config_lib.SCHEMA:
+    assert k.meaning and (not k.range or k.range in config_lib.RANGES), k.name
+    assert k.roles <= set(config_lib.ROLES), k.name
+    assert not k.choices() or k.default in k.choices(), k.name
+    assert not k.range or config_lib.RANGES[k.range](k.default), k.name

@@ -1,20 +1,58 @@
-"""Validates an ml_collections ConfigDict into frozen, typed, hashable dataclasses.
+"""The config schema: every key declared once, in SCHEMA, with its default, meaning, allowed values
+or range, and roles. Everything else derives from it: the default ConfigDict (`get_config`, which
+configs/base.py returns), the frozen typed views (`Config`, `ModelConfig`, ...), validation
+(`from_configdict`), checkpoint compatibility and fine-tuning (`with_role`), and the key reference
+docs/config.md (`python -m transformer.config > docs/config.md`).
+
+Defaults follow the base Transformer of Vaswani et al. (2017): post-LN, sinusoidal positions, ReLU
+feed-forward, dropout 0.1, label smoothing 0.1, tied embeddings, Adam(0.9, 0.98, 1e-9) with the
+"Noam" rsqrt schedule and 4000 warmup steps. Every modern variant is one override away, e.g.
+`--config.model.norm_position=pre --config.model.positional=rope --config.model.ffn=swiglu`.
+Sizes written 0 (role `derived`) mean "derive": num_kv_heads=0 is num_heads, head_dim=0 is
+d_model // num_heads, v_head_dim=0 is head_dim, vocab_size=0 comes from the tokenizer.
 
 `from_configdict(cd)` checks every key before anything compiles: unknown and missing keys, wrong
-types, unset placeholders, choices, sizes and the relations between them. Each problem is one
-`ConfigError` line that names the key, e.g. `model.num_heads=6 must divide model.d_model=256`.
-Field names are exactly the keys of transformer/defaults.py, which holds the defaults and their meaning.
+types, unset placeholders, allowed values, ranges and the relations between keys. Each problem is
+one `ConfigError` line that names the key, e.g. `model.num_heads=6 must divide model.d_model=256`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import typing
-from typing import Any, Mapping
+import importlib
+from typing import Any, Callable, Mapping
 
 import ml_collections
 
-from transformer import defaults, positional
+from transformer import positional
+
+# A saved config.json carries FORMAT; a run saved in another format is refused in one line.
+FORMAT = 1
+
+# Roles: what a key means to code beyond the model's own.
+FIXED, ON_OFF, DERIVED, EVAL = "fixed", "on_off", "derived", "eval"
+FINETUNE, RUN_TOKENIZER, HEAD, VOCAB_HEAD = "finetune", "run_tokenizer", "head", "vocab_head"
+ROLES = {
+    FIXED: "a resumed run must keep the value (parameter or optimizer-state structure)",
+    ON_OFF: "a resumed run must keep whether the value is 0 (a part of the train state)",
+    DERIVED: "0 = derived from other keys or the tokenizer (not compared on resume)",
+    EVAL: "evaluating a trained run may override it",
+    FINETUNE: "fine-tuning (--init_from) keeps the new config's value, not the run's",
+    RUN_TOKENIZER: "fine-tuning takes the run's value (the ids its embeddings mean)",
+    HEAD: "encoder-only fine-tuning: a key of the new head, the new config's value",
+    VOCAB_HEAD: "the vocabulary head's: the run's when its masked-LM head is continued",
+}
+
+# Ranges, written as the error message words them after "must be".
+RANGES: dict[str, Callable[[Any], bool]] = {
+    "> 0": lambda v: v > 0,
+    ">= 0": lambda v: v >= 0,
+    ">= 1": lambda v: v >= 1,
+    "in [0, 1]": lambda v: 0.0 <= v <= 1.0,
+    "in (0, 1]": lambda v: 0.0 < v <= 1.0,
+    "in [0, 1)": lambda v: 0.0 <= v < 1.0,
+    "> 0 or -1": lambda v: v > 0 or v == -1,
+}
 
 
 class ConfigError(ValueError):
@@ -22,311 +60,367 @@ class ConfigError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  arch: str
-  vocab_size: int
-  source_vocab_size: int
-  d_model: int
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int
-  v_head_dim: int
-  mlp_dim: int
-  num_encoder_layers: int
-  num_decoder_layers: int
-  positional: str
-  rope_base: float
-  relative_num_buckets: int
-  relative_max_distance: int
-  norm: str
-  norm_position: str
-  norm_eps: float
-  ffn: str
-  use_bias: bool
-  scale_attention_logits: bool
-  scale_decoder_output: bool
-  dropout_rate: float
-  attention_dropout_rate: float
-  ffn_dropout_rate: float
-  dropout_bits: int
-  tie_embeddings: bool
-  share_src_tgt_embeddings: bool
-  scale_embeddings: bool
-  embedding_norm: bool
-  head_transform: bool
-  logits_bias: bool
-  prefix_lm: bool
-  head: str
-  pooling: str
-  num_classes: int
-  attention_impl: str
-  scan_layers: bool
-  remat: str
-  dtype: str
-  param_dtype: str
-  max_len: int
+class Registry:
+  """Allowed values that are the names of a table in a module (e.g. layers.FFNS): read when a
+  config is validated, since those modules import this one."""
+  module: str
+  table: str
+
+  def names(self) -> tuple[Any, ...]:
+    """The table's names, in its order."""
+    return tuple(getattr(importlib.import_module(self.module), self.table))
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
-  dataset: str
-  data_dir: str
-  train_split: str
-  eval_split: str
-  source_key: str
-  target_key: str
-  train_file: str
-  dev_file: str
-  test_file: str
-  text_file: str
-  text_split: str
-  train_fraction: float
-  label_fraction: float
-  label: str
-  objective: str
-  mask_rate: float
-  whole_word_masking: bool
-  noise_density: float
-  mean_span_length: float
-  tokenizer: str
-  source_tokenizer: str
-  spm_model_type: str
-  spm_vocab_size: int
-  hf_tokenizer: str
-  hf_id_offset: int
-  max_source_len: int
-  max_target_len: int
-  too_long: str
-  batching: str
-  batch_size: int
-  shuffle_seed: int
+class Key:
+  """One config key: dotted name, default (its type is the key's), one-line meaning, allowed
+  values (a tuple or a Registry) or a range (a RANGES entry), roles."""
+  name: str
+  default: Any
+  meaning: str
+  allowed: tuple[Any, ...] | Registry = ()
+  range: str = ""
+  roles: frozenset[str] = frozenset()
+
+  @property
+  def type(self) -> type:
+    return type(self.default)
+
+  def choices(self) -> tuple[Any, ...]:
+    """The allowed values (empty: any value of the type)."""
+    return self.allowed.names() if isinstance(self.allowed, Registry) else self.allowed
 
 
-@dataclasses.dataclass(frozen=True)
-class ScheduledSamplingConfig:
-  schedule: str
-  k: float
-  c: float
-  min_teacher_forcing: float
+def _k(name: str, default: Any, meaning: str, allowed: tuple[Any, ...] | Registry = (),
+       range: str = "", roles: tuple[str, ...] = ()) -> Key:  # pylint: disable=redefined-builtin
+  return Key(name, default, meaning, allowed, range, frozenset(roles))
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  num_steps: int
-  optimizer: str
-  learning_rate: float
-  schedule: str
-  warmup_steps: int
-  min_learning_rate_ratio: float
-  b1: float
-  b2: float
-  eps: float
-  momentum: float
-  weight_decay: float
-  weight_decay_norms_and_biases: bool
-  weight_decay_embeddings: bool
-  grad_clip: float
-  grad_accum_steps: int
-  label_smoothing: float
-  z_loss: float
-  ema_decay: float
-  scheduled_sampling: ScheduledSamplingConfig
-  early_stop_patience: int
-  early_stop_metric: str
-  early_stop_mode: str
-  log_every_steps: int
-  profile_start_step: int
-  profile_num_steps: int
+F, D, E = (FIXED,), (FIXED, DERIVED), (EVAL,)
+FT = (FINETUNE,)
+DTYPES = ("float32", "bfloat16", "float16")
+TOKENIZERS = ("char", "byte", "symbol", "sentencepiece", "hf")
 
-
-@dataclasses.dataclass(frozen=True)
-class DecodeConfig:
-  method: str
-  beam_size: int
-  length_penalty: float
-  temperature: float
-  top_k: int
-  top_p: float
-  max_decode_len: int
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-  every_steps: int
-  num_batches: int
-  batch_size: int
-  num_decode_examples: int
-  metrics: str
-  decode: DecodeConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-  every_steps: int
-  keep: int
-  keep_best_by: str
-  best_mode: str
-  async_save: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshShape:
-  data: int
-  fsdp: int
-  tensor: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ParallelConfig:
-  mode: str
-  mesh_shape: MeshShape
-  distributed: str
-  coordinator_address: str
-  num_processes: int
-  process_id: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-  seed: int
-  peak_flops: float
-  model: ModelConfig
-  data: DataConfig
-  train: TrainConfig
-  eval: EvalConfig
-  checkpoint: CheckpointConfig
-  parallel: ParallelConfig
-
-
-# Keys whose value must be one of a fixed set.
-CHOICES = {
-    "model.arch": ("encoder_decoder", "decoder_only", "encoder_only"),
-    "model.head": ("mlm", "classify", "tag"),
-    "model.pooling": ("first", "mean"),
-    "model.positional": tuple(positional.ENCODINGS),
-    "model.norm": ("layernorm", "rmsnorm"),
-    "model.norm_position": ("post", "pre"),
-    "model.ffn": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"),
-    "model.attention_impl": ("einsum", "fused"),
-    "model.dropout_bits": (8, 32),
-    "model.remat": ("none", "full", "dots", "dots_no_batch"),
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "model.param_dtype": ("float32", "bfloat16", "float16"),
-    "data.text_split": ("fraction", "document"),
-    "data.objective": ("none", "mlm", "span"),
-    "data.label": ("none", "primary_stress", "syllables"),
-    "data.tokenizer": ("char", "byte", "symbol", "sentencepiece", "hf"),
-    "data.source_tokenizer": ("", "char", "byte", "symbol", "sentencepiece", "hf"),
-    "data.spm_model_type": ("bpe", "unigram"),
-    "data.too_long": ("drop", "truncate"),
-    "data.batching": ("pack", "bucket", "pad"),
-    "train.optimizer": ("adam", "adamw", "adafactor", "sgd"),
-    "train.schedule": ("rsqrt", "warmup_cosine", "warmup_linear", "constant"),
-    "train.scheduled_sampling.schedule": ("none", "linear", "exponential", "inverse_sigmoid"),
-    "train.early_stop_mode": ("min", "max"),
-    "eval.decode.method": ("greedy", "sample", "beam"),
-    "checkpoint.best_mode": ("min", "max"),
-    "parallel.mode": ("mesh", "pmap"),
-    "parallel.distributed": ("auto", "on", "off"),
-}
-
-# data.hf_id_offset: our id = a Hugging Face tokenizer's id + this (data/tokenizers.py HFTokenizer).
-HF_ID_OFFSETS = (4, 0)
-
-# Sizes that must be > 0 (those written 0 = "derive" are checked after resolution).
-POSITIVE = (
-    "model.d_model", "model.num_heads", "model.mlp_dim", "model.max_len",
-    "model.relative_num_buckets", "model.relative_max_distance",
-    "data.max_source_len", "data.max_target_len", "data.batch_size", "data.spm_vocab_size",
-    "train.num_steps", "train.grad_accum_steps", "train.log_every_steps",
-    "eval.every_steps", "eval.decode.beam_size", "checkpoint.every_steps", "checkpoint.keep",
+SCHEMA: tuple[Key, ...] = (
+    _k("seed", 0, "seed of initialisation, dropout and data order", roles=E),
+    _k("peak_flops", 0.0, "FLOP/s per device for MFU; 0 = look the device kind up in a table",
+       range=">= 0"),
+    # model: the network
+    _k("model.arch", "encoder_decoder", "the architecture (encoder_only: BERT-style)",
+       ("encoder_decoder", "decoder_only", "encoder_only"), roles=F + (HEAD,)),
+    _k("model.vocab_size", 0, "target (or shared) vocabulary; 0 = from the tokenizer",
+       range=">= 0", roles=D),
+    _k("model.source_vocab_size", 0, "encoder vocabulary; 0 = from the source tokenizer (or "
+       "vocab_size)", range=">= 0", roles=D),
+    _k("model.d_model", 512, "width of the residual stream", range="> 0", roles=F),
+    _k("model.num_heads", 8, "query heads", range="> 0", roles=F),
+    _k("model.num_kv_heads", 0, "key/value heads: 0 = num_heads (MHA); 1 = MQA; a divisor of "
+       "num_heads = GQA", range=">= 0", roles=D),
+    _k("model.head_dim", 0, "query/key size per head; 0 = d_model // num_heads (which must then "
+       "divide)", range=">= 0", roles=D),
+    _k("model.v_head_dim", 0, "value size per head; 0 = head_dim", range=">= 0", roles=D),
+    _k("model.mlp_dim", 2048, "hidden size of the feed-forward layers", range="> 0", roles=F),
+    _k("model.num_encoder_layers", 6, "encoder blocks", range=">= 0", roles=F),
+    _k("model.num_decoder_layers", 6, "decoder blocks", range=">= 0", roles=F),
+    _k("model.positional", "sinusoidal", "the positional encoding (transformer/positional.py)",
+       Registry("transformer.positional", "ENCODINGS"), roles=F),
+    _k("model.rope_base", 10000.0, "positional=rope: the base of the rotation frequencies",
+       range="> 0"),
+    _k("model.relative_num_buckets", 32, "positional=relative: T5's buckets", range="> 0",
+       roles=F),
+    _k("model.relative_max_distance", 128, "positional=relative|shaw: the largest distance "
+       "told apart", range="> 0", roles=F),
+    _k("model.norm", "layernorm", "the norm", ("layernorm", "rmsnorm"), roles=F),
+    _k("model.norm_position", "post", "post (the paper's LayerNorm(x + Sublayer(x))) | pre",
+       ("post", "pre"), roles=F),
+    _k("model.norm_eps", 1e-6, "the norms' epsilon", range="> 0"),
+    _k("model.ffn", "relu", "the feed-forward variant: gelu (erf), gelu_tanh (GPT-2's), gated "
+       "swiglu, geglu (erf), geglu_tanh (T5 v1.1's gated-gelu)",
+       ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"), roles=F),
+    _k("model.use_bias", True, "biases in attention projections and the feed-forward layers",
+       roles=F),
+    _k("model.scale_attention_logits", True, "q.k / sqrt(head_dim); False: unscaled (T5: folded "
+       "in its init)", roles=F),
+    _k("model.scale_decoder_output", False, "decoder output * d_model**-0.5 before the logits "
+       "(original T5)", roles=F),
+    _k("model.dropout_rate", 0.1, "dropout of the embeddings and residual branches",
+       range="in [0, 1]", roles=FT),
+    _k("model.attention_dropout_rate", 0.0, "dropout of the attention weights",
+       range="in [0, 1]", roles=FT),
+    _k("model.ffn_dropout_rate", 0.0, "dropout of the feed-forward hidden layer",
+       range="in [0, 1]", roles=FT),
+    _k("model.dropout_bits", 8, "random bits per dropout decision: 8 (one threefry word decides "
+       "four elements; rates rounded to 1/256) | 32 (Flax's nn.Dropout, bit for bit)", (8, 32),
+       roles=F),
+    _k("model.tie_embeddings", True, "output logits from the target embedding matrix",
+       roles=F + (VOCAB_HEAD,)),
+    _k("model.share_src_tgt_embeddings", True, "one embedding table for encoder and decoder",
+       roles=F),
+    _k("model.scale_embeddings", True, "multiply embeddings by sqrt(d_model), as in the paper",
+       roles=F),
+    _k("model.embedding_norm", False, "a norm (model.norm) on the embeddings before the first "
+       "layer (BERT)", roles=F),
+    _k("model.head_transform", False, "vocabulary logits from Norm(act(Dense(x))) instead of x "
+       "(BERT's MLM)", roles=F + (VOCAB_HEAD,)),
+    _k("model.logits_bias", False, "a learned bias over the vocabulary added to the logits "
+       "(BERT's MLM)", roles=F + (VOCAB_HEAD,)),
+    _k("model.prefix_lm", True, "decoder_only on a seq2seq task: bidirectional attention over "
+       "the prefix"),
+    _k("model.head", "mlm", "encoder_only: mlm (masked LM, tied per tie_embeddings) | classify | "
+       "tag", ("mlm", "classify", "tag"), roles=F + (HEAD,)),
+    _k("model.pooling", "mean", "head=classify: first (the first token, BOS) | mean (its tokens)",
+       ("first", "mean"), roles=F + (HEAD,)),
+    _k("model.num_classes", 0, "head=classify|tag outputs; 0 = the label tokenizer's vocabulary",
+       range=">= 0", roles=F + (HEAD,)),
+    _k("model.attention_impl", "einsum", "einsum | fused (jax.nn.dot_product_attention; cuDNN "
+       "on GPU)", ("einsum", "fused"), roles=E + FT),
+    _k("model.scan_layers", False, "nn.scan over layers: compile time flat in depth", roles=F),
+    _k("model.remat", "none", "nn.remat policy of each block (dots*: save every matmul)",
+       ("none", "full", "dots", "dots_no_batch"), roles=FT),
+    _k("model.dtype", "float32", "compute dtype", DTYPES, roles=E + FT),
+    _k("model.param_dtype", "float32", "parameter storage dtype", DTYPES, roles=F),
+    _k("model.max_len", 512, "longest sequence: learned/sinusoidal tables and the decoding cache",
+       range="> 0", roles=F),
+    # data: the task, its tokenizers and batches
+    _k("data.dataset", "cmudict_g2p", "a TFDS name (with /config), or text_files | tsv_pairs"),
+    _k("data.data_dir", "", "TFDS directory; \"\" = TFDS_DATA_DIR or ~/tensorflow_datasets",
+       roles=E),
+    _k("data.train_split", "train", "the training split"),
+    _k("data.eval_split", "validation", "the split evaluated during training", roles=E),
+    _k("data.source_key", "", "source feature of a catalog dataset; \"\" = the builder's default"),
+    _k("data.target_key", "", "target feature of a catalog dataset; \"\" = the builder's default"),
+    _k("data.train_file", "", "tsv_pairs: WORD<TAB>PH1 PH2 ... (or source<TAB>target) training "
+       "file"),
+    _k("data.dev_file", "", "tsv_pairs: the development file"),
+    _k("data.test_file", "", "tsv_pairs: the test file"),
+    _k("data.text_file", "", "text_files: a path or a glob"),
+    _k("data.text_split", "fraction", "text_files: fraction (the first train_fraction is train) | "
+       "document", ("fraction", "document")),
+    _k("data.train_fraction", 0.9, "text_files: the training fraction", range="in [0, 1]"),
+    _k("data.label_fraction", 1.0, "fraction of the training examples used (a fixed nested "
+       "subset)", range="in (0, 1]"),
+    _k("data.label", "none", "cmudict_g2p/stress as classification",
+       ("none", "primary_stress", "syllables")),
+    _k("data.objective", "none", "none | mlm (BERT; encoder_only) | span (T5; encoder_decoder)",
+       ("none", "mlm", "span")),
+    _k("data.mask_rate", 0.15, "mlm: fraction of each example's tokens selected (80/10/10 "
+       "replaced)", range="in [0, 1]"),
+    _k("data.whole_word_masking", False, "mlm: select whole words (char, byte, sentencepiece, "
+       "WordPiece hf)"),
+    _k("data.noise_density", 0.15, "span: fraction of tokens corrupted", range="in [0, 1]"),
+    _k("data.mean_span_length", 3.0, "span: mean length of a corrupted span", range=">= 1"),
+    _k("data.tokenizer", "symbol", "target (or shared) tokenizer", TOKENIZERS,
+       roles=(RUN_TOKENIZER,)),
+    _k("data.source_tokenizer", "char", "source tokenizer; \"\" = the same as the target",
+       ("",) + TOKENIZERS, roles=(RUN_TOKENIZER,)),
+    _k("data.spm_model_type", "bpe", "sentencepiece: the model type", ("bpe", "unigram"),
+       roles=(RUN_TOKENIZER,)),
+    _k("data.spm_vocab_size", 8000, "sentencepiece: the vocabulary size", range="> 0",
+       roles=(RUN_TOKENIZER,)),
+    _k("data.hf_tokenizer", "", "tokenizer=hf: a Hugging Face tokenizer.json (or its directory)",
+       roles=(RUN_TOKENIZER,)),
+    _k("data.hf_id_offset", 4, "our id = HF id + this: 4 (our 0-3 first: GPT-2) | 0 (T5's pad 0, "
+       "eos 1 = ours)", (4, 0), roles=(RUN_TOKENIZER,)),
+    _k("data.max_source_len", 64, "longest source, in tokens", range="> 0"),
+    _k("data.max_target_len", 64, "longest target, in tokens", range="> 0"),
+    _k("data.too_long", "drop", "what happens to a longer example", ("drop", "truncate")),
+    _k("data.batching", "pack", "pack | bucket | pad", ("pack", "bucket", "pad")),
+    _k("data.batch_size", 128, "global, in rows of max_*_len tokens", range="> 0", roles=E),
+    _k("data.shuffle_seed", 0, "seed of the data order"),
+    # train: optimisation
+    _k("train.num_steps", 100_000, "training steps", range="> 0"),
+    _k("train.optimizer", "adam", "the optimizer (transformer/optim.py)",
+       ("adam", "adamw", "adafactor", "sgd"), roles=F),
+    _k("train.learning_rate", 1.0, "peak value; for schedule=rsqrt a multiplier of the paper's "
+       "formula", range="> 0"),
+    _k("train.schedule", "rsqrt", "the learning-rate schedule (transformer/optim.py)",
+       ("rsqrt", "warmup_cosine", "warmup_linear", "constant")),
+    _k("train.warmup_steps", 4000, "steps of learning-rate warmup", range=">= 0"),
+    _k("train.min_learning_rate_ratio", 0.0, "end of cosine/linear decay, as a fraction of the "
+       "peak", range="in [0, 1]"),
+    _k("train.b1", 0.9, "Adam's beta1"),
+    _k("train.b2", 0.98, "Adam's beta2"),
+    _k("train.eps", 1e-9, "Adam's epsilon"),
+    _k("train.momentum", 0.9, "sgd: heavy-ball momentum (0 = plain SGD)"),
+    _k("train.weight_decay", 0.0, "adam: L2 on the gradient; others: decoupled decay",
+       range=">= 0"),
+    _k("train.weight_decay_norms_and_biases", False, "decay norm scales and biases too"),
+    _k("train.weight_decay_embeddings", False, "decay embeddings too"),
+    _k("train.grad_clip", 0.0, "global-norm clipping; 0 = off", range=">= 0"),
+    _k("train.grad_accum_steps", 1, "micro-batches per update", range="> 0"),
+    _k("train.label_smoothing", 0.1, "label smoothing of the cross-entropy", range="in [0, 1]"),
+    _k("train.z_loss", 0.0, "weight of log(Z)^2 (PaLM's z-loss)", range=">= 0"),
+    _k("train.ema_decay", 0.0, "EMA of the parameters, used by evaluation and best-checkpoint "
+       "choice; 0 = off", range="in [0, 1)", roles=(ON_OFF,)),
+    _k("train.scheduled_sampling.schedule", "none", "teacher-forcing schedule (Mihaylova & "
+       "Martins 2019)", ("none", "linear", "exponential", "inverse_sigmoid")),
+    _k("train.scheduled_sampling.k", 1.0, "linear: start teacher-forcing prob; exponential: "
+       "base; inverse_sigmoid: k"),
+    _k("train.scheduled_sampling.c", 0.0, "linear: decrease per step"),
+    _k("train.scheduled_sampling.min_teacher_forcing", 0.0, "floor of the teacher-forcing "
+       "probability", range="in [0, 1]"),
+    _k("train.early_stop_patience", 0, "evaluations without improvement before stopping; "
+       "0 = off", range=">= 0"),
+    _k("train.early_stop_metric", "eval/loss", "the metric early stopping watches"),
+    _k("train.early_stop_mode", "min", "min | max", ("min", "max")),
+    _k("train.log_every_steps", 50, "steps between logged training metrics", range="> 0"),
+    _k("train.profile_start_step", 0, "jax.profiler trace of a step range; 0 = off"),
+    _k("train.profile_num_steps", 0, "steps traced"),
+    # eval: evaluation during training and by eval.py
+    _k("eval.every_steps", 1000, "steps between evaluations", range="> 0", roles=E),
+    _k("eval.num_batches", 0, "teacher-forced batches per evaluation; 0 = the whole split",
+       range=">= 0", roles=E),
+    _k("eval.batch_size", 0, "0 = data.batch_size", range=">= 0", roles=E),
+    _k("eval.num_decode_examples", 0, "examples decoded per in-training evaluation; 0 = the "
+       "whole split", range=">= 0", roles=E),
+    _k("eval.metrics", "auto", "auto (by task) or a comma list: wer,per,bleu,bpc", roles=E),
+    _k("eval.decode.method", "beam", "the decoding method", ("greedy", "sample", "beam"),
+       roles=E),
+    _k("eval.decode.beam_size", 4, "beams", range="> 0", roles=E),
+    _k("eval.decode.length_penalty", 0.6, "GNMT alpha", roles=E),
+    _k("eval.decode.temperature", 1.0, "sample: softmax temperature", range="> 0", roles=E),
+    _k("eval.decode.top_k", 0, "sample: keep the k likeliest; 0 = off", range=">= 0", roles=E),
+    _k("eval.decode.top_p", 1.0, "sample: nucleus mass; 1.0 = off", range="in (0, 1]", roles=E),
+    _k("eval.decode.max_decode_len", 0, "0 = data.max_target_len", range=">= 0", roles=E),
+    # checkpoint
+    _k("checkpoint.every_steps", 1000, "steps between saves", range="> 0"),
+    _k("checkpoint.keep", 3, "latest checkpoints kept", range="> 0"),
+    _k("checkpoint.keep_best_by", "eval/loss", "metric of the kept best checkpoint; \"\" = none"),
+    _k("checkpoint.best_mode", "min", "min | max", ("min", "max")),
+    _k("checkpoint.async_save", True, "save in the background"),
+    # parallel
+    _k("parallel.mode", "mesh", "mesh (jit over a device mesh) | pmap", ("mesh", "pmap")),
+    _k("parallel.mesh_shape.data", -1, "data-parallel axis; -1 = the rest", range="> 0 or -1"),
+    _k("parallel.mesh_shape.fsdp", 1, "parameter-sharding axis; -1 = the rest",
+       range="> 0 or -1"),
+    _k("parallel.mesh_shape.tensor", 1, "tensor-parallel axis; -1 = the rest",
+       range="> 0 or -1"),
+    _k("parallel.distributed", "auto", "jax.distributed.initialize: auto | on | off",
+       ("auto", "on", "off")),
+    _k("parallel.coordinator_address", "", "multi-process: the coordinator's host:port"),
+    _k("parallel.num_processes", 0, "multi-process: the process count; 0 = auto"),
+    _k("parallel.process_id", -1, "multi-process: this process; -1 = auto"),
 )
-NON_NEGATIVE = (
-    "model.vocab_size", "model.source_vocab_size", "model.num_kv_heads", "model.head_dim",
-    "model.v_head_dim", "model.num_classes", "model.num_encoder_layers", "model.num_decoder_layers",
-    "train.warmup_steps", "train.weight_decay", "train.grad_clip", "train.z_loss",
-    "train.early_stop_patience", "eval.num_batches", "eval.batch_size",
-    "eval.num_decode_examples", "eval.decode.top_k", "eval.decode.max_decode_len",
-    "peak_flops",
-)
-UNIT_INTERVAL = (
-    "model.dropout_rate", "model.attention_dropout_rate", "model.ffn_dropout_rate",
-    "train.label_smoothing", "train.min_learning_rate_ratio", "data.train_fraction",
-    "data.label_fraction", "data.mask_rate", "data.noise_density",
-    "train.scheduled_sampling.min_teacher_forcing",
-)
+KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
 
 
-# Keys added after runs were saved. A saved config without one reads back with the value that
-# reproduces what such a run did (fill_added_keys): the default (defaults.py), which every new key
-# is given so that it means "as before", unless ADDED_KEYS says otherwise. Older workdirs thus still
-# evaluate, restore and resume.
-ADDED_KEYS: dict[str, Any] = {  # "section.key": the value before the key existed, if not the default
-    "model.dropout_bits": 32,  # every dropout mask came from jax.random.bernoulli's 32-bit draws
-}
+def with_role(role: str, section: str = "") -> tuple[str, ...]:
+  """The keys with `role` (within `section`, e.g. 'model', names without the section)."""
+  if not section:
+    return tuple(k.name for k in SCHEMA if role in k.roles)
+  prefix = section + "."
+  return tuple(k.name[len(prefix):] for k in SCHEMA if role in k.roles and
+               k.name.startswith(prefix))
 
 
-def fill_added_keys(saved: dict[str, Any]) -> dict[str, Any]:
-  """A copy of a saved config dict with each key it lacks from ADDED_KEYS, else the defaults;
-  the keys it has are never changed."""
-  default = defaults.get_config().to_dict()
-  for key, value in ADDED_KEYS.items():
-    section, name = key.split(".", 1)
-    default[section][name] = value
-
-  def fill(saved_part: dict[str, Any], default_part: dict[str, Any]) -> dict[str, Any]:
-    out = dict(saved_part)
-    for key, value in default_part.items():
-      if key not in out:
-        out[key] = value
-      elif isinstance(value, dict) and isinstance(out[key], dict):
-        out[key] = fill(out[key], value)
-    return out
-
-  return fill(saved, default)
-
-
-def _convert(cls: type, value: Any, path: str) -> Any:
-  """Builds dataclass `cls` from a mapping, checking keys and leaf types."""
-  if not isinstance(value, (Mapping, ml_collections.ConfigDict)):
-    raise ConfigError(f"{path or 'config'} must be a section (dict), got {value!r}")
-  items = dict(value.items())
-  hints = typing.get_type_hints(cls)
-  names = [f.name for f in dataclasses.fields(cls)]
-  for key in items:
-    if key not in hints:
-      raise ConfigError(f"unknown config key {path}{key} (known: {', '.join(names)})")
-  kwargs = {}
-  for name in names:
-    key = f"{path}{name}"
-    if name not in items:
-      raise ConfigError(f"config key {key} is missing")
-    kind, v = hints[name], items[name]
-    if dataclasses.is_dataclass(kind):
-      kwargs[name] = _convert(kind, v, key + ".")
-      continue
-    if v is None:
-      raise ConfigError(f"config key {key} is unset (a placeholder with no value)")
-    if kind is bool:
-      ok = isinstance(v, bool)
-    elif kind is int:
-      ok = isinstance(v, int) and not isinstance(v, bool)
-    elif kind is float:
-      ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-      v = float(v) if ok else v
-    else:
-      ok = isinstance(v, str)
-    if not ok:
-      raise ConfigError(f"{key}={v!r} must be of type {kind.__name__}")
-    kwargs[name] = v
-  return cls(**kwargs)
-
-
-def _get(cfg: Config, key: str) -> Any:
-  value = cfg
+def lookup(tree: Any, key: str) -> Any:
+  """The value of dotted `key` in a nested dict or dataclass (None where a part is missing)."""
   for part in key.split("."):
-    value = getattr(value, part)
-  return value
+    tree = tree.get(part) if isinstance(tree, Mapping) else getattr(tree, part, None)
+    if tree is None:
+      return None
+  return tree
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """A fresh ConfigDict of every key at its default; every config starts from it."""
+  root = ml_collections.ConfigDict()
+  for key in SCHEMA:
+    *sections, name = key.name.split(".")
+    node = root
+    for section in sections:
+      if section not in node:
+        node[section] = ml_collections.ConfigDict()
+      node = node[section]
+    node[name] = key.default
+  return root
+
+
+# ---------------------------------------------------------------------------------------------
+# The typed views: frozen (hashable: jit static arguments) dataclasses made from SCHEMA
+# ---------------------------------------------------------------------------------------------
+_CLASS_NAMES = {
+    "": "Config", "model": "ModelConfig", "data": "DataConfig", "train": "TrainConfig",
+    "train.scheduled_sampling": "ScheduledSamplingConfig", "eval": "EvalConfig",
+    "eval.decode": "DecodeConfig", "checkpoint": "CheckpointConfig", "parallel": "ParallelConfig",
+    "parallel.mesh_shape": "MeshShape"}
+
+
+def _fields(section: str) -> list[tuple[str, Any]]:
+  """The (name, type) fields of a section in SCHEMA order; a sub-section is one field."""
+  prefix, out = section + "." if section else "", {}
+  for key in SCHEMA:
+    if key.name.startswith(prefix):
+      name = key.name[len(prefix):].split(".")[0]
+      sub = prefix + name
+      out.setdefault(name, _CLASSES.get(sub) or key.type)
+  return list(out.items())
+
+
+_CLASSES: dict[str, type] = {}
+for _section in sorted(_CLASS_NAMES, key=lambda s: -s.count(".") - bool(s)):  # innermost first
+  _CLASSES[_section] = dataclasses.make_dataclass(_CLASS_NAMES[_section], _fields(_section),
+                                                  frozen=True)
+  _CLASSES[_section].__module__ = __name__  # picklable as transformer.config.<name>
+Config = _CLASSES[""]
+ModelConfig = _CLASSES["model"]
+DataConfig = _CLASSES["data"]
+TrainConfig = _CLASSES["train"]
+ScheduledSamplingConfig = _CLASSES["train.scheduled_sampling"]
+EvalConfig = _CLASSES["eval"]
+DecodeConfig = _CLASSES["eval.decode"]
+CheckpointConfig = _CLASSES["checkpoint"]
+ParallelConfig = _CLASSES["parallel"]
+MeshShape = _CLASSES["parallel.mesh_shape"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+def _check_value(key: Key, v: Any) -> Any:
+  """`v` checked against the key's type, allowed values and range (ints widen to floats)."""
+  if v is None:
+    raise ConfigError(f"config key {key.name} is unset (a placeholder with no value)")
+  kind = key.type
+  if kind is float:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    v = float(v) if ok else v
+  else:
+    ok = isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
+  if not ok:
+    raise ConfigError(f"{key.name}={v!r} must be of type {kind.__name__}")
+  options = key.choices()
+  if options and v not in options:
+    raise ConfigError(f"{key.name}={v!r} is not one of "
+                      f"{'|'.join(str(o) if o != '' else repr(o) for o in options)}")
+  if key.range and not RANGES[key.range](v):
+    raise ConfigError(f"{key.name}={v!r} must be {key.range}")
+  return v
+
+
+def _convert(section: str, value: Any) -> Any:
+  """Builds the dataclass of `section` from a mapping, checking keys and leaves."""
+  path = section + "." if section else ""
+  if not isinstance(value, (Mapping, ml_collections.ConfigDict)):
+    raise ConfigError(f"{section or 'config'} must be a section (dict), got {value!r}")
+  items = dict(value.items())
+  if not section:
+    fmt = items.pop("format", FORMAT)
+    if fmt != FORMAT:
+      raise ConfigError(f"config format {fmt!r} is not this code's format {FORMAT}")
+  fields = dict(_fields(section))
+  for name in items:
+    if name not in fields:
+      raise ConfigError(f"unknown config key {path}{name} (known: {', '.join(fields)})")
+  kwargs = {}
+  for name, kind in fields.items():
+    if name not in items:
+      raise ConfigError(f"config key {path}{name} is missing")
+    if dataclasses.is_dataclass(kind):
+      kwargs[name] = _convert(path + name, items[name])
+    else:
+      kwargs[name] = _check_value(KEYS[path + name], items[name])
+  return _CLASSES[section](**kwargs)
 
 
 def _resolve_model(m: ModelConfig) -> ModelConfig:
@@ -352,13 +446,13 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
   return resolved
 
 
-def _check_objective(cfg: Config) -> None:
-  """The relations between data.objective and the architecture and head it trains."""
+def _validate(cfg: Config) -> Config:
+  """Checks the relations between keys; returns cfg with derived sizes filled."""
   d, m = cfg.data, cfg.model
-  if d.label_fraction <= 0:
-    raise ConfigError(f"data.label_fraction={d.label_fraction} must be in (0, 1]")
-  if d.mean_span_length < 1:
-    raise ConfigError(f"data.mean_span_length={d.mean_span_length} must be >= 1")
+  if d.max_source_len > m.max_len or d.max_target_len > m.max_len:
+    longest = max(d.max_source_len, d.max_target_len)
+    raise ConfigError(
+        f"data.max_source_len/max_target_len={longest} must be <= model.max_len={m.max_len}")
   if d.objective == "mlm" and not (m.arch == "encoder_only" and m.head == "mlm"):
     raise ConfigError(f"data.objective='mlm' needs model.arch='encoder_only' with "
                       f"model.head='mlm' (got {m.arch!r}, {m.head!r})")
@@ -367,70 +461,64 @@ def _check_objective(cfg: Config) -> None:
   if m.arch == "encoder_only" and cfg.train.scheduled_sampling.schedule != "none":
     raise ConfigError("train.scheduled_sampling.schedule must be 'none' with "
                       "model.arch='encoder_only' (it has no decoder)")
-
-
-def _validate(cfg: Config) -> Config:
-  """Checks choices, ranges and cross-field relations; returns cfg with derived sizes filled."""
-  for key, options in CHOICES.items():
-    value = _get(cfg, key)
-    if value not in options:
-      raise ConfigError(f"{key}={value!r} is not one of "
-                        f"{'|'.join(str(o) if o != '' else repr(o) for o in options)}")
-  for key in POSITIVE:
-    if _get(cfg, key) <= 0:
-      raise ConfigError(f"{key}={_get(cfg, key)} must be > 0")
-  for key in NON_NEGATIVE:
-    if _get(cfg, key) < 0:
-      raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0")
-  for key in UNIT_INTERVAL:
-    if not 0.0 <= _get(cfg, key) <= 1.0:
-      raise ConfigError(f"{key}={_get(cfg, key)} must be in [0, 1]")
-  d = cfg.data
-  if d.hf_id_offset not in HF_ID_OFFSETS:
-    raise ConfigError(f"data.hf_id_offset={d.hf_id_offset} is not one of "
-                      f"{'|'.join(map(str, HF_ID_OFFSETS))}")
-  if d.max_source_len > cfg.model.max_len or d.max_target_len > cfg.model.max_len:
-    longest = max(d.max_source_len, d.max_target_len)
-    raise ConfigError(
-        f"data.max_source_len/max_target_len={longest} must be <= model.max_len={cfg.model.max_len}")
-  if not 0.0 <= cfg.train.ema_decay < 1.0:
-    raise ConfigError(f"train.ema_decay={cfg.train.ema_decay} must be in [0, 1) (0 = off)")
-  _check_objective(cfg)
-  if cfg.train.learning_rate <= 0:
-    raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")
-  if not 0.0 < cfg.eval.decode.top_p <= 1.0:
-    raise ConfigError(f"eval.decode.top_p={cfg.eval.decode.top_p} must be in (0, 1]")
-  if cfg.eval.decode.temperature <= 0:
-    raise ConfigError(f"eval.decode.temperature={cfg.eval.decode.temperature} must be > 0")
-  for axis, size in dataclasses.asdict(cfg.parallel.mesh_shape).items():
-    if size == 0 or size < -1:
-      raise ConfigError(f"parallel.mesh_shape.{axis}={size} must be > 0 or -1 (the rest)")
   if list(dataclasses.asdict(cfg.parallel.mesh_shape).values()).count(-1) > 1:
     raise ConfigError("parallel.mesh_shape: at most one axis may be -1")
-  return dataclasses.replace(cfg, model=_resolve_model(cfg.model))
+  return dataclasses.replace(cfg, model=_resolve_model(m))
 
 
 def from_configdict(cd: ml_collections.ConfigDict | Mapping[str, Any]) -> Config:
   """Validates a ConfigDict (or a plain nested dict) into a frozen Config; raises ConfigError."""
-  return _validate(_convert(Config, cd, ""))
+  return _validate(_convert("", cd))
+
+
+def format_problem(saved: Mapping[str, Any], source: str) -> str | None:
+  """One line if the saved config dict (from `source`) is not in this code's FORMAT, else None."""
+  if saved.get("format") == FORMAT:
+    return None
+  return (f"{source}: a run saved in config format {saved.get('format', 0)}; this code reads "
+          f"format {FORMAT} (train it again to use it here)")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-  """The plain nested dict of a Config, a ConfigDict or a mapping ({} for None), for config.json."""
+  """The plain nested dict of a Config, a ConfigDict or a mapping ({} for None), for config.json;
+  a Config's carries the FORMAT."""
   if cfg is None:
     return {}
   if hasattr(cfg, "to_dict"):  # ml_collections.ConfigDict
     return cfg.to_dict()
   if dataclasses.is_dataclass(cfg):
-    return dataclasses.asdict(cfg)
+    return {"format": FORMAT, **dataclasses.asdict(cfg)}
   return dict(cfg)
 
 
 def model_config(**overrides: Any) -> ModelConfig:
-  """A validated ModelConfig: transformer.defaults' model section plus `overrides` (tests, notebooks)."""
-  cd = defaults.get_config()
+  """A validated ModelConfig: the defaults' model section plus `overrides` (tests, notebooks)."""
+  cd = get_config()
   for key, value in overrides.items():
     if key not in cd.model:
       raise ConfigError(f"unknown config key model.{key}")
     cd.model[key] = value
   return from_configdict(cd).model
+
+
+# ---------------------------------------------------------------------------------------------
+# The key reference (docs/config.md)
+# ---------------------------------------------------------------------------------------------
+def markdown() -> str:
+  """The key reference: one table row per key of SCHEMA."""
+  lines = ["# Config keys", "",
+           "Generated from `transformer/config.py` by `python -m transformer.config > "
+           "docs/config.md`; every key is declared there once.", "",
+           "Roles:", "", *(f"- `{r}`: {meaning}" for r, meaning in ROLES.items()), "",
+           "| key | type | default | allowed | roles | meaning |", "|---|---|---|---|---|---|"]
+  for k in SCHEMA:
+    allowed = (f"`{k.allowed.module}.{k.allowed.table}`: " if isinstance(k.allowed, Registry)
+               else "") + " \\| ".join(repr(o) for o in k.choices()) or k.range
+    roles = ", ".join(r for r in ROLES if r in k.roles)
+    lines.append(f"| `{k.name}` | {k.type.__name__} | `{k.default!r}` | {allowed} | {roles} | "
+                 f"{k.meaning.replace('|', '&#124;')} |")
+  return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+  print(markdown(), end="")

@@ -4,7 +4,7 @@
   1. the run's config is read from `<workdir>/config.json` (written by training, vocabulary sizes
      filled in); `overrides` (a flat {"eval.decode.beam_size": 4} dict, as from `--config.*`
      flags) are applied on top. Only keys that cannot change the parameters may be overridden
-     (checkpoints.OVERRIDABLE_*); anything else is a one-line ConfigError;
+     (the config keys of role `eval`); anything else is a one-line ConfigError;
   2. the parameters of `step` (None|'latest', 'best' or an int) are restored read-only onto one
      device (checkpoints.read_params): by default the EMA for a run trained with train.ema_decay
      > 0 (`params='raw'` for the raw ones), or with `average_last=N` the mean over the run's N

@@ -27,8 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
-from transformer import defaults
-from transformer.config import ConfigError, from_configdict
+from transformer.config import ConfigError, from_configdict, get_config
 
 # Short labels of common keys in workdir names and table columns (others: the key's last part).
 SHORT_LABELS = {
@@ -104,7 +103,7 @@ def flat_items(cd: Any, prefix: str = "") -> dict[str, Any]:
 def check_keys(points: Sequence[Mapping[str, Any]], config: ml_collections.ConfigDict,
                sweep_path: str, config_arg: str) -> None:
   """Every key is in configs/base.py and in the chosen config; every value a scalar."""
-  known, chosen = flat_items(defaults.get_config()), flat_items(config)
+  known, chosen = flat_items(get_config()), flat_items(config)
   for i, point in enumerate(points):
     for key, value in point.items():
       if key not in known:

@@ -34,8 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer import defaults
-from transformer.config import Config, ModelConfig, from_configdict
+from transformer.config import Config, ModelConfig, from_configdict, get_config
 from transformer.convert.common import ConvertError, float32, positive_ints, require, stack_layers
 from transformer.data.objectives import ExtraIds
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, UNK_ID
@@ -136,7 +135,7 @@ def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenize
                    text_file: str = "", data_dir: str = "") -> Config:
   """The full config of a converted BERT: base.py's defaults, BERT's model, an 'hf' tokenizer and,
   given `text_file` (prepared in `data_dir`), masked-LM data for eval.py and fine-tuning."""
-  cd = defaults.get_config()
+  cd = get_config()
   m = model_overrides(hf, state)
   cd.model.update(m)
   length = min(128, m["max_len"])
