@@ -171,6 +171,15 @@ def _fused_attention(q, k, v, mask, bias, scale):
   return out
 
 
+def _einsum_output(q, k, v, mask, bias, scale):
+  return _einsum_attention(q, k, v, mask, bias, 0.0, None, 8, True, scale)[0]
+
+
+# The attention implementations (model.attention_impl): name -> out(q, k, v, mask, bias, scale)
+# without dropout or weights (those always take the einsum path).
+IMPLEMENTATIONS = {'einsum': _einsum_output, 'fused': _fused_attention}
+
+
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
                           bias: Optional[Array] = None, dropout_rate: float = 0.0,
                           dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
@@ -188,14 +197,14 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   kernel provides neither.
   """
   _check_shapes(q, k, v, mask, bias)
-  if impl not in ('einsum', 'fused'):
-    raise ValueError(f"attention impl={impl!r} is not one of einsum|fused")
+  if impl not in IMPLEMENTATIONS:
+    raise ValueError(f"attention impl={impl!r} is not one of {'|'.join(IMPLEMENTATIONS)}")
   dropout_active = not deterministic and dropout_rate > 0.0
   if dropout_active and dropout_rng is None:
     raise ValueError('attention dropout needs dropout_rng when deterministic=False')
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
-  if impl == 'fused' and not return_weights and not dropout_active:
-    return _fused_attention(q, k, v, mask, bias, scale)
+  if not return_weights and not dropout_active:
+    return IMPLEMENTATIONS[impl](q, k, v, mask, bias, scale)
   out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits,
                                    deterministic, scale)
   return (out, weights) if return_weights else out

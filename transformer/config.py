@@ -130,13 +130,13 @@ SCHEMA: tuple[Key, ...] = (
        roles=F),
     _k("model.relative_max_distance", 128, "positional=relative|shaw: the largest distance "
        "told apart", range="> 0", roles=F),
-    _k("model.norm", "layernorm", "the norm", ("layernorm", "rmsnorm"), roles=F),
+    _k("model.norm", "layernorm", "the norm", Registry("transformer.layers", "NORMS"), roles=F),
     _k("model.norm_position", "post", "post (the paper's LayerNorm(x + Sublayer(x))) | pre",
        ("post", "pre"), roles=F),
     _k("model.norm_eps", 1e-6, "the norms' epsilon", range="> 0"),
     _k("model.ffn", "relu", "the feed-forward variant: gelu (erf), gelu_tanh (GPT-2's), gated "
        "swiglu, geglu (erf), geglu_tanh (T5 v1.1's gated-gelu)",
-       ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"), roles=F),
+       Registry("transformer.layers", "FFNS"), roles=F),
     _k("model.use_bias", True, "biases in attention projections and the feed-forward layers",
        roles=F),
     _k("model.scale_attention_logits", True, "q.k / sqrt(head_dim); False: unscaled (T5: folded "
@@ -173,10 +173,10 @@ SCHEMA: tuple[Key, ...] = (
     _k("model.num_classes", 0, "head=classify|tag outputs; 0 = the label tokenizer's vocabulary",
        range=">= 0", roles=F + (HEAD,)),
     _k("model.attention_impl", "einsum", "einsum | fused (jax.nn.dot_product_attention; cuDNN "
-       "on GPU)", ("einsum", "fused"), roles=E + FT),
+       "on GPU)", Registry("transformer.attention", "IMPLEMENTATIONS"), roles=E + FT),
     _k("model.scan_layers", False, "nn.scan over layers: compile time flat in depth", roles=F),
     _k("model.remat", "none", "nn.remat policy of each block (dots*: save every matmul)",
-       ("none", "full", "dots", "dots_no_batch"), roles=FT),
+       Registry("transformer.models", "REMAT_POLICIES"), roles=FT),
     _k("model.dtype", "float32", "compute dtype", DTYPES, roles=E + FT),
     _k("model.param_dtype", "float32", "parameter storage dtype", DTYPES, roles=F),
     _k("model.max_len", 512, "longest sequence: learned/sinusoidal tables and the decoding cache",
@@ -230,11 +230,11 @@ SCHEMA: tuple[Key, ...] = (
     # train: optimisation
     _k("train.num_steps", 100_000, "training steps", range="> 0"),
     _k("train.optimizer", "adam", "the optimizer (transformer/optim.py)",
-       ("adam", "adamw", "adafactor", "sgd"), roles=F),
+       Registry("transformer.optim", "OPTIMIZERS"), roles=F),
     _k("train.learning_rate", 1.0, "peak value; for schedule=rsqrt a multiplier of the paper's "
        "formula", range="> 0"),
     _k("train.schedule", "rsqrt", "the learning-rate schedule (transformer/optim.py)",
-       ("rsqrt", "warmup_cosine", "warmup_linear", "constant")),
+       Registry("transformer.optim", "SCHEDULES")),
     _k("train.warmup_steps", 4000, "steps of learning-rate warmup", range=">= 0"),
     _k("train.min_learning_rate_ratio", 0.0, "end of cosine/linear decay, as a fraction of the "
        "peak", range="in [0, 1]"),
@@ -274,8 +274,8 @@ SCHEMA: tuple[Key, ...] = (
     _k("eval.num_decode_examples", 0, "examples decoded per in-training evaluation; 0 = the "
        "whole split", range=">= 0", roles=E),
     _k("eval.metrics", "auto", "auto (by task) or a comma list: wer,per,bleu,bpc", roles=E),
-    _k("eval.decode.method", "beam", "the decoding method", ("greedy", "sample", "beam"),
-       roles=E),
+    _k("eval.decode.method", "beam", "the decoding method",
+       Registry("transformer.decoding", "METHODS"), roles=E),
     _k("eval.decode.beam_size", 4, "beams", range="> 0", roles=E),
     _k("eval.decode.length_penalty", 0.6, "GNMT alpha", roles=E),
     _k("eval.decode.temperature", 1.0, "sample: softmax temperature", range="> 0", roles=E),

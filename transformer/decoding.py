@@ -41,26 +41,39 @@ class Search(NamedTuple):
   top_p: float = 1.0  # 1.0 = off
 
 
+def _greedy(decode_cfg: Any) -> Search:
+  del decode_cfg
+  return Search("greedy")
+
+
+def _beam(decode_cfg: Any) -> Search:
+  if decode_cfg.beam_size < 1:
+    raise ValueError(f"eval.decode.beam_size={decode_cfg.beam_size} must be >= 1")
+  return Search("beam", beam_size=int(decode_cfg.beam_size),
+                length_penalty=float(decode_cfg.length_penalty))
+
+
+def _sample(decode_cfg: Any) -> Search:
+  if not decode_cfg.temperature > 0:
+    raise ValueError(f"eval.decode.temperature={decode_cfg.temperature} must be > 0")
+  if decode_cfg.top_k < 0:
+    raise ValueError(f"eval.decode.top_k={decode_cfg.top_k} must be >= 0 (0 = off)")
+  if not 0.0 < decode_cfg.top_p <= 1.0:
+    raise ValueError(f"eval.decode.top_p={decode_cfg.top_p} must be in (0, 1]")
+  return Search("sample", temperature=float(decode_cfg.temperature), top_k=int(decode_cfg.top_k),
+                top_p=float(decode_cfg.top_p))
+
+
+# The decoding methods (eval.decode.method): name -> the Search settings it takes from eval.decode.
+METHODS: dict[str, Callable[[Any], Search]] = {"greedy": _greedy, "sample": _sample, "beam": _beam}
+
+
 def search_settings(decode_cfg: Any) -> Search:
   """Validates the decode config (eval.decode) and keeps only the fields its method uses."""
-  method = decode_cfg.method
-  if method == "greedy":
-    return Search("greedy")
-  if method == "beam":
-    if decode_cfg.beam_size < 1:
-      raise ValueError(f"eval.decode.beam_size={decode_cfg.beam_size} must be >= 1")
-    return Search("beam", beam_size=int(decode_cfg.beam_size),
-                  length_penalty=float(decode_cfg.length_penalty))
-  if method == "sample":
-    if not decode_cfg.temperature > 0:
-      raise ValueError(f"eval.decode.temperature={decode_cfg.temperature} must be > 0")
-    if decode_cfg.top_k < 0:
-      raise ValueError(f"eval.decode.top_k={decode_cfg.top_k} must be >= 0 (0 = off)")
-    if not 0.0 < decode_cfg.top_p <= 1.0:
-      raise ValueError(f"eval.decode.top_p={decode_cfg.top_p} must be in (0, 1]")
-    return Search("sample", temperature=float(decode_cfg.temperature), top_k=int(decode_cfg.top_k),
-                  top_p=float(decode_cfg.top_p))
-  raise ValueError(f"eval.decode.method={method!r} must be one of greedy, sample, beam")
+  if decode_cfg.method not in METHODS:
+    raise ValueError(f"eval.decode.method={decode_cfg.method!r} must be one of "
+                     f"{', '.join(METHODS)}")
+  return METHODS[decode_cfg.method](decode_cfg)
 
 
 # ----------------------------------------------------------------------------- sampling and greedy

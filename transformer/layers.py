@@ -7,6 +7,7 @@ shard it later; `dtype` is the compute dtype and `param_dtype` the storage dtype
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Callable
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from transformer.config import ConfigError, ModelConfig
+from transformer.config import ModelConfig
 
 Array = jax.Array
 
@@ -122,20 +123,31 @@ def _gelu_erf(x: Array) -> Array:
   return x * 0.5 * (1.0 + jax.lax.erf(x * (0.5**0.5)))
 
 
-_GELU = _gelu_erf  # the exact (erf) form
 # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's "gelu_new", and cheaper than erf.
-_GELU_TANH = functools.partial(nn.gelu, approximate=True)
-_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    'relu': nn.relu, 'gelu': _GELU, 'gelu_tanh': _GELU_TANH, 'swiglu': nn.silu, 'geglu': _GELU,
-    'geglu_tanh': _GELU_TANH}  # T5 v1.1 / Flan-T5's "gated-gelu" (Hugging Face's "gelu_new")
-_GATED = ('swiglu', 'geglu', 'geglu_tanh')
+_gelu_tanh = functools.partial(nn.gelu, approximate=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class FFN:
+  """A feed-forward variant: W2 act(W1 x), or gated W2 (act(Wg x) * Wu x)."""
+  activation: Callable[[Array], Array]
+  gated: bool = False
+
+
+# The feed-forward variants (model.ffn): name -> activation and whether it gates.
+FFNS: dict[str, FFN] = {
+    'relu': FFN(nn.relu),
+    'gelu': FFN(_gelu_erf),
+    'gelu_tanh': FFN(_gelu_tanh),
+    'swiglu': FFN(nn.silu, gated=True),
+    'geglu': FFN(_gelu_erf, gated=True),
+    'geglu_tanh': FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
+}
 
 
 def activation(cfg: ModelConfig) -> Callable[[Array], Array]:
   """model.ffn's activation (of the gate, for a gated FFN): also the MLM head's transform's."""
-  if cfg.ffn not in _ACTIVATIONS:
-    raise ConfigError(f"model.ffn={cfg.ffn!r} is not one of {'|'.join(_ACTIVATIONS)}")
-  return _ACTIVATIONS[cfg.ffn]
+  return FFNS[cfg.ffn].activation
 
 
 def dropout(x: Array, rate: float, rng: Array, bits: int = 8) -> Array:
@@ -183,8 +195,7 @@ class Dropout(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward: relu | gelu | gelu_tanh (W2 act(W1 x)) or swiglu | geglu |
-  geglu_tanh (W2 (act(Wg x) * Wu x); geglu uses the erf GELU, geglu_tanh the tanh one).
+  """Position-wise feed-forward, the variant FFNS[config.ffn].
 
   The hidden size is `config.mlp_dim` for every variant; dropout (`ffn_dropout_rate`) acts on the
   hidden layer.
@@ -195,8 +206,9 @@ class FeedForward(nn.Module):
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
     """[b, t, d] -> [b, t, d]."""
     cfg = self.config
-    act = activation(cfg)
-    if cfg.ffn in _GATED:
+    ffn = FFNS[cfg.ffn]
+    act = ffn.activation
+    if ffn.gated:
       gate = dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_gate', _wide_out_dot_general)(x)  # [b, t, f]
       up = dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_up', _wide_out_dot_general)(x)  # [b, t, f]
       h = act(gate) * up
@@ -275,16 +287,18 @@ class LayerNorm(nn.Module):
     return y.astype(self.dtype or x.dtype)
 
 
+def _layernorm(**kwargs) -> nn.Module:
+  return LayerNorm(bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',)),
+                   **kwargs)
+
+
+# The norms (model.norm): name -> a module maker taking flax's norm keyword arguments.
+NORMS: dict[str, Callable[..., nn.Module]] = {'layernorm': _layernorm, 'rmsnorm': nn.RMSNorm}
+
+
 def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
-  """LayerNorm or RMSNorm per `config.norm`, epsilon `config.norm_eps`; scale axis 'norm'."""
-  kwargs = dict(
+  """The norm NORMS[config.norm], epsilon `config.norm_eps`; scale axis 'norm'."""
+  return NORMS[config.norm](
       epsilon=config.norm_eps, dtype=jnp.dtype(config.dtype),
       param_dtype=jnp.dtype(config.param_dtype),
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ('norm',)),
-      name=name)
-  if config.norm == 'layernorm':
-    return LayerNorm(
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',)), **kwargs)
-  if config.norm == 'rmsnorm':
-    return nn.RMSNorm(**kwargs)
-  raise ConfigError(f"model.norm={config.norm!r} is not one of layernorm|rmsnorm")
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ('norm',)), name=name)
