@@ -134,8 +134,7 @@ SCHEMA: tuple[Key, ...] = (
     _k("model.norm_position", "post", "post (the paper's LayerNorm(x + Sublayer(x))) | pre",
        ("post", "pre"), roles=F),
     _k("model.norm_eps", 1e-6, "the norms' epsilon", range="> 0"),
-    _k("model.ffn", "relu", "the feed-forward variant: gelu (erf), gelu_tanh (GPT-2's), gated "
-       "swiglu, geglu (erf), geglu_tanh (T5 v1.1's gated-gelu)",
+    _k("model.ffn", "relu", "the feed-forward variant (transformer/layers.py)",
        Registry("transformer.layers", "FFNS"), roles=F),
     _k("model.use_bias", True, "biases in attention projections and the feed-forward layers",
        roles=F),
