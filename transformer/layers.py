@@ -127,6 +127,11 @@ def _gelu_erf(x: Array) -> Array:
 _gelu_tanh = functools.partial(nn.gelu, approximate=True)
 
 
+def _squared_relu(x: Array) -> Array:
+  """max(x, 0)^2, Primer's feed-forward activation (So et al. 2021)."""
+  return jnp.square(nn.relu(x))
+
+
 @dataclasses.dataclass(frozen=True)
 class FFN:
   """A feed-forward variant: W2 act(W1 x), or gated W2 (act(Wg x) * Wu x)."""
@@ -142,6 +147,7 @@ FFNS: dict[str, FFN] = {
     'swiglu': FFN(nn.silu, gated=True),
     'geglu': FFN(_gelu_erf, gated=True),
     'geglu_tanh': FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
+    'squared_relu': FFN(_squared_relu),  # Primer (So et al. 2021)
 }
 
 
