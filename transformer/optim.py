@@ -155,10 +155,15 @@ def _sgd(tc: Any, decay: optax.GradientTransformation) -> Transforms:
   return ([optax.trace(decay=float(tc.momentum))] if tc.momentum > 0 else []) + [decay]
 
 
+def _lion(tc: Any, decay: optax.GradientTransformation) -> Transforms:
+  """Lion (Chen et al. 2023): sign(b1 m + (1 - b1) g), then m <- b2 m + (1 - b2) g."""
+  return [optax.scale_by_lion(b1=tc.b1, b2=tc.b2), decay]
+
+
 # The optimizers (train.optimizer): name -> its transforms between clipping and the learning rate,
 # given the train config and the weight decay (decoupled decay goes after the preconditioner).
 OPTIMIZERS: dict[str, Callable[[Any, optax.GradientTransformation], Transforms]] = {
-    "adam": _adam, "adamw": _adamw, "adafactor": _adafactor, "sgd": _sgd}
+    "adam": _adam, "adamw": _adamw, "adafactor": _adafactor, "sgd": _sgd, "lion": _lion}
 
 
 def make_optimizer(train_cfg: Any, d_model: int) -> optax.GradientTransformation:
