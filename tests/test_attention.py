@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from transformer import attention
+from transformer import kernels
 from transformer import kv_cache
 from transformer.kv_cache import DecodeStep
 from transformer.config import model_config
@@ -391,7 +392,7 @@ def test_cross_attention_cache_shared_by_groups_of_query_rows():
 @pytest.mark.parametrize('in_shape,out_shape', [((8,), (3, 2, 4)), ((2, 4), (8,)), ((8,), (5,))])
 def test_projection_gradients_equal_the_einsums(in_shape, out_shape):
   """Projection folds its in/out axes into one matmul whose kernel gradient is hand-written
-  (layers.matmul): its value and its gradients with respect to the input, kernel and bias equal
+  (kernels.matmul): its value and its gradients with respect to the input, kernel and bias equal
   those of the plain einsum over the unfolded axes, differentiated by JAX, for the fused qkv
   [d, 3, n, h], the output [n, h, d] and a plain [d, f] kernel."""
   x = jnp.asarray(RNG.normal(size=(2, 3, *in_shape)), jnp.float32)
@@ -421,10 +422,10 @@ def test_projection_keeps_output_axes_that_a_mesh_splits_unfolded():
   def unsplit(shape):
     mesh = jax.sharding.AbstractMesh(shape, ('data', 'fsdp', 'tensor'))
     with jax.sharding.use_abstract_mesh(mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
-      return attention._unsplit(qkv_out), attention._unsplit(('embed',))
+      return kernels.unsplit(qkv_out), kernels.unsplit(('embed',))
   assert unsplit((1, 1, 2)) == (False, True)
   assert unsplit((2, 1, 1)) == (True, True)
-  assert attention._unsplit(qkv_out)
+  assert kernels.unsplit(qkv_out)
 
 
 def test_mha_dropout_uses_dropout_rng():

@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "transformer"
-MODEL_CODE = ("attention", "positional", "layers", "heads", "models", "kv_cache")
+MODEL_CODE = ("attention", "positional", "layers", "heads", "models", "kv_cache", "kernels")
 # What model code may import from the package: other model code and the config dataclasses.
 MODEL_CODE_MAY_IMPORT = {f"transformer.{m}" for m in MODEL_CODE} | {"transformer.config"}
 

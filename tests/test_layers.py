@@ -156,7 +156,7 @@ def test_norms_match_formula(norm):
 
 
 def test_layernorm_gradients_match_numpy_chain_rule():
-  """The hand-written LayerNorm backward (layers._layer_norm_bwd) against the float64 NumPy chain
+  """The hand-written LayerNorm backward (kernels._layer_norm_bwd) against the float64 NumPy chain
   rule of y = (x - mean) / sqrt(var + eps) * s + b: dx = rstd (g s - mean(g s) - xhat mean(g s
   xhat)), ds = sum(g xhat), db = sum(g); with a non-trivial scale and bias, and the forward equal
   to flax's nn.LayerNorm (same parameters, same values)."""

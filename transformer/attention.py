@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer import kernels
 from transformer import kv_cache
 from transformer import layers
 from transformer import positional
@@ -219,18 +220,6 @@ def _dense_init(num_in_axes: int, ndim: int):
                                       out_axis=tuple(range(num_in_axes, ndim)))
 
 
-def _unsplit(logical_axes: tuple) -> bool:
-  """True unless the active mesh and logical-axis rules split one of these axes over devices."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return True
-  for entry in nn.logical_to_mesh_axes(logical_axes):
-    names = entry if isinstance(entry, tuple) else (entry,)
-    if any(name is not None and mesh.shape[name] > 1 for name in names):
-      return False
-  return True
-
-
 class Projection(nn.Module):
   """y = x . kernel + bias contracting x's last `len(in_shape)` axes; params 'kernel', 'bias'."""
   in_shape: tuple
@@ -246,16 +235,8 @@ class Projection(nn.Module):
     n_in, shape = len(self.in_shape), (*self.in_shape, *self.out_shape)
     kernel = self.param('kernel', nn.with_logical_partitioning(_dense_init(n_in, len(shape)),
                                                                self.axes), shape, self.param_dtype)
-    # One [b, t, in] x [in, out] matmul (row-major folds: bitcasts) through layers.matmul, whose
-    # kernel gradient is (g^T x)^T: as an einsum over the unfolded axes, XLA:CPU transposed the wide
-    # output gradient of the fused qkv / kv projections for it (README, Train-step speed). Output
-    # axes that a mesh splits (heads over 'tensor') stay unfolded: merging a split axis with the
-    # unsplit one before it ([3, n, h]) would make XLA reshard the kernel.
-    fold_in = math.prod(self.in_shape)
-    out = ((math.prod(self.out_shape),) if _unsplit(self.axes[n_in:]) else self.out_shape)
-    y = layers.matmul(x.astype(self.dtype).reshape(*x.shape[:2], fold_in),
-                      jnp.asarray(kernel, self.dtype).reshape(fold_in, *out))
-    y = y.reshape(*x.shape[:2], *self.out_shape)
+    y = kernels.current().project(x.astype(self.dtype), jnp.asarray(kernel, self.dtype), n_in,
+                                  self.axes[n_in:])
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros,
                                                              self.axes[n_in:]),

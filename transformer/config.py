@@ -175,7 +175,7 @@ SCHEMA: tuple[Key, ...] = (
        "on GPU)", Registry("transformer.attention", "IMPLEMENTATIONS"), roles=E + FT),
     _k("model.scan_layers", False, "nn.scan over layers: compile time flat in depth", roles=F),
     _k("model.remat", "none", "nn.remat policy of each block (dots*: save every matmul)",
-       Registry("transformer.models", "REMAT_POLICIES"), roles=FT),
+       Registry("transformer.kernels", "REMAT_POLICIES"), roles=FT),
     _k("model.dtype", "float32", "compute dtype", DTYPES, roles=E + FT),
     _k("model.param_dtype", "float32", "parameter storage dtype", DTYPES, roles=F),
     _k("model.max_len", 512, "longest sequence: learned/sinusoidal tables and the decoding cache",
