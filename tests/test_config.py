@@ -9,6 +9,7 @@ import pytest
 
 from configs import base
 from transformer import config as config_lib
+from transformer import schema
 from transformer import positional
 
 
@@ -158,7 +159,7 @@ def _leaf_keys(d, prefix=""):
 LEAVES = sorted(_leaf_keys(_base_dict()))
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 1024),
                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-                   st.sampled_from(sorted({v for k in config_lib.SCHEMA for v in k.choices()},
+                   st.sampled_from(sorted({v for k in schema.SCHEMA for v in k.choices()},
                                           key=repr)),
                    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
@@ -179,18 +180,18 @@ def test_random_configs_validate_or_raise_config_error(changes):
 
 
 def test_docs_config_md_is_the_generated_key_reference():
-  """docs/config.md is exactly what `python -m transformer.config` prints (regenerate it so)."""
+  """docs/config.md is exactly what `python -m transformer.schema` prints (regenerate it so)."""
   import pathlib  # pylint: disable=g-import-not-at-top
   path = pathlib.Path(__file__).resolve().parent.parent / "docs" / "config.md"
-  assert path.read_text() == config_lib.markdown(), "python -m transformer.config > docs/config.md"
+  assert path.read_text() == schema.markdown(), "python -m transformer.schema > docs/config.md"
 
 
 def test_every_key_is_declared_once_with_a_meaning_and_valid_range_and_roles():
   """SCHEMA: unique names, a meaning each, a known range, known roles, a default that validates."""
-  names = [k.name for k in config_lib.SCHEMA]
+  names = [k.name for k in schema.SCHEMA]
   assert len(names) == len(set(names))
-  for k in config_lib.SCHEMA:
-    assert k.meaning and (not k.range or k.range in config_lib.RANGES), k.name
-    assert k.roles <= set(config_lib.ROLES), k.name
+  for k in schema.SCHEMA:
+    assert k.meaning and (not k.range or k.range in schema.RANGES), k.name
+    assert k.roles <= set(schema.ROLES), k.name
     assert not k.choices() or k.default in k.choices(), k.name
-    assert not k.range or config_lib.RANGES[k.range](k.default), k.name
+    assert not k.range or schema.RANGES[k.range](k.default), k.name

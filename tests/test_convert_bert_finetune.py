@@ -25,7 +25,7 @@ pytest.importorskip("transformers")
 
 import transformer  # noqa: E402
 from transformer import checkpoints, convert, finetune, models, steps  # noqa: E402
-from transformer import config as config_lib  # noqa: E402
+from transformer import schema  # noqa: E402
 from transformer.config import ConfigError, from_configdict  # noqa: E402
 from transformer.data import load_task  # noqa: E402
 from transformer.training import train_and_evaluate  # noqa: E402
@@ -36,9 +36,9 @@ import test_convert_bert  # noqa: E402
 STEPS = 2
 # Model keys a fine-tuning config sets itself (config role finetune) or, with a new head, the
 # head's own (roles head, vocab_head): everything else is the converted BERT's.
-FINETUNE_KEYS = config_lib.with_role(config_lib.FINETUNE, "model")
-NEW_HEAD_KEYS = (FINETUNE_KEYS + config_lib.with_role(config_lib.HEAD, "model")
-                 + config_lib.with_role(config_lib.VOCAB_HEAD, "model"))
+FINETUNE_KEYS = schema.with_role(schema.FINETUNE, "model")
+NEW_HEAD_KEYS = (FINETUNE_KEYS + schema.with_role(schema.HEAD, "model")
+                 + schema.with_role(schema.VOCAB_HEAD, "model"))
 
 
 def _flat(tree):

@@ -105,7 +105,7 @@ def test_no_import_cycles_in_the_package():
 def test_library_never_imports_the_configs_package():
   offenders = {m for m, p in ((module_name(p), p) for p in PACKAGE.rglob("*.py"))
                if any(d == "configs" or d.startswith("configs.") for d in imported_modules(p))}
-  assert not offenders, f"take the defaults from transformer.config.get_config instead: {offenders}"
+  assert not offenders, f"take the defaults from transformer.schema.get_config instead: {offenders}"
 
 
 @pytest.mark.parametrize("name", MODEL_CODE)

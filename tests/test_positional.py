@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from transformer import positional
-from transformer.config import KEYS, ModelConfig, model_config
+from transformer.config import ModelConfig, model_config
+from transformer.schema import KEYS
 
 SETTINGS = hypothesis.settings(max_examples=25, deadline=None)
 

@@ -50,7 +50,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from transformer import config as config_lib
-from transformer import files, models, optim, steps
+from transformer import files, models, optim, schema, steps
 from transformer.config import Config
 
 
@@ -264,11 +264,11 @@ def check_compatible(workdir: str, config: Any) -> None:
   if problem := config_lib.format_problem(saved, source):
     raise CheckpointError(problem)
   new = config_lib.to_dict(config)
-  for key in config_lib.with_role(config_lib.FIXED) + config_lib.with_role(config_lib.ON_OFF):
-    old, cur = config_lib.lookup(saved, key), config_lib.lookup(new, key)
-    if config_lib.ON_OFF in config_lib.KEYS[key].roles:  # an EMA in the train state or none
+  for key in schema.with_role(schema.FIXED) + schema.with_role(schema.ON_OFF):
+    old, cur = schema.lookup(saved, key), schema.lookup(new, key)
+    if schema.ON_OFF in schema.KEYS[key].roles:  # an EMA in the train state or none
       old, cur = bool(old), bool(cur)
-    if old is None or cur is None or (config_lib.DERIVED in config_lib.KEYS[key].roles
+    if old is None or cur is None or (schema.DERIVED in schema.KEYS[key].roles
                                       and (not old or not cur)):
       continue
     if old != cur:
@@ -310,7 +310,7 @@ def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Co
   if problem := config_lib.format_problem(saved, path):
     raise EvaluationError(problem)
   cd = ml_collections.ConfigDict(saved)
-  overridable = config_lib.with_role(config_lib.EVAL)
+  overridable = schema.with_role(schema.EVAL)
   for key, value in (overrides or {}).items():
     if key not in overridable:
       others = sorted(k for k in overridable if not k.startswith("eval."))

@@ -20,7 +20,7 @@ from absl import flags
 from absl import logging
 import ml_collections
 
-from transformer import config as config_lib
+from transformer import schema
 from transformer.sweeps import flat_items
 
 _WRAPPED = "Error whilst parsing config file"  # ml_collections' wrapper of a config file's error
@@ -91,7 +91,7 @@ def _config_file_message(error: BaseException, path: str) -> str | None:
 
 def _unknown_override(argv: Sequence[str]) -> str | None:
   """`--config.KEY=...` whose KEY is not in configs/base.py, as a one-line message, or None."""
-  known = flat_items(config_lib.get_config())
+  known = flat_items(schema.get_config())
   sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
   for arg in argv:
     if arg.startswith("--config."):

@@ -30,6 +30,7 @@ import jax
 
 from transformer import checkpoints
 from transformer import config as config_lib
+from transformer import schema
 from transformer.config import Config
 
 HEAD = "head"  # the parameter subtree of an encoder-only model's head
@@ -53,16 +54,16 @@ def init_from_config(cfg: Config, init_from: str) -> Config:
   docstring for what an encoder-only config keeps); keys of role `finetune` keep `cfg`'s values.
   Raises ConfigError naming --init_from."""
   run = _run_config(init_from)
-  keep = config_lib.with_role(config_lib.FINETUNE, "model")
+  keep = schema.with_role(schema.FINETUNE, "model")
   data = dataclasses.replace(cfg.data, **{
-      k: getattr(run.data, k) for k in config_lib.with_role(config_lib.RUN_TOKENIZER, "data")})
+      k: getattr(run.data, k) for k in schema.with_role(schema.RUN_TOKENIZER, "data")})
   if cfg.model.arch == "encoder_only":  # the pretrained encoder and its input tokenizer only
     if run.model.arch == "decoder_only":
       raise config_lib.ConfigError(f"--init_from={init_from}: a decoder_only run has no encoder "
                                    f"for model.arch='encoder_only'")
-    keep += config_lib.with_role(config_lib.HEAD, "model")
+    keep += schema.with_role(schema.HEAD, "model")
     if not continues_head(run, cfg.model.head):
-      keep += config_lib.with_role(config_lib.VOCAB_HEAD, "model")
+      keep += schema.with_role(schema.VOCAB_HEAD, "model")
     source = run.data.source_tokenizer or run.data.tokenizer
     # An objective (masked LM) predicts the input's own ids: the run's tokenizer on both sides.
     target = source if cfg.data.objective != "none" else cfg.data.tokenizer

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer.config import Config, ModelConfig, from_configdict, get_config
+from transformer.config import Config, ModelConfig, from_configdict
+from transformer.schema import get_config
 from transformer.convert.common import ConvertError, float32, positive_ints, require, stack_layers
 from transformer.data.objectives import ExtraIds
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, UNK_ID

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer.config import Config, ModelConfig, from_configdict, get_config
+from transformer.config import Config, ModelConfig, from_configdict
+from transformer.schema import get_config
 from transformer.convert.common import ConvertError, float32, positive_ints, require, stack_layers
 from transformer.data.tokenizers import NUM_SPECIAL
 
