@@ -70,13 +70,6 @@ def _import_file(path: str, kind: str) -> Any:
   return module
 
 
-def load_config_file(config_arg: str) -> ml_collections.ConfigDict:
-  """The ConfigDict of 'configs/g2p.py:small' (as `--config=` reads it)."""
-  path, _, arg = config_arg.partition(":")
-  module = _import_file(path, "config")
-  return module.get_config(arg) if arg else module.get_config()
-
-
 def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   """The override dicts of a sweep file's `get_sweep()` (or `get_sweep(config)`)."""
   fn = getattr(_import_file(path, "sweep"), "get_sweep", None)
