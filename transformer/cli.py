@@ -1,4 +1,4 @@
-"""What train.py, eval.py and sweep.py share: flag parsing whose every failure is one line.
+"""What the entry points share: absl flag parsing whose every failure is one line.
 
 absl and ml_collections report a bad flag as a traceback, or as a wrapped message that loses the
 culprit: a config file's own `get_config` error becomes "Error whilst parsing config file:" followed
@@ -14,7 +14,7 @@ import logging as pylogging
 import os
 import sys
 import traceback
-from typing import NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from absl import flags
 from absl import logging
@@ -127,6 +127,25 @@ def flag_error(error: BaseException, argv: Sequence[str]) -> str:
   if text.startswith("flag --"):
     text = text[len("flag "):]  # absl's "flag --x=y: why" is already the one line we want
   return text or type(error).__name__
+
+
+def parse_own_flags(prog: str, define: Callable[[flags.FlagValues], None],
+                    argv: Sequence[str]) -> tuple[flags.FlagValues, list[str]]:
+  """The absl flags `define(flag_values)` declares, parsed from `argv` into a FlagValues of their
+  own (so a `main(argv)` runs again in one process), and the positional arguments. --help prints
+  them and exits 0; a bad flag is one line `error: ... (see --help)`, exit status 2."""
+  flag_values = flags.FlagValues()
+  define(flag_values)
+  if "--help" in argv or "-h" in argv:
+    print(f"usage: {prog} [--flag=value ...] [args]\n{flag_values.get_help()}")
+    sys.exit(0)
+  try:
+    rest = flag_values([prog, *argv])
+  except flags.Error as e:
+    message = flag_error(e, argv)
+    print(f"error: {message}{'' if '--help' in message else ' (see --help)'}", file=sys.stderr)
+    sys.exit(2)
+  return flag_values, rest[1:]
 
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
