@@ -239,7 +239,7 @@ SCHEMA: tuple[Key, ...] = (
     _k("train.ema_decay", 0.0, "EMA of the parameters, used by evaluation and best-checkpoint "
        "choice; 0 = off", range="in [0, 1)", roles=(ON_OFF,)),
     _k("train.scheduled_sampling.schedule", "none", "teacher-forcing schedule (Mihaylova & "
-       "Martins 2019)", ("none", "linear", "exponential", "inverse_sigmoid")),
+       "Martins 2019)", Registry("transformer.scheduled_sampling", "SCHEDULES")),
     _k("train.scheduled_sampling.k", 1.0, "linear: start teacher-forcing prob; exponential: "
        "base; inverse_sigmoid: k"),
     _k("train.scheduled_sampling.c", 0.0, "linear: decrease per step"),
