@@ -266,12 +266,10 @@ def check_compatible(workdir: str, config: Any) -> None:
   new = config_lib.to_dict(config)
   for key in schema.with_role(schema.FIXED) + schema.with_role(schema.ON_OFF):
     old, cur = schema.lookup(saved, key), schema.lookup(new, key)
-    if schema.ON_OFF in schema.KEYS[key].roles:  # an EMA in the train state or none
-      old, cur = bool(old), bool(cur)
-    if old is None or cur is None or (schema.DERIVED in schema.KEYS[key].roles
-                                      and (not old or not cur)):
+    roles = schema.KEYS[key].roles
+    if old is None or cur is None or (schema.DERIVED in roles and (not old or not cur)):
       continue
-    if old != cur:
+    if (bool(old) != bool(cur)) if schema.ON_OFF in roles else (old != cur):
       raise CheckpointError(f"workdir {workdir} holds a run with {key}={old!r}, this config has "
                             f"{cur!r} (from {source}); use another --workdir or the same config")
 
