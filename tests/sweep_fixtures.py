@@ -2,6 +2,7 @@
 tmp_path, and the `fake` fixture: three planned points whose Commands run a fake trainer and
 evaluator (fast scripts that write the files a real run leaves)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -10,6 +11,15 @@ import textwrap
 import pytest
 
 from transformer import sweep_runner, sweeps
+
+
+def load_config_file(config_arg: str):
+  """The ConfigDict of 'configs/g2p.py:small' (as `--config=` reads it)."""
+  path, _, arg = config_arg.partition(":")
+  spec = importlib.util.spec_from_file_location("_config_" + os.path.basename(path)[:-3], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = "configs/g2p.py:tiny"
@@ -69,7 +79,7 @@ def fake(tmp_path):
   (tmp_path / "fake_eval.py").write_text(FAKE_EVAL)
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("train.learning_rate", '
                      '[0.5, 1.0, 2.0])\n')
-  config = sweeps.apply_overrides(sweeps.load_config_file(TINY), {"train.num_steps": 3})
+  config = sweeps.apply_overrides(load_config_file(TINY), {"train.num_steps": 3})
   points = sweeps.plan(config, TINY, path, str(tmp_path / "w"))
   commands = sweeps.Commands(TINY, {"train.num_steps": 3}, python=sys.executable,
                              train_script=str(tmp_path / "fake_train.py"),

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from transformer import attention
+from transformer import kernels
 from transformer import kv_cache
 from transformer.kv_cache import DecodeStep
 from transformer.config import model_config
+import masks
 
 RNG = np.random.default_rng(0)
 
@@ -85,13 +87,13 @@ PREFIX = np.array([[1, 1, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0]], bool)
 
 def mask_for(kind):
   if kind == 'causal':
-    return attention.causal_mask(T)
+    return masks.causal_mask(T)
   if kind == 'padding':
-    return attention.make_attention_mask(jnp.asarray(VALID), jnp.asarray(VALID))
+    return masks.make_attention_mask(jnp.asarray(VALID), jnp.asarray(VALID))
   if kind == 'segment':
-    return attention.combine_masks(attention.causal_mask(T), None,
+    return masks.combine_masks(masks.causal_mask(T), None,
                                    attention.segment_mask(jnp.asarray(SEGMENTS), jnp.asarray(SEGMENTS)))
-  return attention.prefix_lm_mask(jnp.asarray(PREFIX), jnp.asarray(SEGMENTS))
+  return masks.prefix_lm_mask(jnp.asarray(PREFIX), jnp.asarray(SEGMENTS))
 
 
 @pytest.mark.parametrize('kind', ['causal', 'padding', 'segment', 'prefix'])
@@ -115,9 +117,9 @@ def test_position_masks_for_cache_slots():
   m = attention.prefix_lm_mask_from_positions(q_idx, k_idx, jnp.array([[1], [0]]), k_prefix,
                                               jnp.array([[1], [1]]), k_seg)
   np.testing.assert_array_equal(m[:, 0, 0], np.array([[1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 0, 0]], bool))
-  np.testing.assert_array_equal(attention.valid_from_lengths(jnp.array([2, 0]), 3),
+  np.testing.assert_array_equal(masks.valid_from_lengths(jnp.array([2, 0]), 3),
                                 np.array([[1, 1, 0], [0, 0, 0]], bool))
-  assert attention.combine_masks(None, None) is None
+  assert masks.combine_masks(None, None) is None
 
 
 @pytest.mark.parametrize('kind', ['causal', 'padding', 'segment', 'prefix'])
@@ -273,7 +275,7 @@ def test_mha_fused_equals_einsum_and_sows_weights(overrides):
   """With the same parameters, attention_impl='fused' gives the einsum outputs; asking for
   'intermediates' sows [b, n, t, s] weights (rows sum to 1 where unmasked) without changing them."""
   x = jnp.asarray(RNG.normal(size=(2, 5, D)), jnp.float32)
-  mask = attention.causal_mask(5)
+  mask = masks.causal_mask(5)
   einsum = attention.MultiHeadAttention(tiny_config(**overrides))
   fused = attention.MultiHeadAttention(tiny_config(attention_impl='fused', **overrides))
   variables = einsum.init(jax.random.PRNGKey(0), x, mask=mask)
@@ -290,7 +292,7 @@ def test_mha_fused_equals_einsum_and_sows_weights(overrides):
 def decode_in_chunks(mha, params, x, chunks, positions):
   """Runs decode mode over x in the given chunk sizes; returns the concatenated outputs."""
   b, total = x.shape[:2]
-  cache = mha.init(jax.random.PRNGKey(0), x, decode=DecodeStep(), mask=attention.causal_mask(total),
+  cache = mha.init(jax.random.PRNGKey(0), x, decode=DecodeStep(), mask=masks.causal_mask(total),
                    positions=positions)['cache']
   assert cache['cached_key'].shape == (b, mha.config.num_kv_heads, total, mha.config.head_dim)
   assert cache['cached_value'].shape == (b, mha.config.num_kv_heads, total, mha.config.v_head_dim)
@@ -320,7 +322,7 @@ def test_decode_prefill_then_steps_equals_full_causal_pass(overrides):
   x = jnp.asarray(RNG.normal(size=(2, L, D)), jnp.float32)
   positions = jnp.broadcast_to(jnp.arange(L) + 2, (2, L))
   params = mha.init(jax.random.PRNGKey(1), x, positions=positions)['params']
-  full = mha.apply({'params': params}, x, mask=attention.causal_mask(L), positions=positions)
+  full = mha.apply({'params': params}, x, mask=masks.causal_mask(L), positions=positions)
   cached = decode_in_chunks(mha, params, x, [3, 1, 1, 1, 2], positions)
   np.testing.assert_allclose(cached, full, atol=1e-5, rtol=1e-5)
 
@@ -344,7 +346,7 @@ def test_cross_attention_cache_is_computed_once_and_reused():
   mha = attention.MultiHeadAttention(tiny_config(v_head_dim=6), cross=True)
   enc = jnp.asarray(RNG.normal(size=(2, 7, D)), jnp.float32)
   x = jnp.asarray(RNG.normal(size=(2, 3, D)), jnp.float32)
-  src_mask = attention.make_attention_mask(jnp.ones((2, 1), bool), jnp.arange(7)[None] < jnp.array([[7], [4]]))
+  src_mask = masks.make_attention_mask(jnp.ones((2, 1), bool), jnp.arange(7)[None] < jnp.array([[7], [4]]))
   variables = mha.init(jax.random.PRNGKey(0), x[:, :1], enc, decode=DecodeStep())
   params, cache = variables['params'], variables['cache']
   assert cache['cached_key'].shape == (2, 2, 7, 8) and cache['cached_value'].shape == (2, 2, 7, 6)
@@ -372,7 +374,7 @@ def test_cross_attention_cache_shared_by_groups_of_query_rows():
   enc = jnp.asarray(RNG.normal(size=(c, s, D)), jnp.float32)
   x = jnp.asarray(RNG.normal(size=(c * r, 2, D)), jnp.float32)
   src_valid = jnp.repeat(jnp.arange(s)[None] < jnp.array([[7], [4]]), r, axis=0)  # [b, s]
-  mask = attention.make_attention_mask(jnp.ones((c * r, 2), bool), src_valid)
+  mask = masks.make_attention_mask(jnp.ones((c * r, 2), bool), src_valid)
   variables = mha.init(jax.random.PRNGKey(0), x[:c], enc, decode=DecodeStep())  # caches c rows
   params, cache = variables['params'], variables['cache']
   assert cache['cached_key'].shape == (c, 1, s, 8)
@@ -391,7 +393,7 @@ def test_cross_attention_cache_shared_by_groups_of_query_rows():
 @pytest.mark.parametrize('in_shape,out_shape', [((8,), (3, 2, 4)), ((2, 4), (8,)), ((8,), (5,))])
 def test_projection_gradients_equal_the_einsums(in_shape, out_shape):
   """Projection folds its in/out axes into one matmul whose kernel gradient is hand-written
-  (layers.matmul): its value and its gradients with respect to the input, kernel and bias equal
+  (kernels.matmul): its value and its gradients with respect to the input, kernel and bias equal
   those of the plain einsum over the unfolded axes, differentiated by JAX, for the fused qkv
   [d, 3, n, h], the output [n, h, d] and a plain [d, f] kernel."""
   x = jnp.asarray(RNG.normal(size=(2, 3, *in_shape)), jnp.float32)
@@ -421,10 +423,10 @@ def test_projection_keeps_output_axes_that_a_mesh_splits_unfolded():
   def unsplit(shape):
     mesh = jax.sharding.AbstractMesh(shape, ('data', 'fsdp', 'tensor'))
     with jax.sharding.use_abstract_mesh(mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
-      return attention._unsplit(qkv_out), attention._unsplit(('embed',))
+      return kernels.unsplit(qkv_out), kernels.unsplit(('embed',))
   assert unsplit((1, 1, 2)) == (False, True)
   assert unsplit((2, 1, 1)) == (True, True)
-  assert attention._unsplit(qkv_out)
+  assert kernels.unsplit(qkv_out)
 
 
 def test_mha_dropout_uses_dropout_rng():
@@ -445,5 +447,5 @@ def test_bfloat16_compute_keeps_float32_params_and_finite_output():
   x = jnp.asarray(RNG.normal(size=(1, 4, D)), jnp.float32)
   variables = mha.init(jax.random.PRNGKey(0), x)
   assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(unboxed(variables['params'])))
-  y = mha.apply(variables, x, mask=attention.causal_mask(4))
+  y = mha.apply(variables, x, mask=masks.causal_mask(4))
   assert y.dtype == jnp.bfloat16 and np.all(np.isfinite(np.asarray(y, np.float32)))

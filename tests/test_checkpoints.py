@@ -18,6 +18,7 @@ import pytest
 
 from configs import base
 from transformer import checkpoints, preemption
+from transformer import config as config_lib
 from transformer.config import from_configdict, to_dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -287,18 +288,18 @@ def test_best_step_is_none_without_the_metric(tmp_path):
   ckpt.close()
 
 
-def test_a_run_saved_before_a_key_existed_reads_back_with_its_default(tmp_path):
-  """config.json of an older run lacks keys added since (here model.scale_attention_logits and
-  data.hf_id_offset, added with the T5 converter, and a whole new section key); load_run_config
-  fills exactly those from transformer/defaults.py and keeps every saved value, so eval.py and
-  restore() read old runs instead of failing with "config key ... is missing"."""
-  from transformer import defaults  # pylint: disable=g-import-not-at-top
+def test_a_run_saved_in_another_config_format_is_one_line(tmp_path):
+  """config.json carries config.FORMAT; one without it (or with another) is refused in one line
+  naming the file and both formats, by evaluation and by a resume into that workdir."""
   saved = to_dict(from_configdict(base.get_config()))
-  saved["model"]["d_model"] = 48  # a saved value that differs from the default
-  del saved["model"]["scale_attention_logits"], saved["data"]["hf_id_offset"]
+  assert saved["format"] == config_lib.FORMAT
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  cfg = checkpoints.load_run_config(str(tmp_path))
-  default = defaults.get_config()
-  assert cfg.model.scale_attention_logits == default.model.scale_attention_logits
-  assert cfg.data.hf_id_offset == default.data.hf_id_offset
-  assert cfg.model.d_model == 48
+  assert checkpoints.load_run_config(str(tmp_path)).model.d_model == saved["model"]["d_model"]
+  del saved["format"]
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  message = f"config format 0; this code reads format {config_lib.FORMAT}"
+  with pytest.raises(checkpoints.EvaluationError, match=message) as info:
+    checkpoints.load_run_config(str(tmp_path))
+  assert str(tmp_path / "config.json") in str(info.value) and "\n" not in str(info.value)
+  with pytest.raises(checkpoints.CheckpointError, match=message):
+    checkpoints.check_compatible(str(tmp_path), base.get_config())

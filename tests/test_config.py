@@ -9,6 +9,7 @@ import pytest
 
 from configs import base
 from transformer import config as config_lib
+from transformer import schema
 from transformer import positional
 
 
@@ -160,7 +161,7 @@ def _leaf_keys(d, prefix=""):
 LEAVES = sorted(_leaf_keys(_base_dict()))
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 1024),
                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-                   st.sampled_from(sorted({v for opts in config_lib.CHOICES.values() for v in opts},
+                   st.sampled_from(sorted({v for k in schema.SCHEMA for v in k.choices()},
                                           key=repr)),
                    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
@@ -190,3 +191,21 @@ def test_excluded_ids_parse_and_relate_to_the_vocabulary():
   with pytest.raises(config_lib.ConfigError, match=r"^model.excluded_ids='0,60' names id 60, "
                      r"outside model.vocab_size=60$"):
     config_lib.model_config(vocab_size=60, excluded_ids="0,60")
+
+
+def test_docs_config_md_is_the_generated_key_reference():
+  """docs/config.md is exactly what `python -m transformer.schema` prints (regenerate it so)."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(__file__).resolve().parent.parent / "docs" / "config.md"
+  assert path.read_text() == schema.markdown(), "python -m transformer.schema > docs/config.md"
+
+
+def test_every_key_is_declared_once_with_a_meaning_and_valid_range_and_roles():
+  """SCHEMA: unique names, a meaning each, a known range, known roles, a default that validates."""
+  names = [k.name for k in schema.SCHEMA]
+  assert len(names) == len(set(names))
+  for k in schema.SCHEMA:
+    assert k.meaning and (not k.range or k.range in schema.RANGES), k.name
+    assert k.roles <= set(schema.ROLES), k.name
+    assert not k.choices() or k.default in k.choices(), k.name
+    assert not k.range or schema.RANGES[k.range](k.default), k.name

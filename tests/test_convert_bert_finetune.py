@@ -25,6 +25,7 @@ pytest.importorskip("transformers")
 
 import transformer  # noqa: E402
 from transformer import checkpoints, convert, finetune, models, steps  # noqa: E402
+from transformer import schema  # noqa: E402
 from transformer.config import ConfigError, from_configdict  # noqa: E402
 from transformer.data import load_task  # noqa: E402
 from transformer.training import train_and_evaluate  # noqa: E402
@@ -33,9 +34,11 @@ import encoder_fixtures  # noqa: E402
 import test_convert_bert  # noqa: E402
 
 STEPS = 2
-# Model keys a fine-tuning config sets itself (finetune.FINETUNE_MODEL_KEYS) or, with a new head,
-# the head's own (HEAD_MODEL_KEYS, VOCAB_HEAD_KEYS): everything else is the converted BERT's.
-NEW_HEAD_KEYS = finetune.FINETUNE_MODEL_KEYS + finetune.HEAD_MODEL_KEYS + finetune.VOCAB_HEAD_KEYS
+# Model keys a fine-tuning config sets itself (config role finetune) or, with a new head, the
+# head's own (roles head, vocab_head): everything else is the converted BERT's.
+FINETUNE_KEYS = schema.with_role(schema.FINETUNE, "model")
+NEW_HEAD_KEYS = (FINETUNE_KEYS + schema.with_role(schema.HEAD, "model")
+                 + schema.with_role(schema.VOCAB_HEAD, "model"))
 
 
 def _flat(tree):
@@ -152,7 +155,7 @@ def test_continued_mlm_starts_from_exactly_the_converted_model(converted, contin
   workdir, lines = continued
   bert = transformer.restore(converted)
   cfg = checkpoints.load_run_config(workdir)
-  keep = {k: None for k in finetune.FINETUNE_MODEL_KEYS}
+  keep = {k: None for k in FINETUNE_KEYS}
   assert dataclasses.replace(cfg.model, **keep) == dataclasses.replace(bert.config.model, **keep)
   assert cfg.model.head_transform and cfg.model.logits_bias and not cfg.model.tie_embeddings
   assert (cfg.data.tokenizer, cfg.data.source_tokenizer) == ("hf", "hf")

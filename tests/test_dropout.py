@@ -9,7 +9,7 @@ import pytest
 
 from configs import base
 from transformer import layers
-from transformer.config import ConfigError, fill_added_keys, from_configdict, to_dict
+from transformer.config import ConfigError, from_configdict
 
 
 @pytest.mark.parametrize("shape", [(3, 7, 5), (3, 2, 8)])
@@ -67,8 +67,7 @@ def test_different_keys_give_different_masks_and_edge_rates():
 def test_thirty_two_bits_is_flax_dropout_bit_for_bit_at_the_same_module_paths():
   """A module calling layers.Dropout(rate, 32) twice gives exactly what the same module with
   nn.Dropout(rate) gives on the same 'dropout' rng: same values and, through the auto-names
-  Dropout_0 / Dropout_1, the same per-site keys. So dropout_bits=32 reproduces the masks of every
-  run made before the knob (fill_added_keys gives such runs 32)."""
+  Dropout_0 / Dropout_1, the same per-site keys: dropout_bits=32 gives nn.Dropout's masks."""
 
   class Ours(nn.Module):
     @nn.compact
@@ -85,14 +84,10 @@ def test_thirty_two_bits_is_flax_dropout_bit_for_bit_at_the_same_module_paths():
   np.testing.assert_array_equal(Ours().apply({}, x, rngs=rngs), Flax().apply({}, x, rngs=rngs))
 
 
-def test_dropout_bits_is_a_checked_config_key_and_old_runs_read_back_with_32():
-  """model.dropout_bits accepts 8 | 32 and names itself otherwise; a saved config written before
-  the key existed reads back with 32, the masks it trained with."""
+def test_dropout_bits_is_a_checked_config_key():
+  """model.dropout_bits accepts 8 | 32 and names itself otherwise; the default is 8."""
   cd = base.get_config()
   cd.model.dropout_bits = 16
   with pytest.raises(ConfigError, match=r"model\.dropout_bits=16 is not one of 8\|32"):
     from_configdict(cd)
-  saved = to_dict(from_configdict(base.get_config()))
-  del saved["model"]["dropout_bits"]
-  assert fill_added_keys(saved)["model"]["dropout_bits"] == 32
   assert from_configdict(base.get_config()).model.dropout_bits == 8

@@ -225,10 +225,11 @@ def test_signals_to_the_sweep_reach_its_running_points(tmp_path, sig, forwarded)
   trainer, raises KeyboardInterrupt and reports the signal; the trainer runs in a session of its
   own, so a Ctrl-C to the terminal's process group reaches only the sweep."""
   from transformer import sweep_runner, sweeps  # pylint: disable=g-import-not-at-top
+  from sweep_fixtures import load_config_file  # pylint: disable=g-import-not-at-top
   (tmp_path / "s.py").write_text("def get_sweep():\n  return [{'seed': 1}, {'seed': 2}]\n")
   (tmp_path / "record.py").write_text(RECORD_SIGNAL)
   config = "configs/g2p.py:tiny"
-  points = sweeps.plan(sweeps.load_config_file(config), config, str(tmp_path / "s.py"),
+  points = sweeps.plan(load_config_file(config), config, str(tmp_path / "s.py"),
                        str(tmp_path / "w"))
   recording_cmds = sweeps.Commands(config, train_script=str(tmp_path / "record.py"), eval_split="")
   started = os.path.join(points[0].workdir, "started")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from transformer.config import model_config
-from transformer.layers import Embed, FeedForward, make_norm
+from transformer.layers import FFNS, Embed, FeedForward, make_norm
 from transformer.models import build_model
 
 
@@ -50,10 +50,16 @@ _NP_ACTS = {
     'swiglu': lambda x: x / (1 + np.exp(-x)),
     'geglu': _np_gelu,
     'geglu_tanh': lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
+    'squared_relu': lambda x: np.maximum(x, 0)**2,  # Primer
 }
 
 
-@pytest.mark.parametrize('ffn', ['relu', 'gelu', 'gelu_tanh', 'swiglu', 'geglu', 'geglu_tanh'])
+def test_every_feedforward_variant_has_a_numpy_reference():
+  """layers.FFNS, the config's model.ffn choices, and the references below are the same names."""
+  assert set(FFNS) == set(_NP_ACTS)
+
+
+@pytest.mark.parametrize('ffn', list(_NP_ACTS))
 def test_feedforward_matches_numpy(ffn):
   """Each FFN variant equals W2 act(W1 x) (+ biases), gated variants W2 (act(Wg x) * Wu x)
   (geglu_tanh, T5 v1.1's "gated-gelu", with the tanh GELU); the hidden size is mlp_dim and
@@ -66,7 +72,7 @@ def test_feedforward_matches_numpy(ffn):
   p = jax.tree.map(np.asarray, nn.meta.unbox(boxed))
   act = _NP_ACTS[ffn]
   dense = lambda name, y: y @ p[name]['kernel'] + p[name]['bias']
-  if ffn in ('swiglu', 'geglu', 'geglu_tanh'):
+  if FFNS[ffn].gated:
     assert p['wi_gate']['kernel'].shape == (16, 24) and p['wi_up']['kernel'].shape == (16, 24)
     hidden = act(dense('wi_gate', x)) * dense('wi_up', x)
   else:
@@ -82,7 +88,7 @@ def _np_gelu_grad(x):
   return 0.5 * (1 + np.vectorize(erf)(x / sqrt(2))) + x * np.exp(-x**2 / 2) / sqrt(2 * np.pi)
 
 
-@pytest.mark.parametrize('ffn', ['relu', 'gelu'])
+@pytest.mark.parametrize('ffn', ['relu', 'gelu', 'squared_relu'])
 def test_feedforward_gradients_match_numpy(ffn):
   """The gradients of sum(r * FFN(x)) with respect to x and every kernel equal the NumPy chain
   rule: dh = (r W2^T) act'(x W1 + b1), dW1 = x^T dh over all tokens, dx = dh W1^T, dW2 = h^T r
@@ -99,7 +105,8 @@ def test_feedforward_gradients_match_numpy(ffn):
   x64, r64 = x.astype(np.float64), r.astype(np.float64)
   pre = x64 @ p['wi']['kernel'] + p['wi']['bias']
   act, act_grad = {'relu': (lambda z: np.maximum(z, 0), lambda z: (z > 0).astype(float)),
-                   'gelu': (_np_gelu, _np_gelu_grad)}[ffn]
+                   'gelu': (_np_gelu, _np_gelu_grad),
+                   'squared_relu': (lambda z: np.maximum(z, 0)**2, lambda z: 2 * np.maximum(z, 0))}[ffn]
   dh = (r64 @ p['wo']['kernel'].T) * act_grad(pre)
   tokens = lambda a: a.reshape(-1, a.shape[-1])
   np.testing.assert_allclose(g_params['wi']['kernel'], tokens(x64).T @ tokens(dh),
@@ -149,7 +156,7 @@ def test_norms_match_formula(norm):
 
 
 def test_layernorm_gradients_match_numpy_chain_rule():
-  """The hand-written LayerNorm backward (layers._layer_norm_bwd) against the float64 NumPy chain
+  """The hand-written LayerNorm backward (kernels._layer_norm_bwd) against the float64 NumPy chain
   rule of y = (x - mean) / sqrt(var + eps) * s + b: dx = rstd (g s - mean(g s) - xhat mean(g s
   xhat)), ds = sum(g xhat), db = sum(g); with a non-trivial scale and bias, and the forward equal
   to flax's nn.LayerNorm (same parameters, same values)."""

@@ -52,7 +52,7 @@ def test_scan_and_remat_do_not_change_numbers(arch):
 def test_remat_dots_recomputes_no_matmul():
   """remat='dots' saves every matmul's output, so the backward pass recomputes none: the traced
   gradient has as many dot_generals as without remat, and 'full' (which saves nothing) has more.
-  layers.matmul (the FFN's expanding projection and every attention projection) hides its dot in
+  kernels.matmul (the FFN's expanding projection and every attention projection) hides its dot in
   a custom_vjp, which the plain dot policy does not see; its outputs are saved by name."""
   base = _cfg(arch='encoder_decoder')
   _, params = _init(base)

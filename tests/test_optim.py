@@ -229,7 +229,27 @@ def test_gradient_accumulation_equals_large_batch():
     optim.split_micro_batches(batch, 3)
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "adamw", "adafactor", "sgd"])
+def test_lion_matches_numpy_reference():
+  """Lion (Chen et al. 2023, Algorithm 2) in NumPy: u = sign(b1 m + (1 - b1) g),
+  p <- p - lr (u + wd p), m <- b2 m + (1 - b2) g; three steps with decoupled weight decay."""
+  cfg = train_cfg(optimizer="lion", b1=0.9, b2=0.99, learning_rate=0.1, schedule="constant",
+                  warmup_steps=0, weight_decay=0.5, weight_decay_norms_and_biases=True)
+  tx = optim.make_optimizer(cfg, d_model=4)
+  rng = np.random.default_rng(0)
+  p = {"kernel": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32)}
+  want, m = np.asarray(p["kernel"], np.float64), np.zeros((3, 2))
+  state = tx.init(p)
+  for _ in range(3):
+    g = rng.normal(size=(3, 2))
+    u = np.sign(0.9 * m + 0.1 * g)
+    want = want - 0.1 * (u + 0.5 * want)
+    m = 0.99 * m + 0.01 * g
+    upd, state = tx.update({"kernel": jnp.asarray(g, jnp.float32)}, state, p)
+    p = optax.apply_updates(p, upd)
+  np.testing.assert_allclose(p["kernel"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", list(optim.OPTIMIZERS))
 def test_state_structure_independent_of_clip_and_decay(optimizer):
   """Turning grad_clip / weight_decay on or off keeps the optimizer-state tree (resume works)."""
   params = toy_params()

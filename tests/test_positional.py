@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from transformer import positional
-from transformer.config import CHOICES, ModelConfig, model_config
+from transformer.config import ModelConfig, model_config
+from transformer.schema import KEYS
 
 SETTINGS = hypothesis.settings(max_examples=25, deadline=None)
 
@@ -280,14 +281,14 @@ class _Apply(nn.Module):
 
 @pytest.mark.parametrize('name', list(positional.ENCODINGS))
 def test_every_table_entry_has_its_kinds_signature(name):
-  """Each entry: a known kind, config keys that exist (resumable ones among them), a valid config
+  """Each entry: a known kind, config keys that exist, a valid config
   choice; its function returns its kind's shape: [b, t, d] (absolute), [b, n, t, s] float32
   (bias), x's shape (rotary); translating all positions leaves a bias unchanged."""
   encoding = positional.ENCODINGS[name]
   assert encoding.kind in positional.KINDS
   fields = {f.name for f in dataclasses.fields(ModelConfig)}
-  assert set(encoding.keys) <= fields and set(encoding.resumable_keys) <= set(encoding.keys)
-  assert name in CHOICES['model.positional']
+  assert set(encoding.keys) <= fields
+  assert name in KEYS['model.positional'].choices()
   cfg = model_config(positional=name, d_model=16, num_heads=2, max_len=64)
   positions = jnp.array([[0, 1, 2, 0, 1, 5]])
   x = jnp.asarray(np.random.default_rng(0).normal(size=(1, 6, 2, 8)), jnp.float32)

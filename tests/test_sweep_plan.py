@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from sweep_fixtures import ROOT, TINY, sweep_cli, write_sweep
+from sweep_fixtures import ROOT, TINY, load_config_file, sweep_cli, write_sweep
 from configs import sweeps as helpers
 from transformer import sweeps
 from transformer.config import ConfigError
@@ -53,7 +53,7 @@ def test_shipped_sweep_files_expand_and_validate():
   """Every shipped sweep file plans against g2p :small with distinct names and valid configs,
   with the point counts the files promise (6 positional, 3 norm, 4 ffn, 8 regularization, 6 lr,
   2 arch, 3 ema), and the gated FFNs / decoder-only model get matched sizes."""
-  config = sweeps.load_config_file("configs/g2p.py:small")
+  config = load_config_file("configs/g2p.py:small")
   counts = {"positional": 6, "norm": 3, "ffn": 4, "regularization": 8, "lr": 6, "arch": 2, "ema": 3}
   plans = {}
   for name, n in counts.items():
@@ -72,7 +72,7 @@ def test_unknown_key_is_one_line_error_before_anything_runs(tmp_path):
   prints one line, exits 1 and creates no workdir (so nothing was started)."""
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.positonal", ["rope"])\n')
   with pytest.raises(sweeps.SweepError) as e:
-    sweeps.plan(sweeps.load_config_file(TINY), TINY, path, str(tmp_path / "w"))
+    sweeps.plan(load_config_file(TINY), TINY, path, str(tmp_path / "w"))
   assert "model.positonal" in str(e.value) and path in str(e.value)
   assert "did you mean 'model.positional'" in str(e.value)
   out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={tmp_path / 'w'}")
@@ -84,7 +84,7 @@ def test_unknown_key_is_one_line_error_before_anything_runs(tmp_path):
 def test_bad_values_are_config_errors_naming_the_point(tmp_path):
   """A value the validator rejects (unknown choice, wrong type, a broken relation) is a
   ConfigError naming the sweep file, the point and the key; a non-scalar value is a SweepError."""
-  config = sweeps.load_config_file(TINY)
+  config = load_config_file(TINY)
   cases = {'sweep("model.positional", ["rope", "sinus"])': r"point 1 \(positional=sinus\).*model.positional",
            'sweep("model.d_model", ["big"])': "point 0.*model.d_model='big'",
            'sweep("model.num_heads", [5])': "point 0.*model.num_heads=5 must divide"}

@@ -12,11 +12,9 @@ or I/O code:
                                                                  transformer.evaluation
   restore(workdir, step=None, params='auto', average_last=0) -> Run (.generate_text/.score/
     .attention)                                                  transformer.api
-`evaluate` is the deprecated name of `evaluate_split`, kept for existing callers.
 """
 
 import importlib
-import warnings
 
 _EXPORTS = {
     "model_config": "transformer.config",
@@ -31,15 +29,10 @@ _EXPORTS = {
     "Run": "transformer.api",
     "Attention": "transformer.api",
 }
-_DEPRECATED = {"evaluate": "evaluate_split"}
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-  if name in _DEPRECATED:
-    warnings.warn(f"transformer.{name} is deprecated: use transformer.{_DEPRECATED[name]}",
-                  DeprecationWarning, stacklevel=2)
-    name = _DEPRECATED[name]
   if name in _EXPORTS:
     return getattr(importlib.import_module(_EXPORTS[name]), name)
   raise AttributeError(f"module 'transformer' has no attribute {name!r}")

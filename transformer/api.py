@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 from typing import Any, Sequence
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -304,12 +303,6 @@ class Run:
       filled = [int(best[i]) if t == mask_id else t for i, t in enumerate(row)]
       out.append(tok.decode(filled[1:-1]))
     return out
-
-  def generate(self, *args: Any, **kwargs: Any) -> list[str]:
-    """Deprecated name of generate_text, kept for existing callers."""
-    warnings.warn("Run.generate is deprecated: use Run.generate_text", DeprecationWarning,
-                  stacklevel=2)
-    return self.generate_text(*args, **kwargs)
 
   def attention(self, text: str, target: str | None = None) -> Attention:
     """Attention weights of every layer and head for `text` and `target` (default: greedy output);

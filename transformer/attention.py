@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer import kernels
 from transformer import kv_cache
 from transformer import layers
 from transformer import positional
@@ -28,21 +29,6 @@ _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 # ----------------------------------------------------------------------------------------------------
 # Masks
 # ----------------------------------------------------------------------------------------------------
-def make_attention_mask(query_valid: Array, key_valid: Array) -> Array:
-  """[b, t] and [b, s] validity (bool or nonzero ints) -> [b, 1, t, s]: both positions valid."""
-  return (query_valid.astype(bool)[:, None, :, None] & key_valid.astype(bool)[:, None, None, :])
-
-
-def valid_from_lengths(lengths: Array, length: int) -> Array:
-  """[b] sequence lengths -> [b, length] bool, True on the first lengths[i] positions."""
-  return jnp.arange(length)[None, :] < jnp.asarray(lengths)[:, None]
-
-
-def causal_mask(length: int) -> Array:
-  """[1, 1, t, t] lower-triangular mask: query i may attend to keys j <= i."""
-  return jnp.tril(jnp.ones((length, length), bool))[None, None]
-
-
 def causal_mask_from_positions(q_idx: Array, k_idx: Array) -> Array:
   """[b, t] query and [b, s] key indices (e.g. cache slots) -> [b, 1, t, s]: key index <= query index."""
   return k_idx[:, None, None, :] <= q_idx[:, None, :, None]
@@ -64,27 +50,6 @@ def prefix_lm_mask_from_positions(q_idx: Array, k_idx: Array, q_prefix: Array, k
   both_prefix = q_prefix.astype(bool)[:, None, :, None] & k_prefix.astype(bool)[:, None, None, :]
   return (segment_mask(q_segment_ids, k_segment_ids)
           & (causal_mask_from_positions(q_idx, k_idx) | both_prefix))
-
-
-def prefix_lm_mask(prefix: Array, segment_ids: Array) -> Array:
-  """[b, t] prefix flags and segment ids -> [b, 1, t, t] self-attention prefix-LM mask.
-
-  Causal, plus bidirectional among prefix positions; includes the segment mask (packed rows and
-  padding), so it is the complete self-attention mask of a packed prefix-LM row.
-  """
-  idx = jnp.broadcast_to(jnp.arange(prefix.shape[1]), prefix.shape)
-  return prefix_lm_mask_from_positions(idx, idx, prefix, prefix, segment_ids, segment_ids)
-
-
-def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
-  """Logical and of the given masks (broadcasting); None entries are ignored; all None -> None."""
-  masks = [m for m in masks if m is not None]
-  if not masks:
-    return None
-  out = masks[0].astype(bool)
-  for m in masks[1:]:
-    out = out & m.astype(bool)
-  return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -171,6 +136,15 @@ def _fused_attention(q, k, v, mask, bias, scale):
   return out
 
 
+def _einsum_output(q, k, v, mask, bias, scale):
+  return _einsum_attention(q, k, v, mask, bias, 0.0, None, 8, True, scale)[0]
+
+
+# The attention implementations (model.attention_impl): name -> out(q, k, v, mask, bias, scale)
+# without dropout or weights (those always take the einsum path).
+IMPLEMENTATIONS = {'einsum': _einsum_output, 'fused': _fused_attention}
+
+
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
                           bias: Optional[Array] = None, dropout_rate: float = 0.0,
                           dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
@@ -188,14 +162,14 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   kernel provides neither.
   """
   _check_shapes(q, k, v, mask, bias)
-  if impl not in ('einsum', 'fused'):
-    raise ValueError(f"attention impl={impl!r} is not one of einsum|fused")
+  if impl not in IMPLEMENTATIONS:
+    raise ValueError(f"attention impl={impl!r} is not one of {'|'.join(IMPLEMENTATIONS)}")
   dropout_active = not deterministic and dropout_rate > 0.0
   if dropout_active and dropout_rng is None:
     raise ValueError('attention dropout needs dropout_rng when deterministic=False')
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
-  if impl == 'fused' and not return_weights and not dropout_active:
-    return _fused_attention(q, k, v, mask, bias, scale)
+  if not return_weights and not dropout_active:
+    return IMPLEMENTATIONS[impl](q, k, v, mask, bias, scale)
   out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits,
                                    deterministic, scale)
   return (out, weights) if return_weights else out
@@ -208,18 +182,6 @@ def _dense_init(num_in_axes: int, ndim: int):
   """lecun_normal over the first `num_in_axes` axes, so the scale never depends on fusion."""
   return nn.initializers.lecun_normal(in_axis=tuple(range(num_in_axes)),
                                       out_axis=tuple(range(num_in_axes, ndim)))
-
-
-def _unsplit(logical_axes: tuple) -> bool:
-  """True unless the active mesh and logical-axis rules split one of these axes over devices."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return True
-  for entry in nn.logical_to_mesh_axes(logical_axes):
-    names = entry if isinstance(entry, tuple) else (entry,)
-    if any(name is not None and mesh.shape[name] > 1 for name in names):
-      return False
-  return True
 
 
 class Projection(nn.Module):
@@ -237,16 +199,8 @@ class Projection(nn.Module):
     n_in, shape = len(self.in_shape), (*self.in_shape, *self.out_shape)
     kernel = self.param('kernel', nn.with_logical_partitioning(_dense_init(n_in, len(shape)),
                                                                self.axes), shape, self.param_dtype)
-    # One [b, t, in] x [in, out] matmul (row-major folds: bitcasts) through layers.matmul, whose
-    # kernel gradient is (g^T x)^T: as an einsum over the unfolded axes, XLA:CPU transposed the wide
-    # output gradient of the fused qkv / kv projections for it (docs/performance.md). Output
-    # axes that a mesh splits (heads over 'tensor') stay unfolded: merging a split axis with the
-    # unsplit one before it ([3, n, h]) would make XLA reshard the kernel.
-    fold_in = math.prod(self.in_shape)
-    out = ((math.prod(self.out_shape),) if _unsplit(self.axes[n_in:]) else self.out_shape)
-    y = layers.matmul(x.astype(self.dtype).reshape(*x.shape[:2], fold_in),
-                      jnp.asarray(kernel, self.dtype).reshape(fold_in, *out))
-    y = y.reshape(*x.shape[:2], *self.out_shape)
+    y = kernels.current().project(x.astype(self.dtype), jnp.asarray(kernel, self.dtype), n_in,
+                                  self.axes[n_in:])
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros,
                                                              self.axes[n_in:]),

@@ -50,16 +50,8 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from transformer import config as config_lib
-from transformer import files, models, optim, positional, steps
+from transformer import files, models, optim, schema, steps
 from transformer.config import Config
-
-# Model keys that change neither parameter shapes nor names: a run may resume with other values.
-NON_STRUCTURAL_MODEL_KEYS = frozenset({
-    "dropout_rate", "attention_dropout_rate", "ffn_dropout_rate", "attention_impl", "remat",
-    "dtype", "norm_eps", "prefix_lm"}) | positional.resumable_keys()
-# Derived sizes: 0 means "derive" in an unresolved config, so 0 on either side is not a mismatch.
-DERIVED_MODEL_KEYS = frozenset({
-    "vocab_size", "source_vocab_size", "num_kv_heads", "head_dim", "v_head_dim"})
 
 
 class CheckpointError(ValueError):
@@ -265,30 +257,21 @@ def _saved_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
 
 
 def check_compatible(workdir: str, config: Any) -> None:
-  """Raises CheckpointError naming the first model key (or train.optimizer) that differs from the
-  run already in `workdir`; does nothing for an empty workdir.
-
-  Only keys that change parameter or optimizer-state structure are compared (see
-  NON_STRUCTURAL_MODEL_KEYS); derived sizes written 0 are not compared; train.ema_decay only as
-  on (> 0) or off (the decay itself may change on resume).
-  """
+  """Raises CheckpointError naming the first key the run already in `workdir` fixed (role
+  `fixed`, or `on_off`: whether it is 0) that differs in `config`; does nothing for an empty
+  workdir. Derived sizes (role `derived`) written 0 on either side are not compared."""
   saved, source = _saved_config(workdir)
   if not saved:
     return
+  if problem := config_lib.format_problem(saved, source):
+    raise CheckpointError(problem)
   new = config_lib.to_dict(config)
-  pairs = [(f"model.{k}", v, new.get("model", {}).get(k))
-           for k, v in saved.get("model", {}).items() if k not in NON_STRUCTURAL_MODEL_KEYS]
-  pairs.append(("train.optimizer", saved.get("train", {}).get("optimizer"),
-                new.get("train", {}).get("optimizer")))
-  ema = [d.get("train", {}).get("ema_decay", 0.0) for d in (saved, new)]
-  if bool(ema[0]) != bool(ema[1]):  # an EMA in the train state or none: its tree differs
-    pairs.append(("train.ema_decay", *ema))
-  for key, old, cur in pairs:
-    if key.split(".")[1] in DERIVED_MODEL_KEYS and (not old or not cur):
+  for key in schema.with_role(schema.FIXED) + schema.with_role(schema.ON_OFF):
+    old, cur = schema.lookup(saved, key), schema.lookup(new, key)
+    roles = schema.KEYS[key].roles
+    if old is None or cur is None or (schema.DERIVED in roles and (not old or not cur)):
       continue
-    if cur is None or old is None:
-      continue
-    if old != cur:
+    if (bool(old) != bool(cur)) if schema.ON_OFF in roles else (old != cur):
       raise CheckpointError(f"workdir {workdir} holds a run with {key}={old!r}, this config has "
                             f"{cur!r} (from {source}); use another --workdir or the same config")
 
@@ -296,17 +279,12 @@ def check_compatible(workdir: str, config: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 # Reading a trained run back for inference (evaluation.py, the notebook API, the sweep report):
 # `load_run_config(workdir, overrides)` gives the run's Config with the overrides evaluation may
-# apply (OVERRIDABLE_*: none changes what was trained); `restore_params(cfg, workdir, step)` gives
+# apply (the keys of role `eval`: none changes what was trained); `restore_params(cfg, workdir, step)` gives
 # the parameters of a checkpoint, checked against the shapes that config builds. Both only read
 # the workdir: checkpoints are opened read-only, so a save that training has in flight is left
 # alone. Every failure (a missing, truncated or foreign checkpoint, a bad config.json) is an
 # EvaluationError whose one-line message names the file, step or parameter.
 
-# Keys `overrides` may change: none of them changes parameter shapes or what was trained.
-OVERRIDABLE_PREFIXES = ("eval.",)
-OVERRIDABLE_KEYS = frozenset({
-    "seed", "data.data_dir", "data.eval_split", "data.batch_size",
-    "model.attention_impl", "model.dtype"})
 STEP_NAMES = ("latest", "best")
 PARAMS_CHOICES = ("auto", "ema", "raw")  # read_params: which parameters of a checkpoint
 
@@ -329,11 +307,16 @@ def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Co
     raise EvaluationError(f"{path}: not a JSON config ({_first_line(e)})") from None
   if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
     raise EvaluationError(f"{path}: not a run's config (no 'model' section)")
-  cd = ml_collections.ConfigDict(config_lib.fill_added_keys(saved))
+  if problem := config_lib.format_problem(saved, path):
+    raise EvaluationError(problem)
+  cd = ml_collections.ConfigDict(saved)
+  overridable = schema.with_role(schema.EVAL)
   for key, value in (overrides or {}).items():
-    if not (key.startswith(OVERRIDABLE_PREFIXES) or key in OVERRIDABLE_KEYS):
-      raise config_lib.ConfigError(f"--config.{key} cannot be overridden at evaluation (it would not match "
-                        f"the trained parameters); allowed: eval.*, {', '.join(sorted(OVERRIDABLE_KEYS))}")
+    if key not in overridable:
+      others = sorted(k for k in overridable if not k.startswith("eval."))
+      raise config_lib.ConfigError(f"--config.{key} cannot be overridden at evaluation (it would "
+                                   f"not match the trained parameters); allowed: eval.*, "
+                                   f"{', '.join(others)}")
     try:
       cd.update_from_flattened_dict({key: value})
     except (KeyError, AttributeError, TypeError) as e:

@@ -5,7 +5,8 @@ the culprit: a config file's own `get_config` error becomes "Error whilst parsin
 followed by a traceback. `parse_flags` turns each failure into one line naming the flag, config key
 or file (and line), printed as `error: ...` with exit status 1. `--help` prints one screen (the
 tool's first docstring paragraph, its own flags, where the config keys are documented) and exits 0;
-`--help_keys` lists every config key with its default.
+`--help_keys` lists every config key with its default and meaning. The tools with flags of their
+own (predict, convert, the sweep runner) parse them with `parse_own_flags`.
 Running: `one_line_errors` wraps an entry point's work. The library's own errors (ConfigError,
 CheckpointError, ...: one line by design) and failures of the machine or of files, which
 `environment_error` names (a full disk, a directory that cannot be written, corrupt prepared data,
@@ -31,7 +32,7 @@ from absl import flags
 from absl import logging
 import ml_collections
 
-from transformer import defaults
+from transformer import schema
 from transformer.sweeps import flat_items
 
 _WRAPPED = "Error whilst parsing config file"  # ml_collections' wrapper of a config file's error
@@ -257,7 +258,7 @@ def _config_file_message(error: BaseException, path: str) -> str | None:
 
 def _unknown_override(argv: Sequence[str]) -> str | None:
   """`--config.KEY=...` whose KEY is not in configs/base.py, as a one-line message, or None."""
-  known = flat_items(defaults.get_config())
+  known = flat_items(schema.get_config())
   sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
   for arg in argv:
     if arg.startswith("--config."):
@@ -320,14 +321,16 @@ def help_text(script: str, doc: str, main_flags: Sequence[flags.Flag]) -> str:
 
 
 def key_lines(config: ml_collections.ConfigDict) -> list[str]:
-  """Every key of `config` with its default, one per line, indented under its section."""
+  """Every key of `config` with its default and (from the schema) its meaning, one per line,
+  indented under its section."""
   out, section = [], None
   for key, value in sorted(flat_items(config).items(), key=lambda kv: kv[0].rpartition(".")[::2]):
     head, _, name = key.rpartition(".")
     if head != section:
       out.append(f"{head}:" if head else "(top level):")
       section = head
-    out.append(f"  {name} = {value!r}")
+    meaning = schema.KEYS[key].meaning if key in schema.KEYS else ""
+    out.append(f"  {name} = {value!r}" + (f"  # {meaning}" if meaning else ""))
   return out
 
 
@@ -337,13 +340,32 @@ def _help(argv: Sequence[str]) -> None:
   script = os.path.basename(argv[0])
   if KEYS_FLAG in args:
     print("Every config key and its default (configs/base.py); what each means: docs/config.md.")
-    print("\n".join(key_lines(defaults.get_config())))
+    print("\n".join(key_lines(schema.get_config())))
     sys.exit(0)
   if any(a in HELP_FLAGS for a in args):
     main = sys.modules.get("__main__")
     print(help_text(script, getattr(main, "__doc__", "") or "",
                     flags.FLAGS.get_key_flags_for_module(argv[0])))
     sys.exit(0)
+
+
+def parse_own_flags(prog: str, define: Callable[[flags.FlagValues], None],
+                    argv: Sequence[str]) -> tuple[flags.FlagValues, list[str]]:
+  """The absl flags `define(flag_values)` declares, parsed from `argv` into a FlagValues of their
+  own (so a `main(argv)` runs again in one process), and the positional arguments. --help prints
+  them and exits 0; a bad flag is one line `error: ... (see --help)`, exit status 2."""
+  flag_values = flags.FlagValues()
+  define(flag_values)
+  if "--help" in argv or "-h" in argv:
+    print(f"usage: {prog} [--flag=value ...] [args]\n{flag_values.get_help()}")
+    sys.exit(0)
+  try:
+    rest = flag_values([prog, *argv])
+  except flags.Error as e:
+    message = flag_error(e, argv)
+    print(f"error: {message}{'' if '--help' in message else ' (see --help)'}", file=sys.stderr)
+    sys.exit(2)
+  return flag_values, rest[1:]
 
 
 def parse_flags(argv: Sequence[str]) -> list[str]:

@@ -43,6 +43,42 @@ class Search(NamedTuple):
   top_p: float = 1.0  # 1.0 = off
 
 
+def _greedy(decode_cfg: Any, vocab_size: int) -> Search:
+  del decode_cfg, vocab_size
+  return Search("greedy")
+
+
+def _beam(decode_cfg: Any, vocab_size: int) -> Search:
+  beam, widest = decode_cfg.beam_size, min(MAX_BEAM_SIZE, vocab_size or MAX_BEAM_SIZE)
+  if not 1 <= beam <= widest:
+    what = f"the vocabulary size {vocab_size}" if widest < MAX_BEAM_SIZE else str(MAX_BEAM_SIZE)
+    raise ValueError(f"eval.decode.beam_size={beam} must be in [1, {widest}] (at most {what})")
+  if not math.isfinite(decode_cfg.length_penalty):
+    raise ValueError(f"eval.decode.length_penalty={decode_cfg.length_penalty} must be a finite "
+                     "number")
+  return Search("beam", beam_size=int(decode_cfg.beam_size),
+                length_penalty=float(decode_cfg.length_penalty))
+
+
+def _sample(decode_cfg: Any, vocab_size: int) -> Search:
+  del vocab_size
+  if not (decode_cfg.temperature > 0 and math.isfinite(decode_cfg.temperature)):
+    raise ValueError(f"eval.decode.temperature={decode_cfg.temperature} must be a finite "
+                     "number > 0")
+  if decode_cfg.top_k < 0:
+    raise ValueError(f"eval.decode.top_k={decode_cfg.top_k} must be >= 0 (0 = off)")
+  if not 0.0 < decode_cfg.top_p <= 1.0:
+    raise ValueError(f"eval.decode.top_p={decode_cfg.top_p} must be in (0, 1]")
+  return Search("sample", temperature=float(decode_cfg.temperature), top_k=int(decode_cfg.top_k),
+                top_p=float(decode_cfg.top_p))
+
+
+# The decoding methods (eval.decode.method): name -> the Search settings it takes from eval.decode
+# (and the vocabulary size, which bounds a beam).
+METHODS: dict[str, Callable[[Any, int], Search]] = {
+    "greedy": _greedy, "sample": _sample, "beam": _beam}
+
+
 def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> Search:
   """Validates the decode config (eval.decode) and keeps only the fields its method uses.
 
@@ -51,34 +87,14 @@ def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> S
   MAX_BEAM_SIZE and `vocab_size`; 0 = unknown), a finite length penalty, a finite temperature > 0,
   top_k >= 0 and top_p in (0, 1].
   """
-  method = decode_cfg.method
   length = decode_cfg.max_decode_len
   if length < 0 or (max_len and length > max_len):
     raise ValueError(f"eval.decode.max_decode_len={length} must be in [0, model.max_len="
                      f"{max_len or '?'}] (0 = data.max_target_len)")
-  if method == "greedy":
-    return Search("greedy")
-  if method == "beam":
-    beam, widest = decode_cfg.beam_size, min(MAX_BEAM_SIZE, vocab_size or MAX_BEAM_SIZE)
-    if not 1 <= beam <= widest:
-      what = f"the vocabulary size {vocab_size}" if widest < MAX_BEAM_SIZE else str(MAX_BEAM_SIZE)
-      raise ValueError(f"eval.decode.beam_size={beam} must be in [1, {widest}] (at most {what})")
-    if not math.isfinite(decode_cfg.length_penalty):
-      raise ValueError(f"eval.decode.length_penalty={decode_cfg.length_penalty} must be a finite "
-                       "number")
-    return Search("beam", beam_size=int(decode_cfg.beam_size),
-                  length_penalty=float(decode_cfg.length_penalty))
-  if method == "sample":
-    if not (decode_cfg.temperature > 0 and math.isfinite(decode_cfg.temperature)):
-      raise ValueError(f"eval.decode.temperature={decode_cfg.temperature} must be a finite "
-                       "number > 0")
-    if decode_cfg.top_k < 0:
-      raise ValueError(f"eval.decode.top_k={decode_cfg.top_k} must be >= 0 (0 = off)")
-    if not 0.0 < decode_cfg.top_p <= 1.0:
-      raise ValueError(f"eval.decode.top_p={decode_cfg.top_p} must be in (0, 1]")
-    return Search("sample", temperature=float(decode_cfg.temperature), top_k=int(decode_cfg.top_k),
-                  top_p=float(decode_cfg.top_p))
-  raise ValueError(f"eval.decode.method={method!r} must be one of greedy, sample, beam")
+  if decode_cfg.method not in METHODS:
+    raise ValueError(f"eval.decode.method={decode_cfg.method!r} must be one of "
+                     f"{', '.join(METHODS)}")
+  return METHODS[decode_cfg.method](decode_cfg, vocab_size)
 
 
 # ----------------------------------------------------------------------------- sampling and greedy

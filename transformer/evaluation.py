@@ -2,7 +2,7 @@
 
 `evaluate_split(workdir, split, step, overrides, ...)`, which eval.py calls:
   1. `read_members` reads each run's config.json (checkpoints.load_run_config applies `overrides`,
-     a flat {"eval.decode.beam_size": 4} dict, and refuses keys outside checkpoints.OVERRIDABLE_*)
+     a flat {"eval.decode.beam_size": 4} dict, and refuses keys outside the schema's `eval` role)
      and restores the parameters of `step` read-only onto one device (checkpoints.read_params:
      the EMA or the raw ones, or the mean of the newest `average_last` checkpoints);
   2. `teacher_forced`: loss, token accuracy and perplexity (steps.teacher_forced_metrics, the

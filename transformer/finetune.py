@@ -8,15 +8,16 @@ A decoder-only or encoder-decoder config takes the run's whole model and tokeniz
 from all of its parameters. An encoder-only config takes the run's encoder and embeddings (an
 encoder-only or encoder-decoder run) and the tokenizer its encoder read; then:
   - a new head (head 'classify' or 'tag', or 'mlm' on an encoder-decoder run's encoder): the head
-    keys (HEAD_MODEL_KEYS, and the vocabulary head's knobs VOCAB_HEAD_KEYS: BERT's
+    keys (config role `head`, and the vocabulary head's knobs, role `vocab_head`: BERT's
     head_transform / logits_bias, tie_embeddings, excluded_ids) are the new config's, the head's parameters
     are initialised afresh, the run's own head or decoder is dropped, and the labels' tokenizer is
     the new config's;
   - continued masked-LM training (head 'mlm' on an encoder-only 'mlm' run, e.g. a converted
     BERT): the head is the run's too, knobs and parameters, so training starts from exactly the
     run's model; the text is both input and target, so both sides read the run's tokenizer.
-In both cases the run's tokenizer wins over the config's data.tokenizer / source_tokenizer keys
-(the embeddings only mean something with the ids they were trained on). Parameters that do not
+In both cases the run's tokenizer (the keys of role `run_tokenizer`) wins over the config's
+(the embeddings only mean something with the ids they were trained on); the model keys of role
+`finetune` (regularisation and execution, never the function) are the new config's. Parameters that do not
 match are one ConfigError line naming them.
 """
 
@@ -29,17 +30,9 @@ import jax
 
 from transformer import checkpoints
 from transformer import config as config_lib
+from transformer import schema
 from transformer.config import Config
 
-# Model keys a fine-tuning config sets itself: regularisation and execution, never the function.
-FINETUNE_MODEL_KEYS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
-                       "attention_impl", "remat", "dtype")
-TOKENIZER_KEYS = ("tokenizer", "source_tokenizer", "spm_model_type", "spm_vocab_size",
-                  "hf_tokenizer", "hf_id_offset")
-# Encoder-only fine-tuning puts a head on the pretrained encoder: these keys are the new config's.
-HEAD_MODEL_KEYS = ("arch", "head", "pooling", "num_classes")
-# The vocabulary head's knobs: the run's if its masked-LM head is continued, else the new config's.
-VOCAB_HEAD_KEYS = ("head_transform", "logits_bias", "tie_embeddings", "excluded_ids")
 HEAD = "head"  # the parameter subtree of an encoder-only model's head
 SHARED = ("token_embed", "encoder")  # what an encoder-only model takes from any pretrained run
 
@@ -58,18 +51,19 @@ def _run_config(init_from: str) -> Config:
 
 def init_from_config(cfg: Config, init_from: str) -> Config:
   """`cfg` with the model section and tokenizer keys of the run in `init_from` (see the module
-  docstring for what an encoder-only config keeps); FINETUNE_MODEL_KEYS keep `cfg`'s values.
+  docstring for what an encoder-only config keeps); keys of role `finetune` keep `cfg`'s values.
   Raises ConfigError naming --init_from."""
   run = _run_config(init_from)
-  keep = FINETUNE_MODEL_KEYS
-  data = dataclasses.replace(cfg.data, **{k: getattr(run.data, k) for k in TOKENIZER_KEYS})
+  keep = schema.with_role(schema.FINETUNE, "model")
+  data = dataclasses.replace(cfg.data, **{
+      k: getattr(run.data, k) for k in schema.with_role(schema.RUN_TOKENIZER, "data")})
   if cfg.model.arch == "encoder_only":  # the pretrained encoder and its input tokenizer only
     if run.model.arch == "decoder_only":
       raise config_lib.ConfigError(f"--init_from={init_from}: a decoder_only run has no encoder "
                                    f"for model.arch='encoder_only'")
-    keep += HEAD_MODEL_KEYS
+    keep += schema.with_role(schema.HEAD, "model")
     if not continues_head(run, cfg.model.head):
-      keep += VOCAB_HEAD_KEYS
+      keep += schema.with_role(schema.VOCAB_HEAD, "model")
     source = run.data.source_tokenizer or run.data.tokenizer
     # An objective (masked LM) predicts the input's own ids: the run's tokenizer on both sides.
     target = source if cfg.data.objective != "none" else cfg.data.tokenizer

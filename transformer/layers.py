@@ -7,6 +7,7 @@ shard it later; `dtype` is the compute dtype and `param_dtype` the storage dtype
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Callable
@@ -14,57 +15,11 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
-from transformer.config import ConfigError, ModelConfig
+from transformer import kernels
+from transformer.config import ModelConfig
 
 Array = jax.Array
-
-
-@jax.custom_vjp
-def _matmul(x: Array, kernel: Array) -> Array:
-  return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
-
-
-def _matmul_fwd(x: Array, kernel: Array) -> tuple[Array, tuple[Array, Array]]:
-  return _matmul(x, kernel), (x, kernel)
-
-
-def _matmul_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
-  x, kernel = res
-  out = tuple(range(1, kernel.ndim))  # the kernel's output axes
-  dx = jax.lax.dot_general(g, kernel, ((tuple(range(x.ndim - 1, g.ndim)), out), ((), ())))
-  rows = math.prod(x.shape[:-1])
-  # [*out, d] = g^T x over the tokens folded into one axis, then a small transpose to [d, *out].
-  dk_t = jax.lax.dot_general(g.reshape(rows, *kernel.shape[1:]), x.reshape(rows, -1),
-                             (((0,), (0,)), ((), ())))
-  return dx, jnp.moveaxis(dk_t, -1, 0).astype(kernel.dtype)
-
-
-_matmul.defvjp(_matmul_fwd, _matmul_bwd)
-
-# The name remat policies save `matmul`'s outputs by (models._REMAT_POLICIES): the custom_vjp hides
-# its dot from jax.checkpoint_policies.checkpoint_dots.
-MATMUL_NAME = 'matmul'
-
-
-def matmul(x: Array, kernel: Array) -> Array:
-  """x [..., d] @ kernel [d, *out] -> [..., *out], whose kernel gradient is formed as (g^T x)^T
-  over the tokens folded into one axis, so that XLA:CPU transposes the narrow input x for it rather
-  than the output gradient g (see _wide_out_dot_general). The expanding FFN projections and every
-  attention projection use it; the output is named MATMUL_NAME for remat policies."""
-  return checkpoint_name(_matmul(x, kernel), MATMUL_NAME)
-
-
-def _wide_out_dot_general(x, kernel, dimension_numbers, precision=None, **kwargs):
-  """nn.Dense's dot_general for the expanding projections (d -> mlp_dim): the same product, and
-  the kernel gradient g^T x computed so that XLA:CPU transposes the narrow input x rather than the
-  wide gradient g. Otherwise the transpose is fused with the activation's derivative (erf, exp)
-  and runs unvectorised: a third of a small model's train step (docs/performance.md)."""
-  if (dimension_numbers != (((x.ndim - 1,), (0,)), ((), ())) or precision is not None
-      or kwargs or kernel.ndim != 2):
-    return jax.lax.dot_general(x, kernel, dimension_numbers, precision=precision, **kwargs)
-  return matmul(x, kernel)
 
 
 def dense(features: int, axes: tuple[str, str], cfg: ModelConfig, name: str,
@@ -122,20 +77,37 @@ def _gelu_erf(x: Array) -> Array:
   return x * 0.5 * (1.0 + jax.lax.erf(x * (0.5**0.5)))
 
 
-_GELU = _gelu_erf  # the exact (erf) form
 # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's "gelu_new", and cheaper than erf.
-_GELU_TANH = functools.partial(nn.gelu, approximate=True)
-_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    'relu': nn.relu, 'gelu': _GELU, 'gelu_tanh': _GELU_TANH, 'swiglu': nn.silu, 'geglu': _GELU,
-    'geglu_tanh': _GELU_TANH}  # T5 v1.1 / Flan-T5's "gated-gelu" (Hugging Face's "gelu_new")
-_GATED = ('swiglu', 'geglu', 'geglu_tanh')
+_gelu_tanh = functools.partial(nn.gelu, approximate=True)
+
+
+def _squared_relu(x: Array) -> Array:
+  """max(x, 0)^2, Primer's feed-forward activation (So et al. 2021)."""
+  return jnp.square(nn.relu(x))
+
+
+@dataclasses.dataclass(frozen=True)
+class FFN:
+  """A feed-forward variant: W2 act(W1 x), or gated W2 (act(Wg x) * Wu x)."""
+  activation: Callable[[Array], Array]
+  gated: bool = False
+
+
+# The feed-forward variants (model.ffn): name -> activation and whether it gates.
+FFNS: dict[str, FFN] = {
+    'relu': FFN(nn.relu),
+    'gelu': FFN(_gelu_erf),
+    'gelu_tanh': FFN(_gelu_tanh),
+    'swiglu': FFN(nn.silu, gated=True),
+    'geglu': FFN(_gelu_erf, gated=True),
+    'geglu_tanh': FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
+    'squared_relu': FFN(_squared_relu),  # Primer (So et al. 2021)
+}
 
 
 def activation(cfg: ModelConfig) -> Callable[[Array], Array]:
   """model.ffn's activation (of the gate, for a gated FFN): also the MLM head's transform's."""
-  if cfg.ffn not in _ACTIVATIONS:
-    raise ConfigError(f"model.ffn={cfg.ffn!r} is not one of {'|'.join(_ACTIVATIONS)}")
-  return _ACTIVATIONS[cfg.ffn]
+  return FFNS[cfg.ffn].activation
 
 
 def dropout(x: Array, rate: float, rng: Array, bits: int = 8) -> Array:
@@ -183,8 +155,7 @@ class Dropout(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward: relu | gelu | gelu_tanh (W2 act(W1 x)) or swiglu | geglu |
-  geglu_tanh (W2 (act(Wg x) * Wu x); geglu uses the erf GELU, geglu_tanh the tanh one).
+  """Position-wise feed-forward, the variant FFNS[config.ffn].
 
   The hidden size is `config.mlp_dim` for every variant; dropout (`ffn_dropout_rate`) acts on the
   hidden layer.
@@ -195,70 +166,22 @@ class FeedForward(nn.Module):
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
     """[b, t, d] -> [b, t, d]."""
     cfg = self.config
-    act = activation(cfg)
-    if cfg.ffn in _GATED:
-      gate = dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_gate', _wide_out_dot_general)(x)  # [b, t, f]
-      up = dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi_up', _wide_out_dot_general)(x)  # [b, t, f]
-      h = act(gate) * up
+    ffn = FFNS[cfg.ffn]
+    act = ffn.activation
+    widen = functools.partial(dense, cfg.mlp_dim, ('embed', 'mlp'), cfg,
+                              dot_general=kernels.current().dense_dot_general)
+    if ffn.gated:
+      h = act(widen('wi_gate')(x)) * widen('wi_up')(x)  # [b, t, f]
     else:
-      h = act(dense(cfg.mlp_dim, ('embed', 'mlp'), cfg, 'wi', _wide_out_dot_general)(x))  # [b, t, f]
+      h = act(widen('wi')(x))  # [b, t, f]
     h = Dropout(cfg.ffn_dropout_rate, cfg.dropout_bits)(h, deterministic=deterministic)
     return dense(cfg.d_model, ('mlp', 'embed'), cfg, 'wo')(h)
-
-
-def _ln_stats(x: Array) -> tuple[Array, Array]:
-  """float32 mean and 1/sqrt(var + eps)'s ingredients over the last axis, as nn.LayerNorm computes
-  them: var = E[x^2] - E[x]^2 (clipped at 0), both means in one pass."""
-  x = x.astype(jnp.float32)
-  mean, mean2 = x.mean(-1, keepdims=True), (x * x).mean(-1, keepdims=True)
-  return mean, jnp.maximum(0.0, mean2 - mean * mean)
-
-
-def _layer_norm_fwd(x, scale, bias, epsilon):
-  """float32 (x - mean) / sqrt(var + eps) * scale + bias over x's last axis (nn.LayerNorm's
-  forward, the same operations in the same order), and the backward's residuals."""
-  mean, var = _ln_stats(x)
-  rstd = jax.lax.rsqrt(var + epsilon)
-  return (x - mean) * (rstd * scale) + bias, (x, mean, rstd, scale, bias)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
-  return _layer_norm_fwd(x, scale, bias, epsilon)[0]
-
-
-def _layer_norm_bwd(epsilon, res, g):
-  """dx = rstd (g s - mean(g s) - xhat mean(g s xhat)), with xhat = (x - mean) rstd.
-
-  The two feature means are matrix-vector products with the scale, g @ s and (g xhat) @ s: as
-  autodiff writes them (reductions of g * broadcast(s)), XLA:CPU materialised the [tokens, d]
-  broadcast of the scale, or of rstd * scale, for every norm of the step (docs/performance.md).
-  """
-  del epsilon
-  x, mean, rstd, scale, bias = res
-  g = g.astype(jnp.float32)
-  s = scale.astype(jnp.float32)
-  xhat = (x.astype(jnp.float32) - mean) * rstd
-  gx = g * xhat
-  d = x.shape[-1]
-  # float32 products (a TPU's default matmul precision would round them to bfloat16).
-  matvec = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
-  mean_gs = matvec(g, s)[..., None] / d
-  mean_gsx = matvec(gx, s)[..., None] / d
-  dx = rstd * (g * s - mean_gs - xhat * mean_gsx)
-  lead = tuple(range(x.ndim - 1))
-  return (dx.astype(x.dtype), jnp.sum(gx, lead).astype(scale.dtype),
-          jnp.sum(g, lead).astype(bias.dtype))
-
-
-_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 class LayerNorm(nn.Module):
   """nn.LayerNorm over the last axis (parameters 'scale' and 'bias' [d], float32 statistics with
   E[x^2] - E[x]^2, output in `dtype`; `make_norm` always gives one, and None keeps x's dtype where
-  flax would promote with the parameters'): the same parameters and forward values, with the
-  backward written out (`_layer_norm_bwd`) so that it needs no [tokens, d] broadcast of the scale."""
+  flax would promote with the parameters'): the same parameters and values (kernels.layer_norm)."""
   epsilon: float = 1e-6
   dtype: Any = None
   param_dtype: Any = jnp.float32
@@ -271,20 +194,22 @@ class LayerNorm(nn.Module):
     d = x.shape[-1]
     scale = self.param('scale', self.scale_init, (d,), self.param_dtype)
     bias = self.param('bias', self.bias_init, (d,), self.param_dtype)
-    y = _layer_norm(x, jnp.asarray(scale), jnp.asarray(bias), self.epsilon)
+    y = kernels.current().layer_norm(x, jnp.asarray(scale), jnp.asarray(bias), self.epsilon)
     return y.astype(self.dtype or x.dtype)
 
 
+def _layernorm(**kwargs) -> nn.Module:
+  return LayerNorm(bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',)),
+                   **kwargs)
+
+
+# The norms (model.norm): name -> a module maker taking flax's norm keyword arguments.
+NORMS: dict[str, Callable[..., nn.Module]] = {'layernorm': _layernorm, 'rmsnorm': nn.RMSNorm}
+
+
 def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
-  """LayerNorm or RMSNorm per `config.norm`, epsilon `config.norm_eps`; scale axis 'norm'."""
-  kwargs = dict(
+  """The norm NORMS[config.norm], epsilon `config.norm_eps`; scale axis 'norm'."""
+  return NORMS[config.norm](
       epsilon=config.norm_eps, dtype=jnp.dtype(config.dtype),
       param_dtype=jnp.dtype(config.param_dtype),
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ('norm',)),
-      name=name)
-  if config.norm == 'layernorm':
-    return LayerNorm(
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',)), **kwargs)
-  if config.norm == 'rmsnorm':
-    return nn.RMSNorm(**kwargs)
-  raise ConfigError(f"model.norm={config.norm!r} is not one of layernorm|rmsnorm")
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ('norm',)), name=name)

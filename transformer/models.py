@@ -24,25 +24,13 @@ import numpy as np
 
 from transformer import attention as attn
 from transformer import heads
+from transformer import kernels
 from transformer import kv_cache
-from transformer import layers
 from transformer import positional
 from transformer.config import ConfigError, ModelConfig
 from transformer.layers import Dropout, Embed, FeedForward, make_norm
 
 Array = jax.Array
-
-# The dot policies also save layers.matmul's outputs (the FFN's expanding and every attention
-# projection), whose custom gradient hides their dots from the dot policies.
-_SAVE_MATMULS = jax.checkpoint_policies.save_only_these_names(layers.MATMUL_NAME)
-_REMAT_POLICIES = {
-    'full': None,  # save nothing: recompute the whole block in the backward pass
-    'dots': jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.checkpoint_dots, _SAVE_MATMULS),
-    'dots_no_batch': jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims, _SAVE_MATMULS),
-}
-
 
 def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
   """Decoder inputs [b, t]: targets shifted right by one, 0 (start token) at every segment start."""
@@ -136,10 +124,8 @@ def _run_layers(cfg: ModelConfig, block: type[nn.Module], num_layers: int, x: Ar
   pass remat_allowed=False: they have no backward pass, and remat would only recompute.
   """
   cls = block
-  if cfg.remat not in ('none', *_REMAT_POLICIES):
-    raise ConfigError(f"model.remat={cfg.remat!r} is not one of none|{'|'.join(_REMAT_POLICIES)}")
   if cfg.remat != 'none' and remat_allowed:
-    cls = nn.remat(cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
+    cls = nn.remat(cls, policy=kernels.REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
     scanned = nn.scan(
         cls, variable_axes={'params': 0, 'cache': 0, 'intermediates': 0},

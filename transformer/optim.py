@@ -54,42 +54,52 @@ import jax
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ("rsqrt", "warmup_cosine", "warmup_linear", "constant")
-OPTIMIZERS = ("adam", "adamw", "adafactor", "sgd")
+def _warmup(s: jax.Array, warmup: int) -> jax.Array:
+  return jnp.minimum(1.0, s / warmup) if warmup > 0 else jnp.ones_like(s)
+
+
+def _rsqrt(s: jax.Array, tc: Any, d_model: int) -> jax.Array:
+  decay = jax.lax.rsqrt(s)
+  if tc.warmup_steps > 0:
+    decay = jnp.minimum(decay, s * int(tc.warmup_steps)**-1.5)
+  return float(tc.learning_rate) * d_model**-0.5 * decay
+
+
+def _constant(s: jax.Array, tc: Any, d_model: int) -> jax.Array:
+  del d_model
+  return float(tc.learning_rate) * _warmup(s, int(tc.warmup_steps))
+
+
+def _warmup_then(decay: Callable[[jax.Array, float, float], jax.Array]):
+  """A schedule: linear warmup to the peak, then `decay(p, peak, min)` over p in [0, 1]."""
+  def schedule(s, tc, d_model):
+    del d_model
+    peak, warmup = float(tc.learning_rate), int(tc.warmup_steps)
+    low = float(tc.min_learning_rate_ratio) * peak
+    p = jnp.clip((s - warmup) / max(int(tc.num_steps) - warmup, 1), 0.0, 1.0)
+    return jnp.where(s < warmup, peak * _warmup(s, warmup), decay(p, peak, low))
+  return schedule
+
+
+# The learning-rate schedules (train.schedule): name -> lr(s, train config, d_model), s from 1.
+SCHEDULES: dict[str, Callable[[jax.Array, Any, int], jax.Array]] = {
+    "rsqrt": _rsqrt,
+    "warmup_cosine": _warmup_then(
+        lambda p, peak, low: low + (peak - low) * 0.5 * (1.0 + jnp.cos(jnp.pi * p))),
+    "warmup_linear": _warmup_then(lambda p, peak, low: peak + (low - peak) * p),
+    "constant": _constant,
+}
 
 
 def make_schedule(train_cfg: Any, d_model: int) -> optax.Schedule:
   """Returns the learning-rate schedule `count -> lr` named by `train.schedule` (see module doc)."""
-  name = train_cfg.schedule
-  peak = float(train_cfg.learning_rate)
-  warmup = int(train_cfg.warmup_steps)
-  num_steps = int(train_cfg.num_steps)
-  low = float(train_cfg.min_learning_rate_ratio) * peak
-  if name not in SCHEDULES:
-    raise ValueError(f"train.schedule={name!r} is not one of {', '.join(SCHEDULES)}")
-  if warmup < 0:
-    raise ValueError(f"train.warmup_steps={warmup} must be >= 0")
-
-  def warmup_factor(s):
-    return jnp.minimum(1.0, s / warmup) if warmup > 0 else jnp.ones_like(s)
-
-  def schedule(count):
-    s = jnp.asarray(count, jnp.float32) + 1.0  # the paper's step, counted from 1
-    if name == "rsqrt":
-      decay = jax.lax.rsqrt(s)
-      if warmup > 0:
-        decay = jnp.minimum(decay, s * warmup**-1.5)
-      return peak * d_model**-0.5 * decay
-    if name == "constant":
-      return peak * warmup_factor(s)
-    p = jnp.clip((s - warmup) / max(num_steps - warmup, 1), 0.0, 1.0)
-    if name == "warmup_cosine":
-      decayed = low + (peak - low) * 0.5 * (1.0 + jnp.cos(jnp.pi * p))
-    else:
-      decayed = peak + (low - peak) * p
-    return jnp.where(s < warmup, peak * warmup_factor(s), decayed)
-
-  return schedule
+  if train_cfg.schedule not in SCHEDULES:
+    raise ValueError(f"train.schedule={train_cfg.schedule!r} is not one of {', '.join(SCHEDULES)}")
+  if train_cfg.warmup_steps < 0:
+    raise ValueError(f"train.warmup_steps={train_cfg.warmup_steps} must be >= 0")
+  fn = SCHEDULES[train_cfg.schedule]
+  # The paper's step, counted from 1.
+  return lambda count: fn(jnp.asarray(count, jnp.float32) + 1.0, train_cfg, d_model)
 
 
 def _path_names(path) -> list[str]:
@@ -123,6 +133,39 @@ def weight_decay_mask(train_cfg: Any) -> Callable[[Any], Any]:
   return mask
 
 
+Transforms = list[optax.GradientTransformation]
+
+
+def _adam(tc: Any, decay: optax.GradientTransformation) -> Transforms:
+  # L2: added to the gradient before preconditioning.
+  return [decay, optax.scale_by_adam(b1=tc.b1, b2=tc.b2, eps=tc.eps)]
+
+
+def _adamw(tc: Any, decay: optax.GradientTransformation) -> Transforms:
+  return [optax.scale_by_adam(b1=tc.b1, b2=tc.b2, eps=tc.eps), decay]
+
+
+def _adafactor(tc: Any, decay: optax.GradientTransformation) -> Transforms:
+  del tc
+  return [optax.scale_by_factored_rms(), optax.clip_by_block_rms(1.0),
+          optax.scale_by_param_block_rms(), decay]
+
+
+def _sgd(tc: Any, decay: optax.GradientTransformation) -> Transforms:
+  return ([optax.trace(decay=float(tc.momentum))] if tc.momentum > 0 else []) + [decay]
+
+
+def _lion(tc: Any, decay: optax.GradientTransformation) -> Transforms:
+  """Lion (Chen et al. 2023): sign(b1 m + (1 - b1) g), then m <- b2 m + (1 - b2) g."""
+  return [optax.scale_by_lion(b1=tc.b1, b2=tc.b2), decay]
+
+
+# The optimizers (train.optimizer): name -> its transforms between clipping and the learning rate,
+# given the train config and the weight decay (decoupled decay goes after the preconditioner).
+OPTIMIZERS: dict[str, Callable[[Any, optax.GradientTransformation], Transforms]] = {
+    "adam": _adam, "adamw": _adamw, "adafactor": _adafactor, "sgd": _sgd, "lion": _lion}
+
+
 def make_optimizer(train_cfg: Any, d_model: int) -> optax.GradientTransformation:
   """Returns the optax optimizer named by `train.optimizer` with clipping, decay and schedule."""
   name = train_cfg.optimizer
@@ -137,21 +180,9 @@ def make_optimizer(train_cfg: Any, d_model: int) -> optax.GradientTransformation
   mask = weight_decay_mask(train_cfg)
   decay = optax.masked(optax.add_decayed_weights(wd) if wd > 0 else optax.identity(), mask)
   clip = train_cfg.grad_clip
-  chain = [optax.clip_by_global_norm(float(clip)) if clip > 0 else optax.identity()]
-  if name in ("adam", "adamw"):
-    if name == "adam":
-      chain.append(decay)  # L2: added to the gradient before preconditioning
-    chain.append(optax.scale_by_adam(b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps))
-  elif name == "adafactor":
-    chain += [optax.scale_by_factored_rms(), optax.clip_by_block_rms(1.0),
-              optax.scale_by_param_block_rms()]
-  else:
-    if train_cfg.momentum > 0:
-      chain.append(optax.trace(decay=float(train_cfg.momentum)))
-  if name != "adam":
-    chain.append(decay)  # decoupled: after preconditioning, scaled by the learning rate below
-  chain.append(optax.scale_by_learning_rate(make_schedule(train_cfg, d_model)))
-  return optax.chain(*chain)
+  return optax.chain(optax.clip_by_global_norm(float(clip)) if clip > 0 else optax.identity(),
+                     *OPTIMIZERS[name](train_cfg, decay),
+                     optax.scale_by_learning_rate(make_schedule(train_cfg, d_model)))
 
 
 def split_micro_batches(batch: Any, num_micro: int) -> Any:

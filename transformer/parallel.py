@@ -123,15 +123,6 @@ def is_main_process() -> bool:
   return jax.process_index() == 0
 
 
-def process_batch_slice(global_batch_size: int) -> int:
-  """The number of rows of a global batch that this process loads (global / process count)."""
-  n = jax.process_count()
-  if global_batch_size % n:
-    raise ConfigError(
-        f"data.batch_size={global_batch_size} does not divide over {n} processes")
-  return global_batch_size // n
-
-
 def resolve_mesh_shape(mesh_shape: MeshShape, num_devices: int) -> tuple[int, int, int]:
   """(data, fsdp, tensor) with a -1 entry replaced by the devices left over; checks the product."""
   sizes = [getattr(mesh_shape, a) for a in MESH_AXES]

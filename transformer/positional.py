@@ -228,12 +228,10 @@ def alibi_bias(q_positions: Array, k_positions: Array, slopes: Any) -> Array:
 class Encoding:
   """One positional encoding: where it enters the model (`kind`) and how (`fn`, see the module
   docstring); `keys`: the model config keys it reads beyond d_model, num_heads and max_len;
-  `resumable_keys`: those of them that shape no parameter (a run may resume with other values);
   `check(cfg)`: a one-line problem with a resolved ModelConfig, or None."""
   kind: str
   fn: Optional[Callable[..., Array]] = None
   keys: tuple[str, ...] = ()
-  resumable_keys: tuple[str, ...] = ()
   check: Optional[Callable[[Any], Optional[str]]] = None
 
 
@@ -306,7 +304,7 @@ def _shaw(cfg, q_positions, k_positions, bidirectional):
 ENCODINGS: dict[str, Encoding] = {
     'sinusoidal': Encoding('absolute', _sinusoidal),
     'learned': Encoding('absolute', _learned),
-    'rope': Encoding('rotary', _rope, keys=('rope_base',), resumable_keys=('rope_base',),
+    'rope': Encoding('rotary', _rope, keys=('rope_base',),
                      check=_check_rope),
     'relative': Encoding('bias', _relative, keys=('relative_num_buckets', 'relative_max_distance'),
                          check=_check_relative),
@@ -320,8 +318,3 @@ KINDS = ('absolute', 'bias', 'rotary', 'none')
 def encoding(cfg: Any) -> Encoding:
   """The table entry of a ModelConfig's `positional`."""
   return ENCODINGS[cfg.positional]
-
-
-def resumable_keys() -> frozenset[str]:
-  """Positional config keys that shape no parameter, over all encodings (for checkpoints)."""
-  return frozenset(key for e in ENCODINGS.values() for key in e.resumable_keys)

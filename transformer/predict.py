@@ -20,44 +20,36 @@ characters once lower-cased are lower-cased (CMUdict words are lower case).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import select
 import sys
 from typing import Any, Iterable, Iterator, Sequence
 
+from absl import flags
+
 from transformer import cli
 from transformer.inputs import check_input, decode_length, input_error
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    print(f"error: {message} (see --help)", file=sys.stderr)  # one line, not the usage block
-    sys.exit(2)
-
-
-def _parse(argv: Sequence[str]) -> argparse.Namespace:
-  parser = _Parser(prog="python -m transformer.predict",
-                   description="Decode inputs with a trained run.")
-  parser.add_argument("--workdir", required=True, help="the training run's workdir")
-  parser.add_argument("--step", default="latest", help="an integer, 'latest' or 'best'")
-  parser.add_argument("--ensemble", default="", help="other runs' workdirs, comma-separated: "
-                      "decode with the ensemble of these and --workdir's (the mean of their "
-                      "probabilities; each at --step)")
-  parser.add_argument("--method", choices=("greedy", "beam", "sample"), default=None,
-                      help="default: the run's eval.decode.method")
-  parser.add_argument("--beam_size", type=int, default=None)
-  parser.add_argument("--length_penalty", type=float, default=None)
-  parser.add_argument("--temperature", type=float, default=None)
-  parser.add_argument("--top_k", type=int, default=None)
-  parser.add_argument("--top_p", type=float, default=None)
-  parser.add_argument("--max_decode_len", type=int, default=None)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--mask", default="_", help="an encoder-only masked LM's marker to fill "
-                      "(each one [MASK]); --top_k fillers are printed per marker (default 5)")
-  parser.add_argument("inputs", nargs="*", help="texts to decode (default: lines of stdin)")
-  return parser.parse_args(list(argv))
+def _define(f: flags.FlagValues) -> None:
+  flags.DEFINE_string("workdir", None, "the training run's workdir", flag_values=f)
+  flags.mark_flag_as_required("workdir", flag_values=f)
+  flags.DEFINE_string("step", "latest", "an integer, 'latest' or 'best'", flag_values=f)
+  flags.DEFINE_string("ensemble", "", "other runs' workdirs, comma-separated: decode with the "
+                      "ensemble of these and --workdir's (the mean of their probabilities; each "
+                      "at --step)", flag_values=f)
+  flags.DEFINE_enum("method", None, ["greedy", "beam", "sample"],
+                    "default: the run's eval.decode.method", flag_values=f)
+  flags.DEFINE_integer("beam_size", None, "beams", flag_values=f)
+  flags.DEFINE_float("length_penalty", None, "GNMT alpha", flag_values=f)
+  flags.DEFINE_float("temperature", None, "sampling temperature", flag_values=f)
+  flags.DEFINE_integer("top_k", None, "sampling: the k likeliest", flag_values=f)
+  flags.DEFINE_float("top_p", None, "sampling: nucleus mass", flag_values=f)
+  flags.DEFINE_integer("max_decode_len", None, "longest output", flag_values=f)
+  flags.DEFINE_integer("seed", 0, "sampling seed", flag_values=f)
+  flags.DEFINE_string("mask", "_", "an encoder-only masked LM's marker to fill (each one "
+                      "[MASK]); --top_k fillers are printed per marker (default 5)", flag_values=f)
 
 
 def stdin_batches(fd: int, max_batch: int = 64) -> Iterator[list[str]]:
@@ -87,9 +79,10 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
   """Runs the command line; returns the exit status. Inputs come from the arguments, else from
   `stdin` (a text stream, in batches of 64 lines), else from this process's standard input, each
   line answered as soon as it arrives (stdin_batches)."""
-  args = _parse(sys.argv[1:] if argv is None else argv)
-  if args.inputs:
-    batches: Iterable[list[str]] = [args.inputs]
+  args, inputs = cli.parse_own_flags("python -m transformer.predict", _define,
+                                     sys.argv[1:] if argv is None else argv)
+  if inputs:
+    batches: Iterable[list[str]] = [inputs]
   elif stdin is not None:
     lines = (line.rstrip("\n") for line in stdin)
     batches = iter(lambda: list(itertools.islice(lines, 64)), [])
@@ -112,7 +105,7 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
     logging.set_verbosity(verbosity)
 
 
-def _predict(args: argparse.Namespace, batches: Iterable[list[str]]) -> int:
+def _predict(args: flags.FlagValues, batches: Iterable[list[str]]) -> int:
   """Restores the run, then checks each batch of inputs and prints its `input<TAB>output` lines
   (flushed); the exit status."""
   from transformer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
@@ -132,7 +125,7 @@ def _predict(args: argparse.Namespace, batches: Iterable[list[str]]) -> int:
   return status
 
 
-def _predict_decoder(run: Any, args: argparse.Namespace, texts: list[str],
+def _predict_decoder(run: Any, args: flags.FlagValues, texts: list[str],
                      options: dict[str, Any], first: int) -> int:
   """Decodes one batch of inputs (numbered from `first`) and prints their lines; 0, 1 if an input
   was bad, 2 if the options are."""
@@ -162,7 +155,7 @@ def _shown_token(token: str) -> str:
   return token if token and not any(c.isspace() for c in token) else repr(token)
 
 
-def _predict_encoder(run: Any, args: argparse.Namespace, texts: list[str],
+def _predict_encoder(run: Any, args: flags.FlagValues, texts: list[str],
                      options: dict[str, Any], first: int) -> int:
   """An encoder-only run's lines for one batch of inputs (numbered from `first`), by model.head:
   'mlm' input<TAB>filled<TAB>one field per marker of --top_k `token=probability` fillers;

@@ -8,7 +8,7 @@ decoder input tokens (see transformer/models.py), which both EncoderDecoder and 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -20,25 +20,26 @@ Array = jax.Array
 PyTree = Any
 
 
+# The teacher-forcing schedules (train.scheduled_sampling.schedule): name -> p(step, k, c) before
+# the floor; 'none' always feeds the gold token.
+SCHEDULES: dict[str, Callable[[Array, float, float], Array]] = {
+    "none": lambda step, k, c: jnp.ones((), jnp.float32),
+    "linear": lambda step, k, c: k - c * step,
+    "exponential": lambda step, k, c: jnp.power(jnp.float32(k), step),
+    "inverse_sigmoid": lambda step, k, c: k / (k + jnp.exp(step / k)),
+}
+
+
 def teacher_forcing_prob(ss_cfg: Any, step: Array) -> Array:
   """Probability of feeding the gold token at `step`, in [min_teacher_forcing, 1].
 
   linear: max(min, k - c * step); exponential: max(min, k ** step);
   inverse_sigmoid: max(min, k / (k + exp(step / k))); none: 1.
   """
-  step = jnp.asarray(step, jnp.float32)
-  k, c, floor = ss_cfg.k, ss_cfg.c, ss_cfg.min_teacher_forcing
-  if ss_cfg.schedule == "none":
-    return jnp.ones((), jnp.float32)
-  if ss_cfg.schedule == "linear":
-    p = k - c * step
-  elif ss_cfg.schedule == "exponential":
-    p = jnp.power(jnp.float32(k), step)
-  elif ss_cfg.schedule == "inverse_sigmoid":
-    p = k / (k + jnp.exp(step / k))
-  else:
+  if ss_cfg.schedule not in SCHEDULES:
     raise ValueError(f"train.scheduled_sampling.schedule={ss_cfg.schedule!r} is unknown")
-  return jnp.clip(p, floor, 1.0)
+  p = SCHEDULES[ss_cfg.schedule](jnp.asarray(step, jnp.float32), ss_cfg.k, ss_cfg.c)
+  return p if ss_cfg.schedule == "none" else jnp.clip(p, ss_cfg.min_teacher_forcing, 1.0)
 
 
 def two_pass_logits(model: nn.Module, arch: str, params: PyTree, batch: dict[str, Any],

@@ -12,7 +12,6 @@ one more train.py, which finds nothing to train.)
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -26,9 +25,10 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from absl import flags
 import ml_collections
 
-from transformer import files
+from transformer import cli, files
 from transformer.config import from_configdict
 from transformer.sweeps import Commands, Point, apply_overrides
 
@@ -323,16 +323,23 @@ def main(argv: Sequence[str] | None = None) -> int:
   rerunning them skips finished points as a local rerun does; an error here also exits non-zero,
   so the point then runs (train.py and eval.py of a finished run only redo the evaluation).
   """
-  parser = argparse.ArgumentParser(prog="python -m transformer.sweep_runner")
-  parser.add_argument("command", choices=["is_done"])
-  parser.add_argument("workdir")
-  parser.add_argument("--num_steps", type=int, required=True)
-  parser.add_argument("--split", default="")
-  args = parser.parse_args(argv)
-  point = Point(0, {}, os.path.basename(os.path.normpath(args.workdir)), args.workdir,
+  def define(f: flags.FlagValues) -> None:
+    flags.DEFINE_integer("num_steps", None, "the run's training steps", flag_values=f)
+    flags.mark_flag_as_required("num_steps", flag_values=f)
+    flags.DEFINE_string("split", "", "the split it must be evaluated on ('' = none)",
+                        flag_values=f)
+
+  args, rest = cli.parse_own_flags("python -m transformer.sweep_runner is_done WORKDIR", define,
+                                   sys.argv[1:] if argv is None else list(argv))
+  if len(rest) != 2 or rest[0] != "is_done":
+    print(f"error: expected the arguments is_done WORKDIR, got {' '.join(rest) or 'none'} "
+          f"(see --help)", file=sys.stderr)
+    return 2
+  workdir = rest[1]
+  point = Point(0, {}, os.path.basename(os.path.normpath(workdir)), workdir,
                 args.num_steps)
   state = status(point, Commands("", eval_split=args.split))
-  print(f"{args.workdir}: {state}" + (" (skipped)" if state == "done" else ""))
+  print(f"{workdir}: {state}" + (" (skipped)" if state == "done" else ""))
   return 0 if state == "done" else 1
 
 

@@ -28,8 +28,8 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
-from transformer import defaults
 from transformer.config import ConfigError, from_configdict
+from transformer.schema import get_config
 
 # Short labels of common keys in workdir names and table columns (others: the key's last part).
 SHORT_LABELS = {
@@ -83,13 +83,6 @@ def raised_in(error: BaseException, path: str, kind: str) -> str:
   return f"{kind} file {where}: {type(error).__name__}: {message}"
 
 
-def load_config_file(config_arg: str) -> ml_collections.ConfigDict:
-  """The ConfigDict of 'configs/g2p.py:small' (as `--config=` reads it)."""
-  path, _, arg = config_arg.partition(":")
-  module = _import_file(path, "config")
-  return module.get_config(arg) if arg else module.get_config()
-
-
 def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   """The override dicts of a sweep file's `get_sweep()` (or `get_sweep(config)`)."""
   fn = getattr(_import_file(path, "sweep"), "get_sweep", None)
@@ -120,7 +113,7 @@ def flat_items(cd: Any, prefix: str = "") -> dict[str, Any]:
 def check_keys(points: Sequence[Mapping[str, Any]], config: ml_collections.ConfigDict,
                sweep_path: str, config_arg: str) -> None:
   """Every key is in configs/base.py and in the chosen config; every value a scalar."""
-  known, chosen = flat_items(defaults.get_config()), flat_items(config)
+  known, chosen = flat_items(get_config()), flat_items(config)
   for i, point in enumerate(points):
     for key, value in point.items():
       if key not in known:

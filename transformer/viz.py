@@ -18,7 +18,6 @@ import json
 import math
 import os
 from typing import Any, Sequence
-import warnings
 
 import matplotlib
 
@@ -39,23 +38,14 @@ def _finish(fig: Any, save_path: str | None) -> Any:
   return fig
 
 
-def _renamed_path(save_path: str | None, path: str | None, fn: str) -> str | None:
-  """save_path, or the deprecated `path=` keyword (kept for existing callers) with a warning."""
-  if path is not None:
-    warnings.warn(f"{fn}(path=...) is deprecated: use save_path=", DeprecationWarning,
-                  stacklevel=3)
-  return save_path if save_path is not None else path
-
-
 def plot_attention(weights: Any, queries: Sequence[str] | None = None,
                    keys: Sequence[str] | None = None, title: str = "", ncols: int = 4,
-                   save_path: str | None = None, *, path: str | None = None) -> Any:
+                   save_path: str | None = None) -> Any:
   """A grid of heat maps, one per head, of one layer's weights [heads, queries, keys].
 
   Rows are queries (y tick labels `queries`), columns keys (x tick labels `keys`); each row of a
   head sums to 1. A [queries, keys] array is drawn as a single head.
   """
-  save_path = _renamed_path(save_path, path, "plot_attention")
   w = np.asarray(weights, np.float32)
   if w.ndim == 2:
     w = w[None]
@@ -88,12 +78,11 @@ def plot_attention(weights: Any, queries: Sequence[str] | None = None,
 
 
 def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any = None,
-                             save_path: str | None = None, *, path: str | None = None) -> Any:
+                             save_path: str | None = None) -> Any:
   """The sinusoidal table [positions, d_model] and its dot-product similarity [pos, pos].
 
   `table` plots a given [positions, d] table instead (e.g. learned position embeddings).
   """
-  save_path = _renamed_path(save_path, path, "plot_positional_encoding")
   if table is None:
     table = sinusoidal_table(max_len, d_model)
   table = np.asarray(table, np.float32)

@@ -30,13 +30,13 @@ encoder-only masked-LM runs onto BERT; a config that does not is a one-line erro
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from types import ModuleType
 from typing import Any, Sequence
 
+from absl import flags
 from absl import logging
 import jax
 import numpy as np
@@ -219,30 +219,29 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None) -> dict[str,
 # ----------------------------------------------------------------------------- command line
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    print(f"error: {message} (see --help)", file=sys.stderr)
-    sys.exit(2)
+def _define(f: flags.FlagValues) -> None:
+  flags.DEFINE_string("workdir", None, "the workdir written or read", flag_values=f)
+  flags.mark_flag_as_required("workdir", flag_values=f)
+  flags.DEFINE_string("from_hf", "", "a local Hugging Face GPT-2, T5 or BERT directory to read",
+                      flag_values=f)
+  flags.DEFINE_string("to_hf", "", "a directory to write a Hugging Face model to (GPT-2 for a "
+                      "decoder-only run, T5 for an encoder-decoder, BERT for an encoder-only "
+                      "masked LM)", flag_values=f)
+  flags.DEFINE_string("text_file", "", "--from_hf of a GPT-2 or BERT: data for eval.py "
+                      "(data.text_file)", flag_values=f)
+  flags.DEFINE_string("data_dir", "", "--from_hf: where that data is prepared (data.data_dir; "
+                      "default: the usual TFDS directory)", flag_values=f)
+  flags.DEFINE_string("step", "latest", "--to_hf: an integer, 'latest' or 'best'", flag_values=f)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Runs the command line; returns the exit status (errors are one line on stderr)."""
-  parser = _Parser(prog="python -m transformer.convert",
-                   description="Hugging Face GPT-2, T5 or BERT <-> workdir.")
-  parser.add_argument("--workdir", required=True, help="the workdir written or read")
-  parser.add_argument("--from_hf", default="",
-                      help="a local Hugging Face GPT-2, T5 or BERT directory to read")
-  parser.add_argument("--to_hf", default="", help="a directory to write a Hugging Face model to "
-                      "(GPT-2 for a decoder-only run, T5 for an encoder-decoder, BERT for an "
-                      "encoder-only masked LM)")
-  parser.add_argument("--text_file", default="",
-                      help="--from_hf of a GPT-2 or BERT: data for eval.py (data.text_file)")
-  parser.add_argument("--data_dir", default="", help="--from_hf: where that data is prepared "
-                      "(data.data_dir; default: the usual TFDS directory)")
-  parser.add_argument("--step", default="latest", help="--to_hf: an integer, 'latest' or 'best'")
-  args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
-  if bool(args.from_hf) == bool(args.to_hf):
-    parser.error("give exactly one of --from_hf and --to_hf")
+  args, rest = cli.parse_own_flags("python -m transformer.convert", _define,
+                                   sys.argv[1:] if argv is None else list(argv))
+  if rest or bool(args.from_hf) == bool(args.to_hf):
+    print("error: give exactly one of --from_hf and --to_hf, and no arguments (see --help)",
+          file=sys.stderr)
+    return 2
   verbosity = logging.get_verbosity()  # restored below: in-process callers keep their logging
   logging.set_verbosity(logging.ERROR)  # orbax and TFDS are chatty; stderr is for our one line
   try:

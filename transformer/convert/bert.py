@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer import defaults
 from transformer.config import Config, ModelConfig, from_configdict
+from transformer.schema import get_config
 from transformer.convert.common import (ConvertError, float32, positive_ints, require,
                                         require_unmapped_excluded, stack_layers, unmapped_ids)
 from transformer.data.objectives import ExtraIds
@@ -146,7 +146,7 @@ def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenize
                    text_file: str = "", data_dir: str = "") -> Config:
   """The full config of a converted BERT: base.py's defaults, BERT's model, an 'hf' tokenizer and,
   given `text_file` (prepared in `data_dir`), masked-LM data for eval.py and fine-tuning."""
-  cd = defaults.get_config()
+  cd = get_config()
   m = model_overrides(hf, state)
   cd.model.update(m)
   length = min(128, m["max_len"])

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer import defaults
 from transformer.config import Config, ModelConfig, excluded_ids, from_configdict
+from transformer.schema import get_config
 from transformer.convert.common import (ConvertError, float32, positive_ints, require,
                                         require_unmapped_excluded, stack_layers, unmapped_ids)
 from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
@@ -138,7 +138,7 @@ def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenize
                    text_file: str = "", data_dir: str = "") -> Config:
   """The full config of a converted GPT-2: base.py's defaults, GPT-2's model, an 'hf' tokenizer,
   an LM over `text_file` (none if empty; prepared in `data_dir`) and greedy decoding."""
-  cd = defaults.get_config()
+  cd = get_config()
   m = model_overrides(hf, state)
   cd.model.update(m)
   length = m["max_len"]

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer import defaults
 from transformer.config import Config, ModelConfig, from_configdict
+from transformer.schema import get_config
 from transformer.convert.common import (ConvertError, float32, positive_ints, require,
                                         require_unmapped_excluded, stack_layers)
 from transformer.data.tokenizers import EOS_ID, PAD_ID
@@ -138,7 +138,7 @@ def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenize
     raise ConvertError("--text_file gives a language model data; a T5 workdir is converted "
                        "without data (train.py --init_from=OUT fine-tunes it on a seq2seq task)")
   del data_dir
-  cd = defaults.get_config()
+  cd = get_config()
   m = model_overrides(hf, state)
   cd.model.update(m)
   length = min(64, m["max_len"])

@@ -155,30 +155,3 @@ def span_corrupt(ids: np.ndarray, extra: ExtraIds, rng: np.random.Generator, *,
     inputs = np.append(inputs, EOS_ID).astype(np.int32)
     targets = np.append(targets, EOS_ID).astype(np.int32)
   return inputs.astype(np.int32), targets
-
-
-# ----------------------------------------------------------------------------------------------
-# Batches: the masked-LM objective applied to every example (segment) of a packed or padded batch.
-
-
-def mask_batch(tokens: np.ndarray, segment_ids: np.ndarray, extra: ExtraIds,
-               rng: np.random.Generator, *, rate: float = 0.15,
-               word_starts: np.ndarray | None = None) -> dict[str, np.ndarray]:
-  """A batch of ids [rows, length] with segment ids -> the masked-LM features.
-
-  Each segment (one example; 0 = padding) is masked on its own by `bert_mask`, so the budget is
-  per example and padding is never selected. Returns `inputs` (the corrupted ids), `targets` (the
-  original ids) and `weights` (1 on the positions to predict), all [rows, length]. `word_starts`
-  [rows, length] enables whole-word masking.
-  """
-  inputs, targets = tokens.copy(), tokens.copy()
-  weights = np.zeros(tokens.shape, np.float32)
-  for r in range(tokens.shape[0]):
-    for s in np.unique(segment_ids[r]):
-      if s == 0:
-        continue
-      at = np.flatnonzero(segment_ids[r] == s)
-      starts = None if word_starts is None else word_starts[r, at]
-      inputs[r, at], _, weights[r, at] = bert_mask(tokens[r, at], extra, rng, rate=rate,
-                                                   word_starts=starts)
-  return {"inputs": inputs, "targets": targets, "weights": weights}

@@ -1,0 +1,189 @@
+"""Hardware-specific speed paths, chosen per backend by KERNELS; the model code (attention.py,
+layers.py, models.py) calls `current()` and reads as if only the maths existed.
+
+A `Kernels` entry gives three functions the model needs:
+  project(x, kernel, n_in, out_axes)   x [b, t, *in] . kernel [*in, *out] -> [b, t, *out]
+  dense_dot_general                    nn.Dense's dot_general for the expanding FFN projections
+  layer_norm(x, scale, bias, epsilon)  float32 (x - mean) / sqrt(var + eps) * scale + bias
+PLAIN is the textbook version (autodiff's gradients); 'cpu' holds XLA:CPU work-arounds, each
+measured on a 2-core CPU against the flax examples (README, Train-step speed):
+  * a matmul whose kernel gradient is (g^T x)^T over the tokens folded into one axis, so that
+    XLA:CPU transposes the narrow input x rather than the wide output gradient g (which it fused
+    with the activation's derivative and ran unvectorised: a third of a small model's step);
+    Projection folds its axes into one such 2-D matmul, except output axes a mesh splits;
+  * a LayerNorm backward written out with matrix-vector products, where autodiff's reductions of
+    g * broadcast(scale) made XLA:CPU materialise a [tokens, d] broadcast for every norm.
+Other backends use PLAIN until a measurement says otherwise (benchmarks/train_step.py).
+REMAT_POLICIES, the table of model.remat, sits here because its dot policies must also save the
+CPU matmul's outputs, which its custom gradient hides from jax's dot policies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------------------------------
+# PLAIN
+# ----------------------------------------------------------------------------------------------------
+def _plain_project(x: Array, kernel: Array, n_in: int, out_axes: tuple) -> Array:
+  del out_axes
+  return jax.lax.dot_general(x, kernel, ((tuple(range(2, 2 + n_in)), tuple(range(n_in))),
+                                         ((), ())))
+
+
+def _ln_stats(x: Array) -> tuple[Array, Array]:
+  """float32 mean and variance over the last axis, as nn.LayerNorm computes them: var = E[x^2] -
+  E[x]^2 (clipped at 0), both means in one pass."""
+  x = x.astype(jnp.float32)
+  mean, mean2 = x.mean(-1, keepdims=True), (x * x).mean(-1, keepdims=True)
+  return mean, jnp.maximum(0.0, mean2 - mean * mean)
+
+
+def _layer_norm_fwd(x, scale, bias, epsilon):
+  """float32 (x - mean) / sqrt(var + eps) * scale + bias over x's last axis (nn.LayerNorm's
+  forward, the same operations in the same order), and the backward's residuals."""
+  mean, var = _ln_stats(x)
+  rstd = jax.lax.rsqrt(var + epsilon)
+  return (x - mean) * (rstd * scale) + bias, (x, mean, rstd, scale, bias)
+
+
+def _plain_layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
+  return _layer_norm_fwd(x, scale, bias, epsilon)[0]
+
+
+# ----------------------------------------------------------------------------------------------------
+# XLA:CPU
+# ----------------------------------------------------------------------------------------------------
+@jax.custom_vjp
+def _matmul(x: Array, kernel: Array) -> Array:
+  return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+def _matmul_fwd(x: Array, kernel: Array) -> tuple[Array, tuple[Array, Array]]:
+  return _matmul(x, kernel), (x, kernel)
+
+
+def _matmul_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
+  x, kernel = res
+  out = tuple(range(1, kernel.ndim))  # the kernel's output axes
+  dx = jax.lax.dot_general(g, kernel, ((tuple(range(x.ndim - 1, g.ndim)), out), ((), ())))
+  rows = math.prod(x.shape[:-1])
+  # [*out, d] = g^T x over the tokens folded into one axis, then a small transpose to [d, *out].
+  dk_t = jax.lax.dot_general(g.reshape(rows, *kernel.shape[1:]), x.reshape(rows, -1),
+                             (((0,), (0,)), ((), ())))
+  return dx, jnp.moveaxis(dk_t, -1, 0).astype(kernel.dtype)
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+# The name remat policies save `matmul`'s outputs by: the custom_vjp hides its dot from
+# jax.checkpoint_policies.checkpoint_dots.
+MATMUL_NAME = 'matmul'
+
+
+def matmul(x: Array, kernel: Array) -> Array:
+  """x [..., d] @ kernel [d, *out] -> [..., *out] whose kernel gradient is (g^T x)^T over the
+  tokens folded into one axis; the output is named MATMUL_NAME for remat policies."""
+  return checkpoint_name(_matmul(x, kernel), MATMUL_NAME)
+
+
+def _wide_out_dot_general(x, kernel, dimension_numbers, precision=None, **kwargs):
+  """nn.Dense's dot_general through `matmul` when it is a plain [.., d] x [d, f] product."""
+  if (dimension_numbers != (((x.ndim - 1,), (0,)), ((), ())) or precision is not None
+      or kwargs or kernel.ndim != 2):
+    return jax.lax.dot_general(x, kernel, dimension_numbers, precision=precision, **kwargs)
+  return matmul(x, kernel)
+
+
+def unsplit(logical_axes: tuple) -> bool:
+  """True unless the active mesh and logical-axis rules split one of these axes over devices."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return True
+  for entry in nn.logical_to_mesh_axes(logical_axes):
+    names = entry if isinstance(entry, tuple) else (entry,)
+    if any(name is not None and mesh.shape[name] > 1 for name in names):
+      return False
+  return True
+
+
+def _cpu_project(x: Array, kernel: Array, n_in: int, out_axes: tuple) -> Array:
+  """One [b, t, in] x [in, out] `matmul` (row-major folds: bitcasts). Output axes that a mesh
+  splits (heads over 'tensor') stay unfolded: merging a split axis with the unsplit one before it
+  ([3, n, h]) would make XLA reshard the kernel."""
+  in_shape, out_shape = kernel.shape[:n_in], kernel.shape[n_in:]
+  fold_in = math.prod(in_shape)
+  out = (math.prod(out_shape),) if unsplit(out_axes) else out_shape
+  y = matmul(x.reshape(*x.shape[:2], fold_in), kernel.reshape(fold_in, *out))
+  return y.reshape(*x.shape[:2], *out_shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
+  return _layer_norm_fwd(x, scale, bias, epsilon)[0]
+
+
+def _layer_norm_bwd(epsilon, res, g):
+  """dx = rstd (g s - mean(g s) - xhat mean(g s xhat)), with xhat = (x - mean) rstd; the two
+  feature means as matrix-vector products with the scale, g @ s and (g xhat) @ s."""
+  del epsilon
+  x, mean, rstd, scale, bias = res
+  g = g.astype(jnp.float32)
+  s = scale.astype(jnp.float32)
+  xhat = (x.astype(jnp.float32) - mean) * rstd
+  gx = g * xhat
+  d = x.shape[-1]
+  # float32 products (a TPU's default matmul precision would round them to bfloat16).
+  matvec = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
+  mean_gs = matvec(g, s)[..., None] / d
+  mean_gsx = matvec(gx, s)[..., None] / d
+  dx = rstd * (g * s - mean_gs - xhat * mean_gsx)
+  lead = tuple(range(x.ndim - 1))
+  return (dx.astype(x.dtype), jnp.sum(gx, lead).astype(scale.dtype),
+          jnp.sum(g, lead).astype(bias.dtype))
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The tables
+# ----------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+  """The speed paths of one backend (see the module docstring)."""
+  project: Callable[[Array, Array, int, tuple], Array]
+  dense_dot_general: Optional[Callable[..., Array]]
+  layer_norm: Callable[[Array, Array, Array, float], Array]
+
+
+PLAIN = Kernels(_plain_project, None, _plain_layer_norm)
+KERNELS: dict[str, Kernels] = {'cpu': Kernels(_cpu_project, _wide_out_dot_general, _layer_norm)}
+
+
+def current() -> Kernels:
+  """The kernels of jax's default backend (PLAIN where KERNELS has no entry)."""
+  return KERNELS.get(jax.default_backend(), PLAIN)
+
+
+_SAVE_MATMULS = jax.checkpoint_policies.save_only_these_names(MATMUL_NAME)
+# The remat policies (model.remat): name -> nn.remat's policy ('none': no remat).
+REMAT_POLICIES: dict[str, Any] = {
+    'none': None,
+    'full': None,  # save nothing: recompute the whole block in the backward pass
+    'dots': jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots, _SAVE_MATMULS),
+    'dots_no_batch': jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims, _SAVE_MATMULS),
+}
