@@ -20,7 +20,7 @@ import time
 import pytest
 
 import g2p_mini
-from transformer import cli, defaults, reporting, training
+from transformer import cli, reporting, schema, training
 from transformer.checkpoints import CheckpointError
 from transformer.config import from_configdict
 from transformer.data import builders
@@ -45,7 +45,7 @@ def test_data_preparation_is_one_line_of_ours(tmp_path, capfd):
   lines or progress bars; a prepared one prints nothing."""
   train = tmp_path / "train.tsv"
   train.write_text("".join(f"w{i}\tA{i % 7} B\n" for i in range(200)))
-  cd = defaults.get_config()
+  cd = schema.get_config()
   cd.data.update(dataset="tsv_pairs", data_dir=str(tmp_path / "tfds"), train_file=str(train))
   capfd.readouterr()
   ds = builders.open_dataset(from_configdict(cd).data)
@@ -96,17 +96,19 @@ def test_help_keys_lists_every_key_with_its_default():
   for line in out.stdout.splitlines()[1:]:
     if line.startswith("  "):
       name, value = line.strip().split(" = ", 1)
+      value, _, meaning = value.partition("  # ")
+      assert meaning, line  # each key with its meaning from the schema
       keys[f"{section}.{name}" if section else name] = value
     else:
       section = "" if line == "(top level):" else line.rstrip(":")
-  assert keys == {k: repr(v) for k, v in sweeps.flat_items(defaults.get_config()).items()}
+  assert keys == {k: repr(v) for k, v in sweeps.flat_items(schema.get_config()).items()}
 
 
 def test_warmup_longer_than_the_run_warns_in_one_line():
   """num_steps <= warmup_steps with a decaying schedule: one line naming both keys (train.py logs
   it before training); none for a constant schedule or a run longer than its warmup."""
   def warning(**train):
-    cfg = from_configdict(defaults.get_config())
+    cfg = from_configdict(schema.get_config())
     return training.schedule_warning(
         dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train)))
   got = warning(num_steps=100, warmup_steps=100, schedule="warmup_cosine")
