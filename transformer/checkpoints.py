@@ -56,7 +56,7 @@ from transformer.config import Config
 # Model keys that change neither parameter shapes nor names: a run may resume with other values.
 NON_STRUCTURAL_MODEL_KEYS = frozenset({
     "dropout_rate", "attention_dropout_rate", "ffn_dropout_rate", "attention_impl", "remat",
-    "dtype", "norm_eps", "prefix_lm"}) | positional.resumable_keys()
+    "dtype", "norm_eps", "prefix_lm", "causal_kernel"}) | positional.resumable_keys()
 # Derived sizes: 0 means "derive" in an unresolved config, so 0 on either side is not a mismatch.
 DERIVED_MODEL_KEYS = frozenset({
     "vocab_size", "source_vocab_size", "num_kv_heads", "head_dim", "v_head_dim"})

@@ -60,6 +60,7 @@ class ModelConfig:
   pooling: str
   num_classes: int
   attention_impl: str
+  causal_kernel: bool
   scan_layers: bool
   remat: str
   dtype: str

@@ -64,6 +64,10 @@ def get_config() -> ml_collections.ConfigDict:
   m.pooling = "mean"  # head=classify: first (the example's first token, BOS) | mean (its tokens)
   m.num_classes = 0  # head=classify|tag outputs; 0 = the label tokenizer's vocabulary
   m.attention_impl = "einsum"  # einsum | fused (jax.nn.dot_product_attention; cuDNN on GPU)
+  # Decoder self-attention outside decoding and the prefix-LM: the kernel's own causal flag, only
+  # segments kept as a dense mask (none for rows without segment ids, whose padding then changes
+  # nothing but the padding positions' logits). Same loss and gradients.
+  m.causal_kernel = False
   m.scan_layers = False  # nn.scan over layers: compile time flat in depth
   m.remat = "none"  # none | full | dots | dots_no_batch (nn.remat policy; dots* save every matmul)
   m.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16

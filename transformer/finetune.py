@@ -33,7 +33,7 @@ from transformer.config import Config
 
 # Model keys a fine-tuning config sets itself: regularisation and execution, never the function.
 FINETUNE_MODEL_KEYS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate",
-                       "attention_impl", "remat", "dtype")
+                       "attention_impl", "causal_kernel", "remat", "dtype")
 TOKENIZER_KEYS = ("tokenizer", "source_tokenizer", "spm_model_type", "spm_vocab_size",
                   "hf_tokenizer", "hf_id_offset")
 # Encoder-only fine-tuning puts a head on the pretrained encoder: these keys are the new config's.

@@ -105,6 +105,7 @@ class DecoderBlock(nn.Module):
   cross_attention: bool = False
   deterministic: bool = True
   scanned: bool = False
+  causal_kernel: bool = False  # self_mask omits the causal part: the kernel's own flag adds it
 
   @nn.compact
   def __call__(self, x: Array, encoded: Array | None, self_mask: Array | None,
@@ -114,8 +115,8 @@ class DecoderBlock(nn.Module):
     cfg, det = self.config, self.deterministic
     self_attention = attn.MultiHeadAttention(cfg, name='self_attention')
     x = _residual(cfg, x, lambda y: self_attention(
-        y, mask=self_mask, bias=bias, positions=positions, deterministic=det, decode=step),
-                  make_norm(cfg, 'attention_norm'), det)
+        y, mask=self_mask, bias=bias, positions=positions, deterministic=det, decode=step,
+        causal=self.causal_kernel), make_norm(cfg, 'attention_norm'), det)
     if self.cross_attention:
       cross = attn.MultiHeadAttention(cfg, cross=True, name='cross_attention')
       x = _residual(cfg, x, lambda y: cross(
@@ -222,6 +223,10 @@ class Decoder(nn.Module):
     default to the cache slots being written.
     """
     cfg = self.config
+    # model.causal_kernel: plain causal self-attention takes the kernel's causal flag; only the
+    # segments (packing, padding) stay a dense mask, and unsegmented rows have none at all.
+    causal_kernel = cfg.causal_kernel and not decode and prefix is None
+    unsegmented = segment_ids is None
     if segment_ids is None:
       segment_ids = jnp.ones(tokens.shape, jnp.int32)
     if prefix is None:
@@ -244,6 +249,8 @@ class Decoder(nn.Module):
     # Same nonzero segment, and causal by slot/index or both positions in the prefix.
     self_mask = attn.prefix_lm_mask_from_positions(q_idx, k_idx, prefix, k_prefix, segment_ids,
                                                    k_seg)
+    if causal_kernel:
+      self_mask = None if unsegmented else attn.segment_mask(segment_ids, segment_ids)
     cross_mask = None
     if self.cross_attention and encoder_segment_ids is not None:
       cross_mask = attn.segment_mask(segment_ids, encoder_segment_ids)
@@ -252,7 +259,7 @@ class Decoder(nn.Module):
     x = _run_layers(cfg, DecoderBlock, cfg.num_decoder_layers, x,
                     (encoded, self_mask, cross_mask, bias, rotary_positions, step),
                     remat_allowed=not decode, cross_attention=self.cross_attention,
-                    deterministic=deterministic)
+                    deterministic=deterministic, causal_kernel=causal_kernel)
     if cfg.norm_position == 'pre':
       x = make_norm(cfg, 'final_norm')(x)
     if cfg.scale_decoder_output:  # T5 1.0 (tied head): the logits' input times d_model**-0.5
@@ -327,8 +334,11 @@ class DecoderOnly(nn.Module):
                targets_segment_ids: Array | None = None, prefix_mask: Array | None = None,
                deterministic: bool = True) -> Array:
     """Teacher-forced logits [b, t, vocab] float32; prefix_mask [b, t] marks the target-space
-    prefix, the prompt (source + separator): see `decoder_prefix`."""
-    if targets_segment_ids is None:
+    prefix, the prompt (source + separator): see `decoder_prefix`. With model.causal_kernel,
+    rows without segment ids and without a prefix get no padding mask: causal attention never
+    lets a token see the padding that ends its row, so only padding positions' logits differ."""
+    plain_causal = self.config.causal_kernel and prefix_mask is None
+    if targets_segment_ids is None and not plain_causal:
       targets_segment_ids = default_segment_ids(targets)
     prefix = None if prefix_mask is None else decoder_prefix(prefix_mask, targets_segment_ids)
     return self.decode(shift_right(targets, targets_segment_ids), targets_positions,
