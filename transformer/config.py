@@ -132,6 +132,7 @@ class TrainConfig:
   steps_per_dispatch: int
   label_smoothing: float
   z_loss: float
+  loss_chunk_tokens: int
   ema_decay: float
   scheduled_sampling: ScheduledSamplingConfig
   early_stop_patience: int
@@ -248,7 +249,7 @@ POSITIVE = (
 NON_NEGATIVE = (
     "model.vocab_size", "model.source_vocab_size", "model.num_kv_heads", "model.head_dim",
     "model.v_head_dim", "model.num_classes", "model.num_encoder_layers", "model.num_decoder_layers",
-    "data.prefetch",
+    "data.prefetch", "train.loss_chunk_tokens",
     "train.warmup_steps", "train.weight_decay", "train.grad_clip", "train.z_loss",
     "train.early_stop_patience", "eval.num_batches", "eval.batch_size",
     "eval.num_decode_examples", "eval.decode.top_k", "eval.decode.max_decode_len",

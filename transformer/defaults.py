@@ -127,6 +127,10 @@ def get_config() -> ml_collections.ConfigDict:
   t.steps_per_dispatch = 1  # train steps per host dispatch (one lax.scan); same results as 1
   t.label_smoothing = 0.1
   t.z_loss = 0.0
+  # Tokens per chunk of a chunked training loss (losses.chunked_cross_entropy: the output layer and
+  # cross-entropy a chunk at a time, recomputed in the backward pass; never the whole batch's
+  # float32 logits); 0 = the plain loss. encoder_decoder and decoder_only, without scheduled sampling.
+  t.loss_chunk_tokens = 0
   t.ema_decay = 0.0  # EMA of the parameters, used by evaluation and best-checkpoint choice; 0 = off
   t.scheduled_sampling = ss = ml_collections.ConfigDict()
   ss.schedule = "none"  # none | linear | exponential | inverse_sigmoid (Mihaylova & Martins 2019)

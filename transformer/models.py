@@ -206,10 +206,12 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-  """Embedding + causal DecoderBlocks (+ final norm for pre-LN) + output logits (float32)."""
+  """Embedding + causal DecoderBlocks (+ final norm for pre-LN) + output logits (float32);
+  `hidden_only` stops before the output layer (the chunked loss applies it, vocab_projection)."""
   config: ModelConfig
   embed: Embed
   cross_attention: bool = False
+  hidden_only: bool = False
 
   @nn.compact
   def __call__(self, tokens: Array, positions: Array | None = None,
@@ -264,12 +266,16 @@ class Decoder(nn.Module):
       x = make_norm(cfg, 'final_norm')(x)
     if cfg.scale_decoder_output:  # T5 1.0 (tied head): the logits' input times d_model**-0.5
       x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
+    if self.hidden_only:
+      return x
     return heads.vocab_logits(cfg, self.embed, x)
 
 
 class EncoderDecoder(nn.Module):
-  """The encoder-decoder Transformer; `__call__` shifts the targets right inside the model."""
+  """The encoder-decoder Transformer; `__call__` shifts the targets right inside the model.
+  hidden_only: the decoder's final hidden states [b, t, d] instead of logits."""
   config: ModelConfig
+  hidden_only: bool = False
 
   def setup(self):
     cfg = self.config
@@ -282,7 +288,7 @@ class EncoderDecoder(nn.Module):
       self.target_embed = Embed(cfg, cfg.vocab_size)
       source_embed, target_embed = self.source_embed, self.target_embed
     self.encoder = Encoder(cfg, source_embed)
-    self.decoder = Decoder(cfg, target_embed, cross_attention=True)
+    self.decoder = Decoder(cfg, target_embed, cross_attention=True, hidden_only=self.hidden_only)
 
   def encode(self, inputs: Array, inputs_positions: Array | None = None,
              inputs_segment_ids: Array | None = None, deterministic: bool = True) -> Array:
@@ -315,12 +321,15 @@ class EncoderDecoder(nn.Module):
 
 
 class DecoderOnly(nn.Module):
-  """A causal language model; a prefix-LM (bidirectional over the prefix) given a prefix mask."""
+  """A causal language model; a prefix-LM (bidirectional over the prefix) given a prefix mask.
+  hidden_only: the final hidden states [b, t, d] instead of logits."""
   config: ModelConfig
+  hidden_only: bool = False
 
   def setup(self):
     self.token_embed = Embed(self.config, self.config.vocab_size)
-    self.decoder = Decoder(self.config, self.token_embed, cross_attention=False)
+    self.decoder = Decoder(self.config, self.token_embed, cross_attention=False,
+                           hidden_only=self.hidden_only)
 
   def decode(self, decoder_input_tokens: Array, decoder_positions: Array | None = None,
              decoder_segment_ids: Array | None = None, decoder_prefix_mask: Array | None = None,
@@ -423,6 +432,25 @@ def batch_logits(model: nn.Module, params: Any, batch: dict[str, Any], *,
   """Teacher-forced logits [b, t, vocab] float32 of a batch (with mutable: (logits, state))."""
   return model.apply({'params': params}, **_call_kwargs(model.config.arch, batch),
                      deterministic=deterministic, rngs=rngs, mutable=mutable)
+
+
+def batch_hidden(model: nn.Module, params: Any, batch: dict[str, Any], *,
+                 deterministic: bool = True, rngs: dict[str, Array] | None = None) -> Array:
+  """The decoder's final hidden states [b, t, d] of a batch: batch_logits without the output
+  layer, which vocab_projection applies (encoder_decoder and decoder_only)."""
+  if model.config.arch == 'encoder_only':
+    raise ConfigError('hidden states before the output layer: encoder_decoder or decoder_only only')
+  return batch_logits(model.clone(hidden_only=True), params, batch, deterministic=deterministic,
+                      rngs=rngs)
+
+
+def vocab_projection(model: nn.Module, params: Any):
+  """hidden [b, t, d] -> float32 logits [b, t, vocab]: the decoder's output layer
+  (heads.vocab_logits, heads.VocabHead) with the model's parameters."""
+  embed = params['token_embed'] if 'token_embed' in params else params['target_embed']
+  head = {k: v for k, v in params['decoder'].items() if k in heads.VOCAB_HEAD_PARAMS}
+  variables = {'params': {**head, 'embed': embed}}
+  return lambda x: heads.VocabHead(model.config).apply(variables, x)
 
 
 def batch_init(model: nn.Module, rngs: dict[str, Array], batch: dict[str, Any]) -> Any:

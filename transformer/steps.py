@@ -25,8 +25,8 @@ import optax
 
 from transformer import metrics as metrics_lib
 from transformer import ensemble, models, optim
-from transformer.config import Config
-from transformer.losses import cross_entropy
+from transformer.config import Config, ConfigError
+from transformer.losses import chunked_cross_entropy, cross_entropy
 from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits
 
 Array = jax.Array
@@ -98,15 +98,25 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
   use_ss = tc.scheduled_sampling.schedule != "none"
   deterministic = not (cfg.model.dropout_rate or cfg.model.attention_dropout_rate
                        or cfg.model.ffn_dropout_rate)
+  if tc.loss_chunk_tokens and (arch == "encoder_only" or use_ss):
+    raise ConfigError(f"train.loss_chunk_tokens={tc.loss_chunk_tokens} needs model.arch="
+                      "encoder_decoder|decoder_only and no train.scheduled_sampling")
 
   def loss_sums(params, micro):
     batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
+    weights = target_weights(batch)
+    if tc.loss_chunk_tokens:  # the output layer and the loss a chunk of tokens at a time
+      hidden = models.batch_hidden(model, params, batch, deterministic=deterministic,
+                                   rngs={"dropout": key})
+      loss_sum, _, weight_sum = chunked_cross_entropy(
+          hidden, models.vocab_projection(model, params), batch["targets"], weights,
+          label_smoothing=tc.label_smoothing, z_loss=tc.z_loss, chunk_tokens=tc.loss_chunk_tokens)
+      return loss_sum, weight_sum
     if use_ss:
       logits = two_pass_logits(model, arch, params, batch, tf_prob, key, deterministic)
     else:
       logits = models.batch_logits(model, params, batch, deterministic=deterministic,
                                    rngs={"dropout": key})
-    weights = target_weights(batch)
     loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights,
                                             label_smoothing=tc.label_smoothing, z_loss=tc.z_loss)
     return loss_sum, weight_sum
