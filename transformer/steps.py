@@ -142,6 +142,9 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
     denom = jnp.maximum(weight_sum, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    # The state keeps its dtypes (bfloat16 parameters: bfloat16 moments), so every step takes the
+    # state the previous one gave (for float32 parameters the casts are no-ops).
+    opt_state = jax.tree.map(lambda new, old: new.astype(old.dtype), opt_state, state.opt_state)
     params = optax.apply_updates(state.params, updates)
     loss, grad_norm = loss_sum / denom, optax.tree.norm(grads)
     metrics = dict(loss=loss, weight_sum=weight_sum, grad_norm=grad_norm,
