@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # One accelerator session's measurements in one prepared command, sized for <= 8 minutes on one
-# H100; each part has its own time limit (seconds, overridable from the environment), so one that
-# breaks or runs long leaves the others their time:
+# H100: each part has its own time limit in seconds (GPT2S_S=65 GPT2M_S=55 XLA_S=35 SPEED_S=85
+# MEMBERS_S=60 QUALITY_S=240 from the environment; 480 s without members, plus ~20 s of setup),
+# so one that breaks or runs long leaves the others their time:
 #   setup    wheels/ (benchmarks/device_wheels.sh) installed into /tmp/site when present; the
 #            device and the versions
 #   gpt2s    benchmarks/accelerator.py: bf16 train steps, cuDNN attention, GPT-2 small's widths:
 #            the baseline and each lever (kernel causal flag, chunked loss, 32 rows, bf16
 #            parameters, remat) and all of them, in the same rounds: MFU and ratios
 #   gpt2m    the same at GPT-2 medium's widths: baseline, levers together, and with 16 rows
-#   xla      gpt2s's baseline and levers again under XLA GPU flags (XLA_FLAGS is process-wide)
+#   xla      gpt2s's levers together again under XLA GPU flags (XLA_FLAGS is process-wide): its
+#            ratio is against the same variant in the gpt2s part
 #   speed    configs/g2p.py:fast trained by train.py at train.steps_per_dispatch 1 and 8 (with
-#            data.prefetch): steps/s; and its step alone on random batches, 1 and 8 per dispatch
+#            data.prefetch): steps/s; and its step alone on random batches, 1 and 8 per dispatch;
+#            the first run prepares the data directory every later part reads
 #   members  8 seeds of :fast in one program against one (train.members); skipped, with a line
 #            saying so, where this tree's config has no such key
 #   quality  configs/g2p.py:gpu, one seed start to finish (benchmarks/g2p_flagship.py)
@@ -76,15 +79,15 @@ acc=($py benchmarks/accelerator.py --steps=$steps --rounds=$rounds --matmul_n=$m
 print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax', o.__version__, jax.devices())" || exit 1
 
   c="causal_kernel=true" l="loss_chunk_tokens=$chunk"
-  part gpt2s "$(limit "${GPT2S_S:-90}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
+  part gpt2s "$(limit "${GPT2S_S:-65}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
     --variants="base|$c|$l|rows=$rows_s|param_dtype=bfloat16|remat=dots_no_batch|$c,$l,rows=$rows_s" \
     --json_out="$work/accelerator_gpt2s.json"
-  part gpt2m "$(limit "${GPT2M_S:-75}")" "${acc[@]}" --sizes=$lm_m --dtypes=bfloat16 --attention=fused \
+  part gpt2m "$(limit "${GPT2M_S:-55}")" "${acc[@]}" --sizes=$lm_m --dtypes=bfloat16 --attention=fused \
     --variants="base|$c,$l|$c,$l,rows=$rows_m" --json_out="$work/accelerator_gpt2m.json"
-  part xla "$(limit "${XLA_S:-40}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
-    --variants="base|$c,$l,rows=$rows_s" --json_out="$work/accelerator_xla.json" \
+  part xla "$(limit "${XLA_S:-35}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
+    --variants="$c,$l,rows=$rows_s" --json_out="$work/accelerator_xla.json" \
     --xla_flags="${XLA_EXTRA:---xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false}"
-  part speed "$(limit "${SPEED_S:-95}")" "${acc[@]}" --sizes=$g2p --dtypes=float32 --attention=einsum \
+  part speed "$(limit "${SPEED_S:-85}")" "${acc[@]}" --sizes=$g2p --dtypes=float32 --attention=einsum \
     --variants="base|steps_per_dispatch=8" --train_g2p=1,8 --train_steps=$train_steps \
     --train_args="--config.data.data_dir=$data $train_args" --json_out="$work/speed.json"
 
@@ -102,7 +105,7 @@ sys.exit(0 if 'members' in defaults.get_config().train else 1)"; then
     echo "== members: skipped: this tree's config has no train.members; no 8-seed ratio measured"
   fi
 
-  part quality "$(limit "${QUALITY_S:-180}")" $py benchmarks/g2p_flagship.py \
+  part quality "$(limit "${QUALITY_S:-240}")" $py benchmarks/g2p_flagship.py \
     --config=configs/g2p.py:gpu --seeds=0 --out="$work/quality" --data_dir="$data" $quality_args
 
   device=$($py -c "import jax; print(jax.devices()[0].device_kind)")

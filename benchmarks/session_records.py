@@ -9,7 +9,8 @@ members.json (the 8-seed ratio, when measured) and quality/summary.json
 (benchmarks/g2p_flagship.py). A part that left nothing gets no record and a line saying so.
 Records, named after the device (e.g. gpu_h100_mfu):
   <dev>_mfu        MFU, ms/step, tokens/s and the ratio to the baseline of every lever at GPT-2
-                   small's and medium's widths, and the XLA-flags run (raw.json: all three)
+                   small's and medium's widths, and the XLA-flags run (xla_*: its ratio is to
+                   the same variant without the flags) (raw.json: all three)
   <dev>_g2p_speed  configs/g2p.py:fast's steps/s trained by train.py at each steps_per_dispatch,
                    and its step alone on random batches (raw.json)
   <dev>_members    8 seeds in one program against one seed's wall clock (raw.json)
@@ -59,11 +60,17 @@ def base_record(name: str, title: str, task: str, config: str | None, args, raw:
           "seeds": [], "report": "docs/performance.md#gpu-targets"}
 
 
+def variant_key(r: dict) -> str:
+  """<size>_<dtype>_<attention>_<variant> of one accelerator.py result."""
+  return f"{r['size']}_{r['dtype']}_{r['attention']}_{slug(r['variant'])}"
+
+
 def step_metrics(raw: dict, prefix: str = "") -> dict:
-  """Flat metrics of accelerator.py's results: <size>_<variant>_{mfu_pct,ms_per_step,...}."""
+  """Flat metrics of accelerator.py's results: <variant_key>_{mfu_pct,ms_per_step,...}; a
+  result's ratio is against the first variant of its own run."""
   out = {}
   for r in raw.get("results", []):
-    key = f"{prefix}{r['size']}_{r['dtype']}_{r['attention']}_{slug(r['variant'])}"
+    key = prefix + variant_key(r)
     out[f"{key}_ms_per_step"] = round(r["ms_per_step"], 3)
     out[f"{key}_tokens_per_s"] = round(r["tokens_per_s"])
     out[f"{key}_tflops"] = round(r["tflops"], 1)
@@ -93,6 +100,12 @@ def mfu_record(args, work: str) -> tuple[dict, dict] | None:
       record["metrics"] |= step_metrics(raws[key])
   if raws["xla"]:
     record["metrics"] |= step_metrics(raws["xla"], prefix="xla_")
+    # Its ratio: against the same variant without the flags (the gpt2s part, same machine).
+    plain = {variant_key(r): r for r in (raws["gpt2s"] or {}).get("results", [])}
+    for r in raws["xla"].get("results", []):
+      match = plain.get(variant_key(r))
+      record["metrics"][f"xla_{variant_key(r)}_ratio"] = (
+          round(r["tokens_per_s"] / match["tokens_per_s"], 3) if match else None)
   best = max((r for k in ("gpt2s", "gpt2m") for r in (raws[k] or {}).get("results", [])
               if r["size"] == "gpt2s"), key=lambda r: r["tokens_per_s"], default=None)
   if best:

@@ -81,8 +81,8 @@ Variants (the argument after the colon):
   gpu    a candidate for one GPU's five minutes (test WER 4.5 points under Phonetisaurus's 26.1%):
          4+4 layers, d_model 256, 4 heads, mlp 1024, dropout 0.2, 6000 steps of 256 packed rows
          (about 50 epochs), warmup 800 to 1e-3 then cosine to 0, 8 train steps per dispatch,
-         4 batches prefetched, beam 4 on the whole dev split every 3000 steps (the best
-         checkpoint kept) and on the test split. Not yet run: benchmarks/accelerator_session.sh
+         4 batches prefetched, beam 4 on the whole dev split at the end and on the test split.
+         Not yet run: benchmarks/accelerator_session.sh
          runs it (`python benchmarks/g2p_flagship.py --config=configs/g2p.py:gpu --seeds=0`).
   base   the paper's base sizes (6+6 layers, d_model 512, 8 heads, mlp 2048), 50k steps of 256 rows,
          beam 4. Not run here: meant for one accelerator.
@@ -176,7 +176,7 @@ def get_config(arg: str = "base"):
     c.data.prefetch = 4
     t.update(num_steps=6000, schedule="warmup_cosine", learning_rate=1e-3, warmup_steps=800,
              steps_per_dispatch=8, log_every_steps=200)
-    c.eval.update(every_steps=3000, num_batches=0, num_decode_examples=0)  # the whole dev split
+    c.eval.update(every_steps=6000, num_batches=0, num_decode_examples=0)  # the whole dev split
     c.checkpoint.update(every_steps=3000, keep=2)
   else:
     m.update(d_model=512, num_heads=8, mlp_dim=2048, num_encoder_layers=6, num_decoder_layers=6,

@@ -27,6 +27,9 @@ def write_raw(work):
       step_result("gpt2s", "base", 50.0, 327680, 0.276, 1.0),
       step_result("gpt2s", "causal_kernel=True,rows=32", 80.0, 409600, 0.345, 1.25)]}
   (work / "accelerator_gpt2s.json").write_text(json.dumps(gpt2s))
+  xla = {"device": DEVICE, "xla_flags": "--xla_gpu_enable_latency_hiding_scheduler=true",
+         "results": [step_result("gpt2s", "causal_kernel=True,rows=32", 75.0, 450560, 0.37, 1.0)]}
+  (work / "accelerator_xla.json").write_text(json.dumps(xla))
   speed = {"device": DEVICE, "results": [
       {**step_result("g2pfast", "base", 4.0, 1, None, 1.0), "dtype": "float32"}],
            "g2p_train": [{"steps_per_dispatch": 1, "steps_per_s": 82.04},
@@ -59,6 +62,10 @@ def test_records_follow_the_schema_and_carry_the_raw_numbers(tmp_path, capsys):
   assert mfu["gpt2s_bfloat16_fused_causal_kernel_true_rows_32_mfu_pct"] == 34.5
   assert mfu["gpt2s_bfloat16_fused_causal_kernel_true_rows_32_ratio"] == 1.25
   assert mfu["matmul_bfloat16_tflops"] == 760
+  assert mfu["xla_gpt2s_bfloat16_fused_causal_kernel_true_rows_32_mfu_pct"] == 37.0
+  assert mfu["xla_gpt2s_bfloat16_fused_causal_kernel_true_rows_32_ratio"] == 1.1  # 450560/409600
+  assert got["gpu_h100_mfu"]["overrides"] == [
+      "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true (xla_* metrics only)"]
   assert got["gpu_h100_mfu"]["rates"] == {"steps_per_s": 12.5, "tokens_per_s": 409600}
   speed = got["gpu_h100_g2p_speed"]
   assert speed["metrics"]["fast_k1_steps_per_s"] == 82.0
