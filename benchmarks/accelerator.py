@@ -11,7 +11,7 @@ random token ids; dropout 0 unless the config has it):
            vocabulary 50304 (GPT-2's, padded to a multiple of 128), seq 1024, batch 16
   gpt2m    the same at GPT-2 medium's: 24 layers, d 1024, 16 heads of 64, mlp 4096, batch 8
   g2pfast  configs/g2p.py:fast's model as it trains, 128 packed rows x 32/30 (train_step.py's size)
-  lmtiny   gpt2s's knobs at 2 layers, d 64, vocabulary 512, seq 64, batch 4: a CPU check of the flags
+  lmtiny   gpt2s's knobs at 2 layers, d 64, vocabulary 512, seq 64, batch 4 (a CPU check of flags)
 Variants: every --dtypes x --attention pair (model.dtype; parameters stay float32), timed
 alternately for --rounds rounds of --steps steps, each keeping its fastest median, so a drifting
 machine slows all alike. Per variant: ms/step, tokens/s, model TFLOP/s (train_step.py's count:
@@ -104,7 +104,7 @@ def matmul_peak(dtype: str, n: int = 8192, repeats: int = 10) -> float:
 
 
 def parse_variants(text: str) -> list[dict]:
-  """'base|a=1,b=x|...' -> [{}, {'a': 1, 'b': 'x'}, ...]; true/false are booleans, numbers numbers."""
+  """'base|a=1,b=x|...' -> [{}, {'a': 1, 'b': 'x'}, ...]; true/false booleans, numbers numbers."""
   out = []
   for part in text.split("|"):
     part = part.strip()

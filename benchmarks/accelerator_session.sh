@@ -76,9 +76,11 @@ acc=($py benchmarks/accelerator.py --steps=$steps --rounds=$rounds --matmul_n=$m
   echo "== setup: commit ${commit:-unknown}, $(nproc) cores, smoke=$smoke"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>/dev/null
   $py -c "import jax, flax, optax, orbax.checkpoint as o, grain, tensorflow_datasets, ml_collections
-print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax', o.__version__, jax.devices())" || exit 1
+print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__,
+      'orbax', o.__version__, jax.devices())" || exit 1
 
   c="causal_kernel=true" l="loss_chunk_tokens=$chunk"
+  xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false"
   part gpt2s "$(limit "${GPT2S_S:-65}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
     --variants="base|$c|$l|rows=$rows_s|param_dtype=bfloat16|remat=dots_no_batch|$c,$l,rows=$rows_s" \
     --json_out="$work/accelerator_gpt2s.json"
@@ -86,7 +88,7 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
     --variants="base|$c,$l|$c,$l,rows=$rows_m" --json_out="$work/accelerator_gpt2m.json"
   part xla "$(limit "${XLA_S:-35}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
     --variants="$c,$l,rows=$rows_s" --json_out="$work/accelerator_xla.json" \
-    --xla_flags="${XLA_EXTRA:---xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false}"
+    --xla_flags="${XLA_GPU_FLAGS:-$xla_flags}"
   part speed "$(limit "${SPEED_S:-85}")" "${acc[@]}" --sizes=$g2p --dtypes=float32 --attention=einsum \
     --variants="base|steps_per_dispatch=8" --train_g2p=1,8 --train_steps=$train_steps \
     --train_args="--config.data.data_dir=$data $train_args" --json_out="$work/speed.json"
@@ -100,7 +102,8 @@ sys.exit(0 if 'members' in defaults.get_config().train else 1)"; then
         --config.train.num_steps=1000 --config.train.members=$1 --config.data.data_dir="$data" \
         $train_args; }
       t0=$(date +%s.%N); run 1 || exit 1; t1=$(date +%s.%N); run 8 || exit 1; t2=$(date +%s.%N)
-      $py -c "import json, sys, jax; a, b, c = map(float, sys.argv[1:4]); json.dump({\"device\": jax.devices()[0].device_kind, \"members\": 8, \"ratio\": (c - b) / (b - a), \"wall_s\": c - b, \"one_s\": b - a}, open(sys.argv[4], \"w\"))" $t0 $t1 $t2 "$work/members.json"'
+      echo "{\"members\": 8, \"start\": $t0, \"one_done\": $t1, \"all_done\": $t2}" \
+        > "$work/members.json"'
   else
     echo "== members: skipped: this tree's config has no train.members; no 8-seed ratio measured"
   fi
