@@ -83,7 +83,8 @@ def test_members_record_is_the_wall_clock_ratio(tmp_path):
   """8 members in 120 s after one in 100 s: ratio 1.2."""
   (tmp_path / "members.json").write_text(
       json.dumps({"members": 8, "start": 1000.0, "one_done": 1100.0, "all_done": 1220.0}))
-  (path,) = records.main([f"--work={tmp_path}", f"--out={tmp_path / 'out'}", "--device=NVIDIA H200"])
+  (path,) = records.main([f"--work={tmp_path}", f"--out={tmp_path / 'out'}",
+                          "--device=NVIDIA H200"])
   record = json.load(open(path))
   assert record["name"] == "gpu_h200_members" and set(record) == SCHEMA
   assert record["metrics"] == {"members_wall_clock_ratio": 1.2} and record["wall_clock_s"] == 120.0
