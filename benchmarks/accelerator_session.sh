@@ -1,36 +1,120 @@
 #!/usr/bin/env bash
-# One accelerator session's measurements, in one prepared command (README "On a GPU"):
-#   1. the device and the package versions;
-#   2. benchmarks/accelerator.py: bf16 train steps at GPT-2 small's widths with MFU, the fused
-#      (cuDNN) attention path against the einsum one; then configs/g2p.py:fast's step in bf16
-#      and float32;
-#   3. one configs/g2p.py:fast G2P run, start to finish (benchmarks/g2p_flagship.py: train with
-#      dev evaluations, the best checkpoint on the test split), from a fresh data directory.
-# Each part has its own time limit (seconds, from the environment), so one that breaks or runs
-# long leaves the others their time. Logs and the run's summary land in OUT_DIR.
+# One accelerator session's measurements in one prepared command, sized for <= 8 minutes on one
+# H100: each part has its own time limit in seconds (GPT2S_S=65 GPT2M_S=55 XLA_S=35 SPEED_S=85
+# MEMBERS_S=60 QUALITY_S=240 from the environment; 480 s without members, plus ~20 s of setup),
+# so one that breaks or runs long leaves the others their time:
+#   setup    wheels/ (benchmarks/device_wheels.sh) installed into /tmp/site when present; the
+#            device and the versions
+#   gpt2s    benchmarks/accelerator.py: bf16 train steps, cuDNN attention, GPT-2 small's widths:
+#            the baseline and each lever (kernel causal flag, chunked loss, 32 rows, bf16
+#            parameters, remat) and all of them, in the same rounds: MFU and ratios
+#   gpt2m    the same at GPT-2 medium's widths: baseline, levers together, and with 16 rows
+#   xla      gpt2s's levers together again under XLA GPU flags (XLA_FLAGS is process-wide): its
+#            ratio is against the same variant in the gpt2s part
+#   speed    configs/g2p.py:fast trained by train.py at train.steps_per_dispatch 1 and 8 (with
+#            data.prefetch): steps/s; and its step alone on random batches, 1 and 8 per dispatch;
+#            the first run prepares the data directory every later part reads
+#   members  8 seeds of :fast in one program against one (train.members); skipped, with a line
+#            saying so, where this tree's config has no such key
+#   quality  configs/g2p.py:gpu, one seed start to finish (benchmarks/g2p_flagship.py)
+# Then benchmarks/session_records.py writes OUT_DIR/results/<name>/record.json (docs/results'
+# schema) from the parts' raw outputs, each beside its record: copy them into docs/results/ as
+# they are. OUT_DIR/session.log holds everything the parts printed.
 #
-#   bash benchmarks/accelerator_session.sh OUT_DIR
+#   bash benchmarks/device_wheels.sh                                # once, with a package index
+#   COMMIT=<sha> bash benchmarks/accelerator_session.sh OUT_DIR     # on the GPU, wheels/ beside
+#   SMOKE=1 bash benchmarks/accelerator_session.sh /tmp/session     # a CPU, tiny sizes and steps
 set -u
 out=${1:?usage: bash benchmarks/accelerator_session.sh OUT_DIR}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.." || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python3}
 work=$(mktemp -d)
+smoke=${SMOKE:-0}
+if [ -d wheels ] && ls wheels/*.whl >/dev/null 2>&1 && [ "$smoke" = 0 ]; then
+  $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site wheels/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+commit=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || true)}
+data="$work/data"  # a fresh data directory, prepared by the first train.py run
 
-{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
-  $py -c "import jax, flax, optax, orbax.checkpoint as o, grain; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax', o.__version__, jax.devices())"
-  git log -1 --format='commit %h %s' 2>/dev/null; nproc; } 2>&1 | tee "$out/device.txt"
+if [ "$smoke" = 0 ]; then
+  lm_s=gpt2s lm_m=gpt2m g2p=g2pfast steps=10 rounds=2 matmul=8192 train_steps=1000 threads=8
+  rows_s=32 rows_m=16 chunk=8192 train_args="" quality_args=""
+  limit() { echo "$1"; }
+else  # every part end to end in seconds on a CPU: tiny models, a few steps
+  lm_s=lmtiny lm_m=lmtiny g2p=lmtiny steps=1 rounds=1 matmul=128 train_steps=4 threads=1
+  rows_s=8 rows_m=8 chunk=64
+  tiny="--config.model.num_encoder_layers=1 --config.model.num_decoder_layers=1
+    --config.model.d_model=32 --config.model.num_heads=2 --config.model.mlp_dim=64
+    --config.data.batch_size=8"
+  train_args="$tiny --config.train.log_every_steps=2"
+  quality_args="$tiny --config.train.num_steps=4 --config.train.log_every_steps=2
+    --config.eval.every_steps=4 --config.checkpoint.every_steps=4 --config.eval.decode.beam_size=1
+    --config.eval.decode.method=greedy --config.eval.num_decode_examples=16"
+  [ -d "$HOME/tensorflow_datasets/cmudict_g2p" ] && data="$HOME/tensorflow_datasets"
+  limit() { echo 900; }
+fi
 
-timeout "${BENCH_S:-240}" $py benchmarks/accelerator.py --sizes=gpt2s --dtypes=bfloat16 \
-  --attention=einsum,fused --steps=20 --rounds=2 2>&1 | tee "$out/accelerator.log"
-timeout "${BENCH_G2P_S:-90}" $py benchmarks/accelerator.py --sizes=g2pfast --dtypes=float32,bfloat16 \
-  --attention=einsum --steps=50 --rounds=2 2>&1 | tee -a "$out/accelerator.log"
+part() {  # part NAME LIMIT_S COMMAND...: the command under its time limit, timed
+  local name=$1 lim=$2 start rc
+  shift 2
+  start=$(date +%s)
+  echo "== $name (limit $lim s): $*"
+  timeout "$lim" "$@"
+  rc=$?
+  echo "== $name: exit $rc after $(( $(date +%s) - start )) s$([ $rc = 124 ] && echo ', time limit')"
+}
 
-start=$(date +%s)
-timeout "${G2P_S:-300}" $py benchmarks/g2p_flagship.py --config=configs/g2p.py:fast --seeds=0 \
-  --out="$work/g2p_fast" --data_dir="$work/data" 2>&1 | tail -30 | tee "$out/g2p.log"
-echo "g2p_flagship: exit ${PIPESTATUS[0]} after $(( $(date +%s) - start )) s" | tee -a "$out/g2p.log"
-cp "$work/g2p_fast/summary.json" "$out/" 2>/dev/null
-cp "$work/g2p_fast/seed0/metrics.jsonl" "$out/" 2>/dev/null
-ls "$work/g2p_fast/seed0" 2>/dev/null | tee -a "$out/g2p.log"
+acc=($py benchmarks/accelerator.py --steps=$steps --rounds=$rounds --matmul_n=$matmul
+  --compile_threads=$threads)
+
+{
+  echo "== setup: commit ${commit:-unknown}, $(nproc) cores, smoke=$smoke"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>/dev/null
+  $py -c "import jax, flax, optax, orbax.checkpoint as o, grain, tensorflow_datasets, ml_collections
+print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__,
+      'orbax', o.__version__, jax.devices())" || exit 1
+
+  c="causal_kernel=true" l="loss_chunk_tokens=$chunk"
+  xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false"
+  part gpt2s "$(limit "${GPT2S_S:-65}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
+    --variants="base|$c|$l|rows=$rows_s|param_dtype=bfloat16|remat=dots_no_batch|$c,$l,rows=$rows_s" \
+    --json_out="$work/accelerator_gpt2s.json"
+  part gpt2m "$(limit "${GPT2M_S:-55}")" "${acc[@]}" --sizes=$lm_m --dtypes=bfloat16 --attention=fused \
+    --variants="base|$c,$l|$c,$l,rows=$rows_m" --json_out="$work/accelerator_gpt2m.json"
+  part xla "$(limit "${XLA_S:-35}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
+    --variants="$c,$l,rows=$rows_s" --json_out="$work/accelerator_xla.json" \
+    --xla_flags="${XLA_GPU_FLAGS:-$xla_flags}"
+  part speed "$(limit "${SPEED_S:-85}")" "${acc[@]}" --sizes=$g2p --dtypes=float32 --attention=einsum \
+    --variants="base|steps_per_dispatch=8" --train_g2p=1,8 --train_steps=$train_steps \
+    --train_args="--config.data.data_dir=$data $train_args" --json_out="$work/speed.json"
+
+  if $py -c "import sys; from transformer import defaults
+sys.exit(0 if 'members' in defaults.get_config().train else 1)"; then
+    # The wall clock of 8 members in one program over one member's, the same steps.
+    export py work data train_args
+    part members "$(limit "${MEMBERS_S:-60}")" bash -c '
+      run() { $py train.py --config=configs/g2p.py:fast --workdir="$work/m$1" \
+        --config.train.num_steps=1000 --config.train.members=$1 --config.data.data_dir="$data" \
+        $train_args; }
+      t0=$(date +%s.%N); run 1 || exit 1; t1=$(date +%s.%N); run 8 || exit 1; t2=$(date +%s.%N)
+      echo "{\"members\": 8, \"start\": $t0, \"one_done\": $t1, \"all_done\": $t2}" \
+        > "$work/members.json"'
+  else
+    echo "== members: skipped: this tree's config has no train.members; no 8-seed ratio measured"
+  fi
+
+  part quality "$(limit "${QUALITY_S:-240}")" $py benchmarks/g2p_flagship.py \
+    --config=configs/g2p.py:gpu --seeds=0 --out="$work/quality" --data_dir="$data" $quality_args
+
+  device=$($py -c "import jax; print(jax.devices()[0].device_kind)")
+  versions=$($py -c "import json, jax, flax, optax, orbax.checkpoint as o
+print(json.dumps({'jax': jax.__version__, 'flax': flax.__version__, 'optax': optax.__version__, 'orbax-checkpoint': o.__version__}))")
+  $py benchmarks/session_records.py --work="$work" --out="$out/results" --commit="$commit" \
+    --device="$device" --versions="$versions" --prefix="$([ "$smoke" = 0 ] || echo smoke_)" \
+    --command="${SMOKE:+SMOKE=1 }bash benchmarks/accelerator_session.sh OUT_DIR"
+} 2>&1 | tee "$out/session.log"

@@ -171,17 +171,25 @@ def build(name: str, keep_hlo_text: bool = False, rows: int | None = None,
 
 
 def build_sized(name: str, cd, shapes: dict[str, tuple[int, int]], keep_hlo_text: bool = False,
-                **model_overrides) -> tuple:
-  """build() of a size given as (config, batch shapes), e.g. accelerator.py's larger ones."""
+                steps_per_dispatch: int = 1, **model_overrides) -> tuple:
+  """build() of a size given as (config, batch shapes), e.g. accelerator.py's larger ones;
+  steps_per_dispatch K > 1 makes one run() K train steps in one scan (steps.scan_steps)."""
   cd.model.update(model_overrides)
   cfg = from_configdict(cd)
   model = build_model(cfg.model)
   tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
   packed = name.startswith("g2p")
-  batches = [jax.device_put(random_batch(shapes, packed, seed)) for seed in range(4)]
+  batches = [random_batch(shapes, packed, seed) for seed in range(4 * steps_per_dispatch)]
   example = {k: np.asarray(v)[:1] for k, v in batches[0].items()}
   state = step_lib.create_train_state(cfg, model, jax.random.PRNGKey(0), example, tx)
-  step = jax.jit(step_lib.make_train_step(cfg, model, tx), donate_argnums=(0,))
+  train_step = step_lib.make_train_step(cfg, model, tx)
+  if steps_per_dispatch > 1:
+    k = steps_per_dispatch
+    train_step = step_lib.scan_steps(train_step)
+    batches = [{f: np.stack([b[f] for b in batches[i * k:(i + 1) * k]]) for f in batches[0]}
+               for i in range(4)]
+  batches = [jax.device_put(b) for b in batches]
+  step = jax.jit(train_step, donate_argnums=(0,))
   start = time.perf_counter()
   compiled = step.lower(state, batches[0]).compile()
   compile_s = time.perf_counter() - start
@@ -192,11 +200,11 @@ def build_sized(name: str, cd, shapes: dict[str, tuple[int, int]], keep_hlo_text
     box["i"] += 1
     jax.block_until_ready(metrics)
 
-  tokens = sum(r * t for r, t in shapes.values())
+  tokens = sum(r * t for r, t in shapes.values()) * steps_per_dispatch
   text = compiled.as_text()
   memory = compiled.memory_analysis()  # XLA's own account; None where the backend gives none
   record = {"size": name, "compile_s": compile_s, "tokens": tokens,
-            "flops": train_flops(cfg, shapes), "hlo": hlo_ops(text),
+            "flops": train_flops(cfg, shapes) * steps_per_dispatch, "hlo": hlo_ops(text),
             "temp_bytes": getattr(memory, "temp_size_in_bytes", None)}
   return run, record | ({"hlo_text": text} if keep_hlo_text else {})
 

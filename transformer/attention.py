@@ -110,8 +110,9 @@ def _fused_implementation(dtype) -> Optional[str]:
   return None
 
 
-def _fused_attention(q, k, v, mask, bias, scale):
-  """jax.nn.dot_product_attention, padded so that d_qk != d_v works, with zeroed fully masked rows."""
+def _fused_attention(q, k, v, mask, bias, scale, causal=False):
+  """jax.nn.dot_product_attention, padded so that d_qk != d_v works, with zeroed fully masked rows;
+  `causal` passes the kernel's own causal flag (is_causal) on top of `mask`."""
   h, hv = q.shape[-1], v.shape[-1]
   width = max(h, hv)
   # The fused kernel needs value and key head sizes equal. Zero padding is exact: padded q/k
@@ -120,7 +121,7 @@ def _fused_attention(q, k, v, mask, bias, scale):
   qp, kp, vp = pad(q), pad(k), pad(v)
   if bias is not None:
     bias = bias.astype(jnp.float32)
-  kwargs = dict(bias=bias, mask=mask, scale=scale)
+  kwargs = dict(bias=bias, mask=mask, scale=scale, is_causal=causal)
   impl = _fused_implementation(q.dtype)
   try:
     out = jax.nn.dot_product_attention(qp, kp, vp, implementation=impl, **kwargs)
@@ -131,7 +132,9 @@ def _fused_attention(q, k, v, mask, bias, scale):
   out = out[..., :hv]
   if mask is not None:
     # jax gives a fully masked row the mean of the values; the einsum path gives zeros. Agree.
-    row_valid = jnp.any(mask, axis=-1)  # [b, 1|n, t]
+    # (A causal row without a mask always sees its own key: it is never fully masked.)
+    row_valid = jnp.any(combine_masks(mask, causal_mask(q.shape[1]) if causal else None),
+                        axis=-1)  # [b, 1|n, t]
     out = out * jnp.transpose(row_valid, (0, 2, 1))[..., None].astype(out.dtype)
   return out
 
@@ -149,7 +152,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
                           bias: Optional[Array] = None, dropout_rate: float = 0.0,
                           dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
                           deterministic: bool = True, impl: str = 'einsum', return_weights: bool = False,
-                          scale_logits: bool = True):
+                          scale_logits: bool = True, causal: bool = False):
   """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv].
 
   scale_logits=False drops the 1/sqrt(h): softmax(q.k + bias) (T5, which folds it into the init).
@@ -160,6 +163,9 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   impl='fused' uses jax.nn.dot_product_attention (cuDNN on GPU for half precision); it falls back
   to the einsum path when weights are requested or attention dropout is active, since the fused
   kernel provides neither.
+  causal=True (self-attention, t == s) adds the causal mask, key j <= query i, to `mask`: the fused
+  path passes the kernel's own causal flag (no dense mask where `mask` is None), the einsum path
+  combines causal_mask(t) into the mask; both give exactly the outputs of that combined mask.
   """
   _check_shapes(q, k, v, mask, bias)
   if impl not in IMPLEMENTATIONS:
@@ -167,7 +173,13 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   dropout_active = not deterministic and dropout_rate > 0.0
   if dropout_active and dropout_rng is None:
     raise ValueError('attention dropout needs dropout_rng when deterministic=False')
+  if causal and q.shape[1] != k.shape[1]:
+    raise ValueError(f'causal attention needs as many queries as keys, got q {q.shape}, k {k.shape}')
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
+  if impl == 'fused' and causal and not return_weights and not dropout_active:
+    return _fused_attention(q, k, v, mask, bias, scale, causal)  # the kernel's own causal flag
+  if causal:
+    mask = combine_masks(mask, causal_mask(q.shape[1]))
   if not return_weights and not dropout_active:
     return IMPLEMENTATIONS[impl](q, k, v, mask, bias, scale)
   out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits,
@@ -230,13 +242,15 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x: Array, kv: Optional[Array] = None, *, mask: Optional[Array] = None,
                bias: Optional[Array] = None, positions: Optional[Array] = None,
                deterministic: bool = True,
-               decode: Optional[kv_cache.DecodeStep] = None) -> Array:
+               decode: Optional[kv_cache.DecodeStep] = None, causal: bool = False) -> Array:
     """x [b, t, d] (queries), kv [b, s, d] (cross only) -> [b, t, d] in config.dtype.
 
     mask [b, 1|n, t, s] bool, bias [b|1, n, t, s]; in decode mode s is the cache length.
     positions [b, t] feed a rotary encoding (self-attention only; default arange).
     decode: None for a plain forward pass; a DecodeStep to read and write the KV cache
     (cross-attention: kv given -> keys/values computed and cached; kv None -> the cached ones).
+    causal: also mask keys after each query, by the kernel's own flag (dot_product_attention);
+    plain self-attention only.
     """
     cfg = self.config
     x = x.astype(jnp.dtype(cfg.dtype))
@@ -249,7 +263,9 @@ class MultiHeadAttention(nn.Module):
         positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
       query, key = encoding.fn(cfg, query, positions), encoding.fn(cfg, key, positions)
 
-    attend = functools.partial(self._attend, deterministic=deterministic)
+    if causal and (self.cross or decode is not None):
+      raise ValueError('causal=True is for self-attention without a decode step')
+    attend = functools.partial(self._attend, deterministic=deterministic, causal=causal)
     if decode is None:
       if key is None:
         raise ValueError('cross-attention needs kv, or keys/values cached by a decode step')
@@ -297,7 +313,7 @@ class MultiHeadAttention(nn.Module):
     return Projection((cfg.d_model,), tuple(out_shape), ('embed', *out_axes), cfg.use_bias,
                       jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype), name=name)(x)
 
-  def _attend(self, query, key, value, mask, bias, *, deterministic):
+  def _attend(self, query, key, value, mask, bias, *, deterministic, causal=False):
     """dot_product_attention with this layer's settings -> (out, weights if sown, else None)."""
     cfg = self.config
     want_weights = self.is_mutable_collection('intermediates')
@@ -306,6 +322,6 @@ class MultiHeadAttention(nn.Module):
         query, key, value, mask=mask, bias=bias, dropout_rate=cfg.attention_dropout_rate,
         dropout_rng=self.make_rng('dropout') if dropout_active else None,
         dropout_bits=cfg.dropout_bits, deterministic=deterministic, impl=cfg.attention_impl, return_weights=want_weights,
-        scale_logits=cfg.scale_attention_logits)
+        scale_logits=cfg.scale_attention_logits, causal=causal)
     # The fused kernel returns no weights, so dot_product_attention used the einsum path for them.
     return result if want_weights else (result, None)

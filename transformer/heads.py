@@ -94,6 +94,22 @@ def vocab_logits(cfg: ModelConfig, embed: Embed, x: Array) -> Array:
   return logits
 
 
+# The submodules vocab_logits may create in its caller's scope (their parameter subtrees).
+VOCAB_HEAD_PARAMS = ('transform', 'transform_norm', 'logits_dense', 'logits_bias')
+
+
+class VocabHead(nn.Module):
+  """vocab_logits as a module of its own: parameters VOCAB_HEAD_PARAMS (those configured) and
+  'embed' (the tied table), so a stack's output layer can be applied apart from the stack
+  (models.vocab_projection; the chunked loss)."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """x [b, t, d] -> float32 logits [b, t, vocab]."""
+    return vocab_logits(self.config, Embed(self.config, self.config.vocab_size, name='embed'), x)
+
+
 class OutputHead(nn.Module):
   """Hidden states [b, s, d] -> float32 logits, by `kind`: 'lm' (vocabulary, tied or not),
   'classify' ([b, t, num_classes], pooled per target slot) or 'tag' ([b, s, num_classes])."""

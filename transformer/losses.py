@@ -1,4 +1,5 @@
-"""Token-level cross-entropy with label smoothing, per-token weights and z-loss.
+"""Token-level cross-entropy with label smoothing, per-token weights and z-loss; a chunked form over
+the output layer for large vocabularies.
 
 Returns sums, never means, so that averaging over gradient-accumulation steps and devices is
 exact: divide the summed losses by the summed weights once, at the end.
@@ -62,3 +63,44 @@ def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
   loss_sum = jnp.sum(jnp.where(keep, loss * weights, 0.0))
   z_sum = jnp.sum(jnp.where(keep, z * weights, 0.0))
   return loss_sum, z_sum, jnp.sum(weights)
+
+
+def chunked_cross_entropy(hidden: Array, project, targets: Array, weights: Array | None = None,
+                          label_smoothing: float = 0.0, z_loss: float = 0.0,
+                          chunk_tokens: int = 8192, excluded: Sequence[int] = ()
+                          ) -> tuple[Array, Array, Array]:
+  """cross_entropy(project(hidden), ...) computed a chunk of positions at a time, so the float32
+  logits of the whole batch never exist: (loss_sum, z_loss_sum, weight_sum), float32.
+
+  hidden [b, t, d] are the states the output layer reads; `project` maps [b, L, d] to float32
+  logits [b, L, v] (the model's output layer, its parameters closed over). The sequence is cut
+  into pieces of L = max(1, chunk_tokens // b) positions (the batch axis stays whole, so a batch
+  sharded over devices stays so; the tail is padded with weight 0), mapped in turn by lax.map
+  with jax.checkpoint, so the backward pass recomputes each chunk's logits instead of keeping
+  them. Equal to the plain path up to float summation order, gradients included.
+  """
+  if hidden.ndim != 3 or hidden.shape[:2] != targets.shape:
+    raise ValueError(f"chunked_cross_entropy: hidden {hidden.shape} does not match targets "
+                     f"{targets.shape}")
+  if chunk_tokens < 1:
+    raise ValueError(f"chunked_cross_entropy: chunk_tokens={chunk_tokens} must be >= 1")
+  b, t, d = hidden.shape
+  if weights is None:
+    weights = jnp.ones(targets.shape, jnp.float32)
+  if weights.shape != targets.shape:
+    raise ValueError(f"cross_entropy: weights {weights.shape} do not match targets {targets.shape}")
+  length = min(t, max(1, chunk_tokens // b))
+  chunks = -(-t // length)
+  pad = chunks * length - t
+
+  def split(x):  # [b, t, ...] -> [chunks, b, length, ...]
+    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    return jnp.swapaxes(x.reshape(b, chunks, length, *x.shape[2:]), 0, 1)
+
+  @jax.checkpoint
+  def one(piece):
+    h, y, w = piece
+    return cross_entropy(project(h), y, w, label_smoothing, z_loss, excluded)[:2]
+
+  loss_sums, z_sums = jax.lax.map(one, (split(hidden), split(targets), split(weights)))
+  return jnp.sum(loss_sums), jnp.sum(z_sums), jnp.sum(weights.astype(jnp.float32))

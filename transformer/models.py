@@ -95,6 +95,7 @@ class DecoderBlock(nn.Module):
   cross_attention: bool = False
   deterministic: bool = True
   scanned: bool = False
+  causal_kernel: bool = False  # self_mask omits the causal part: the kernel's own flag adds it
 
   @nn.compact
   def __call__(self, x: Array, encoded: Array | None, self_mask: Array | None,
@@ -104,8 +105,8 @@ class DecoderBlock(nn.Module):
     cfg, det = self.config, self.deterministic
     self_attention = attn.MultiHeadAttention(cfg, name='self_attention')
     x = _residual(cfg, x, lambda y: self_attention(
-        y, mask=self_mask, bias=bias, positions=positions, deterministic=det, decode=step),
-                  make_norm(cfg, 'attention_norm'), det)
+        y, mask=self_mask, bias=bias, positions=positions, deterministic=det, decode=step,
+        causal=self.causal_kernel), make_norm(cfg, 'attention_norm'), det)
     if self.cross_attention:
       cross = attn.MultiHeadAttention(cfg, cross=True, name='cross_attention')
       x = _residual(cfg, x, lambda y: cross(
@@ -193,10 +194,12 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-  """Embedding + causal DecoderBlocks (+ final norm for pre-LN) + output logits (float32)."""
+  """Embedding + causal DecoderBlocks (+ final norm for pre-LN) + output logits (float32);
+  `hidden_only` stops before the output layer (the chunked loss applies it, vocab_projection)."""
   config: ModelConfig
   embed: Embed
   cross_attention: bool = False
+  hidden_only: bool = False
 
   @nn.compact
   def __call__(self, tokens: Array, positions: Array | None = None,
@@ -210,6 +213,10 @@ class Decoder(nn.Module):
     default to the cache slots being written.
     """
     cfg = self.config
+    # model.causal_kernel: plain causal self-attention takes the kernel's causal flag; only the
+    # segments (packing, padding) stay a dense mask, and unsegmented rows have none at all.
+    causal_kernel = cfg.causal_kernel and not decode and prefix is None
+    unsegmented = segment_ids is None
     if segment_ids is None:
       segment_ids = jnp.ones(tokens.shape, jnp.int32)
     if prefix is None:
@@ -232,6 +239,8 @@ class Decoder(nn.Module):
     # Same nonzero segment, and causal by slot/index or both positions in the prefix.
     self_mask = attn.prefix_lm_mask_from_positions(q_idx, k_idx, prefix, k_prefix, segment_ids,
                                                    k_seg)
+    if causal_kernel:
+      self_mask = None if unsegmented else attn.segment_mask(segment_ids, segment_ids)
     cross_mask = None
     if self.cross_attention and encoder_segment_ids is not None:
       cross_mask = attn.segment_mask(segment_ids, encoder_segment_ids)
@@ -240,17 +249,21 @@ class Decoder(nn.Module):
     x = _run_layers(cfg, DecoderBlock, cfg.num_decoder_layers, x,
                     (encoded, self_mask, cross_mask, bias, rotary_positions, step),
                     remat_allowed=not decode, cross_attention=self.cross_attention,
-                    deterministic=deterministic)
+                    deterministic=deterministic, causal_kernel=causal_kernel)
     if cfg.norm_position == 'pre':
       x = make_norm(cfg, 'final_norm')(x)
     if cfg.scale_decoder_output:  # T5 1.0 (tied head): the logits' input times d_model**-0.5
       x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
+    if self.hidden_only:
+      return x
     return heads.vocab_logits(cfg, self.embed, x)
 
 
 class EncoderDecoder(nn.Module):
-  """The encoder-decoder Transformer; `__call__` shifts the targets right inside the model."""
+  """The encoder-decoder Transformer; `__call__` shifts the targets right inside the model.
+  hidden_only: the decoder's final hidden states [b, t, d] instead of logits."""
   config: ModelConfig
+  hidden_only: bool = False
 
   def setup(self):
     cfg = self.config
@@ -263,7 +276,7 @@ class EncoderDecoder(nn.Module):
       self.target_embed = Embed(cfg, cfg.vocab_size)
       source_embed, target_embed = self.source_embed, self.target_embed
     self.encoder = Encoder(cfg, source_embed)
-    self.decoder = Decoder(cfg, target_embed, cross_attention=True)
+    self.decoder = Decoder(cfg, target_embed, cross_attention=True, hidden_only=self.hidden_only)
 
   def encode(self, inputs: Array, inputs_positions: Array | None = None,
              inputs_segment_ids: Array | None = None, deterministic: bool = True) -> Array:
@@ -296,12 +309,15 @@ class EncoderDecoder(nn.Module):
 
 
 class DecoderOnly(nn.Module):
-  """A causal language model; a prefix-LM (bidirectional over the prefix) given a prefix mask."""
+  """A causal language model; a prefix-LM (bidirectional over the prefix) given a prefix mask.
+  hidden_only: the final hidden states [b, t, d] instead of logits."""
   config: ModelConfig
+  hidden_only: bool = False
 
   def setup(self):
     self.token_embed = Embed(self.config, self.config.vocab_size)
-    self.decoder = Decoder(self.config, self.token_embed, cross_attention=False)
+    self.decoder = Decoder(self.config, self.token_embed, cross_attention=False,
+                           hidden_only=self.hidden_only)
 
   def decode(self, decoder_input_tokens: Array, decoder_positions: Array | None = None,
              decoder_segment_ids: Array | None = None, decoder_prefix_mask: Array | None = None,
@@ -315,8 +331,11 @@ class DecoderOnly(nn.Module):
                targets_segment_ids: Array | None = None, prefix_mask: Array | None = None,
                deterministic: bool = True) -> Array:
     """Teacher-forced logits [b, t, vocab] float32; prefix_mask [b, t] marks the target-space
-    prefix, the prompt (source + separator): see `decoder_prefix`."""
-    if targets_segment_ids is None:
+    prefix, the prompt (source + separator): see `decoder_prefix`. With model.causal_kernel,
+    rows without segment ids and without a prefix get no padding mask: causal attention never
+    lets a token see the padding that ends its row, so only padding positions' logits differ."""
+    plain_causal = self.config.causal_kernel and prefix_mask is None
+    if targets_segment_ids is None and not plain_causal:
       targets_segment_ids = default_segment_ids(targets)
     prefix = None if prefix_mask is None else decoder_prefix(prefix_mask, targets_segment_ids)
     return self.decode(shift_right(targets, targets_segment_ids), targets_positions,
@@ -401,6 +420,25 @@ def batch_logits(model: nn.Module, params: Any, batch: dict[str, Any], *,
   """Teacher-forced logits [b, t, vocab] float32 of a batch (with mutable: (logits, state))."""
   return model.apply({'params': params}, **_call_kwargs(model.config.arch, batch),
                      deterministic=deterministic, rngs=rngs, mutable=mutable)
+
+
+def batch_hidden(model: nn.Module, params: Any, batch: dict[str, Any], *,
+                 deterministic: bool = True, rngs: dict[str, Array] | None = None) -> Array:
+  """The decoder's final hidden states [b, t, d] of a batch: batch_logits without the output
+  layer, which vocab_projection applies (encoder_decoder and decoder_only)."""
+  if model.config.arch == 'encoder_only':
+    raise ConfigError('hidden states before the output layer: encoder_decoder or decoder_only only')
+  return batch_logits(model.clone(hidden_only=True), params, batch, deterministic=deterministic,
+                      rngs=rngs)
+
+
+def vocab_projection(model: nn.Module, params: Any):
+  """hidden [b, t, d] -> float32 logits [b, t, vocab]: the decoder's output layer
+  (heads.vocab_logits, heads.VocabHead) with the model's parameters."""
+  embed = params['token_embed'] if 'token_embed' in params else params['target_embed']
+  head = {k: v for k, v in params['decoder'].items() if k in heads.VOCAB_HEAD_PARAMS}
+  variables = {'params': {**head, 'embed': embed}}
+  return lambda x: heads.VocabHead(model.config).apply(variables, x)
 
 
 def batch_init(model: nn.Module, rngs: dict[str, Array], batch: dict[str, Any]) -> Any:

@@ -162,6 +162,8 @@ SCHEMA: tuple[Key, ...] = (
        range=">= 0", roles=F + (HEAD,)),
     _k("model.attention_impl", "einsum", "einsum | fused (jax.nn.dot_product_attention; cuDNN "
        "on GPU)", Registry("transformer.attention", "IMPLEMENTATIONS"), roles=E + FT),
+    _k("model.causal_kernel", False, "decoder self-attention outside decoding and the prefix-LM "
+       "passes the fused kernel its own causal flag (segments stay a dense mask)", roles=FT),
     _k("model.scan_layers", False, "nn.scan over layers: compile time flat in depth", roles=F),
     _k("model.remat", "none", "nn.remat policy of each block (dots*: save every matmul)",
        Registry("transformer.kernels", "REMAT_POLICIES"), roles=FT),
@@ -240,6 +242,9 @@ SCHEMA: tuple[Key, ...] = (
     _k("train.grad_accum_steps", 1, "micro-batches per update", range="> 0"),
     _k("train.steps_per_dispatch", 1, "train steps per host dispatch (one lax.scan); the same "
        "results as 1", range="> 0"),
+    _k("train.loss_chunk_tokens", 0, "tokens per chunk of a chunked training loss (the output "
+       "layer and cross-entropy a chunk at a time, never the whole batch's logits); 0 = off",
+       range=">= 0"),
     _k("train.label_smoothing", 0.1, "label smoothing of the cross-entropy", range="in [0, 1]"),
     _k("train.z_loss", 0.0, "weight of log(Z)^2 (PaLM's z-loss)", range=">= 0"),
     _k("train.ema_decay", 0.0, "EMA of the parameters, used by evaluation and best-checkpoint "

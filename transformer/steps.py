@@ -25,8 +25,8 @@ import optax
 
 from transformer import metrics as metrics_lib
 from transformer import ensemble, models, optim
-from transformer.config import Config, excluded_ids
-from transformer.losses import cross_entropy
+from transformer.config import Config, ConfigError, excluded_ids
+from transformer.losses import chunked_cross_entropy, cross_entropy
 from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits
 
 Array = jax.Array
@@ -98,18 +98,29 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
   use_ss = tc.scheduled_sampling.schedule != "none"
   deterministic = not (cfg.model.dropout_rate or cfg.model.attention_dropout_rate
                        or cfg.model.ffn_dropout_rate)
+  if tc.loss_chunk_tokens and (arch == "encoder_only" or use_ss):
+    raise ConfigError(f"train.loss_chunk_tokens={tc.loss_chunk_tokens} needs model.arch="
+                      "encoder_decoder|decoder_only and no train.scheduled_sampling")
 
   vocab_head = arch != "encoder_only" or cfg.model.head == "mlm"
   excluded = excluded_ids(cfg.model) if vocab_head else ()  # no smoothing mass goes there
 
   def loss_sums(params, micro):
     batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
+    weights = target_weights(batch)
+    if tc.loss_chunk_tokens:  # the output layer and the loss a chunk of tokens at a time
+      hidden = models.batch_hidden(model, params, batch, deterministic=deterministic,
+                                   rngs={"dropout": key})
+      loss_sum, _, weight_sum = chunked_cross_entropy(
+          hidden, models.vocab_projection(model, params), batch["targets"], weights,
+          label_smoothing=tc.label_smoothing, z_loss=tc.z_loss, chunk_tokens=tc.loss_chunk_tokens,
+          excluded=excluded)
+      return loss_sum, weight_sum
     if use_ss:
       logits = two_pass_logits(model, arch, params, batch, tf_prob, key, deterministic)
     else:
       logits = models.batch_logits(model, params, batch, deterministic=deterministic,
                                    rngs={"dropout": key})
-    weights = target_weights(batch)
     loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights,
                                             label_smoothing=tc.label_smoothing, z_loss=tc.z_loss,
                                             excluded=excluded)
@@ -136,6 +147,9 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
     denom = jnp.maximum(weight_sum, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    # The state keeps its dtypes (bfloat16 parameters: bfloat16 moments), so every step takes the
+    # state the previous one gave (for float32 parameters the casts are no-ops).
+    opt_state = jax.tree.map(lambda new, old: new.astype(old.dtype), opt_state, state.opt_state)
     params = optax.apply_updates(state.params, updates)
     loss, grad_norm = loss_sum / denom, optax.tree.norm(grads)
     metrics = dict(loss=loss, weight_sum=weight_sum, grad_norm=grad_norm,
