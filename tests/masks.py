@@ -21,11 +21,6 @@ def valid_from_lengths(lengths: Array, length: int) -> Array:
   return jnp.arange(length)[None, :] < jnp.asarray(lengths)[:, None]
 
 
-def causal_mask(length: int) -> Array:
-  """[1, 1, t, t] lower-triangular mask: query i may attend to keys j <= i."""
-  return jnp.tril(jnp.ones((length, length), bool))[None, None]
-
-
 def prefix_lm_mask(prefix: Array, segment_ids: Array) -> Array:
   """[b, t] prefix flags and segment ids -> [b, 1, t, t] self-attention prefix-LM mask.
 
@@ -37,12 +32,5 @@ def prefix_lm_mask(prefix: Array, segment_ids: Array) -> Array:
                                                 segment_ids)
 
 
-def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
-  """Logical and of the given masks (broadcasting); None entries are ignored; all None -> None."""
-  masks = [m for m in masks if m is not None]
-  if not masks:
-    return None
-  out = masks[0].astype(bool)
-  for m in masks[1:]:
-    out = out & m.astype(bool)
-  return out
+causal_mask = attention.causal_mask
+combine_masks = attention.combine_masks

@@ -34,6 +34,22 @@ def causal_mask_from_positions(q_idx: Array, k_idx: Array) -> Array:
   return k_idx[:, None, None, :] <= q_idx[:, None, :, None]
 
 
+def causal_mask(length: int) -> Array:
+  """[1, 1, t, t] lower-triangular mask: query i may attend to keys j <= i."""
+  return jnp.tril(jnp.ones((length, length), bool))[None, None]
+
+
+def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
+  """Logical and of the given masks (broadcasting); None entries are ignored; all None -> None."""
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  out = masks[0].astype(bool)
+  for m in masks[1:]:
+    out = out & m.astype(bool)
+  return out
+
+
 def segment_mask(q_segment_ids: Array, k_segment_ids: Array) -> Array:
   """[b, t] and [b, s] segment ids -> [b, 1, t, s]: same segment, and that segment is not 0 (padding)."""
   q = q_segment_ids[:, None, :, None]
