@@ -7,6 +7,7 @@ bottom: config checks, the in-training evaluation, then `train_and_evaluate`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -21,6 +22,7 @@ import numpy as np
 
 from transformer import (checkpoints, evaluation, files, finetune, optim, parallel, preemption,
                          reporting, steps)
+from transformer import workdir as workdir_lib
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.models import build_model
 
@@ -145,6 +147,9 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   error leaves none, and training further (a larger num_steps) removes it first. SIGTERM or a
   first SIGINT (preemption.PreemptionHandler) saves at the current step and returns with
   `preempted` or `interrupted` = 1.0 in the metrics; a second SIGINT raises KeyboardInterrupt.
+  One writer per workdir: a workdir that another live process trains, or that holds files but no
+  run, is a one-line ConfigError (transformer/workdir.py). A resume starts from the newest
+  checkpoint that verifies (checkpoints.Checkpointer.latest_good_step), naming the ones that fail.
   """
   started = time.time()
   cfg = config if isinstance(config, Config) else from_configdict(config)
@@ -152,6 +157,17 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
     cfg = finetune.init_from_config(cfg, init_from)
   check_loop_config(cfg)
   parallel.initialize_distributed(cfg.parallel)
+  main = parallel.is_main_process()
+  if main:
+    workdir_lib.check_trainable(workdir)
+  # One writer per workdir (transformer/workdir.py): held until this call returns or raises.
+  with workdir_lib.writer_lock(workdir) if main else contextlib.nullcontext():
+    return _train(cfg, workdir, task, init_from, started)
+
+
+def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
+           ) -> dict[str, float]:
+  """train_and_evaluate's work, once the config is read and the workdir's lock is held."""
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
@@ -190,9 +206,21 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint, config=config_dict)
   train_iter = task.train_iterator()
   saved: dict[str, float] = {}
-  if ckpt.latest_step() is not None:
-    state = ckpt.restore(None, abstract, data_iterator=train_iter)
-    saved = ckpt.metadata()["metrics"]
+  latest = ckpt.latest_step()
+  if latest is not None:
+    good = ckpt.latest_good_step(quarantine=True)  # names each newer step that fails
+    if good is None:
+      raise checkpoints.CheckpointError(
+          f"no checkpoint in {ckpt.directory} verifies (steps {ckpt.all_steps()}); move them "
+          "away to train afresh")
+    if good != latest:
+      logging.warning("Resuming from step %d, the newest checkpoint that verifies (the newer "
+                      "ones are kept as <step>%s in %s).", good, checkpoints.CORRUPT_SUFFIX,
+                      ckpt.directory)
+    meta = ckpt.metadata(good)
+    checkpoints.check_tokenizers(workdir, meta, f"checkpoint {ckpt.directory}/{good}")
+    state = ckpt.restore(good, abstract, data_iterator=train_iter)
+    saved = meta["metrics"]
   else:
     state = jax.jit(init, out_shardings=shardings)(rng)
     if init_from:
@@ -246,7 +274,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
       ckpt.wait()  # the last good checkpoint stays; this state is never saved
       raise TrainingDiverged(
           f"non-finite training loss={float(m['loss'])} grad_norm={float(m['grad_norm'])} at step "
-          f"{s}; stopped (last good checkpoint: step {ckpt.latest_step()} in {ckpt.directory})")
+          f"{s}; stopped (last checkpoint that verifies: step {ckpt.latest_good_step()} in "
+          f"{ckpt.directory})")
 
   try:
     stop_reason = ""
