@@ -32,7 +32,9 @@ LOCK_FILE = "train.lock"
 # What a workdir may hold before its first run writes config.json: the sweep runner's files, the
 # lock, and the tokenizers a failed start may have copied in.
 PRE_RUN_FILES = frozenset({LOCK_FILE, "sweep.log", "sweep_point.json", "tokenizers"})
-RUN_FILES = ("config.json", "checkpoints")  # a workdir holding one of these holds a run
+# A workdir holds a run when it has checkpoints, or the config.json and provenance.json that a
+# run writes together before its first checkpoint (transformer/reporting.py).
+RUN_FILES = (("checkpoints",), ("config.json", "provenance.json"))
 
 
 class WorkdirError(ConfigError):
@@ -40,12 +42,12 @@ class WorkdirError(ConfigError):
 
 
 def check_trainable(workdir: str) -> None:
-  """Raises WorkdirError if `workdir` holds files but no run (no config.json or checkpoints):
-  training would write its config.json and checkpoints among someone else's files."""
+  """Raises WorkdirError if `workdir` holds files but no run (RUN_FILES): training would write
+  its config.json and checkpoints among, or over, someone else's files."""
   if not files.isdir(workdir):
     return
   names = files.listdir(workdir)
-  if any(n in names for n in RUN_FILES):
+  if any(all(n in names for n in group) for group in RUN_FILES):
     return
   others = [n for n in names if n not in PRE_RUN_FILES and not n.startswith(LOCK_FILE)]
   if others:
