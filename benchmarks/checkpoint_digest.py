@@ -10,7 +10,8 @@ shapes that steps.create_train_state gives:
 Each is saved through checkpoints.Checkpointer (async, as training saves) and timed until the step
 is committed: `save` without the digest (write_step_digest replaced by a no-op), `save+digest`
 with it (hashing every file once orbax has committed). Restoring times checkpoints.Checkpointer
-.restore alone (`restore`) and verify_step followed by it (`verify+restore`, what a resume does).
+.restore alone (`restore`) and Checkpointer.restore_latest_good (`verify+restore`, what a resume
+does: the step's files are verified while it is restored).
 The files were just written, so reads come from the page cache in both arms. Median of
 `--repeats` after one unmeasured save and restore; one line per size, and with --out a
 record.json and the raw log (with the load average at the start: the machine may be shared).
@@ -99,9 +100,8 @@ def measure(name: str, repeats: int, root: str) -> dict[str, float]:
         step_dir = os.path.join(ckpt.directory, "1")
         if digest:
           assert checkpoints.verify_step(step_dir) is None
-          times["verify_restore"].append(_timed(lambda: (
-              checkpoints.verify_step(step_dir),
-              jax.block_until_ready(ckpt.restore(1, abstract)))))
+          times["verify_restore"].append(_timed(lambda: jax.block_until_ready(
+              ckpt.restore_latest_good(abstract)[1])))
         else:
           times["restore"].append(_timed(lambda: jax.block_until_ready(ckpt.restore(1, abstract))))
       finally:

@@ -366,6 +366,30 @@ class Checkpointer:
       self._reshard_iterator(data_iterator, host_states, step)
     return restored["state"]
 
+  def restore_latest_good(self, abstract_state: Any, data_iterator: Any = None
+                          ) -> tuple[int, Any]:
+    """(step, train state) of the newest step that verifies, for a resuming writer: the latest
+    step is verified while it is restored (one read's time, not two); if it fails, the failing
+    steps are named and moved aside (latest_good_step(quarantine=True)) and the newest good one
+    is restored. CheckpointError if none verifies."""
+    self.wait()
+    latest = self.latest_step()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+      check = pool.submit(self.verify, latest)
+      try:
+        state, error = self.restore(latest, abstract_state, data_iterator), None
+      except Exception as e:  # pylint: disable=broad-except  (a damaged step: orbax raises anything)
+        state, error = None, e
+      if check.result() is None:
+        if error is not None:
+          raise error
+        return latest, state
+    good = self.latest_good_step(quarantine=True)
+    if good is None:
+      raise CheckpointError(f"no checkpoint in {self.directory} verifies (steps "
+                            f"{self.all_steps()}); move them away to train afresh")
+    return good, self.restore(good, abstract_state, data_iterator)
+
   def _other_host_count_states(self, step: int) -> list[dict[str, Any]] | None:
     """Every host's saved iterator state of `step` if it was saved by another number of
     processes than this run's (grain names the files process_<i>-of-<n>.json), else None."""
@@ -698,13 +722,19 @@ def read_params(cfg: Config, workdir: str, step: int | str | None = None, params
           f"{available}); average fewer, or train with --config.checkpoint.keep={average_last} "
           "or more")
     chosen = available[-average_last:]
-  for s in chosen:
-    check_step(cfg, workdir, s, available)
   model, trees, source = models.build_model(cfg.model), [], ""
-  for s in chosen:
-    tree, source = _read_params(directory, s, available, params)
-    _check_params(cfg, model, tree, f"{directory}/{s}")
-    trees.append(tree)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    for s in chosen:  # each step verified (check_step) while it is read; its error comes first
+      check = pool.submit(check_step, cfg, workdir, s, available)
+      try:
+        (tree, source), error = _read_params(directory, s, available, params), None
+      except EvaluationError as e:
+        error = e
+      check.result()
+      if error is not None:
+        raise error
+      _check_params(cfg, model, tree, f"{directory}/{s}")
+      trees.append(tree)
   return RestoredParams(trees[0] if len(trees) == 1 else optim.average_trees(trees), chosen[-1],
                         source, tuple(chosen))
 

@@ -208,18 +208,14 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   saved: dict[str, float] = {}
   latest = ckpt.latest_step()
   if latest is not None:
-    good = ckpt.latest_good_step(quarantine=True)  # names each newer step that fails
-    if good is None:
-      raise checkpoints.CheckpointError(
-          f"no checkpoint in {ckpt.directory} verifies (steps {ckpt.all_steps()}); move them "
-          "away to train afresh")
+    # The newest checkpoint that verifies; each newer one is named in a line and moved aside.
+    good, state = ckpt.restore_latest_good(abstract, data_iterator=train_iter)
     if good != latest:
       logging.warning("Resuming from step %d, the newest checkpoint that verifies (the newer "
                       "ones are kept as <step>%s in %s).", good, checkpoints.CORRUPT_SUFFIX,
                       ckpt.directory)
     meta = ckpt.metadata(good)
     checkpoints.check_tokenizers(workdir, meta, f"checkpoint {ckpt.directory}/{good}")
-    state = ckpt.restore(good, abstract, data_iterator=train_iter)
     saved = meta["metrics"]
   else:
     state = jax.jit(init, out_shardings=shardings)(rng)
