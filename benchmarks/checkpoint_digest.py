@@ -160,7 +160,7 @@ def main(argv=None) -> int:
         "config": "configs/g2p.py:fast", "overrides": [], "command": command,
         "commit": _commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
         "versions": {p: _version(p) for p in ("jax", "orbax-checkpoint", "numpy")},
-        "wall_clock_s": wall, "metrics": metrics,
+        "wall_clock_s": wall, "rates": {}, "metrics": metrics, "seeds": [],
         "report": "docs/reliability.md#checksummed-checkpoints"}
     with open(os.path.join(args.out, "record.json"), "w") as f:
       json.dump(record, f, indent=1)
