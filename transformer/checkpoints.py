@@ -95,16 +95,26 @@ DIGEST_ALGORITHM = "crc32"
 ALGORITHMS = ("crc32", "blake2b-256")
 CORRUPT_SUFFIX = ".corrupt"
 _CHUNK = 1 << 22
+_BLOCK = 1 << 26  # crc32 digests: one CRC per 64 MiB of a file, the blocks hashed in parallel
+
+
+def _crc32(path: str, start: int = 0, length: int = -1) -> str:
+  """The CRC-32 (8 hex digits) of `length` bytes (-1: to the end) of a file from `start`."""
+  crc = 0
+  with files.open_binary(path) as f:
+    f.seek(start)
+    while length and (chunk := f.read(_CHUNK if length < 0 else min(_CHUNK, length))):
+      crc = zlib.crc32(chunk, crc)
+      length -= len(chunk) if length > 0 else 0
+  return f"{crc:08x}"
 
 
 def file_digest(path: str, algorithm: str = "blake2b-256") -> str:
-  """The hex digest of the file at `path` (ALGORITHMS)."""
+  """The hex digest of the file at `path` (ALGORITHMS; crc32: one per _BLOCK bytes, joined by
+  commas)."""
   if algorithm == "crc32":
-    crc = 0
-    with files.open_binary(path) as f:
-      while chunk := f.read(_CHUNK):
-        crc = zlib.crc32(chunk, crc)
-    return f"{crc:08x}"
+    size = files.size(path)
+    return ",".join(_crc32(path, b, _BLOCK) for b in range(0, max(size, 1), _BLOCK))
   digest = hashlib.blake2b(digest_size=32)
   with files.open_binary(path) as f:
     while chunk := f.read(_CHUNK):
@@ -115,11 +125,20 @@ def file_digest(path: str, algorithm: str = "blake2b-256") -> str:
 def tree_digests(directory: str, names: list[str] | None = None,
                  algorithm: str = "blake2b-256") -> dict[str, str]:
   """{relative path: file_digest} of `names` (default: every file) under `directory`, hashed
-  in parallel (zlib and hashlib release the GIL on large buffers)."""
+  in parallel (zlib and hashlib release the GIL on large buffers): crc32 by blocks of _BLOCK
+  bytes, so that one large file uses every core."""
   names = files.walk(directory) if names is None else names
+  paths = [os.path.join(directory, n) for n in names]
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-    digests = pool.map(lambda n: file_digest(os.path.join(directory, n), algorithm), names)
-    return dict(zip(names, digests))
+    if algorithm != "crc32":
+      return dict(zip(names, pool.map(lambda p: file_digest(p, algorithm), paths)))
+    blocks = [(i, b) for i, p in enumerate(paths)
+              for b in range(0, max(files.size(p), 1), _BLOCK)]
+    crcs = list(pool.map(lambda ib: _crc32(paths[ib[0]], ib[1], _BLOCK), blocks))
+  out: dict[str, list[str]] = {n: [] for n in names}
+  for (i, _), crc in zip(blocks, crcs):
+    out[names[i]].append(crc)
+  return {n: ",".join(c) for n, c in out.items()}
 
 
 def write_step_digest(step_dir: str) -> None:

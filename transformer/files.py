@@ -63,6 +63,11 @@ def rename(path: PathLike, new: PathLike) -> None:
   epath.Path(path).rename(new)
 
 
+def size(path: PathLike) -> int:
+  """The size in bytes of the file at `path`."""
+  return epath.Path(path).stat().length
+
+
 def open_binary(path: PathLike):
   """The file at `path` opened for reading bytes."""
   return epath.Path(path).open("rb")
