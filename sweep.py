@@ -61,9 +61,12 @@ flags.mark_flags_as_required(["config", "sweep", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  from transformer import sweep_runner  # pylint: disable=g-import-not-at-top
+  cli.quiet_logging()
+  from transformer import sweep_runner, sweeps  # pylint: disable=g-import-not-at-top
+  from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
   try:
-    run_sweep()
+    with cli.one_line_errors(sweeps.SweepError, ConfigError):
+      run_sweep()
   except KeyboardInterrupt:  # run() has stopped the running points and waited for them
     sig = sweep_runner.stop_signal() or signal.SIGINT
     print(f"interrupted ({signal.Signals(sig).name}); resume with: "

@@ -2,10 +2,11 @@ r"""Trains a transformer: `python train.py --config=configs/g2p.py:tiny --workdi
 
 Any config key can be overridden on the command line, e.g. `--config.model.positional=rope
 --config.train.num_steps=2000`. Rerunning the same command in the same workdir resumes from the
-latest checkpoint (a finished run is not retrained). `--init_from=RUN` fine-tunes: the model,
-tokenizers and parameters come from RUN's workdir (a training run, or one written by
-`python -m transformer.convert`). A bad config, an incompatible workdir or a
-diverged run prints one line and exits 1.
+latest checkpoint (a finished run is not retrained). The last lines name the workdir and the
+commands that evaluate the run, decode with it and show its curves. `--init_from=RUN` fine-tunes:
+the model, tokenizers and parameters come from RUN's workdir (a training run, or one written by
+`python -m transformer.convert`). A bad config, an incompatible workdir or a diverged run prints
+one line and exits 1.
 
 Stopping: SIGTERM (preemption) saves a checkpoint at the current step, prints one line naming it
 and the command that resumes, and exits 0. Ctrl-C (SIGINT) does the same, then ends the way an
@@ -40,13 +41,13 @@ def main(argv):
   # Imported here so that --help and flag errors do not pay for importing JAX.
   from transformer import training  # pylint: disable=g-import-not-at-top
   from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
-  from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
+  from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
   workdir = flags.FLAGS.workdir
   try:
-    metrics = training.train_and_evaluate(flags.FLAGS.config, workdir,
-                                          init_from=flags.FLAGS.init_from or "")
-  except (ConfigError, CheckpointError, training.TrainingDiverged) as e:
-    cli.fail(str(e))
+    with cli.one_line_errors(ConfigError, CheckpointError, training.TrainingDiverged,
+                             model_config=lambda: from_configdict(flags.FLAGS.config).model):
+      metrics = training.train_and_evaluate(flags.FLAGS.config, workdir,
+                                            init_from=flags.FLAGS.init_from or "")
   except KeyboardInterrupt:  # a second Ctrl-C, or one before training started: out at once
     print(f"interrupted: stopped without saving; resume from the latest checkpoint in {workdir} "
           f"with: {resume_command()}", file=sys.stderr, flush=True)
@@ -66,15 +67,35 @@ def main(argv):
       sys.excepthook = lambda *_: None
       raise KeyboardInterrupt
     return
-  summary = " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k != "step")
-  print(f"done: step={metrics.get('step')} {summary}")
+  if metrics.get(training.FINISHED_BEFORE):
+    print(f"{workdir} holds a finished run (step {metrics.get('step')}): nothing to train")
+  else:
+    summary = " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k != "step")
+    print(f"done: step={metrics.get('step')} {summary}")
+  print("\n".join(next_steps(workdir)), flush=True)
+
+
+def python_command() -> str:
+  """How to call this Python: `python` when that is us, else its full path."""
+  python = os.path.basename(sys.executable)
+  return python if shutil.which(python) == sys.executable else sys.executable
 
 
 def resume_command() -> str:
   """The command line of this process, which resumes the run (`python ...` when that is us)."""
-  python = os.path.basename(sys.executable)
-  return shlex.join([python if shutil.which(python) == sys.executable else sys.executable,
-                     *sys.argv])
+  return shlex.join([python_command(), *sys.argv])
+
+
+def next_steps(workdir: str) -> list[str]:
+  """The lines that end a run: its workdir, and the commands that evaluate it, decode with it and
+  show its curves."""
+  python, w = python_command(), shlex.quote(workdir)
+  eval_py = shlex.quote(os.path.join(os.path.dirname(sys.argv[0]), "eval.py"))
+  return [f"workdir: {workdir} (checkpoints, metrics.jsonl, TensorBoard events)",
+          "next:",
+          f"  {python} {eval_py} --workdir={w} --split=test   # metrics.test.json, predictions",
+          f"  {python} -m transformer.predict --workdir={w}   # then one input per line",
+          f"  tensorboard --logdir={w}"]
 
 
 if __name__ == "__main__":

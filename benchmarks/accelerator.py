@@ -18,7 +18,7 @@ machine slows all alike. Per variant: ms/step, tokens/s, model TFLOP/s (train_st
 bf16 datasheet peak (transformer/reporting.py's table; --peak_tflops overrides), its share of a
 same-run 8192^3 matmul in the variant's dtype, the fused attention kernels in the compiled step
 (cuDNN custom calls: 0 under `fused` means jax fell back to XLA), and the step's temporary memory
-by XLA's own account. The last line is one JSON record of everything, for the README.
+by XLA's own account. The last line is one JSON record of everything, for docs/results.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Decoding benchmark: beam-search milliseconds per step, and LM sampling tokens/s with vs without cache.
 
-  python benchmarks/decode.py                    # both parts, the shapes of the brief
+  python benchmarks/decode.py                    # both parts, the shapes below
   python benchmarks/decode.py --part=beam --vocab=8000 --repeats=5
 
 Beam: an encoder-decoder of 3+3 layers, d_model 256 (8 heads, MLP 1024, tied embeddings), batch 32,
 beam 4, source length 48, 47 decode steps (48 generated tokens; EOS never matches, so no early stop).
 The time per step is the whole generate() call (encoder, start step and 47 loop steps) divided by 47.
-Target on this CPU: <= 17 ms per step (the flax WMT example takes ~34 ms for the same shapes).
+Target on a 2-core CPU: <= 17 ms per step (the flax WMT example takes ~34 ms for the same shapes).
 
 LM sampling: a decoder-only model generating 256 new tokens after a 16-token prompt, with the KV
 cache (generate(): one prefill call, then one token per step) and without it (the same sampling loop,
@@ -14,7 +14,7 @@ each step a full forward pass over the fixed-length [prompt + 256] buffer, causa
 single jit-compiled while loops with the same sampling code and seed, so they should also produce
 the same tokens. Target: the cache at least 10x faster.
 
-  python benchmarks/decode.py --part=beam --vocab=32000,8000,1000 --compare=ae90a2b
+  python benchmarks/decode.py --part=beam --vocab=32000,8000,1000 --compare=HEAD~1
 
 --compare=REV times beam search at git revision REV too (its tree from `git archive`), in the same
 run, alternating fresh processes of the two trees `--rounds` times and keeping each one's best, so a
@@ -80,7 +80,7 @@ BEAM_SHAPES = "beam 4, batch 32, 3+3 layers d_model 256, 47 steps"
 
 
 def bench_beam(vocab: int, repeats: int) -> dict:
-  """Beam search ms per decode step on the brief's encoder-decoder shapes."""
+  """Beam search ms per decode step on the encoder-decoder shapes of the module docstring."""
   cfg = model_config(arch="encoder_decoder", vocab_size=vocab, source_vocab_size=vocab,
                      d_model=256, num_heads=8, mlp_dim=1024, num_encoder_layers=3,
                      num_decoder_layers=3, dropout_rate=0.0, max_len=256)

@@ -1,10 +1,12 @@
-r"""The README's encoder-only campaign: runs what is missing, then the table and plot over seeds.
+r"""The encoder-only campaign (docs/encoder_only.md): runs what is missing, then the table and plot
+over seeds.
 
   python benchmarks/encoder_only.py --runs=RUNS_DIR --seeds=0,1,2 --data_dir=DATA_DIR \
       --out=docs/results/encoder_only          # trains and evaluates what is missing, then reports
   python benchmarks/encoder_only.py --runs=RUNS_DIR --out=...   # only the table of what is there
 
-With --seeds, each seed K gets, one process at a time, the README's plain commands with
+With --seeds, each seed K gets, one process at a time, the commands of configs/mlm.py and
+configs/classify.py with
 `--config.seed=K --config.data.shuffle_seed=K` (and `--config.data.data_dir=DATA_DIR`): the
 masked LMs `mlm_cmudict_seedK` (configs/mlm.py:cmudict, 1000 steps) and `mlm_cmudict_3000_seedK`
 (--config.train.num_steps=3000), each evaluated with `eval.py --split=test`, then for each label
@@ -14,7 +16,7 @@ and `pretrained3000_F_seedK` (the 3000-step LM), each evaluated with `eval.py --
 interrupted training resumes from its checkpoint); each finished run's wall time is appended to
 RUNS_DIR/walltimes.jsonl. --dry_run prints the commands instead. Run it under `nice` to share a machine.
 
-The report reads every `<kind>_<fraction>_seed<K>/metrics.test.json` (the older seedless
+The report reads every `<kind>_<fraction>_seed<K>/metrics.test.json` (seedless
 `<kind>_<fraction>` workdirs count as seed 0, the seed they were trained with) and writes under
 --out: table.md (per cell the mean test accuracy over seeds, its min-max range and the mean macro
 F1), results.json (every seed's metrics and the per-cell summary, incl. the sample std) and

@@ -47,7 +47,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 PHASES = ("step", "save", "eval")
-CAMPAIGN_OVERRIDES = {  # :tiny cut to ~2 min here, with many checkpoints and evaluations to hit
+CAMPAIGN_OVERRIDES = {  # :tiny cut to ~2 min on 2 CPU cores; many checkpoints and evals to hit
     "train.num_steps": 100, "train.log_every_steps": 10, "checkpoint.every_steps": 10,
     "checkpoint.keep": 2, "eval.every_steps": 25, "eval.num_batches": 2,
     "eval.num_decode_examples": 32}

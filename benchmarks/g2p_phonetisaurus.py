@@ -6,7 +6,7 @@ run on the same words and scored by the same WER/PER code as our models.
   python benchmarks/g2p_phonetisaurus.py --work_dir=runs/phonetisaurus --ngram_order=7
 
 The literature quotes Phonetisaurus at 24.4% WER on the CMUdict split of the G2P papers (106,837
-training words, 12,000 test words); the flagship goals of our README are set against that number,
+training words, 12,000 test words); the G2P goals (docs/g2p.md) are set against that number,
 so this script measures what the same system scores on *our* split (`transformer/data/cmudict.py`:
 the same cleaning, stress removed, the same salted-hash split, the training words alone for
 training). The recipe is Phonetisaurus's own for CMUdict: `phonetisaurus-train --seq2_del` (EM

@@ -33,7 +33,7 @@ from transformer.data import load_task  # pylint: disable=g-import-not-at-top,wr
 
 
 def _config(variant: str, data_dir: str):
-  """configs/g2p.py (variant) or, if it is missing, base.py with the G2P defaults of the brief."""
+  """configs/g2p.py (variant) or, if it is missing, base.py with G2P defaults."""
   try:
     from configs import g2p  # pylint: disable=g-import-not-at-top
     cd = g2p.get_config(variant)

@@ -3,7 +3,7 @@
   python benchmarks/train_step.py                         # every size, ours vs the anchors
   python benchmarks/train_step.py --sizes=baby,encdec --steps=20 --rounds=3
   python benchmarks/train_step.py --no-anchors            # ours only
-  python benchmarks/train_step.py --compare=975536b       # this tree vs a git revision, alternating
+  python benchmarks/train_step.py --compare=HEAD~1        # this tree vs a git revision, alternating
   python benchmarks/train_step.py --scan-compile=6,24     # compile s with model.scan_layers=True
   python benchmarks/train_step.py --sizes=g2pfast --variants="dropout_bits=32|dropout_bits=8|dropout_rate=0"
 
@@ -19,10 +19,10 @@ Sizes (float32, dropout 0, the project's own jitted train step with donation, ra
   baby    decoder-only, lm.py:nanogpt_cpu knobs: 4 layers, d 128, 4 heads, mlp 512, seq 64, batch 12
   medium  decoder-only, the same knobs: 6 layers, d 384, 6 heads, mlp 1536, seq 256, batch 16
   encdec  encoder-decoder, pre-LN: 3+3 layers, d 256, 4 heads, mlp 1024, src 32, tgt 48, batch 64
-  g2p     configs/g2p.py:ablate's model (:tiny up to 911d2f9), packed rows: 64 rows x 32/30
-          (dropout as configured)
-  g2pfast configs/g2p.py:fast's model (3+3 layers, d 128, mlp 512, dropout 0.1), 128 rows x 32/30
-(The sizes of the issue "Training speed"; vocabulary 64 for the first three, as there.)
+  g2p     configs/g2p.py:ablate's model, packed rows: 64 rows x 32/30 (dropout as configured)
+  g2pfast configs/g2p.py:fast's model (3+3 layers, d 128, mlp 512, dropout as configured),
+          128 rows x 32/30
+(Vocabulary 64 for the first three.)
 
 FLOPs per step = 6 x (matmul weights, output projection included) x tokens + 12 x layers x
 attention length x d_model x tokens (nanoGPT's and PaLM's count; causal attention counted whole),
@@ -64,8 +64,9 @@ from transformer import optim  # pylint: disable=g-import-not-at-top,wrong-impor
 from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.models import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-# The train state and steps moved from training.py to steps.py; older trees have the former. Decided
-# by the tree's files: an import attempt could find steps.py through the editable install instead.
+# The train state and steps live in steps.py, in the trees of older revisions (--compare) in
+# training.py. Decided by the tree's files: an import attempt could find steps.py through the
+# editable install instead.
 if os.path.exists(os.path.join(tree_from_argv(), "transformer", "steps.py")):
   from transformer import steps as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 else:

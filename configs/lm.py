@@ -2,24 +2,16 @@ r"""Decoder-only character (or BPE) language model on a text corpus.
 
 The corpus is TFDS `tiny_shakespeare` (prepared in array_record form in the TFDS data directory)
 or any local text file: add `--config.data.dataset=text_files --config.data.text_file=PATH`
-(split: the first 90% train, the last 10% validation, nanoGPT's convention).
+(split: the first 90% train, the last 10% validation, nanoGPT's convention). Variants:
+  char (default)  nanoGPT's shakespeare_char sizes: pre-LN, learned positions, GELU, AdamW,
+                  warmup + cosine. For an accelerator.
+  nanogpt_cpu     nanoGPT's CPU settings (a 4-layer model, short blocks, small batches).
+  bpe             `char` with a SentencePiece BPE vocabulary.
 
   python train.py --config=configs/lm.py:nanogpt_cpu --workdir=runs/shakespeare_char \
       --config.data.dataset=text_files --config.data.text_file=/path/to/tinyshakespeare.txt
 
-Variants:
-  char (default)  6 layers, d_model 384, 6 heads, block 256, batch 64: nanoGPT's shakespeare_char
-                  sizes, pre-LN, learned positions, GELU, AdamW, warmup + cosine. Not run here.
-  nanogpt_cpu     nanoGPT's CPU settings: 4 layers, 4 heads, d_model 128, block 64, batch 12,
-                  2000 steps, lr 1e-3 (100 warmup steps, cosine to 1e-4), dropout 0.
-                  Measured with the command above (text file: ../shared/data/tinyshakespeare.txt)
-                  at commit e0bfa1f, in a fresh clone with a fresh data directory: validation
-                  loss 1.817 nats/char (the in-training evaluation: 20 batches of 12 x 64
-                  characters, 15,360, from the last 10%), training loss 1.737 (the last logged
-                  step); 19 min 19 s wall clock at ~1.5-2.5 steps/s on a 2-core CPU VM heavily
-                  shared (a two-point sweep and two test runs alongside, load average 8-10).
-                  Output: docs/results/lm_nanogpt_cpu.json.
-  bpe             `char` with a SentencePiece BPE vocabulary of 2048. Not run here.
+Result of :nanogpt_cpu against nanoGPT's: docs/performance.md#character-lm-against-nanogpt.
 """
 
 from configs import base

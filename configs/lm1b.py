@@ -1,12 +1,12 @@
 r"""Decoder-only language model on LM1B (One Billion Word), for TPU/GPU pods.
 
-8 pre-LN layers, d_model 512, 8 heads, mlp 2048, RoPE, SwiGLU, RMSNorm, a 32k SentencePiece BPE
-vocabulary, packed rows of 128 tokens, batch 512 rows, AdamW with warmup + cosine.
+Pre-LN layers with RoPE, SwiGLU and RMSNorm, a SentencePiece BPE vocabulary, packed rows, AdamW
+with warmup + cosine decay.
 
   python train.py --config=configs/lm1b.py --workdir=gs://BUCKET/runs/lm1b
 
-Needs TFDS `lm1b` prepared in array_record form in data.data_dir (no network here). Not run here:
-this config is for accelerator pods; no result is claimed.
+Needs TFDS `lm1b` prepared in array_record form in data.data_dir. Not run by the project: no
+result is claimed.
 """
 
 from configs import base

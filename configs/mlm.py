@@ -1,34 +1,18 @@
 r"""Masked-LM pretraining (BERT's objective) of an encoder-only model, offline.
 
-BERT's recipe at CPU size: 15% of each example's ordinary tokens selected, 80% of those replaced
-by [MASK], 10% by a random token, 10% kept; the loss counts only the selected positions; masking
-is drawn afresh per example and epoch from (data.shuffle_seed, epoch, example index), so a resumed
-run masks exactly as an uninterrupted one. Examples are BOS + ids + EOS (BOS is the [CLS] of
-first-token pooling); rows are packed.
+BERT's masking (data.mask_rate of the ordinary tokens selected; of those 80% [MASK], 10% random,
+10% kept), the loss on the selected positions only, drawn afresh per example and epoch from
+(data.shuffle_seed, epoch, example index), so a resumed run masks as an uninterrupted one.
+Examples are BOS + ids + EOS (BOS is the [CLS] of first-token pooling); rows are packed.
+  cmudict  the words of cmudict_g2p/stress's train split, letters: the checkpoint that
+           configs/classify.py fine-tunes (`--init_from`).
+  text     a text file (data.text_file) in rows of characters, whole-word masking.
 
   python train.py --config=configs/mlm.py:cmudict --workdir=runs/mlm_cmudict
-  python train.py --config=configs/mlm.py:text --workdir=runs/mlm_text \
-      --config.data.text_file=tinyshakespeare.txt
   python eval.py --workdir=runs/mlm_cmudict --split=test   # masked-token accuracy, perplexity
 
-Variants:
-  cmudict  the words of cmudict_g2p/stress's train split (106,217 words, letters), 2 layers,
-           d_model 64, pre-LN, 1000 steps of 32 packed rows of 32 letters (about one pass over the
-           words; sized for a shared 2-core CPU). The checkpoint that configs/classify.py
-           fine-tunes (`--init_from`).
-  text     a text file (data.text_file) cut into rows of 128 characters, whole-word masking;
-           same model. Measured on tinyshakespeare.txt (nanoGPT's; first 90% train, last 10%
-           validation) with --config.train.num_steps=600 (about 2.4 passes; 463 s wall, same
-           machine and sharing as below): `eval.py --split=validation`, masked-character accuracy
-           24.6%, perplexity 20.7 over all 16,186 masked characters of the validation text.
-Measured (cmudict, the first command above with --config.data.data_dir=/tmp/g2p_data, at commit
-eaf4b19 plus uncommitted edits that do not touch training; 2-core CPU VM shared with two other
-agents' trainings and tests, load average 8-12): 314 s wall for the 1000 steps; `eval.py
---split=test`: masked-token accuracy 28.0%, perplexity 11.02 over the 14,715 masked letters of
-all 12,523 test words (dev at step 1000: 27.5%, 11.12). With --config.train.num_steps=3000:
-masked-token accuracy 34.4%, perplexity 8.33 (405 s wall). Seeds 1 and 2 (--config.seed and
---config.data.shuffle_seed, the README's campaign): 29.3% / 10.38 and 27.7% / 11.04 at 1000 steps,
-35.0% / 8.06 and 34.3% / 8.32 at 3000. What the checkpoint buys a classifier: the README's "Encoder-only models".
+Results (masked-token accuracy, perplexity, what the checkpoint buys a classifier):
+docs/encoder_only.md.
 """
 
 from configs import base

@@ -1,14 +1,14 @@
 r"""WMT14 English->German with the base Transformer of Vaswani et al. (2017), for TPU/GPU pods.
 
-The paper's recipe: 6+6 layers, d_model 512, 8 heads, d_ff 2048, dropout 0.1, label smoothing
-0.1, Adam(0.9, 0.98, 1e-9), the rsqrt schedule with 4000 warmup steps, 100k steps, a shared
-~37k BPE vocabulary (SentencePiece, trained on the training split), tied embeddings, batches of
-~25k target tokens (96 packed rows of 256), beam 4 with length penalty 0.6.
+The paper's recipe: the base model (6+6 layers, d_model 512), dropout and label smoothing 0.1,
+Adam(0.9, 0.98, 1e-9) with the rsqrt schedule, a shared BPE vocabulary (SentencePiece, trained
+on the training split), tied embeddings, batches of ~25k target tokens, beam 4 with a length
+penalty.
 
   python train.py --config=configs/wmt14_ende.py --workdir=gs://BUCKET/runs/wmt14_base
 
-Needs TFDS `wmt14_translate/de-en` prepared in array_record form in data.data_dir (no network
-here). Not run here: this config is for accelerator pods; no result is claimed.
+Needs TFDS `wmt14_translate/de-en` prepared in array_record form in data.data_dir. Not run by the
+project: no result is claimed.
 """
 
 from configs import base

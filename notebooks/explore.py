@@ -51,6 +51,8 @@ import transformer
 from transformer import viz
 
 if not os.path.isdir(os.path.join(WORKDIR, "checkpoints")):
+  import sys
+  sys.path.insert(0, ROOT)  # configs/ is a directory of the checkout, not an installed package
   from configs import g2p
   print(transformer.train_and_evaluate(g2p.get_config("tiny"), WORKDIR))
 

@@ -3,8 +3,7 @@
 Tiny models (d_model 32, 4 heads sharing 2 kv heads (GQA), 2 layers, vocab 13) run eagerly, and
 every test uses the same few array shapes (batch 8, lengths 8, 4 and 1) so that XLA compiles each
 operation once per process. Positional tables (relative, learned) are re-initialised large so that
-a wrong position would visibly change the numbers. The helpers keep the names they had in the
-single test_models.py, so the tests read as they did.
+a wrong position would visibly change the numbers.
 """
 
 import dataclasses

@@ -1,6 +1,6 @@
 """benchmarks/accelerator.py: its GPT-2-sized configs are the widths it names, its FLOP count agrees
 with a hand count, and one variant runs end to end on the CPU with a consistent record (the
-numbers of the README's "On a GPU" come from this script on an H200)."""
+numbers of docs/performance.md's "GPU train step" come from this script on an H200)."""
 
 import json
 import sys

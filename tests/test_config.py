@@ -54,6 +54,8 @@ def test_to_dict_round_trips():
     ("train.learning_rate", None, "config key train.learning_rate is unset"),
     ("eval.decode.method", "sampling", "eval.decode.method='sampling' is not one of"),
     ("parallel.mesh_shape.fsdp", 0, "parallel.mesh_shape.fsdp=0 must be > 0 or -1"),
+    ("model.excluded_ids", "0,3-1", "model.excluded_ids='0,3-1': '3-1' is not an id or a range"),
+    ("model.excluded_ids", "x", "model.excluded_ids='x': 'x' is not an id or a range"),
 ])
 def test_each_invalid_value_names_the_key(key, value, message):
   """Each invalid value is rejected with a one-line message naming the key and the reason."""
@@ -176,3 +178,15 @@ def test_random_configs_validate_or_raise_config_error(changes):
     assert "\n" not in str(e)
   else:
     assert cfg.model.d_model % cfg.model.num_heads == 0
+
+
+def test_excluded_ids_parse_and_relate_to_the_vocabulary():
+  """model.excluded_ids reads ids and inclusive ranges (id_ranges writes the same string back);
+  an id outside model.vocab_size is a one-line error naming the key."""
+  m = config_lib.model_config(vocab_size=60, excluded_ids=" 0, 2-3 ,54")
+  assert config_lib.excluded_ids(m) == (0, 2, 3, 54)
+  assert config_lib.id_ranges([54, 3, 0, 2, 55, 56]) == "0,2-3,54-56"
+  assert config_lib.id_ranges([]) == "" and config_lib.excluded_ids(config_lib.model_config()) == ()
+  with pytest.raises(config_lib.ConfigError, match=r"^model.excluded_ids='0,60' names id 60, "
+                     r"outside model.vocab_size=60$"):
+    config_lib.model_config(vocab_size=60, excluded_ids="0,60")

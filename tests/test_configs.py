@@ -1,8 +1,11 @@
 """Tests of configs/*.py: every variant validates; the ablation partners and nanoGPT settings hold."""
 
+import ast
 import functools
+import glob
 import importlib
 import os
+import re
 
 import jax
 import numpy as np
@@ -15,6 +18,7 @@ from transformer.data import load_task
 from transformer.models import build_model
 from transformer.training import fill_vocab_sizes
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 G2P_VARIANTS = ["tiny", "fast", "best", "small", "base", "ablate"]
 ALL = [f"{name}:{v}" for name in ("g2p", "g2p_decoder_only") for v in G2P_VARIANTS] + [
     "lm:char", "lm:nanogpt_cpu", "lm:bpe", "wmt14_ende:", "lm1b:", "mlm:cmudict", "mlm:text",
@@ -136,3 +140,17 @@ def test_paper_base_recipe_in_wmt14():
 def test_config_error_type_is_value_error():
   """ConfigError is a ValueError (callers may catch either)."""
   assert issubclass(ConfigError, ValueError)
+
+
+CONFIG_FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")) +
+                      glob.glob(os.path.join(ROOT, "configs", "sweeps", "*.py")))
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_config_docstrings_are_short_and_carry_no_provenance(path):
+  """A config module's docstring is at most 15 lines (what it is for, its command, where its
+  results are reported) and names no commit: numbers and provenance live in docs/results/."""
+  with open(path, encoding="utf-8") as f:
+    doc = ast.get_docstring(ast.parse(f.read())) or ""
+  assert len(doc.splitlines()) <= 15, f"{len(doc.splitlines())} lines"
+  assert not re.search(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", doc), doc

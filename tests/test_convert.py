@@ -25,6 +25,7 @@ tokenizers_lib = pytest.importorskip("tokenizers")
 import transformer  # noqa: E402
 from transformer import convert, evaluation, predict  # noqa: E402
 from transformer.config import model_config  # noqa: E402
+from transformer.convert import gpt2  # noqa: E402
 from transformer.data import tokenizers  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,17 +120,19 @@ def hf_logits(model, ids, mask, positions=None):
   return out.logits.numpy()
 
 
-def our_logits(run, ids, mask, positions):
-  """Our teacher-forced logits on HF ids (shifted by NUM_SPECIAL), columns back on HF ids.
+def our_logits(run, ids, mask, positions, hf_config):
+  """Our teacher-forced logits on HF ids, each at its place in ours (gpt2.our_ids of the HF
+  model's config: id + NUM_SPECIAL, <|endoftext|> our EOS), columns back on HF ids.
 
   The ids go in as decoder inputs (no shift right: GPT-2 is given the same tokens); padding is
   id 0 with segment id 0: it attends to nothing and nothing attends to it, and its rows (zero
   attention output, logits of no meaning) are never compared, as Hugging Face's are not.
   """
-  ours = np.where(mask, np.asarray(ids) + tokenizers.NUM_SPECIAL, 0)
+  places = gpt2.our_ids(hf_config.to_dict())
+  ours = np.where(mask, places[np.asarray(ids)], 0)
   logits = run.model.apply({"params": run.params}, ours, np.asarray(positions),
                            np.asarray(mask, np.int32), method="decode")
-  return np.asarray(logits)[..., tokenizers.NUM_SPECIAL:]
+  return np.asarray(logits)[..., places]
 
 
 def padded_batch(side: str, vocab: int):
@@ -155,7 +158,7 @@ def test_logits_equal_hugging_face_with_padding(hf_dir, run, side):
   _, model = hf_dir
   ids, mask, positions = padded_batch(side, model.config.vocab_size)
   want = hf_logits(model, ids, mask, positions if side == "left" else None)
-  got = our_logits(run, ids, mask, positions)
+  got = our_logits(run, ids, mask, positions, model.config)
   real = mask.astype(bool)
   assert np.abs(got[real] - want[real]).max() <= 1e-4
 
@@ -271,7 +274,7 @@ def test_ours_to_hf_logits_equal_after_fine_tuning(finetuned, tmp_path):
   model = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()
   ids, mask, positions = padded_batch("right", model.config.vocab_size)
   want = hf_logits(model, ids, mask)
-  got = our_logits(tuned, ids, mask, positions)
+  got = our_logits(tuned, ids, mask, positions, model.config)
   real = mask.astype(bool)
   assert np.abs(got[real] - want[real]).max() <= 1e-4
 

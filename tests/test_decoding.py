@@ -257,7 +257,7 @@ def _decode_cfg(method="greedy", beam_size=1, length_penalty=0.0, **kw):
 
 def random_params(model, init_args, seed=0):
   """Random parameters of the model's shapes, filled by NumPy: compiling model.init (threefry
-  initialisers) takes ~20 s on this CPU, longer than everything else here."""
+  initialisers) takes ~20 s on a 2-core CPU, longer than everything else here."""
   shapes = flax.core.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_args)["params"])
   rng = np.random.default_rng(seed)
 

@@ -106,7 +106,8 @@ def test_load_config_applies_only_safe_overrides(tmp_path):
 
 def test_eval_py_end_to_end(workdir):
   """eval.py with --config overrides: the metrics file's WER/PER equal wer_per recomputed from the
-  written predictions, which carry every reference of each test word and honour the overrides."""
+  written predictions, which carry every reference of each test word and honour the overrides;
+  its last line names the two files."""
   out = subprocess.run(
       [sys.executable, "eval.py", f"--workdir={workdir}", "--split=test", "--step=latest",
        "--config.eval.num_decode_examples=20", "--config.eval.decode.method=beam",
@@ -121,6 +122,8 @@ def test_eval_py_end_to_end(workdir):
   assert len(preds) == metrics["coverage"]["decoded_examples"] == 20
   assert "beam=2" in metrics["decode"]
   assert re.search(r"\ndecoded +20 of 48 examples \(41\.7% of the split: a partial", out.stdout)
+  assert out.stdout.strip().splitlines()[-1] == "wrote " + ", ".join(
+      os.path.join(workdir, n) for n in ("metrics.test.json", "predictions.test.jsonl"))
   refs = _test_words(workdir)
   assert any(len(r) > 1 for r in refs.values())  # the test really has multi-reference words
   for p in preds:

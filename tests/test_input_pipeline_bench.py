@@ -1,6 +1,7 @@
 """benchmarks/input_pipeline.py's batch digest, which `--compare` prints as "the same batches" or
-"DIFFERENT batches": the README's packing speedups rest on it saying the same only for the same
-data. Checked on hand-made batches and on the real G2P pipeline (g2p_mini's CMUdict files)."""
+"DIFFERENT batches": docs/performance.md's packing speedups rest on it saying the same only for
+the same data. Checked on hand-made batches and on the real G2P pipeline (g2p_mini's CMUdict
+files)."""
 
 import numpy as np
 

@@ -213,7 +213,7 @@ def test_bfloat16_model_computes_logits_in_float32(tie):
   """A bfloat16 model's logits (tied: Embed.attend; untied: the decoder's logits_dense) equal the
   float32 product of its bfloat16 final hidden states and the float32 output table, to float32
   precision (T5X's rule: a bfloat16 log-softmax can collapse training); the same product in
-  bfloat16, the old path, is off by far more, so the check can tell them apart."""
+  bfloat16 is off by far more, so the check can tell them apart."""
   cfg = _cfg(arch='decoder_only', dtype='bfloat16', norm_position='pre', tie_embeddings=tie)
   model = build_model(cfg)
   tokens = jnp.asarray(np.random.default_rng(4).integers(1, 13, size=(2, 5)), jnp.int32)

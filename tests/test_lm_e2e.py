@@ -21,7 +21,7 @@ import pytest
 
 import transformer
 from configs import lm
-from transformer import decoding, evaluation, predict
+from transformer import decoding, evaluation, inputs, predict
 
 MAX_LEN = ROW = 64  # model.max_len = data.max_target_len (LM rows of 64 characters), as lm.py
 GREEDY_LEN = 24  # tokens decoded greedily for the reference comparison
@@ -215,5 +215,5 @@ def test_predict_cli_continues_lm_prompts(lm_run, capsys):
   assert len(out) == 1 and out[0].startswith(prompt + "\t") and len(out[0]) > len(prompt) + 1
   assert predict.main([f"--workdir={workdir}", "a" * MAX_LEN]) == 1
   assert capsys.readouterr().err.strip() == (
-      f"error: input 1 {predict.shown('a' * MAX_LEN)} is too long: {MAX_LEN} tokens, the model "
+      f"error: input 1 {inputs.shown('a' * MAX_LEN)} is too long: {MAX_LEN} tokens, the model "
       f"takes at most {MAX_LEN - 1} (model.max_len - 1)")

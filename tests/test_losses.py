@@ -39,6 +39,26 @@ def test_matches_numpy_reference(ls, z):
   np.testing.assert_allclose(np.array(got, np.float64), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('ls', [0.0, 0.1])
+def test_excluded_ids_are_not_classes(ls):
+  """With `excluded` ids (model.excluded_ids: logits -1e30, probability 0), the loss is the
+  NumPy formula over the other classes alone: finite, and smoothing spreads label_smoothing /
+  (n - 1) over the n kept classes only."""
+  from transformer.heads import EXCLUDED_LOGIT
+  rng = np.random.default_rng(1)
+  v, excluded = 9, (0, 2, 3, 7)
+  kept = np.setdiff1d(np.arange(v), excluded)
+  small = rng.normal(size=(2, 4, kept.size)).astype(np.float32) * 3
+  logits = np.full((2, 4, v), EXCLUDED_LOGIT, np.float32)
+  logits[..., kept] = small
+  index = rng.integers(0, kept.size, size=(2, 4))
+  weights = rng.uniform(size=(2, 4)).astype(np.float32)
+  got = cross_entropy(jnp.asarray(logits), jnp.asarray(kept[index]), jnp.asarray(weights),
+                      label_smoothing=ls, excluded=excluded)
+  want = _reference(small, index, weights, ls, 0.0)
+  np.testing.assert_allclose(np.array(got, np.float64), want, rtol=1e-5, atol=1e-5)
+
+
 def test_perfect_prediction_scores_zero():
   """Logits whose softmax equals the smoothed target give loss 0 (the entropy is subtracted)."""
   v, ls = 6, 0.1

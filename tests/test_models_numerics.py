@@ -52,3 +52,38 @@ def test_shift_right_is_segment_aware():
   seg = jnp.asarray([[1, 1, 2, 2, 2, 0]])
   np.testing.assert_array_equal(shift_right(targets, seg), [[0, 5, 0, 7, 8, 0]])
   np.testing.assert_array_equal(shift_right(targets), [[0, 5, 6, 7, 8, 9]])
+
+
+@pytest.mark.parametrize('arch', ARCHS)
+def test_excluded_ids_get_probability_zero_and_leave_the_rest_as_a_softmax_over_the_others(arch):
+  """model.excluded_ids: those ids' logits are heads.EXCLUDED_LOGIT, every other logit is the
+  model's without the key (same parameters), so the log-softmax equals NumPy's over the kept ids
+  alone and the excluded ids have probability exactly 0; the loss stays finite, greedy decoding
+  never picks them and sampling never draws them."""
+  from transformer import decoding, losses
+  from transformer.heads import EXCLUDED_LOGIT
+  cfg = _cfg(arch=arch)
+  _, params = _init(cfg)
+  masked = dataclasses.replace(cfg, excluded_ids='0,2-3,7')
+  rng = np.random.default_rng(3)
+  inputs, targets = rng.integers(1, SV, size=(B, 8)), rng.integers(4, V, size=(B, 8))
+  targets[targets == 7] = 8
+  plain = np.asarray(_forward(cfg, params, inputs, targets), np.float64)
+  got = np.asarray(_forward(masked, params, inputs, targets))
+  out, keep = [0, 2, 3, 7], np.setdiff1d(np.arange(V), [0, 2, 3, 7])
+  assert (got[..., out] == EXCLUDED_LOGIT).all()
+  np.testing.assert_allclose(got[..., keep], plain[..., keep], **TOL)
+  kept = plain[..., keep] - plain[..., keep].max(-1, keepdims=True)
+  want = kept - np.log(np.exp(kept).sum(-1, keepdims=True))
+  log_p = np.asarray(jax.nn.log_softmax(jnp.asarray(got), axis=-1))
+  np.testing.assert_allclose(log_p[..., keep], want, **TOL)
+  assert (np.exp(log_p[..., out]) == 0).all()
+  loss, _, weight = losses.cross_entropy(jnp.asarray(got), jnp.asarray(targets))
+  np.testing.assert_allclose(float(loss), -np.take_along_axis(
+      want, np.searchsorted(keep, targets)[..., None], -1).sum(), rtol=1e-5)
+  assert float(weight) == targets.size
+  flat = jnp.asarray(got.reshape(-1, V))
+  assert not np.isin(np.asarray(flat.argmax(-1)), out).any()
+  search = decoding.Search(method='sample', temperature=1.0, top_k=0, top_p=1.0)
+  drawn = [decoding._choose(flat, jax.random.key(i), search)[0] for i in range(20)]  # pylint: disable=protected-access
+  assert not np.isin(np.asarray(drawn), out).any()

@@ -251,7 +251,7 @@ def test_profile_context_traces_the_step_range(tmp_path):
 
 def test_profile_context_resumed_inside_the_window(tmp_path):
   """A run resumed inside the profiling window traces from its first step and stops cleanly
-  (it used to call stop_trace without a trace and crash)."""
+  (no stop_trace without a start_trace)."""
   on = type("T", (), {"profile_start_step": 2, "profile_num_steps": 3})()
   logdir = str(tmp_path / "resumed")
   for step in range(3, 6):  # resumed at step 3: the window is 2, 3, 4

@@ -11,7 +11,8 @@ from transformer import sweep_runner
 
 def test_dry_run_prints_the_exact_commands(tmp_path):
   """--dry_run prints, per point, a status comment and the exact train/eval argv (sweep-wide
-  --config.* overrides first, then the point's), and runs nothing."""
+  --config.* overrides first, then the point's), then how many runs and training steps it would
+  start, and runs nothing."""
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.positional", '
                      '["sinusoidal", "rope"])\n')
   w = tmp_path / "w"
@@ -25,6 +26,7 @@ def test_dry_run_prints_the_exact_commands(tmp_path):
       # positional=rope: new
       python3 train.py --config={TINY} --workdir={w}/positional=rope --config.train.num_steps=4 --config.model.positional=rope
       python3 eval.py --workdir={w}/positional=rope --split=test
+      # 2 points: 2 training runs to start (8 training steps in all), 2 evaluations, 0 points done
       """)
   assert not w.exists()
 
@@ -68,7 +70,7 @@ def _readme_block_after(marker: str) -> str:
 
 
 def test_readme_tpu_sweep_lines_are_what_sweep_py_prints():
-  """README's "Running on cloud TPUs": its command prints, for the point positional=rope, exactly
+  """README's "On a TPU pod": its command prints, for the point positional=rope, exactly
   the ssh line the README shows, and its last line is exactly the collect command shown there."""
   command = _readme_block_after("run them one after the other from your machine")
   args = shlex.split(command.replace(" [--execute]", ""))

@@ -176,11 +176,13 @@ def test_two_devices_match_one_device(tmp_path, env, reference_no_dropout, mode,
 
 
 def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
-  """The product path: train.py on configs/g2p.py:tiny (shortened to 20 steps, on the whole
-  CMUdict as prepared once for the suite by cmudict_data) exits 0 and leaves config.json,
-  provenance.json, metrics.jsonl with train and eval (WER/PER) lines, TensorBoard events and the
-  final checkpoint; the same command again resumes the finished run instead of retraining
-  (metrics.jsonl unchanged)."""
+  """The product path: train.py on configs/g2p.py:tiny (shortened to 20 steps, on the whole CMUdict
+  as prepared once for the suite by cmudict_data) exits 0 and leaves config.json, provenance.json,
+  metrics.jsonl with train and eval (WER/PER) lines, TensorBoard events and the final checkpoint,
+  warns in one line that its 20 steps end inside the warmup, and its last lines name the workdir and
+  the eval, predict and TensorBoard commands; the same command again resumes the finished run
+  instead of retraining (metrics.jsonl unchanged) and says so in one line before the same commands,
+  with no library warning."""
   workdir = str(tmp_path / "g2p")
   data_dir = cmudict_data.prepared_data_dir(tmp_path_factory)
   cmd = [sys.executable, "train.py", "--config=configs/g2p.py:tiny", f"--workdir={workdir}",
@@ -191,7 +193,16 @@ def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "done: step=20" in proc.stdout
+  done, *last = proc.stdout.strip().splitlines()[-6:]
+  assert done.startswith("done: step=20 ")
+  assert last[:2] == [f"workdir: {workdir} (checkpoints, metrics.jsonl, TensorBoard events)",
+                      "next:"]
+  assert [line.split("#")[0].split()[1:] for line in last[2:4]] == [
+      ["eval.py", f"--workdir={workdir}", "--split=test"],
+      ["-m", "transformer.predict", f"--workdir={workdir}"]]
+  assert last[4].split() == ["tensorboard", f"--logdir={workdir}"]
+  warned = [line for line in proc.stderr.splitlines() if "warmup" in line]  # 20 of 100 steps
+  assert len(warned) == 1 and "train.num_steps=20 <= train.warmup_steps=100" in warned[0]
   files = os.listdir(workdir)
   for name in ("config.json", "provenance.json", "metrics.jsonl", "checkpoints"):
     assert name in files, name
@@ -203,6 +214,10 @@ def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
   assert any("train/loss" in r for r in records)
   assert any("eval/wer" in r and "eval/per" in r for r in records)
   again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
-  assert again.returncode == 0 and "done: step=20" in again.stdout
+  assert again.returncode == 0, again.stderr[-3000:]
+  finished = f"{workdir} holds a finished run (step 20): nothing to train"
+  assert again.stdout.splitlines() == [finished, *last]
+  warned = [line for line in again.stderr.splitlines() if line.startswith(("W", "E"))]
+  assert not warned, again.stderr  # no orbax "read only" warnings, no warmup warning
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     assert f.read() == before

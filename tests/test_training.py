@@ -8,7 +8,7 @@ import os
 import pytest
 
 import synthetic_task
-from transformer import training
+from transformer import reporting, training
 from transformer.checkpoints import CheckpointError
 
 
@@ -25,16 +25,20 @@ def _done(workdir):
     return json.load(f)
 
 
-def test_loop_trains_resumes_finished_run_and_rejects_incompatible_workdir(tmp_path):
-  """The loop lowers the loss (train loss falls, eval loss ends below the uniform ln(vocab)),
-  writes its files, checkpoints and train_done.json (step 40, reason num_steps, the returned
-  metrics); rerunning the finished run returns at once without training (metrics.jsonl
-  unchanged); training it further (num_steps 50) first removes the marker, so when that fails
-  (a NaN at step 43) no marker claims the run done; a config with another d_model in the same
-  workdir is a one-line CheckpointError naming model.d_model."""
+def test_loop_trains_resumes_finished_run_and_rejects_incompatible_workdir(tmp_path, monkeypatch):
+  """The loop lowers the loss (train loss falls, eval loss ends below the uniform ln(vocab)), shows
+  it on the progress bar from the first step on, writes its files, checkpoints and train_done.json
+  (step 40, reason num_steps, the returned metrics); rerunning the finished run returns at once
+  without training (metrics.jsonl unchanged); training it further (num_steps 50) first removes the
+  marker, so when that fails (a NaN at step 43) no marker claims the run done; a config with another
+  d_model in the same workdir is a one-line CheckpointError naming model.d_model."""
   workdir = str(tmp_path / "run")
   cd = synthetic_task.config(**{"train.num_steps": 40})
+  shown, progress = [], reporting.Reporter.progress
+  monkeypatch.setattr(reporting.Reporter, "progress", lambda self, step, loss=None: (
+      shown.append((step, loss)), progress(self, step, loss))[1])
   result = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
+  assert shown[0][0] == 1 and shown[0][1] > 0  # the bar's loss from the first step on
   logged = [r for r in _jsonl(workdir) if "train/loss" in r]
   assert logged[-1]["train/loss"] < logged[0]["train/loss"]
   assert result["step"] == 40 and result["eval/loss"] < math.log(synthetic_task.VOCAB)

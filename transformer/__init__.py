@@ -12,7 +12,7 @@ or I/O code:
                                                                  transformer.evaluation
   restore(workdir, step=None, params='auto', average_last=0) -> Run (.generate_text/.score/
     .attention)                                                  transformer.api
-`evaluate` is the deprecated name of `evaluate_split` (older README examples).
+`evaluate` is the deprecated name of `evaluate_split`, kept for existing callers.
 """
 
 import importlib

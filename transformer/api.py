@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import ensemble, evaluation, models
+from transformer import ensemble, evaluation, inputs, models
 from transformer.config import Config
 from transformer.data import labels, load_task, objectives, pipeline
 from transformer.data.tokenizers import NUM_SPECIAL
@@ -154,7 +154,8 @@ class Run:
   # ---- the API
 
   def logits(self, sources: Sequence[str], targets: Sequence[str]) -> np.ndarray:
-    """Teacher-forced logits [b, t, vocab] float32 (decoder-only: over prompt + target)."""
+    """Teacher-forced logits [b, t, vocab] float32 (decoder-only: over prompt + target); the ids
+    of model.excluded_ids have heads.EXCLUDED_LOGIT (probability 0)."""
     batch = self._teacher_forced_batch(sources, targets)
     batch = {k: v for k, v in batch.items() if k != "weights"}
     return np.asarray(self._forward(self.params, batch))
@@ -177,6 +178,9 @@ class Run:
                seed: int = 0) -> list[str]:
     """Decodes each text to text; unset options come from the run's eval.decode config.
 
+    Inputs are checked as predict checks them (transformer/inputs.py): an empty one, one with
+    characters outside the model's vocabulary or one longer than the model was trained on is a
+    one-line ValueError naming it, as are bad decoding options, before anything compiles.
     (transformer.generate is the array-level search this calls: token ids in, token ids out.)
     """
     if isinstance(texts, str):
@@ -185,7 +189,9 @@ class Run:
                    top_p=top_p, length_penalty=length_penalty, max_decode_len=max_decode_len)
     decode_cfg = dataclasses.replace(self.config.eval.decode,
                                      **{k: v for k, v in options.items() if v is not None})
-    search_settings(decode_cfg)  # one-line ValueError for bad options, before anything compiles
+    model_cfg = ensemble.members(self.model, self.params)[0][0].config
+    search_settings(decode_cfg, model_cfg.vocab_size, model_cfg.max_len)
+    texts = inputs.checked_texts(self, texts, max_decode_len)
     ids = [self.encode_source(t) for t in texts]
     tok = self.target_tokenizer
     tokens, _ = evaluation.decode_batches(self.config, self.model, self.params, ids, decode_cfg,
@@ -300,7 +306,7 @@ class Run:
     return out
 
   def generate(self, *args: Any, **kwargs: Any) -> list[str]:
-    """Deprecated name of generate_text (the README's older examples use it)."""
+    """Deprecated name of generate_text, kept for existing callers."""
     warnings.warn("Run.generate is deprecated: use Run.generate_text", DeprecationWarning,
                   stacklevel=2)
     return self.generate_text(*args, **kwargs)

@@ -239,7 +239,7 @@ class Projection(nn.Module):
                                                                self.axes), shape, self.param_dtype)
     # One [b, t, in] x [in, out] matmul (row-major folds: bitcasts) through layers.matmul, whose
     # kernel gradient is (g^T x)^T: as an einsum over the unfolded axes, XLA:CPU transposed the wide
-    # output gradient of the fused qkv / kv projections for it (README, Train-step speed). Output
+    # output gradient of the fused qkv / kv projections for it (docs/performance.md). Output
     # axes that a mesh splits (heads over 'tensor') stay unfolded: merging a split axis with the
     # unsplit one before it ([3, n, h]) would make XLA reshard the kernel.
     fold_in = math.prod(self.in_shape)

@@ -1,20 +1,31 @@
-"""What train.py, eval.py and sweep.py share: flag parsing whose every failure is one line.
+"""What the entry points share: every failure they expect is one line, `error: ...`, exit 1.
 
-absl and ml_collections report a bad flag as a traceback, or as a wrapped message that loses the
-culprit: a config file's own `get_config` error becomes "Error whilst parsing config file:" followed
-by a traceback. `parse_flags` turns each failure into one line naming the flag, config key or file
-(and line), printed as `error: ...` with exit status 1. Importing this module does not import JAX,
-so `--help` and flag errors stay fast.
+Flags: absl and ml_collections report a bad flag as a traceback, or as a wrapped message that loses
+the culprit: a config file's own `get_config` error becomes "Error whilst parsing config file:"
+followed by a traceback. `parse_flags` turns each failure into one line naming the flag, config key
+or file (and line), printed as `error: ...` with exit status 1. `--help` prints one screen (the
+tool's first docstring paragraph, its own flags, where the config keys are documented) and exits 0;
+`--help_keys` lists every config key with its default.
+Running: `one_line_errors` wraps an entry point's work. The library's own errors (ConfigError,
+CheckpointError, ...: one line by design) and failures of the machine or of files, which
+`environment_error` names (a full disk, a directory that cannot be written, corrupt prepared data,
+out of memory), end the program with one line; anything else is a bug and keeps its traceback.
+Importing this module does not import JAX, so `--help` and flag errors stay fast.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import difflib
+import errno
 import logging as pylogging
 import os
+import re
 import sys
+import textwrap
 import traceback
-from typing import NoReturn, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from absl import flags
 from absl import logging
@@ -28,6 +39,15 @@ _WRAPPED = "Error whilst parsing config file"  # ml_collections' wrapper of a co
 # missing TPU/GPU backends, TFDS every dataset it opens (with a warning for each custom config).
 _QUIET_BELOW = {"orbax": pylogging.WARNING, "xla_bridge": pylogging.WARNING,
                 "tensorflow_datasets": pylogging.ERROR}
+# JAX's guesses at accelerators whose plugin is not installed ("An NVIDIA GPU may be present on
+# this machine, but a CUDA-enabled jaxlib is not installed. Falling back to cpu."): noise on a CPU.
+# A backend that is installed and fails to start still warns.
+_BACKEND_GUESS = "may be present on this machine"
+_JAX_BACKENDS_LOGGER = "jax._src.xla_bridge"
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort")
+KEYS_FLAG = "--help_keys"
+HELP_LINES = 60  # --help fits a screen
+_BACKGROUND_WRITERS = ("orbax", "asyncio")  # whose logged exceptions also reach the caller
 
 
 def fail(message: str) -> NoReturn:
@@ -37,10 +57,156 @@ def fail(message: str) -> NoReturn:
   sys.exit(1)
 
 
+def keep_record(record: pylogging.LogRecord) -> bool:
+  """False for library chatter: orbax, XLA, TFDS below their levels; JAX's accelerator guesses."""
+  return not_backend_guess(record) and all(
+      record.levelno >= level for name, level in _QUIET_BELOW.items() if name in record.pathname)
+
+
+def not_backend_guess(record: pylogging.LogRecord) -> bool:
+  """False for JAX's guess at an accelerator whose plugin is not installed."""
+  return _BACKEND_GUESS not in record.getMessage()
+
+
+def quiet_backends() -> None:
+  """Mutes JAX's accelerator guesses whichever handler prints JAX's logs (absl's or Python's)."""
+  pylogging.getLogger(_JAX_BACKENDS_LOGGER).addFilter(not_backend_guess)
+
+
 def quiet_logging() -> None:
-  """Keeps our INFO logs and everyone's warnings, except the chatter of orbax, XLA and TFDS."""
-  logging.get_absl_handler().addFilter(lambda r: all(
-      r.levelno >= level for name, level in _QUIET_BELOW.items() if name in r.pathname))
+  """Keeps our INFO logs and everyone's warnings, except the chatter `keep_record` drops and the
+  tracebacks orbax and asyncio log or print for a failed background write (the error reaches the
+  caller, which reports it in one line)."""
+  logging.get_absl_handler().addFilter(lambda r: keep_record(r) and not (
+      r.exc_info and any(name in r.pathname for name in _BACKGROUND_WRITERS)))
+  quiet_backends()
+  _drop_calls_into_closed_loops()
+
+
+def _drop_calls_into_closed_loops() -> None:
+  """tensorstore completes orbax's writes on its own threads through the event loop's
+  call_soon_threadsafe; after a failed save orbax has closed that loop, and every write that
+  completes later would print a traceback ('Event loop is closed') that nobody can act on: the
+  save's own error reaches the caller. Such calls are dropped (a closed loop runs nothing)."""
+  if getattr(asyncio.BaseEventLoop.call_soon_threadsafe, "drops_when_closed", False):
+    return
+  original = asyncio.BaseEventLoop.call_soon_threadsafe
+
+  def call_soon_threadsafe(self, callback, *args, context=None):
+    if self.is_closed():
+      return None
+    return original(self, callback, *args, context=context)
+
+  call_soon_threadsafe.drops_when_closed = True
+  asyncio.BaseEventLoop.call_soon_threadsafe = call_soon_threadsafe
+
+
+# Hints for a failed file operation, by errno: what to do about it.
+_ERRNO_HINTS = {
+    errno.ENOSPC: "free some space, then rerun the same command (committed checkpoints are kept)",
+    errno.EDQUOT: "free some space, then rerun the same command (committed checkpoints are kept)",
+    errno.EFBIG: "a file size limit (ulimit -f) stopped the write; committed checkpoints are kept",
+    errno.EACCES: "the directory must be writable by this user",
+    errno.EPERM: "the directory must be writable by this user",
+    errno.EROFS: "give a --workdir on a writable file system",
+}
+# tensorstore (orbax's writer) reports a failed file operation as a ValueError whose text carries
+# the path in quotes and the errno as [os_error_code=N].
+_OS_ERROR_CODE = re.compile(r"\[os_error_code='?(\d+)'?\]")
+_QUOTED_PATH = re.compile(r'"((?:/|gs://)[^"]+)"')
+
+
+# What a failure of the machine or of a file arrives as, possibly wrapped in one another: XLA's
+# JaxRuntimeError and array_record's errors are RuntimeErrors, tensorstore's are ValueErrors.
+_ENVIRONMENT_TYPES = (OSError, ValueError, RuntimeError)
+
+
+def _environment_chain(error: BaseException) -> list[BaseException]:
+  """`error` and what it was raised from or during, up to the first exception of another type
+  than _ENVIRONMENT_TYPES: a KeyError raised while handling a missing file is a bug, not the
+  missing file."""
+  out = []
+  for e in _chain(error):
+    if not isinstance(e, _ENVIRONMENT_TYPES):
+      break
+    out.append(e)
+  return out
+
+
+def _file_failure(error: BaseException) -> tuple[int, str, str] | None:
+  """(errno, path, reason) of a failed file operation in `error`'s chain, or None."""
+  for e in _environment_chain(error):
+    if isinstance(e, OSError) and e.errno:
+      return e.errno, os.fspath(e.filename or ""), e.strerror or os.strerror(e.errno)
+    found = _OS_ERROR_CODE.search(str(e))
+    if found:
+      code, paths = int(found.group(1)), _QUOTED_PATH.findall(str(e))
+      return code, paths[0] if paths else "", os.strerror(code)
+  return None
+
+
+def _model_size(model_config: Any) -> str:
+  """`model_config`'s size for a message, e.g. '124,439,808 parameters (0.5 GiB as float32)'."""
+  from transformer import models  # pylint: disable=g-import-not-at-top  (JAX, only when needed)
+  n = models.parameter_count(model_config)
+  return f"{n:,} parameters ({n * 4 / 2**30:,.1f} GiB as float32)"
+
+
+def environment_error(error: BaseException, model_config: Callable[[], Any] | None = None
+                      ) -> str | None:
+  """One line for a failure of the machine or of a file, wherever in `error`'s chain, or None.
+
+  A file operation that failed (an OSError, or orbax's tensorstore error with an errno) names the
+  file, the reason and what to do; out of memory (XLA's RESOURCE_EXHAUSTED) gives the model's size
+  (`model_config()`, a ModelConfig, when given); corrupt prepared data (Riegeli) says how to
+  prepare it again.
+  """
+  texts = [str(e) for e in _environment_chain(error)]
+  oom = next((t for t in texts if "RESOURCE_EXHAUSTED" in t), None)
+  if oom is not None:
+    size = ""
+    if model_config is not None:
+      try:
+        size = f"; the model has {_model_size(model_config())}"
+      except Exception:  # pylint: disable=broad-except  (the size is a courtesy)
+        size = ""
+    first = oom.strip().splitlines()[0][:300]
+    return (f"out of memory: {first}{size}; make the model (model.d_model, model.mlp_dim, "
+            "layers) or data.batch_size smaller")
+  failed = _file_failure(error)
+  if failed is not None:
+    code, path, reason = failed
+    hint = _ERRNO_HINTS.get(code)
+    return f"{path or 'a file'}: {reason}" + (f"; {hint}" if hint else "")
+  riegeli = next((t for t in texts if "Riegeli" in t), None)
+  if riegeli is not None:
+    return (f"corrupt prepared data ({riegeli.strip().splitlines()[0][:200]}); delete the "
+            "prepared dataset's directory under data.data_dir and rerun to prepare it again")
+  return None
+
+
+def error_line(error: BaseException, ours: tuple[type[BaseException], ...] = (),
+               model_config: Callable[[], Any] | None = None) -> str | None:
+  """The one line reporting `error` (environment_error's, else the first line of one of `ours`,
+  the library's one-line errors), or None: a bug, whose traceback is wanted."""
+  line = environment_error(error, model_config)
+  if line is None and isinstance(error, ours):
+    line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return line
+
+
+@contextlib.contextmanager
+def one_line_errors(*ours: type[BaseException], model_config: Callable[[], Any] | None = None
+                    ) -> Iterator[None]:
+  """Ends the program with `error: <error_line>` and status 1 for an exception raised inside that
+  error_line reports; any other exception propagates with its traceback."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except  (error_line decides)
+    line = error_line(e, ours, model_config)
+    if line is None:
+      raise
+    fail(line)
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -129,8 +295,61 @@ def flag_error(error: BaseException, argv: Sequence[str]) -> str:
   return text or type(error).__name__
 
 
+def _flag_lines(flag: flags.Flag) -> list[str]:
+  """`--name: help (default: x)`, wrapped to 100 columns."""
+  default = flag.default
+  shown = "" if default in (None, "", []) or isinstance(default, ml_collections.ConfigDict) else (
+      f" (default: {default!r})" if isinstance(default, str) else f" (default: {default})")
+  return textwrap.wrap(f"--{flag.name}: {flag.help}{shown}", 100, initial_indent="  ",
+                       subsequent_indent="      ")
+
+
+def help_text(script: str, doc: str, main_flags: Sequence[flags.Flag]) -> str:
+  """The --help screen: the docstring (its first paragraph if all of it does not fit in
+  HELP_LINES), the script's own flags, and where every config key is documented."""
+  lines = [line for f in sorted(main_flags, key=lambda f: f.name) for line in _flag_lines(f)]
+  if any(f.name == "config" for f in main_flags):
+    lines.append("  --config.KEY=VALUE: override one config key, e.g. "
+                 "--config.eval.decode.beam_size=4")
+  tail = ["", "Every config key is documented in docs/config.md;",
+          f"`python {script} {KEYS_FLAG}` lists them all with their defaults."]
+  text = (doc or "").strip()
+  if len(text.splitlines()) + len(lines) + len(tail) + 2 > HELP_LINES:
+    text = text.split("\n\n")[0] + f"\n(More in the docstring of {script}.)"
+  return "\n".join([text, "", "flags:", *lines, *tail])
+
+
+def key_lines(config: ml_collections.ConfigDict) -> list[str]:
+  """Every key of `config` with its default, one per line, indented under its section."""
+  out, section = [], None
+  for key, value in sorted(flat_items(config).items(), key=lambda kv: kv[0].rpartition(".")[::2]):
+    head, _, name = key.rpartition(".")
+    if head != section:
+      out.append(f"{head}:" if head else "(top level):")
+      section = head
+    out.append(f"  {name} = {value!r}")
+  return out
+
+
+def _help(argv: Sequence[str]) -> None:
+  """Answers --help (one screen) or --help_keys (every config key) and exits 0; else returns."""
+  args = argv[1:]
+  script = os.path.basename(argv[0])
+  if KEYS_FLAG in args:
+    print("Every config key and its default (configs/base.py); what each means: docs/config.md.")
+    print("\n".join(key_lines(defaults.get_config())))
+    sys.exit(0)
+  if any(a in HELP_FLAGS for a in args):
+    main = sys.modules.get("__main__")
+    print(help_text(script, getattr(main, "__doc__", "") or "",
+                    flags.FLAGS.get_key_flags_for_module(argv[0])))
+    sys.exit(0)
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
-  """absl flag parsing (`flags_parser` of app.run); a bad flag or argument is one line, exit 1."""
+  """absl flag parsing (`flags_parser` of app.run); a bad flag or argument is one line, exit 1;
+  --help and --help_keys print their screens and exit 0."""
+  _help(argv)
   path = _config_path(argv[1:])
   if path and not os.path.isfile(path):
     fail(f"--config file {path} not found")

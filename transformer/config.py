@@ -9,6 +9,7 @@ Field names are exactly the keys of transformer/defaults.py, which holds the def
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any, Mapping
 
@@ -55,6 +56,7 @@ class ModelConfig:
   embedding_norm: bool
   head_transform: bool
   logits_bias: bool
+  excluded_ids: str
   prefix_lm: bool
   head: str
   pooling: str
@@ -100,6 +102,7 @@ class DataConfig:
   batching: str
   batch_size: int
   shuffle_seed: int
+  prefetch: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +130,7 @@ class TrainConfig:
   weight_decay_embeddings: bool
   grad_clip: float
   grad_accum_steps: int
+  steps_per_dispatch: int
   label_smoothing: float
   z_loss: float
   ema_decay: float
@@ -230,6 +234,10 @@ CHOICES = {
     "parallel.distributed": ("auto", "on", "off"),
 }
 
+# The widest beam decoding accepts (and at most the vocabulary): wider ones take minutes to compile
+# and gigabytes of cache for no better output.
+MAX_BEAM_SIZE = 1024
+
 # data.hf_id_offset: our id = a Hugging Face tokenizer's id + this (data/tokenizers.py HFTokenizer).
 HF_ID_OFFSETS = (4, 0)
 
@@ -238,12 +246,14 @@ POSITIVE = (
     "model.d_model", "model.num_heads", "model.mlp_dim", "model.max_len",
     "model.relative_num_buckets", "model.relative_max_distance",
     "data.max_source_len", "data.max_target_len", "data.batch_size", "data.spm_vocab_size",
-    "train.num_steps", "train.grad_accum_steps", "train.log_every_steps",
+    "train.num_steps", "train.grad_accum_steps", "train.steps_per_dispatch",
+    "train.log_every_steps",
     "eval.every_steps", "eval.decode.beam_size", "checkpoint.every_steps", "checkpoint.keep",
 )
 NON_NEGATIVE = (
     "model.vocab_size", "model.source_vocab_size", "model.num_kv_heads", "model.head_dim",
     "model.v_head_dim", "model.num_classes", "model.num_encoder_layers", "model.num_decoder_layers",
+    "data.prefetch",
     "train.warmup_steps", "train.weight_decay", "train.grad_clip", "train.z_loss",
     "train.early_stop_patience", "eval.num_batches", "eval.batch_size",
     "eval.num_decode_examples", "eval.decode.top_k", "eval.decode.max_decode_len",
@@ -322,11 +332,46 @@ def _convert(cls: type, value: Any, path: str) -> Any:
   return cls(**kwargs)
 
 
+def excluded_ids(m: ModelConfig) -> tuple[int, ...]:
+  """The sorted ids of model.excluded_ids ("0,2-3,54": ids and inclusive ranges); ConfigError
+  names the key when it does not parse."""
+  ids: set[int] = set()
+  for part in filter(None, (p.strip() for p in m.excluded_ids.split(","))):
+    low, dash, high = part.partition("-")
+    if not (low.isdigit() and (high.isdigit() or not dash)) or int(high or low) < int(low):
+      raise ConfigError(f"model.excluded_ids={m.excluded_ids!r}: {part!r} is not an id or a "
+                        f"range a-b with a <= b (e.g. '0,2-3,54')")
+    ids.update(range(int(low), int(high or low) + 1))
+  return tuple(sorted(ids))
+
+
+def id_ranges(ids: Any) -> str:
+  """The model.excluded_ids string of a collection of ids: sorted, runs written a-b."""
+  out, ids = [], sorted({int(i) for i in ids})
+  for i in ids:
+    if out and out[-1][1] == i - 1:
+      out[-1][1] = i
+    else:
+      out.append([i, i])
+  return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
 def _get(cfg: Config, key: str) -> Any:
   value = cfg
   for part in key.split("."):
     value = getattr(value, part)
   return value
+
+
+def check_finite(cfg: Any, path: str = "") -> None:
+  """Raises ConfigError naming the first float key of `cfg` (a Config or one of its sections)
+  that is nan or infinite: no float key means anything there (0 is each key's "off")."""
+  for f in dataclasses.fields(cfg):
+    value = getattr(cfg, f.name)
+    if dataclasses.is_dataclass(value):
+      check_finite(value, f"{path}{f.name}.")
+    elif isinstance(value, float) and not math.isfinite(value):
+      raise ConfigError(f"{path}{f.name}={value} must be a finite number")
 
 
 def _resolve_model(m: ModelConfig) -> ModelConfig:
@@ -349,6 +394,10 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
     raise ConfigError(f"model.num_encoder_layers=0 must be > 0 with model.arch={m.arch!r}")
   if m.arch != "encoder_only" and not m.num_decoder_layers:
     raise ConfigError("model.num_decoder_layers=0 must be > 0")
+  excluded = excluded_ids(m)
+  if excluded and m.vocab_size and excluded[-1] >= m.vocab_size:
+    raise ConfigError(f"model.excluded_ids={m.excluded_ids!r} names id {excluded[-1]}, outside "
+                      f"model.vocab_size={m.vocab_size}")
   return resolved
 
 
@@ -371,6 +420,7 @@ def _check_objective(cfg: Config) -> None:
 
 def _validate(cfg: Config) -> Config:
   """Checks choices, ranges and cross-field relations; returns cfg with derived sizes filled."""
+  check_finite(cfg)
   for key, options in CHOICES.items():
     value = _get(cfg, key)
     if value not in options:
@@ -402,6 +452,12 @@ def _validate(cfg: Config) -> Config:
     raise ConfigError(f"eval.decode.top_p={cfg.eval.decode.top_p} must be in (0, 1]")
   if cfg.eval.decode.temperature <= 0:
     raise ConfigError(f"eval.decode.temperature={cfg.eval.decode.temperature} must be > 0")
+  if cfg.eval.decode.beam_size > MAX_BEAM_SIZE:
+    raise ConfigError(f"eval.decode.beam_size={cfg.eval.decode.beam_size} must be <= "
+                      f"{MAX_BEAM_SIZE}")
+  if cfg.eval.decode.max_decode_len > cfg.model.max_len:
+    raise ConfigError(f"eval.decode.max_decode_len={cfg.eval.decode.max_decode_len} must be <= "
+                      f"model.max_len={cfg.model.max_len} (the decoding cache's length)")
   for axis, size in dataclasses.asdict(cfg.parallel.mesh_shape).items():
     if size == 0 or size < -1:
       raise ConfigError(f"parallel.mesh_shape.{axis}={size} must be > 0 or -1 (the rest)")

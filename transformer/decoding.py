@@ -15,6 +15,7 @@ the model's unmodified distribution.
 
 from collections.abc import Callable
 import functools
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 from transformer import ensemble
 from transformer import kv_cache
 from transformer import models
+from transformer.config import MAX_BEAM_SIZE
 
 StepFn = Callable[[jnp.ndarray, Any, jnp.ndarray], tuple[jnp.ndarray, Any]]
 ReorderFn = Callable[[Any, jnp.ndarray], Any]
@@ -41,19 +43,35 @@ class Search(NamedTuple):
   top_p: float = 1.0  # 1.0 = off
 
 
-def search_settings(decode_cfg: Any) -> Search:
-  """Validates the decode config (eval.decode) and keeps only the fields its method uses."""
+def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> Search:
+  """Validates the decode config (eval.decode) and keeps only the fields its method uses.
+
+  Every option is checked before anything compiles, each bad one a one-line ValueError naming its
+  key: max_decode_len in [0, max_len] (0 = the default), and for its method the beam size (at most
+  MAX_BEAM_SIZE and `vocab_size`; 0 = unknown), a finite length penalty, a finite temperature > 0,
+  top_k >= 0 and top_p in (0, 1].
+  """
   method = decode_cfg.method
+  length = decode_cfg.max_decode_len
+  if length < 0 or (max_len and length > max_len):
+    raise ValueError(f"eval.decode.max_decode_len={length} must be in [0, model.max_len="
+                     f"{max_len or '?'}] (0 = data.max_target_len)")
   if method == "greedy":
     return Search("greedy")
   if method == "beam":
-    if decode_cfg.beam_size < 1:
-      raise ValueError(f"eval.decode.beam_size={decode_cfg.beam_size} must be >= 1")
+    beam, widest = decode_cfg.beam_size, min(MAX_BEAM_SIZE, vocab_size or MAX_BEAM_SIZE)
+    if not 1 <= beam <= widest:
+      what = f"the vocabulary size {vocab_size}" if widest < MAX_BEAM_SIZE else str(MAX_BEAM_SIZE)
+      raise ValueError(f"eval.decode.beam_size={beam} must be in [1, {widest}] (at most {what})")
+    if not math.isfinite(decode_cfg.length_penalty):
+      raise ValueError(f"eval.decode.length_penalty={decode_cfg.length_penalty} must be a finite "
+                       "number")
     return Search("beam", beam_size=int(decode_cfg.beam_size),
                   length_penalty=float(decode_cfg.length_penalty))
   if method == "sample":
-    if not decode_cfg.temperature > 0:
-      raise ValueError(f"eval.decode.temperature={decode_cfg.temperature} must be > 0")
+    if not (decode_cfg.temperature > 0 and math.isfinite(decode_cfg.temperature)):
+      raise ValueError(f"eval.decode.temperature={decode_cfg.temperature} must be a finite "
+                       "number > 0")
     if decode_cfg.top_k < 0:
       raise ValueError(f"eval.decode.top_k={decode_cfg.top_k} must be >= 0 (0 = off)")
     if not 0.0 < decode_cfg.top_p <= 1.0:
@@ -390,10 +408,10 @@ def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_
   and vocabularies. prefix_lm=None is True if any member is a prefix-LM (a causal member ignores
   the prefix).
   """
-  search = search_settings(decode_cfg)
   members, params = ensemble.members(model, params)
   ensemble.check_compatible([m.config for m in members])
   cfg = members[0].config
+  search = search_settings(decode_cfg, cfg.vocab_size, cfg.max_len)
   if max_decode_len < 1:
     raise ValueError(f"max_decode_len={max_decode_len} must be >= 1")
   key = "inputs" if cfg.arch == "encoder_decoder" else "prompt"

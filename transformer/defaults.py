@@ -59,6 +59,10 @@ def get_config() -> ml_collections.ConfigDict:
   m.embedding_norm = False  # a norm (model.norm) on the embeddings before the first layer (BERT)
   m.head_transform = False  # vocabulary logits from Norm(act(Dense(x))) instead of x (BERT's MLM)
   m.logits_bias = False  # a learned bias over the vocabulary added to the logits (BERT's MLM)
+  # Ids the vocabulary head never predicts: their logits are -1e30 (probability 0) for every
+  # consumer (loss, score, decoding). Comma-separated ids or inclusive ranges, e.g. "0,2-3,54";
+  # transformer/convert sets it to the ids a converted model's original vocabulary lacks.
+  m.excluded_ids = ""
   m.prefix_lm = True  # decoder_only on a seq2seq task: bidirectional attention over the prefix
   m.head = "mlm"  # encoder_only: mlm (masked LM, tied per tie_embeddings) | classify | tag
   m.pooling = "mean"  # head=classify: first (the example's first token, BOS) | mean (its tokens)
@@ -102,6 +106,7 @@ def get_config() -> ml_collections.ConfigDict:
   d.batching = "pack"  # pack | bucket | pad
   d.batch_size = 128  # global, in rows of max_*_len tokens
   d.shuffle_seed = 0
+  d.prefetch = 2  # training batches made ahead on a background thread; 0 = in the loop
 
   c.train = t = ml_collections.ConfigDict()
   t.num_steps = 100_000
@@ -119,6 +124,7 @@ def get_config() -> ml_collections.ConfigDict:
   t.weight_decay_embeddings = False
   t.grad_clip = 0.0  # global-norm clipping; 0 = off
   t.grad_accum_steps = 1
+  t.steps_per_dispatch = 1  # train steps per host dispatch (one lax.scan); same results as 1
   t.label_smoothing = 0.1
   t.z_loss = 0.0
   t.ema_decay = 0.0  # EMA of the parameters, used by evaluation and best-checkpoint choice; 0 = off

@@ -1,36 +1,32 @@
 """Evaluation of a trained run: restore, teacher-forced metrics, decoding, task metrics, predictions.
 
-`evaluate_split(workdir, split, step, overrides)` is what `eval.py` runs:
-  1. the run's config is read from `<workdir>/config.json` (written by training, vocabulary sizes
-     filled in); `overrides` (a flat {"eval.decode.beam_size": 4} dict, as from `--config.*`
-     flags) are applied on top. Only keys that cannot change the parameters may be overridden
-     (checkpoints.OVERRIDABLE_*); anything else is a one-line ConfigError;
-  2. the parameters of `step` (None|'latest', 'best' or an int) are restored read-only onto one
-     device (checkpoints.read_params): by default the EMA for a run trained with train.ema_decay
-     > 0 (`params='raw'` for the raw ones), or with `average_last=N` the mean over the run's N
-     newest checkpoints; the results say which (`params`, and `averaged_steps` when averaging);
-  3. teacher-forced loss / token accuracy / perplexity over the whole split
-     (steps.teacher_forced_metrics, the same definition training logs);
-  4. every example of the split is decoded with `eval.decode` (batched `generate`) and scored
-     with the task's metrics (METRICS below);
-  5. process 0 writes `predictions.<split>.jsonl` and `metrics.<split>.json`, and a table is printed.
-With `ensemble` (further runs' workdirs) steps 2-4 read every run's parameters and score and decode
-the mean of their probabilities (transformer.ensemble); the files go to `out_dir`.
-The run's own `eval.num_batches` / `eval.num_decode_examples` are its in-training (partial) dev
-settings and do not carry over: only overrides given here (e.g. `--config.eval.num_decode_examples
-=500`, the first 500 examples) evaluate less. `coverage` in the results says how much of the split
-was scored and decoded. Every process evaluates the whole split on its first local device.
+`evaluate_split(workdir, split, step, overrides, ...)`, which eval.py calls:
+  1. `read_members` reads each run's config.json (checkpoints.load_run_config applies `overrides`,
+     a flat {"eval.decode.beam_size": 4} dict, and refuses keys outside checkpoints.OVERRIDABLE_*)
+     and restores the parameters of `step` read-only onto one device (checkpoints.read_params:
+     the EMA or the raw ones, or the mean of the newest `average_last` checkpoints);
+  2. `teacher_forced`: loss, token accuracy and perplexity (steps.teacher_forced_metrics, the
+     definition training logs);
+  3. seq2seq tasks: `decode_split` decodes with `eval.decode` (batched `generate`) and
+     `prediction_metrics` scores the hypotheses; language models: `sample_continuations`;
+     encoder-only and objective tasks: the teacher-forced metrics are the task's;
+  4. `write_results` (process 0) writes metrics.<split>.json and predictions.<split>.jsonl;
+     `format_table` is the printed table.
+WHOLE_SPLIT is applied under `overrides`: the run's in-training (partial) `eval.num_batches` /
+`eval.num_decode_examples` do not carry over, and `coverage` in the results says how much of the
+split was scored and decoded. With `ensemble`, steps 1-3 use every run's parameters and the mean
+of their probabilities (transformer.ensemble); the files go to `out_dir`. Every process evaluates
+the whole split on its first local device.
 
-Task metrics, chosen by `eval.metrics` ("auto" or a comma list):
+Task metrics (`metric_names`: `eval.metrics`, "auto" or a comma list):
   wer, per    G2P: a word is right if its hypothesis equals any reference; PER takes the closest
-              reference (transformer.metrics.wer_per). Computed on the no-stress track (stress
-              digits removed from hypotheses and references); when the references carry stress,
-              also `wer_stress`, `per_stress` on the phones as written.
+              reference (transformer.metrics.wer_per), on the no-stress track (`strip_stress`);
+              when the references carry stress, also `wer_stress`, `per_stress` as written.
   bleu        corpus BLEU (sacrebleu 13a) of the detokenised hypotheses.
   bpc         LM: bits per token, named bits_per_char / bits_per_byte for char / byte tokenizers.
 "auto" is wer,per for seq2seq tasks whose target tokenizer is `symbol` (phones), bleu for other
-seq2seq tasks and bpc for language models (which also get a few sampled continuations).
-`decode_metrics(...)` is the piece the training loop calls for its in-training evaluations; it logs
+seq2seq tasks and bpc for language models.
+`decode_metrics` is what the training loop calls for its in-training evaluations; it logs
 `eval/decoded_examples`, so a partial in-training evaluation says that it is partial.
 """
 
@@ -254,13 +250,19 @@ def write_results(workdir: str, split: str, results: dict[str, Any],
   line: source, references, hypothesis, score); True if this process wrote them."""
   if jax.process_index() != 0:  # every host evaluates the same whole split: one writer
     return False
+  metrics_name, predictions_name = result_files(split)
   files.makedirs(workdir)
-  files.write_text_atomic(os.path.join(workdir, f"predictions.{split}.jsonl"), "".join(
+  files.write_text_atomic(os.path.join(workdir, predictions_name), "".join(
       json.dumps(p, ensure_ascii=False) + "\n" for p in predictions))
   finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
-  files.write_text_atomic(os.path.join(workdir, f"metrics.{split}.json"), json.dumps(
+  files.write_text_atomic(os.path.join(workdir, metrics_name), json.dumps(
       {k: finite(v) for k, v in results.items()}, indent=1))
   return True
+
+
+def result_files(split: str) -> tuple[str, str]:
+  """The names of the metrics and predictions files that write_results writes for `split`."""
+  return f"metrics.{split}.json", f"predictions.{split}.jsonl"
 
 
 def format_table(results: dict[str, Any]) -> str:
@@ -346,8 +348,9 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
     raise EvaluationError(f"--out={out_dir} is one of the ensemble's runs: give a new directory")
   configs, restored = read_members(workdirs, WHOLE_SPLIT | (overrides or {}), step, params,
                                    average_last)
+  files.check_writable(out_dir or workdir)  # before the split is evaluated, not after
   cfg = configs[0]
-  model = tuple(build_model(c.model) for c in configs)  # one run: a 1-tuple, decoded as before
+  model = tuple(build_model(c.model) for c in configs)  # one run: a 1-tuple, a one-member ensemble
   params = tuple(r.params for r in restored)
   step = restored[0].step
   if task is None:
@@ -385,9 +388,12 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
         f"(beam={cfg.eval.decode.beam_size}, alpha={cfg.eval.decode.length_penalty})"
         if cfg.eval.decode.method == "beam" else "")
   results["coverage"] = coverage
-  write_results(out_dir or workdir, split, results, predictions)
+  wrote = write_results(out_dir or workdir, split, results, predictions)
   if verbose:
     print(format_table(results))
     for p in predictions[:3] if getattr(task, "kind", "") == "lm" else []:
       print(f"--- {p['source']!r} -> {p['hypothesis']!r}")
+    if wrote:
+      print("wrote " + ", ".join(os.path.join(out_dir or workdir, name)
+                                 for name in result_files(split)))
   return results

@@ -13,6 +13,7 @@ it back with the line added: one read and one write of the file per line. That i
 we append (metrics.jsonl: one line per logged step, some hundred KB over a long run).
 """
 
+import errno
 import os
 
 from etils import epath
@@ -118,3 +119,23 @@ def append_line(path: PathLike, line: str) -> None:
   else:  # objects cannot be appended to: rewrite the whole (small) file
     old = read_text(path) if exists(path) else ""
     write_text_atomic(path, old + line + "\n")
+
+
+def check_writable(path: PathLike) -> None:
+  """Raises OSError (errno, `path`) unless files can be created in directory `path` (or, if it
+  does not exist yet, in its nearest existing parent): by creating and deleting one, so that a
+  read-only file system, a full quota or missing permissions show at once, not after a run's
+  first save retried for minutes. Bucket paths are not checked (no cheap probe)."""
+  if not is_local(path):
+    return
+  directory = os.path.abspath(os.fspath(path))
+  while not os.path.exists(directory):
+    directory = os.path.dirname(directory)
+  if not os.path.isdir(directory):
+    raise NotADirectoryError(errno.ENOTDIR, "not a directory", directory)
+  probe = os.path.join(directory, f".write_probe.{os.getpid()}")
+  try:
+    os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+  except OSError as e:
+    raise OSError(e.errno, e.strerror, directory) from None
+  os.remove(probe)

@@ -9,7 +9,7 @@ from all of its parameters. An encoder-only config takes the run's encoder and e
 encoder-only or encoder-decoder run) and the tokenizer its encoder read; then:
   - a new head (head 'classify' or 'tag', or 'mlm' on an encoder-decoder run's encoder): the head
     keys (HEAD_MODEL_KEYS, and the vocabulary head's knobs VOCAB_HEAD_KEYS: BERT's
-    head_transform / logits_bias, tie_embeddings) are the new config's, the head's parameters
+    head_transform / logits_bias, tie_embeddings, excluded_ids) are the new config's, the head's parameters
     are initialised afresh, the run's own head or decoder is dropped, and the labels' tokenizer is
     the new config's;
   - continued masked-LM training (head 'mlm' on an encoder-only 'mlm' run, e.g. a converted
@@ -39,7 +39,7 @@ TOKENIZER_KEYS = ("tokenizer", "source_tokenizer", "spm_model_type", "spm_vocab_
 # Encoder-only fine-tuning puts a head on the pretrained encoder: these keys are the new config's.
 HEAD_MODEL_KEYS = ("arch", "head", "pooling", "num_classes")
 # The vocabulary head's knobs: the run's if its masked-LM head is continued, else the new config's.
-VOCAB_HEAD_KEYS = ("head_transform", "logits_bias", "tie_embeddings")
+VOCAB_HEAD_KEYS = ("head_transform", "logits_bias", "tie_embeddings", "excluded_ids")
 HEAD = "head"  # the parameter subtree of an encoder-only model's head
 SHARED = ("token_embed", "encoder")  # what an encoder-only model takes from any pretrained run
 

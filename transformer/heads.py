@@ -2,7 +2,10 @@
 
 `vocab_logits` is the one definition of "hidden states -> float32 vocabulary logits": the decoder's
 output layer and the encoder-only model's masked-LM head (`OutputHead`, with its two other heads)
-both call it.
+both call it. It also applies model.excluded_ids: those ids' logits are EXCLUDED_LOGIT, so every
+consumer of the logits (losses, scores, greedy, sampling and beam search, ensembles) gives them
+probability exactly 0 and the softmax is the one over the other ids (a converted model's original
+vocabulary: transformer/convert).
   mlm       per token, over the vocabulary: the embedding table (tied) or a Dense 'logits_dense'
   classify  per example: the example's tokens pooled (`pool`), then a Dense 'classifier'
   tag       per token: a Dense 'classifier'
@@ -16,11 +19,15 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from transformer.config import ModelConfig
+from transformer.config import ModelConfig, excluded_ids
 from transformer.layers import Embed, activation, dense, make_norm
 
 Array = jax.Array
+# The logit of an excluded id: exp underflows to exactly 0 after any max subtraction, and it stays
+# finite, so 0 * log p and differences of log-probabilities never make NaNs.
+EXCLUDED_LOGIT = -1e30
 
 
 def output_dense(cfg: ModelConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
@@ -65,7 +72,8 @@ def vocab_logits(cfg: ModelConfig, embed: Embed, x: Array) -> Array:
   """Hidden states [b, t, d] -> float32 vocabulary logits [b, t, vocab], called inside a compact
   module (its submodules are the caller's): with model.head_transform, x is first replaced by
   Norm(act(Dense(x))) ('transform', 'transform_norm'; act is model.ffn's activation); then the
-  embedding table (tied) or 'logits_dense'; with model.logits_bias, plus 'logits_bias'."""
+  embedding table (tied) or 'logits_dense'; with model.logits_bias, plus 'logits_bias'; the ids of
+  model.excluded_ids get EXCLUDED_LOGIT."""
   if cfg.head_transform:
     x = dense(cfg.d_model, ('embed', 'mlp'), cfg, 'transform')(x)
     x = make_norm(cfg, 'transform_norm')(activation(cfg)(x))
@@ -73,7 +81,17 @@ def vocab_logits(cfg: ModelConfig, embed: Embed, x: Array) -> Array:
     logits = embed.attend(x)[..., :cfg.vocab_size]
   else:
     logits = output_dense(cfg, cfg.vocab_size, ('embed', 'vocab'), 'logits_dense')(x)
-  return LogitsBias(cfg.vocab_size, name='logits_bias')(logits) if cfg.logits_bias else logits
+  if cfg.logits_bias:
+    logits = LogitsBias(cfg.vocab_size, name='logits_bias')(logits)
+  excluded = excluded_ids(cfg)
+  if excluded:
+    if excluded[-1] >= cfg.vocab_size:
+      raise ValueError(f"model.excluded_ids={cfg.excluded_ids!r} names id {excluded[-1]}, outside "
+                       f"model.vocab_size={cfg.vocab_size}")
+    keep = np.ones(cfg.vocab_size, bool)
+    keep[list(excluded)] = False
+    logits = jnp.where(keep, logits, EXCLUDED_LOGIT)
+  return logits
 
 
 class OutputHead(nn.Module):

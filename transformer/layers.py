@@ -60,7 +60,7 @@ def _wide_out_dot_general(x, kernel, dimension_numbers, precision=None, **kwargs
   """nn.Dense's dot_general for the expanding projections (d -> mlp_dim): the same product, and
   the kernel gradient g^T x computed so that XLA:CPU transposes the narrow input x rather than the
   wide gradient g. Otherwise the transpose is fused with the activation's derivative (erf, exp)
-  and runs unvectorised: a third of a small model's train step (README, Train-step speed)."""
+  and runs unvectorised: a third of a small model's train step (docs/performance.md)."""
   if (dimension_numbers != (((x.ndim - 1,), (0,)), ((), ())) or precision is not None
       or kwargs or kernel.ndim != 2):
     return jax.lax.dot_general(x, kernel, dimension_numbers, precision=precision, **kwargs)
@@ -118,7 +118,7 @@ def _gelu_erf(x: Array) -> Array:
   """The exact GELU x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, as PyTorch's and Hugging Face's
   'gelu'. nn.gelu(approximate=False) writes Phi with erfc, which keeps relative precision far in
   the negative tail (where GELU is ~0 anyway) but costs XLA:CPU both of erfc's branches and an exp
-  per element: a quarter of a small model's non-matmul step time (README, Train-step speed)."""
+  per element: a quarter of a small model's non-matmul step time (docs/performance.md)."""
   return x * 0.5 * (1.0 + jax.lax.erf(x * (0.5**0.5)))
 
 
@@ -148,7 +148,7 @@ def dropout(x: Array, rate: float, rng: Array, bits: int = 8) -> Array:
   kept elements are scaled by 256 / (256 - that threshold), so the expectation is x. The words
   have x's shape with the last axis divided by 4 when it divides (XLA then fuses the draw into
   the mask's consumer; a flattened draw is sliced, which it does not fuse). On a 2-core CPU this
-  halves what dropout costs `:fast`'s train step (README, "G2P in an hour").
+  halves what dropout costs `:fast`'s train step (docs/performance.md).
   """
   if rate >= 1.0:
     return jnp.zeros_like(x)
@@ -232,7 +232,7 @@ def _layer_norm_bwd(epsilon, res, g):
 
   The two feature means are matrix-vector products with the scale, g @ s and (g xhat) @ s: as
   autodiff writes them (reductions of g * broadcast(s)), XLA:CPU materialised the [tokens, d]
-  broadcast of the scale, or of rstd * scale, for every norm of the step (README, Train-step speed).
+  broadcast of the scale, or of rstd * scale, for every norm of the step (docs/performance.md).
   """
   del epsilon
   x, mean, rstd, scale, bias = res

@@ -6,19 +6,25 @@ exact: divide the summed losses by the summed weights once, at the end.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
 
 def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
-                  label_smoothing: float = 0.0, z_loss: float = 0.0) -> tuple[Array, Array, Array]:
+                  label_smoothing: float = 0.0, z_loss: float = 0.0,
+                  excluded: Sequence[int] = ()) -> tuple[Array, Array, Array]:
   """Summed smoothed cross-entropy: (loss_sum incl. z-loss, z_loss_sum, weight_sum), float32.
 
   logits [b, t, v], targets [b, t] int, weights [b, t] (None = all ones). The smoothed target puts
-  1 - label_smoothing on the true class and label_smoothing / (v - 1) on each other class; the
-  entropy of that target is subtracted, so a prediction equal to the target scores exactly 0.
+  1 - label_smoothing on the true class and label_smoothing / (n - 1) on each other class, n being
+  the v classes less the `excluded` ids (model.excluded_ids: never predicted, so no target mass
+  goes there); the entropy of that target is subtracted, so a prediction equal to the target
+  scores exactly 0.
   The z-loss term is z_loss * logsumexp(logits)**2 per token (Chowdhery et al. 2022); it is both
   included in loss_sum (the training objective) and returned alone for logging. Positions with
   weight 0 contribute nothing, even if their logits are garbage.
@@ -29,15 +35,21 @@ def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
     raise ValueError(f"cross_entropy: weights {weights.shape} do not match targets {targets.shape}")
   if not 0.0 <= label_smoothing < 1.0:
     raise ValueError(f"cross_entropy: label_smoothing={label_smoothing} must be in [0, 1)")
-  vocab = logits.shape[-1]
   logits = logits.astype(jnp.float32)
   log_z = jax.nn.logsumexp(logits, axis=-1)  # [b, t]
   log_p = logits - log_z[..., None]  # [b, t, v]
+  vocab = logits.shape[-1] - len(set(excluded))
   confidence = 1.0 - label_smoothing
   low = label_smoothing / (vocab - 1) if vocab > 1 else 0.0
   # -sum_c q_c log p_c with q = low everywhere and `confidence` on the target, without a one-hot.
   target_log_p = jnp.take_along_axis(log_p, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  nll = -(confidence - low) * target_log_p - low * jnp.sum(log_p, axis=-1)
+  nll = -(confidence - low) * target_log_p
+  if low:
+    if excluded:
+      kept = np.ones(logits.shape[-1], bool)
+      kept[list(excluded)] = False
+      log_p = jnp.where(kept, log_p, 0.0)
+    nll = nll - low * jnp.sum(log_p, axis=-1)
   # Entropy of the smoothed target (xlogy(0, 0) = 0), a constant.
   entropy = -(jax.scipy.special.xlogy(confidence, confidence)
               + (vocab - 1) * jax.scipy.special.xlogy(low, low))

@@ -13,6 +13,8 @@ keys/values through `kv_cache`, which owns the cache layout and beam sharing.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -427,3 +429,13 @@ def example_batch(model_config: ModelConfig, length: int = 8) -> dict[str, np.nd
   if model_config.arch != 'decoder_only':
     return dict(inputs=ones, targets=ones)
   return dict(targets=ones)
+
+
+def parameter_count(model_config: ModelConfig) -> int:
+  """The number of parameters `model_config` builds, from shapes alone (nothing is allocated);
+  vocabulary sizes still unset (0, taken from the tokenizer) count as 1."""
+  cfg = dataclasses.replace(model_config, vocab_size=model_config.vocab_size or 1,
+                            source_vocab_size=model_config.source_vocab_size or 1)
+  shapes = jax.eval_shape(lambda: batch_init(build_model(cfg), {'params': jax.random.key(0)},
+                                             example_batch(cfg, 1)))
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes['params']))

@@ -251,23 +251,36 @@ def replicated_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """[batch, ...] arrays split over data*fsdp, replicated over tensor."""
-  return NamedSharding(mesh, P(BATCH_AXES))
+def batch_sharding(mesh: Mesh, stacked: bool = False) -> NamedSharding:
+  """[batch, ...] arrays split over data*fsdp, replicated over tensor; stacked: [steps, batch, ...]
+  arrays (train.steps_per_dispatch), split the same way along their second axis."""
+  return NamedSharding(mesh, P(None, BATCH_AXES) if stacked else P(BATCH_AXES))
 
 
 def shard_batch(local_batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
   """This process's rows -> global jax.Arrays split over the batch axes (single- or multi-host)."""
-  sharding = batch_sharding(mesh)
+  return _shard(local_batch, mesh, stacked=False)
+
+
+def shard_batches(local_batches: Sequence[dict[str, Any]], mesh: Mesh) -> dict[str, jax.Array]:
+  """K host batches -> one batch of global [K, batch, ...] arrays for a scanned multi-step."""
+  stacked = {k: np.stack([np.asarray(b[k]) for b in local_batches])
+             for k, v in local_batches[0].items() if v is not None}
+  return _shard(stacked, mesh, stacked=True)
+
+
+def _shard(local_batch: dict[str, Any], mesh: Mesh, stacked: bool) -> dict[str, jax.Array]:
+  sharding = batch_sharding(mesh, stacked)
   shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
+  axis = 1 if stacked else 0
   out = {}
   for key, value in local_batch.items():
     if value is None:
       continue
     value = np.asarray(value)
-    rows = value.shape[0] * jax.process_count() if value.ndim else 0
+    rows = value.shape[axis] * jax.process_count() if value.ndim > axis else 0
     if rows % shards:
-      raise ConfigError(f"batch feature {key!r}: {rows} global rows ({value.shape[0]} per process) "
+      raise ConfigError(f"batch feature {key!r}: {rows} global rows ({value.shape[axis]} per process) "
                         f"do not split over data*fsdp={shards} devices")
     out[key] = jax.make_array_from_process_local_data(sharding, value)
   return out
@@ -327,8 +340,10 @@ class CompiledStep:
 
 
 def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
-                  donate_argnums: tuple[int, ...], returns_state: bool) -> CompiledStep:
-  """jit with in/out shardings over the mesh; one jit per number of `rest` arguments."""
+                  donate_argnums: tuple[int, ...], returns_state: bool,
+                  stacked: bool = False) -> CompiledStep:
+  """jit with in/out shardings over the mesh; one jit per number of `rest` arguments. stacked:
+  the batch is K host batches (prepare_batch takes a list) with a leading steps axis."""
   rep = replicated_sharding(mesh)
   out_shardings = (state_sharding, rep) if returns_state else rep
   cache: dict[int, Any] = {}
@@ -336,7 +351,7 @@ def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
   def jitted(num_rest: int) -> Any:
     if num_rest not in cache:
       cache[num_rest] = jax.jit(
-          step_fn, in_shardings=(state_sharding, batch_sharding(mesh)) + (rep,) * num_rest,
+          step_fn, in_shardings=(state_sharding, batch_sharding(mesh, stacked)) + (rep,) * num_rest,
           out_shardings=out_shardings, donate_argnums=donate_argnums)
     return cache[num_rest]
 
@@ -349,7 +364,8 @@ def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
     with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
       return jitted(len(rest)).lower(state, batch, *rest)
 
-  return CompiledStep(step=step, lower=lower, prepare_batch=lambda b: shard_batch(b, mesh),
+  prepare = (lambda b: shard_batches(b, mesh)) if stacked else (lambda b: shard_batch(b, mesh))
+  return CompiledStep(step=step, lower=lower, prepare_batch=prepare,
                       prepare_state=lambda s: jax.device_put(s, state_sharding),
                       fetch_state=lambda s: s, mode="mesh")
 
@@ -404,6 +420,14 @@ def compile_train_step(step_fn: Callable[..., Any], mode: str, mesh: Mesh | None
   """Compiles `step_fn(state, batch, *rest, axis_name=None) -> (state, metrics)` for a mode."""
   return _compile(step_fn, mode, mesh, state_sharding, (0,) if donate else (),
                   returns_state=True)
+
+
+def compile_multi_step(multi_step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
+                       donate: bool = True) -> CompiledStep:
+  """Compiles `multi_step_fn(state, batches, *rest) -> (state, stacked metrics)` (steps.scan_steps)
+  over the mesh; its prepare_batch takes a list of K host batches (mesh mode only)."""
+  return _compile_mesh(multi_step_fn, mesh, state_sharding, (0,) if donate else (),
+                       returns_state=True, stacked=True)
 
 
 def compile_eval_step(eval_fn: Callable[..., Any], mode: str, mesh: Mesh | None,

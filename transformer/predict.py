@@ -4,7 +4,8 @@ r"""Decodes words or sentences with a trained run from the command line.
   printf 'hello\nworld\n' | python -m transformer.predict --workdir=runs/g2p --method=beam --beam_size=8
   python -m transformer.predict --workdir=runs/a --ensemble=runs/b,runs/c --step=best hello
 
-Prints one `input<TAB>output` line per input (inputs from the arguments, else one per stdin line).
+Prints one `input<TAB>output` line per input (inputs from the arguments, else one per stdin line;
+each stdin line is answered as soon as it arrives, so it works as an interactive prompt).
 An encoder-only run is not decoded; its line depends on model.head:
   mlm       input<TAB>the text with each marker (--mask, default `_`) filled<TAB>then one field per
             marker: its --top_k (default 5) most likely tokens as `token=probability`
@@ -20,63 +21,14 @@ characters once lower-cased are lower-cased (CMUdict words are lower case).
 from __future__ import annotations
 
 import argparse
-import io
+import itertools
+import os
+import select
 import sys
-from typing import Any, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
-
-def _unknown_units(tokenizer: Any, text: str) -> list[str]:
-  """The characters (or symbols) of `text` that the tokenizer maps to its unknown id."""
-  units = text.split() if getattr(tokenizer, "kind", "") == "symbol" else list(text)
-  return [u for u in dict.fromkeys(units) if tokenizer.unk_id in tokenizer.encode(u)]
-
-
-def shown(text: str, limit: int = 40) -> str:
-  """An input as an error message shows it: its repr, cut to `limit` characters."""
-  text = text.strip()
-  return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
-
-
-def check_input(run: Any, text: str, max_decode_len: int, mask: str = ""
-                ) -> tuple[str | None, str]:
-  """(error message or None, the text to decode) for one input; max_decode_len 0 = unset; `mask`:
-  the fill-mask marker of a masked-LM input (each one [MASK], the rest tokenized piece by piece)."""
-  if not text.strip():
-    return "is empty", text
-  bad = next((c for c in text if "\udc80" <= c <= "\udcff"), None)  # undecodable bytes
-  if bad is not None:  # (Python keeps them as surrogates in argv and stdin)
-    return f"is not UTF-8 text (byte {ord(bad) - 0xdc00:#04x}); is it a binary file?", text
-  text = text.strip()
-  if mask and mask not in text:
-    return f"has no mask marker {mask!r} (--mask) to fill", text
-  pieces = text.split(mask) if mask else [text]
-  tokenizer = run.source_tokenizer or run.target_tokenizer
-  unknown = [u for p in pieces for u in _unknown_units(tokenizer, p)]
-  if unknown and not [u for p in pieces for u in _unknown_units(tokenizer, p.lower())]:
-    pieces, unknown = [p.lower() for p in pieces], []
-    text = mask.join(pieces) if mask else pieces[0]
-  if unknown:
-    shown = " ".join(repr(u) for u in dict.fromkeys(unknown[:10]))
-    return f"has characters outside the model's vocabulary: {shown}", text
-  cfg = run.config
-  if cfg.model.arch == "encoder_only":  # BOS + ids + EOS, as long as training's rows at most
-    length = sum(len(tokenizer.encode(p)) for p in pieces) + len(pieces) - 1 + 2
-    limit = cfg.data.max_source_len
-    if length > limit:
-      return (f"is too long: {length} tokens with BOS and EOS, the model takes at most {limit} "
-              "(data.max_source_len)"), text
-    return None, text
-  # The raw length: encode_source truncates to data.max_source_len, as the data pipeline does.
-  length = len(tokenizer.encode(text)) + (run.kind != "lm")
-  if cfg.model.arch == "encoder_decoder":
-    limit, key = cfg.data.max_source_len, "data.max_source_len"
-  elif max_decode_len:
-    limit, key = cfg.model.max_len - max_decode_len, "model.max_len - max_decode_len"
-  else:  # unset: the continuation gets what fits after the prompt (evaluation.decode_batches)
-    limit, key = cfg.model.max_len - 1, "model.max_len - 1"
-  if length > limit:
-    return f"is too long: {length} tokens, the model takes at most {limit} ({key})", text
-  return None, text
+from transformer import cli
+from transformer.inputs import check_input, decode_length, input_error
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,45 +60,89 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
   return parser.parse_args(list(argv))
 
 
+def stdin_batches(fd: int, max_batch: int = 64) -> Iterator[list[str]]:
+  """The lines of file descriptor `fd` in batches of those already there: a batch never waits for
+  more lines once it has one (so a terminal or a pipe gets each answer as soon as its line is
+  typed), and holds at most `max_batch` (so a file is decoded in batches). Undecodable bytes are
+  kept as surrogates, which check_input names."""
+  buffer, eof = b"", False
+  while not eof:
+    while not eof and (b"\n" not in buffer or (buffer.count(b"\n") < max_batch
+                                               and select.select([fd], [], [], 0)[0])):
+      chunk = os.read(fd, 1 << 16)
+      eof, buffer = not chunk, buffer + chunk
+    *lines, buffer = buffer.split(b"\n")
+    if eof and buffer:  # a last line without its line end
+      lines.append(buffer)
+    for i in range(0, len(lines), max_batch):
+      yield [_text(line) for line in lines[i:i + max_batch]]
+
+
+def _text(line: bytes) -> str:
+  """One input line as text: UTF-8, undecodable bytes as surrogates, without its line end."""
+  return line.rstrip(b"\r").decode("utf-8", errors="surrogateescape")
+
+
 def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
-  """Runs the command line; returns the exit status."""
+  """Runs the command line; returns the exit status. Inputs come from the arguments, else from
+  `stdin` (a text stream, in batches of 64 lines), else from this process's standard input, each
+  line answered as soon as it arrives (stdin_batches)."""
   args = _parse(sys.argv[1:] if argv is None else argv)
-  if not args.inputs and stdin is None:  # bytes kept as surrogates: check_input names them
-    stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
-  texts = args.inputs or [line.rstrip("\n") for line in stdin]
+  if args.inputs:
+    batches: Iterable[list[str]] = [args.inputs]
+  elif stdin is not None:
+    lines = (line.rstrip("\n") for line in stdin)
+    batches = iter(lambda: list(itertools.islice(lines, 64)), [])
+  else:
+    batches = stdin_batches(sys.stdin.fileno())
   from absl import logging  # pylint: disable=g-import-not-at-top  (after --help, as api)
+  cli.quiet_backends()
   verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.ERROR)  # keep stderr for our one-line messages (TFDS is chatty)
   try:
-    return _predict(args, texts)
+    return _predict(args, batches)
+  except Exception as e:  # pylint: disable=broad-except  (cli.error_line decides)
+    # The library's own errors (ConfigError, CheckpointError, bad options) are ValueErrors.
+    line = cli.error_line(e, (ValueError, OSError))
+    if line is None:
+      raise
+    print(f"error: {line}", file=sys.stderr)
+    return 1
   finally:  # a caller in the same process (a notebook, a test) keeps its own logging
     logging.set_verbosity(verbosity)
 
 
-def _predict(args: argparse.Namespace, texts: list[str]) -> int:
-  """Restores the run, checks each input and prints `input<TAB>output` lines; the exit status."""
+def _predict(args: argparse.Namespace, batches: Iterable[list[str]]) -> int:
+  """Restores the run, then checks each batch of inputs and prints its `input<TAB>output` lines
+  (flushed); the exit status."""
   from transformer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
-  from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top  (as api)
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
-  workdirs = [args.workdir, *filter(None, args.ensemble.split(","))]
-  try:
-    run = api.restore(workdirs, step)
-  except (ValueError, CheckpointError, FileNotFoundError) as e:
-    print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-    return 1
+  run = api.restore([args.workdir, *filter(None, args.ensemble.split(","))], step)
   options = dict(method=args.method, beam_size=args.beam_size, length_penalty=args.length_penalty,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  max_decode_len=args.max_decode_len)
-  if run.config.model.arch == "encoder_only":
-    return _predict_encoder(run, args, texts, options)
+  answer = _predict_encoder if run.config.model.arch == "encoder_only" else _predict_decoder
+  status, first = 0, 1
+  for texts in batches:
+    batch_status = answer(run, args, texts, options, first)
+    sys.stdout.flush()
+    if batch_status == 2:  # bad options: every batch would fail the same way
+      return 1
+    status, first = max(status, batch_status), first + len(texts)
+  return status
+
+
+def _predict_decoder(run: Any, args: argparse.Namespace, texts: list[str],
+                     options: dict[str, Any], first: int) -> int:
+  """Decodes one batch of inputs (numbered from `first`) and prints their lines; 0, 1 if an input
+  was bad, 2 if the options are."""
   # 0 for an LM: its continuation gets what fits after the prompt (max_target_len is the context).
-  max_decode_len = args.max_decode_len or run.config.eval.decode.max_decode_len or (
-      0 if run.kind == "lm" else run.config.data.max_target_len)
+  max_decode_len = decode_length(run, args.max_decode_len)
   good, status = [], 0
-  for n, text in enumerate(texts, start=1):
+  for n, text in enumerate(texts, start=first):
     error, cleaned = check_input(run, text, max_decode_len)
     if error:
-      print(f"error: input {n} {shown(text)} {error}", file=sys.stderr)
+      print(f"error: {input_error(n, text, error)}", file=sys.stderr)
       status = 1
     else:
       good.append((text, cleaned))
@@ -155,7 +151,7 @@ def _predict(args: argparse.Namespace, texts: list[str]) -> int:
       outputs = run.generate_text([c for _, c in good], seed=args.seed, **options)
     except ValueError as e:  # bad decoding options: one line naming the option
       print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-      return 1
+      return 2
     for (text, _), output in zip(good, outputs):
       print(f"{text.strip()}\t{output}")
   return status
@@ -167,22 +163,23 @@ def _shown_token(token: str) -> str:
 
 
 def _predict_encoder(run: Any, args: argparse.Namespace, texts: list[str],
-                     options: dict[str, Any]) -> int:
-  """An encoder-only run's lines, by model.head: 'mlm' input<TAB>filled<TAB>one field per marker
-  of --top_k `token=probability` fillers; 'classify' input<TAB>label<TAB>probability; 'tag'
-  input<TAB>token/tag per token. The exit status."""
+                     options: dict[str, Any], first: int) -> int:
+  """An encoder-only run's lines for one batch of inputs (numbered from `first`), by model.head:
+  'mlm' input<TAB>filled<TAB>one field per marker of --top_k `token=probability` fillers;
+  'classify' input<TAB>label<TAB>probability; 'tag' input<TAB>token/tag per token. 0, 1 if an
+  input was bad, 2 if the options are."""
   head = run.config.model.head
   allowed = {"top_k"} if head == "mlm" else set()
   bad = next((k for k, v in options.items() if v is not None and k not in allowed), None)
   if bad:
     print(f"error: --{bad} is a decoding option; this run is encoder-only (model.head={head!r}), "
           "which is not decoded", file=sys.stderr)
-    return 1
+    return 2
   good, status = [], 0
-  for n, text in enumerate(texts, start=1):
+  for n, text in enumerate(texts, start=first):
     error, cleaned = check_input(run, text, 0, mask=args.mask if head == "mlm" else "")
     if error:
-      print(f"error: input {n} {shown(text)} {error}", file=sys.stderr)
+      print(f"error: {input_error(n, text, error)}", file=sys.stderr)
       status = 1
     else:
       good.append((text.strip(), cleaned))
@@ -195,7 +192,7 @@ def _predict_encoder(run: Any, args: argparse.Namespace, texts: list[str],
                                  mask=args.mask)
     except ValueError as e:  # --top_k < 1
       print(f"error: --{str(e).splitlines()[0]}", file=sys.stderr)
-      return 1
+      return 2
     columns = [[f, *("  ".join(f"{_shown_token(t)}={p:.3f}" for t, p in marker)
                      for marker in m)]
                for f, m in zip(run.fill_mask(cleaned, mask=args.mask), fillers)]

@@ -327,6 +327,7 @@ class Reporter:
     self.num_devices = num_devices or jax.device_count()
     self._step = start_step
     self._last_rates: dict[str, float] = {}
+    self._loss: float | None = None  # the latest training loss, shown on the bar
     self.reset_throughput()
     self._writer = self._bar = None
     if not self.active:
@@ -384,18 +385,21 @@ class Reporter:
     return rates
 
   def progress(self, step: int, loss: float | None = None) -> None:
-    """Moves the bar to `step`; shows the last logged loss and tokens/s (ETA comes from tqdm)."""
+    """Moves the bar to `step`; shows the latest loss given (here or to write_scalars) and
+    tokens/s (ETA comes from tqdm)."""
     if self._bar is None:
       return
     if step > self._step:
       self._bar.update(step - self._step)
       self._step = step
-    if loss is not None or self._last_rates:
-      postfix = {}
-      if loss is not None:
-        postfix["loss"] = f"{loss:.4f}"
-      if "perf/tokens_per_sec" in self._last_rates:
-        postfix["tok/s"] = f"{self._last_rates['perf/tokens_per_sec']:.0f}"
+    if loss is not None:
+      self._loss = loss
+    postfix = {}
+    if self._loss is not None:
+      postfix["loss"] = f"{self._loss:.4f}"
+    if "perf/tokens_per_sec" in self._last_rates:
+      postfix["tok/s"] = f"{self._last_rates['perf/tokens_per_sec']:.0f}"
+    if postfix:
       self._bar.set_postfix(postfix, refresh=False)
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:

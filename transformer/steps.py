@@ -25,7 +25,7 @@ import optax
 
 from transformer import metrics as metrics_lib
 from transformer import ensemble, models, optim
-from transformer.config import Config
+from transformer.config import Config, excluded_ids
 from transformer.losses import cross_entropy
 from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits
 
@@ -99,6 +99,9 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
   deterministic = not (cfg.model.dropout_rate or cfg.model.attention_dropout_rate
                        or cfg.model.ffn_dropout_rate)
 
+  vocab_head = arch != "encoder_only" or cfg.model.head == "mlm"
+  excluded = excluded_ids(cfg.model) if vocab_head else ()  # no smoothing mass goes there
+
   def loss_sums(params, micro):
     batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
     if use_ss:
@@ -108,7 +111,8 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
                                    rngs={"dropout": key})
     weights = target_weights(batch)
     loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights,
-                                            label_smoothing=tc.label_smoothing, z_loss=tc.z_loss)
+                                            label_smoothing=tc.label_smoothing, z_loss=tc.z_loss,
+                                            excluded=excluded)
     return loss_sum, weight_sum
 
   grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
@@ -144,6 +148,21 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
     return new_state, metrics
 
   return train_step
+
+
+def scan_steps(train_step: Callable) -> Callable:
+  """Returns `multi_step(state, batches, rng=None, axis_name=None) -> (state, metrics)`: `train_step`
+  applied to each batch along the leading axis of `batches` in turn, in one compiled `lax.scan`
+  (train.steps_per_dispatch); each metric comes back stacked, [K].
+
+  Every step draws its key from `fold_in(rng, state.step)` as a lone step does, so K steps per
+  dispatch train exactly as K dispatches of one step."""
+
+  def multi_step(state: TrainState, batches: dict[str, Any], rng: Array | None = None,
+                 axis_name: str | None = None):
+    return jax.lax.scan(lambda s, b: train_step(s, b, rng, axis_name), state, batches)
+
+  return multi_step
 
 
 def eval_params(state: TrainState) -> PyTree:

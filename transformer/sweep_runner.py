@@ -349,12 +349,19 @@ def prepare_data(config: ml_collections.ConfigDict, points: Sequence[Point],
 
 
 def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
-  """The exact commands `run` would start, one per line, with a comment line per point."""
-  lines = []
+  """The exact commands `run` would start, one per line, with a comment line per point, and last
+  a comment that counts them: training runs and their steps, evaluations, points done."""
+  lines, stages, steps, states = [], [], 0, []
   for p in points:
     todo = pending_commands(p, commands)
-    lines.append(f"# {p.name}: {status(p, commands)}" + ("" if todo else " (skipped)"))
+    states.append(status(p, commands))
+    lines.append(f"# {p.name}: {states[-1]}" + ("" if todo else " (skipped)"))
     lines += [shlex.join(argv) for _, argv in todo]
+    stages += [stage for stage, _ in todo]
+    steps += p.num_steps if ("train", commands.train(p)) in todo else 0
+  lines.append(f"# {len(points)} points: {stages.count('train')} training runs to start "
+               f"({'at most ' if 'resume' in states else ''}{steps} training steps in all), "
+               f"{stages.count('eval')} evaluations, {states.count('done')} points done")
   return lines
 
 

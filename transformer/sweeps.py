@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import sys
+import traceback
 from typing import Any, Mapping, Sequence
 
 import ml_collections
@@ -67,7 +68,19 @@ def _import_file(path: str, kind: str) -> Any:
     spec.loader.exec_module(module)
   except SyntaxError as e:  # one line naming the file and line, not an import traceback
     raise SweepError(f"{kind} file {path}:{e.lineno}: SyntaxError: {e.msg}") from None
+  except Exception as e:  # pylint: disable=broad-except  (a user's file raises anything)
+    raise SweepError(raised_in(e, path, kind)) from None
   return module
+
+
+def raised_in(error: BaseException, path: str, kind: str) -> str:
+  """'<kind> file PATH:LINE: Type: message' for an exception raised by running file `path`
+  (LINE: its deepest frame in that file)."""
+  lines = [line for frame, line in traceback.walk_tb(error.__traceback__)
+           if os.path.abspath(frame.f_code.co_filename) == os.path.abspath(path)]
+  where = f"{path}:{lines[-1]}" if lines else path
+  message = (str(error).strip().splitlines() or [""])[0]
+  return f"{kind} file {where}: {type(error).__name__}: {message}"
 
 
 def load_config_file(config_arg: str) -> ml_collections.ConfigDict:
@@ -83,7 +96,10 @@ def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, A
   if not callable(fn):
     raise SweepError(f"{path}: defines no get_sweep() function")
   args = (copy.deepcopy(config),) if inspect.signature(fn).parameters else ()
-  points = fn(*args)
+  try:
+    points = fn(*args)
+  except Exception as e:  # pylint: disable=broad-except  (a user's file raises anything)
+    raise SweepError(raised_in(e, path, "sweep")) from None
   if (isinstance(points, Mapping) or not isinstance(points, Sequence) or not points
       or not all(isinstance(p, Mapping) for p in points)):
     raise SweepError(f"{path}: get_sweep() must return a non-empty list of override dicts")

@@ -21,12 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import (checkpoints, evaluation, files, finetune, optim, parallel, preemption,
-                         reporting, steps)
+                         prefetch, reporting, steps)
 from transformer import workdir as workdir_lib
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.models import build_model
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
+# In train_and_evaluate's metrics when the workdir held a finished run: nothing was trained.
+FINISHED_BEFORE = "finished_before"
 
 
 class TrainingDiverged(RuntimeError):
@@ -43,6 +45,9 @@ def check_loop_config(cfg: Config) -> None:
   if cfg.data.batch_size % tc.grad_accum_steps:
     raise ConfigError(f"data.batch_size={cfg.data.batch_size} must be divisible by "
                       f"train.grad_accum_steps={tc.grad_accum_steps}")
+  if tc.steps_per_dispatch > 1 and cfg.parallel.mode != "mesh":
+    raise ConfigError(f"train.steps_per_dispatch={tc.steps_per_dispatch} needs parallel.mode=mesh "
+                      f"(got {cfg.parallel.mode!r})")
   if cfg.model.arch == "encoder_only" and cfg.model.head == "mlm" and cfg.data.objective != "mlm":
     raise ConfigError(f"model.head='mlm' trains on masked inputs: set data.objective='mlm' (got "
                       f"{cfg.data.objective!r})")
@@ -50,6 +55,16 @@ def check_loop_config(cfg: Config) -> None:
                      ("checkpoint.keep_best_by", cfg.checkpoint.keep_best_by)):
     if value and not value.startswith("eval/"):
       raise ConfigError(f"{key}={value!r} must name an evaluation metric such as 'eval/loss'")
+
+
+def schedule_warning(cfg: Config) -> str:
+  """One line when the schedule cannot do what the config says (a decaying schedule whose warmup
+  lasts the whole run), else ''."""
+  tc = cfg.train
+  if tc.schedule != "constant" and 0 < tc.num_steps <= tc.warmup_steps:
+    return (f"train.num_steps={tc.num_steps} <= train.warmup_steps={tc.warmup_steps}: the run ends "
+            f"inside the warmup, so train.schedule={tc.schedule!r} never decays the learning rate")
+  return ""
 
 
 def fill_vocab_sizes(cfg: Config, task: Any) -> Config:
@@ -95,6 +110,16 @@ class _EarlyStopping:
     return {"early_stop/best": self.best, "early_stop/bad_evals": float(self.bad)}
 
 
+def dispatch_size(cfg: Config, step: int) -> int:
+  """Steps the next dispatch runs from `step`: train.steps_per_dispatch, cut short at the next step
+  that logs, evaluates, checkpoints or ends the run, so those happen at the same steps as with 1."""
+  tc = cfg.train
+  if tc.steps_per_dispatch == 1:
+    return 1
+  every = (tc.log_every_steps, cfg.eval.every_steps, cfg.checkpoint.every_steps)
+  return min([tc.steps_per_dispatch, tc.num_steps - step] + [e - step % e for e in every])
+
+
 def _host_tokens(batch: dict[str, Any]) -> tuple[int, int]:
   """(all, non-padding) token positions of a host batch, counted on the host."""
   keys = [k for k in ("inputs", "targets") if batch.get(k) is not None]
@@ -132,6 +157,32 @@ def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, f
   files.write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=float))
 
 
+def memory_bytes() -> int | None:
+  """The memory this process's devices hold together (on CPU: the host's RAM), or None."""
+  stats = [d.memory_stats() or {} for d in jax.local_devices()]
+  if all("bytes_limit" in s for s in stats):
+    return sum(int(s["bytes_limit"]) for s in stats)
+  if jax.local_devices()[0].platform == "cpu":
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return None
+
+
+def check_fits(abstract_state: Any, cfg: Config) -> None:
+  """Raises ConfigError naming the model's size when the train state alone (parameters and
+  optimizer state, by shapes) is larger than this process's device memory: one line before
+  anything is allocated (an allocation that big fails, or on a host, is killed, or waits)."""
+  leaves = jax.tree.leaves(abstract_state)
+  need = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
+  have = memory_bytes()
+  if have is not None and need / max(1, jax.process_count()) > have:
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_state.params))
+    m = cfg.model
+    raise ConfigError(
+        f"model.d_model={m.d_model}, model.mlp_dim={m.mlp_dim}: the model has {params:,} "
+        f"parameters and its train state needs {need / 2**30:,.1f} GiB, more than the "
+        f"{have / 2**30:,.1f} GiB of memory here; make the model smaller")
+
+
 def train_and_evaluate(config: Any, workdir: str, task: Any = None,
                        init_from: str = "") -> dict[str, float]:
   """Trains `config` (a ConfigDict or Config) in `workdir`, resuming from its latest checkpoint.
@@ -142,20 +193,25 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
 
   Returns the final metrics (the last evaluation, train/loss, step). `task` overrides
   `transformer.data.load_task` (tests, notebooks). Raises ConfigError, CheckpointError or
-  TrainingDiverged, each with a one-line message. A run that ends at train.num_steps or stops
-  early leaves `<workdir>/train_done.json` (write_done_marker); a stop before the last step or an
-  error leaves none, and training further (a larger num_steps) removes it first. SIGTERM or a
+  TrainingDiverged, each with a one-line message. A workdir that holds a finished run trains
+  nothing and returns its saved metrics with FINISHED_BEFORE = 1.0. A run that ends at
+  train.num_steps or stops early leaves `<workdir>/train_done.json` (write_done_marker); a stop
+  before the last step or an error leaves none, and training further (a larger num_steps) removes
+  it first. SIGTERM or a
   first SIGINT (preemption.PreemptionHandler) saves at the current step and returns with
   `preempted` or `interrupted` = 1.0 in the metrics; a second SIGINT raises KeyboardInterrupt.
   One writer per workdir: a workdir that another live process trains, or that holds files but no
   run, is a one-line ConfigError (transformer/workdir.py). A resume starts from the newest
-  checkpoint that verifies (checkpoints.Checkpointer.latest_good_step), naming the ones that fail.
+  checkpoint that verifies (checkpoints.Checkpointer.restore_latest_good), naming the ones that
+  fail.
   """
   started = time.time()
   cfg = config if isinstance(config, Config) else from_configdict(config)
   if init_from:
     cfg = finetune.init_from_config(cfg, init_from)
   check_loop_config(cfg)
+  for directory in (workdir, os.path.join(workdir, "checkpoints")):  # not minutes into a save
+    files.check_writable(directory)
   parallel.initialize_distributed(cfg.parallel)
   main = parallel.is_main_process()
   if main:
@@ -202,9 +258,12 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
     shardings = jax.tree.map(lambda _: device, jax.eval_shape(init, rng))
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           jax.eval_shape(init, rng), shardings)
+  check_fits(abstract, cfg)
 
   ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint, config=config_dict)
   train_iter = task.train_iterator()
+  if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
+    train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
   saved: dict[str, float] = {}
   latest = ckpt.latest_step()
   if latest is not None:
@@ -232,19 +291,23 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   main = parallel.is_main_process()
   done_path = os.path.join(workdir, DONE_FILE)
   if start >= tc.num_steps or saved.get("train/stopped_early"):
-    logging.info("%s holds a finished run (step %d): nothing to train.", workdir, start)
     ckpt.close()
     final = {k: v for k, v in saved.items() if not k.startswith("early_stop/")} | {"step": start}
     if main and not files.exists(done_path):  # finished before markers existed
       write_done_marker(workdir, start, "early_stop" if saved.get("train/stopped_early")
                         else "num_steps", final, time.time() - started)
-    return final
+    return final | {FINISHED_BEFORE: 1.0}
   if main and files.exists(done_path):  # a finished run trained further: not finished now
     files.remove(done_path)
 
   if start:
     logging.info("Resuming from the checkpoint of step %d in %s.", start, workdir)
-  run = parallel.compile_train_step(steps.make_train_step(cfg, model, tx), mode, mesh, shardings)
+  if warning := schedule_warning(cfg):
+    logging.warning(warning)
+  train_step = steps.make_train_step(cfg, model, tx)
+  run = parallel.compile_train_step(train_step, mode, mesh, shardings)
+  multi = (parallel.compile_multi_step(steps.scan_steps(train_step), mesh, shardings)
+           if tc.steps_per_dispatch > 1 else None)
   eval_step = steps.make_eval_step(model)
   run_eval = parallel.compile_eval_step(lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh,
                                         shardings)
@@ -260,41 +323,53 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   preempt = preemption.install_preemption_handler()
   early = _EarlyStopping(tc, saved)
 
-  # ---- the loop: dispatch step s, then check step s-1 (a one-step lag keeps the device busy)
+  # ---- the loop: dispatch steps s (one, or train.steps_per_dispatch in one scan), then check the
+  # dispatch before it (a one-dispatch lag keeps the device busy)
   step, pending, window, last_eval = start, None, [], {}
   final: dict[str, float] = {}
 
   def check(entry):
-    s, m = entry
-    if not bool(m["finite"]):
+    s, m = entry  # s: the step count after the dispatch; metrics scalars, or [K] for K steps
+    finite = np.ravel(m["finite"])
+    if not finite.all():
       ckpt.wait()  # the last good checkpoint stays; this state is never saved
+      i = int(np.argmin(finite))
+      loss, grad_norm = (float(np.ravel(m[k])[i]) for k in ("loss", "grad_norm"))
       raise TrainingDiverged(
-          f"non-finite training loss={float(m['loss'])} grad_norm={float(m['grad_norm'])} at step "
-          f"{s}; stopped (last checkpoint that verifies: step {ckpt.latest_good_step()} in "
+          f"non-finite training loss={loss} grad_norm={grad_norm} at step {s - finite.size + i + 1}"
+          f"; stopped (last checkpoint that verifies: step {ckpt.latest_good_step()} in "
           f"{ckpt.directory})")
 
   try:
     stop_reason = ""
     while step < tc.num_steps:
-      batch = next(train_iter)
-      reporter.add_tokens(*_host_tokens(batch))
+      n = dispatch_size(cfg, step)
+      batches = [next(train_iter) for _ in range(n)]
+      for batch in batches:
+        reporter.add_tokens(*_host_tokens(batch))
       with reporting.maybe_profile(step, tc, workdir):
-        state, metrics = run.step(state, run.prepare_batch(batch))
-      step += 1
+        if n == 1:
+          state, metrics = run.step(state, run.prepare_batch(batches[0]))
+        else:
+          state, metrics = multi.step(state, multi.prepare_batch(batches))
+      step += n
       if pending is not None:
         check(pending)
       pending = (step, metrics)
       window.append(metrics)
-      reporter.progress(step)
+      # The bar shows the loss from this process's first dispatch on (then every logged step's).
+      first = float(np.mean(jax.device_get(metrics["loss"]))) if step - n == start else None
+      reporter.progress(step, first)
       if step % tc.log_every_steps == 0 or step == tc.num_steps:
         check(pending)
         fetched = jax.device_get(window)
         window = []
-        scalars = {f"train/{k}": float(np.mean([m[k] for m in fetched]))
+        scalars = {f"train/{k}": float(np.mean(np.concatenate([np.ravel(m[k]) for m in fetched])))
                    for k in ("loss", "grad_norm")}
-        scalars["train/learning_rate"] = float(fetched[-1]["learning_rate"])
+        last = lambda k: float(np.ravel(fetched[-1][k])[-1])  # pylint: disable=cell-var-from-loop
+        scalars["train/learning_rate"] = last("learning_rate")
         if tc.scheduled_sampling.schedule != "none":
-          scalars["train/teacher_forcing"] = float(fetched[-1]["teacher_forcing"])
+          scalars["train/teacher_forcing"] = last("teacher_forcing")
         reporter.write_scalars(step, scalars | reporter.throughput())
         final |= scalars
       evaluated = step % cfg.eval.every_steps == 0 or step == tc.num_steps
@@ -308,8 +383,9 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
         reporter.reset_throughput()
         if early.update(last_eval):
           stop_reason = "early_stop"
-      # Asked every step (multi-host: all hosts agree on the step); at num_steps it is no stop.
-      if preempt.should_stop(step) and not stop_reason and step < tc.num_steps:
+      # Asked for every step (multi-host: all hosts agree on the step); at num_steps it is no stop.
+      asked = [preempt.should_stop(s) for s in range(step - n + 1, step + 1)]
+      if any(asked) and not stop_reason and step < tc.num_steps:
         stop_reason = preempt.reason  # 'interrupted' (SIGINT) or 'preempted' (SIGTERM)
       if stop_reason or step == tc.num_steps or ckpt.should_save(step):
         check(pending)
@@ -324,6 +400,8 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
     finally:
       reporter.close()
       preempt.uninstall()
+      if isinstance(train_iter, prefetch.Prefetch):
+        train_iter.close()
   final = final | last_eval | {"step": step} | ({stop_reason: 1.0} if stop_reason else {})
   # Only now, with the last checkpoint committed (close waits); a stop before the last step is
   # not an end.

@@ -40,7 +40,7 @@ def _finish(fig: Any, save_path: str | None) -> Any:
 
 
 def _renamed_path(save_path: str | None, path: str | None, fn: str) -> str | None:
-  """save_path, or the deprecated `path=` keyword (the README's older examples) with a warning."""
+  """save_path, or the deprecated `path=` keyword (kept for existing callers) with a warning."""
   if path is not None:
     warnings.warn(f"{fn}(path=...) is deprecated: use save_path=", DeprecationWarning,
                   stacklevel=3)

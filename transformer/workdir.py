@@ -49,7 +49,8 @@ def check_trainable(workdir: str) -> None:
   names = files.listdir(workdir)
   if any(all(n in names for n in group) for group in RUN_FILES):
     return
-  others = [n for n in names if n not in PRE_RUN_FILES and not n.startswith(LOCK_FILE)]
+  others = [n for n in names if n not in PRE_RUN_FILES
+            and not n.startswith((LOCK_FILE, ".write_probe."))]  # files.check_writable's probe
   if others:
     raise WorkdirError(f"--workdir={workdir} holds files but no run ({', '.join(others[:3])}"
                        f"{', ...' if len(others) > 3 else ''}); give a new or empty directory")

@@ -1,7 +1,7 @@
 """positional.py's six encodings, each with seeds 0 and 1, seed-major (all six of seed 0 first).
 
-The seed-to-seed spread says which gaps between encodings a sweep resolves. The README's table
-("Positional encodings on G2P") came from:
+The seed-to-seed spread says which gaps between encodings a sweep resolves. The study of
+docs/sweeps.md#positional-encodings-on-g2p runs it so (its record holds the exact command):
 
   python sweep.py --config=configs/g2p.py:ablate --sweep=configs/sweeps/positional_seeds.py \
       --workdir=runs/sweep_pos --config.train.num_steps=3000 --config.eval.every_steps=1000 \

@@ -2,7 +2,8 @@
 
 With char sources and symbol targets both numbered from 4, a shared table makes letter i and phone
 i the same vector: a modelling accident rather than a choice (the paper shares because its BPE
-vocabulary is shared). README "Ablations and sweeps" has the measured result.
+vocabulary is shared). The measured result:
+docs/sweeps.md#sharing-letter-and-phone-embeddings-on-g2p.
 
   python sweep.py --config=configs/g2p.py:ablate --sweep=configs/sweeps/share_embeddings.py \
     --workdir=runs/sweep_share

@@ -1,4 +1,4 @@
-r"""Hugging Face checkpoints <-> workdirs, with identical logits: GPT-2, T5 and BERT.
+r"""Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, T5 and BERT.
 
   python -m transformer.convert --from_hf=DIR --workdir=OUT [--text_file=CORPUS [--data_dir=D]]
   python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest]
@@ -13,6 +13,16 @@ holding a fresh train state with the converted parameters (checkpoints.Checkpoin
 `python -m transformer.predict --workdir=OUT` and `train.py --init_from=OUT` (fine-tuning) read
 it; `eval.py` too when `--text_file` gave a GPT-2 or BERT data (without, `data.dataset` is empty: the
 workdir holds a model and its tokenizer only).
+Probabilities, not only logits: each family maps its vocabulary into ours by `our_ids` (the id of
+ours each Hugging Face id is; GPT-2: id + 4 and <|endoftext|> our EOS; BERT: id + 4; T5: itself).
+Our vocabulary may hold ids that are no Hugging Face id's place (GPT-2's and BERT's four reserved
+ids, BERT's [MASK] and sentinels after its vocabulary, <|endoftext|>'s shifted copy); the
+converted config lists them in `model.excluded_ids`, and the output head (heads.vocab_logits)
+gives them a logit of -1e30, probability exactly 0. So every consumer of the logits (loss and
+perplexity, `Run.score`, greedy, sampling and beam search, eval.py, predict) sees the original's
+distribution, id for id, without knowing that the model was converted; their rows stay as inputs
+(start token, BOS/EOS framing, [MASK]). Export takes each Hugging Face row from its `our_ids`
+place and refuses an excluded id that is one (the exported model could not exclude it).
 `--to_hf` writes config.json, model.safetensors (and tokenizer.json for an 'hf' tokenizer) for any
 run whose config maps onto a family: decoder-only runs onto GPT-2, encoder-decoder runs onto T5,
 encoder-only masked-LM runs onto BERT; a config that does not is a one-line error naming the key.
@@ -31,7 +41,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import checkpoints, files, optim, reporting, steps
+from transformer import checkpoints, cli, files, optim, reporting, steps
 from transformer.config import Config, ConfigError, ModelConfig, to_dict
 from transformer.convert import bert, gpt2, t5
 from transformer.convert.common import ConvertError
@@ -84,16 +94,24 @@ def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   hf = json.loads(files.read_text(path))
   family_of_hf(hf).model_overrides(hf)  # an unsupported config is reported before any weight
   weights = os.path.join(directory, "model.safetensors")
-  if files.exists(weights):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top  (optional)
-    state = load_file(weights)
-  elif files.exists(os.path.join(directory, "pytorch_model.bin")):
-    import torch  # pylint: disable=g-import-not-at-top  (optional, heavy)
-    loaded = torch.load(os.path.join(directory, "pytorch_model.bin"), map_location="cpu",
-                        weights_only=True)
-    state = {k: v.float().numpy() for k, v in loaded.items()}
-  else:
-    raise ConvertError(f"--from_hf={directory}: no model.safetensors or pytorch_model.bin")
+  if not files.exists(weights):
+    weights = os.path.join(directory, "pytorch_model.bin")
+    if not files.exists(weights):
+      raise ConvertError(f"--from_hf={directory}: no model.safetensors or pytorch_model.bin")
+  try:
+    if weights.endswith(".safetensors"):
+      from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top  (optional)
+      state = load_file(weights)
+    else:
+      import torch  # pylint: disable=g-import-not-at-top  (optional, heavy)
+      loaded = torch.load(weights, map_location="cpu", weights_only=True)
+      state = {k: v.float().numpy() for k, v in loaded.items()}
+  except Exception as e:  # pylint: disable=broad-except  (each reader has its own error types)
+    if cli.environment_error(e) is not None:  # a failure of the machine: reported as such
+      raise
+    why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    raise ConvertError(f"{weights}: not a readable weights file ({type(e).__name__}: {why}); "
+                       "is it complete?") from e
   return hf, {k: np.asarray(v, np.float32) for k, v in state.items()}
 
 
@@ -235,8 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
       step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
       hf = to_hf(args.workdir, args.to_hf, step)
       print(f"wrote {args.to_hf}: {family_of_hf(hf).describe_hf(hf)}")
-  except (ConvertError, ConfigError, ValueError, FileNotFoundError) as e:
-    print(f"error: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)
+  except Exception as e:  # pylint: disable=broad-except  (cli.error_line decides)
+    line = cli.error_line(e, (ConvertError, ConfigError, ValueError, OSError))
+    if line is None:
+      raise
+    print(f"error: {line}", file=sys.stderr)
     return 1
   finally:
     logging.set_verbosity(verbosity)

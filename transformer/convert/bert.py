@@ -24,8 +24,10 @@ Token ids: our id = BERT id + 4 (`data.hf_id_offset=4`). Our four reserved ids t
 specials' rows: pad 0 <- [PAD], EOS 1 <- [SEP], BOS 2 <- [CLS], UNK 3 <- [UNK], so a row our
 pipeline frames as BOS ... EOS is BERT's [CLS] ... [SEP]. Our masked-LM objective's [MASK] and its
 100 sentinels come after the vocabulary (data/objectives.py ExtraIds) and take BERT's [MASK] row:
-`restore(OUT).fill_mask(...)` asks the converted model exactly what BERT's fill-mask asks. Export
-drops these 105 rows again (and their logit biases).
+`restore(OUT).fill_mask(...)` asks the converted model exactly what BERT's fill-mask asks. These
+105 ids are no BERT id's place (`our_ids`), so they are `model.excluded_ids`: as outputs they have
+probability 0 and the masked-token softmax over our whole vocabulary is BERT's (as inputs they
+read as the rows above). Export drops these 105 rows again (and their logit biases).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ import numpy as np
 
 from transformer import defaults
 from transformer.config import Config, ModelConfig, from_configdict
-from transformer.convert.common import ConvertError, float32, positive_ints, require, stack_layers
+from transformer.convert.common import (ConvertError, float32, positive_ints, require,
+                                        require_unmapped_excluded, stack_layers, unmapped_ids)
 from transformer.data.objectives import ExtraIds
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, UNK_ID
 
@@ -54,6 +57,11 @@ OBJECTIVE_IDS = ExtraIds(0).total_vocab_size  # [MASK] and the sentinels (101)
 def _extra(hf_vocab: int) -> ExtraIds:
   """The masked-LM objective's ids after our NUM_SPECIAL + BERT's vocabulary."""
   return ExtraIds(NUM_SPECIAL + hf_vocab)
+
+
+def our_ids(hf_vocab: int) -> np.ndarray:
+  """Our id of each of BERT's `hf_vocab` ids: id + NUM_SPECIAL."""
+  return np.arange(hf_vocab) + NUM_SPECIAL
 
 
 def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = None
@@ -77,6 +85,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
   vocab = _extra(hf["vocab_size"]).total_vocab_size
   return dict(
       arch="encoder_only", head="mlm", vocab_size=vocab, source_vocab_size=vocab,
+      excluded_ids=unmapped_ids(our_ids(hf["vocab_size"]), vocab),
       d_model=d, num_heads=heads, num_kv_heads=0, head_dim=0, v_head_dim=0,
       mlp_dim=hf["intermediate_size"], num_encoder_layers=hf["num_hidden_layers"],
       num_decoder_layers=0, positional="learned", norm="layernorm", norm_position="post",
@@ -107,6 +116,7 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
     raise ConvertError(f"model.ffn={m.ffn!r} has no BERT counterpart (one of "
                        f"{'|'.join(_HF_ACTIVATION)})")
   hf_vocab = _hf_vocab(m)
+  require_unmapped_excluded(m, our_ids(hf_vocab), NAME)
   out = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "pad_token_id": 0,
          "type_vocab_size": 2} | dict(extra or {})
   activation = out.get("hidden_act")  # the source's name when it means the same

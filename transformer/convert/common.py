@@ -1,4 +1,6 @@
-"""What the converters of every Hugging Face family share: the one-line error and the layer walk."""
+"""What the converters of every Hugging Face family share: the one-line error, the layer walk and
+the vocabulary map (a family's `our_ids`: the id of ours each Hugging Face id is; the ids of ours
+that no Hugging Face id is are model.excluded_ids, see transformer/convert/__init__.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from transformer.config import ModelConfig, excluded_ids, id_ranges
 
 
 class ConvertError(ValueError):
@@ -39,3 +43,20 @@ def positive_ints(hf: dict[str, Any], keys: tuple[str, ...]) -> None:
 def float32(state: dict[str, Any]) -> dict[str, np.ndarray]:
   """A state dict as contiguous float32 numpy arrays (what safetensors writes)."""
   return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in state.items()}
+
+
+def unmapped_ids(ours: np.ndarray, vocab_size: int) -> str:
+  """model.excluded_ids of a converted model: the ids below `vocab_size` that are in no
+  Hugging Face id's place (`ours`: our id of each Hugging Face id)."""
+  mapped = np.zeros(vocab_size, bool)
+  mapped[ours] = True
+  return id_ranges(np.flatnonzero(~mapped))
+
+
+def require_unmapped_excluded(m: ModelConfig, ours: np.ndarray, family: str) -> None:
+  """ConvertError when model.excluded_ids names an id that is some Hugging Face id's place
+  (`ours`): the exported model could not keep it out of its softmax."""
+  taken = sorted(set(excluded_ids(m)) & set(np.asarray(ours).tolist()))
+  if taken:
+    raise ConvertError(f"model.excluded_ids={m.excluded_ids!r} excludes id {taken[0]}, which "
+                       f"{family} has (it would predict it again)")

@@ -9,20 +9,21 @@ major) is exactly our fused `qkv` kernel [d, 3, n, h] reshaped; Conv1D weights a
 our kernels. Dropout: resid_pdrop -> model.dropout_rate (ours also drops the embeddings with it:
 embd_pdrop is not kept separately), attn_pdrop -> attention_dropout_rate.
 
-Token ids: our id = Hugging Face id + NUM_SPECIAL (4; `data.hf_id_offset=4`). Our code reserves ids
-0-3 (pad, which is also the decoder's start token; EOS; BOS; UNK: data/tokenizers.py) and treats
-id 0 as padding (segment ids default to tokens != 0), while GPT-2's id 0 is "!". Shifting every id
-keeps GPT-2's whole vocabulary intact and ours unchanged, and makes the round trip trivial: the
-four rows inserted at the top of the embedding table (and of an untied head) are dropped again on
-export, so HF -> ours -> HF is bitwise equal. The inserted rows are copies of GPT-2's
-<|endoftext|> row (eos_token_id; the mean row when the config has none in range), because that is
-what each special means to GPT-2: the start token 0 then reads as the <|endoftext|> GPT-2 saw
-before every document, and predicting our EOS is predicting <|endoftext|>: greedy decoding (argmax
-takes the lowest of equal ids) stops exactly where Hugging Face's generate stops. Logits on the
-GPT-2 ids are GPT-2's; the cost is that the softmax counts <|endoftext|>'s logit four times in
-decoding (EOS, BOS, UNK and itself; decoding never emits the pad) and five times in the loss, until
-fine-tuning separates them. (A decoder-only seq2seq run, `model.prefix_lm`, exports as GPT-2 is:
-causal over the prompt too.)
+Token ids: our id = Hugging Face id + NUM_SPECIAL (4; `data.hf_id_offset=4`), except GPT-2's
+<|endoftext|> (eos_token_id), whose place is our EOS (1): `our_ids`. Our code reserves ids 0-3
+(pad, which is also the decoder's start token; EOS; BOS; UNK: data/tokenizers.py) and treats id 0
+as padding (segment ids default to tokens != 0), while GPT-2's id 0 is "!"; shifting every id keeps
+GPT-2's vocabulary intact and ours unchanged. <|endoftext|> is what our EOS means to GPT-2: the end
+of a document, where decoding stops as Hugging Face's generate stops. The ids of ours that are no
+GPT-2 id's place (0, 2, 3 and <|endoftext|>'s shifted id eos_token_id + 4; also 1 when the config
+has no eos_token_id) are `model.excluded_ids`: probability 0, so the softmax over our vocabulary
+is GPT-2's, id for id (the tokenizer still encodes a literal "<|endoftext|>" as the shifted id,
+which then scores -1e30). Their embedding rows are copies of <|endoftext|>'s row (the mean row
+without one): the start token 0 reads as the <|endoftext|> GPT-2 saw before every document. Export
+takes each GPT-2 row from its place (`our_ids` of the written config.json, whose
+eos_token_id, when no source config.json says it, is the excluded shifted id), so HF -> ours -> HF
+is bitwise equal, and a fine-tuned run's EOS row becomes <|endoftext|>'s. (A decoder-only seq2seq run,
+`model.prefix_lm`, exports as GPT-2 is: causal over the prompt too.)
 """
 
 from __future__ import annotations
@@ -32,15 +33,25 @@ from typing import Any
 import numpy as np
 
 from transformer import defaults
-from transformer.config import Config, ModelConfig, from_configdict
-from transformer.convert.common import ConvertError, float32, positive_ints, require, stack_layers
-from transformer.data.tokenizers import NUM_SPECIAL
+from transformer.config import Config, ModelConfig, excluded_ids, from_configdict
+from transformer.convert.common import (ConvertError, float32, positive_ints, require,
+                                        require_unmapped_excluded, stack_layers, unmapped_ids)
+from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
 
 MODEL_TYPE, NAME, ARCH = "gpt2", "GPT-2", "decoder_only"
 ID_OFFSET = NUM_SPECIAL
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                 "relu": "relu"}
 _HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+
+
+def our_ids(hf: dict[str, Any]) -> np.ndarray:
+  """Our id of each GPT-2 id of a config.json dict: id + NUM_SPECIAL, <|endoftext|> our EOS."""
+  ids = np.arange(hf["vocab_size"]) + NUM_SPECIAL
+  eos_id = hf.get("eos_token_id")
+  if isinstance(eos_id, int) and 0 <= eos_id < hf["vocab_size"]:
+    ids[eos_id] = EOS_ID
+  return ids
 
 
 def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = None
@@ -60,6 +71,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
   d, heads = hf["n_embd"], hf["n_head"]
   return dict(
       arch="decoder_only", vocab_size=hf["vocab_size"] + NUM_SPECIAL,
+      excluded_ids=unmapped_ids(our_ids(hf), hf["vocab_size"] + NUM_SPECIAL),
       source_vocab_size=hf["vocab_size"] + NUM_SPECIAL,  # as training fills it in for an LM
       d_model=d, num_heads=heads, num_kv_heads=0, head_dim=0, v_head_dim=0,
       mlp_dim=hf.get("n_inner") or 4 * d, num_encoder_layers=0, num_decoder_layers=hf["n_layer"],
@@ -73,11 +85,21 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
       param_dtype="float32", max_len=hf["n_positions"])
 
 
+def _endoftext(m: ModelConfig) -> int | None:
+  """The GPT-2 id whose place is our EOS, read from a converted run's model.excluded_ids (its
+  shifted id is the one excluded id above NUM_SPECIAL, with EOS itself kept); None if none."""
+  excluded = excluded_ids(m)
+  shifted = [i for i in excluded if i >= NUM_SPECIAL]
+  return shifted[0] - NUM_SPECIAL if len(shifted) == 1 and EOS_ID not in excluded else None
+
+
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
   """The GPT-2 config.json dict of model config `m`; ConvertError names the first key GPT-2 lacks.
 
   `extra` (the source's config.json, for a converted run) gives the keys with no counterpart in
-  ours (token ids, initializer range, ...); architecture keys always come from `m`.
+  ours (token ids, initializer range, ...); architecture keys always come from `m`. Without it
+  (e.g. a converted run fine-tuned in another workdir), <|endoftext|> (bos and eos) is the id
+  that model.excluded_ids says was moved to our EOS.
   """
   if m.d_model % m.num_heads:
     raise ConvertError(f"model.head_dim={m.head_dim} has no GPT-2 counterpart (GPT-2's is "
@@ -94,8 +116,9 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
   if m.vocab_size <= NUM_SPECIAL:
     raise ConvertError(f"model.vocab_size={m.vocab_size} leaves no Hugging Face ids "
                        f"(ids below {NUM_SPECIAL} are ours)")
-  out = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "bos_token_id": None,
-         "eos_token_id": None} | dict(extra or {})
+  eot = _endoftext(m)
+  out = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "bos_token_id": eot,
+         "eos_token_id": eot} | dict(extra or {})
   activation = out.get("activation_function")  # the source's name when it means the same
   if _ACTIVATIONS.get(activation) != m.ffn:
     activation = _HF_ACTIVATION[m.ffn]
@@ -107,6 +130,7 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
           "embd_pdrop": m.dropout_rate, "attn_pdrop": m.attention_dropout_rate,
           "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
           "add_cross_attention": False, "tie_word_embeddings": m.tie_embeddings}
+  require_unmapped_excluded(m, our_ids(out), NAME)
   return out
 
 
@@ -130,13 +154,21 @@ def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenize
   return from_configdict(cd)
 
 
-def _special_rows(table: np.ndarray, eos_id: Any) -> np.ndarray:
-  """The NUM_SPECIAL rows inserted above GPT-2's ids: its <|endoftext|> row (see the docstring)."""
+def _our_table(table: np.ndarray, hf: dict[str, Any]) -> np.ndarray:
+  """A GPT-2 table [V, ...] (embedding or untied head) in our ids: each row at its `our_ids` place,
+  the other NUM_SPECIAL rows copies of <|endoftext|>'s (the mean row without one; see the
+  docstring)."""
+  if table.shape[0] != hf["vocab_size"]:
+    raise ConvertError(f"the GPT-2 weights have {table.shape[0]} vocabulary rows, config.json "
+                       f"vocab_size={hf['vocab_size']}")
+  eos_id = hf.get("eos_token_id")
   if isinstance(eos_id, int) and 0 <= eos_id < table.shape[0]:
     row = table[eos_id]
   else:
-    row = table.mean(axis=0)
-  return np.repeat(row[None].astype(table.dtype), NUM_SPECIAL, axis=0)
+    row = table.mean(axis=0).astype(table.dtype)
+  out = np.repeat(row[None], table.shape[0] + NUM_SPECIAL, axis=0)
+  out[our_ids(hf)] = table
+  return out
 
 
 def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
@@ -145,7 +177,6 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
   is a reshaped, never recomputed, copy."""
   del tokenizer  # GPT-2's specials are in its config
   state = {k.removeprefix("transformer."): v for k, v in state.items()}
-  eos_id = hf.get("eos_token_id")
   n, h, d = m.num_heads, m.d_model // m.num_heads, m.d_model
   wte = state["wte.weight"]
   norm = lambda p: {"scale": state[f"{p}.weight"], "bias": state[f"{p}.bias"]}  # noqa: E731
@@ -168,18 +199,20 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
                        "bias": state[f"{p}.mlp.c_proj.bias"]}}}
   if not m.tie_embeddings:
     head = state["lm_head.weight"]  # [vocab, d]
-    decoder["logits_dense"] = {"kernel": np.concatenate([_special_rows(head, eos_id), head]).T}
-  return {"token_embed": {"embedding": np.concatenate([_special_rows(wte, eos_id), wte])},
+    decoder["logits_dense"] = {"kernel": _our_table(head, hf).T}
+  return {"token_embed": {"embedding": _our_table(wte, hf)},
           "decoder": decoder}
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
                    ) -> dict[str, np.ndarray]:
-  """The GPT2LMHeadModel state dict (float32 numpy, `transformer.` prefixed) of our parameters."""
-  del hf  # m says all
+  """The GPT2LMHeadModel state dict (float32 numpy, `transformer.` prefixed) of our parameters;
+  `hf` (the config.json written beside it) places <|endoftext|> (`our_ids`; None: no such id)."""
   d = m.d_model
+  ours = our_ids({"vocab_size": m.vocab_size - NUM_SPECIAL} | {
+      "eos_token_id": (hf or {}).get("eos_token_id")})
   dec = params["decoder"]
-  out = {"transformer.wte.weight": params["token_embed"]["embedding"][NUM_SPECIAL:],
+  out = {"transformer.wte.weight": np.asarray(params["token_embed"]["embedding"])[ours],
          "transformer.wpe.weight": dec["position_embed"]["embedding"]}
 
   def norm(name, p):
@@ -199,14 +232,15 @@ def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
     out[f"{p}.mlp.c_proj.bias"] = ffn["wo"]["bias"]
   norm("ln_f", dec["final_norm"])
   if not m.tie_embeddings:
-    out["lm_head.weight"] = np.asarray(dec["logits_dense"]["kernel"]).T[NUM_SPECIAL:]
+    out["lm_head.weight"] = np.asarray(dec["logits_dense"]["kernel"]).T[ours]
   return float32(out)
 
 
 def describe_workdir(cfg: Config) -> str:
   m = cfg.model
   return (f"GPT-2 with {m.num_decoder_layers} layers, d_model {m.d_model}, vocabulary "
-          f"{m.vocab_size} ({NUM_SPECIAL} ours + {m.vocab_size - NUM_SPECIAL})")
+          f"{m.vocab_size} ({NUM_SPECIAL} ours + {m.vocab_size - NUM_SPECIAL}; never predicted: "
+          f"{m.excluded_ids or 'none'})")
 
 
 def describe_hf(hf: dict[str, Any]) -> str:

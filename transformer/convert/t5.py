@@ -28,8 +28,9 @@ Token ids: ours = Hugging Face's (`data.hf_id_offset=0`), because T5's specials 
 pad 0 (our padding and the decoder's start token: T5's decoder_start_token_id is its pad), eos 1.
 T5's <unk> (2) is our BOS id, never emitted by decoding nor by the pipelines; our UNK id 3 is
 T5's "▁" piece, which our tokenizer never uses as unknown (T5's own <unk> is). So logits and the
-whole vocabulary are T5's, greedy decoding stops where generate stops, and HF -> ours -> HF is
-bitwise equal with no rows added or dropped.
+whole vocabulary are T5's (every id of ours is T5's: `model.excluded_ids` is empty and the
+softmax is T5's), greedy decoding stops where generate stops, and HF -> ours -> HF is bitwise
+equal with no rows added or dropped.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ import numpy as np
 
 from transformer import defaults
 from transformer.config import Config, ModelConfig, from_configdict
-from transformer.convert.common import ConvertError, float32, positive_ints, require, stack_layers
+from transformer.convert.common import (ConvertError, float32, positive_ints, require,
+                                        require_unmapped_excluded, stack_layers)
 from transformer.data.tokenizers import EOS_ID, PAD_ID
 
 MODEL_TYPE, NAME, ARCH = "t5", "T5", "encoder_decoder"
@@ -87,6 +89,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
   rate = float(hf.get("dropout_rate", 0.1))
   return dict(
       arch="encoder_decoder", vocab_size=hf["vocab_size"], source_vocab_size=hf["vocab_size"],
+      excluded_ids="",
       d_model=hf["d_model"], num_heads=hf["num_heads"], num_kv_heads=0, head_dim=hf["d_kv"],
       v_head_dim=0, mlp_dim=hf["d_ff"], num_encoder_layers=hf["num_layers"],
       num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"],
@@ -113,6 +116,7 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
               "source_vocab_size": m.vocab_size}, NAME)
   if m.ffn not in _HF_FFN:
     raise ConvertError(f"model.ffn={m.ffn!r} has no T5 counterpart (one of {'|'.join(_HF_FFN)})")
+  require_unmapped_excluded(m, np.arange(m.vocab_size), NAME)  # T5's ids are ours
   out = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
          "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "decoder_start_token_id": PAD_ID}
   out |= {k: v for k, v in (extra or {}).items() if k not in ("dense_act_fn", "is_gated_act")}

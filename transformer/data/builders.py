@@ -8,17 +8,20 @@ names. Local builders are prepared offline on first use into `data.data_dir`; ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import glob
 import hashlib
 import importlib
+import io
 import json
 import os
-import time
-from collections.abc import Callable, Iterable, Sequence
+import stat
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from absl import logging
 import tensorflow_datasets as tfds
 
 from transformer.data import cmudict
@@ -58,16 +61,19 @@ def prepared_records_sha256(paths: Sequence[str], chunk: int = 10_000) -> tuple[
   from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
   digest, count = hashlib.sha256(), 0
   for path in paths:
-    reader = array_record_module.ArrayRecordReader(str(path))
-    try:
-      n = reader.num_records()
-      for start in range(0, n, chunk):
-        for raw in reader.read(start, min(start + chunk, n)):
-          digest.update(tf_example_pb2.Example.FromString(raw).SerializeToString(
-              deterministic=True))
-      count += n
-    finally:
-      reader.close()
+    try:  # a corrupt file raises when opened, read or closed
+      reader = array_record_module.ArrayRecordReader(str(path))
+      try:
+        n = reader.num_records()
+        for start in range(0, n, chunk):
+          for raw in reader.read(start, min(start + chunk, n)):
+            digest.update(tf_example_pb2.Example.FromString(raw).SerializeToString(
+                deterministic=True))
+        count += n
+      finally:
+        reader.close()
+    except RuntimeError as e:
+      raise corrupt_data_error(e, str(path)) from e
   return count, digest.hexdigest()
 
 
@@ -224,22 +230,78 @@ class Dataset:
   _open: Callable[[str], Sequence[Any]] = dataclasses.field(repr=False, compare=False)
 
   def source(self, split: str) -> Sequence[Any]:
-    """Random-access source of `split` (len, __getitem__); records are dicts of str/bytes."""
+    """Random-access source of `split` (len, __getitem__); records are dicts of str/bytes.
+    Corrupt prepared files are an OSError naming them (corrupt_data_error)."""
     if split not in self.splits:
       raise ValueError(f"split {split!r} of {self.name} does not exist; it has "
                        f"{', '.join(self.splits)}")
-    return self._open(split)
+    try:
+      return _CheckedSource(self._open(split), self.root)
+    except RuntimeError as e:
+      raise corrupt_data_error(e, self.root) from e
+
+
+def corrupt_data_error(error: RuntimeError, path: str) -> OSError | RuntimeError:
+  """An OSError naming `path` and how to prepare it again, for array_record's (Riegeli's) error
+  on a corrupt prepared file; any other error as it is."""
+  text = (str(error).strip().splitlines() or [""])[0]
+  if "Riegeli" not in text and "array_record" not in text.lower():
+    return error
+  directory = path if os.path.isdir(path) else os.path.dirname(path)
+  return OSError(errno.EIO, f"corrupt prepared data ({text[:160]}); delete {directory} and rerun "
+                 "to prepare it again (a TFDS catalog dataset: build it again)", path)
+
+
+class _CheckedSource:
+  """A TFDS data source whose read errors on corrupt files become corrupt_data_error's."""
+
+  def __init__(self, source: Any, root: str):
+    self._source, self._root = source, root
+    if hasattr(source, "__getitems__"):
+      self.__getitems__ = self._getitems
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index: Any) -> Any:
+    try:
+      return self._source[index]
+    except RuntimeError as e:
+      raise corrupt_data_error(e, self._root) from e
+
+  def _getitems(self, indices: Sequence[int]) -> Any:
+    try:
+      return self._source.__getitems__(indices)
+    except RuntimeError as e:
+      raise corrupt_data_error(e, self._root) from e
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._source, name)
+
+
+@contextlib.contextmanager
+def _quiet_tfds() -> Iterator[None]:
+  """Mutes what TFDS shows while it prepares a dataset: its progress bars and its lines on stdout
+  ("Downloading and preparing dataset Unknown size ...", "Dataset ... downloaded and prepared")."""
+  from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
+  shown = getattr(tqdm_utils, "_active", True)
+  tfds.display_progress_bar(False)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      yield
+  finally:
+    tfds.display_progress_bar(shown)
 
 
 def _prepare(builder: tfds.core.DatasetBuilder) -> None:
-  """Prepares a local builder offline (array_record) unless it is already there."""
+  """Prepares a local builder offline (array_record) unless it is already there, saying so in one
+  line on stderr instead of TFDS's own lines and progress bars."""
   if builder.is_prepared():
     return
-  logging.info("Preparing %s into %s (first use, offline)...", builder.info.full_name,
-               builder.data_dir)
-  start = time.time()
-  builder.download_and_prepare(file_format="array_record")
-  logging.info("Prepared %s in %.1f s.", builder.info.full_name, time.time() - start)
+  print(f"preparing {builder.info.full_name} in {builder.data_dir} (first use, offline) ...",
+        file=sys.stderr, flush=True)
+  with _quiet_tfds():
+    builder.download_and_prepare(file_format="array_record")
 
 
 def _local_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
@@ -251,9 +313,7 @@ def _local_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
     if not any(s == "train" for s, _ in given):
       raise ValueError(f"data.dataset={d.dataset!r} needs data.train_file (source<TAB>target)")
     for s, path in given:
-      if not os.path.isfile(path):
-        key = dict(zip(SPLITS, ("train_file", "dev_file", "test_file")))[s]
-        raise FileNotFoundError(f"data.{key}={path!r}: no such file")
+      check_regular_file(path, dict(zip(SPLITS, ("train_file", "dev_file", "test_file")))[s])
     carve = not d.dev_file
     extra = (given, CARVE_ID) if carve else (given,)  # carving changes the data: another name
     cfg = TsvPairsConfig(name=_files_fingerprint([p for _, p in given], *extra),
@@ -266,10 +326,24 @@ def _local_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
   files = tuple(sorted(glob.glob(os.path.expanduser(d.text_file))))
   if not files:
     raise FileNotFoundError(f"data.text_file={d.text_file!r}: no such file")
+  for path in files:
+    check_regular_file(path, "text_file")
   cfg = TextFilesConfig(
       name=_files_fingerprint(files, d.text_split, d.train_fraction), files=files,
       text_split=d.text_split, train_fraction=d.train_fraction)
   return TextFiles(config=cfg, data_dir=data_dir)
+
+
+def check_regular_file(path: str, key: str) -> None:
+  """Raises FileNotFoundError (`data.<key>=path` in one line) unless `path` is a regular file:
+  reading a FIFO would wait for a writer forever, a device or a directory is no data file."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"data.{key}={path!r}: no such file")
+  if not os.path.isfile(path):
+    mode = os.stat(path).st_mode
+    what = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a directory"
+            if stat.S_ISDIR(mode) else "a device or socket")
+    raise FileNotFoundError(f"data.{key}={path!r} is {what}, not a regular file; give a file")
 
 
 def _catalog_builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:

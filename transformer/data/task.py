@@ -13,6 +13,7 @@ from absl import logging
 import numpy as np
 
 from transformer import files
+from transformer.config import ConfigError
 from transformer.data import builders
 from transformer.data import denoise
 from transformer.data import labels
@@ -276,6 +277,12 @@ class Task:
       logging.info("%s %s: %d examples longer than data.max_*_len %s, %d truncated.",
                    self.dataset.name, d.train_split, counts["dropped"],
                    "dropped" if d.too_long == "drop" else "", counts["truncated"])
+    if not len(ex):  # pylint: disable=g-explicit-length-test  (Examples has no __bool__)
+      raise ConfigError(
+          f"data.max_source_len={d.max_source_len}, data.max_target_len={d.max_target_len} with "
+          f"data.too_long={d.too_long!r}: no training example of {self.dataset.name} "
+          f"{d.train_split} is left ({counts['dropped']} dropped as too long, of "
+          f"{counts['examples'] + counts['dropped']}); raise the lengths or use 'truncate'")
     mode = "pad" if self.kind == "lm" else d.batching  # lm rows are already full
     # Every host holds the whole split and reads its share of each epoch's global order, so the
     # iterator states of any host count map onto any other (elastic resume, data/stream.py).
