@@ -220,7 +220,7 @@ def test_an_edited_records_cache_is_read_again(g2p_run, tmp_path, caplog):
   with caplog.at_level("WARNING"):
     after = evaluation.evaluate_split(workdir, split="validation", verbose=False,
                                       overrides=overrides)
-  assert any("does not match its digest" in r.getMessage() for r in caplog.records)
+  assert any("differs from its digest" in r.getMessage() for r in caplog.records)
   assert after["loss"] == before["loss"] and after["wer"] == before["wer"]
   assert json.load(open(caches[0])) == original  # rewritten from the prepared records
 

@@ -100,9 +100,10 @@ def test_a_live_holder_and_another_hosts_lock_are_refused(tmp_path):
       """), str(tmp_path)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(workdir.WorkdirError, match=f"being trained by process {holder.pid} "):
+    with pytest.raises(workdir.WorkdirError, match=f"being trained by process {holder.pid} ") as e:
       with workdir.writer_lock(str(tmp_path)):
         pass
+    assert e.value.__context__ is None  # no OSError behind it for the entry points to name
   finally:
     holder.kill()
     holder.wait()

@@ -104,9 +104,12 @@ def writer_lock(workdir: str) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      held = False
     except BlockingIOError:
+      held = True
+    if held:  # raised outside the except block: the refusal has no OSError in its context
       os.close(fd)
-      raise _refusal(path, _read(path), "") from None
+      raise _refusal(path, _read(path), "")
     try:
       holder = _read(path)
       if holder.get("host") not in (None, me["host"]):

@@ -44,14 +44,17 @@ def read_records(source: Sequence[Any], keys: Sequence[str], indices: Sequence[i
   return out
 
 
-CACHE_DIGEST_SUFFIX = ".sha256"  # beside each records cache: the sha256 of its bytes
+def cache_digest_path(path: str) -> str:
+  """The digest file of a records cache: `.<name>.sha256` beside it (the sha256 of its bytes)."""
+  directory, name = os.path.split(path)
+  return os.path.join(directory, f".{name}.sha256")
 
 
 def write_cache(path: str, records: Sequence[tuple[str, ...]]) -> None:
   """Writes a records cache (JSON) and then its digest file beside it."""
   data = json.dumps(records, ensure_ascii=False).encode("utf-8")
   files.write_bytes_atomic(path, data)
-  files.write_text_atomic(path + CACHE_DIGEST_SUFFIX, hashlib.sha256(data).hexdigest())
+  files.write_text_atomic(cache_digest_path(path), hashlib.sha256(data).hexdigest())
 
 
 def read_cache(path: str) -> list[tuple[str, ...]] | None:
@@ -59,10 +62,10 @@ def read_cache(path: str) -> list[tuple[str, ...]] | None:
   digest file (edited, truncated, or written without one): the caller reads the prepared
   records again and rewrites the cache."""
   data = files.read_bytes(path)
-  digest = path + CACHE_DIGEST_SUFFIX
+  digest = cache_digest_path(path)
   recorded = files.read_text(digest).strip() if files.exists(digest) else ""
   if hashlib.sha256(data).hexdigest() != recorded:
-    logging.warning("%s does not match its digest %s: reading the prepared records again", path,
+    logging.warning("%s differs from its digest %s: reading the prepared records again", path,
                     digest)
     return None
   return [tuple(r) for r in json.loads(data.decode("utf-8"))]
