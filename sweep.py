@@ -111,6 +111,10 @@ def run_sweep() -> None:
           f" && python sweep.py {shlex.join(report_flags())} --report_only")
     return
 
+  try:  # a point's workdir holding a run of other overrides: refused, never counted as done
+    sweep_runner.check_same_runs(points, commands, f.workdir)
+  except sweeps.SweepError as e:
+    cli.fail(str(e))
   if f.dry_run:
     print("\n".join(sweep_runner.dry_run_lines(points, commands)))
     return

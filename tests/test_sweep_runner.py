@@ -2,6 +2,7 @@
 start, SIGTERM and resume) and the report of its points."""
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -9,7 +10,7 @@ import threading
 
 import pytest
 
-from sweep_fixtures import recording, fake  # noqa: F401  (fake: a pytest fixture)
+from sweep_fixtures import TINY, fake, recording, sweep_cli  # noqa: F401  (fake: a fixture)
 from transformer import sweep_report, sweep_runner, sweeps
 
 
@@ -144,3 +145,41 @@ def test_stop_running_sends_sigterm_so_points_checkpoint_and_resume(fake, tmp_pa
   assert [(a["stage"], a["returncode"]) for a in attempts] == [
       ("train", "stopped before train.num_steps")]
   assert sweep_runner.status(points[0], commands) == "resume"
+
+
+def test_a_rerun_with_other_sweep_wide_overrides_is_refused_not_relabelled(fake, tmp_path):
+  """Points are keyed by their complete overrides: after a sweep ran with train.num_steps=3, a
+  rerun with another sweep-wide value (or config) is one SweepError line naming the point and the
+  key, starts nothing and rewrites no record; so is sweep.py's dry run. Records written before
+  `run` existed are judged with the previous manifest's sweep-wide overrides."""
+  points, commands = fake
+  assert sweep_runner.run(points, commands, echo=lambda _: None) == []
+  records = [sweep_runner.read_record(p) for p in points]
+  assert records[0]["run"] == {"config": TINY, "overrides": {"train.num_steps": 3,
+                                                             "train.learning_rate": 0.5}}
+  changed = dataclasses.replace(commands, base_overrides={"train.num_steps": 3,
+                                                          "model.dropout_rate": 0.2})
+  calls = []
+  with pytest.raises(sweeps.SweepError, match=r"lr=0.5 run with no --config.model.dropout_rate "
+                     r"\(now --config.model.dropout_rate=0.2\); its results are not this sweep's"):
+    sweep_runner.run(points, changed, launch=recording(calls), echo=lambda _: None)
+  assert calls == [] and [sweep_runner.read_record(p) for p in points] == records
+  other = dataclasses.replace(commands, config_arg="configs/g2p.py:fast")
+  with pytest.raises(sweeps.SweepError, match=r"--config=configs/g2p.py:tiny \(now "):
+    sweep_runner.check_same_runs(points, other)
+  # A record without `run`: the previous manifest (sweep.json) gives its sweep-wide overrides.
+  sweep_runner.write_manifest(points, commands, "s.py", str(tmp_path / "w"))
+  for p in points:
+    record = sweep_runner.read_record(p)
+    del record["run"]
+    sweep_runner.write_record(p, record)
+  sweep_runner.check_same_runs(points, commands, str(tmp_path / "w"))
+  with pytest.raises(sweeps.SweepError, match="train.num_steps=3 \\(now --config.train.num_steps=4"):
+    sweep_runner.check_same_runs(points, dataclasses.replace(
+        commands, base_overrides={"train.num_steps": 4}), str(tmp_path / "w"))
+  sweep_runner.write_manifest(points, commands, "s.py", str(tmp_path / "w"))
+  out = sweep_cli(f"--config={TINY}", f"--sweep={tmp_path / 's.py'}", f"--workdir={tmp_path / 'w'}",
+                  "--dry_run", "--config.train.num_steps=4")
+  assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+  assert out.stderr.strip().splitlines()[-1].startswith("error: ") and (
+      "its results are not this sweep's" in out.stderr), out.stderr[-2000:]

@@ -68,7 +68,7 @@ def test_nan_guard_stops_within_one_step_and_keeps_last_good_checkpoint(tmp_path
   cd = synthetic_task.config(**{"train.num_steps": 30, "checkpoint.every_steps": 5})
   with pytest.raises(training.TrainingDiverged, match="at step 13;") as e:
     training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask(nan_batch=12))
-  assert "\n" not in str(e.value) and "last good checkpoint: step 10" in str(e.value)
+  assert "\n" not in str(e.value) and "last checkpoint that verifies: step 10" in str(e.value)
   assert sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))) == [5, 10]
 
 

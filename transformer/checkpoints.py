@@ -5,8 +5,21 @@ Layout: `<workdir>/checkpoints/<step>/` with the items
   data     the Grain iterator state (grain.checkpoint.CheckpointSave), when an iterator is given:
            one process_<i>-of-<n>.json per process; a run with another process count resumes
            from all n of them (the iterator's set_state_from_hosts: elastic resume)
-  meta     JSON: {"step", "config", "metrics"} (the run's config and that step's metrics)
+  meta     JSON: {"step", "config", "metrics", "tokenizers", "digest"} (the run's config, that
+           step's metrics, the digests of the workdir's tokenizer files it was trained with)
   metrics  orbax's own copy of the metrics (when `checkpoint.keep_best_by` is set)
+  digest.json  {"algorithm", "files": {path: hex digest}} of every file above, written once orbax
+           has committed the step (its rename of the tmp dir), by process 0; inside the step
+           directory, so orbax's garbage collection removes it with its step
+
+Verification: `verify_step` rehashes a step's files against its digest.json. A flipped bit, a
+truncated or missing file, or a missing digest.json of a step whose meta says it has one fails; a
+step written before digests existed (no digest.json, meta without "digest") passes unverified.
+Resume uses the newest step that verifies (`latest_good_step`): each failing newer step is named
+in one line and moved aside to `<step>.corrupt` (kept for inspection, never listed as a step);
+evaluation, restore(), fine-tuning and conversion (`read_params`) refuse a failing step in one line
+that names the newest step that verifies. The digest is CRC-32 (DIGEST_ALGORITHM), files hashed
+in parallel; its cost is measured by benchmarks/checkpoint_digest.py (docs/reliability.md#checksummed-checkpoints).
 
 Retention (a trap of orbax: its max_to_keep together with best_fn keeps the K *best*
 and may delete the newest checkpoint, which breaks resume). We use an explicit preservation policy:
@@ -35,12 +48,16 @@ reads or writes a workdir's checkpoints sits behind this one boundary.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import re
+import threading
+import zlib
 from typing import Any, Mapping
 
 from absl import logging
@@ -56,6 +73,130 @@ from transformer.config import Config
 
 class CheckpointError(ValueError):
   """A checkpoint that cannot be used with this config (one-line message)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Digests: every file of a committed step, and the run files (tokenizers) a step was trained with.
+
+DIGEST_FILE = "digest.json"
+# A step's files are checked with CRC-32 (zlib: ~4x BLAKE2b's speed on one core), as object
+# stores check uploads: it catches every flipped bit and burst of up to 32, and any truncation
+# with probability 1 - 2**-32; it is no defence against deliberate tampering. Tokenizer files
+# (small) are named by BLAKE2b-256.
+DIGEST_ALGORITHM = "crc32"
+ALGORITHMS = ("crc32", "blake2b-256")
+CORRUPT_SUFFIX = ".corrupt"
+_CHUNK = 1 << 22
+_BLOCK = 1 << 26  # crc32 digests: one CRC per 64 MiB of a file, the blocks hashed in parallel
+
+
+def _crc32(path: str, start: int = 0, length: int = -1) -> str:
+  """The CRC-32 (8 hex digits) of `length` bytes (-1: to the end) of a file from `start`."""
+  crc = 0
+  with files.open_binary(path) as f:
+    f.seek(start)
+    while length and (chunk := f.read(_CHUNK if length < 0 else min(_CHUNK, length))):
+      crc = zlib.crc32(chunk, crc)
+      length -= len(chunk) if length > 0 else 0
+  return f"{crc:08x}"
+
+
+def file_digest(path: str, algorithm: str = "blake2b-256") -> str:
+  """The hex digest of the file at `path` (ALGORITHMS; crc32: one per _BLOCK bytes, joined by
+  commas)."""
+  if algorithm == "crc32":
+    size = files.size(path)
+    return ",".join(_crc32(path, b, _BLOCK) for b in range(0, max(size, 1), _BLOCK))
+  digest = hashlib.blake2b(digest_size=32)
+  with files.open_binary(path) as f:
+    while chunk := f.read(_CHUNK):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def tree_digests(directory: str, names: list[str] | None = None,
+                 algorithm: str = "blake2b-256") -> dict[str, str]:
+  """{relative path: file_digest} of `names` (default: every file) under `directory`, hashed
+  in parallel (zlib and hashlib release the GIL on large buffers): crc32 by blocks of _BLOCK
+  bytes, so that one large file uses every core."""
+  names = files.walk(directory) if names is None else names
+  paths = [os.path.join(directory, n) for n in names]
+  with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+    if algorithm != "crc32":
+      return dict(zip(names, pool.map(lambda p: file_digest(p, algorithm), paths)))
+    blocks = [(i, b) for i, p in enumerate(paths)
+              for b in range(0, max(files.size(p), 1), _BLOCK)]
+    crcs = list(pool.map(lambda ib: _crc32(paths[ib[0]], ib[1], _BLOCK), blocks))
+  out: dict[str, list[str]] = {n: [] for n in names}
+  for (i, _), crc in zip(blocks, crcs):
+    out[names[i]].append(crc)
+  return {n: ",".join(c) for n, c in out.items()}
+
+
+def write_step_digest(step_dir: str) -> None:
+  """Writes `<step_dir>/digest.json`: the digest of every file of the committed step."""
+  names = [n for n in files.walk(step_dir) if not n.startswith(DIGEST_FILE)]
+  record = {"algorithm": DIGEST_ALGORITHM,
+            "files": tree_digests(step_dir, names, DIGEST_ALGORITHM)}
+  files.write_text_atomic(os.path.join(step_dir, DIGEST_FILE),
+                          json.dumps(record, indent=0, sort_keys=True))
+
+
+def read_step_meta(step_dir: str) -> dict[str, Any] | None:
+  """The `meta` item of a step read as plain JSON (no orbax), or None if unreadable."""
+  try:
+    meta = json.loads(files.read_text(os.path.join(step_dir, "meta", "metadata")))
+  except (OSError, ValueError):
+    return None
+  return meta if isinstance(meta, dict) else None
+
+
+def verify_step(step_dir: str) -> str | None:
+  """None if the step's files match its digest.json (or it predates digests), else a short
+  reason naming the first file that does not: changed, missing, or no digest.json."""
+  path = os.path.join(step_dir, DIGEST_FILE)
+  if not files.exists(path):
+    meta = read_step_meta(step_dir)
+    if meta is None:
+      return "meta/metadata is unreadable and there is no digest.json"
+    return f"no {DIGEST_FILE} (its meta says it was written with one)" if meta.get(
+        "digest") else None
+  try:
+    record = json.loads(files.read_text(path))
+    expected, algorithm = dict(record["files"]), record["algorithm"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return f"{DIGEST_FILE} is unreadable"
+  if algorithm not in ALGORITHMS:
+    return f"{DIGEST_FILE} names an unknown algorithm {algorithm!r}"
+  missing = [n for n in expected if not files.exists(os.path.join(step_dir, n))]
+  if missing:
+    return f"{missing[0]} is missing"
+  actual = tree_digests(step_dir, sorted(expected), algorithm)
+  changed = [n for n in expected if actual[n] != expected[n]]
+  return f"{changed[0]} does not match its digest" if changed else None
+
+
+def tokenizer_digests(workdir: str) -> dict[str, str]:
+  """{'tokenizers/<side>/<file>': digest} of the workdir's tokenizer files ({} if none)."""
+  directory = os.path.join(workdir, "tokenizers")
+  if not files.isdir(directory):
+    return {}
+  return {f"tokenizers/{n}": d for n, d in tree_digests(directory).items()
+          if ".tmp" not in n}
+
+
+def check_tokenizers(workdir: str, meta: Mapping[str, Any], where: str,
+                     error: type[ValueError] = CheckpointError) -> None:
+  """Raises `error` naming the first tokenizer file of `workdir` that is not the one the step
+  (`where`, its `meta`) was trained with; steps that recorded none pass."""
+  recorded = meta.get("tokenizers") or {}
+  for name, digest in sorted(recorded.items()):
+    path = os.path.join(workdir, name)
+    if not files.exists(path):
+      raise error(f"{path} is missing: {where} was trained with it")
+    if file_digest(path) != digest:
+      raise error(f"{path} is not the tokenizer {where} was trained with (its digest differs); "
+                  "restore the run's own file")
 
 
 def _jsonable_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
@@ -74,7 +215,10 @@ class Checkpointer:
   """Asynchronous orbax checkpoints of (train state, Grain iterator, config, metrics) in a workdir."""
 
   def __init__(self, workdir: str, ckpt_cfg: Any, config: Any = None, read_only: bool = False):
+    self.workdir = workdir
     self.directory = os.path.join(workdir, "checkpoints")
+    self._digest_thread: threading.Thread | None = None
+    self._tokenizers: dict[str, str] | None = None  # read at the first save
     if files.is_local(self.directory):  # a gs:// path goes to orbax as it is
       self.directory = os.path.abspath(self.directory)
     self.config = config_lib.to_dict(config)
@@ -119,17 +263,68 @@ class Checkpointer:
     latest = self.latest_step()
     if latest is not None and step <= latest:
       return False
+    self._join_digest()
+    if self._tokenizers is None:
+      self._tokenizers = tokenizer_digests(self.workdir)
     metrics = _jsonable_metrics(metrics)
     items = dict(state=ocp.args.StandardSave(state),
                  meta=ocp.args.JsonSave({"step": int(step), "config": self.config,
-                                         "metrics": metrics}))
+                                         "metrics": metrics, "tokenizers": self._tokenizers,
+                                         "digest": DIGEST_FILE}))
     if data_iterator is not None:
       import grain  # pylint: disable=g-import-not-at-top  (only with a data iterator)
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
     # Always hand orbax the metrics (it warns on every save without them); steps lacking the
     # best-by key rank as the worst, so they are kept only as one of the latest.
-    return self._manager.save(step, args=ocp.args.Composite(**items),
-                              metrics=metrics if self._best_key else None, force=force)
+    saved = self._manager.save(step, args=ocp.args.Composite(**items),
+                               metrics=metrics if self._best_key else None, force=force)
+    if saved and jax.process_index() == 0:
+      # Hashed once orbax has committed the step (an async save: in the background).
+      self._digest_thread = threading.Thread(target=self._write_digest, args=(step,),
+                                             name=f"checkpoint-digest-{step}", daemon=True)
+      self._digest_thread.start()
+    return saved
+
+  def _write_digest(self, step: int) -> None:
+    try:
+      self._manager.wait_until_finished()
+      write_step_digest(os.path.join(self.directory, str(step)))
+    except Exception as e:  # pylint: disable=broad-except  (the step then fails verification)
+      logging.warning("could not write %s of %s/%d: %s", DIGEST_FILE, self.directory, step,
+                      (str(e).splitlines() or [type(e).__name__])[0])
+
+  def _join_digest(self) -> None:
+    if self._digest_thread is not None:
+      self._digest_thread.join()
+      self._digest_thread = None
+
+  def verify(self, step: int) -> str | None:
+    """None if checkpoint `step` verifies (verify_step), else the reason it does not."""
+    self.wait()
+    return verify_step(os.path.join(self.directory, str(step)))
+
+  def latest_good_step(self, quarantine: bool = False) -> int | None:
+    """The newest step that verifies, or None. Each newer step that does not is logged in one
+    line and, with `quarantine` (a resuming writer) and a good step to resume from, moved to
+    `<step>.corrupt`, so that training saves that step anew."""
+    bad, good = [], None
+    for step in reversed(self.all_steps()):
+      reason = self.verify(step)
+      if reason is None:
+        good = step
+        break
+      logging.warning("checkpoint %s/%d fails verification: %s", self.directory, step, reason)
+      bad.append(step)
+    if quarantine and bad and good is not None:
+      if jax.process_index() == 0:
+        for step in bad:
+          where = os.path.join(self.directory, str(step))
+          files.rename(where, where + CORRUPT_SUFFIX)
+      if jax.process_count() > 1:
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+        multihost_utils.sync_global_devices("checkpoints: corrupt steps moved aside")
+      self._manager.reload()
+    return good
 
   def should_save(self, step: int) -> bool:
     """True if `save(step, ...)` would save without `force`."""
@@ -182,6 +377,30 @@ class Checkpointer:
       self._reshard_iterator(data_iterator, host_states, step)
     return restored["state"]
 
+  def restore_latest_good(self, abstract_state: Any, data_iterator: Any = None
+                          ) -> tuple[int, Any]:
+    """(step, train state) of the newest step that verifies, for a resuming writer: the latest
+    step is verified while it is restored (one read's time, not two); if it fails, the failing
+    steps are named and moved aside (latest_good_step(quarantine=True)) and the newest good one
+    is restored. CheckpointError if none verifies."""
+    self.wait()
+    latest = self.latest_step()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+      check = pool.submit(self.verify, latest)
+      try:
+        state, error = self.restore(latest, abstract_state, data_iterator), None
+      except Exception as e:  # pylint: disable=broad-except  (a damaged step: orbax raises anything)
+        state, error = None, e
+      if check.result() is None:
+        if error is not None:
+          raise error
+        return latest, state
+    good = self.latest_good_step(quarantine=True)
+    if good is None:
+      raise CheckpointError(f"no checkpoint in {self.directory} verifies (steps "
+                            f"{self.all_steps()}); move them away to train afresh")
+    return good, self.restore(good, abstract_state, data_iterator)
+
   def _other_host_count_states(self, step: int) -> list[dict[str, Any]] | None:
     """Every host's saved iterator state of `step` if it was saved by another number of
     processes than this run's (grain names the files process_<i>-of-<n>.json), else None."""
@@ -226,30 +445,25 @@ class Checkpointer:
     return step
 
   def wait(self) -> None:
-    """Blocks until the pending async save is committed."""
+    """Blocks until the pending async save is committed and its digest written."""
     self._manager.wait_until_finished()
+    self._join_digest()
 
   def close(self) -> None:
-    """Waits for pending saves and releases the manager."""
-    self._manager.wait_until_finished()
+    """Waits for pending saves (and their digests) and releases the manager."""
+    self.wait()
     self._manager.close()
 
 
 def _saved_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
-  """The config of the latest checkpoint in workdir (else workdir/config.json), and its source."""
+  """The config of the newest checkpoint in workdir whose meta reads (else workdir/config.json),
+  and its source."""
   directory = os.path.join(workdir, "checkpoints")
   if files.isdir(directory):
-    with _quiet_orbax():
-      manager = ocp.CheckpointManager(directory,
-                                      options=ocp.CheckpointManagerOptions(read_only=True))
-    try:
-      step = manager.latest_step()
-      if step is not None:
-        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        if meta.get("config"):
-          return meta["config"], f"{directory}/{step}"
-    finally:
-      manager.close()
+    for step in sorted((int(n) for n in files.listdir(directory) if n.isdigit()), reverse=True):
+      meta = read_step_meta(os.path.join(directory, str(step)))
+      if meta and meta.get("config"):
+        return meta["config"], f"{directory}/{step}"
   path = os.path.join(workdir, "config.json")
   if files.exists(path):
     return json.loads(files.read_text(path)), path
@@ -393,6 +607,56 @@ def _check_params(cfg: Config, model: Any, params: Any, where: str) -> None:
                             f"config.json builds {want.get(key)}")
 
 
+def _normalised(config: Mapping[str, Any]) -> dict[str, Any]:
+  return config_lib.to_dict(config_lib.from_configdict(ml_collections.ConfigDict(dict(config))))
+
+
+def run_config_difference(cfg: Config, trained: Mapping[str, Any]) -> str | None:
+  """The first model.* or data.* key whose value in `cfg` differs from the `trained` config dict,
+  as 'key=cfg value (trained value)'; None if none does. Keys evaluation may override (role
+  `eval`) and those a fine-tuning sets itself (role `finetune`: regularisation and execution,
+  never the function) are not compared, nor derived sizes written 0."""
+  try:
+    theirs = _normalised(trained)
+  except (ValueError, TypeError, KeyError) as e:
+    return f"the checkpoint's config does not read ({_first_line(e)})"
+  mine = config_lib.to_dict(cfg)
+  for section in ("model", "data"):
+    for key in sorted(set(mine[section]) | set(theirs.get(section, {}))):
+      name = f"{section}.{key}"
+      roles = schema.KEYS[name].roles if name in schema.KEYS else frozenset()
+      if schema.EVAL in roles or schema.FINETUNE in roles:
+        continue
+      if schema.DERIVED in roles and not (mine[section].get(key) and theirs[section].get(key)):
+        continue
+      if mine[section].get(key) != theirs.get(section, {}).get(key):
+        return f"{name}={mine[section].get(key)!r} (trained with {theirs[section].get(key)!r})"
+  return None
+
+
+def check_step(cfg: Config, workdir: str, step: int, available: list[int]) -> None:
+  """Raises EvaluationError (one line) if checkpoint `step` of the run in `workdir` does not
+  verify (verify_step; the line names the newest step that does), if a tokenizer file of the
+  workdir is not the one it was trained with, or if `cfg` (config.json with evaluation's
+  overrides) differs from the config it was trained with (run_config_difference)."""
+  directory = os.path.join(workdir, "checkpoints")
+  where = f"{directory}/{step}"
+  reason = verify_step(where)
+  if reason is not None:
+    good = next((s for s in sorted(available, reverse=True)
+                 if s != step and verify_step(os.path.join(directory, str(s))) is None), None)
+    offer = (f"the newest checkpoint that verifies is step {good}: use --step={good}"
+             if good is not None else "no other checkpoint of the run verifies")
+    raise EvaluationError(f"checkpoint {where} fails verification ({reason}); {offer}")
+  meta = read_step_meta(where) or {}
+  check_tokenizers(workdir, meta, f"checkpoint {where}", EvaluationError)
+  if meta.get("config"):
+    difference = run_config_difference(cfg, meta["config"])
+    if difference is not None:
+      raise EvaluationError(f"{workdir}/config.json is not the config checkpoint {where} was "
+                            f"trained with: {difference}; restore the run's config.json")
+
+
 @dataclasses.dataclass(frozen=True)
 class RestoredParams:
   """What read_params restored: the parameters, the (newest) step, their source ('ema' or 'raw')
@@ -457,10 +721,18 @@ def read_params(cfg: Config, workdir: str, step: int | str | None = None, params
           "or more")
     chosen = available[-average_last:]
   model, trees, source = models.build_model(cfg.model), [], ""
-  for s in chosen:
-    tree, source = _read_params(directory, s, available, params)
-    _check_params(cfg, model, tree, f"{directory}/{s}")
-    trees.append(tree)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    for s in chosen:  # each step verified (check_step) while it is read; its error comes first
+      check = pool.submit(check_step, cfg, workdir, s, available)
+      try:
+        (tree, source), error = _read_params(directory, s, available, params), None
+      except EvaluationError as e:
+        error = e
+      check.result()
+      if error is not None:
+        raise error
+      _check_params(cfg, model, tree, f"{directory}/{s}")
+      trees.append(tree)
   return RestoredParams(trees[0] if len(trees) == 1 else optim.average_trees(trees), chosen[-1],
                         source, tuple(chosen))
 

@@ -46,6 +46,34 @@ def listdir(path: PathLike) -> list[str]:
   return sorted(p.name for p in epath.Path(path).iterdir())
 
 
+def walk(path: PathLike) -> list[str]:
+  """Every file under directory `path`, as '/'-joined paths relative to it, sorted."""
+  out, todo = [], [(epath.Path(path), "")]
+  while todo:
+    directory, prefix = todo.pop()
+    for entry in directory.iterdir():
+      if entry.is_dir():
+        todo.append((entry, f"{prefix}{entry.name}/"))
+      else:
+        out.append(prefix + entry.name)
+  return sorted(out)
+
+
+def rename(path: PathLike, new: PathLike) -> None:
+  """Renames a file or directory (on a bucket: a copy and a delete, not atomic)."""
+  epath.Path(path).rename(new)
+
+
+def size(path: PathLike) -> int:
+  """The size in bytes of the file at `path`."""
+  return epath.Path(path).stat().length
+
+
+def open_binary(path: PathLike):
+  """The file at `path` opened for reading bytes."""
+  return epath.Path(path).open("rb")
+
+
 def remove(path: PathLike) -> None:
   """Deletes the file at `path`."""
   epath.Path(path).unlink()

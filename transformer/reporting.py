@@ -163,7 +163,8 @@ def data_fingerprint(task: Any, splits: Sequence[str] | None = None) -> dict[str
   """The prepared data a task reads: dataset, builder version, directory and, per split (default
   all), the number and total bytes of its files and what they hold: `records` and
   `records_sha256` (builders.prepared_records_sha256: the same for the same records, whichever
-  process prepared them) for array_record shards, else the files' `sha256`; no hash above
+  process prepared them) for array_record shards, else the files' `sha256`; `cache_sha256`
+  {file: sha256} of the split's records cache (data/task.py), when one exists; no hash above
   DATA_HASH_LIMIT. None when the data has no directory (mocked or in-memory tasks)."""
   ds = getattr(task, "dataset", None)
   if ds is None or not files.isdir(ds.root):
@@ -187,6 +188,13 @@ def data_fingerprint(task: Any, splits: Sequence[str] | None = None) -> dict[str
           while chunk := f.read(1 << 22):
             digest.update(chunk)
       out[split]["sha256"] = digest.hexdigest()
+    # The records cache of the split (data/task.py), which the pipeline reads instead of shards.
+    cache_dir = epath.Path(ds.root) / "cache"
+    caches = sorted(p for p in cache_dir.iterdir() if p.name.startswith(f"{split}-")
+                    and p.name.endswith(".json")) if cache_dir.is_dir() else []
+    if caches and sum(p.stat().length for p in caches) <= DATA_HASH_LIMIT:
+      out[split]["cache_sha256"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                                    for p in caches}
   # TFDS lays prepared data out as <data_dir>/<name>/<config>/<version>.
   return {"dataset": ds.name, "version": os.path.basename(os.path.normpath(ds.root)),
           "dir": ds.root, "splits": out}
@@ -209,6 +217,12 @@ def data_difference(run: Mapping[str, Any] | None, now: Mapping[str, Any] | None
   a, b = run["splits"][split], now["splits"][split]
   keys = _CONTENT if all(k in a and k in b for k in _CONTENT) else [
       k for k in _FILES if k in a and k in b]
+  caches = a.get("cache_sha256") or {}, b.get("cache_sha256") or {}
+  cache = next((n for n in sorted(set(caches[0]) & set(caches[1]))
+                if caches[0][n] != caches[1][n]), None)
+  if cache is not None:
+    return (f"its records cache {now['dir']}/cache/{cache} is not the one the run read "
+            f"(sha256 {caches[1][cache][:12]}, not {caches[0][cache][:12]})")
   if all(a[k] == b[k] for k in keys):  # content only: the same data may move
     return None
   return f"{_describe(now, split)} in {now['dir']}, not {_describe(run, split)}"

@@ -1,8 +1,11 @@
 """Running a sweep's points: their state on disk, one process per stage, records, dry runs.
 
 A point's workdir holds what train.py and eval.py write, plus `sweep.log` (the output of every
-process the runner started for it) and `sweep_point.json` (its overrides, every attempt's argv,
-exit code and duration, and the summed `train_seconds` / `eval_seconds`). A point is trained
+process the runner started for it) and `sweep_point.json` (its overrides, `run`: the config file
+and the complete overrides it runs with, sweep-wide ones included, every attempt's argv, exit code
+and duration, and the summed `train_seconds` / `eval_seconds`). A point's results belong to its
+complete overrides: a rerun whose config or sweep-wide overrides differ from those a point's
+workdir ran with is refused in one line (`check_same_runs`), never counted as done. A point is trained
 when training wrote `train_done.json` (transformer.training.write_done_marker) at `train.num_steps`
 or after stopping early, and finished when `metrics.<split>.json` was also written for that step;
 `run()` starts only what is missing, so an interrupted or failed point continues from its
@@ -30,7 +33,7 @@ import ml_collections
 
 from transformer import cli, files
 from transformer.config import from_configdict
-from transformer.sweeps import Commands, Point, apply_overrides
+from transformer.sweeps import Commands, Point, SweepError, apply_overrides
 
 RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
 LOG = "sweep.log"  # per point: the output of its processes
@@ -73,6 +76,50 @@ def status(point: Point, commands: Commands) -> str:
   started = any(files.exists(os.path.join(point.workdir, f))
                 for f in ("checkpoints", "metrics.jsonl"))
   return "resume" if started else "new"
+
+
+def point_run(point: Point, commands: Commands) -> dict[str, Any]:
+  """What a point's results are the results of: {"config": the config argument, "overrides":
+  its complete overrides (sweep-wide ones included)}, as JSON values."""
+  return json.loads(json.dumps({"config": commands.config_arg,
+                                "overrides": commands.overrides(point)}, default=str))
+
+
+def _recorded_run(point: Point, manifest: Mapping[str, Any] | None) -> dict[str, Any] | None:
+  """The run a point's workdir holds results of: its record's `run`, else (records that predate
+  it) its overrides with the previous manifest's config and sweep-wide overrides; None if
+  unknown."""
+  record = read_record(point)
+  if isinstance(record.get("run"), dict):
+    return record["run"]
+  if "overrides" in record and isinstance(manifest, dict) and "config" in manifest:
+    return json.loads(json.dumps({"config": manifest["config"], "overrides": {
+        **(manifest.get("base_overrides") or {}), **record["overrides"]}}, default=str))
+  return None
+
+
+def check_same_runs(points: Sequence[Point], commands: Commands,
+                    sweep_workdir: str | None = None) -> None:
+  """Raises SweepError (one line) naming the first point whose workdir holds a run of another
+  config or other complete overrides than this sweep gives it (`sweep_workdir`'s sweep.json, the
+  previous manifest, stands in for records written before `run` existed)."""
+  manifest = read_json(os.path.join(sweep_workdir, "sweep.json")) if sweep_workdir else None
+  for p in points:
+    old, new = _recorded_run(p, manifest), point_run(p, commands)
+    if old is None or old == new:
+      continue
+    if old.get("config") != new["config"]:
+      what = f"--config={old.get('config')} (now {new['config']})"
+    else:
+      key = next(k for k in sorted(set(old["overrides"]) | set(new["overrides"]))
+                 if old["overrides"].get(k) != new["overrides"].get(k))
+      ran = (f"--config.{key}={old['overrides'][key]}" if key in old["overrides"]
+             else f"no --config.{key}")
+      now = (f"--config.{key}={new['overrides'][key]}" if key in new["overrides"]
+             else "none")
+      what = f"{ran} (now {now})"
+    raise SweepError(f"{p.workdir} holds point {p.name} run with {what}; its results are not "
+                     "this sweep's: give another --workdir, or remove that point's directory")
 
 
 def read_record(point: Point) -> dict[str, Any]:
@@ -207,7 +254,9 @@ def pending_commands(point: Point, commands: Commands) -> list[tuple[str, list[s
 def run_point(point: Point, commands: Commands, launch: Launch = launch_subprocess) -> bool:
   """Runs what `point` still needs; records wall time per stage; True if it succeeded."""
   os.makedirs(point.workdir, exist_ok=True)
-  record = read_record(point) | {"name": point.name, "overrides": point.overrides}
+  record = read_record(point) | {"name": point.name, "overrides": point.overrides,
+                                 "run": point_run(point, commands)}
+  write_record(point, record)  # before any process: the workdir says what it is a run of
   log_path = os.path.join(point.workdir, LOG)
   ok = True
   for stage, argv in pending_commands(point, commands):
@@ -237,6 +286,7 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
 def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
         launch: Launch = launch_subprocess, echo: Callable[[str], None] = print) -> list[Point]:
   """Runs every unfinished point, `parallel` at a time; returns the points that failed.
+  SweepError (check_same_runs) before anything runs if a point's workdir holds another run.
 
   SIGINT, SIGTERM or SIGHUP (main thread only) stop the sweep: the running points get the
   signal (see _forwarding_signals), this waits for them to save and exit, prints where each
@@ -244,6 +294,7 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
   """
   global _stop_signal
   _stop_signal = None
+  check_same_runs(points, commands)
   todo = []
   for p in points:
     state = status(p, commands)

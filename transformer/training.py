@@ -7,6 +7,7 @@ bottom: config checks, the in-training evaluation, then `train_and_evaluate`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -21,6 +22,7 @@ import numpy as np
 
 from transformer import (checkpoints, evaluation, files, finetune, optim, parallel, preemption,
                          prefetch, reporting, steps)
+from transformer import workdir as workdir_lib
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.models import build_model
 
@@ -194,9 +196,14 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   TrainingDiverged, each with a one-line message. A workdir that holds a finished run trains
   nothing and returns its saved metrics with FINISHED_BEFORE = 1.0. A run that ends at
   train.num_steps or stops early leaves `<workdir>/train_done.json` (write_done_marker); a stop
-  before the last step or an error leaves none, and training further (a larger num_steps) removes it first. SIGTERM or a
+  before the last step or an error leaves none, and training further (a larger num_steps) removes
+  it first. SIGTERM or a
   first SIGINT (preemption.PreemptionHandler) saves at the current step and returns with
   `preempted` or `interrupted` = 1.0 in the metrics; a second SIGINT raises KeyboardInterrupt.
+  One writer per workdir: a workdir that another live process trains, or that holds files but no
+  run, is a one-line ConfigError (transformer/workdir.py). A resume starts from the newest
+  checkpoint that verifies (checkpoints.Checkpointer.restore_latest_good), naming the ones that
+  fail.
   """
   started = time.time()
   cfg = config if isinstance(config, Config) else from_configdict(config)
@@ -206,6 +213,17 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   for directory in (workdir, os.path.join(workdir, "checkpoints")):  # not minutes into a save
     files.check_writable(directory)
   parallel.initialize_distributed(cfg.parallel)
+  main = parallel.is_main_process()
+  if main:
+    workdir_lib.check_trainable(workdir)
+  # One writer per workdir (transformer/workdir.py): held until this call returns or raises.
+  with workdir_lib.writer_lock(workdir) if main else contextlib.nullcontext():
+    return _train(cfg, workdir, task, init_from, started)
+
+
+def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
+           ) -> dict[str, float]:
+  """train_and_evaluate's work, once the config is read and the workdir's lock is held."""
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
@@ -247,9 +265,17 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
     train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
   saved: dict[str, float] = {}
-  if ckpt.latest_step() is not None:
-    state = ckpt.restore(None, abstract, data_iterator=train_iter)
-    saved = ckpt.metadata()["metrics"]
+  latest = ckpt.latest_step()
+  if latest is not None:
+    # The newest checkpoint that verifies; each newer one is named in a line and moved aside.
+    good, state = ckpt.restore_latest_good(abstract, data_iterator=train_iter)
+    if good != latest:
+      logging.warning("Resuming from step %d, the newest checkpoint that verifies (the newer "
+                      "ones are kept as <step>%s in %s).", good, checkpoints.CORRUPT_SUFFIX,
+                      ckpt.directory)
+    meta = ckpt.metadata(good)
+    checkpoints.check_tokenizers(workdir, meta, f"checkpoint {ckpt.directory}/{good}")
+    saved = meta["metrics"]
   else:
     state = jax.jit(init, out_shardings=shardings)(rng)
     if init_from:
@@ -311,7 +337,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
       loss, grad_norm = (float(np.ravel(m[k])[i]) for k in ("loss", "grad_norm"))
       raise TrainingDiverged(
           f"non-finite training loss={loss} grad_norm={grad_norm} at step {s - finite.size + i + 1}"
-          f"; stopped (last good checkpoint: step {ckpt.latest_step()} in {ckpt.directory})")
+          f"; stopped (last checkpoint that verifies: step {ckpt.latest_good_step()} in "
+          f"{ckpt.directory})")
 
   try:
     stop_reason = ""

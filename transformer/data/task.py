@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -41,6 +42,33 @@ def read_records(source: Sequence[Any], keys: Sequence[str], indices: Sequence[i
       records = [source[i] for i in chunk]
     out.extend(tuple(_text(r[k]) for k in keys) for r in records)
   return out
+
+
+def cache_digest_path(path: str) -> str:
+  """The digest file of a records cache: `.<name>.sha256` beside it (the sha256 of its bytes)."""
+  directory, name = os.path.split(path)
+  return os.path.join(directory, f".{name}.sha256")
+
+
+def write_cache(path: str, records: Sequence[tuple[str, ...]]) -> None:
+  """Writes a records cache (JSON) and then its digest file beside it."""
+  data = json.dumps(records, ensure_ascii=False).encode("utf-8")
+  files.write_bytes_atomic(path, data)
+  files.write_text_atomic(cache_digest_path(path), hashlib.sha256(data).hexdigest())
+
+
+def read_cache(path: str) -> list[tuple[str, ...]] | None:
+  """The records of a cache file, or None (with one warning line) if its bytes do not match its
+  digest file (edited, truncated, or written without one): the caller reads the prepared
+  records again and rewrites the cache."""
+  data = files.read_bytes(path)
+  digest = cache_digest_path(path)
+  recorded = files.read_text(digest).strip() if files.exists(digest) else ""
+  if hashlib.sha256(data).hexdigest() != recorded:
+    logging.warning("%s differs from its digest %s: reading the prepared records again", path,
+                    digest)
+    return None
+  return [tuple(r) for r in json.loads(data.decode("utf-8"))]
 
 
 def _tokenizer_name(d: Any, kind: str, key: str) -> str:
@@ -182,15 +210,16 @@ class Task:
       source = self.dataset.source(split)
       keys = self._keys()
       path = os.path.join(self.dataset.root, "cache", f"{split}-{'+'.join(keys)}-{len(source)}.json")
-      if files.exists(path):
-        self._cache[split] = [tuple(r) for r in json.loads(files.read_text(path))]
+      cached = read_cache(path) if files.exists(path) else None
+      if cached is not None:
+        self._cache[split] = cached
       else:
         self._cache[split] = read_records(source, keys)
         if not files.isdir(self.dataset.root):  # mocked catalog data: nothing to cache next to
           return self._cache[split]
         try:
           files.makedirs(os.path.dirname(path))
-          files.write_text_atomic(path, json.dumps(self._cache[split], ensure_ascii=False))
+          write_cache(path, self._cache[split])
         except OSError as e:
           logging.warning("Could not cache %s records to %s: %s", split, path, e)
     if self.data_config.label != "none":  # words with class labels instead of phones
