@@ -93,8 +93,8 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
     --variants="base|steps_per_dispatch=8" --train_g2p=1,8 --train_steps=$train_steps \
     --train_args="--config.data.data_dir=$data $train_args" --json_out="$work/speed.json"
 
-  if $py -c "import sys; from transformer import defaults
-sys.exit(0 if 'members' in defaults.get_config().train else 1)"; then
+  if $py -c "import sys; from transformer import schema
+sys.exit(0 if 'members' in schema.get_config().train else 1)"; then
     # The wall clock of 8 members in one program over one member's, the same steps.
     export py work data train_args
     part members "$(limit "${MEMBERS_S:-60}")" bash -c '

@@ -113,7 +113,7 @@ def empty_dir(trained, tmp):
 # (tool, setup, arguments (placeholders in braces), stdin, culprit in the last stderr line)
 CLI = [
     ("train.py", config_file, ["--config=configs/g2p.py:huge", "--workdir={T}/new"], None,
-     "configs/g2p.py: unknown variant 'huge' (one of tiny, fast, best, small, base, ablate)"),
+     "configs/g2p.py: unknown variant 'huge' (one of tiny, fast, best, small, base, ablate, gpu)"),
     ("train.py", config_file, ["--config={V}:b", "--workdir={T}/new"], None,
      "variant.py:3: KeyError: 'b'"),
     ("train.py", config_file, ["--config={T}/nope.py", "--workdir={T}/new"], None, "nope.py not found"),
