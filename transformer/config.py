@@ -129,6 +129,7 @@ class TrainConfig:
   grad_clip: float
   grad_accum_steps: int
   steps_per_dispatch: int
+  members: str
   label_smoothing: float
   z_loss: float
   ema_decay: float
@@ -397,6 +398,8 @@ def _validate(cfg: Config) -> Config:
     longest = max(d.max_source_len, d.max_target_len)
     raise ConfigError(
         f"data.max_source_len/max_target_len={longest} must be <= model.max_len={cfg.model.max_len}")
+  if cfg.train.label_smoothing >= 1.0:
+    raise ConfigError(f"train.label_smoothing={cfg.train.label_smoothing} must be in [0, 1)")
   if not 0.0 <= cfg.train.ema_decay < 1.0:
     raise ConfigError(f"train.ema_decay={cfg.train.ema_decay} must be in [0, 1) (0 = off)")
   _check_objective(cfg)

@@ -121,6 +121,10 @@ def get_config() -> ml_collections.ConfigDict:
   t.grad_clip = 0.0  # global-norm clipping; 0 = off
   t.grad_accum_steps = 1
   t.steps_per_dispatch = 1  # train steps per host dispatch (one lax.scan); same results as 1
+  # N runs in one vmapped program, each in <workdir>/<name> (transformer/members.py): members split
+  # by ';', each key=value overrides of seed, train.learning_rate, train.label_smoothing and the
+  # model's dropout rates, or seeds:N (seed .. seed+N-1); "" = one plain run
+  t.members = ""
   t.label_smoothing = 0.1
   t.z_loss = 0.0
   t.ema_decay = 0.0  # EMA of the parameters, used by evaluation and best-checkpoint choice; 0 = off

@@ -13,7 +13,7 @@ Array = jax.Array
 
 
 def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
-                  label_smoothing: float = 0.0, z_loss: float = 0.0) -> tuple[Array, Array, Array]:
+                  label_smoothing: float | Array = 0.0, z_loss: float = 0.0) -> tuple[Array, Array, Array]:
   """Summed smoothed cross-entropy: (loss_sum incl. z-loss, z_loss_sum, weight_sum), float32.
 
   logits [b, t, v], targets [b, t] int, weights [b, t] (None = all ones). The smoothed target puts
@@ -27,7 +27,8 @@ def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
     raise ValueError(f"cross_entropy: logits {logits.shape} do not match targets {targets.shape}")
   if weights is not None and weights.shape != targets.shape:
     raise ValueError(f"cross_entropy: weights {weights.shape} do not match targets {targets.shape}")
-  if not 0.0 <= label_smoothing < 1.0:
+  # A traced label_smoothing (vmapped members) was checked as a config value (transformer.config).
+  if isinstance(label_smoothing, (int, float)) and not 0.0 <= label_smoothing < 1.0:
     raise ValueError(f"cross_entropy: label_smoothing={label_smoothing} must be in [0, 1)")
   vocab = logits.shape[-1]
   logits = logits.astype(jnp.float32)

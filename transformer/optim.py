@@ -61,7 +61,8 @@ OPTIMIZERS = ("adam", "adamw", "adafactor", "sgd")
 def make_schedule(train_cfg: Any, d_model: int) -> optax.Schedule:
   """Returns the learning-rate schedule `count -> lr` named by `train.schedule` (see module doc)."""
   name = train_cfg.schedule
-  peak = float(train_cfg.learning_rate)
+  peak = train_cfg.learning_rate  # a Python float, or an array (vmapped members' traced rates)
+  peak = float(peak) if isinstance(peak, (int, float)) else jnp.asarray(peak, jnp.float32)
   warmup = int(train_cfg.warmup_steps)
   num_steps = int(train_cfg.num_steps)
   low = float(train_cfg.min_learning_rate_ratio) * peak

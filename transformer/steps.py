@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from transformer import metrics as metrics_lib
-from transformer import ensemble, models, optim
+from transformer import ensemble, layers, models, optim
 from transformer.config import Config
 from transformer.losses import cross_entropy
 from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits
@@ -96,8 +96,9 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
   arch, tc = cfg.model.arch, cfg.train
   lr_fn = optim.make_schedule(tc, d_model=cfg.model.d_model)
   use_ss = tc.scheduled_sampling.schedule != "none"
-  deterministic = not (cfg.model.dropout_rate or cfg.model.attention_dropout_rate
-                       or cfg.model.ffn_dropout_rate)
+  m = cfg.model  # a rate may be an array here (transformer/members.py), which is never off
+  deterministic = all(layers.is_off(r) for r in (m.dropout_rate, m.attention_dropout_rate,
+                                                  m.ffn_dropout_rate))
 
   def loss_sums(params, micro):
     batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
