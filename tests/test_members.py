@@ -22,7 +22,7 @@ PLAIN = [{"seed": 0}, {"seed": 1}, {"seed": 0, "train.learning_rate": 1e-3,
 # turns into full-size steps of either sign, so two float orders of one run already differ there.
 BASE = {"train.num_steps": 20, "train.log_every_steps": 5, "eval.every_steps": 10,
         "checkpoint.every_steps": 10, "model.use_bias": False}
-TOL = 2e-5
+TOL = 1e-5  # measured: <= 2.4e-7 (losses), <= 1.5e-7 (parameters) on a CPU
 
 
 def _config(**overrides):

@@ -479,12 +479,13 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
 
 
 def _close_all(closers: list[Any]) -> None:
-  """Calls every closer, even when one raises (the first error is raised after the rest)."""
+  """Calls every closer, even when one fails (the first error is raised after the rest); a
+  KeyboardInterrupt stops at once."""
   error = None
   for close in closers:
     try:
       close()
-    except BaseException as e:  # pylint: disable=broad-except
+    except Exception as e:  # pylint: disable=broad-except
       error = error or e
   if error is not None:
     raise error
