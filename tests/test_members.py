@@ -183,13 +183,33 @@ def test_seeds_short_form_and_member_names():
   cfg = from_configdict(_config(**{"train.members": "seeds:3", "seed": 5}))
   group = members.members_of(cfg)
   assert [m.name for m in group] == ["seed=5", "seed=6", "seed=7"]
-  assert [m.cfg.seed for m in group] == [5, 6, 7] and members.hyperparameters(group) == {}
+  assert [m.cfg.seed for m in group] == [5, 6, 7]
+  assert members.hyperparameters([m.cfg for m in group]) == {}
   assert all(m.cfg.train.members == "" for m in group)
   assert members.member_name({"train.learning_rate": 3e-4, "seed": 2}) == (
       "train.learning_rate=0.0003,seed=2")
   cfg = from_configdict(_config(**{"train.members": SPEC}))
-  assert members.varying_keys(members.members_of(cfg)) == (
+  assert members.varying_keys([m.cfg for m in members.members_of(cfg)]) == (
       "train.learning_rate", "train.label_smoothing", "model.dropout_rate")
+
+
+def test_a_shared_override_reaches_the_step():
+  """Members that share an override of the base config (both learning rate 1e-3, base 3e-3)
+  train with it: the step's schedule is the members' (first step's logged learning rate)."""
+  from transformer import optim, steps  # pylint: disable=g-import-not-at-top
+  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
+  task = synthetic_task.ReverseTask()
+  cfg = training.fill_vocab_sizes(from_configdict(_config(**{
+      "train.members": "seed=0,train.learning_rate=1e-3;seed=1,train.learning_rate=1e-3"})), task)
+  configs = [m.cfg for m in members.members_of(cfg)]
+  build = lambda c: (build_model(c.model), optim.make_optimizer(c.train, d_model=c.model.d_model))
+  model, tx = build(configs[0])
+  batch = next(task.train_iterator())
+  one = steps.create_train_state(configs[0], model, jax.random.PRNGKey(0),
+                                 {k: v[:1] for k, v in batch.items()}, tx)
+  state = jax.tree.map(lambda x: np.stack([x, x]), one)
+  _, metrics = jax.jit(members.make_train_step(configs, build))(state, batch)
+  np.testing.assert_allclose(np.asarray(metrics["learning_rate"]), [1e-3, 1e-3], rtol=1e-6)
 
 
 @pytest.mark.slow

@@ -135,15 +135,15 @@ def members_of(cfg: Config) -> list[Member]:
   return members
 
 
-def varying_keys(members: list[Member]) -> tuple[str, ...]:
-  """The TRACED_KEYS whose values differ between the members."""
-  return tuple(k for k in TRACED_KEYS if len({_get(m.cfg, k) for m in members}) > 1)
+def varying_keys(configs: list[Config]) -> tuple[str, ...]:
+  """The TRACED_KEYS whose values differ between the members' configs."""
+  return tuple(k for k in TRACED_KEYS if len({_get(c, k) for c in configs}) > 1)
 
 
-def hyperparameters(members: list[Member]) -> dict[str, np.ndarray]:
+def hyperparameters(configs: list[Config]) -> dict[str, np.ndarray]:
   """{key: float32 [N]} of the varying keys: what the vmapped step traces per member."""
-  return {k: np.asarray([_get(m.cfg, k) for m in members], np.float32)
-          for k in varying_keys(members)}
+  return {k: np.asarray([_get(c, k) for c in configs], np.float32)
+          for k in varying_keys(configs)}
 
 
 def with_values(cfg: Config, values: dict[str, Any]) -> Config:
@@ -153,13 +153,13 @@ def with_values(cfg: Config, values: dict[str, Any]) -> Config:
   return cfg
 
 
-def make_train_step(cfg: Config, hyper: dict[str, np.ndarray],
-                    build: Callable[[Config], tuple[Any, Any]]) -> Callable:
+def make_train_step(configs: list[Config], build: Callable[[Config], tuple[Any, Any]]) -> Callable:
   """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)` over a
-  stacked state [N, ...]: steps.make_train_step of each member's config (`hyper` traced per
-  member), vmapped over the state, the batch shared; each metric comes back [N].
-
-  `build(cfg) -> (model, tx)` builds the model and the optimizer of a (traced) config."""
+  stacked state [N, ...]: steps.make_train_step of each member's config (the first member's,
+  with the varying keys traced per member), vmapped over the state, the batch shared; each
+  metric comes back [N]. `build(cfg) -> (model, tx)` builds a (traced) config's model and
+  optimizer."""
+  cfg, hyper = configs[0], hyperparameters(configs)
 
   def one(state: steps.TrainState, values: dict[str, Any], batch: dict[str, Any]) -> Any:
     member_cfg = with_values(cfg, values)

@@ -348,7 +348,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
     logging.warning(warning)
   if stacked:  # members' hyperparameters traced per member; each builds its model and optimizer
     train_step = members.make_train_step(
-        cfg, members.hyperparameters([members.Member(r.name, {}, r.cfg) for r in runs]),
+        [r.cfg for r in runs],
         lambda c: (build_model(c.model), optim.make_optimizer(c.train, d_model=c.model.d_model)))
   else:
     train_step = steps.make_train_step(cfg, model, tx)
