@@ -58,9 +58,11 @@ def main(argv):
   stopped = next((k for k in ("interrupted", "preempted") if metrics.get(k)), None)
   if stopped:
     step = metrics.get("step")
-    print(f"{stopped}: saved a checkpoint at step {step} "
-          f"({os.path.join(workdir, 'checkpoints', str(step))}); resume with: {resume_command()}",
-          file=sys.stderr, flush=True)
+    where = os.path.join(workdir, "checkpoints", str(step))
+    if len(training.member_workdirs(flags.FLAGS.config, workdir)) > 1:
+      where = f"each member's, in {os.path.join(workdir, '<member>', 'checkpoints', str(step))}"
+    print(f"{stopped}: saved a checkpoint at step {step} ({where}); resume with: "
+          f"{resume_command()}", file=sys.stderr, flush=True)
     if stopped == "interrupted":
       # An unhandled KeyboardInterrupt makes Python clean up (threads, jax.distributed) and then
       # kill itself with SIGINT; the hook keeps its traceback out (the line above says it all).
@@ -72,7 +74,10 @@ def main(argv):
   else:
     summary = " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k != "step")
     print(f"done: step={metrics.get('step')} {summary}")
-  print("\n".join(next_steps(workdir)), flush=True)
+  workdirs = training.member_workdirs(flags.FLAGS.config, workdir)
+  if len(workdirs) > 1:  # train.members: each member's workdir is a run of its own
+    print("\n".join(f"member workdir: {w}" for w in workdirs))
+  print("\n".join(next_steps(workdirs[0])), flush=True)
 
 
 def python_command() -> str:

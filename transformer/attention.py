@@ -113,7 +113,7 @@ def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bi
   if mask is not None:
     # A fully masked row would otherwise be uniform over garbage keys; make it exactly zero.
     weights = jnp.where(gmask, weights, 0.0)
-  if not deterministic and dropout_rate > 0.0:
+  if not deterministic and not layers.is_off(dropout_rate):
     weights = layers.dropout(weights, dropout_rate, dropout_rng, dropout_bits)
   out = jnp.einsum('bkgts,bksh->btkgh', weights.astype(v.dtype), v)
   return out.reshape(b, t, n, v.shape[-1]), weights.reshape(b, n, t, s)
@@ -186,7 +186,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   _check_shapes(q, k, v, mask, bias)
   if impl not in IMPLEMENTATIONS:
     raise ValueError(f"attention impl={impl!r} is not one of {'|'.join(IMPLEMENTATIONS)}")
-  dropout_active = not deterministic and dropout_rate > 0.0
+  dropout_active = not deterministic and not layers.is_off(dropout_rate)
   if dropout_active and dropout_rng is None:
     raise ValueError('attention dropout needs dropout_rng when deterministic=False')
   if causal and q.shape[1] != k.shape[1]:
@@ -333,7 +333,7 @@ class MultiHeadAttention(nn.Module):
     """dot_product_attention with this layer's settings -> (out, weights if sown, else None)."""
     cfg = self.config
     want_weights = self.is_mutable_collection('intermediates')
-    dropout_active = not deterministic and cfg.attention_dropout_rate > 0.0
+    dropout_active = not deterministic and not layers.is_off(cfg.attention_dropout_rate)
     result = dot_product_attention(
         query, key, value, mask=mask, bias=bias, dropout_rate=cfg.attention_dropout_rate,
         dropout_rng=self.make_rng('dropout') if dropout_active else None,

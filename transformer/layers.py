@@ -110,7 +110,7 @@ def activation(cfg: ModelConfig) -> Callable[[Array], Array]:
   return FFNS[cfg.ffn].activation
 
 
-def dropout(x: Array, rate: float, rng: Array, bits: int = 8) -> Array:
+def dropout(x: Array, rate: float | Array, rng: Array, bits: int = 8) -> Array:
   """x with each element zeroed with probability `rate` and the rest scaled to keep the mean.
 
   bits=32 is Flax's nn.Dropout bit for bit: one `jax.random.bernoulli` draw (32 random bits, a
@@ -120,8 +120,11 @@ def dropout(x: Array, rate: float, rng: Array, bits: int = 8) -> Array:
   kept elements are scaled by 256 / (256 - that threshold), so the expectation is x. The words
   have x's shape with the last axis divided by 4 when it divides (XLA then fuses the draw into
   the mask's consumer; a flattened draw is sliced, which it does not fuse). On a 2-core CPU this
-  halves what dropout costs `:fast`'s train step (docs/performance.md).
+  halves what dropout costs `:fast`'s train step (docs/performance.md). An array `rate` (one
+  member's, under transformer/members.py's vmap) draws the same bits and keeps the same elements.
   """
+  if not is_static(rate):
+    return _dropout_traced(x, rate, rng, bits)
   if rate >= 1.0:
     return jnp.zeros_like(x)
   if bits == 32:
@@ -130,26 +133,55 @@ def dropout(x: Array, rate: float, rng: Array, bits: int = 8) -> Array:
   threshold = round(256 * rate)
   if threshold >= 256:  # a rate within 1/512 of 1 rounds to "drop everything"
     return jnp.zeros_like(x)
-  if x.shape and x.shape[-1] % 4 == 0:
-    words = jax.random.bits(rng, (*x.shape[:-1], x.shape[-1] // 4), jnp.uint32)
-    draws = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(x.shape)
-  else:
-    n = math.prod(x.shape)
-    words = jax.random.bits(rng, (-(-n // 4),), jnp.uint32)
-    draws = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)[:n].reshape(x.shape)
   scale = jnp.asarray(256 / (256 - threshold), x.dtype)
-  return jax.lax.select(draws >= threshold, x * scale, jnp.zeros_like(x))
+  return jax.lax.select(_byte_draws(x.shape, rng) >= threshold, x * scale, jnp.zeros_like(x))
+
+
+def _byte_draws(shape: tuple[int, ...], rng: Array) -> Array:
+  """uint8 draws of `shape` for bits=8 dropout (see `dropout`)."""
+  if shape and shape[-1] % 4 == 0:
+    words = jax.random.bits(rng, (*shape[:-1], shape[-1] // 4), jnp.uint32)
+    return jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(shape)
+  n = math.prod(shape)
+  words = jax.random.bits(rng, (-(-n // 4),), jnp.uint32)
+  return jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)[:n].reshape(shape)
+
+
+def is_static(rate: Any) -> bool:
+  """True for a rate given as a Python number (a config value); False for an array, e.g. one
+  member's rate traced under the vmap of transformer/members.py."""
+  return isinstance(rate, (int, float))
+
+
+def is_off(rate: Any) -> bool:
+  """True when dropout at `rate` is skipped: a static rate of 0. A traced rate is never off (a
+  traced 0 keeps every element, times exactly 1, so it still equals a static 0)."""
+  return is_static(rate) and rate <= 0.0
+
+
+def _dropout_traced(x: Array, rate: Array, rng: Array, bits: int) -> Array:
+  """`dropout` with an array rate: the same draws and decisions as the static rate's, a rate of
+  0 keeps x exactly (scale 1) and a rate of 1 drops everything."""
+  rate = jnp.asarray(rate, jnp.float32)
+  if bits == 32:
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jax.lax.select(keep, x / jnp.maximum(1.0 - rate, 1e-12).astype(x.dtype),
+                          jnp.zeros_like(x))
+  threshold = jnp.round(256.0 * rate)  # round half to even, as Python's round
+  scale = (256.0 / jnp.maximum(256.0 - threshold, 1.0)).astype(x.dtype)
+  keep = _byte_draws(x.shape, rng).astype(jnp.int32) >= threshold.astype(jnp.int32)
+  return jax.lax.select(keep, x * scale, jnp.zeros_like(x))
 
 
 class Dropout(nn.Module):
   """nn.Dropout's interface over `dropout` with `bits` random bits per decision. Named like
   nn.Dropout, so its 'dropout' rng (folded in by module path) is the one nn.Dropout drew."""
-  rate: float
+  rate: float  # or an array (vmapped members: `dropout` takes a traced rate)
   bits: int = 8
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
-    if deterministic or self.rate == 0.0:
+    if deterministic or is_off(self.rate):
       return x
     return dropout(x, self.rate, self.make_rng('dropout'), self.bits)
 

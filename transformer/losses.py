@@ -17,7 +17,7 @@ Array = jax.Array
 
 
 def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
-                  label_smoothing: float = 0.0, z_loss: float = 0.0,
+                  label_smoothing: float | Array = 0.0, z_loss: float = 0.0,
                   excluded: Sequence[int] = ()) -> tuple[Array, Array, Array]:
   """Summed smoothed cross-entropy: (loss_sum incl. z-loss, z_loss_sum, weight_sum), float32.
 
@@ -34,7 +34,8 @@ def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
     raise ValueError(f"cross_entropy: logits {logits.shape} do not match targets {targets.shape}")
   if weights is not None and weights.shape != targets.shape:
     raise ValueError(f"cross_entropy: weights {weights.shape} do not match targets {targets.shape}")
-  if not 0.0 <= label_smoothing < 1.0:
+  # A traced label_smoothing (vmapped members) was checked as a config value (transformer.config).
+  if isinstance(label_smoothing, (int, float)) and not 0.0 <= label_smoothing < 1.0:
     raise ValueError(f"cross_entropy: label_smoothing={label_smoothing} must be in [0, 1)")
   logits = logits.astype(jnp.float32)
   log_z = jax.nn.logsumexp(logits, axis=-1)  # [b, t]
@@ -45,7 +46,7 @@ def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
   # -sum_c q_c log p_c with q = low everywhere and `confidence` on the target, without a one-hot.
   target_log_p = jnp.take_along_axis(log_p, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
   nll = -(confidence - low) * target_log_p
-  if low:
+  if not isinstance(low, float) or low:  # a traced rate (vmapped members) is never known 0
     if excluded:
       kept = np.ones(logits.shape[-1], bool)
       kept[list(excluded)] = False

@@ -54,6 +54,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+def _peak(tc: Any) -> Any:
+  """train.learning_rate: a Python float, or an array (vmapped members' rates, transformer/members.py)."""
+  lr = tc.learning_rate
+  return float(lr) if isinstance(lr, (int, float)) else jnp.asarray(lr, jnp.float32)
+
+
 def _warmup(s: jax.Array, warmup: int) -> jax.Array:
   return jnp.minimum(1.0, s / warmup) if warmup > 0 else jnp.ones_like(s)
 
@@ -62,19 +68,19 @@ def _rsqrt(s: jax.Array, tc: Any, d_model: int) -> jax.Array:
   decay = jax.lax.rsqrt(s)
   if tc.warmup_steps > 0:
     decay = jnp.minimum(decay, s * int(tc.warmup_steps)**-1.5)
-  return float(tc.learning_rate) * d_model**-0.5 * decay
+  return _peak(tc) * d_model**-0.5 * decay
 
 
 def _constant(s: jax.Array, tc: Any, d_model: int) -> jax.Array:
   del d_model
-  return float(tc.learning_rate) * _warmup(s, int(tc.warmup_steps))
+  return _peak(tc) * _warmup(s, int(tc.warmup_steps))
 
 
 def _warmup_then(decay: Callable[[jax.Array, float, float], jax.Array]):
   """A schedule: linear warmup to the peak, then `decay(p, peak, min)` over p in [0, 1]."""
   def schedule(s, tc, d_model):
     del d_model
-    peak, warmup = float(tc.learning_rate), int(tc.warmup_steps)
+    peak, warmup = _peak(tc), int(tc.warmup_steps)
     low = float(tc.min_learning_rate_ratio) * peak
     p = jnp.clip((s - warmup) / max(int(tc.num_steps) - warmup, 1), 0.0, 1.0)
     return jnp.where(s < warmup, peak * _warmup(s, warmup), decay(p, peak, low))

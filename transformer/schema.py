@@ -245,7 +245,10 @@ SCHEMA: tuple[Key, ...] = (
     _k("train.loss_chunk_tokens", 0, "tokens per chunk of a chunked training loss (the output "
        "layer and cross-entropy a chunk at a time, never the whole batch's logits); 0 = off",
        range=">= 0"),
-    _k("train.label_smoothing", 0.1, "label smoothing of the cross-entropy", range="in [0, 1]"),
+    _k("train.members", "", "N runs in one vmapped program, each in <workdir>/<name>: members "
+       "split by ';', each key=value overrides of seed, train.learning_rate, "
+       "train.label_smoothing and the dropout rates; or seeds:N; '' = one run"),
+    _k("train.label_smoothing", 0.1, "label smoothing of the cross-entropy", range="in [0, 1)"),
     _k("train.z_loss", 0.0, "weight of log(Z)^2 (PaLM's z-loss)", range=">= 0"),
     _k("train.ema_decay", 0.0, "EMA of the parameters, used by evaluation and best-checkpoint "
        "choice; 0 = off", range="in [0, 1)", roles=(ON_OFF,)),

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from transformer import metrics as metrics_lib
-from transformer import ensemble, models, optim
+from transformer import ensemble, layers, models, optim
 from transformer.config import Config, ConfigError, excluded_ids
 from transformer.losses import chunked_cross_entropy, cross_entropy
 from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits
@@ -96,8 +96,9 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
   arch, tc = cfg.model.arch, cfg.train
   lr_fn = optim.make_schedule(tc, d_model=cfg.model.d_model)
   use_ss = tc.scheduled_sampling.schedule != "none"
-  deterministic = not (cfg.model.dropout_rate or cfg.model.attention_dropout_rate
-                       or cfg.model.ffn_dropout_rate)
+  m = cfg.model  # a rate may be an array here (transformer/members.py), which is never off
+  deterministic = all(layers.is_off(r) for r in (m.dropout_rate, m.attention_dropout_rate,
+                                                  m.ffn_dropout_rate))
   if tc.loss_chunk_tokens and (arch == "encoder_only" or use_ss):
     raise ConfigError(f"train.loss_chunk_tokens={tc.loss_chunk_tokens} needs model.arch="
                       "encoder_decoder|decoder_only and no train.scheduled_sampling")

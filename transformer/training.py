@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import (checkpoints, evaluation, files, finetune, optim, parallel, preemption,
-                         prefetch, reporting, steps)
+from transformer import (checkpoints, evaluation, files, finetune, members, optim, parallel,
+                         preemption, prefetch, reporting, steps)
 from transformer import workdir as workdir_lib
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.models import build_model
@@ -132,7 +132,14 @@ def evaluate_in_training(cfg: Config, run_eval: Any, state: Any, task: Any) -> d
   the eval split (steps.teacher_forced_metrics); evaluation.evaluate_split does the whole split.
   `run_eval` evaluates steps.eval_params: the EMA when train.ema_decay > 0, so every in-training
   metric, early stopping and the best checkpoint (checkpoint.keep_best_by) follow the EMA."""
-  totals: dict[str, float] = {}
+  totals = eval_sums(cfg, run_eval, state, task)
+  return steps.teacher_forced_metrics(totals, prefix="eval/") if totals else {}
+
+
+def eval_sums(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, Any]:
+  """evaluate_in_training's eval-step sums, added up over the batches ({} for no batch); a
+  members' run_eval gives each sum with a leading member axis."""
+  totals: dict[str, Any] = {}
   batches = task.eval_batches(cfg.data.eval_split, batch_size=cfg.eval.batch_size or None)
   for i, batch in enumerate(batches):
     if cfg.eval.num_batches and i >= cfg.eval.num_batches:
@@ -140,7 +147,7 @@ def evaluate_in_training(cfg: Config, run_eval: Any, state: Any, task: Any) -> d
     sums = jax.device_get(run_eval.step(state, run_eval.prepare_batch(batch)))
     for k, v in sums.items():  # per-class counts are arrays
       totals[k] = totals.get(k, 0.0) + np.asarray(v, np.float64)
-  return steps.teacher_forced_metrics(totals, prefix="eval/") if totals else {}
+  return totals
 
 
 def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, float],
@@ -183,6 +190,90 @@ def check_fits(abstract_state: Any, cfg: Config) -> None:
         f"{have / 2**30:,.1f} GiB of memory here; make the model smaller")
 
 
+@dataclasses.dataclass
+class _Run:
+  """One run's bookkeeping in the loop: a plain run (index None: the state and the metrics are
+  its own), or member `index` of a train.members program (transformer/members.py), whose slice
+  of the stacked state and metrics is its own. Each has its own workdir, checkpoints, reporter,
+  early stopping, evaluations and final metrics."""
+  name: str  # "" for a plain run
+  workdir: str
+  cfg: Config
+  config_dict: dict[str, Any]
+  index: int | None = None
+  ckpt: Any = None
+  reporter: Any = None
+  early: Any = None
+  saved: dict[str, float] = dataclasses.field(default_factory=dict)
+  last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
+  final: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def item(self, tree: Any) -> Any:
+    """This run's state (or eval sums) of the loop's: a member's slice of the leading axis."""
+    return tree if self.index is None else members.take(tree, self.index)
+
+  def metrics(self, metrics: Any) -> Any:
+    """This run's train metrics of a dispatch's ([N] or [K, N] per member: the last axis)."""
+    if self.index is None:
+      return metrics
+    return jax.tree.map(lambda x: np.asarray(x)[..., self.index], metrics)
+
+
+def _runs(cfg: Config, workdir: str) -> list[_Run]:
+  """The runs of one program: cfg's plain run in `workdir`, or each member of train.members in
+  `<workdir>/<member name>` with its own config."""
+  group = members.members_of(cfg)
+  if not group:
+    return [_Run("", workdir, cfg, to_dict(cfg))]
+  return [_Run(m.name, os.path.join(workdir, m.name), m.cfg, to_dict(m.cfg), i)
+          for i, m in enumerate(group)]
+
+
+def member_workdirs(config: Any, workdir: str) -> list[str]:
+  """The workdirs a config trains in `workdir`: [workdir], or one per train.members member."""
+  cfg = config if isinstance(config, Config) else from_configdict(config)
+  return [os.path.join(workdir, m.name) for m in members.members_of(cfg)] or [workdir]
+
+
+def _members_result(runs: list[_Run], step: int) -> dict[str, float]:
+  """train_and_evaluate's metrics: a plain run's own, or every member's as '<name>/<key>'."""
+  if len(runs) == 1 and runs[0].index is None:
+    return runs[0].final
+  return {f"{r.name}/{k}": v for r in runs for k, v in r.final.items()} | {"step": step}
+
+
+def _restore(runs: list[_Run], abstract: Any, train_iter: Any) -> Any:
+  """The runs' latest checkpoints restored (the data position from the first): one state, or
+  the members' stacked on host; None when none has a checkpoint. Members must all be at one
+  step (CheckpointError otherwise)."""
+  latest = [r.ckpt.latest_step() for r in runs]
+  if len(set(latest)) > 1:
+    where = ", ".join(f"{r.name}: {s}" for r, s in zip(runs, latest))
+    raise checkpoints.CheckpointError(
+        f"train.members: the members' latest checkpoints differ ({where}); resume the members "
+        "alone, or remove the newer checkpoints")
+  if latest[0] is None:
+    return None
+  states = []
+  for i, r in enumerate(runs):
+    # The newest checkpoint that verifies; each newer one is named in a line and moved aside.
+    good, state = r.ckpt.restore_latest_good(abstract,
+                                             data_iterator=train_iter if i == 0 else None)
+    if good != latest[i]:
+      logging.warning("Resuming from step %d, the newest checkpoint that verifies (the newer "
+                      "ones are kept as <step>%s in %s).", good, checkpoints.CORRUPT_SUFFIX,
+                      r.ckpt.directory)
+    meta = r.ckpt.metadata(good)
+    checkpoints.check_tokenizers(r.workdir, meta, f"checkpoint {r.ckpt.directory}/{good}")
+    states.append(state)
+    r.saved = meta["metrics"]
+  if len({int(np.ravel(jax.device_get(s.step))[0]) for s in states}) > 1:
+    raise checkpoints.CheckpointError(
+        "train.members: the members' newest checkpoints that verify differ in step; resume the "
+        "members alone, or remove the newer checkpoints")
+  return states[0] if runs[0].index is None else members.stack(jax.device_get(states))
+
+
 def train_and_evaluate(config: Any, workdir: str, task: Any = None,
                        init_from: str = "") -> dict[str, float]:
   """Trains `config` (a ConfigDict or Config) in `workdir`, resuming from its latest checkpoint.
@@ -204,6 +295,8 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   run, is a one-line ConfigError (transformer/workdir.py). A resume starts from the newest
   checkpoint that verifies (checkpoints.Checkpointer.restore_latest_good), naming the ones that
   fail.
+  With train.members (transformer/members.py) every member trains in one program, each in
+  `<workdir>/<name>` as its own run would, and the metrics are each member's as '<name>/<key>'.
   """
   started = time.time()
   cfg = config if isinstance(config, Config) else from_configdict(config)
@@ -212,10 +305,15 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   check_loop_config(cfg)
   for directory in (workdir, os.path.join(workdir, "checkpoints")):  # not minutes into a save
     files.check_writable(directory)
+  if members.members_of(cfg) and init_from:  # checks train.members before any data loads
+    raise ConfigError("train.members: fine-tuning (--init_from) trains one run; drop one of them")
   parallel.initialize_distributed(cfg.parallel)
   main = parallel.is_main_process()
   if main:
-    workdir_lib.check_trainable(workdir)
+    names = [m.name for m in members.members_of(cfg)]
+    workdir_lib.check_trainable(workdir, members=names)
+    for name in names:
+      workdir_lib.check_trainable(os.path.join(workdir, name))
   # One writer per workdir (transformer/workdir.py): held until this call returns or raises.
   with workdir_lib.writer_lock(workdir) if main else contextlib.nullcontext():
     return _train(cfg, workdir, task, init_from, started)
@@ -239,9 +337,15 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   if init_from and input_tok.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"--init_from={init_from}: its model.vocab_size={cfg.model.vocab_size} is "
                       f"smaller than the tokenizer's {input_tok.vocab_size}")
-  config_dict = to_dict(cfg)
-  checkpoints.check_compatible(workdir, config_dict)
+  runs = _runs(cfg, workdir)
+  for r in runs:
+    checkpoints.check_compatible(r.workdir, r.config_dict)
+    if r.index is not None and files.exists(os.path.join(workdir, "tokenizers")) and not (
+        files.exists(os.path.join(r.workdir, "tokenizers"))):  # each member's workdir is whole
+      from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
+      copy_tokenizers(workdir, r.workdir)
   tc, mode = cfg.train, cfg.parallel.mode
+  stacked = runs[0].index is not None  # a train.members program: states stacked [N, ...]
 
   # ---- model, optimizer, mesh and the (abstract) train state
   model = build_model(cfg.model)
@@ -259,23 +363,22 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           jax.eval_shape(init, rng), shardings)
   check_fits(abstract, cfg)
+  if stacked:  # one state per member on a leading, unsharded axis
+    shardings = members.stacked_shardings(shardings)
 
-  ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint, config=config_dict)
+  for r in runs:
+    r.ckpt = checkpoints.Checkpointer(r.workdir, cfg.checkpoint, config=r.config_dict)
+  ckpt = runs[0].ckpt
   train_iter = task.train_iterator()
   if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
     train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
-  saved: dict[str, float] = {}
-  latest = ckpt.latest_step()
-  if latest is not None:
-    # The newest checkpoint that verifies; each newer one is named in a line and moved aside.
-    good, state = ckpt.restore_latest_good(abstract, data_iterator=train_iter)
-    if good != latest:
-      logging.warning("Resuming from step %d, the newest checkpoint that verifies (the newer "
-                      "ones are kept as <step>%s in %s).", good, checkpoints.CORRUPT_SUFFIX,
-                      ckpt.directory)
-    meta = ckpt.metadata(good)
-    checkpoints.check_tokenizers(workdir, meta, f"checkpoint {ckpt.directory}/{good}")
-    saved = meta["metrics"]
+  state = _restore(runs, abstract, train_iter)
+  saved = runs[0].saved
+  if state is not None:
+    state = jax.device_put(state, shardings) if stacked else state
+  elif stacked:  # each member's initial state is its separate run's: its seed's
+    seeds = jnp.stack([jax.random.PRNGKey(r.cfg.seed) for r in runs])
+    state = jax.jit(jax.vmap(init), out_shardings=shardings)(seeds)
   else:
     state = jax.jit(init, out_shardings=shardings)(rng)
     if init_from:
@@ -287,58 +390,74 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
         # float32 params cast to float32 are the same buffers, which the donating step rejects
         state = state.replace(ema_params=jax.device_put(jax.tree.map(
             lambda p: jnp.array(p, jnp.float32, copy=True), state.params), shardings.ema_params))
-  start = int(state.step)
+  start = int(np.ravel(jax.device_get(state.step))[0])
   main = parallel.is_main_process()
-  done_path = os.path.join(workdir, DONE_FILE)
   if start >= tc.num_steps or saved.get("train/stopped_early"):
-    ckpt.close()
-    final = {k: v for k, v in saved.items() if not k.startswith("early_stop/")} | {"step": start}
-    if main and not files.exists(done_path):  # finished before markers existed
-      write_done_marker(workdir, start, "early_stop" if saved.get("train/stopped_early")
-                        else "num_steps", final, time.time() - started)
-    return final | {FINISHED_BEFORE: 1.0}
-  if main and files.exists(done_path):  # a finished run trained further: not finished now
-    files.remove(done_path)
+    for r in runs:
+      r.ckpt.close()
+      r.final = ({k: v for k, v in r.saved.items() if not k.startswith("early_stop/")}
+                 | {"step": start})
+      if main and not files.exists(os.path.join(r.workdir, DONE_FILE)):  # finished before markers
+        write_done_marker(r.workdir, start, "early_stop" if saved.get("train/stopped_early")
+                          else "num_steps", r.final, time.time() - started)
+    return _members_result(runs, start) | {FINISHED_BEFORE: 1.0}
+  for r in runs:
+    if main and files.exists(os.path.join(r.workdir, DONE_FILE)):  # trained further: not finished
+      files.remove(os.path.join(r.workdir, DONE_FILE))
 
   if start:
     logging.info("Resuming from the checkpoint of step %d in %s.", start, workdir)
   if warning := schedule_warning(cfg):
     logging.warning(warning)
-  train_step = steps.make_train_step(cfg, model, tx)
+  if stacked:  # members' hyperparameters traced per member; each builds its model and optimizer
+    train_step = members.make_train_step(
+        [r.cfg for r in runs],
+        lambda c: (build_model(c.model), optim.make_optimizer(c.train, d_model=c.model.d_model)))
+  else:
+    train_step = steps.make_train_step(cfg, model, tx)
   run = parallel.compile_train_step(train_step, mode, mesh, shardings)
   multi = (parallel.compile_multi_step(steps.scan_steps(train_step), mesh, shardings)
            if tc.steps_per_dispatch > 1 else None)
   eval_step = steps.make_eval_step(model)
-  run_eval = parallel.compile_eval_step(lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh,
-                                        shardings)
+  run_eval = parallel.compile_eval_step(
+      members.make_eval_step(eval_step) if stacked
+      else lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh, shardings)
   state = run.prepare_state(state)
   global_batch = cfg.data.batch_size
-  reporter = reporting.Reporter(
-      workdir, config_dict, main, total_steps=tc.num_steps,
-      start_step=start, mesh_shape=dict(mesh.shape) if mesh is not None else None,
-      flops_per_step=reporting.model_flops_per_step(
-          cfg.model, global_batch, cfg.data.max_source_len, cfg.data.max_target_len),
-      peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),
-      data=reporting.data_fingerprint(task) if main else None, started=started)
+  fingerprint = reporting.data_fingerprint(task) if main else None
+  for i, r in enumerate(runs):  # one progress bar, the first run's
+    r.reporter = reporting.Reporter(
+        r.workdir, r.config_dict, main, total_steps=tc.num_steps,
+        start_step=start, mesh_shape=dict(mesh.shape) if mesh is not None else None,
+        flops_per_step=reporting.model_flops_per_step(
+            cfg.model, global_batch, cfg.data.max_source_len, cfg.data.max_target_len),
+        peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),
+        show_progress=i == 0, data=fingerprint, started=started)
+    r.early = _EarlyStopping(tc, r.saved)
+  reporter = runs[0].reporter
   preempt = preemption.install_preemption_handler()
-  early = _EarlyStopping(tc, saved)
 
   # ---- the loop: dispatch steps s (one, or train.steps_per_dispatch in one scan), then check the
   # dispatch before it (a one-dispatch lag keeps the device busy)
-  step, pending, window, last_eval = start, None, [], {}
-  final: dict[str, float] = {}
+  step, pending, window = start, None, []
 
   def check(entry):
-    s, m = entry  # s: the step count after the dispatch; metrics scalars, or [K] for K steps
-    finite = np.ravel(m["finite"])
-    if not finite.all():
-      ckpt.wait()  # the last good checkpoint stays; this state is never saved
-      i = int(np.argmin(finite))
-      loss, grad_norm = (float(np.ravel(m[k])[i]) for k in ("loss", "grad_norm"))
-      raise TrainingDiverged(
-          f"non-finite training loss={loss} grad_norm={grad_norm} at step {s - finite.size + i + 1}"
-          f"; stopped (last checkpoint that verifies: step {ckpt.latest_good_step()} in "
-          f"{ckpt.directory})")
+    s, fetched = entry[0], jax.device_get(entry[1])  # s: the step count after the dispatch
+    for r in runs:  # metrics scalars, or [K] for K steps (a member: its slice)
+      m = r.metrics(fetched)
+      finite = np.ravel(m["finite"])
+      if not finite.all():
+        for other in runs:
+          other.ckpt.wait()  # the last good checkpoints stay; this state is never saved
+        i = int(np.argmin(finite))
+        loss, grad_norm = (float(np.ravel(m[k])[i]) for k in ("loss", "grad_norm"))
+        raise TrainingDiverged(
+            (f"member {r.name}: " if r.index is not None else "")
+            + f"non-finite training loss={loss} grad_norm={grad_norm} at step "
+            f"{s - finite.size + i + 1}; stopped "
+            + (f"all {len(runs)} members " if r.index is not None else "")
+            + f"(last checkpoint that verifies: step {r.ckpt.latest_good_step()} in "
+            f"{r.ckpt.directory})")
 
   try:
     stop_reason = ""
@@ -346,7 +465,8 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       n = dispatch_size(cfg, step)
       batches = [next(train_iter) for _ in range(n)]
       for batch in batches:
-        reporter.add_tokens(*_host_tokens(batch))
+        for r in runs:
+          r.reporter.add_tokens(*_host_tokens(batch))
       with reporting.maybe_profile(step, tc, workdir):
         if n == 1:
           state, metrics = run.step(state, run.prepare_batch(batches[0]))
@@ -358,31 +478,37 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       pending = (step, metrics)
       window.append(metrics)
       # The bar shows the loss from this process's first dispatch on (then every logged step's).
-      first = float(np.mean(jax.device_get(metrics["loss"]))) if step - n == start else None
+      first = (float(np.mean(runs[0].metrics(jax.device_get(metrics["loss"]))))
+               if step - n == start else None)
       reporter.progress(step, first)
       if step % tc.log_every_steps == 0 or step == tc.num_steps:
         check(pending)
-        fetched = jax.device_get(window)
+        all_fetched = jax.device_get(window)
         window = []
-        scalars = {f"train/{k}": float(np.mean(np.concatenate([np.ravel(m[k]) for m in fetched])))
-                   for k in ("loss", "grad_norm")}
-        last = lambda k: float(np.ravel(fetched[-1][k])[-1])  # pylint: disable=cell-var-from-loop
-        scalars["train/learning_rate"] = last("learning_rate")
-        if tc.scheduled_sampling.schedule != "none":
-          scalars["train/teacher_forcing"] = last("teacher_forcing")
-        reporter.write_scalars(step, scalars | reporter.throughput())
-        final |= scalars
+        for r in runs:
+          fetched = [r.metrics(m) for m in all_fetched]
+          scalars = {f"train/{k}": float(np.mean(np.concatenate([np.ravel(m[k]) for m in fetched])))
+                     for k in ("loss", "grad_norm")}
+          last = lambda k: float(np.ravel(fetched[-1][k])[-1])  # pylint: disable=cell-var-from-loop
+          scalars["train/learning_rate"] = last("learning_rate")
+          if tc.scheduled_sampling.schedule != "none":
+            scalars["train/teacher_forcing"] = last("teacher_forcing")
+          r.reporter.write_scalars(step, scalars | r.reporter.throughput())
+          r.final |= scalars
       evaluated = step % cfg.eval.every_steps == 0 or step == tc.num_steps
       if evaluated:
         check(pending)
-        last_eval = evaluate_in_training(cfg, run_eval, state, task)
-        last_eval |= evaluation.decode_metrics(
-            cfg, model, steps.eval_params(run.fetch_state(state)), task, cfg.data.eval_split,
-            cfg.eval.num_decode_examples)
-        reporter.write_scalars(step, last_eval)
-        reporter.reset_throughput()
-        if early.update(last_eval):
-          stop_reason = "early_stop"
+        sums, fetched_state = eval_sums(cfg, run_eval, state, task), run.fetch_state(state)
+        for r in runs:
+          r.last_eval = steps.teacher_forced_metrics(r.item(sums), prefix="eval/") if sums else {}
+          r.last_eval |= evaluation.decode_metrics(
+              r.cfg, model, steps.eval_params(r.item(fetched_state)), task, cfg.data.eval_split,
+              cfg.eval.num_decode_examples)
+        for r in runs:
+          r.reporter.write_scalars(step, r.last_eval)
+          r.reporter.reset_throughput()
+          if r.early.update(r.last_eval):
+            stop_reason = "early_stop"
       # Asked for every step (multi-host: all hosts agree on the step); at num_steps it is no stop.
       asked = [preempt.should_stop(s) for s in range(step - n + 1, step + 1)]
       if any(asked) and not stop_reason and step < tc.num_steps:
@@ -390,23 +516,40 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       if stop_reason or step == tc.num_steps or ckpt.should_save(step):
         check(pending)
         extra = {"train/stopped_early": 1.0} if stop_reason == "early_stop" else {}
-        ckpt.save(step, run.fetch_state(state), train_iter,
-                  (last_eval if evaluated else {}) | early.state() | extra, force=True)
+        fetched_state = run.fetch_state(state)
+        for r in runs:
+          r.ckpt.save(step, r.item(fetched_state), train_iter,
+                      (r.last_eval if evaluated else {}) | r.early.state() | extra, force=True)
       if stop_reason:
         break
   finally:
     try:  # a Ctrl-C during this wait stops it: the save in flight is then never committed
-      ckpt.close()
+      _close_all([r.ckpt.close for r in runs])
     finally:
-      reporter.close()
+      _close_all([r.reporter.close for r in runs])
       preempt.uninstall()
       if isinstance(train_iter, prefetch.Prefetch):
         train_iter.close()
-  final = final | last_eval | {"step": step} | ({stop_reason: 1.0} if stop_reason else {})
-  # Only now, with the last checkpoint committed (close waits); a stop before the last step is
+  # Only now, with the last checkpoints committed (close waits); a stop before the last step is
   # not an end.
   reason = "early_stop" if stop_reason == "early_stop" else (
       "num_steps" if step >= tc.num_steps else "")
-  if main and reason:
-    write_done_marker(workdir, step, reason, final, time.time() - started)
-  return final
+  for r in runs:
+    r.final = (r.final | r.last_eval | {"step": step}
+               | ({stop_reason: 1.0} if stop_reason else {}))
+    if main and reason:
+      write_done_marker(r.workdir, step, reason, r.final, time.time() - started)
+  return _members_result(runs, step) | ({stop_reason: 1.0} if stop_reason else {})
+
+
+def _close_all(closers: list[Any]) -> None:
+  """Calls every closer, even when one fails (the first error is raised after the rest); a
+  KeyboardInterrupt stops at once."""
+  error = None
+  for close in closers:
+    try:
+      close()
+    except Exception as e:  # pylint: disable=broad-except
+      error = error or e
+  if error is not None:
+    raise error

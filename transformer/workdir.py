@@ -21,7 +21,7 @@ import json
 import os
 import socket
 import sys
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from absl import logging
 
@@ -41,15 +41,16 @@ class WorkdirError(ConfigError):
   """A workdir that cannot be trained in now (one-line message)."""
 
 
-def check_trainable(workdir: str) -> None:
+def check_trainable(workdir: str, members: Sequence[str] = ()) -> None:
   """Raises WorkdirError if `workdir` holds files but no run (RUN_FILES): training would write
-  its config.json and checkpoints among, or over, someone else's files."""
+  its config.json and checkpoints among, or over, someone else's files. `members`: the
+  directories of a train.members program's runs, which it may hold."""
   if not files.isdir(workdir):
     return
   names = files.listdir(workdir)
   if any(all(n in names for n in group) for group in RUN_FILES):
     return
-  others = [n for n in names if n not in PRE_RUN_FILES
+  others = [n for n in names if n not in PRE_RUN_FILES and n not in members
             and not n.startswith((LOCK_FILE, ".write_probe."))]  # files.check_writable's probe
   if others:
     raise WorkdirError(f"--workdir={workdir} holds files but no run ({', '.join(others[:3])}"

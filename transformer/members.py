@@ -1,0 +1,197 @@
+"""Many members in one program: N runs that differ only in their seed or in non-structural
+hyperparameters, trained by one vmapped train step (`train.members`).
+
+`train.members` lists the members, separated by ';', each a comma-separated list of key=value
+overrides of MEMBER_KEYS, e.g. "seed=0;seed=1;train.learning_rate=1e-3,model.dropout_rate=0",
+or "seeds:N" for seeds cfg.seed .. cfg.seed + N - 1. Member i is the run of the config with its
+overrides (and train.members = ""): it lives in `<workdir>/<name>`, name = its overrides as
+written ("seed=1"), which holds what that plain run's workdir would (config.json, metrics.jsonl,
+checkpoints, train_done.json), so eval.py, transformer.restore and a plain resume all read it.
+
+One program: the train state is stacked with a leading member axis [N, ...] (its shardings get
+an unsharded leading axis), every member reads the same batches (they share data.shuffle_seed,
+as their separate runs would) and the train step is `jax.vmap`ped over the state. The keys in
+TRACED_KEYS whose values differ between members reach the step as [N] constants, traced per
+member: the learning-rate schedule takes a traced peak (optim.make_schedule), cross_entropy a
+traced label smoothing, dropout a traced rate (layers.dropout: the same draws and decisions as
+a static rate, and a traced 0 keeps every element exactly). Keys that all members share stay
+Python values, so the step is the plain one's. The seed only picks the initial state and the
+run key, so it is no step input at all. Each member therefore equals its separate run up to
+float rounding (tests/test_members.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from transformer import steps
+from transformer.config import Config, ConfigError, from_configdict, to_dict
+
+# Keys a member may override, and their types. Anything else would change the program.
+MEMBER_KEYS = {"seed": int, "train.learning_rate": float, "train.label_smoothing": float,
+               "model.dropout_rate": float, "model.attention_dropout_rate": float,
+               "model.ffn_dropout_rate": float}
+TRACED_KEYS = tuple(k for k in MEMBER_KEYS if k != "seed")  # step inputs when they differ
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+  """One member: its name (its workdir under the run's), its overrides and its resolved config."""
+  name: str
+  overrides: dict[str, Any]
+  cfg: Config
+
+
+def _parse_value(key: str, text: str, where: str) -> Any:
+  kind = MEMBER_KEYS[key]
+  try:
+    return kind(text)
+  except ValueError:
+    raise ConfigError(f"train.members: {where}: {key}={text!r} is not a {kind.__name__}") from None
+
+
+def parse(spec: str, seed: int) -> list[dict[str, Any]]:
+  """The members' overrides of a train.members string (see the module doc); raises ConfigError."""
+  spec = spec.strip()
+  if spec.startswith("seeds:"):
+    count = spec[len("seeds:"):].strip()
+    if not count.isdigit() or int(count) < 2:
+      raise ConfigError(f"train.members={spec!r}: seeds:N needs an integer N >= 2")
+    return [{"seed": seed + i} for i in range(int(count))]
+  members = []
+  for i, text in enumerate(part.strip() for part in spec.split(";")):
+    where = f"member {i + 1} ({text!r})"
+    overrides: dict[str, Any] = {}
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+      key, eq, value = item.partition("=")
+      key = key.strip()
+      if not eq:
+        raise ConfigError(f"train.members: {where}: {item!r} is not key=value")
+      if key not in MEMBER_KEYS:
+        raise ConfigError(f"train.members: {where}: {key} cannot differ between members (only "
+                          f"{', '.join(MEMBER_KEYS)})")
+      if key in overrides:
+        raise ConfigError(f"train.members: {where}: {key} is given twice")
+      overrides[key] = _parse_value(key, value.strip(), where)
+    members.append(overrides)
+  if len(members) < 2:
+    raise ConfigError(f"train.members={spec!r} needs at least 2 members (one run needs no "
+                      "train.members)")
+  return members
+
+
+def member_name(overrides: dict[str, Any]) -> str:
+  """A member's directory name: its overrides as key=value joined by ',' (filesystem-safe)."""
+  text = ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                  for k, v in overrides.items()) or "base"
+  return re.sub(r"[^A-Za-z0-9._=,+-]", "_", text)
+
+
+def _override(cfg: Config, key: str, value: Any) -> Config:
+  if "." not in key:
+    return dataclasses.replace(cfg, **{key: value})
+  section, name = key.split(".")
+  return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section),
+                                                                  **{name: value})})
+
+
+def _get(cfg: Config, key: str) -> Any:
+  value = cfg
+  for part in key.split("."):
+    value = getattr(value, part)
+  return value
+
+
+def members_of(cfg: Config) -> list[Member]:
+  """The members of cfg's train.members ([] when it is ""), each config validated on its own;
+  a bad spec, a duplicate or a setting the members cannot share is a one-line ConfigError."""
+  if not cfg.train.members.strip():
+    return []
+  if cfg.parallel.mode != "mesh":
+    raise ConfigError(f"train.members needs parallel.mode=mesh (got {cfg.parallel.mode!r})")
+  if cfg.train.early_stop_patience:
+    raise ConfigError("train.members cannot stop members early: set "
+                      "train.early_stop_patience=0")
+  base = _override(cfg, "train.members", "")
+  members, names = [], set()
+  for overrides in parse(cfg.train.members, cfg.seed):
+    member = base
+    for key, value in overrides.items():
+      member = _override(member, key, value)
+    member = from_configdict(to_dict(member))  # every value checked as a plain run's would be
+    name = member_name(overrides)
+    if name in names:
+      raise ConfigError(f"train.members: two members are named {name!r} (the same overrides)")
+    names.add(name)
+    members.append(Member(name, overrides, member))
+  return members
+
+
+def varying_keys(configs: list[Config]) -> tuple[str, ...]:
+  """The TRACED_KEYS whose values differ between the members' configs."""
+  return tuple(k for k in TRACED_KEYS if len({_get(c, k) for c in configs}) > 1)
+
+
+def hyperparameters(configs: list[Config]) -> dict[str, np.ndarray]:
+  """{key: float32 [N]} of the varying keys: what the vmapped step traces per member."""
+  return {k: np.asarray([_get(c, k) for c in configs], np.float32)
+          for k in varying_keys(configs)}
+
+
+def with_values(cfg: Config, values: dict[str, Any]) -> Config:
+  """cfg with each key of `values` set to its value (inside the vmap: one member's tracers)."""
+  for key, value in values.items():
+    cfg = _override(cfg, key, value)
+  return cfg
+
+
+def make_train_step(configs: list[Config], build: Callable[[Config], tuple[Any, Any]]) -> Callable:
+  """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)` over a
+  stacked state [N, ...]: steps.make_train_step of each member's config (the first member's,
+  with the varying keys traced per member), vmapped over the state, the batch shared; each
+  metric comes back [N]. `build(cfg) -> (model, tx)` builds a (traced) config's model and
+  optimizer."""
+  cfg, hyper = configs[0], hyperparameters(configs)
+
+  def one(state: steps.TrainState, values: dict[str, Any], batch: dict[str, Any]) -> Any:
+    member_cfg = with_values(cfg, values)
+    model, tx = build(member_cfg)
+    return steps.make_train_step(member_cfg, model, tx)(state, batch)
+
+  def train_step(state: steps.TrainState, batch: dict[str, Any], rng: Any = None,
+                 axis_name: str | None = None) -> Any:
+    if rng is not None or axis_name is not None:
+      raise ValueError("a members' train step takes no rng override and no pmap axis")
+    values = {k: jnp.asarray(v) for k, v in hyper.items()}
+    return jax.vmap(one, in_axes=(0, 0, None))(state, values, batch)
+
+  return train_step
+
+
+def make_eval_step(eval_step: Callable) -> Callable:
+  """`eval_step(params, batch) -> sums` -> `(stacked state, batch) -> sums [N, ...]` (each
+  member's steps.eval_params)."""
+  return jax.vmap(lambda s, b: eval_step(steps.eval_params(s), b), in_axes=(0, None))
+
+
+def stacked_shardings(shardings: Any) -> Any:
+  """A state's NamedShardings with a leading, unsharded member axis."""
+  return jax.tree.map(lambda s: NamedSharding(s.mesh, P(None, *s.spec)), shardings)
+
+
+def take(tree: Any, i: int) -> Any:
+  """Member i's slice of a stacked pytree (state, or eval sums): every leaf's [i]."""
+  return jax.tree.map(lambda x: x[i], tree)
+
+
+def stack(trees: list[Any]) -> Any:
+  """The members' pytrees stacked on a new leading axis (host arrays)."""
+  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
