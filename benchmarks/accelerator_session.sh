@@ -98,9 +98,10 @@ sys.exit(0 if 'members' in schema.get_config().train else 1)"; then
     # The wall clock of 8 members in one program over one member's, the same steps.
     export py work data train_args
     part members "$(limit "${MEMBERS_S:-60}")" bash -c '
-      run() { $py train.py --config=configs/g2p.py:fast --workdir="$work/m$1" \
-        --config.train.num_steps=1000 --config.train.members=$1 --config.data.data_dir="$data" \
-        $train_args; }
+      run() { local m=""; [ "$1" -gt 1 ] && m="--config.train.members=seeds:$1"
+        $py train.py --config=configs/g2p.py:fast --workdir="$work/m$1" $m \
+        --config.train.num_steps=600 --config.eval.num_decode_examples=256 \
+        --config.data.data_dir="$data" $train_args; }
       t0=$(date +%s.%N); run 1 || exit 1; t1=$(date +%s.%N); run 8 || exit 1; t2=$(date +%s.%N)
       echo "{\"members\": 8, \"start\": $t0, \"one_done\": $t1, \"all_done\": $t2}" \
         > "$work/members.json"'

@@ -263,6 +263,9 @@ class _CheckedSource:
   def __len__(self) -> int:
     return len(self._source)
 
+  def __iter__(self) -> Iterator[Any]:
+    return (self[i] for i in range(len(self)))
+
   def __getitem__(self, index: Any) -> Any:
     try:
       return self._source[index]
