@@ -694,9 +694,9 @@ def record(rows: list[dict[str, Any]], command: str, wall: float, prov: dict[str
       "commit": None if prov.get("git_dirty") else prov.get("git_sha"),
       "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
       "versions": prov.get("packages"),
-      "wall_clock_s": round(wall, 1),
-      "metrics": {k.replace(" ", "_"): v for k, v in c.items()},
-      "cases": rows, "report": "docs/reliability.md#adversarial-campaign"}
+      "wall_clock_s": round(wall, 1), "rates": {},
+      "metrics": {k.replace(" ", "_"): v for k, v in c.items()}, "seeds": [0],
+      "report": "docs/reliability.md#adversarial-campaign"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -705,7 +705,8 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--workdir", default="/tmp/adversarial")
   p.add_argument("--only", default="", help="comma-separated case names (substrings)")
   p.add_argument("--list", action="store_true", help="print the case names and exit")
-  p.add_argument("--record", action="store_true", help=f"write {os.path.relpath(RECORD, REPO)}")
+  p.add_argument("--record", action="store_true",
+                 help=f"write {os.path.relpath(RECORD, REPO)} and the table of cases beside it")
   args = p.parse_args(argv)
   if args.list:
     print("\n".join(f"{c.name}\t{c.item}\t{c.expect}" for c in CASES))
@@ -734,7 +735,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(RECORD, "w") as f:
       json.dump(record(rows, command, time.monotonic() - started, prov), f, indent=1)
       f.write("\n")
-    print(f"wrote {os.path.relpath(RECORD, REPO)}")
+    cases = os.path.join(os.path.dirname(RECORD), "cases.md")  # every row, beside the record
+    with open(cases, "w") as f:
+      f.write(table(rows) + "\n")
+    print(f"wrote {os.path.relpath(RECORD, REPO)} and {os.path.relpath(cases, REPO)}")
   return 0 if c["as_expected"] == c["cases"] else 1
 
 

@@ -26,6 +26,7 @@ import re
 import sys
 import textwrap
 import traceback
+import warnings
 from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from absl import flags
@@ -82,6 +83,9 @@ def quiet_logging() -> None:
       r.exc_info and any(name in r.pathname for name in _BACKGROUND_WRITERS)))
   quiet_backends()
   _drop_calls_into_closed_loops()
+  # The coroutines of a failed background write that its closed loop never ran: Python names
+  # each at exit, after the one line that reported the failure.
+  warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
 
 
 def _drop_calls_into_closed_loops() -> None:
