@@ -442,11 +442,13 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   step, pending, window = start, None, []
 
   def check(entry):
-    s, fetched = entry[0], jax.device_get(entry[1])  # s: the step count after the dispatch
+    s, metrics = entry  # s: the step count after the dispatch
+    # One small transfer per dispatch (the flags); the rest only to word a divergence.
+    flags = {"finite": jax.device_get(metrics["finite"])}
     for r in runs:  # metrics scalars, or [K] for K steps (a member: its slice)
-      m = r.metrics(fetched)
-      finite = np.ravel(m["finite"])
+      finite = np.ravel(r.metrics(flags)["finite"])
       if not finite.all():
+        m = r.metrics(jax.device_get(metrics))
         for other in runs:
           other.ckpt.wait()  # the last good checkpoints stay; this state is never saved
         i = int(np.argmin(finite))
