@@ -27,6 +27,8 @@ every one timed in the same alternating rounds, its ratio against the first vari
   steps_per_dispatch=K    K train steps in one lax.scan per call (steps.scan_steps); ms per step
   causal_kernel=true      model.causal_kernel (the attention kernel's own causal flag)
   loss_chunk_tokens=N     train.loss_chunk_tokens (chunked cross-entropy, no whole-batch logits)
+  kernels=NAME            the model traced with transformer/kernels.py's KERNELS[NAME] ('plain':
+                          the textbook PLAIN) instead of the backend's own entry
   remat=dots, param_dtype=bfloat16, any other model.* or train.* key (model first; or spelled
   model.KEY / train.KEY)
   python benchmarks/accelerator.py --sizes=gpt2s --attention=fused \
@@ -69,7 +71,7 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 import train_step  # pylint: disable=g-import-not-at-top,wrong-import-position  (benchmarks/)
 from configs import lm  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer import reporting  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer import kernels, reporting  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SIZES = ("gpt2s", "gpt2m", "g2pfast", "lmtiny")
 CUDNN_CALL = "__cudnn$fmha"  # the custom-call target of XLA's cuDNN fused attention
@@ -133,19 +135,18 @@ def variant_label(levers: dict) -> str:
 
 def apply_levers(cd, shapes: dict, levers: dict) -> tuple[dict, int]:
   """Sets the levers on the ConfigDict; returns (batch shapes, steps per dispatch)."""
-  k = 1
+  k = levers.get("steps_per_dispatch", 1)
   for key, value in levers.items():
     if key == "rows":
       shapes = {f: (value, length) for f, (_, length) in shapes.items()}
       continue
-    if key == "steps_per_dispatch":
-      k = value
+    if key in ("steps_per_dispatch", "kernels"):  # the caller's
       continue
     section, name = key.split(".", 1) if "." in key else (
         "model" if key in cd.model else "train" if key in cd.train else "", key)
     if section not in ("model", "train") or name not in cd[section]:
       raise SystemExit(f"accelerator.py: --variants: unknown lever {key!r} (rows, "
-                       "steps_per_dispatch, or a model.* / train.* key)")
+                       "steps_per_dispatch, kernels, or a model.* / train.* key)")
     try:
       cd[section][name] = value
     except TypeError as e:
@@ -228,8 +229,10 @@ def main() -> None:
       dtype, impl, levers = spec
       cd, shapes = size_config(name)
       shapes, k = apply_levers(cd, shapes, levers)
-      run, record = train_step.build_sized(name, cd, shapes, keep_hlo_text=True,
-                                           steps_per_dispatch=k, dtype=dtype, attention_impl=impl)
+      with kernels.use(levers.get("kernels") or jax.default_backend()):
+        run, record = train_step.build_sized(name, cd, shapes, keep_hlo_text=True,
+                                             steps_per_dispatch=k, dtype=dtype,
+                                             attention_impl=impl)
       record["cudnn_calls"] = record.pop("hlo_text").count(CUDNN_CALL)
       record.update(dtype=dtype, attention=impl, variant=variant_label(levers), steps_per_call=k,
                     rows=next(iter(shapes.values()))[0])

@@ -7,12 +7,14 @@
 #            device and the versions
 #   gpt2s    benchmarks/accelerator.py: bf16 train steps, cuDNN attention, GPT-2 small's widths:
 #            the baseline and each lever (kernel causal flag, chunked loss, 32 rows, bf16
-#            parameters, remat) and all of them, in the same rounds: MFU and ratios
+#            parameters, remat, the XLA:CPU kernels) and all of them, in the same rounds: MFU and
+#            ratios
 #   gpt2m    the same at GPT-2 medium's widths: baseline, levers together, and with 16 rows
 #   xla      gpt2s's levers together again under XLA GPU flags (XLA_FLAGS is process-wide): its
 #            ratio is against the same variant in the gpt2s part
 #   speed    configs/g2p.py:fast trained by train.py at train.steps_per_dispatch 1 and 8 (with
-#            data.prefetch): steps/s; and its step alone on random batches, 1 and 8 per dispatch;
+#            data.prefetch): steps/s; and its step alone on random batches, 1 and 8 per dispatch,
+#            and with the XLA:CPU kernels;
 #            the first run prepares the data directory every later part reads
 #   members  8 seeds of :fast in one program against one (train.members); skipped, with a line
 #            saying so, where this tree's config has no such key
@@ -82,7 +84,7 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
   c="causal_kernel=true" l="loss_chunk_tokens=$chunk"
   xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false"
   part gpt2s "$(limit "${GPT2S_S:-65}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
-    --variants="base|$c|$l|rows=$rows_s|param_dtype=bfloat16|remat=dots_no_batch|$c,$l,rows=$rows_s" \
+    --variants="base|$c|$l|rows=$rows_s|param_dtype=bfloat16|remat=dots_no_batch|kernels=cpu|$c,$l,rows=$rows_s" \
     --json_out="$work/accelerator_gpt2s.json"
   part gpt2m "$(limit "${GPT2M_S:-55}")" "${acc[@]}" --sizes=$lm_m --dtypes=bfloat16 --attention=fused \
     --variants="base|$c,$l|$c,$l,rows=$rows_m" --json_out="$work/accelerator_gpt2m.json"
@@ -90,7 +92,7 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
     --variants="$c,$l,rows=$rows_s" --json_out="$work/accelerator_xla.json" \
     --xla_flags="${XLA_GPU_FLAGS:-$xla_flags}"
   part speed "$(limit "${SPEED_S:-85}")" "${acc[@]}" --sizes=$g2p --dtypes=float32 --attention=einsum \
-    --variants="base|steps_per_dispatch=8" --train_g2p=1,8 --train_steps=$train_steps \
+    --variants="base|steps_per_dispatch=8|kernels=cpu" --train_g2p=1,8 --train_steps=$train_steps \
     --train_args="--config.data.data_dir=$data $train_args" --json_out="$work/speed.json"
 
   if $py -c "import sys; from transformer import schema

@@ -1,6 +1,8 @@
 """transformer/kernels.py: each backend's speed paths compute what the plain ones compute (values
 and autodiff gradients), and the table picks the CPU's on a CPU."""
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,3 +50,18 @@ def test_the_table_picks_the_cpu_kernels_on_a_cpu():
   """current() is KERNELS[backend], PLAIN for a backend the table lacks."""
   assert jax.default_backend() != "cpu" or kernels.current() is kernels.KERNELS["cpu"]
   assert kernels.KERNELS.get("no such backend", kernels.PLAIN) is kernels.PLAIN
+
+
+def test_use_forces_an_entry_in_its_block_and_thread_only():
+  """use('plain') makes current() PLAIN inside the block, in this thread only; unknown names fail."""
+  before = kernels.current()
+  seen = []
+  with kernels.use("plain"):
+    assert kernels.current() is kernels.PLAIN
+    thread = threading.Thread(target=lambda: seen.append(kernels.current()))
+    thread.start()
+    thread.join()
+  assert kernels.current() is before and seen == [before]
+  with pytest.raises(ValueError, match="no_such"):
+    with kernels.use("no_such"):
+      pass

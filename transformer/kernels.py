@@ -20,6 +20,8 @@ CPU matmul's outputs, which its custom gradient hides from jax's dot policies.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
@@ -172,9 +174,26 @@ PLAIN = Kernels(_plain_project, None, _plain_layer_norm)
 KERNELS: dict[str, Kernels] = {'cpu': Kernels(_cpu_project, _wide_out_dot_general, _layer_norm)}
 
 
+_FORCED: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar('kernels', default=None)
+
+
 def current() -> Kernels:
-  """The kernels of jax's default backend (PLAIN where KERNELS has no entry)."""
-  return KERNELS.get(jax.default_backend(), PLAIN)
+  """The kernels of jax's default backend (PLAIN where KERNELS has no entry), or use()'s."""
+  name = _FORCED.get() or jax.default_backend()
+  return PLAIN if name == 'plain' else KERNELS.get(name, PLAIN)
+
+
+@contextlib.contextmanager
+def use(name: str):
+  """Within the block (in this thread), models traced get KERNELS[name] ('plain': PLAIN) whatever
+  the backend: how a benchmark measures one backend's entry on another."""
+  if name != 'plain' and name not in KERNELS:
+    raise ValueError(f"kernels {name!r}: one of plain, {', '.join(sorted(KERNELS))}")
+  token = _FORCED.set(name)
+  try:
+    yield
+  finally:
+    _FORCED.reset(token)
 
 
 _SAVE_MATMULS = jax.checkpoint_policies.save_only_these_names(MATMUL_NAME)
