@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import statistics
@@ -229,7 +230,7 @@ def main() -> None:
       dtype, impl, levers = spec
       cd, shapes = size_config(name)
       shapes, k = apply_levers(cd, shapes, levers)
-      with kernels.use(levers.get("kernels") or jax.default_backend()):
+      with kernels.use(levers["kernels"]) if "kernels" in levers else contextlib.nullcontext():
         run, record = train_step.build_sized(name, cd, shapes, keep_hlo_text=True,
                                              steps_per_dispatch=k, dtype=dtype,
                                              attention_impl=impl)
