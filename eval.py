@@ -9,7 +9,7 @@ r"""Evaluates a trained run on a whole split; writes its metrics and predictions
 data and the parameters; --ensemble evaluates several runs as one model. `--config.KEY=VALUE`
 changes the run's saved config.json for this evaluation, for keys that cannot change what was
 trained (eval.*, data.data_dir, ...). Prints a table; writes metrics.<split>.json and
-predictions.<split>.jsonl to the workdir (or --out). What is computed: transformer/evaluation.py;
+predictions.<split>.jsonl to the workdir (or --out). What is computed: transformer/infer/evaluation.py;
 examples: the README's "Evaluation and decoding".
 """
 
@@ -48,8 +48,8 @@ def main(argv):
   del argv  # cli.parse_flags rejects positional arguments
   cli.quiet_logging()
   # Imported here so that --help and flag errors do not pay for importing JAX.
-  from transformer import evaluation  # pylint: disable=g-import-not-at-top
-  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
+  from transformer.infer import evaluation  # pylint: disable=g-import-not-at-top
+  from transformer.run import checkpoints  # pylint: disable=g-import-not-at-top
   overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
   # ConfigError is a ValueError
   with cli.one_line_errors(ValueError, OSError, checkpoints.CheckpointError, model_config=lambda:

@@ -62,13 +62,13 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   cli.quiet_logging()
-  from transformer import sweep_runner, sweeps  # pylint: disable=g-import-not-at-top
+  from transformer.sweeps.spec import runner, spec  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
   try:
-    with cli.one_line_errors(sweeps.SweepError, ConfigError):
+    with cli.one_line_errors(spec.SweepError, ConfigError):
       run_sweep()
   except KeyboardInterrupt:  # run() has stopped the running points and waited for them
-    sig = sweep_runner.stop_signal() or signal.SIGINT
+    sig = runner.stop_signal() or signal.SIGINT
     print(f"interrupted ({signal.Signals(sig).name}); resume with: "
           f"{shlex.join(['python', 'sweep.py', *sys.argv[1:]])}", file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -78,17 +78,17 @@ def main(argv):
 
 def run_sweep() -> None:
   """Plans the sweep, runs (or prints) its points and writes the report."""
-  from transformer import sweep_runner, sweeps  # pylint: disable=g-import-not-at-top
+  from transformer.sweeps.spec import runner, spec  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
   config_arg = config_flags.get_config_filename(f["config"])
   base = dict(config_flags.get_override_values(f["config"]))
   try:
-    points = sweeps.plan(f.config, config_arg, f.sweep, f.workdir)
-  except (sweeps.SweepError, ConfigError) as e:
+    points = spec.plan(f.config, config_arg, f.sweep, f.workdir)
+  except (spec.SweepError, ConfigError) as e:
     cli.fail(str(e))
   script = lambda name: os.path.relpath(os.path.join(ROOT, name))  # pylint: disable=unnecessary-lambda-assignment
-  commands = sweeps.Commands(config_arg, base, python=f.python, train_script=script("train.py"),
+  commands = spec.Commands(config_arg, base, python=f.python, train_script=script("train.py"),
                              eval_script=script("eval.py"), eval_split=f.eval_split)
 
   if f.launcher == "tpu_vm":
@@ -96,9 +96,9 @@ def run_sweep() -> None:
     if missing:
       cli.fail(f"--launcher=tpu_vm needs {', '.join('--' + n for n in missing)}")
     try:
-      launches = [sweeps.tpu_vm_command(p, commands, f.tpu_name, f.zone, f.bucket, f.remote_dir,
+      launches = [spec.tpu_vm_command(p, commands, f.tpu_name, f.zone, f.bucket, f.remote_dir,
                                         f.remote_python, f.project) for p in points]
-    except sweeps.SweepError as e:
+    except spec.SweepError as e:
       cli.fail(str(e))
     for p, (cmd, line) in zip(points, launches):
       print(f"# {p.name}\n{line}", flush=True)
@@ -112,26 +112,26 @@ def run_sweep() -> None:
     return
 
   try:  # a point's workdir holding a run of other overrides: refused, never counted as done
-    sweep_runner.check_same_runs(points, commands, f.workdir)
-  except sweeps.SweepError as e:
+    runner.check_same_runs(points, commands, f.workdir)
+  except spec.SweepError as e:
     cli.fail(str(e))
   if f.dry_run:
-    print("\n".join(sweep_runner.dry_run_lines(points, commands)))
+    print("\n".join(runner.dry_run_lines(points, commands)))
     return
   failed = []
   if not f.report_only:
-    sweep_runner.write_manifest(points, commands, f.sweep, f.workdir)
-    pending = [p for p in points if sweep_runner.status(p, commands) != "done"]
+    runner.write_manifest(points, commands, f.sweep, f.workdir)
+    pending = [p for p in points if runner.status(p, commands) != "done"]
     if f.parallel > 1 and pending:
       try:
-        sweep_runner.prepare_data(f.config, pending)
+        runner.prepare_data(f.config, pending)
       except (ValueError, OSError) as e:  # ConfigError is a ValueError
         cli.fail(f"preparing the data: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    failed = sweep_runner.run(points, commands, parallel=f.parallel)
-  from transformer import sweep_report  # pylint: disable=g-import-not-at-top
+    failed = runner.run(points, commands, parallel=f.parallel)
+  from transformer.sweeps.spec import report  # pylint: disable=g-import-not-at-top
   title = f"`python sweep.py {shlex.join(report_flags())}`"
-  out = sweep_report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)
-  print(sweep_report.markdown(out["rows"], out["metric"]))
+  out = report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)
+  print(report.markdown(out["rows"], out["metric"]))
   print("wrote " + ", ".join(out[k] for k in ("csv", "md", "plot", "curves") if k in out))
   if failed:
     cli.fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")

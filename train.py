@@ -39,14 +39,14 @@ def main(argv):
   del argv  # cli.parse_flags rejects positional arguments
   cli.quiet_logging()
   # Imported here so that --help and flag errors do not pay for importing JAX.
-  from transformer import training  # pylint: disable=g-import-not-at-top
-  from transformer.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
+  from transformer.train import loop  # pylint: disable=g-import-not-at-top
+  from transformer.run.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
   workdir = flags.FLAGS.workdir
   try:
-    with cli.one_line_errors(ConfigError, CheckpointError, training.TrainingDiverged,
+    with cli.one_line_errors(ConfigError, CheckpointError, loop.TrainingDiverged,
                              model_config=lambda: from_configdict(flags.FLAGS.config).model):
-      metrics = training.train_and_evaluate(flags.FLAGS.config, workdir,
+      metrics = loop.train_and_evaluate(flags.FLAGS.config, workdir,
                                             init_from=flags.FLAGS.init_from or "")
   except KeyboardInterrupt:  # a second Ctrl-C, or one before training started: out at once
     print(f"interrupted: stopped without saving; resume from the latest checkpoint in {workdir} "
@@ -59,7 +59,7 @@ def main(argv):
   if stopped:
     step = metrics.get("step")
     where = os.path.join(workdir, "checkpoints", str(step))
-    if len(training.member_workdirs(flags.FLAGS.config, workdir)) > 1:
+    if len(loop.member_workdirs(flags.FLAGS.config, workdir)) > 1:
       where = f"each member's, in {os.path.join(workdir, '<member>', 'checkpoints', str(step))}"
     print(f"{stopped}: saved a checkpoint at step {step} ({where}); resume with: "
           f"{resume_command()}", file=sys.stderr, flush=True)
@@ -69,12 +69,12 @@ def main(argv):
       sys.excepthook = lambda *_: None
       raise KeyboardInterrupt
     return
-  if metrics.get(training.FINISHED_BEFORE):
+  if metrics.get(loop.FINISHED_BEFORE):
     print(f"{workdir} holds a finished run (step {metrics.get('step')}): nothing to train")
   else:
     summary = " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k != "step")
     print(f"done: step={metrics.get('step')} {summary}")
-  workdirs = training.member_workdirs(flags.FLAGS.config, workdir)
+  workdirs = loop.member_workdirs(flags.FLAGS.config, workdir)
   if len(workdirs) > 1:  # train.members: each member's workdir is a run of its own
     print("\n".join(f"member workdir: {w}" for w in workdirs))
   print("\n".join(next_steps(workdirs[0])), flush=True)
@@ -99,7 +99,7 @@ def next_steps(workdir: str) -> list[str]:
   return [f"workdir: {workdir} (checkpoints, metrics.jsonl, TensorBoard events)",
           "next:",
           f"  {python} {eval_py} --workdir={w} --split=test   # metrics.test.json, predictions",
-          f"  {python} -m transformer.predict --workdir={w}   # then one input per line",
+          f"  {python} -m transformer.infer.predict --workdir={w}   # then one input per line",
           f"  tensorboard --logdir={w}"]
 
 

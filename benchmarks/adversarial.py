@@ -95,7 +95,7 @@ def _eval(ctx: Context, *flags: str) -> list[str]:
 
 
 def _predict(ctx: Context, *args: str) -> list[str]:
-  return [PY, "-m", "transformer.predict", f"--workdir={ctx.run}", *args]
+  return [PY, "-m", "transformer.infer.predict", f"--workdir={ctx.run}", *args]
 
 
 def _python(code: str) -> list[str]:
@@ -714,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
   wanted = [w.strip() for w in args.only.split(",") if w.strip()]
   cases = [c for c in CASES if not wanted or any(w in c.name for w in wanted)]
   started = time.monotonic()
-  from transformer import reporting  # pylint: disable=g-import-not-at-top
+  from transformer.run import reporting  # pylint: disable=g-import-not-at-top
   prov = reporting.provenance()  # the code the cases run
   os.makedirs(args.workdir, exist_ok=True)
   base, data, config = prepare(args.workdir)

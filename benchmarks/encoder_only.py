@@ -34,7 +34,7 @@ import time
 from absl import app, flags
 import numpy as np
 
-from transformer import viz
+from transformer.infer import viz
 
 RUNS = flags.DEFINE_string("runs", None, "directory of the runs", required=True)
 OUT = flags.DEFINE_string("out", "docs/results/encoder_only", "output directory")

@@ -75,8 +75,10 @@ def _say(*words: Any) -> None:
 
 def _instrument() -> None:
   """Makes the loop report its phases on stdout (in this child process only)."""
-  from transformer import checkpoints, evaluation, reporting, training  # pylint: disable=g-import-not-at-top
-  progress, evaluate = reporting.Reporter.progress, training.evaluate_in_training
+  from transformer.infer import evaluation  # pylint: disable=g-import-not-at-top
+  from transformer.run import checkpoints, reporting
+  from transformer.train import loop
+  progress, evaluate = reporting.Reporter.progress, loop.evaluate_in_training
   decode, save = evaluation.decode_metrics, checkpoints.Checkpointer.save
 
   def progress_(self, step, *args, **kwargs):
@@ -98,16 +100,16 @@ def _instrument() -> None:
     _say("save_end", step, int(saved))
     return saved
 
-  reporting.Reporter.progress, training.evaluate_in_training = progress_, evaluate_
+  reporting.Reporter.progress, loop.evaluate_in_training = progress_, evaluate_
   evaluation.decode_metrics, checkpoints.Checkpointer.save = decode_, save_
 
 
 def child_main(args: argparse.Namespace) -> None:
   """One training run (fresh or resumed) in args.workdir."""
   _instrument()
-  from transformer import training  # pylint: disable=g-import-not-at-top
+  from transformer.train import loop  # pylint: disable=g-import-not-at-top
   cd = load_config(args.config, parse_overrides(args.override), args.data_dir)
-  final = training.train_and_evaluate(cd, args.workdir)
+  final = loop.train_and_evaluate(cd, args.workdir)
   _say("done", final.get("step"))
 
 

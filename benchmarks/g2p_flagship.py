@@ -180,7 +180,7 @@ def ensembles(args, summary: dict) -> None:
 
 def plot(outs: list[str], save: str) -> None:
   sys.path.insert(0, REPO)
-  from transformer import viz  # pylint: disable=g-import-not-at-top  (matplotlib only here)
+  from transformer.infer import viz  # pylint: disable=g-import-not-at-top  (matplotlib only here)
   runs, finals = {}, {}
   summaries = []
   for out in outs:

@@ -36,8 +36,9 @@ import torch
 import transformers
 
 import transformer
-from transformer import convert, models
-from transformer.api import Run
+from transformer import convert
+from transformer.model import models
+from transformer.infer.api import Run
 from transformer.convert import bert, gpt2
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

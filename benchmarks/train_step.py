@@ -60,17 +60,17 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from configs import base, g2p, lm  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.train import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.models import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.model.models import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # The train state and steps live in steps.py, in the trees of older revisions (--compare) in
 # training.py. Decided by the tree's files: an import attempt could find steps.py through the
 # editable install instead.
 if os.path.exists(os.path.join(tree_from_argv(), "transformer", "steps.py")):
-  from transformer import steps as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+  from transformer.train import steps as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 else:
-  from transformer import training as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+  from transformer.train import loop as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SIZES = ("baby", "medium", "encdec", "g2p", "g2pfast")
 

@@ -48,7 +48,7 @@ BERT_TEXT = "paris is the _ of france."
 
 # %%
 import transformer
-from transformer import viz
+from transformer.infer import viz
 
 if not os.path.isdir(os.path.join(WORKDIR, "checkpoints")):
   import sys

@@ -60,7 +60,7 @@ def trained_run(tmp_path_factory) -> str:
   whose workers get popen-gwN subdirectories); later callers just reuse it.
   """
   import fcntl  # pylint: disable=g-import-not-at-top
-  from transformer.training import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from transformer.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   basetemp = tmp_path_factory.getbasetemp()
   shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
   root = shared / "g2p_mini_run"

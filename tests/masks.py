@@ -6,7 +6,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from transformer import attention
+from transformer.model import attention
 
 Array = jax.Array
 

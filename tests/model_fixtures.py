@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import model_config
-from transformer.models import build_model
-from transformer.positional import ENCODINGS
+from transformer.model.models import build_model
+from transformer.model.positional import ENCODINGS
 
 
 V, SV = 13, 11  # target and source vocabulary sizes

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from transformer import sweep_runner, sweeps
+from transformer.sweeps.spec import runner, spec
 
 
 def load_config_file(config_arg: str):
@@ -79,9 +79,9 @@ def fake(tmp_path):
   (tmp_path / "fake_eval.py").write_text(FAKE_EVAL)
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("train.learning_rate", '
                      '[0.5, 1.0, 2.0])\n')
-  config = sweeps.apply_overrides(load_config_file(TINY), {"train.num_steps": 3})
-  points = sweeps.plan(config, TINY, path, str(tmp_path / "w"))
-  commands = sweeps.Commands(TINY, {"train.num_steps": 3}, python=sys.executable,
+  config = spec.apply_overrides(load_config_file(TINY), {"train.num_steps": 3})
+  points = spec.plan(config, TINY, path, str(tmp_path / "w"))
+  commands = spec.Commands(TINY, {"train.num_steps": 3}, python=sys.executable,
                              train_script=str(tmp_path / "fake_train.py"),
                              eval_script=str(tmp_path / "fake_eval.py"))
   return points, commands
@@ -90,5 +90,5 @@ def fake(tmp_path):
 def recording(calls):
   def launch(argv, log_path, cwd):
     calls.append(list(argv))
-    return sweep_runner.launch_subprocess(argv, log_path, cwd)
+    return runner.launch_subprocess(argv, log_path, cwd)
   return launch

@@ -100,7 +100,7 @@ def trained_run(tmp_path_factory, name: str, **overrides) -> str:
   invocation under `name` and shared by the test files that ask for it (and pytest-xdist workers:
   a file lock in the directory they share, as tests/g2p_mini.py does). Read it, never change it."""
   import fcntl  # pylint: disable=g-import-not-at-top
-  from transformer.training import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from transformer.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   basetemp = tmp_path_factory.getbasetemp()
   shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
   root = shared / f"synthetic_{name}"

@@ -1,4 +1,4 @@
-"""Tests for transformer/attention.py: masks, dot-product attention, MultiHeadAttention and its cache."""
+"""Tests for transformer/model/attention.py: masks, dot-product attention, MultiHeadAttention and its cache."""
 
 import functools
 import math
@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import attention
+from transformer.model import attention
 from transformer import kernels
-from transformer import kv_cache
-from transformer.kv_cache import DecodeStep
+from transformer.model import kv_cache
+from transformer.model.kv_cache import DecodeStep
 from transformer.config import model_config
 import masks
 
@@ -260,7 +260,7 @@ def test_mha_equals_manual_projections(overrides):
     q = proj('query')
     k, v = (proj('kv')[:, :, 0], proj('kv')[:, :, 1]) if 'kv' in p else (proj('key'), proj('value'))
   if cfg.positional == 'rope':
-    from transformer.positional import apply_rope
+    from transformer.model.positional import apply_rope
     q, k = apply_rope(q, positions), apply_rope(k, positions)
   allowed = [[[True] * 5 for _ in range(5)] for _ in range(2)]
   heads, _ = naive_attention(*(np.asarray(a, np.float64) for a in (q, k, v)), allowed,
@@ -418,7 +418,7 @@ def test_projection_keeps_output_axes_that_a_mesh_splits_unfolded():
   qkv [d, 3, n, h] then stays unfolded, so XLA need not reshard it), a data-parallel mesh splits
   nothing, and without a mesh nothing is split."""
   import flax.linen as nn
-  from transformer import parallel
+  from transformer.train import parallel
   qkv_out = (None, 'heads', 'head_dim')
   def unsplit(shape):
     mesh = jax.sharding.AbstractMesh(shape, ('data', 'fsdp', 'tensor'))

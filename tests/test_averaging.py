@@ -21,9 +21,11 @@ import pytest
 
 import g2p_mini
 import synthetic_task
-from transformer import api, checkpoints, evaluation, optim, steps
-from transformer.checkpoints import EvaluationError
-from transformer.models import build_model
+from transformer.infer import api, evaluation
+from transformer.run import checkpoints
+from transformer.train import optim, steps
+from transformer.run.checkpoints import EvaluationError
+from transformer.model.models import build_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMA_RUN = {"train.num_steps": 20, "train.ema_decay": 0.9}  # the same run as tests/test_ema.py's

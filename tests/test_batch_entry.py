@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from transformer import models
+from transformer.model import models
 from transformer.config import model_config
 
 

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import attention
+from transformer.model import attention
 from transformer.config import model_config
-from transformer.losses import cross_entropy
-from transformer.models import build_model
+from transformer.model.losses import cross_entropy
+from transformer.model.models import build_model
 
 RNG = np.random.default_rng(0)
 

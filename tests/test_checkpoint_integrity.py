@@ -1,4 +1,4 @@
-"""Checksummed checkpoints and a run's files bound together (transformer/checkpoints.py).
+"""Checksummed checkpoints and a run's files bound together (transformer/run/checkpoints.py).
 
 A flipped bit, a truncated or missing file, or a missing digest.json is caught before a
 checkpoint is used: resume falls back to the newest step that verifies (and the run saves the
@@ -18,8 +18,10 @@ import pytest
 import g2p_mini
 import synthetic_task
 from test_checkpoints import assert_bitwise_equal, ckpt_cfg, config_dict, toy_state
-from transformer import api, checkpoints, evaluation, training
-from transformer.checkpoints import EvaluationError
+from transformer.infer import api, evaluation
+from transformer.run import checkpoints
+from transformer.train import loop
+from transformer.run.checkpoints import EvaluationError
 
 
 def _state_files(step_dir):
@@ -101,13 +103,13 @@ def test_resume_falls_back_past_a_corrupt_checkpoint_and_saves_it_anew(tmp_path,
   that verifies."""
   workdir = str(tmp_path / "run")
   cd = synthetic_task.config(**{"train.num_steps": 20, "checkpoint.keep": 3})
-  training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
+  loop.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
   step20 = os.path.join(workdir, "checkpoints", "20")
   original = _read_params(step20)
   flip_bit(_largest_state_file(step20))
   longer = synthetic_task.config(**{"train.num_steps": 30, "checkpoint.keep": 3})
   with caplog.at_level("WARNING"):
-    result = training.train_and_evaluate(longer, workdir, task=synthetic_task.ReverseTask())
+    result = loop.train_and_evaluate(longer, workdir, task=synthetic_task.ReverseTask())
   assert result["step"] == 30
   lines = [r.getMessage() for r in caplog.records]
   assert any("checkpoints/20 fails verification" in m and "does not match its digest" in m
@@ -121,18 +123,18 @@ def test_resume_falls_back_past_a_corrupt_checkpoint_and_saves_it_anew(tmp_path,
   # the divergence names step 20, the newest checkpoint that verifies.
   flip_bit(_largest_state_file(os.path.join(workdir, "checkpoints", "30")))
   longest = synthetic_task.config(**{"train.num_steps": 40, "checkpoint.keep": 3})
-  with pytest.raises(training.TrainingDiverged, match=r"last checkpoint that verifies: step 20 "):
-    training.train_and_evaluate(longest, workdir, task=synthetic_task.ReverseTask(nan_batch=24))
+  with pytest.raises(loop.TrainingDiverged, match=r"last checkpoint that verifies: step 20 "):
+    loop.train_and_evaluate(longest, workdir, task=synthetic_task.ReverseTask(nan_batch=24))
 
 
 def test_resume_refuses_when_no_checkpoint_verifies(tmp_path):
   workdir = str(tmp_path / "run")
   cd = synthetic_task.config(**{"train.num_steps": 10})
-  training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
+  loop.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
   flip_bit(_largest_state_file(os.path.join(workdir, "checkpoints", "10")))
   longer = synthetic_task.config(**{"train.num_steps": 20})
   with pytest.raises(checkpoints.CheckpointError, match="no checkpoint in .* verifies"):
-    training.train_and_evaluate(longer, workdir, task=synthetic_task.ReverseTask())
+    loop.train_and_evaluate(longer, workdir, task=synthetic_task.ReverseTask())
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "10"))  # nothing moved, nothing lost
 
 
@@ -228,7 +230,7 @@ def test_an_edited_records_cache_is_read_again(g2p_run, tmp_path, caplog):
 def test_the_data_fingerprint_covers_the_records_cache(g2p_run, tmp_path):
   """provenance.json's data fingerprint holds the digest of the training split's records cache;
   an edited cache is a difference data_difference names."""
-  from transformer import reporting  # pylint: disable=g-import-not-at-top
+  from transformer.run import reporting  # pylint: disable=g-import-not-at-top
   from transformer.data import load_task  # pylint: disable=g-import-not-at-top
   data = str(tmp_path / "data")
   shutil.copytree(os.path.join(os.path.dirname(g2p_run), "data"), data)

@@ -1,4 +1,4 @@
-"""Tests for transformer/checkpoints.py: round trips, retention, tmp dirs, compatibility, preemption."""
+"""Tests for transformer/run/checkpoints.py: round trips, retention, tmp dirs, compatibility, preemption."""
 
 import dataclasses
 import json
@@ -17,7 +17,8 @@ import optax
 import pytest
 
 from configs import base
-from transformer import checkpoints, preemption
+from transformer.run import checkpoints
+from transformer.train import preemption
 from transformer import config as config_lib
 from transformer.config import from_configdict, to_dict
 
@@ -205,7 +206,7 @@ def test_restore_from_8_devices_onto_1(tmp_path):
       import jax, jax.numpy as jnp, numpy as np
       jax.config.update("jax_num_cpu_devices", 8)
       from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-      from transformer import checkpoints
+      from transformer.run import checkpoints
       from tests.test_checkpoints import ckpt_cfg
       mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "tensor"))
       state = {{"w": jax.device_put(jnp.arange(64.0).reshape(8, 8),
@@ -252,7 +253,7 @@ def test_sigkill_during_async_saves_leaves_a_restorable_latest(tmp_path):
   """
   script = textwrap.dedent(f"""
       import sys, jax.numpy as jnp
-      from transformer import checkpoints
+      from transformer.run import checkpoints
       from tests.test_checkpoints import ckpt_cfg
       ckpt = checkpoints.Checkpointer({str(tmp_path)!r}, ckpt_cfg(every_steps=1, keep=2))
       for step in range(1, 10_000):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from configs import g2p
-from transformer import losses, models, optim, steps
+from transformer.model import losses, models
+from transformer.train import optim, steps
 from transformer.config import ConfigError, from_configdict, model_config
 
 RNG = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 """Bad input to every command-line tool is one line naming the culprit, and nothing saved is lost.
 
-One table of cases over train.py, eval.py, sweep.py, `python -m transformer.predict` and the
+One table of cases over train.py, eval.py, sweep.py, `python -m transformer.infer.predict` and the
 notebook's `restore()`: missing and truncated checkpoints, a workdir of another config, empty,
 binary and huge input files, unknown characters, wrong types on the command line. Each case runs
 on its own copy of one small trained run (tests/g2p_mini.py) and checks: a non-zero exit, no
@@ -24,8 +24,9 @@ import pytest
 
 import g2p_mini
 from configs import base
-from transformer import api, evaluation, predict, training
-from transformer.checkpoints import CheckpointError
+from transformer.infer import api, evaluation, predict
+from transformer.train import loop
+from transformer.run.checkpoints import CheckpointError
 from transformer.config import from_configdict
 from transformer.data import builders
 from transformer.data.task import read_records
@@ -34,7 +35,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
 # What eval.py, train.py and predict turn into `error: <first line>` (ConfigError is a ValueError).
 CAUGHT = {"eval": (ValueError, OSError, CheckpointError),
-          "train": (ValueError, CheckpointError, training.TrainingDiverged),
+          "train": (ValueError, CheckpointError, loop.TrainingDiverged),
           "restore": (ValueError, OSError, CheckpointError)}
 
 
@@ -156,12 +157,12 @@ LIB = [
     ("restore", truncated, api.restore, "fails verification"),
     ("restore", no_checkpoints, api.restore, "no checkpoints in"),
     ("restore", foreign_config, api.restore, "trained with: model.d_model=48 (trained with 32)"),
-    ("train", run_copy, lambda w: training.train_and_evaluate(_json_config(w, 48), w),
+    ("train", run_copy, lambda w: loop.train_and_evaluate(_json_config(w, 48), w),
      "holds a run with model.d_model=32, this config has 48"),
-    ("train", config_file, lambda w: training.train_and_evaluate(
+    ("train", config_file, lambda w: loop.train_and_evaluate(
         _json_config(w, train_file=os.path.join(os.path.dirname(w), "empty.tsv")),
         os.path.join(os.path.dirname(w), "new")), "empty.tsv: no 'source<TAB>target' lines"),
-    ("train", run_copy, lambda w: training.train_and_evaluate(
+    ("train", run_copy, lambda w: loop.train_and_evaluate(
         _json_config(w, train_file="/no/such.tsv"), w), "data.train_file='/no/such.tsv'"),
 ]
 # predict's main, in this process: (stdin bytes or None, inputs, culprit in the last stderr line)
@@ -205,7 +206,7 @@ def test_cli_bad_input_is_one_line(trained, tmp_path, tool, setup, args, stdin, 
   every file of the run's workdir and of the case's directory as it was."""
   subs = setup(trained, tmp_path)
   before = _snapshot(tmp_path)
-  cmd = ([sys.executable, "-m", "transformer.predict"] if tool == "predict"
+  cmd = ([sys.executable, "-m", "transformer.infer.predict"] if tool == "predict"
          else [sys.executable, tool])
   out = subprocess.run(cmd + [a.format(**subs) for a in args], cwd=REPO, env=ENV, input=stdin,
                        capture_output=True, text=True, timeout=300)

@@ -20,8 +20,10 @@ import time
 import pytest
 
 import g2p_mini
-from transformer import cli, reporting, schema, training
-from transformer.checkpoints import CheckpointError
+from transformer import cli, schema
+from transformer.run import reporting
+from transformer.train import loop
+from transformer.run.checkpoints import CheckpointError
 from transformer.config import from_configdict
 from transformer.data import builders
 
@@ -66,11 +68,11 @@ def test_finished_and_mismatched_workdirs_log_no_orbax_warnings(trained, tmp_pat
   with open(os.path.join(workdir, "config.json")) as f:
     cd = ml_collections.ConfigDict(json.load(f))
   with caplog.at_level(logging.WARNING):
-    again = training.train_and_evaluate(cd, workdir)
-    assert again[training.FINISHED_BEFORE] == 1.0
+    again = loop.train_and_evaluate(cd, workdir)
+    assert again[loop.FINISHED_BEFORE] == 1.0
     cd.model.d_model = 48
     with pytest.raises(CheckpointError, match="model.d_model=32, this config has 48"):
-      training.train_and_evaluate(cd, workdir)
+      loop.train_and_evaluate(cd, workdir)
   assert [r.getMessage() for r in caplog.records if "orbax" in r.pathname] == []
 
 
@@ -89,7 +91,7 @@ def test_help_is_one_screen_and_exits_0(tool):
 
 def test_help_keys_lists_every_key_with_its_default():
   """--help_keys prints every config key of configs/base.py, one per line under its section."""
-  from transformer import sweeps  # pylint: disable=g-import-not-at-top
+  from transformer.sweeps.spec import spec  # pylint: disable=g-import-not-at-top
   out = _run(["train.py", "--help_keys"])
   assert out.returncode == 0, out.stderr[-2000:]
   keys, section = {}, None
@@ -101,7 +103,7 @@ def test_help_keys_lists_every_key_with_its_default():
       keys[f"{section}.{name}" if section else name] = value
     else:
       section = "" if line == "(top level):" else line.rstrip(":")
-  assert keys == {k: repr(v) for k, v in sweeps.flat_items(schema.get_config()).items()}
+  assert keys == {k: repr(v) for k, v in spec.flat_items(schema.get_config()).items()}
 
 
 def test_warmup_longer_than_the_run_warns_in_one_line():
@@ -109,7 +111,7 @@ def test_warmup_longer_than_the_run_warns_in_one_line():
   it before training); none for a constant schedule or a run longer than its warmup."""
   def warning(**train):
     cfg = from_configdict(schema.get_config())
-    return training.schedule_warning(
+    return loop.schedule_warning(
         dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train)))
   got = warning(num_steps=100, warmup_steps=100, schedule="warmup_cosine")
   assert "\n" not in got and "train.num_steps=100" in got and "train.warmup_steps=100" in got
@@ -134,7 +136,7 @@ def test_progress_bar_always_shows_the_loss(tmp_path):
 
 def test_predict_answers_each_line_as_it_arrives(trained):
   """Over a pipe, predict prints a line's answer before its stdin is closed."""
-  proc = subprocess.Popen([sys.executable, "-m", "transformer.predict", f"--workdir={trained}"],
+  proc = subprocess.Popen([sys.executable, "-m", "transformer.infer.predict", f"--workdir={trained}"],
                           cwd=REPO, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
   try:

@@ -10,7 +10,7 @@ import pytest
 from configs import base
 from transformer import config as config_lib
 from transformer import schema
-from transformer import positional
+from transformer.model import positional
 
 
 def _base_dict():
@@ -73,7 +73,7 @@ def test_head_dim_is_independent_of_d_model_over_num_heads():
   query/key/value kernels of that head size."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top  (this one test builds a model)
   import jax  # pylint: disable=g-import-not-at-top
-  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
+  from transformer.model.models import build_model  # pylint: disable=g-import-not-at-top
   cfg = config_lib.model_config(d_model=32, num_heads=3, head_dim=16, mlp_dim=48, vocab_size=20,
                                 source_vocab_size=20, num_encoder_layers=1, num_decoder_layers=1)
   assert (cfg.head_dim, cfg.v_head_dim) == (16, 16)

@@ -15,8 +15,8 @@ from transformer.config import ConfigError, from_configdict
 from transformer.data import builders
 from transformer.data import cmudict
 from transformer.data import load_task
-from transformer.models import build_model
-from transformer.training import fill_vocab_sizes
+from transformer.model.models import build_model
+from transformer.train.loop import fill_vocab_sizes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 G2P_VARIANTS = ["tiny", "fast", "best", "small", "base", "ablate"]

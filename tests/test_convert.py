@@ -23,7 +23,8 @@ transformers = pytest.importorskip("transformers")
 tokenizers_lib = pytest.importorskip("tokenizers")
 
 import transformer  # noqa: E402
-from transformer import convert, evaluation, predict  # noqa: E402
+from transformer import convert  # noqa: E402
+from transformer.infer import evaluation, predict
 from transformer.config import model_config  # noqa: E402
 from transformer.convert import gpt2  # noqa: E402
 from transformer.data import tokenizers  # noqa: E402
@@ -215,7 +216,7 @@ def test_round_trip_is_bitwise_equal(hf_dir, converted, tmp_path):
 
 def test_converted_workdir_restores_predicts_and_evaluates(converted, run, capsys):
   """The workdir is one the rest of the library reads: restore() gives a decoder-only run with the
-  'hf' tokenizer (GPT-2 ids + 4), `python -m transformer.predict` continues a prompt, and eval.py's
+  'hf' tokenizer (GPT-2 ids + 4), `python -m transformer.infer.predict` continues a prompt, and eval.py's
   evaluate() scores the --text_file's validation split."""
   assert run.config.model.ffn == "gelu_tanh" and run.config.model.positional == "learned"
   assert run.target_tokenizer.kind == "hf" and run.step == 0
@@ -350,7 +351,7 @@ def test_notebook_plots_a_converted_gpt2(converted, tmp_path):
   """The notebook's last section (notebooks/explore.py), run on the converted workdir, draws the
   learned positional embeddings and the last layer's attention maps."""
   import jupytext
-  from transformer import viz
+  from transformer.infer import viz
   notebook = jupytext.read(os.path.join(REPO, "notebooks", "explore.py"))
   cells = [c.source for c in notebook.cells]
   code = cells[next(i for i, c in enumerate(cells) if c.startswith("## A converted GPT-2")) + 1]

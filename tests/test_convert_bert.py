@@ -23,7 +23,7 @@ from transformer import convert  # noqa: E402
 from transformer.config import model_config  # noqa: E402
 from transformer.convert import bert  # noqa: E402
 from transformer.data import tokenizers  # noqa: E402
-from transformer.models import build_model  # noqa: E402
+from transformer.model.models import build_model  # noqa: E402
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 SENTENCES = ["the cat sees the mat.", "a dog likes a red ball.", "my friend finds some fish.",
@@ -218,7 +218,7 @@ def test_bert_knobs_are_ordinary_config_values():
                      mlp_dim=32, num_encoder_layers=1, embedding_norm=True, head_transform=True,
                      logits_bias=True, **extra)
     batch = {"inputs": np.ones((1, 4), np.int32), "targets": np.ones((1, 4), np.int32)}
-    from transformer.models import batch_init
+    from transformer.model.models import batch_init
     params = batch_init(build_model(m), {"params": jax.random.key(0)}, batch)["params"]
     names = {jax.tree_util.keystr(path)
              for path, _ in jax.tree_util.tree_flatten_with_path(nn.unbox(params))[0]}
@@ -251,7 +251,7 @@ def test_notebook_plots_a_converted_bert(converted, tmp_path, capsys):
   """The notebook's BERT section (notebooks/explore.py), run on the converted workdir, fills the
   mask, draws the learned positional embeddings and the last layer's attention maps."""
   import jupytext
-  from transformer import viz
+  from transformer.infer import viz
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   notebook = jupytext.read(os.path.join(repo, "notebooks", "explore.py"))
   cells = [c.source for c in notebook.cells]
@@ -266,10 +266,10 @@ def test_notebook_plots_a_converted_bert(converted, tmp_path, capsys):
 
 
 def test_predict_prints_berts_own_top_k_and_probabilities(hf_dir, converted, capsys):
-  """`python -m transformer.predict --top_k=3` on the converted workdir prints at the marker
+  """`python -m transformer.infer.predict --top_k=3` on the converted workdir prints at the marker
   BERT's own three most likely tokens for [CLS] text-with-[MASK] [SEP], with the probabilities
   of BERT's softmax over its vocabulary (to the 3 decimals printed), and fill_mask's text."""
-  from transformer import predict
+  from transformer.infer import predict
   _, model, tok = hf_dir
   left, right = "the cat", "the mat."
   ids = ([tok.token_to_id("[CLS]")] + tok.encode(left, add_special_tokens=False).ids

@@ -1,4 +1,4 @@
-"""Fine-tuning a converted BERT (`train.py --init_from=<converted>`, transformer/finetune.py).
+"""Fine-tuning a converted BERT (`train.py --init_from=<converted>`, transformer/train/finetune.py).
 
 Offline: test_convert_bert.py's tiny random BertForMaskedLM (untied head: the head has every
 tensor BERT's can have), converted, then trained for 2 steps (dropout off, so the first logged
@@ -24,11 +24,14 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import transformer  # noqa: E402
-from transformer import checkpoints, convert, finetune, models, steps  # noqa: E402
+from transformer import convert  # noqa: E402
+from transformer.model import models
+from transformer.run import checkpoints
+from transformer.train import finetune, steps
 from transformer import schema  # noqa: E402
 from transformer.config import ConfigError, from_configdict  # noqa: E402
 from transformer.data import load_task  # noqa: E402
-from transformer.training import train_and_evaluate  # noqa: E402
+from transformer.train.loop import train_and_evaluate  # noqa: E402
 from configs import classify, mlm  # noqa: E402
 import encoder_fixtures  # noqa: E402
 import test_convert_bert  # noqa: E402

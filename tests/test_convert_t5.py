@@ -28,7 +28,8 @@ transformers = pytest.importorskip("transformers")
 tokenizers_lib = pytest.importorskip("tokenizers")
 
 import transformer  # noqa: E402
-from transformer import convert, evaluation, predict  # noqa: E402
+from transformer import convert  # noqa: E402
+from transformer.infer import evaluation, predict
 from transformer.convert import t5  # noqa: E402
 from transformer.data import tokenizers  # noqa: E402
 
@@ -264,7 +265,7 @@ def test_relative_buckets_equal_hugging_face(runs):
   """positional.relative_position_bucket equals T5Attention._relative_position_bucket for every
   offset in [-300, 300], bidirectional (encoder) and causal (decoder), at T5's 32/128 and the test
   models' 8/20."""
-  from transformer import positional
+  from transformer.model import positional
   rel = np.arange(-300, 301)
   for buckets, distance in ((32, 128), (8, 20)):
     for bidirectional in (True, False):
@@ -278,7 +279,7 @@ def test_converted_workdir_restores_and_tokenizes_like_t5(hf_dirs, converted, ru
   """The workdir is one the library reads: restore() gives an encoder-decoder run whose 'hf'
   tokenizer (both sides, data.hf_id_offset=0) encodes exactly as the tokenizers library does
   (T5's ids, no shift; its unknown token is T5's <unk> 2), decodes back and stops at </s>, and
-  generate_text and `python -m transformer.predict` run end to end."""
+  generate_text and `python -m transformer.infer.predict` run end to end."""
   run = runs["flan"]
   assert run.config.model.ffn == "geglu_tanh" and not run.config.model.tie_embeddings
   assert runs["t5"].config.model.ffn == "relu" and runs["t5"].config.model.scale_decoder_output

@@ -1,4 +1,4 @@
-"""Tests of transformer/decoding.py: the search loops on toy distributions, then generate() on models."""
+"""Tests of transformer/infer/decoding.py: the search loops on toy distributions, then generate() on models."""
 
 import functools
 import itertools
@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import decoding
+from transformer.infer import decoding
 from transformer.data import pipeline
-from transformer.decoding import Search
+from transformer.infer.decoding import Search
 
 # ----------------------------------------------------------------------------- toy step functions
 
@@ -246,7 +246,7 @@ def test_search_settings_errors():
 # ----------------------------------------------------------------------------- generate() on models
 
 from transformer.config import DecodeConfig, model_config  # noqa: E402
-from transformer.models import build_model  # noqa: E402
+from transformer.model.models import build_model  # noqa: E402
 
 
 def _decode_cfg(method="greedy", beam_size=1, length_penalty=0.0, **kw):

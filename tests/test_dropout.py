@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import base
-from transformer import layers
+from transformer.model import layers
 from transformer.config import ConfigError, from_configdict
 
 

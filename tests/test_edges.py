@@ -23,7 +23,10 @@ import pytest
 
 import g2p_mini
 from configs import base
-from transformer import cli, config as config_lib, decoding, files, inputs, predict, sweeps
+from transformer import cli, config as config_lib, files
+from transformer.data import inputs
+from transformer.infer import decoding, predict
+from transformer.sweeps.spec import spec
 from transformer.config import ConfigError, from_configdict
 from transformer.convert import ConvertError, read_hf
 from transformer.data import builders
@@ -166,7 +169,7 @@ def test_out_of_memory_names_the_model_size():
                                   source_vocab_size=50)
   line = cli.environment_error(e.value, lambda: model)
   assert line.startswith("out of memory: RESOURCE_EXHAUSTED") and "\n" not in line
-  from transformer import models  # pylint: disable=g-import-not-at-top
+  from transformer.model import models  # pylint: disable=g-import-not-at-top
   n = models.parameter_count(model)
   assert f"the model has {n:,} parameters (" in line and n > 64 * 128
 
@@ -292,11 +295,11 @@ def test_corrupt_converter_weights_are_one_line(tmp_path, name):
 def test_a_sweep_file_that_raises_names_its_line(tmp_path):
   path = tmp_path / "bad.py"
   path.write_text("import os\nVALUES = os.environ['NO_SUCH_VARIABLE_X']\n")
-  with pytest.raises(sweeps.SweepError, match=rf"sweep file {path}:2: KeyError: 'NO_SUCH"):
-    sweeps.load_sweep(str(path), base.get_config())
+  with pytest.raises(spec.SweepError, match=rf"sweep file {path}:2: KeyError: 'NO_SUCH"):
+    spec.load_sweep(str(path), base.get_config())
   path.write_text("def get_sweep():\n  return [{'a': 1 / 0}]\n")
-  with pytest.raises(sweeps.SweepError, match=rf"sweep file {path}:2: ZeroDivisionError"):
-    sweeps.load_sweep(str(path), base.get_config())
+  with pytest.raises(spec.SweepError, match=rf"sweep file {path}:2: ZeroDivisionError"):
+    spec.load_sweep(str(path), base.get_config())
 
 
 def test_no_training_examples_left_is_a_config_error(trained):
@@ -341,7 +344,7 @@ def test_a_train_state_larger_than_memory_is_refused_before_allocating(trained):
   with open(os.path.join(trained, "config.json")) as f:
     cd = ml_collections.ConfigDict(json.load(f))
   cd.model.update(d_model=524288, num_heads=2, mlp_dim=1048576)
-  from transformer import training  # pylint: disable=g-import-not-at-top
+  from transformer.train import loop  # pylint: disable=g-import-not-at-top
   with pytest.raises(ConfigError, match=r"model.d_model=524288, model.mlp_dim=1048576: the model "
                      r"has [\d,]+ parameters and its train state needs [\d,.]+ GiB, more than"):
-    training.train_and_evaluate(cd, os.path.join(os.path.dirname(trained), "huge"))
+    loop.train_and_evaluate(cd, os.path.join(os.path.dirname(trained), "huge"))

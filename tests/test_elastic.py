@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import checkpoints
+from transformer.run import checkpoints
 from transformer.config import from_configdict
 from transformer.data import load_task, pipeline
 from transformer.data.stream import Stream
@@ -259,7 +259,7 @@ def scenario_leg(root: str, num_steps: int, processes: int, process_id: int, por
   """One process of one leg in root/run on the data of root/data: trains to num_steps and returns,
   per training batch, the examples (epoch, id) by the iterator's hook and the rows' tokens."""
   import fcntl  # pylint: disable=g-import-not-at-top
-  from transformer import parallel, training  # pylint: disable=g-import-not-at-top
+  from transformer.train import loop, parallel  # pylint: disable=g-import-not-at-top
   workdir, data_root = os.path.join(root, "run"), os.path.join(root, "data")
   cd = leg_config(data_root, num_steps, processes, process_id, port)
   parallel.initialize_distributed(from_configdict(cd).parallel)
@@ -284,7 +284,7 @@ def scenario_leg(root: str, num_steps: int, processes: int, process_id: int, por
     return it
 
   task.train_iterator = recording_iterator
-  final = training.train_and_evaluate(cd, workdir, task=task)
+  final = loop.train_and_evaluate(cd, workdir, task=task)
   # The loop's last iterator is the one it trained from (the first gave an example batch).
   return dict(step=final["step"], batches=made[-1].log)
 

@@ -1,5 +1,5 @@
-"""Tests of the EMA of the parameters (train.ema_decay): the compiled step (transformer/steps.py,
-optim.update_ema), its config check, the loop (transformer/training.py: resume, in-training
+"""Tests of the EMA of the parameters (train.ema_decay): the compiled step (transformer/train/steps.py,
+optim.update_ema), its config check, the loop (transformer/train/loop.py: resume, in-training
 evaluation) and runs without an EMA (their train state has no EMA node; turning it on at resume
 is refused).
 
@@ -23,10 +23,12 @@ import pytest
 
 import synthetic_task
 from configs import base
-from transformer import checkpoints, evaluation, optim, steps, training
-from transformer.checkpoints import CheckpointError
+from transformer.infer import evaluation
+from transformer.run import checkpoints
+from transformer.train import loop, optim, steps
+from transformer.run.checkpoints import CheckpointError
 from transformer.config import ConfigError, from_configdict
-from transformer.models import build_model
+from transformer.model.models import build_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 13
@@ -146,8 +148,8 @@ import json, sys
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1])
 import test_ema as t
-from transformer import optim, parallel, steps
-from transformer.models import build_model
+from transformer.train import optim, parallel, steps
+from transformer.model.models import build_model
 assert jax.device_count() == 2
 cfg = t.tiny_config(ema_decay=0.5)
 model, tx = build_model(cfg.model), optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
@@ -231,8 +233,8 @@ def test_resume_from_a_mid_run_checkpoint_gives_the_same_ema_bitwise(ema_run, tm
   workdir = str(tmp_path / "cut")
   shutil.copytree(ema_run, workdir)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "20"))
-  os.remove(os.path.join(workdir, training.DONE_FILE))
-  result = training.train_and_evaluate(synthetic_task.config(**EMA_RUN), workdir,
+  os.remove(os.path.join(workdir, loop.DONE_FILE))
+  result = loop.train_and_evaluate(synthetic_task.config(**EMA_RUN), workdir,
                                        task=synthetic_task.ReverseTask())
   assert result["step"] == 20
   a, b = _saved_state(ema_run, 20), _saved_state(workdir, 20)
@@ -295,17 +297,17 @@ def test_turning_the_ema_on_at_resume_is_one_line_and_its_decay_may_change(tmp_p
   workdir = str(tmp_path / "run")
   cd = synthetic_task.config(**{"train.num_steps": 10})
   task = synthetic_task.ReverseTask()
-  training.train_and_evaluate(cd, workdir, task=task)
+  loop.train_and_evaluate(cd, workdir, task=task)
   assert set(_saved_state(workdir, 10)) == {"step", "params", "opt_state", "rng"}
   result = evaluation.evaluate_split(workdir, "validation", task=task, verbose=False)
   assert result["params"] == "raw" and result["step"] == 10
   with pytest.raises(CheckpointError, match="train.ema_decay=0.0, this config has 0.9") as e:
-    training.train_and_evaluate(synthetic_task.config(**{"train.num_steps": 20,
+    loop.train_and_evaluate(synthetic_task.config(**{"train.num_steps": 20,
                                                          "train.ema_decay": 0.9}), workdir,
                                 task=task)
   assert "\n" not in str(e.value)
   longer = synthetic_task.config(**{"train.num_steps": 20})
-  assert training.train_and_evaluate(longer, workdir, task=task)["step"] == 20
+  assert loop.train_and_evaluate(longer, workdir, task=task)["step"] == 20
 
 
 @pytest.mark.slow  # ~30 s of CPU (a training with --init_from), ~70 s with the cores shared
@@ -315,7 +317,7 @@ def test_fine_tuning_from_an_ema_run_starts_from_its_ema(ema_run, tmp_path):
   d_1 = min(0.9, 2/11) and p_0 the source run's EMA."""
   workdir = str(tmp_path / "tuned")
   cd = synthetic_task.config(**{"train.num_steps": 1, "train.ema_decay": 0.9})
-  training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask(), init_from=ema_run)
+  loop.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask(), init_from=ema_run)
   start, tuned = _saved_state(ema_run, 20)["ema_params"], _saved_state(workdir, 1)
   d = 2 / 11
   for p0, p1, e1 in zip(jax.tree.leaves(start), jax.tree.leaves(tuned["params"]),

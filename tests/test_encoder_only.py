@@ -1,4 +1,4 @@
-"""The encoder-only model (transformer.models.EncoderOnly, transformer/heads.py): its heads,
+"""The encoder-only model (transformer.model.models.EncoderOnly, transformer/model/heads.py): its heads,
 pooling that ignores padding and row neighbours, and every encoder knob, against naive NumPy
 references and invariance properties."""
 
@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import heads, models, steps
+from transformer.model import heads, models
+from transformer.train import steps
 from transformer.config import model_config
 from model_fixtures import _stack_layers
 

@@ -1,4 +1,4 @@
-"""Ensembles (transformer/ensemble.py): the mean of several models' probabilities, scored
+"""Ensembles (transformer/model/ensemble.py): the mean of several models' probabilities, scored
 teacher-forced (steps.make_eval_step), decoded with one KV cache per member (decoding.generate) and
 read back from several runs (evaluation.evaluate_split, eval.py --ensemble).
 
@@ -20,9 +20,11 @@ import pytest
 
 import g2p_mini
 from test_decoding import _decode_cfg, _full_forward_log_probs, _length, _tiny_model, random_params
-from transformer import decoding, ensemble, evaluation, steps
+from transformer.infer import decoding, evaluation
+from transformer.model import ensemble
+from transformer.train import steps
 from transformer.config import model_config
-from transformer.models import build_model
+from transformer.model.models import build_model
 from transformer.metrics import wer_per
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -167,7 +169,7 @@ def test_ensemble_eval_step_scores_the_mean_probability():
 def runs(tmp_path_factory):
   """Two mini G2P runs over the same words (so the same vocabularies): 60 steps seed 0, 40 steps
   seed 1."""
-  from transformer.training import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from transformer.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   first = g2p_mini.trained_run(tmp_path_factory)
   root = tmp_path_factory.mktemp("ensemble")
   second = str(root / "seed1")
@@ -210,7 +212,7 @@ def test_restore_a_list_of_runs_is_their_ensemble(runs):
   NumPy over each run's own teacher-forced logits), decodes greedily the argmax of that mean at
   every position of its outputs (uncached forward passes of the members), restores a list of
   one as that run bit for bit, and refuses `attention` in one line."""
-  from transformer import api  # pylint: disable=g-import-not-at-top
+  from transformer.infer import api  # pylint: disable=g-import-not-at-top
   first, second = runs
   both, a, b = api.restore([first, second]), api.restore(first), api.restore(second)
   assert both.members == (first, second) and both.step == (60, 40) and "ensemble of 2" in repr(both)
@@ -233,9 +235,9 @@ def test_restore_a_list_of_runs_is_their_ensemble(runs):
 
 
 def test_predict_cli_decodes_with_the_ensemble(runs, capsys):
-  """python -m transformer.predict --ensemble=B prints what restore([A, B]) decodes; a member
+  """python -m transformer.infer.predict --ensemble=B prints what restore([A, B]) decodes; a member
   given twice is one `error:` line saying so, exit 1."""
-  from transformer import api, predict  # pylint: disable=g-import-not-at-top
+  from transformer.infer import api, predict  # pylint: disable=g-import-not-at-top
   first, second = runs
   words = ["hello", "world"]
   assert predict.main([f"--workdir={first}", f"--ensemble={second}", "--method=greedy",

@@ -1,4 +1,4 @@
-"""Tests of evaluation.py, eval.py, predict.py and the notebook API (transformer/api.py).
+"""Tests of evaluation.py, eval.py, predict.py and the notebook API (transformer/infer/api.py).
 
 Most tests share one tiny G2P run trained by `train_and_evaluate` on a few hundred CMUdict words
 (tests/g2p_mini.py), read through the real data layer.
@@ -18,7 +18,8 @@ import sacrebleu
 
 import g2p_mini
 from configs import base
-from transformer import api, checkpoints, evaluation, predict
+from transformer.infer import api, evaluation, predict
+from transformer.run import checkpoints
 from transformer.config import ConfigError, from_configdict, to_dict
 from transformer.metrics import wer_per
 
@@ -266,10 +267,10 @@ def test_attention_shapes_and_normalisation(run):
 
 
 def test_predict_cli_gives_one_line_errors(workdir):
-  """python -m transformer.predict decodes good inputs and prints one `error:` line (no traceback)
+  """python -m transformer.infer.predict decodes good inputs and prints one `error:` line (no traceback)
   for unknown characters and over-long inputs; exit status 1."""
   out = subprocess.run(
-      [sys.executable, "-m", "transformer.predict", f"--workdir={workdir}", "Hello", "héllo",
+      [sys.executable, "-m", "transformer.infer.predict", f"--workdir={workdir}", "Hello", "héllo",
        "a" * 40], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
   assert out.returncode == 1, out.stderr[-2000:]
   lines = out.stdout.strip().splitlines()

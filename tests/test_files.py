@@ -119,9 +119,11 @@ def test_missing_backend_is_a_clear_error(monkeypatch):
 def test_run_files_on_a_bucket(bucket):
   """train_done.json written by training is read back by the sweep runner, and a config.json in
   the bucket is what checkpoints.check_compatible compares against (no local file involved)."""
-  from transformer import checkpoints, sweep_runner, training  # pylint: disable=g-import-not-at-top
-  training.write_done_marker(bucket, 7, "num_steps", {"eval/loss": 1.5}, 2.0)
-  done = sweep_runner.read_json(bucket + "/" + training.DONE_FILE)
+  from transformer.run import checkpoints  # pylint: disable=g-import-not-at-top
+  from transformer.sweeps.spec import runner
+  from transformer.train import loop
+  loop.write_done_marker(bucket, 7, "num_steps", {"eval/loss": 1.5}, 2.0)
+  done = runner.read_json(bucket + "/" + loop.DONE_FILE)
   assert done == {"step": 7, "reason": "num_steps", "wall_seconds": 2.0,
                   "metrics": {"eval/loss": 1.5}}
   files.write_text_atomic(bucket + "/config.json", json.dumps({"model": {"d_model": 8}}))

@@ -120,5 +120,5 @@ def test_model_code_imports_no_data_training_or_io(name):
 def test_steps_training_evaluation_arrows():
   """steps imports neither loop; training imports evaluation, never the reverse."""
   graph = package_graph()
-  assert not graph["transformer.steps"] & {"transformer.training", "transformer.evaluation"}
-  assert "transformer.training" not in graph["transformer.evaluation"]
+  assert not graph["transformer.train.steps"] & {"transformer.train.loop", "transformer.infer.evaluation"}
+  assert "transformer.train.loop" not in graph["transformer.infer.evaluation"]

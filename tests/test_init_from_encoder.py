@@ -1,4 +1,4 @@
-"""`train.py --init_from` for encoder-only fine-tuning (transformer/finetune.py: init_from_config,
+"""`train.py --init_from` for encoder-only fine-tuning (transformer/train/finetune.py: init_from_config,
 init_params with a fresh tree, shared_params): the pretrained encoder and embeddings load
 exactly, the new head is freshly initialised (its keys the new config's unless a masked LM
 continues), and mismatched parameters are one line naming them. Then the restored runs'
@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 
 import transformer
-from transformer import checkpoints, finetune, models, steps
+from transformer.model import models
+from transformer.run import checkpoints
+from transformer.train import finetune, steps
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL
 from transformer.config import ConfigError, from_configdict
-from transformer.evaluation import evaluate_split
-from transformer.training import train_and_evaluate
+from transformer.infer.evaluation import evaluate_split
+from transformer.train.loop import train_and_evaluate
 import encoder_fixtures
 
 

@@ -116,7 +116,7 @@ def test_first_sigint_requests_a_stop_and_the_second_raises():
   """A first SIGINT only sets the flag (reason 'interrupted'); a second raises KeyboardInterrupt
   at once; after SIGTERM (reason 'preempted') a SIGINT raises too; uninstall restores both
   handlers."""
-  from transformer import preemption  # pylint: disable=g-import-not-at-top
+  from transformer.train import preemption  # pylint: disable=g-import-not-at-top
   before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
   for first, reason in ((signal.SIGINT, "interrupted"), (signal.SIGTERM, "preempted")):
     handler = preemption.install_preemption_handler()
@@ -224,14 +224,14 @@ def test_signals_to_the_sweep_reach_its_running_points(tmp_path, sig, forwarded)
   SIGINT, SIGTERM and SIGTERM (each asks train.py to save and stop); run() waits for the
   trainer, raises KeyboardInterrupt and reports the signal; the trainer runs in a session of its
   own, so a Ctrl-C to the terminal's process group reaches only the sweep."""
-  from transformer import sweep_runner, sweeps  # pylint: disable=g-import-not-at-top
+  from transformer.sweeps.spec import runner, spec  # pylint: disable=g-import-not-at-top
   from sweep_fixtures import load_config_file  # pylint: disable=g-import-not-at-top
   (tmp_path / "s.py").write_text("def get_sweep():\n  return [{'seed': 1}, {'seed': 2}]\n")
   (tmp_path / "record.py").write_text(RECORD_SIGNAL)
   config = "configs/g2p.py:tiny"
-  points = sweeps.plan(load_config_file(config), config, str(tmp_path / "s.py"),
+  points = spec.plan(load_config_file(config), config, str(tmp_path / "s.py"),
                        str(tmp_path / "w"))
-  recording_cmds = sweeps.Commands(config, train_script=str(tmp_path / "record.py"), eval_split="")
+  recording_cmds = spec.Commands(config, train_script=str(tmp_path / "record.py"), eval_split="")
   started = os.path.join(points[0].workdir, "started")
 
   def signal_when_started():
@@ -243,10 +243,10 @@ def test_signals_to_the_sweep_reach_its_running_points(tmp_path, sig, forwarded)
 
   threading.Thread(target=signal_when_started, daemon=True).start()
   with pytest.raises(KeyboardInterrupt):
-    sweep_runner.run(points[:2], recording_cmds, echo=lambda _: None)
+    runner.run(points[:2], recording_cmds, echo=lambda _: None)
   with open(os.path.join(points[0].workdir, "got")) as f:
     assert f.read() == forwarded
-  assert sweep_runner.stop_signal() == getattr(signal, forwarded)
+  assert runner.stop_signal() == getattr(signal, forwarded)
   with open(started) as f:
     assert f.read() == "own session"
   assert not os.path.exists(points[1].workdir)  # nothing new started after the signal
@@ -267,7 +267,7 @@ RUNNER = """
 import os, runpy, sys, time
 sys.path.insert(0, {tests!r})
 import synthetic_task
-from transformer import training
+from transformer.train import loop
 marker = sys.argv[1]
 
 class BlockingEvalTask(synthetic_task.ReverseTask):
@@ -329,7 +329,7 @@ def scenario_two_hosts(process_id: int, port: int, ready: str) -> dict:
   jax.config.update("jax_num_cpu_devices", 1)
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                              process_id=process_id)
-  from transformer import preemption  # pylint: disable=g-import-not-at-top
+  from transformer.train import preemption  # pylint: disable=g-import-not-at-top
   handler = preemption.install_preemption_handler()
   for step in range(1, 6000):
     time.sleep(0.01 * (1 + process_id))  # the hosts run at different speeds

@@ -1,4 +1,4 @@
-"""Tests for transformer/kv_cache.py against independent NumPy references.
+"""Tests for transformer/model/kv_cache.py against independent NumPy references.
 
 A toy decoder (one attention layer whose queries, keys and values are the inputs themselves, no
 projections) writes through kv_cache exactly as the model does, so the cache's bookkeeping, the
@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import attention
-from transformer import kv_cache
+from transformer.model import attention
+from transformer.model import kv_cache
 
 RNG = np.random.default_rng(0)
 H, L = 4, 8  # head size, cache length (max_len)

@@ -1,4 +1,4 @@
-"""Tests for transformer.layers against NumPy references built from the same parameters."""
+"""Tests for transformer.model.layers against NumPy references built from the same parameters."""
 
 import dataclasses
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from transformer.config import model_config
-from transformer.layers import FFNS, Embed, FeedForward, make_norm
-from transformer.models import build_model
+from transformer.model.layers import FFNS, Embed, FeedForward, make_norm
+from transformer.model.models import build_model
 
 
 def _cfg(**overrides):

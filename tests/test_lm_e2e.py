@@ -21,7 +21,8 @@ import pytest
 
 import transformer
 from configs import lm
-from transformer import decoding, evaluation, inputs, predict
+from transformer.data import inputs
+from transformer.infer import decoding, evaluation, predict
 
 MAX_LEN = ROW = 64  # model.max_len = data.max_target_len (LM rows of 64 characters), as lm.py
 GREEDY_LEN = 24  # tokens decoded greedily for the reference comparison
@@ -205,7 +206,7 @@ def test_restore_generate_matches_the_causal_reference(lm_run, evaluated, restor
 
 
 def test_predict_cli_continues_lm_prompts(lm_run, capsys):
-  """`python -m transformer.predict` on the LM run, without --max_decode_len, continues a prompt
+  """`python -m transformer.infer.predict` on the LM run, without --max_decode_len, continues a prompt
   (exit 0, one 'prompt<TAB>continuation' line, as restore().generate); a prompt that fills the
   whole context is a one-line error naming model.max_len - 1."""
   workdir, text, _ = lm_run

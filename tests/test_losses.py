@@ -1,10 +1,10 @@
-"""Tests for transformer.losses against a naive NumPy reference."""
+"""Tests for transformer.model.losses against a naive NumPy reference."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.losses import cross_entropy
+from transformer.model.losses import cross_entropy
 
 
 def _reference(logits, targets, weights, ls, z):
@@ -44,7 +44,7 @@ def test_excluded_ids_are_not_classes(ls):
   """With `excluded` ids (model.excluded_ids: logits -1e30, probability 0), the loss is the
   NumPy formula over the other classes alone: finite, and smoothing spreads label_smoothing /
   (n - 1) over the n kept classes only."""
-  from transformer.heads import EXCLUDED_LOGIT
+  from transformer.model.heads import EXCLUDED_LOGIT
   rng = np.random.default_rng(1)
   v, excluded = 9, (0, 2, 3, 7)
   kept = np.setdiff1d(np.arange(v), excluded)

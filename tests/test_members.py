@@ -1,4 +1,4 @@
-"""Tests of train.members (transformer/members.py): N runs in one vmapped program equal their
+"""Tests of train.members (transformer/train/members.py): N runs in one vmapped program equal their
 separate runs, and each member's workdir is a plain run's, on the synthetic reverse task."""
 
 import json
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import synthetic_task
-from transformer import checkpoints, members, training
+from transformer.run import checkpoints
+from transformer.train import loop, members
 from transformer.config import ConfigError, from_configdict
 
 SPEC = "seed=0;seed=1;seed=0,train.learning_rate=1e-3,train.label_smoothing=0.2,model.dropout_rate=0"
@@ -40,7 +41,7 @@ def _losses(workdir):
 
 def _params(workdir, cd):
   cfg = from_configdict(cd)
-  cfg = training.fill_vocab_sizes(cfg, synthetic_task.ReverseTask())
+  cfg = loop.fill_vocab_sizes(cfg, synthetic_task.ReverseTask())
   return jax.device_get(checkpoints.read_params(cfg, workdir).params)
 
 
@@ -55,15 +56,15 @@ def runs(tmp_path_factory):
   scan of the vmapped step), and each member's separate, uninterrupted run."""
   root = tmp_path_factory.mktemp("members")
   together = str(root / "together")
-  training.train_and_evaluate(_config(**{"train.members": SPEC, "train.num_steps": 10}),
+  loop.train_and_evaluate(_config(**{"train.members": SPEC, "train.num_steps": 10}),
                               together, task=synthetic_task.ReverseTask())
-  result = training.train_and_evaluate(
+  result = loop.train_and_evaluate(
       _config(**{"train.members": SPEC, "train.steps_per_dispatch": 5}), together,
       task=synthetic_task.ReverseTask())
   separate = []
   for i, overrides in enumerate(PLAIN):
     workdir = str(root / f"separate{i}")
-    training.train_and_evaluate(_config(**overrides), workdir, task=synthetic_task.ReverseTask())
+    loop.train_and_evaluate(_config(**overrides), workdir, task=synthetic_task.ReverseTask())
     separate.append(workdir)
   return together, result, separate
 
@@ -108,7 +109,7 @@ def test_members_at_different_steps_do_not_resume(runs, tmp_path):
   shutil.copytree(together, workdir)
   shutil.rmtree(os.path.join(workdir, NAMES[1], "checkpoints", "20"))
   with pytest.raises(checkpoints.CheckpointError, match="latest checkpoints differ") as e:
-    training.train_and_evaluate(_config(**{"train.members": SPEC, "train.num_steps": 30}),
+    loop.train_and_evaluate(_config(**{"train.members": SPEC, "train.num_steps": 30}),
                                 workdir, task=synthetic_task.ReverseTask())
   assert "seed=1: 10" in str(e.value) and "\n" not in str(e.value)
 
@@ -117,7 +118,8 @@ def test_member_workdirs_restore_evaluate_and_resume_alone(runs, tmp_path):
   """transformer.restore reads each member's workdir (its step, its parameters: their eval loss is
   the one the member logged), the members restore as an ensemble, and a member's workdir resumes
   as a plain run of its own config (from step 20 to 25, metrics.jsonl continued)."""
-  from transformer import api, steps  # pylint: disable=g-import-not-at-top
+  from transformer.infer import api  # pylint: disable=g-import-not-at-top
+  from transformer.train import steps
   together, _, _ = runs
   task = synthetic_task.ReverseTask()
   dirs = [os.path.join(together, n) for n in NAMES]
@@ -135,11 +137,11 @@ def test_member_workdirs_restore_evaluate_and_resume_alone(runs, tmp_path):
   alone = str(tmp_path / "alone")
   import shutil  # pylint: disable=g-import-not-at-top
   shutil.copytree(dirs[1], alone)
-  result = training.train_and_evaluate(_config(**PLAIN[1], **{"train.num_steps": 25}), alone,
+  result = loop.train_and_evaluate(_config(**PLAIN[1], **{"train.num_steps": 25}), alone,
                                        task=task)
   assert result["step"] == 25
   assert [r["step"] for r in _jsonl(alone) if "train/loss" in r] == [5, 10, 15, 20, 25]
-  with open(os.path.join(alone, training.DONE_FILE)) as f:
+  with open(os.path.join(alone, loop.DONE_FILE)) as f:
     assert json.load(f)["step"] == 25
 
 
@@ -159,7 +161,7 @@ def test_member_workdirs_restore_evaluate_and_resume_alone(runs, tmp_path):
 def test_bad_member_specs_are_one_line_config_errors(spec, culprit, tmp_path):
   """Each bad train.members is a one-line ConfigError naming the key, before anything trains."""
   with pytest.raises(ConfigError) as e:
-    training.train_and_evaluate(_config(**{"train.members": spec}), str(tmp_path / "w"),
+    loop.train_and_evaluate(_config(**{"train.members": spec}), str(tmp_path / "w"),
                                 task=synthetic_task.ReverseTask())
   assert culprit in str(e.value) and "\n" not in str(e.value)
   assert not os.path.exists(tmp_path / "w")
@@ -172,7 +174,7 @@ def test_bad_member_specs_are_one_line_config_errors(spec, culprit, tmp_path):
 def test_members_refuse_pmap_and_early_stopping(overrides, culprit, tmp_path):
   """pmap mode and early stopping with train.members are one-line ConfigErrors."""
   with pytest.raises(ConfigError, match=culprit) as e:
-    training.train_and_evaluate(_config(**{"train.members": "seeds:2"}, **overrides),
+    loop.train_and_evaluate(_config(**{"train.members": "seeds:2"}, **overrides),
                                 str(tmp_path / "w"), task=synthetic_task.ReverseTask())
   assert "\n" not in str(e.value)
 
@@ -196,10 +198,10 @@ def test_seeds_short_form_and_member_names():
 def test_a_shared_override_reaches_the_step():
   """Members that share an override of the base config (both learning rate 1e-3, base 3e-3)
   train with it: the step's schedule is the members' (first step's logged learning rate)."""
-  from transformer import optim, steps  # pylint: disable=g-import-not-at-top
-  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
+  from transformer.train import optim, steps  # pylint: disable=g-import-not-at-top
+  from transformer.model.models import build_model  # pylint: disable=g-import-not-at-top
   task = synthetic_task.ReverseTask()
-  cfg = training.fill_vocab_sizes(from_configdict(_config(**{
+  cfg = loop.fill_vocab_sizes(from_configdict(_config(**{
       "train.members": "seed=0,train.learning_rate=1e-3;seed=1,train.learning_rate=1e-3"})), task)
   configs = [m.cfg for m in members.members_of(cfg)]
   build = lambda c: (build_model(c.model), optim.make_optimizer(c.train, d_model=c.model.d_model))
@@ -218,20 +220,20 @@ def test_a_diverging_member_stops_all_members(tmp_path):
   member and step 3; every member keeps its last good checkpoint (step 2) and no train_done."""
   workdir = str(tmp_path / "w")
   cd = _config(**{"train.members": "seeds:2", "train.num_steps": 6, "checkpoint.every_steps": 2})
-  with pytest.raises(training.TrainingDiverged, match="member seed=0: .* at step 3; stopped all "
+  with pytest.raises(loop.TrainingDiverged, match="member seed=0: .* at step 3; stopped all "
                      "2 members") as e:
-    training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask(nan_batch=2))
+    loop.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask(nan_batch=2))
   assert "\n" not in str(e.value)
   for name in ("seed=0", "seed=1"):
     assert os.listdir(os.path.join(workdir, name, "checkpoints")) == ["2"]
-    assert not os.path.exists(os.path.join(workdir, name, training.DONE_FILE))
+    assert not os.path.exists(os.path.join(workdir, name, loop.DONE_FILE))
 
 
 @pytest.mark.parametrize("bits", [8, 32])
 def test_traced_dropout_rate_keeps_what_the_static_rate_keeps(bits):
   """layers.dropout under a vmap over rates [0, 0.1, 0.3, 1] equals the static rate's result
   element for element (a traced 0 is x exactly; 1 drops everything)."""
-  from transformer import layers  # pylint: disable=g-import-not-at-top
+  from transformer.model import layers  # pylint: disable=g-import-not-at-top
   x = jax.random.normal(jax.random.PRNGKey(1), (4, 6, 8))
   key = jax.random.PRNGKey(2)
   rates = [0.0, 0.1, 0.3, 1.0]

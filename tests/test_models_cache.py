@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.kv_cache import reorder as reorder_cache
-from transformer.kv_cache import reorder_beams as reorder_beam_cache
-from transformer.kv_cache import tile_beams as tile_beam_cache
-from transformer.models import build_model
+from transformer.model.kv_cache import reorder as reorder_cache
+from transformer.model.kv_cache import reorder_beams as reorder_beam_cache
+from transformer.model.kv_cache import tile_beams as tile_beam_cache
+from transformer.model.models import build_model
 
 from model_fixtures import ARCHS, B, POSITIONALS, SV, TOL, V, _cfg, _init, _tile
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.models import shift_right
+from transformer.model.models import shift_right
 
 from model_fixtures import ARCHS, B, SV, TOL, V, _cfg, _forward, _init
 
@@ -60,8 +60,9 @@ def test_excluded_ids_get_probability_zero_and_leave_the_rest_as_a_softmax_over_
   model's without the key (same parameters), so the log-softmax equals NumPy's over the kept ids
   alone and the excluded ids have probability exactly 0; the loss stays finite, greedy decoding
   never picks them and sampling never draws them."""
-  from transformer import decoding, losses
-  from transformer.heads import EXCLUDED_LOGIT
+  from transformer.infer import decoding
+  from transformer.model import losses
+  from transformer.model.heads import EXCLUDED_LOGIT
   cfg = _cfg(arch=arch)
   _, params = _init(cfg)
   masked = dataclasses.replace(cfg, excluded_ids='0,2-3,7')

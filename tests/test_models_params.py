@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from transformer.config import ConfigError, model_config
-from transformer.models import build_model
+from transformer.model.models import build_model
 
 from model_fixtures import ARCHS, B, SV, V, _cfg, _forward, _init, _stack_layers, _unstack_layers
 

@@ -1,4 +1,4 @@
-"""Tests for transformer/optim.py: schedules against closed forms, decay mask, clipping, accumulation."""
+"""Tests for transformer/train/optim.py: schedules against closed forms, decay mask, clipping, accumulation."""
 
 import math
 
@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from configs import base
-from transformer import optim
+from transformer.train import optim
 from transformer.config import from_configdict
 
 
@@ -123,7 +123,7 @@ def test_weight_decay_mask_rules():
 def test_weight_decay_mask_on_the_real_model():
   """On build_model's (boxed) param tree exactly the kernels are decayed by default."""
   from transformer.config import model_config  # pylint: disable=g-import-not-at-top
-  from transformer.models import build_model  # pylint: disable=g-import-not-at-top
+  from transformer.model.models import build_model  # pylint: disable=g-import-not-at-top
   cfg = model_config(vocab_size=11, source_vocab_size=11, d_model=8, num_heads=2, mlp_dim=16,
                      num_encoder_layers=1, num_decoder_layers=1, ffn="swiglu")
   tokens = jnp.ones((1, 3), jnp.int32)

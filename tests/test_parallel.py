@@ -1,4 +1,4 @@
-"""Tests of transformer/parallel.py: meshes, shardings, mesh vs pmap vs one device, two processes.
+"""Tests of transformer/train/parallel.py: meshes, shardings, mesh vs pmap vs one device, two processes.
 
 JAX fixes the number of fake CPU devices when it first creates its backend, and under pytest (and
 `pytest -n 2`) another test module may already have done that with one device. So every test that
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from transformer import parallel
+from transformer.train import parallel
 from transformer.config import ConfigError, MeshShape, ParallelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def _tiny_setup(batch_rows: int):
   """The tiny encoder-decoder, its Config, plain adam, STEPS fixed random batches with padding."""
   import optax  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
-  from transformer import models  # pylint: disable=g-import-not-at-top
+  from transformer.model import models  # pylint: disable=g-import-not-at-top
   from transformer.config import from_configdict  # pylint: disable=g-import-not-at-top
   cd = base.get_config()
   # Decoder-only: half the compile time of the encoder-decoder, the same sharding rules.
@@ -69,7 +69,7 @@ def _flat(tree) -> np.ndarray:
 def _initial_state(cfg, model, tx, batches, unbox=True):
   """The TrainState of seed 0 (jit-compiled once: eager flax init runs op by op, slowly)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from transformer import steps  # pylint: disable=g-import-not-at-top
+  from transformer.train import steps  # pylint: disable=g-import-not-at-top
   create = lambda: steps.create_train_state(cfg, model, jax.random.PRNGKey(0), batches[0], tx,
                                                unbox)
   return jax.eval_shape(create) if not unbox else jax.jit(create)()
@@ -78,7 +78,7 @@ def _initial_state(cfg, model, tx, batches, unbox=True):
 def _run_mode(cfg, model, tx, batches, state, mode, mesh, rows):
   """Trains STEPS steps through parallel.compile_train_step; returns (losses, state, eval sums)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from transformer import steps  # pylint: disable=g-import-not-at-top
+  from transformer.train import steps  # pylint: disable=g-import-not-at-top
   shardings = None
   if mode == "mesh":
     shardings = parallel.state_shardings(_initial_state(cfg, model, tx, batches, False), mesh)
@@ -99,7 +99,7 @@ def scenario_modes() -> dict:
   """8 devices: one device (plain jit, no parallel code), mesh 8x1x1, mesh 2x2x2, pmap over 8."""
   import jax  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from transformer import steps  # pylint: disable=g-import-not-at-top
+  from transformer.train import steps  # pylint: disable=g-import-not-at-top
   cfg, model, tx, batches = _tiny_setup(16)
   state = state0 = _initial_state(cfg, model, tx, batches)
   step = jax.jit(steps.make_train_step(cfg, model, tx))

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import lm
-from transformer import models, optim, steps
+from transformer.model import models
+from transformer.train import optim, steps
 from transformer.config import from_configdict
 
 

@@ -1,4 +1,4 @@
-"""Tests for transformer/positional.py: sinusoidal, learned, RoPE, T5 relative buckets, ALiBi, the table."""
+"""Tests for transformer/model/positional.py: sinusoidal, learned, RoPE, T5 relative buckets, ALiBi, the table."""
 
 import dataclasses
 import math
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import positional
+from transformer.model import positional
 from transformer.config import ModelConfig, model_config
 from transformer.schema import KEYS
 

@@ -1,4 +1,4 @@
-"""`python -m transformer.predict` on encoder-only runs (transformer/predict.py, api.Run's
+"""`python -m transformer.infer.predict` on encoder-only runs (transformer/infer/predict.py, api.Run's
 mask_fillers, classify_with_probability, tag).
 
 Three tiny runs trained here on CMUdict words (encoder_fixtures: 2 layers, d_model 32, a few
@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import transformer
-from transformer import models, predict
+from transformer.infer import predict
+from transformer.model import models
 from transformer.data.objectives import ExtraIds
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL
-from transformer.training import train_and_evaluate
+from transformer.train.loop import train_and_evaluate
 import encoder_fixtures
 
 WORDS = ["banana", "information", "cat"]

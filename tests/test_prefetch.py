@@ -1,11 +1,11 @@
-"""transformer/prefetch.py: batches made ahead on a thread are the inner iterator's batches, and
+"""transformer/train/prefetch.py: batches made ahead on a thread are the inner iterator's batches, and
 the state it checkpoints is the state after the last batch taken, never after those made ahead."""
 
 import numpy as np
 import pytest
 
 import synthetic_task
-from transformer import prefetch
+from transformer.train import prefetch
 from transformer.data import pipeline
 
 
@@ -68,7 +68,7 @@ def test_an_error_in_the_thread_is_raised_by_next():
 def test_training_with_and_without_prefetch_is_the_same(tmp_path):
   """data.prefetch=3 and 0 log the same train losses and end at the same eval loss, resumed
   midway or not: the checkpointed iterator state is the loop's position."""
-  from transformer import training  # pylint: disable=g-import-not-at-top
+  from transformer.train import loop  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
 
@@ -81,10 +81,10 @@ def test_training_with_and_without_prefetch_is_the_same(tmp_path):
   for depth in (0, 3):
     workdir = str(tmp_path / f"p{depth}")
     if depth:  # stopped at step 20, then resumed to 30
-      training.train_and_evaluate(synthetic_task.config(**{
+      loop.train_and_evaluate(synthetic_task.config(**{
           "train.num_steps": 20, "data.prefetch": depth}), workdir,
           task=synthetic_task.ReverseTask())
-    out[depth] = training.train_and_evaluate(synthetic_task.config(**{
+    out[depth] = loop.train_and_evaluate(synthetic_task.config(**{
         "train.num_steps": 30, "data.prefetch": depth}), workdir,
         task=synthetic_task.ReverseTask())
     out[f"losses{depth}"] = losses(workdir)

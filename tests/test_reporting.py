@@ -1,4 +1,4 @@
-"""Tests for transformer/reporting.py: FLOP counts vs XLA and parameter shapes, peaks, run files,
+"""Tests for transformer/run/reporting.py: FLOP counts vs XLA and parameter shapes, peaks, run files,
 the data fingerprint in provenance.json and eval's warning when the data differs."""
 
 import glob
@@ -21,12 +21,12 @@ from tensorflow_datasets.proto import tf_example_pb2
 
 import g2p_mini
 from configs import base
-from transformer import evaluation
-from transformer import reporting
+from transformer.infer import evaluation
+from transformer.run import reporting
 from transformer.config import from_configdict, model_config, to_dict
 from transformer.data import load_task
-from transformer.losses import cross_entropy
-from transformer.models import build_model
+from transformer.model.losses import cross_entropy
+from transformer.model.models import build_model
 
 TINY = dict(vocab_size=512, source_vocab_size=512, d_model=128, num_heads=4, mlp_dim=256,
             num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0)

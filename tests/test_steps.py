@@ -1,4 +1,4 @@
-"""Tests of transformer/steps.py: the train and eval steps, scheduled sampling, teacher-forced
+"""Tests of transformer/train/steps.py: the train and eval steps, scheduled sampling, teacher-forced
 metrics and keys."""
 
 import math
@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from configs import base
-from transformer import models, optim, steps
-from transformer import scheduled_sampling
+from transformer.model import models
+from transformer.train import optim, steps
+from transformer.train import scheduled_sampling
 from transformer.config import from_configdict
-from transformer.losses import cross_entropy
-from transformer.models import build_model
+from transformer.model.losses import cross_entropy
+from transformer.model.models import build_model
 
 VOCAB = 13
 
@@ -205,7 +206,7 @@ def test_functions_taking_a_key_accept_typed_and_legacy_keys():
   scheduled_sampling.two_pass_logits and evaluation.decode_batches with sampling (which hands the
   key to decoding.generate)."""
   import dataclasses  # pylint: disable=g-import-not-at-top
-  from transformer import evaluation  # pylint: disable=g-import-not-at-top
+  from transformer.infer import evaluation  # pylint: disable=g-import-not-at-top
   cfg = tiny_config()
   cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dropout_rate=0.3))
   model, batch = build_model(cfg.model), make_batch()

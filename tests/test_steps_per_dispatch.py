@@ -1,5 +1,5 @@
 """train.steps_per_dispatch: K train steps in one compiled lax.scan train exactly as K dispatches of
-one step (the loop in transformer/training.py, steps.scan_steps), on the synthetic reverse task."""
+one step (the loop in transformer/train/loop.py, steps.scan_steps), on the synthetic reverse task."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import os
 import pytest
 
 import synthetic_task
-from transformer import training
+from transformer.train import loop
 from transformer.config import ConfigError, from_configdict
 
 
@@ -27,11 +27,11 @@ def test_dispatch_size_stops_at_every_log_eval_checkpoint_and_the_end():
                                                  "train.steps_per_dispatch": 4}))
   step, sizes = 0, []
   while step < 25:
-    sizes.append(training.dispatch_size(cfg, step))
+    sizes.append(loop.dispatch_size(cfg, step))
     step += sizes[-1]
   assert sizes == [4, 4, 2, 4, 4, 2, 4, 1]
   one = from_configdict(synthetic_task.config())
-  assert {training.dispatch_size(one, s) for s in range(40)} == {1}
+  assert {loop.dispatch_size(one, s) for s in range(40)} == {1}
 
 
 def test_scanned_steps_train_exactly_as_single_steps(tmp_path):
@@ -43,7 +43,7 @@ def test_scanned_steps_train_exactly_as_single_steps(tmp_path):
     workdirs[k] = str(tmp_path / f"k{k}")
     cd = synthetic_task.config(**{"train.num_steps": 30, "train.steps_per_dispatch": k,
                                   "train.schedule": "warmup_cosine", "train.warmup_steps": 5})
-    results[k] = training.train_and_evaluate(cd, workdirs[k], task=synthetic_task.ReverseTask())
+    results[k] = loop.train_and_evaluate(cd, workdirs[k], task=synthetic_task.ReverseTask())
   for key in ("train/loss", "train/grad_norm", "train/learning_rate", "eval/loss"):
     (steps4, values4), (steps1, values1) = (zip(*_logged(workdirs[k], key)) for k in (4, 1))
     assert steps4 == steps1 and values4 == pytest.approx(values1, rel=1e-6, abs=1e-7), key
@@ -59,8 +59,8 @@ def test_nan_inside_a_scanned_dispatch_names_its_step(tmp_path):
   workdir = str(tmp_path / "run")
   cd = synthetic_task.config(**{"train.num_steps": 30, "checkpoint.every_steps": 5,
                                 "train.steps_per_dispatch": 4})
-  with pytest.raises(training.TrainingDiverged, match="at step 13;") as e:
-    training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask(nan_batch=12))
+  with pytest.raises(loop.TrainingDiverged, match="at step 13;") as e:
+    loop.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask(nan_batch=12))
   assert "\n" not in str(e.value)
   assert sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))) == [5, 10]
 
@@ -69,4 +69,4 @@ def test_steps_per_dispatch_needs_mesh_mode():
   cfg = from_configdict(synthetic_task.config(**{"train.steps_per_dispatch": 2,
                                                  "parallel.mode": "pmap"}))
   with pytest.raises(ConfigError, match="train.steps_per_dispatch=2 needs parallel.mode=mesh"):
-    training.check_loop_config(cfg)
+    loop.check_loop_config(cfg)

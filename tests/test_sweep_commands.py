@@ -6,7 +6,7 @@ import shlex
 import textwrap
 
 from sweep_fixtures import ROOT, TINY, sweep_cli, write_sweep, fake  # noqa: F401  (fake: a pytest fixture)
-from transformer import sweep_runner
+from transformer.sweeps.spec import runner
 
 
 def test_dry_run_prints_the_exact_commands(tmp_path):
@@ -46,7 +46,7 @@ def test_tpu_vm_commands_are_exact_and_never_executed(tmp_path):
     w = f"gs://bkt/runs/sw/lr={lr}"
     expected += [f"# lr={lr}", (
         "gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all "
-        f'--command="cd ~/transformer && if ! python3 -m transformer.sweep_runner is_done {w} '
+        f'--command="cd ~/transformer && if ! python3 -m transformer.sweeps.runner is_done {w} '
         "--num_steps=20000 --split=test; then python3 train.py --config=configs/g2p.py:small "
         f"--workdir={w} --config.train.learning_rate={lr} "
         "--config.data.data_dir=gs://bkt/tensorflow_datasets && python3 eval.py "
@@ -85,18 +85,18 @@ def test_readme_tpu_sweep_lines_are_what_sweep_py_prints():
 
 
 def test_is_done_is_the_local_runners_test(fake, capsys):
-  """`python -m transformer.sweep_runner is_done` (the TPU commands' guard) exits 0 exactly when
+  """`python -m transformer.sweeps.runner is_done` (the TPU commands' guard) exits 0 exactly when
   the local runner would skip the point: trained to num_steps and, with --split, evaluated at
   that step; otherwise 1 with the point's status."""
   points, commands = fake
   p = points[0]
   args = ["is_done", p.workdir, f"--num_steps={p.num_steps}", "--split=test"]
-  assert sweep_runner.main(args) == 1 and capsys.readouterr().out == f"{p.workdir}: new\n"
-  assert sweep_runner.run(points[:1], commands, echo=lambda _: None) == []
-  assert sweep_runner.status(p, commands) == "done"
-  assert sweep_runner.main(args) == 0
+  assert runner.main(args) == 1 and capsys.readouterr().out == f"{p.workdir}: new\n"
+  assert runner.run(points[:1], commands, echo=lambda _: None) == []
+  assert runner.status(p, commands) == "done"
+  assert runner.main(args) == 0
   assert capsys.readouterr().out == f"{p.workdir}: done (skipped)\n"
-  assert sweep_runner.main(args[:2] + [f"--num_steps={p.num_steps + 1}"]) == 1  # train further
+  assert runner.main(args[:2] + [f"--num_steps={p.num_steps + 1}"]) == 1  # train further
   os.remove(os.path.join(p.workdir, "metrics.test.json"))
-  assert sweep_runner.main(args) == 1 and capsys.readouterr().out.endswith(": eval\n")
-  assert sweep_runner.main(args[:3]) == 0  # no eval split: trained is done
+  assert runner.main(args) == 1 and capsys.readouterr().out.endswith(": eval\n")
+  assert runner.main(args[:3]) == 0  # no eval split: trained is done

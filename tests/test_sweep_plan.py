@@ -7,7 +7,7 @@ import pytest
 
 from sweep_fixtures import ROOT, TINY, load_config_file, sweep_cli, write_sweep
 from configs import sweeps as helpers
-from transformer import sweeps
+from transformer.sweeps.spec import spec
 from transformer.config import ConfigError
 
 
@@ -35,17 +35,17 @@ def test_point_names_are_readable_safe_unique_and_short():
   bools); unsafe characters become '_'; a name over the limit is cut and ends in a hash, so
   points that differ only after the cut still get different names; shared last parts of two
   keys fall back to the full key."""
-  names = sweeps.point_names(helpers.product(
+  names = spec.point_names(helpers.product(
       helpers.sweep("model.positional", ["rope"]), helpers.sweep("train.learning_rate", [3e-4]),
       helpers.sweep("model.tie_embeddings", [False])))
   assert names == ["positional=rope,lr=0.0003,tie_embeddings=false"]
-  assert sweeps.point_names([{"data.train_file": "a/b c.tsv"}]) == ["train_file=a_b_c.tsv"]
-  assert sweeps.point_names([{}]) == ["baseline"]
-  assert sweeps.point_names([{"data.batch_size": 8, "eval.batch_size": 4}]) == [
+  assert spec.point_names([{"data.train_file": "a/b c.tsv"}]) == ["train_file=a_b_c.tsv"]
+  assert spec.point_names([{}]) == ["baseline"]
+  assert spec.point_names([{"data.batch_size": 8, "eval.batch_size": 4}]) == [
       "data.batch_size=8,eval.batch_size=4"]
   long = [{"data.train_file": "x" * 100 + str(i)} for i in range(2)]
-  cut = sweeps.point_names(long)
-  assert len(set(cut)) == 2 and all(len(n) <= sweeps.MAX_NAME_LEN for n in cut)
+  cut = spec.point_names(long)
+  assert len(set(cut)) == 2 and all(len(n) <= spec.MAX_NAME_LEN for n in cut)
   assert all(n.startswith("train_file=xxxx") for n in cut)
 
 
@@ -57,7 +57,7 @@ def test_shipped_sweep_files_expand_and_validate():
   counts = {"positional": 6, "norm": 3, "ffn": 4, "regularization": 8, "lr": 6, "arch": 2, "ema": 3}
   plans = {}
   for name, n in counts.items():
-    plans[name] = sweeps.plan(config, "configs/g2p.py:small",
+    plans[name] = spec.plan(config, "configs/g2p.py:small",
                               os.path.join(ROOT, f"configs/sweeps/{name}.py"), "w")
     assert len(plans[name]) == n and len({p.name for p in plans[name]}) == n
   assert plans["ffn"][2].overrides == {"model.ffn": "swiglu", "model.mlp_dim": 680}  # 1024 * 2/3
@@ -71,8 +71,8 @@ def test_unknown_key_is_one_line_error_before_anything_runs(tmp_path):
   """A misspelt key fails in plan() naming the key, the sweep file and a suggestion; the CLI
   prints one line, exits 1 and creates no workdir (so nothing was started)."""
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.positonal", ["rope"])\n')
-  with pytest.raises(sweeps.SweepError) as e:
-    sweeps.plan(load_config_file(TINY), TINY, path, str(tmp_path / "w"))
+  with pytest.raises(spec.SweepError) as e:
+    spec.plan(load_config_file(TINY), TINY, path, str(tmp_path / "w"))
   assert "model.positonal" in str(e.value) and path in str(e.value)
   assert "did you mean 'model.positional'" in str(e.value)
   out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={tmp_path / 'w'}")
@@ -91,7 +91,7 @@ def test_bad_values_are_config_errors_naming_the_point(tmp_path):
   for body, pattern in cases.items():
     path = write_sweep(tmp_path, f"def get_sweep():\n  return {body}\n")
     with pytest.raises(ConfigError, match=pattern):
-      sweeps.plan(config, TINY, path, "w")
+      spec.plan(config, TINY, path, "w")
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.d_model", [[1, 2]])\n')
-  with pytest.raises(sweeps.SweepError, match="must be a str, int, float or bool"):
-    sweeps.plan(config, TINY, path, "w")
+  with pytest.raises(spec.SweepError, match="must be a str, int, float or bool"):
+    spec.plan(config, TINY, path, "w")

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from sweep_fixtures import TINY, fake, recording, sweep_cli  # noqa: F401  (fake: a fixture)
-from transformer import sweep_report, sweep_runner, sweeps
+from transformer.sweeps.spec import report, runner, spec
 
 
 def test_runner_parallel_failure_rerun_skips_and_resumes(fake):
@@ -27,45 +27,45 @@ def test_runner_parallel_failure_rerun_skips_and_resumes(fake):
   os.makedirs(points[2].workdir)
   open(os.path.join(points[2].workdir, "FAIL_ONCE"), "w").close()
   calls, lines = [], []
-  failed = sweep_runner.run(points, commands, parallel=2, launch=recording(calls), echo=lines.append)
+  failed = runner.run(points, commands, parallel=2, launch=recording(calls), echo=lines.append)
   assert [p.name for p in failed] == ["lr=2.0"]
-  assert [sweep_runner.status(p, commands) for p in points] == ["done", "done", "new"]
+  assert [runner.status(p, commands) for p in points] == ["done", "done", "new"]
   spans = [json.load(open(os.path.join(p.workdir, "span.json"))) for p in points[:2]]
   assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # they overlapped
-  record = sweep_runner.read_record(points[2])
+  record = runner.read_record(points[2])
   assert record["attempts"][-1]["returncode"] == 3 and "train_seconds" in record
   assert "$ " + " ".join(record["attempts"][-1]["argv"]) in open(
-      os.path.join(points[2].workdir, sweep_runner.LOG)).read()
+      os.path.join(points[2].workdir, runner.LOG)).read()
   calls.clear()
-  assert sweep_runner.run(points, commands, launch=recording(calls), echo=lines.append) == []
+  assert runner.run(points, commands, launch=recording(calls), echo=lines.append) == []
   assert calls == [commands.train(points[2]), commands.eval(points[2])]
   calls.clear()
-  assert sweep_runner.run(points, commands, launch=recording(calls), echo=lines.append) == []
+  assert runner.run(points, commands, launch=recording(calls), echo=lines.append) == []
   assert calls == [] and lines[-3:] == [f"[{i + 1}/3] {p.name}: done (skipped)"
                                         for i, p in enumerate(points)]
   os.remove(os.path.join(points[0].workdir, "metrics.test.json"))
-  assert sweep_runner.pending_commands(points[0], commands) == [("eval", commands.eval(points[0]))]
+  assert runner.pending_commands(points[0], commands) == [("eval", commands.eval(points[0]))]
   done = os.path.join(points[1].workdir, "train_done.json")
   with open(done, "w") as f:
     json.dump({"step": 2, "reason": "num_steps"}, f)
-  assert sweep_runner.status(points[1], commands) == "resume"
+  assert runner.status(points[1], commands) == "resume"
   with open(done, "w") as f:
     json.dump({"step": 2, "reason": "early_stop"}, f)
-  assert sweep_runner.status(points[1], commands) == "eval"  # metrics.test.json is of step 3
+  assert runner.status(points[1], commands) == "eval"  # metrics.test.json is of step 3
   os.remove(done)
-  assert sweep_runner.status(points[1], commands) == "resume"
-  assert [s for s, _ in sweep_runner.pending_commands(points[1], commands)] == ["train", "eval"]
+  assert runner.status(points[1], commands) == "resume"
+  assert [s for s, _ in runner.pending_commands(points[1], commands)] == ["train", "eval"]
   calls.clear()
-  assert sweep_runner.run(points[1:2], commands, launch=recording(calls), echo=lines.append) == []
+  assert runner.run(points[1:2], commands, launch=recording(calls), echo=lines.append) == []
   assert calls == [commands.train(points[1])]  # its marker says 3, evaluated at 3: no eval
   shutil.rmtree(os.path.join(points[2].workdir, "checkpoints"))
   os.remove(os.path.join(points[2].workdir, "train_done.json"))
   open(os.path.join(points[2].workdir, "PREEMPT_ONCE"), "w").close()
   calls.clear()
-  assert sweep_runner.run(points[2:], commands, launch=recording(calls), echo=lines.append) == [
+  assert runner.run(points[2:], commands, launch=recording(calls), echo=lines.append) == [
       points[2]]
   assert calls == [commands.train(points[2])]  # no eval of an unfinished run
-  assert sweep_runner.read_record(points[2])["attempts"][-1]["returncode"] == (
+  assert runner.read_record(points[2])["attempts"][-1]["returncode"] == (
       "stopped before train.num_steps")
 
 
@@ -75,8 +75,8 @@ def test_report_lists_every_point_with_its_metrics(fake, tmp_path):
   time and status (done also without checkpoints, by the logged steps); results.md bolds the best
   (lowest) test/wer; both PNGs are written."""
   points, commands = fake
-  assert sweep_runner.run(points, commands, parallel=2, echo=lambda _: None) == []
-  out = sweep_report.write_report(points, str(tmp_path / "w"), title="t")
+  assert runner.run(points, commands, parallel=2, echo=lambda _: None) == []
+  out = report.write_report(points, str(tmp_path / "w"), title="t")
   assert out["metric"] == "test/wer"
   with open(out["csv"]) as f:
     rows = list(csv.DictReader(f))
@@ -88,7 +88,7 @@ def test_report_lists_every_point_with_its_metrics(fake, tmp_path):
     assert float(r["tokens_per_sec"]) == 250.0  # median of 200, 300 (100 is the compile window)
     assert float(r["wall_seconds"]) >= 0.5
   shutil.rmtree(os.path.join(points[0].workdir, "checkpoints"))  # as collected from a bucket
-  assert sweep_report.collect(points)[0]["status"] == "done"
+  assert report.collect(points)[0]["status"] == "done"
   md = open(out["md"]).read()
   assert md.startswith("t\n\n| point | lr | params | steps | dev/loss |")
   assert "| **0.1** |" in md and md.count("**") == 2
@@ -101,11 +101,11 @@ def test_a_process_that_cannot_start_fails_its_point_only(fake):
   """A missing interpreter is each point's own failure (exit 127, reason in its sweep.log), not an
   exception that ends the sweep: every point is tried and returned as failed."""
   points, commands = fake
-  broken = sweeps.Commands(**{**commands.__dict__, "python": "/nonexistent/python"})
-  assert sweep_runner.run(points[:2], broken, echo=lambda _: None) == points[:2]
-  assert sweep_runner.read_record(points[0])["attempts"][-1]["returncode"] == 127
+  broken = spec.Commands(**{**commands.__dict__, "python": "/nonexistent/python"})
+  assert runner.run(points[:2], broken, echo=lambda _: None) == points[:2]
+  assert runner.read_record(points[0])["attempts"][-1]["returncode"] == 127
   assert "cannot start /nonexistent/python" in open(
-      os.path.join(points[0].workdir, sweep_runner.LOG)).read()
+      os.path.join(points[0].workdir, runner.LOG)).read()
 
 
 WAIT_FOR_SIGTERM = """
@@ -128,23 +128,23 @@ def test_stop_running_sends_sigterm_so_points_checkpoint_and_resume(fake, tmp_pa
   stopped short of num_steps (no eval), and its state is then 'resume'."""
   points, commands = fake
   (tmp_path / "wait.py").write_text(WAIT_FOR_SIGTERM)
-  waiting = sweeps.Commands(**{**commands.__dict__, "train_script": str(tmp_path / "wait.py")})
+  waiting = spec.Commands(**{**commands.__dict__, "train_script": str(tmp_path / "wait.py")})
   result = []
   thread = threading.Thread(target=lambda: result.append(
-      sweep_runner.run(points[:1], waiting, echo=lambda _: None)))
+      runner.run(points[:1], waiting, echo=lambda _: None)))
   thread.start()
   started = os.path.join(points[0].workdir, "started")
   for _ in range(200):
     if os.path.exists(started):
       break
     thread.join(0.05)
-  sweep_runner.stop_running()
+  runner.stop_running()
   thread.join(30)
   assert result == [[points[0]]]
-  attempts = sweep_runner.read_record(points[0])["attempts"]
+  attempts = runner.read_record(points[0])["attempts"]
   assert [(a["stage"], a["returncode"]) for a in attempts] == [
       ("train", "stopped before train.num_steps")]
-  assert sweep_runner.status(points[0], commands) == "resume"
+  assert runner.status(points[0], commands) == "resume"
 
 
 def test_a_rerun_with_other_sweep_wide_overrides_is_refused_not_relabelled(fake, tmp_path):
@@ -153,31 +153,31 @@ def test_a_rerun_with_other_sweep_wide_overrides_is_refused_not_relabelled(fake,
   key, starts nothing and rewrites no record; so is sweep.py's dry run. Records written before
   `run` existed are judged with the previous manifest's sweep-wide overrides."""
   points, commands = fake
-  assert sweep_runner.run(points, commands, echo=lambda _: None) == []
-  records = [sweep_runner.read_record(p) for p in points]
+  assert runner.run(points, commands, echo=lambda _: None) == []
+  records = [runner.read_record(p) for p in points]
   assert records[0]["run"] == {"config": TINY, "overrides": {"train.num_steps": 3,
                                                              "train.learning_rate": 0.5}}
   changed = dataclasses.replace(commands, base_overrides={"train.num_steps": 3,
                                                           "model.dropout_rate": 0.2})
   calls = []
-  with pytest.raises(sweeps.SweepError, match=r"lr=0.5 run with no --config.model.dropout_rate "
+  with pytest.raises(spec.SweepError, match=r"lr=0.5 run with no --config.model.dropout_rate "
                      r"\(now --config.model.dropout_rate=0.2\); its results are not this sweep's"):
-    sweep_runner.run(points, changed, launch=recording(calls), echo=lambda _: None)
-  assert calls == [] and [sweep_runner.read_record(p) for p in points] == records
+    runner.run(points, changed, launch=recording(calls), echo=lambda _: None)
+  assert calls == [] and [runner.read_record(p) for p in points] == records
   other = dataclasses.replace(commands, config_arg="configs/g2p.py:fast")
-  with pytest.raises(sweeps.SweepError, match=r"--config=configs/g2p.py:tiny \(now "):
-    sweep_runner.check_same_runs(points, other)
+  with pytest.raises(spec.SweepError, match=r"--config=configs/g2p.py:tiny \(now "):
+    runner.check_same_runs(points, other)
   # A record without `run`: the previous manifest (sweep.json) gives its sweep-wide overrides.
-  sweep_runner.write_manifest(points, commands, "s.py", str(tmp_path / "w"))
+  runner.write_manifest(points, commands, "s.py", str(tmp_path / "w"))
   for p in points:
-    record = sweep_runner.read_record(p)
+    record = runner.read_record(p)
     del record["run"]
-    sweep_runner.write_record(p, record)
-  sweep_runner.check_same_runs(points, commands, str(tmp_path / "w"))
-  with pytest.raises(sweeps.SweepError, match="train.num_steps=3 \\(now --config.train.num_steps=4"):
-    sweep_runner.check_same_runs(points, dataclasses.replace(
+    runner.write_record(p, record)
+  runner.check_same_runs(points, commands, str(tmp_path / "w"))
+  with pytest.raises(spec.SweepError, match="train.num_steps=3 \\(now --config.train.num_steps=4"):
+    runner.check_same_runs(points, dataclasses.replace(
         commands, base_overrides={"train.num_steps": 4}), str(tmp_path / "w"))
-  sweep_runner.write_manifest(points, commands, "s.py", str(tmp_path / "w"))
+  runner.write_manifest(points, commands, "s.py", str(tmp_path / "w"))
   out = sweep_cli(f"--config={TINY}", f"--sweep={tmp_path / 's.py'}", f"--workdir={tmp_path / 'w'}",
                   "--dry_run", "--config.train.num_steps=4")
   assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]

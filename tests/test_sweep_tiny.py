@@ -4,7 +4,7 @@ import csv
 
 import pytest
 from sweep_fixtures import TINY, sweep_cli, write_sweep
-from transformer import sweep_runner
+from transformer.sweeps.spec import runner
 
 
 TINY_OVERRIDES = {  # a 1+1-layer d=16 model, 2 steps, one eval batch, 4 decoded words
@@ -35,12 +35,12 @@ def test_real_tiny_sweep_runs_reruns_nothing_and_reports(tmp_path):
   out = sweep_cli(*args, "--parallel=2", env=env, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
   names = ["positional=sinusoidal", "positional=rope"]
-  records = [open(w / n / sweep_runner.RECORD).read() for n in names]
+  records = [open(w / n / runner.RECORD).read() for n in names]
   again = sweep_cli(*args, "--python=/nonexistent/python", env=env, timeout=300)
   assert again.returncode == 0, again.stderr[-3000:]
   assert "[1/2] positional=sinusoidal: done (skipped)" in again.stdout
   assert "[2/2] positional=rope: done (skipped)" in again.stdout
-  assert [open(w / n / sweep_runner.RECORD).read() for n in names] == records
+  assert [open(w / n / runner.RECORD).read() for n in names] == records
   with open(w / "results.csv") as f:
     rows = list(csv.DictReader(f))
   assert [r["point"] for r in rows] == names

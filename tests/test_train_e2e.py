@@ -24,7 +24,7 @@ RUNNER = f"""
 import json, sys
 sys.path.insert(0, {TESTS!r})
 import synthetic_task
-from transformer import training
+from transformer.train import loop
 overrides = {{"train.num_steps": {STEPS}, "checkpoint.every_steps": 10}}
 overrides.update(json.loads(sys.argv[2]) if len(sys.argv) > 2 else {{}})
 cd = synthetic_task.config(**overrides)
@@ -199,7 +199,7 @@ def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
                       "next:"]
   assert [line.split("#")[0].split()[1:] for line in last[2:4]] == [
       ["eval.py", f"--workdir={workdir}", "--split=test"],
-      ["-m", "transformer.predict", f"--workdir={workdir}"]]
+      ["-m", "transformer.infer.predict", f"--workdir={workdir}"]]
   assert last[4].split() == ["tensorboard", f"--logdir={workdir}"]
   warned = [line for line in proc.stderr.splitlines() if "warmup" in line]  # 20 of 100 steps
   assert len(warned) == 1 and "train.num_steps=20 <= train.warmup_steps=100" in warned[0]

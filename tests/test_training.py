@@ -1,4 +1,4 @@
-"""Tests of transformer/training.py: the loop, in process, on the synthetic reverse task
+"""Tests of transformer/train/loop.py: the loop, in process, on the synthetic reverse task
 (tests/synthetic_task.py)."""
 
 import json
@@ -8,8 +8,9 @@ import os
 import pytest
 
 import synthetic_task
-from transformer import reporting, training
-from transformer.checkpoints import CheckpointError
+from transformer.run import reporting
+from transformer.train import loop
+from transformer.run.checkpoints import CheckpointError
 
 
 def _jsonl(workdir):
@@ -18,7 +19,7 @@ def _jsonl(workdir):
 
 
 def _done(workdir):
-  path = os.path.join(workdir, training.DONE_FILE)
+  path = os.path.join(workdir, loop.DONE_FILE)
   if not os.path.exists(path):
     return None
   with open(path) as f:
@@ -37,7 +38,7 @@ def test_loop_trains_resumes_finished_run_and_rejects_incompatible_workdir(tmp_p
   shown, progress = [], reporting.Reporter.progress
   monkeypatch.setattr(reporting.Reporter, "progress", lambda self, step, loss=None: (
       shown.append((step, loss)), progress(self, step, loss))[1])
-  result = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
+  result = loop.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
   assert shown[0][0] == 1 and shown[0][1] > 0  # the bar's loss from the first step on
   logged = [r for r in _jsonl(workdir) if "train/loss" in r]
   assert logged[-1]["train/loss"] < logged[0]["train/loss"]
@@ -48,16 +49,16 @@ def test_loop_trains_resumes_finished_run_and_rejects_incompatible_workdir(tmp_p
   assert (done["step"], done["reason"]) == (40, "num_steps") and done["wall_seconds"] > 0
   assert done["metrics"] == result
   before = _jsonl(workdir)
-  again = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
+  again = loop.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
   assert again["step"] == 40 and again["eval/loss"] == result["eval/loss"]
   assert _jsonl(workdir) == before and _done(workdir) == done
   longer = synthetic_task.config(**{"train.num_steps": 50})
-  with pytest.raises(training.TrainingDiverged, match="at step 43;"):
-    training.train_and_evaluate(longer, workdir, task=synthetic_task.ReverseTask(nan_batch=42))
+  with pytest.raises(loop.TrainingDiverged, match="at step 43;"):
+    loop.train_and_evaluate(longer, workdir, task=synthetic_task.ReverseTask(nan_batch=42))
   assert _done(workdir) is None
   bad = synthetic_task.config(**{"model.d_model": 16})
   with pytest.raises(CheckpointError, match="model.d_model") as e:
-    training.train_and_evaluate(bad, workdir, task=synthetic_task.ReverseTask())
+    loop.train_and_evaluate(bad, workdir, task=synthetic_task.ReverseTask())
   assert "\n" not in str(e.value)
 
 
@@ -66,8 +67,8 @@ def test_nan_guard_stops_within_one_step_and_keeps_last_good_checkpoint(tmp_path
   checkpoint after step 10 (the last good one) is written."""
   workdir = str(tmp_path / "run")
   cd = synthetic_task.config(**{"train.num_steps": 30, "checkpoint.every_steps": 5})
-  with pytest.raises(training.TrainingDiverged, match="at step 13;") as e:
-    training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask(nan_batch=12))
+  with pytest.raises(loop.TrainingDiverged, match="at step 13;") as e:
+    loop.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask(nan_batch=12))
   assert "\n" not in str(e.value) and "last checkpoint that verifies: step 10" in str(e.value)
   assert sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))) == [5, 10]
 
@@ -79,8 +80,8 @@ def test_early_stopping_stops_and_stays_stopped(tmp_path):
   workdir = str(tmp_path / "run")
   cd = synthetic_task.config(**{"train.num_steps": 100, "eval.every_steps": 5,
                                 "train.early_stop_patience": 1, "train.early_stop_mode": "max"})
-  result = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
+  result = loop.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
   assert result["step"] == 10 and result["early_stop"] == 1.0
   assert (_done(workdir)["step"], _done(workdir)["reason"]) == (10, "early_stop")
-  again = training.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
+  again = loop.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
   assert again["step"] == 10

@@ -1,11 +1,11 @@
-"""Tests of transformer/viz.py: each plot shows exactly the data it was given, labelled, as a PNG."""
+"""Tests of transformer/infer/viz.py: each plot shows exactly the data it was given, labelled, as a PNG."""
 
 import json
 
 import numpy as np
 import pytest
 
-from transformer import viz
+from transformer.infer import viz
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,4 @@
-"""One writer per workdir (transformer/workdir.py): a second train.py on a workdir being trained
+"""One writer per workdir (transformer/run/lock.py): a second train.py on a workdir being trained
 refuses in one line and leaves the first run's checkpoints and metrics whole; a lock left by a dead
 process is taken over; the lock goes at every exit; a directory holding files but no run is
 refused."""
@@ -14,7 +14,8 @@ import time
 import pytest
 
 import synthetic_task
-from transformer import checkpoints, training, workdir
+from transformer.run import checkpoints, lock
+from transformer.train import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
@@ -23,7 +24,7 @@ ENV = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{TESTS}", JAX_PLATFORMS="c
 _HELD_TRAINER = textwrap.dedent("""
     import os, sys, time
     import synthetic_task
-    from transformer import training
+    from transformer.train import loop
 
     class Held(synthetic_task.ReverseTask):  # waits at batch 12 until the file sys.argv[2] exists
       def _train_batch(self, index):
@@ -48,7 +49,7 @@ def test_a_second_writer_refuses_and_the_first_run_stays_whole(tmp_path):
     while not os.path.isdir(os.path.join(run, "checkpoints", "10")):
       assert first.poll() is None and time.time() < deadline, first.stderr.read()[-3000:]
       time.sleep(0.2)
-    holder = json.load(open(os.path.join(run, workdir.LOCK_FILE)))
+    holder = json.load(open(os.path.join(run, lock.LOCK_FILE)))
     assert holder["pid"] == first.pid and holder["host"] == socket.gethostname()
     second = subprocess.run([sys.executable, "train.py", "--config=configs/g2p.py:tiny",
                              f"--workdir={run}"], cwd=REPO, env=ENV, capture_output=True,
@@ -66,7 +67,7 @@ def test_a_second_writer_refuses_and_the_first_run_stays_whole(tmp_path):
   assert steps == sorted(steps) and steps[-1] == 30  # one writer: no row twice, none lost
   assert [r["step"] for r in rows if "train/loss" in r] == [10, 20, 30]
   assert checkpoints.verify_step(os.path.join(run, "checkpoints", "30")) is None
-  assert open(os.path.join(run, workdir.LOCK_FILE)).read() == ""  # released at exit
+  assert open(os.path.join(run, lock.LOCK_FILE)).read() == ""  # released at exit
 
 
 def _dead_pid():
@@ -76,16 +77,16 @@ def _dead_pid():
 
 
 def test_a_stale_lock_is_taken_over_and_released_at_every_exit(tmp_path, caplog):
-  path = tmp_path / workdir.LOCK_FILE
+  path = tmp_path / lock.LOCK_FILE
   path.write_text(json.dumps({"host": socket.gethostname(), "pid": _dead_pid(),
                               "started": "2026-01-01T00:00:00+00:00", "argv": ["train.py"]}))
   with caplog.at_level("WARNING"):
-    with workdir.writer_lock(str(tmp_path)):
+    with lock.writer_lock(str(tmp_path)):
       assert json.loads(path.read_text())["pid"] == os.getpid()
   assert any("took over the stale lock" in r.getMessage() for r in caplog.records)
   assert path.read_text() == ""
   with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C, an exception: released as well
-    with workdir.writer_lock(str(tmp_path)):
+    with lock.writer_lock(str(tmp_path)):
       raise KeyboardInterrupt
   assert path.read_text() == ""
 
@@ -93,15 +94,15 @@ def test_a_stale_lock_is_taken_over_and_released_at_every_exit(tmp_path, caplog)
 def test_a_live_holder_and_another_hosts_lock_are_refused(tmp_path):
   holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
       import sys, time
-      from transformer import workdir
+      from transformer.run import lock
       with workdir.writer_lock(sys.argv[1]):
         print("held", flush=True)
         time.sleep(60)
       """), str(tmp_path)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(workdir.WorkdirError, match=f"being trained by process {holder.pid} ") as e:
-      with workdir.writer_lock(str(tmp_path)):
+    with pytest.raises(lock.WorkdirError, match=f"being trained by process {holder.pid} ") as e:
+      with lock.writer_lock(str(tmp_path)):
         pass
     assert e.value.__context__ is None  # no OSError behind it for the entry points to name
   finally:
@@ -109,9 +110,9 @@ def test_a_live_holder_and_another_hosts_lock_are_refused(tmp_path):
     holder.wait()
   other = tmp_path / "other"
   other.mkdir()
-  (other / workdir.LOCK_FILE).write_text(json.dumps({"host": "elsewhere", "pid": 1}))
-  with pytest.raises(workdir.WorkdirError, match="on elsewhere .*cannot be checked from this host"):
-    with workdir.writer_lock(str(other)):
+  (other / lock.LOCK_FILE).write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+  with pytest.raises(lock.WorkdirError, match="on elsewhere .*cannot be checked from this host"):
+    with lock.writer_lock(str(other)):
       pass
 
 
@@ -123,9 +124,9 @@ def test_a_directory_with_files_but_no_run_is_refused(tmp_path):
   (other / "notes.txt").write_text("mine")
   cd = synthetic_task.config(**{"train.num_steps": 10})
   for directory, names in ((tmp_path, "config.json, notes.txt, other"), (other, "notes.txt")):
-    with pytest.raises(workdir.WorkdirError, match=f"--workdir={directory} holds files but no run "
+    with pytest.raises(lock.WorkdirError, match=f"--workdir={directory} holds files but no run "
                        rf"\({names}\); give a new or empty directory"):
-      training.train_and_evaluate(cd, str(directory), task=synthetic_task.ReverseTask())
+      loop.train_and_evaluate(cd, str(directory), task=synthetic_task.ReverseTask())
   assert os.listdir(other) == ["notes.txt"]
   assert (tmp_path / "config.json").read_text() == '{"unrelated": true}'
   assert sorted(os.listdir(tmp_path)) == ["config.json", "notes.txt", "other"]

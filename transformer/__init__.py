@@ -1,17 +1,17 @@
 """A JAX/Flax transformer research library: build, train, decode and inspect transformers.
 
-The public API, imported lazily so that `import transformer.models` never pulls in data, training
+The public API, imported lazily so that `import transformer.model.models` never pulls in data, training
 or I/O code:
 
   model_config(**overrides), from_configdict(cd), ConfigError    transformer.config
-  build_model(model_config)                                      transformer.models
+  build_model(model_config)                                      transformer.model.models
   load_task(config, workdir=None)                                transformer.data
-  generate(model, params, batch, decode_cfg, ...) -> token ids   transformer.decoding
-  train_and_evaluate(configdict, workdir)                        transformer.training
+  generate(model, params, batch, decode_cfg, ...) -> token ids   transformer.infer.decoding
+  train_and_evaluate(configdict, workdir)                        transformer.train.loop
   evaluate_split(workdir, split='test', step=None, params='auto', average_last=0)
-                                                                 transformer.evaluation
+                                                                 transformer.infer.evaluation
   restore(workdir, step=None, params='auto', average_last=0) -> Run (.generate_text/.score/
-    .attention)                                                  transformer.api
+    .attention)                                                  transformer.infer.api
 """
 
 import importlib
@@ -20,14 +20,14 @@ _EXPORTS = {
     "model_config": "transformer.config",
     "from_configdict": "transformer.config",
     "ConfigError": "transformer.config",
-    "build_model": "transformer.models",
+    "build_model": "transformer.model.models",
     "load_task": "transformer.data",
-    "generate": "transformer.decoding",
-    "train_and_evaluate": "transformer.training",
-    "evaluate_split": "transformer.evaluation",
-    "restore": "transformer.api",
-    "Run": "transformer.api",
-    "Attention": "transformer.api",
+    "generate": "transformer.infer.decoding",
+    "train_and_evaluate": "transformer.train.loop",
+    "evaluate_split": "transformer.infer.evaluation",
+    "restore": "transformer.infer.api",
+    "Run": "transformer.infer.api",
+    "Attention": "transformer.infer.api",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -34,7 +34,7 @@ from absl import logging
 import ml_collections
 
 from transformer import schema
-from transformer.sweeps import flat_items
+from transformer.sweeps.spec import flat_items
 
 _WRAPPED = "Error whilst parsing config file"  # ml_collections' wrapper of a config file's error
 # Libraries whose logs below these levels are noise on a terminal: orbax logs every save, XLA its
@@ -152,7 +152,7 @@ def _file_failure(error: BaseException) -> tuple[int, str, str] | None:
 
 def _model_size(model_config: Any) -> str:
   """`model_config`'s size for a message, e.g. '124,439,808 parameters (0.5 GiB as float32)'."""
-  from transformer import models  # pylint: disable=g-import-not-at-top  (JAX, only when needed)
+  from transformer.model import models  # pylint: disable=g-import-not-at-top  (JAX, only when needed)
   n = models.parameter_count(model_config)
   return f"{n:,} parameters ({n * 4 / 2**30:,.1f} GiB as float32)"
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from transformer import positional
+from transformer.model import positional
 from transformer.schema import KEYS, RANGES, SCHEMA, Key, get_config
 
 # A saved config.json carries FORMAT; a run saved in another format is refused in one line.

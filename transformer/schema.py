@@ -109,20 +109,20 @@ SCHEMA: tuple[Key, ...] = (
     _k("model.mlp_dim", 2048, "hidden size of the feed-forward layers", range="> 0", roles=F),
     _k("model.num_encoder_layers", 6, "encoder blocks", range=">= 0", roles=F),
     _k("model.num_decoder_layers", 6, "decoder blocks", range=">= 0", roles=F),
-    _k("model.positional", "sinusoidal", "the positional encoding (transformer/positional.py)",
-       Registry("transformer.positional", "ENCODINGS"), roles=F),
+    _k("model.positional", "sinusoidal", "the positional encoding (transformer/model/positional.py)",
+       Registry("transformer.model.positional", "ENCODINGS"), roles=F),
     _k("model.rope_base", 10000.0, "positional=rope: the base of the rotation frequencies",
        range="> 0"),
     _k("model.relative_num_buckets", 32, "positional=relative: T5's buckets", range="> 0",
        roles=F),
     _k("model.relative_max_distance", 128, "positional=relative|shaw: the largest distance "
        "told apart", range="> 0", roles=F),
-    _k("model.norm", "layernorm", "the norm", Registry("transformer.layers", "NORMS"), roles=F),
+    _k("model.norm", "layernorm", "the norm", Registry("transformer.model.layers", "NORMS"), roles=F),
     _k("model.norm_position", "post", "post (the paper's LayerNorm(x + Sublayer(x))) | pre",
        ("post", "pre"), roles=F),
     _k("model.norm_eps", 1e-6, "the norms' epsilon", range="> 0"),
-    _k("model.ffn", "relu", "the feed-forward variant (transformer/layers.py)",
-       Registry("transformer.layers", "FFNS"), roles=F),
+    _k("model.ffn", "relu", "the feed-forward variant (transformer/model/layers.py)",
+       Registry("transformer.model.layers", "FFNS"), roles=F),
     _k("model.use_bias", True, "biases in attention projections and the feed-forward layers",
        roles=F),
     _k("model.scale_attention_logits", True, "q.k / sqrt(head_dim); False: unscaled (T5: folded "
@@ -161,7 +161,7 @@ SCHEMA: tuple[Key, ...] = (
     _k("model.num_classes", 0, "head=classify|tag outputs; 0 = the label tokenizer's vocabulary",
        range=">= 0", roles=F + (HEAD,)),
     _k("model.attention_impl", "einsum", "einsum | fused (jax.nn.dot_product_attention; cuDNN "
-       "on GPU)", Registry("transformer.attention", "IMPLEMENTATIONS"), roles=E + FT),
+       "on GPU)", Registry("transformer.model.attention", "IMPLEMENTATIONS"), roles=E + FT),
     _k("model.causal_kernel", False, "decoder self-attention outside decoding and the prefix-LM "
        "passes the fused kernel its own causal flag (segments stay a dense mask)", roles=FT),
     _k("model.scan_layers", False, "nn.scan over layers: compile time flat in depth", roles=F),
@@ -221,12 +221,12 @@ SCHEMA: tuple[Key, ...] = (
     _k("data.prefetch", 2, "training batches made ahead on a background thread; 0 = in the loop",
        range=">= 0"),
     _k("train.num_steps", 100_000, "training steps", range="> 0"),
-    _k("train.optimizer", "adam", "the optimizer (transformer/optim.py)",
-       Registry("transformer.optim", "OPTIMIZERS"), roles=F),
+    _k("train.optimizer", "adam", "the optimizer (transformer/train/optim.py)",
+       Registry("transformer.train.optim", "OPTIMIZERS"), roles=F),
     _k("train.learning_rate", 1.0, "peak value; for schedule=rsqrt a multiplier of the paper's "
        "formula", range="> 0"),
-    _k("train.schedule", "rsqrt", "the learning-rate schedule (transformer/optim.py)",
-       Registry("transformer.optim", "SCHEDULES")),
+    _k("train.schedule", "rsqrt", "the learning-rate schedule (transformer/train/optim.py)",
+       Registry("transformer.train.optim", "SCHEDULES")),
     _k("train.warmup_steps", 4000, "steps of learning-rate warmup", range=">= 0"),
     _k("train.min_learning_rate_ratio", 0.0, "end of cosine/linear decay, as a fraction of the "
        "peak", range="in [0, 1]"),
@@ -253,7 +253,7 @@ SCHEMA: tuple[Key, ...] = (
     _k("train.ema_decay", 0.0, "EMA of the parameters, used by evaluation and best-checkpoint "
        "choice; 0 = off", range="in [0, 1)", roles=(ON_OFF,)),
     _k("train.scheduled_sampling.schedule", "none", "teacher-forcing schedule (Mihaylova & "
-       "Martins 2019)", Registry("transformer.scheduled_sampling", "SCHEDULES")),
+       "Martins 2019)", Registry("transformer.train.scheduled_sampling", "SCHEDULES")),
     _k("train.scheduled_sampling.k", 1.0, "linear: start teacher-forcing prob; exponential: "
        "base; inverse_sigmoid: k"),
     _k("train.scheduled_sampling.c", 0.0, "linear: decrease per step"),
@@ -275,7 +275,7 @@ SCHEMA: tuple[Key, ...] = (
        "whole split", range=">= 0", roles=E),
     _k("eval.metrics", "auto", "auto (by task) or a comma list: wer,per,bleu,bpc", roles=E),
     _k("eval.decode.method", "beam", "the decoding method",
-       Registry("transformer.decoding", "METHODS"), roles=E),
+       Registry("transformer.infer.decoding", "METHODS"), roles=E),
     _k("eval.decode.beam_size", 4, "beams", range="> 0", roles=E),
     _k("eval.decode.length_penalty", 0.6, "GNMT alpha", roles=E),
     _k("eval.decode.temperature", 1.0, "sample: softmax temperature", range="> 0", roles=E),

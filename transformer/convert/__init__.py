@@ -10,7 +10,7 @@ training does: config.json and provenance.json (reporting.Reporter), an orbax ch
 holding a fresh train state with the converted parameters (checkpoints.Checkpointer), the tokenizer
 (`tokenizers/target`, and `tokenizers/source` for an encoder-decoder; kind 'hf') and
 `converted_from.json` (the source directory and its config.json). `transformer.restore(OUT)`,
-`python -m transformer.predict --workdir=OUT` and `train.py --init_from=OUT` (fine-tuning) read
+`python -m transformer.infer.predict --workdir=OUT` and `train.py --init_from=OUT` (fine-tuning) read
 it; `eval.py` too when `--text_file` gave a GPT-2 or BERT data (without, `data.dataset` is empty: the
 workdir holds a model and its tokenizer only).
 Probabilities, not only logits: each family maps its vocabulary into ours by `our_ids` (the id of
@@ -41,13 +41,15 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import checkpoints, cli, files, optim, reporting, steps
+from transformer import cli, files
+from transformer.run import checkpoints, reporting
+from transformer.train import optim, steps
 from transformer.config import Config, ConfigError, ModelConfig, to_dict
 from transformer.convert import bert, gpt2, t5
 from transformer.convert.common import ConvertError
 from transformer.data import tokenizers
 from transformer.data.tokenizers import HFTokenizer, read_hf_tokenizer
-from transformer.models import build_model, example_batch
+from transformer.model.models import build_model, example_batch
 
 __all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf", "main"]
 

@@ -3,7 +3,7 @@
 Encoder-only rows are BERT's: BOS (the [CLS] that first-token pooling reads) + the text's ids +
 EOS (the [SEP]); BOS and EOS are special ids, which masking never selects.
   classify  `inputs` = the row, `targets` = one label id per example (a packed row's i-th target
-            slot is its i-th example: segment id i + 1, see transformer/heads.py)
+            slot is its i-th example: segment id i + 1, see transformer/model/heads.py)
   tag       `inputs` = the row, `targets` = 0 (unscored) under BOS and EOS, one tag per token
   objectives (mlm, span): `inputs` = raw ids of each text (data/denoise.py transforms them)
 `data.label` turns CMUdict phone strings (config `stress`) into class labels per word, from its

@@ -19,7 +19,7 @@ Batching modes (rows per batch are always the per-host row count, shapes fixed p
   pad     one example per row, padded to the maximum lengths.
 Features (int32 unless noted): `inputs`, `targets`, `*_segment_ids`, `*_positions`, `weights`
 (float32) and, for decoder-only models on seq2seq tasks, `prefix_mask` (1 on the prompt: source +
-separator; exactly the real tokens of weight 0, see `transformer.models.decoder_prefix`).
+separator; exactly the real tokens of weight 0, see `transformer.model.models.decoder_prefix`).
 
 A `transform` (data/denoise.py: masked LM, span corruption) turns the examples a batch takes into
 the features it holds, given each example's (index, epoch); its `lengths(examples)` are the output

@@ -6,7 +6,7 @@ and the complete overrides it runs with, sweep-wide ones included, every attempt
 and duration, and the summed `train_seconds` / `eval_seconds`). A point's results belong to its
 complete overrides: a rerun whose config or sweep-wide overrides differ from those a point's
 workdir ran with is refused in one line (`check_same_runs`), never counted as done. A point is trained
-when training wrote `train_done.json` (transformer.training.write_done_marker) at `train.num_steps`
+when training wrote `train_done.json` (transformer.train.loop.write_done_marker) at `train.num_steps`
 or after stopping early, and finished when `metrics.<split>.json` was also written for that step;
 `run()` starts only what is missing, so an interrupted or failed point continues from its
 checkpoints when the sweep is rerun. (A run finished before training wrote the marker gets it from
@@ -33,11 +33,11 @@ import ml_collections
 
 from transformer import cli, files
 from transformer.config import from_configdict
-from transformer.sweeps import Commands, Point, SweepError, apply_overrides
+from transformer.sweeps.spec import Commands, Point, SweepError, apply_overrides
 
 RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
 LOG = "sweep.log"  # per point: the output of its processes
-DONE = "train_done.json"  # = transformer.training.DONE_FILE (not imported: it would pull in jax)
+DONE = "train_done.json"  # = transformer.train.loop.DONE_FILE (not imported: it would pull in jax)
 
 
 def read_json(path: str) -> Any:
@@ -366,7 +366,7 @@ def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """`python -m transformer.sweep_runner is_done WORKDIR --num_steps=N [--split=S]`.
+  """`python -m transformer.sweeps.runner is_done WORKDIR --num_steps=N [--split=S]`.
 
   Exit status 0 (and `WORKDIR: done (skipped)`) if the run in WORKDIR is done as `status` sees
   it: trained to N steps (or stopped early) and, with --split, evaluated on S at that step;
@@ -380,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags.DEFINE_string("split", "", "the split it must be evaluated on ('' = none)",
                         flag_values=f)
 
-  args, rest = cli.parse_own_flags("python -m transformer.sweep_runner is_done WORKDIR", define,
+  args, rest = cli.parse_own_flags("python -m transformer.sweeps.runner is_done WORKDIR", define,
                                    sys.argv[1:] if argv is None else list(argv))
   if len(rest) != 2 or rest[0] != "is_done":
     print(f"error: expected the arguments is_done WORKDIR, got {' '.join(rest) or 'none'} "

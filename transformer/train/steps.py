@@ -2,10 +2,10 @@
 
 Read top to bottom: `TrainState`; `make_train_step` (loss sums -> gradients of sums -> optional psum
 over devices -> normalise -> optax update -> the parameter EMA when train.ema_decay > 0; scheduled
-sampling from transformer/scheduled_sampling.py when configured); `eval_params` (the EMA when there
+sampling from transformer/train/scheduled_sampling.py when configured); `eval_params` (the EMA when there
 is one: what evaluations use); `make_eval_step` and `teacher_forced_metrics`, the one definition of the
 teacher-forced loss, accuracy and perplexity that training and evaluation both report; then state
-creation. The loop lives in transformer/training.py, whole-split evaluation in evaluation.py.
+creation. The loop lives in transformer/train/loop.py, whole-split evaluation in evaluation.py.
 
 Randomness: the state holds one PRNG key derived from `config.seed`; the step's key is
 `fold_in(state.rng, state.step)`, so a run resumed from a checkpoint draws the same numbers as an
@@ -24,10 +24,11 @@ import jax.numpy as jnp
 import optax
 
 from transformer import metrics as metrics_lib
-from transformer import ensemble, layers, models, optim
+from transformer.model import ensemble, layers, models
+from transformer.train import optim
 from transformer.config import Config, ConfigError, excluded_ids
-from transformer.losses import chunked_cross_entropy, cross_entropy
-from transformer.scheduled_sampling import teacher_forcing_prob, two_pass_logits
+from transformer.model.losses import chunked_cross_entropy, cross_entropy
+from transformer.train.scheduled_sampling import teacher_forcing_prob, two_pass_logits
 
 Array = jax.Array
 PyTree = Any
@@ -96,7 +97,7 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
   arch, tc = cfg.model.arch, cfg.train
   lr_fn = optim.make_schedule(tc, d_model=cfg.model.d_model)
   use_ss = tc.scheduled_sampling.schedule != "none"
-  m = cfg.model  # a rate may be an array here (transformer/members.py), which is never off
+  m = cfg.model  # a rate may be an array here (transformer/train/members.py), which is never off
   deterministic = all(layers.is_off(r) for r in (m.dropout_rate, m.attention_dropout_rate,
                                                   m.ffn_dropout_rate))
   if tc.loss_chunk_tokens and (arch == "encoder_only" or use_ss):
@@ -200,7 +201,7 @@ def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
   predictions and references, for F1).
 
   An ensemble: a tuple of models, whose `eval_step` takes a tuple of their parameter trees and
-  scores the mean of their probabilities (transformer.ensemble)."""
+  scores the mean of their probabilities (transformer.model.ensemble)."""
   members = tuple(model) if ensemble.is_ensemble(model) else (model,)
   ensemble.check_compatible([m.config for m in members])
   classes = num_classes(members[0].config)

@@ -15,7 +15,7 @@
 WHOLE_SPLIT is applied under `overrides`: the run's in-training (partial) `eval.num_batches` /
 `eval.num_decode_examples` do not carry over, and `coverage` in the results says how much of the
 split was scored and decoded. With `ensemble`, steps 1-3 use every run's parameters and the mean
-of their probabilities (transformer.ensemble); the files go to `out_dir`. Every process evaluates
+of their probabilities (transformer.model.ensemble); the files go to `out_dir`. Every process evaluates
 the whole split on its first local device.
 
 Task metrics (`metric_names`: `eval.metrics`, "auto" or a comma list):
@@ -43,14 +43,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import ensemble as ensemble_lib
+from transformer.model import ensemble as ensemble_lib
 from transformer import files
 from transformer import metrics as metrics_lib
-from transformer import reporting, steps
-from transformer.checkpoints import EvaluationError, load_run_config, read_params
+from transformer.run import reporting
+from transformer.train import steps
+from transformer.run.checkpoints import EvaluationError, load_run_config, read_params
 from transformer.config import Config, ConfigError, DecodeConfig
-from transformer.decoding import generate
-from transformer.models import build_model
+from transformer.infer.decoding import generate
+from transformer.model.models import build_model
 
 WHOLE_SPLIT = {"eval.num_batches": 0, "eval.num_decode_examples": 0}  # evaluate_split's defaults
 _STRESS = re.compile(r"\d")
@@ -80,7 +81,7 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
                    batch_size: int = 0, rng: jax.Array | None = None,
                    prefix_lm: bool | None = None) -> tuple[list[list[int]], list[float]]:
   """Decodes every id list in `ids` (batched, fixed shapes): (token lists up to EOS, scores).
-  `model`/`params`: one model, or an ensemble's tuples (transformer.ensemble; `cfg` is the first's).
+  `model`/`params`: one model, or an ensemble's tuples (transformer.model.ensemble; `cfg` is the first's).
 
   Encoder-decoder: the ids are the encoder inputs; decoder-only: the prompts, attended
   bidirectionally when `prefix_lm` (None = model.prefix_lm; language models pass False, as they
@@ -334,7 +335,7 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   the N newest checkpoints; 0 = one checkpoint) choose the parameters (checkpoints.read_params).
 
   `ensemble`: the workdirs of further runs (same vocabularies) evaluated with this one as one model,
-  the mean of their probabilities (transformer.ensemble), each at the same step/params choice;
+  the mean of their probabilities (transformer.model.ensemble), each at the same step/params choice;
   the run in `workdir` gives the data, metrics and decoding settings. Its files go to `out_dir`
   (required then, so that no run's own metrics are overwritten; default for one run: `workdir`).
 

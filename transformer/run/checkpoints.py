@@ -34,13 +34,13 @@ Usage in a training loop:
   ckpt = Checkpointer(workdir, cfg.checkpoint, config=config_dict)
   if ckpt.latest_step() is not None:
     state = ckpt.restore(None, abstract_state, data_iterator=it)
-  preempt = preemption.install_preemption_handler()   # transformer/preemption.py
+  preempt = preemption.install_preemption_handler()   # transformer/train/preemption.py
   for step ...:
     ckpt.save(step, state, it, metrics)          # saves when step % every_steps == 0
     if preempt.should_stop(step): ckpt.save(step, state, it, force=True); break
   ckpt.close()                                   # waits for the last async save
 
-Reading a trained run back (evaluation, the notebook API, fine-tuning's transformer/finetune.py),
+Reading a trained run back (evaluation, the notebook API, fine-tuning's transformer/train/finetune.py),
 the last section: load_run_config, read_params (one checkpoint's raw or EMA parameters, or the
 mean of the last N), restore_params. This module is over 400 lines on purpose: everything that
 reads or writes a workdir's checkpoints sits behind this one boundary.
@@ -67,7 +67,9 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from transformer import config as config_lib
-from transformer import files, models, optim, schema, steps
+from transformer import files, schema
+from transformer.model import models
+from transformer.train import optim, steps
 from transformer.config import Config
 
 

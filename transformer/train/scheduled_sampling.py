@@ -3,7 +3,7 @@
 Pass 1 runs the decoder on the gold (teacher-forced) inputs without gradient; each decoder input
 token is then replaced by pass 1's prediction of it with probability 1 - teacher_forcing(step);
 pass 2 runs on that mixture and carries the loss. The model must expose `method='decode'` taking
-decoder input tokens (see transformer/models.py), which both EncoderDecoder and DecoderOnly do.
+decoder input tokens (see transformer/model/models.py), which both EncoderDecoder and DecoderOnly do.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.models import batch_segment_ids, decoder_prefix, shift_right
+from transformer.model.models import batch_segment_ids, decoder_prefix, shift_right
 
 Array = jax.Array
 PyTree = Any

@@ -5,7 +5,7 @@ A sweep file (configs/sweeps/*.py) returns a list of override dicts with the dot
 (an unknown key is a one-line SweepError before anything runs), validates every point's full
 config (transformer.config.ConfigError naming the point), and names each point's workdir from its
 overrides (`positional=rope,lr=0.0003`; long names end in a hash). `Commands` turns a point into
-its `train.py` and `eval.py --split=test` argv (transformer/sweep_runner.py runs them);
+its `train.py` and `eval.py --split=test` argv (transformer/sweeps/runner.py runs them);
 `tpu_vm_command()` turns it into one `gcloud compute tpus tpu-vm ssh ... --worker=all` command
 with its workdir and data on a bucket. No JAX here: planning, dry runs and TPU commands are instant.
 """
@@ -261,7 +261,7 @@ def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, b
   The workdir is `<bucket>/<the local workdir path>`, `data.data_dir` is
   `<bucket>/tensorflow_datasets` unless the sweep sets it. `remote_dir` (the code's checkout on
   the VMs) is left unquoted so that `~` expands there. The command first asks
-  `python -m transformer.sweep_runner is_done` (the local runner's own test: trained to
+  `python -m transformer.sweeps.runner is_done` (the local runner's own test: trained to
   num_steps and evaluated) and trains and evaluates only if the point is not done, so that
   running the commands again skips finished points as a local rerun does.
   """
@@ -275,7 +275,7 @@ def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, b
   extra = {} if "data.data_dir" in commands.overrides(point) else {
       "data.data_dir": f"{bucket}/tensorflow_datasets"}
   parts = [shlex.join(commands.train(point, workdir, python, extra))]
-  check = [python, "-m", "transformer.sweep_runner", "is_done", workdir,
+  check = [python, "-m", "transformer.sweeps.runner", "is_done", workdir,
            f"--num_steps={point.num_steps}"]
   if commands.eval_split:
     parts.append(shlex.join(commands.eval(point, workdir, python)))

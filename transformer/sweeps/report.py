@@ -1,6 +1,6 @@
 """A sweep's results: one row per point from its run files, as CSV, Markdown and PNG plots.
 
-Per point (see transformer/sweep_runner.py for the layout) the row holds the swept values, the
+Per point (see transformer/sweeps/runner.py for the layout) the row holds the swept values, the
 parameter count (from the run's config.json, by tracing the model's init: nothing is restored),
 the final step and the last in-training evaluation (`dev/*`, from metrics.jsonl), the test
 metrics (`test/*`, from metrics.test.json written by eval.py), the median training throughput
@@ -19,7 +19,8 @@ import os
 import statistics
 from typing import Any, Sequence
 
-from transformer import files, sweep_runner, sweeps
+from transformer import files
+from transformer.sweeps.spec import runner, spec
 
 # Metrics tried in order by metric='auto'; the first one that some point has is plotted.
 AUTO_METRICS = ("test/wer", "test/bleu", "test/bits_per_char", "test/bits_per_byte",
@@ -37,7 +38,9 @@ def count_params(workdir: str) -> int | None:
   try:
     import jax  # pylint: disable=g-import-not-at-top  (JAX only to count parameters: sweep.py starts fast)
     import numpy as np  # pylint: disable=g-import-not-at-top  (as jax)
-    from transformer import checkpoints, models, steps  # pylint: disable=g-import-not-at-top  (as jax)
+    from transformer.model import models  # pylint: disable=g-import-not-at-top  (as jax)
+    from transformer.run import checkpoints
+    from transformer.train import steps
     cfg = checkpoints.load_run_config(workdir)
     model = models.build_model(cfg.model)
     shapes = jax.eval_shape(lambda r: steps.init_params(model, r, models.example_batch(cfg.model)),
@@ -65,19 +68,19 @@ def _sort_metrics(keys: Sequence[str]) -> list[str]:
   return sorted(keys, key=lambda k: (first.index(k) if k in first else len(first), k))
 
 
-def collect(points: Sequence[sweeps.Point], eval_split: str = "test") -> list[dict[str, Any]]:
+def collect(points: Sequence[spec.Point], eval_split: str = "test") -> list[dict[str, Any]]:
   """One row per point: point, swept values, params, steps, dev/*, test/*, tokens/s, wall, status."""
-  label = sweeps.labels([p.overrides for p in points])
+  label = spec.labels([p.overrides for p in points])
   rows = []
   for p in points:
     row: dict[str, Any] = {"point": p.name}
-    row |= {lab: sweeps.format_value(p.overrides[k]) if k in p.overrides else ""
+    row |= {lab: spec.format_value(p.overrides[k]) if k in p.overrides else ""
             for k, lab in label.items()}
-    record = sweep_runner.read_record(p)
+    record = runner.read_record(p)
     if record.get("params") is None and files.isdir(p.workdir):
       record["params"] = count_params(p.workdir)
       if record["params"] is not None:
-        sweep_runner.write_record(p, record)
+        runner.write_record(p, record)
     row["params"] = record.get("params")
     logged = _metrics_jsonl(p.workdir)
     row["steps"] = max((r.get("step", 0) for r in logged), default=None)
@@ -85,7 +88,7 @@ def collect(points: Sequence[sweeps.Point], eval_split: str = "test") -> list[di
     if evals:
       dev = {k[len("eval/"):]: v for k, v in evals[-1].items() if k.startswith("eval/")}
       row |= {f"dev/{k}": dev[k] for k in _sort_metrics(list(dev))}
-    test = sweep_runner.read_json(os.path.join(p.workdir, f"metrics.{eval_split}.json"))
+    test = runner.read_json(os.path.join(p.workdir, f"metrics.{eval_split}.json"))
     if isinstance(test, dict):
       names = [k for k, v in test.items() if k not in SKIPPED_TEST_KEYS
                and isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -94,7 +97,7 @@ def collect(points: Sequence[sweeps.Point], eval_split: str = "test") -> list[di
     row["tokens_per_sec"] = statistics.median(rates[1:] or rates) if rates else None
     row["wall_seconds"] = record.get("train_seconds")
     # Results copied without checkpoints (e.g. from a bucket) count as done by their metrics.
-    finished = sweep_runner.trained_step(p) is not None or (row["steps"] or 0) >= p.num_steps
+    finished = runner.trained_step(p) is not None or (row["steps"] or 0) >= p.num_steps
     row["status"] = "done" if finished else ("partial" if logged else "not run")
     rows.append(row)
   return rows
@@ -161,7 +164,7 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
 
 def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
   """Horizontal bars: `metric` per point (points without it are left out)."""
-  from transformer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
+  from transformer.infer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (matplotlib: plots only)
   have = [r for r in rows if isinstance(r.get(metric), (int, float))]
   fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(have), 2) + 1.2))
@@ -176,9 +179,9 @@ def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
   plt.close(fig)
 
 
-def plot_curves(points: Sequence[sweeps.Point], metric: str | None, path: str) -> None:
+def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> None:
   """train/loss, eval/loss and the metric's eval/ curve of every point against the step."""
-  from transformer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
+  from transformer.infer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (matplotlib: plots only)
   keys = ["train/loss", "eval/loss"]
   if metric and "/" in metric and metric.split("/", 1)[1] != "loss":
@@ -200,7 +203,7 @@ def plot_curves(points: Sequence[sweeps.Point], metric: str | None, path: str) -
   plt.close(fig)
 
 
-def write_report(points: Sequence[sweeps.Point], workdir: str, metric: str = "auto",
+def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto",
                  eval_split: str = "test", title: str = "") -> dict[str, Any]:
   """Writes results.csv, results.md, results.png and curves.png; returns {'rows', 'metric', paths}."""
   os.makedirs(workdir, exist_ok=True)

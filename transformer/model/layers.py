@@ -121,7 +121,7 @@ def dropout(x: Array, rate: float | Array, rng: Array, bits: int = 8) -> Array:
   have x's shape with the last axis divided by 4 when it divides (XLA then fuses the draw into
   the mask's consumer; a flattened draw is sliced, which it does not fuse). On a 2-core CPU this
   halves what dropout costs `:fast`'s train step (docs/performance.md). An array `rate` (one
-  member's, under transformer/members.py's vmap) draws the same bits and keeps the same elements.
+  member's, under transformer/train/members.py's vmap) draws the same bits and keeps the same elements.
   """
   if not is_static(rate):
     return _dropout_traced(x, rate, rng, bits)
@@ -149,7 +149,7 @@ def _byte_draws(shape: tuple[int, ...], rng: Array) -> Array:
 
 def is_static(rate: Any) -> bool:
   """True for a rate given as a Python number (a config value); False for an array, e.g. one
-  member's rate traced under the vmap of transformer/members.py."""
+  member's rate traced under the vmap of transformer/train/members.py."""
   return isinstance(rate, (int, float))
 
 

@@ -1,7 +1,7 @@
 """Training: the loop behind `train.py`, data -> steps -> eval -> checkpoints -> reporting.
 
-The compiled steps and the train state are in transformer/steps.py; decoding-based task metrics
-come from transformer/evaluation.py (this module imports it, never the reverse). Read top to
+The compiled steps and the train state are in transformer/train/steps.py; decoding-based task metrics
+come from transformer/infer/evaluation.py (this module imports it, never the reverse). Read top to
 bottom: config checks, the in-training evaluation, then `train_and_evaluate`.
 """
 
@@ -20,11 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import (checkpoints, evaluation, files, finetune, members, optim, parallel,
-                         preemption, prefetch, reporting, steps)
-from transformer import workdir as workdir_lib
+from transformer import files
+from transformer.infer import evaluation
+from transformer.run import checkpoints, reporting
+from transformer.train import finetune, members, optim, parallel, preemption, prefetch, steps
+from transformer.run import lock as workdir_lib
 from transformer.config import Config, ConfigError, from_configdict, to_dict
-from transformer.models import build_model
+from transformer.model.models import build_model
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
 # In train_and_evaluate's metrics when the workdir held a finished run: nothing was trained.
@@ -193,7 +195,7 @@ def check_fits(abstract_state: Any, cfg: Config) -> None:
 @dataclasses.dataclass
 class _Run:
   """One run's bookkeeping in the loop: a plain run (index None: the state and the metrics are
-  its own), or member `index` of a train.members program (transformer/members.py), whose slice
+  its own), or member `index` of a train.members program (transformer/train/members.py), whose slice
   of the stacked state and metrics is its own. Each has its own workdir, checkpoints, reporter,
   early stopping, evaluations and final metrics."""
   name: str  # "" for a plain run
@@ -280,7 +282,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
 
   `init_from` (fine-tuning): another run's workdir, e.g. one written by transformer.convert; its
   model config, tokenizers and latest parameters replace the config's and the random init
-  (transformer/finetune.py); optimizer, schedule and data are the config's own.
+  (transformer/train/finetune.py); optimizer, schedule and data are the config's own.
 
   Returns the final metrics (the last evaluation, train/loss, step). `task` overrides
   `transformer.data.load_task` (tests, notebooks). Raises ConfigError, CheckpointError or
@@ -292,10 +294,10 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   first SIGINT (preemption.PreemptionHandler) saves at the current step and returns with
   `preempted` or `interrupted` = 1.0 in the metrics; a second SIGINT raises KeyboardInterrupt.
   One writer per workdir: a workdir that another live process trains, or that holds files but no
-  run, is a one-line ConfigError (transformer/workdir.py). A resume starts from the newest
+  run, is a one-line ConfigError (transformer/run/lock.py). A resume starts from the newest
   checkpoint that verifies (checkpoints.Checkpointer.restore_latest_good), naming the ones that
   fail.
-  With train.members (transformer/members.py) every member trains in one program, each in
+  With train.members (transformer/train/members.py) every member trains in one program, each in
   `<workdir>/<name>` as its own run would, and the metrics are each member's as '<name>/<key>'.
   """
   started = time.time()
@@ -314,7 +316,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
     workdir_lib.check_trainable(workdir, members=names)
     for name in names:
       workdir_lib.check_trainable(os.path.join(workdir, name))
-  # One writer per workdir (transformer/workdir.py): held until this call returns or raises.
+  # One writer per workdir (transformer/run/lock.py): held until this call returns or raises.
   with workdir_lib.writer_lock(workdir) if main else contextlib.nullcontext():
     return _train(cfg, workdir, task, init_from, started)
 

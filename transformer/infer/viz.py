@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from transformer import files  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.positional import sinusoidal_table  # pylint: disable=wrong-import-position
+from transformer.model.positional import sinusoidal_table  # pylint: disable=wrong-import-position
 
 
 def _finish(fig: Any, save_path: str | None) -> Any:

@@ -22,13 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import attention as attn
-from transformer import heads
+from transformer.model import attention as attn
+from transformer.model import heads
 from transformer import kernels
-from transformer import kv_cache
-from transformer import positional
+from transformer.model import kv_cache
+from transformer.model import positional
 from transformer.config import ConfigError, ModelConfig
-from transformer.layers import Dropout, Embed, FeedForward, make_norm
+from transformer.model.layers import Dropout, Embed, FeedForward, make_norm
 
 Array = jax.Array
 

@@ -1,8 +1,8 @@
 """Preemption and Ctrl-C: a signal becomes a stop the training loop polls at every step.
 
 The loop saves a checkpoint at the step where `should_stop(step)` first returns True, so a
-preempted or interrupted run resumes from exactly there (transformer/checkpoints.py saves,
-transformer/training.py polls).
+preempted or interrupted run resumes from exactly there (transformer/run/checkpoints.py saves,
+transformer/train/loop.py polls).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from transformer import checkpoints
+from transformer.run import checkpoints
 from transformer import config as config_lib
 from transformer import schema
 from transformer.config import Config

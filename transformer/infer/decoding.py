@@ -22,9 +22,9 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from transformer import ensemble
-from transformer import kv_cache
-from transformer import models
+from transformer.model import ensemble
+from transformer.model import kv_cache
+from transformer.model import models
 from transformer.config import MAX_BEAM_SIZE
 
 StepFn = Callable[[jnp.ndarray, Any, jnp.ndarray], tuple[jnp.ndarray, Any]]
@@ -418,7 +418,7 @@ def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_
   without a prefix (plain text) must be decoded with prefix_lm=False when its config says True;
   True has no effect on a model whose config says False (the model ignores the prefix then).
   rng: the sampling key (None = key 0).
-  An ensemble: `model` a tuple of models and `params` a tuple of their trees (transformer.ensemble),
+  An ensemble: `model` a tuple of models and `params` a tuple of their trees (transformer.model.ensemble),
   decoded as one model whose next-token distribution is the mean of the members' probabilities
   (temperature, top-k and top-p then shape that mean); the members must share the architecture
   and vocabularies. prefix_lm=None is True if any member is a prefix-LM (a causal member ignores

@@ -1,8 +1,8 @@
 r"""Decodes words or sentences with a trained run from the command line.
 
-  python -m transformer.predict --workdir=runs/g2p hello world
-  printf 'hello\nworld\n' | python -m transformer.predict --workdir=runs/g2p --method=beam --beam_size=8
-  python -m transformer.predict --workdir=runs/a --ensemble=runs/b,runs/c --step=best hello
+  python -m transformer.infer.predict --workdir=runs/g2p hello world
+  printf 'hello\nworld\n' | python -m transformer.infer.predict --workdir=runs/g2p --method=beam --beam_size=8
+  python -m transformer.infer.predict --workdir=runs/a --ensemble=runs/b,runs/c --step=best hello
 
 Prints one `input<TAB>output` line per input (inputs from the arguments, else one per stdin line;
 each stdin line is answered as soon as it arrives, so it works as an interactive prompt).
@@ -11,7 +11,7 @@ An encoder-only run is not decoded; its line depends on model.head:
             marker: its --top_k (default 5) most likely tokens as `token=probability`
   classify  input<TAB>the predicted label<TAB>its probability
   tag       input<TAB>`token/tag` for every token of the input
-  python -m transformer.predict --workdir=runs/bert --top_k=3 "paris is the _ of france."
+  python -m transformer.infer.predict --workdir=runs/bert --top_k=3 "paris is the _ of france."
 An input that cannot be decoded (empty, characters outside the model's vocabulary, longer than the
 model was trained on) gets a one-line `error:` message on stderr and the others are still decoded;
 the exit status is 1 if any input (or the workdir) was bad, 0 otherwise. Inputs with no unknown
@@ -29,7 +29,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from absl import flags
 
 from transformer import cli
-from transformer.inputs import check_input, decode_length, input_error
+from transformer.data.inputs import check_input, decode_length, input_error
 
 
 def _define(f: flags.FlagValues) -> None:
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
   """Runs the command line; returns the exit status. Inputs come from the arguments, else from
   `stdin` (a text stream, in batches of 64 lines), else from this process's standard input, each
   line answered as soon as it arrives (stdin_batches)."""
-  args, inputs = cli.parse_own_flags("python -m transformer.predict", _define,
+  args, inputs = cli.parse_own_flags("python -m transformer.infer.predict", _define,
                                      sys.argv[1:] if argv is None else argv)
   if inputs:
     batches: Iterable[list[str]] = [inputs]
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
 def _predict(args: flags.FlagValues, batches: Iterable[list[str]]) -> int:
   """Restores the run, then checks each batch of inputs and prints its `input<TAB>output` lines
   (flushed); the exit status."""
-  from transformer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
+  from transformer.infer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
   run = api.restore([args.workdir, *filter(None, args.ensemble.split(","))], step)
   options = dict(method=args.method, beam_size=args.beam_size, length_penalty=args.length_penalty,

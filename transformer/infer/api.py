@@ -29,11 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import ensemble, evaluation, inputs, models
+from transformer.data import inputs
+from transformer.infer import evaluation
+from transformer.model import ensemble, models
 from transformer.config import Config
 from transformer.data import labels, load_task, objectives, pipeline
 from transformer.data.tokenizers import NUM_SPECIAL
-from transformer.decoding import search_settings
+from transformer.infer.decoding import search_settings
 
 
 @dataclasses.dataclass
@@ -90,7 +92,7 @@ class Run:
 
   An ensemble's Run (restore of several workdirs) holds a tuple of models and one of parameter
   trees, `members` its workdirs and `step` their steps; everything but `attention` reads it as
-  one model whose probabilities are the mean of its members' (transformer/ensemble.py).
+  one model whose probabilities are the mean of its members' (transformer/model/ensemble.py).
   """
 
   def __init__(self, config: Config, model: Any, params: Any, task: Any, step: Any, workdir: str,
@@ -177,7 +179,7 @@ class Run:
                seed: int = 0) -> list[str]:
     """Decodes each text to text; unset options come from the run's eval.decode config.
 
-    Inputs are checked as predict checks them (transformer/inputs.py): an empty one, one with
+    Inputs are checked as predict checks them (transformer/data/inputs.py): an empty one, one with
     characters outside the model's vocabulary or one longer than the model was trained on is a
     one-line ValueError naming it, as are bad decoding options, before anything compiles.
     (transformer.generate is the array-level search this calls: token ids in, token ids out.)

@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 
 from transformer import kernels
-from transformer import kv_cache
-from transformer import layers
-from transformer import positional
+from transformer.model import kv_cache
+from transformer.model import layers
+from transformer.model import positional
 from transformer.config import ModelConfig
 
 Array = jax.Array

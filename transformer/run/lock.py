@@ -33,7 +33,7 @@ LOCK_FILE = "train.lock"
 # lock, and the tokenizers a failed start may have copied in.
 PRE_RUN_FILES = frozenset({LOCK_FILE, "sweep.log", "sweep_point.json", "tokenizers"})
 # A workdir holds a run when it has checkpoints, or the config.json and provenance.json that a
-# run writes together before its first checkpoint (transformer/reporting.py).
+# run writes together before its first checkpoint (transformer/run/reporting.py).
 RUN_FILES = (("checkpoints",), ("config.json", "provenance.json"))
 
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import ModelConfig, excluded_ids
-from transformer.layers import Embed, activation, dense, make_norm
+from transformer.model.layers import Embed, activation, dense, make_norm
 
 Array = jax.Array
 # The logit of an excluded id: exp underflows to exactly 0 after any max subtraction, and it stays

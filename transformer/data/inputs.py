@@ -3,7 +3,7 @@
 `check_input` says why an input cannot be decoded (empty, not UTF-8, characters outside the model's
 vocabulary, longer than the model was trained on) or gives the text to decode (lower-cased when
 that makes every character known). `input_error` is the one line both report. No JAX here, so
-that `python -m transformer.predict --help` stays fast.
+that `python -m transformer.infer.predict --help` stays fast.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from transformer import steps
+from transformer.train import steps
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 
 # Keys a member may override, and their types. Anything else would change the program.

@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import optax
 
 def _peak(tc: Any) -> Any:
-  """train.learning_rate: a Python float, or an array (vmapped members' rates, transformer/members.py)."""
+  """train.learning_rate: a Python float, or an array (vmapped members' rates, transformer/train/members.py)."""
   lr = tc.learning_rate
   return float(lr) if isinstance(lr, (int, float)) else jnp.asarray(lr, jnp.float32)
 

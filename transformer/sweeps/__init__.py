@@ -1,0 +1,1 @@
+"""Sweeps: sweep files (spec), the resumable runner, the report (tables and plots)."""
