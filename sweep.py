@@ -62,7 +62,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   cli.quiet_logging()
-  from transformer.sweeps.spec import runner, spec  # pylint: disable=g-import-not-at-top
+  from transformer.sweeps import runner, spec  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
   try:
     with cli.one_line_errors(spec.SweepError, ConfigError):
@@ -78,7 +78,7 @@ def main(argv):
 
 def run_sweep() -> None:
   """Plans the sweep, runs (or prints) its points and writes the report."""
-  from transformer.sweeps.spec import runner, spec  # pylint: disable=g-import-not-at-top
+  from transformer.sweeps import runner, spec  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
   config_arg = config_flags.get_config_filename(f["config"])
@@ -128,7 +128,7 @@ def run_sweep() -> None:
       except (ValueError, OSError) as e:  # ConfigError is a ValueError
         cli.fail(f"preparing the data: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     failed = runner.run(points, commands, parallel=f.parallel)
-  from transformer.sweeps.spec import report  # pylint: disable=g-import-not-at-top
+  from transformer.sweeps import report  # pylint: disable=g-import-not-at-top
   title = f"`python sweep.py {shlex.join(report_flags())}`"
   out = report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)
   print(report.markdown(out["rows"], out["metric"]))

@@ -38,10 +38,10 @@ import jax  # noqa: E402  pylint: disable=wrong-import-position
 import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 
 from configs import base, g2p  # noqa: E402  pylint: disable=wrong-import-position
+from transformer.config import from_configdict  # noqa: E402  pylint: disable=wrong-import-position
 from transformer.model import models  # noqa: E402  pylint: disable=wrong-import-position
 from transformer.run import checkpoints
 from transformer.train import optim, steps
-from transformer.config import from_configdict  # noqa: E402  pylint: disable=wrong-import-position
 
 GPT2_SMALL = {"model.arch": "decoder_only", "model.num_decoder_layers": 12, "model.d_model": 768,
               "model.num_heads": 12, "model.mlp_dim": 3072, "model.vocab_size": 50304,

@@ -37,8 +37,8 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from transformer.infer import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.config import DecodeConfig, model_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.infer import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.model.models import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 NEVER = -1  # an EOS id no token matches: every run decodes the full length

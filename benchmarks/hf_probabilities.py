@@ -37,9 +37,9 @@ import transformers
 
 import transformer
 from transformer import convert
-from transformer.model import models
-from transformer.infer.api import Run
 from transformer.convert import bert, gpt2
+from transformer.infer.api import Run
+from transformer.model import models
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("gpt2", "t5", "bert")

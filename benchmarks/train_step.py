@@ -60,9 +60,9 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from configs import base, g2p, lm  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.train import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.model.models import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.train import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # The train state and steps live in steps.py, in the trees of older revisions (--compare) in
 # training.py. Decided by the tree's files: an import attempt could find steps.py through the

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from transformer.sweeps.spec import runner, spec
+from transformer.sweeps import runner, spec
 
 
 def load_config_file(config_arg: str):

@@ -8,11 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.model import attention
 from transformer import kernels
-from transformer.model import kv_cache
-from transformer.model.kv_cache import DecodeStep
 from transformer.config import model_config
+from transformer.model import attention, kv_cache
+from transformer.model.kv_cache import DecodeStep
 import masks
 
 RNG = np.random.default_rng(0)

@@ -22,10 +22,11 @@ import pytest
 import g2p_mini
 import synthetic_task
 from transformer.infer import api, evaluation
-from transformer.run import checkpoints
-from transformer.train import optim, steps
-from transformer.run.checkpoints import EvaluationError
+from transformer.model import scoring
 from transformer.model.models import build_model
+from transformer.run import checkpoints
+from transformer.run.checkpoints import EvaluationError
+from transformer.train import optim
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMA_RUN = {"train.num_steps": 20, "train.ema_decay": 0.9}  # the same run as tests/test_ema.py's
@@ -105,7 +106,7 @@ def test_evaluate_split_averages_and_says_which_checkpoints(ema_run):
   cfg = checkpoints.load_run_config(ema_run)
   template = checkpoints.read_params(cfg, ema_run, params="raw").params
   params = jax.tree.unflatten(jax.tree.structure(template), [jnp.asarray(x) for x in mean])
-  step = jax.jit(steps.make_eval_step(build_model(cfg.model)))
+  step = jax.jit(scoring.make_eval_step(build_model(cfg.model)))
   sums = [jax.device_get(step(params, b)) for b in task.eval_batches("validation")]
   want = sum(float(s["loss_sum"]) for s in sums) / sum(float(s["weight_sum"]) for s in sums)
   assert results["loss"] == pytest.approx(want, rel=1e-5)

@@ -4,8 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from transformer.model import models
 from transformer.config import model_config
+from transformer.model import models
 
 
 @pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])

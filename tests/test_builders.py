@@ -13,9 +13,7 @@ import tensorflow_datasets as tfds
 import cmudict_data
 from configs import base
 from transformer.config import from_configdict
-from transformer.data import builders
-from transformer.data import cmudict
-from transformer.data import load_task
+from transformer.data import builders, cmudict, load_task
 from transformer.data.task import read_records
 
 

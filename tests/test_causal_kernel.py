@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.model import attention
 from transformer.config import model_config
+from transformer.model import attention
 from transformer.model.losses import cross_entropy
 from transformer.model.models import build_model
 

@@ -20,8 +20,8 @@ import synthetic_task
 from test_checkpoints import assert_bitwise_equal, ckpt_cfg, config_dict, toy_state
 from transformer.infer import api, evaluation
 from transformer.run import checkpoints
-from transformer.train import loop
 from transformer.run.checkpoints import EvaluationError
+from transformer.train import loop
 
 
 def _state_files(step_dir):

@@ -17,10 +17,10 @@ import optax
 import pytest
 
 from configs import base
-from transformer.run import checkpoints
-from transformer.train import preemption
 from transformer import config as config_lib
 from transformer.config import from_configdict, to_dict
+from transformer.run import checkpoints
+from transformer.train import preemption
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

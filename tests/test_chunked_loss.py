@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from configs import g2p
+from transformer.config import ConfigError, from_configdict, model_config
 from transformer.model import losses, models
 from transformer.train import optim, steps
-from transformer.config import ConfigError, from_configdict, model_config
 
 RNG = np.random.default_rng(0)
 

@@ -24,12 +24,12 @@ import pytest
 
 import g2p_mini
 from configs import base
-from transformer.infer import api, evaluation, predict
-from transformer.train import loop
-from transformer.run.checkpoints import CheckpointError
 from transformer.config import from_configdict
 from transformer.data import builders
 from transformer.data.task import read_records
+from transformer.infer import api, evaluation, predict
+from transformer.run.checkpoints import CheckpointError
+from transformer.train import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")

@@ -21,11 +21,11 @@ import pytest
 
 import g2p_mini
 from transformer import cli, schema
-from transformer.run import reporting
-from transformer.train import loop
-from transformer.run.checkpoints import CheckpointError
 from transformer.config import from_configdict
 from transformer.data import builders
+from transformer.run import reporting
+from transformer.run.checkpoints import CheckpointError
+from transformer.train import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
@@ -91,7 +91,7 @@ def test_help_is_one_screen_and_exits_0(tool):
 
 def test_help_keys_lists_every_key_with_its_default():
   """--help_keys prints every config key of configs/base.py, one per line under its section."""
-  from transformer.sweeps.spec import spec  # pylint: disable=g-import-not-at-top
+  from transformer.sweeps import spec  # pylint: disable=g-import-not-at-top
   out = _run(["train.py", "--help_keys"])
   assert out.returncode == 0, out.stderr[-2000:]
   keys, section = {}, None
@@ -103,7 +103,7 @@ def test_help_keys_lists_every_key_with_its_default():
       keys[f"{section}.{name}" if section else name] = value
     else:
       section = "" if line == "(top level):" else line.rstrip(":")
-  assert keys == {k: repr(v) for k, v in spec.flat_items(schema.get_config()).items()}
+  assert keys == {k: repr(v) for k, v in schema.flat_items(schema.get_config()).items()}
 
 
 def test_warmup_longer_than_the_run_warns_in_one_line():

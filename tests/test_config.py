@@ -8,8 +8,7 @@ import ml_collections
 import pytest
 
 from configs import base
-from transformer import config as config_lib
-from transformer import schema
+from transformer import config as config_lib, schema
 from transformer.model import positional
 
 

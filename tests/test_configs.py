@@ -12,9 +12,7 @@ import numpy as np
 import pytest
 
 from transformer.config import ConfigError, from_configdict
-from transformer.data import builders
-from transformer.data import cmudict
-from transformer.data import load_task
+from transformer.data import builders, cmudict, load_task
 from transformer.model.models import build_model
 from transformer.train.loop import fill_vocab_sizes
 

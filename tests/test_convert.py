@@ -24,10 +24,10 @@ tokenizers_lib = pytest.importorskip("tokenizers")
 
 import transformer  # noqa: E402
 from transformer import convert  # noqa: E402
-from transformer.infer import evaluation, predict
 from transformer.config import model_config  # noqa: E402
 from transformer.convert import gpt2  # noqa: E402
 from transformer.data import tokenizers  # noqa: E402
+from transformer.infer import evaluation, predict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_POSITIONS = 64

@@ -24,13 +24,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import transformer  # noqa: E402
-from transformer import convert  # noqa: E402
-from transformer.model import models
-from transformer.run import checkpoints
-from transformer.train import finetune, steps
-from transformer import schema  # noqa: E402
+from transformer import convert, schema  # noqa: E402
 from transformer.config import ConfigError, from_configdict  # noqa: E402
 from transformer.data import load_task  # noqa: E402
+from transformer.model import models, scoring
+from transformer.run import checkpoints
+from transformer.train import finetune
 from transformer.train.loop import train_and_evaluate  # noqa: E402
 from configs import classify, mlm  # noqa: E402
 import encoder_fixtures  # noqa: E402
@@ -107,7 +106,7 @@ def continued(root, converted):
 def _first_batch_loss(model, params, cfg, workdir):
   """The unsmoothed loss of `params` on the first training batch of the run in `workdir`."""
   batch = next(iter(load_task(cfg, workdir).train_iterator()))
-  sums = steps.make_eval_step(model)(params, batch)
+  sums = scoring.make_eval_step(model)(params, batch)
   return float(sums["loss_sum"]) / float(sums["weight_sum"])
 
 
@@ -135,7 +134,7 @@ def test_classifier_loads_berts_encoder_exactly_and_a_fresh_head(converted, clas
   assert tuned.source_tokenizer == bert.target_tokenizer
 
   model = models.build_model(cfg.model)
-  fresh = steps.init_params(model, jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 1),
+  fresh = scoring.init_params(model, jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 1),
                             models.example_batch(cfg.model))
   start = finetune.init_params(converted, fresh, cfg.model.head)
   loaded, pretrained, fresh = _flat(start), _flat(bert.params), _flat(fresh)
@@ -167,7 +166,7 @@ def test_continued_mlm_starts_from_exactly_the_converted_model(converted, contin
   assert tuned.source_tokenizer == tuned.target_tokenizer == bert.target_tokenizer
 
   model = models.build_model(cfg.model)
-  fresh = steps.init_params(model, jax.random.key(1), models.example_batch(cfg.model))
+  fresh = scoring.init_params(model, jax.random.key(1), models.example_batch(cfg.model))
   start, pretrained = _flat(finetune.init_params(converted, fresh, "mlm")), _flat(bert.params)
   assert set(start) == set(pretrained) and any(k.startswith("['head']") for k in start)
   for k in start:

@@ -23,10 +23,10 @@ from bench_loader import load_benchmark  # noqa: E402
 
 import transformer  # noqa: E402
 from transformer import convert  # noqa: E402
-from transformer.infer import evaluation
 from transformer.config import excluded_ids  # noqa: E402
 from transformer.convert import bert, gpt2  # noqa: E402
 from transformer.data import tokenizers  # noqa: E402
+from transformer.infer import evaluation
 from transformer.model.heads import EXCLUDED_LOGIT  # noqa: E402
 
 bench = load_benchmark("hf_probabilities")

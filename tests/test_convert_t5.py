@@ -29,9 +29,9 @@ tokenizers_lib = pytest.importorskip("tokenizers")
 
 import transformer  # noqa: E402
 from transformer import convert  # noqa: E402
-from transformer.infer import evaluation, predict
 from transformer.convert import t5  # noqa: E402
 from transformer.data import tokenizers  # noqa: E402
+from transformer.infer import evaluation, predict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 96

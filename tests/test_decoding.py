@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.infer import decoding
 from transformer.data import pipeline
+from transformer.infer import decoding
 from transformer.infer.decoding import Search
 
 # ----------------------------------------------------------------------------- toy step functions

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from configs import base
-from transformer.model import layers
 from transformer.config import ConfigError, from_configdict
+from transformer.model import layers
 
 
 @pytest.mark.parametrize("shape", [(3, 7, 5), (3, 2, 8)])

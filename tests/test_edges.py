@@ -24,12 +24,11 @@ import pytest
 import g2p_mini
 from configs import base
 from transformer import cli, config as config_lib, files
-from transformer.data import inputs
-from transformer.infer import decoding, predict
-from transformer.sweeps.spec import spec
 from transformer.config import ConfigError, from_configdict
 from transformer.convert import ConvertError, read_hf
-from transformer.data import builders
+from transformer.data import builders, inputs
+from transformer.infer import decoding, predict
+from transformer.sweeps import spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")

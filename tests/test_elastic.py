@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.run import checkpoints
 from transformer.config import from_configdict
 from transformer.data import load_task, pipeline
 from transformer.data.stream import Stream
+from transformer.run import checkpoints
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import g2p_mini  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position

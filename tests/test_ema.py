@@ -23,12 +23,13 @@ import pytest
 
 import synthetic_task
 from configs import base
-from transformer.infer import evaluation
-from transformer.run import checkpoints
-from transformer.train import loop, optim, steps
-from transformer.run.checkpoints import CheckpointError
 from transformer.config import ConfigError, from_configdict
+from transformer.infer import evaluation
+from transformer.model import scoring
 from transformer.model.models import build_model
+from transformer.run import checkpoints
+from transformer.run.checkpoints import CheckpointError
+from transformer.train import loop, optim, steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 13
@@ -148,8 +149,8 @@ import json, sys
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1])
 import test_ema as t
-from transformer.train import optim, parallel, steps
 from transformer.model.models import build_model
+from transformer.train import optim, parallel, steps
 assert jax.device_count() == 2
 cfg = t.tiny_config(ema_decay=0.5)
 model, tx = build_model(cfg.model), optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
@@ -213,7 +214,7 @@ def _saved_state(workdir, step):
 def _eval_loss(workdir, params, task):
   """Teacher-forced loss of `params` over the reverse task's eval batches (the sums' ratio)."""
   cfg = checkpoints.load_run_config(workdir)
-  step = jax.jit(steps.make_eval_step(build_model(cfg.model)))
+  step = jax.jit(scoring.make_eval_step(build_model(cfg.model)))
   sums = [jax.device_get(step(params, b)) for b in task.eval_batches("validation")]
   return sum(float(s["loss_sum"]) for s in sums) / sum(float(s["weight_sum"]) for s in sums)
 

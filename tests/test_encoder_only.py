@@ -10,9 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.model import heads, models
-from transformer.train import steps
 from transformer.config import model_config
+from transformer.model import heads, models, scoring
 from model_fixtures import _stack_layers
 
 V, C = 17, 5
@@ -28,7 +27,7 @@ def _setup(**overrides):
 def _setup_cached(overrides):
   cfg = model_config(**(BASE | dict(overrides)))
   model = models.build_model(cfg)
-  params = steps.init_params(model, jax.random.key(0), models.example_batch(cfg))
+  params = scoring.init_params(model, jax.random.key(0), models.example_batch(cfg))
   return cfg, model, params
 
 
@@ -138,7 +137,7 @@ def test_mlm_loss_counts_only_the_masked_positions():
   _, model, params = _setup(head="mlm")
   inputs = np.array([[2, 16, 9, 16, 11, 1, 0, 0], [2, 4, 5, 6, 16, 8, 9, 1]])
   targets = np.array([[0, 5, 0, 7, 0, 0, 0, 0], [0, 0, 0, 0, 7, 0, 0, 0]])
-  sums = jax.jit(steps.make_eval_step(model))(params, dict(inputs=jnp.asarray(inputs),
+  sums = jax.jit(scoring.make_eval_step(model))(params, dict(inputs=jnp.asarray(inputs),
                                                   targets=jnp.asarray(targets)))
   logits = _logits(model, params, inputs=inputs).astype(np.float64)
   log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -154,13 +153,13 @@ def test_tagging_metrics_count_real_tokens_and_give_macro_f1():
   _, model, params = _setup(head="tag")
   inputs = np.array([[2, 5, 9, 7, 1, 0], [2, 4, 1, 0, 0, 0]])
   tags = np.array([[0, 2, 3, 2, 0, 0], [0, 4, 0, 0, 0, 0]])
-  sums = jax.device_get(jax.jit(steps.make_eval_step(model))(
+  sums = jax.device_get(jax.jit(scoring.make_eval_step(model))(
       params, dict(inputs=jnp.asarray(inputs), targets=jnp.asarray(tags))))
   assert float(sums["weight_sum"]) == 4
   pred = _logits(model, params, inputs=inputs).argmax(-1)[tags != 0]
   true = tags[tags != 0]
   f1s = [2 * np.sum((pred == c) & (true == c)) / (np.sum(pred == c) + np.sum(true == c))
          for c in range(C) if np.any(pred == c) or np.any(true == c)]
-  metrics = steps.teacher_forced_metrics(sums)
+  metrics = scoring.teacher_forced_metrics(sums)
   np.testing.assert_allclose(metrics["f1"], np.mean(f1s))
   np.testing.assert_allclose(metrics["accuracy"], np.mean(pred == true))

@@ -1,5 +1,5 @@
 """Ensembles (transformer/model/ensemble.py): the mean of several models' probabilities, scored
-teacher-forced (steps.make_eval_step), decoded with one KV cache per member (decoding.generate) and
+teacher-forced (scoring.make_eval_step), decoded with one KV cache per member (decoding.generate) and
 read back from several runs (evaluation.evaluate_split, eval.py --ensemble).
 
 The references are independent of the cached decoder: float64 NumPy means of softmaxes, and the
@@ -20,12 +20,12 @@ import pytest
 
 import g2p_mini
 from test_decoding import _decode_cfg, _full_forward_log_probs, _length, _tiny_model, random_params
-from transformer.infer import decoding, evaluation
-from transformer.model import ensemble
-from transformer.train import steps
 from transformer.config import model_config
-from transformer.model.models import build_model
+from transformer.infer import decoding, evaluation
 from transformer.metrics import wer_per
+from transformer.model import ensemble, scoring
+from transformer.model.models import build_model
+from transformer.train import steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
@@ -152,7 +152,7 @@ def test_ensemble_eval_step_scores_the_mean_probability():
   models, params, src = _two_members("encoder_decoder")
   targets = np.array([[3, 4, 5, 0], [6, 5, 0, 0], [7, 8, 9, 5]], np.int32)
   batch = {"inputs": jnp.asarray(src), "targets": jnp.asarray(targets)}
-  sums = jax.device_get(jax.jit(steps.make_eval_step(models))(params, batch))
+  sums = jax.device_get(jax.jit(scoring.make_eval_step(models))(params, batch))
   mean = _np_log_mean_probs(*[jax.nn.log_softmax(m.apply({"params": p}, src, targets))
                               for m, p in zip(models, params)])
   weights = targets != 0

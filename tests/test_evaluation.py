@@ -18,10 +18,10 @@ import sacrebleu
 
 import g2p_mini
 from configs import base
-from transformer.infer import api, evaluation, predict
-from transformer.run import checkpoints
 from transformer.config import ConfigError, from_configdict, to_dict
+from transformer.infer import api, evaluation, predict
 from transformer.metrics import wer_per
+from transformer.run import checkpoints
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")

@@ -120,7 +120,7 @@ def test_run_files_on_a_bucket(bucket):
   """train_done.json written by training is read back by the sweep runner, and a config.json in
   the bucket is what checkpoints.check_compatible compares against (no local file involved)."""
   from transformer.run import checkpoints  # pylint: disable=g-import-not-at-top
-  from transformer.sweeps.spec import runner
+  from transformer.sweeps import runner
   from transformer.train import loop
   loop.write_done_marker(bucket, 7, "num_steps", {"eval/loss": 1.5}, 2.0)
   done = runner.read_json(bucket + "/" + loop.DONE_FILE)

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import transformer
-from transformer.model import models
-from transformer.run import checkpoints
-from transformer.train import finetune, steps
-from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL
 from transformer.config import ConfigError, from_configdict
+from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL
 from transformer.infer.evaluation import evaluate_split
+from transformer.model import models, scoring
+from transformer.run import checkpoints
+from transformer.train import finetune
 from transformer.train.loop import train_and_evaluate
 import encoder_fixtures
 
@@ -46,7 +46,7 @@ def test_fine_tuning_loads_exactly_the_shared_weights(mlm_run, tuned_run):
   assert cfg.model.head == "classify" and cfg.model.vocab_size > 0  # the run's vocabulary
   cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_classes=7))
   model = models.build_model(cfg.model)
-  fresh = steps.init_params(model, jax.random.key(1), models.example_batch(cfg.model))
+  fresh = scoring.init_params(model, jax.random.key(1), models.example_batch(cfg.model))
   loaded = _flat(finetune.init_params(workdir, fresh))
   fresh = _flat(fresh)
   assert set(loaded) == set(fresh)

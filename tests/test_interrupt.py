@@ -224,7 +224,7 @@ def test_signals_to_the_sweep_reach_its_running_points(tmp_path, sig, forwarded)
   SIGINT, SIGTERM and SIGTERM (each asks train.py to save and stop); run() waits for the
   trainer, raises KeyboardInterrupt and reports the signal; the trainer runs in a session of its
   own, so a Ctrl-C to the terminal's process group reaches only the sweep."""
-  from transformer.sweeps.spec import runner, spec  # pylint: disable=g-import-not-at-top
+  from transformer.sweeps import runner, spec  # pylint: disable=g-import-not-at-top
   from sweep_fixtures import load_config_file  # pylint: disable=g-import-not-at-top
   (tmp_path / "s.py").write_text("def get_sweep():\n  return [{'seed': 1}, {'seed': 2}]\n")
   (tmp_path / "record.py").write_text(RECORD_SIGNAL)

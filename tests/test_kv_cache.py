@@ -11,8 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model import attention
-from transformer.model import kv_cache
+from transformer.model import attention, kv_cache
 
 RNG = np.random.default_rng(0)
 H, L = 4, 8  # head size, cache length (max_len)

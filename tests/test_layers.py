@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from transformer.config import model_config
-from transformer.model.layers import FFNS, Embed, FeedForward, make_norm
+from transformer.model.layers import Embed, FeedForward, FFNS, make_norm
 from transformer.model.models import build_model
 
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import synthetic_task
+from transformer.config import ConfigError, from_configdict
+from transformer.model import scoring
 from transformer.run import checkpoints
 from transformer.train import loop, members
-from transformer.config import ConfigError, from_configdict
 
 SPEC = "seed=0;seed=1;seed=0,train.learning_rate=1e-3,train.label_smoothing=0.2,model.dropout_rate=0"
 NAMES = ["seed=0", "seed=1",
@@ -126,13 +127,13 @@ def test_member_workdirs_restore_evaluate_and_resume_alone(runs, tmp_path):
   for name, workdir in zip(NAMES, dirs):
     run = api.restore(workdir, task=task)
     assert run.step == 20
-    eval_step = jax.jit(steps.make_eval_step(run.model))
+    eval_step = jax.jit(scoring.make_eval_step(run.model))
     sums = {}
     for batch in task.eval_batches("validation"):
       for k, v in eval_step(run.params, batch).items():
         sums[k] = sums.get(k, 0.0) + np.asarray(v, np.float64)
     logged = [r["eval/loss"] for r in _jsonl(workdir) if "eval/loss" in r][-1]
-    assert steps.teacher_forced_metrics(sums)["loss"] == pytest.approx(logged, abs=1e-5), name
+    assert scoring.teacher_forced_metrics(sums)["loss"] == pytest.approx(logged, abs=1e-5), name
   assert len(api.restore(dirs, task=task).members) == 3
   alone = str(tmp_path / "alone")
   import shutil  # pylint: disable=g-import-not-at-top

@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.model.kv_cache import reorder as reorder_cache
-from transformer.model.kv_cache import reorder_beams as reorder_beam_cache
+from transformer.model.kv_cache import reorder as reorder_cache, reorder_beams as reorder_beam_cache
 from transformer.model.kv_cache import tile_beams as tile_beam_cache
 from transformer.model.models import build_model
 

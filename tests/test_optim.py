@@ -9,8 +9,8 @@ import optax
 import pytest
 
 from configs import base
-from transformer.train import optim
 from transformer.config import from_configdict
+from transformer.train import optim
 
 
 def train_cfg(**overrides):

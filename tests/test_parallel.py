@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from transformer.train import parallel
 from transformer.config import ConfigError, MeshShape, ParallelConfig
+from transformer.model import scoring
+from transformer.train import parallel
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -83,7 +84,7 @@ def _run_mode(cfg, model, tx, batches, state, mode, mesh, rows):
   if mode == "mesh":
     shardings = parallel.state_shardings(_initial_state(cfg, model, tx, batches, False), mesh)
   run = parallel.compile_train_step(steps.make_train_step(cfg, model, tx), mode, mesh, shardings)
-  ev = parallel.compile_eval_step(steps.make_eval_step(model), mode, mesh,
+  ev = parallel.compile_eval_step(scoring.make_eval_step(model), mode, mesh,
                                   None if shardings is None else shardings.params)
   # prepare_state may share buffers with its input, which the donating step then frees: copy.
   state = run.prepare_state(jax.tree.map(lambda x: x.copy(), state))
@@ -109,7 +110,7 @@ def scenario_modes() -> dict:
     ref_losses.append(float(metrics["loss"]))
   ref_params = _flat(state.params)
   ref_eval = {k: float(v) for k, v in
-              jax.jit(steps.make_eval_step(model))(state.params, batches[0]).items()}
+              jax.jit(scoring.make_eval_step(model))(state.params, batches[0]).items()}
   out = dict(ref_losses=ref_losses, ref_eval=ref_eval, modes={})
   all_rows = slice(None)
   for name, mode, shape in [("mesh8x1x1", "mesh", (8, 1, 1)), ("mesh2x2x2", "mesh", (2, 2, 2)),

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import lm
+from transformer.config import from_configdict
 from transformer.model import models
 from transformer.train import optim, steps
-from transformer.config import from_configdict
 
 
 def test_bfloat16_parameters_keep_their_dtypes_through_steps():

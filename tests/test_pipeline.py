@@ -10,8 +10,7 @@ import pytest
 
 from configs import base
 from transformer.config import from_configdict
-from transformer.data import load_task
-from transformer.data import pipeline
+from transformer.data import load_task, pipeline
 from transformer.data.tokenizers import EOS_ID
 
 ALPHABET = "abcdefgh"

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer.config import model_config, ModelConfig
 from transformer.model import positional
-from transformer.config import ModelConfig, model_config
 from transformer.schema import KEYS
 
 SETTINGS = hypothesis.settings(max_examples=25, deadline=None)

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import transformer
-from transformer.infer import predict
-from transformer.model import models
 from transformer.data.objectives import ExtraIds
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL
+from transformer.infer import predict
+from transformer.model import models
 from transformer.train.loop import train_and_evaluate
 import encoder_fixtures
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import synthetic_task
-from transformer.train import prefetch
 from transformer.data import pipeline
+from transformer.train import prefetch
 
 
 def _batches(n=40, rows=4):

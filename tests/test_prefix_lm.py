@@ -16,14 +16,14 @@ import pytest
 
 import g2p_mini
 from test_decoding import random_params
-from transformer.infer import api, decoding
 from transformer.config import from_configdict, model_config
 from transformer.data import load_task, pipeline
+from transformer.infer import api, decoding
 from transformer.data.tokenizers import (EOS_ID, NUM_SPECIAL, CharTokenizer, OffsetTokenizer,
                                          SymbolTokenizer)
 from transformer.model.models import batch_logits, build_model
-from transformer.train.scheduled_sampling import two_pass_logits
 from transformer.train.loop import fill_vocab_sizes
+from transformer.train.scheduled_sampling import two_pass_logits
 
 SOURCE = CharTokenizer(list("abcdefgh"))
 PHONES = ["AA", "B", "CH", "D", "EH", "F"]

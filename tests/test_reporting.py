@@ -21,12 +21,12 @@ from tensorflow_datasets.proto import tf_example_pb2
 
 import g2p_mini
 from configs import base
-from transformer.infer import evaluation
-from transformer.run import reporting
 from transformer.config import from_configdict, model_config, to_dict
 from transformer.data import load_task
+from transformer.infer import evaluation
 from transformer.model.losses import cross_entropy
 from transformer.model.models import build_model
+from transformer.run import reporting
 
 TINY = dict(vocab_size=512, source_vocab_size=512, d_model=128, num_heads=4, mlp_dim=256,
             num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0)

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 from configs import base
-from transformer.model import models
-from transformer.train import optim, steps
-from transformer.train import scheduled_sampling
 from transformer.config import from_configdict
+from transformer.model import models, scoring
 from transformer.model.losses import cross_entropy
 from transformer.model.models import build_model
+from transformer.train import optim, scheduled_sampling, steps
 
 VOCAB = 13
 
@@ -112,7 +111,7 @@ def test_two_pass_with_full_teacher_forcing_equals_one_pass(arch, packed):
   if arch == "decoder_only":
     batch["prefix_mask"] = (np.arange(6) % 3 < 1).astype(np.int32)[None].repeat(4, 0)
   model = build_model(cfg.model)
-  params = steps.init_params(model, jax.random.PRNGKey(0), batch)
+  params = scoring.init_params(model, jax.random.PRNGKey(0), batch)
   one = models.batch_logits(model, params, batch)
   two = scheduled_sampling.two_pass_logits(model, arch, params, batch, jnp.float32(1.0),
                                            jax.random.PRNGKey(1), deterministic=True)
@@ -126,7 +125,7 @@ def test_scheduled_sampling_replaces_inputs_when_teacher_forcing_is_zero():
                                             min_teacher_forcing=0.0))
   batch = make_batch()
   model = build_model(cfg.model)
-  params = steps.init_params(model, jax.random.PRNGKey(0), batch)
+  params = scoring.init_params(model, jax.random.PRNGKey(0), batch)
   one = models.batch_logits(model, params, batch)
   two = scheduled_sampling.two_pass_logits(model, cfg.model.arch, params, batch,
                                            jnp.float32(0.0), jax.random.PRNGKey(1), deterministic=True)
@@ -156,9 +155,9 @@ def test_eval_step_reference():
   cfg = tiny_config()
   batch = make_batch()
   model = build_model(cfg.model)
-  params = steps.init_params(model, jax.random.PRNGKey(0), batch)
-  sums = jax.device_get(steps.make_eval_step(model)(params, batch))
-  out = steps.teacher_forced_metrics(sums, prefix="eval/")
+  params = scoring.init_params(model, jax.random.PRNGKey(0), batch)
+  sums = jax.device_get(scoring.make_eval_step(model)(params, batch))
+  out = scoring.teacher_forced_metrics(sums, prefix="eval/")
   logits = np.asarray(model.apply({"params": params}, batch["inputs"], batch["targets"]), np.float64)
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   w = batch["weights"]
@@ -176,11 +175,11 @@ def test_perplexity_is_exp_of_the_split_token_average_not_a_mean_of_batch_perple
   batches = [dict(loss_sum=2.0, weight_sum=1.0, correct_sum=1.0),
              dict(loss_sum=3.0, weight_sum=3.0, correct_sum=1.0)]
   totals = {k: sum(b[k] for b in batches) for k in batches[0]}
-  out = steps.teacher_forced_metrics(totals, prefix="eval/")
+  out = scoring.teacher_forced_metrics(totals, prefix="eval/")
   assert out["eval/loss"] == pytest.approx(1.25)
   assert out["eval/perplexity"] == pytest.approx(3.490343, rel=1e-6)
   assert out["eval/accuracy"] == pytest.approx(0.5) and out["eval/scored_tokens"] == 4.0
-  diverged = steps.teacher_forced_metrics(dict(loss_sum=1e4, weight_sum=2.0, correct_sum=0.0))
+  diverged = scoring.teacher_forced_metrics(dict(loss_sum=1e4, weight_sum=2.0, correct_sum=0.0))
   assert diverged["perplexity"] == math.inf and diverged["loss"] == 5e3
 
 

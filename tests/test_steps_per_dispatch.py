@@ -7,8 +7,8 @@ import os
 import pytest
 
 import synthetic_task
-from transformer.train import loop
 from transformer.config import ConfigError, from_configdict
+from transformer.train import loop
 
 
 def _rows(workdir):

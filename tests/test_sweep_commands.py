@@ -6,7 +6,7 @@ import shlex
 import textwrap
 
 from sweep_fixtures import ROOT, TINY, sweep_cli, write_sweep, fake  # noqa: F401  (fake: a pytest fixture)
-from transformer.sweeps.spec import runner
+from transformer.sweeps import runner
 
 
 def test_dry_run_prints_the_exact_commands(tmp_path):

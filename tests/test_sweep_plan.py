@@ -7,8 +7,8 @@ import pytest
 
 from sweep_fixtures import ROOT, TINY, load_config_file, sweep_cli, write_sweep
 from configs import sweeps as helpers
-from transformer.sweeps.spec import spec
 from transformer.config import ConfigError
+from transformer.sweeps import spec
 
 
 def test_product_zip_chain_expand_like_naive_loops():

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from sweep_fixtures import TINY, fake, recording, sweep_cli  # noqa: F401  (fake: a fixture)
-from transformer.sweeps.spec import report, runner, spec
+from transformer.sweeps import report, runner, spec
 
 
 def test_runner_parallel_failure_rerun_skips_and_resumes(fake):

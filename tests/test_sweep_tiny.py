@@ -4,7 +4,7 @@ import csv
 
 import pytest
 from sweep_fixtures import TINY, sweep_cli, write_sweep
-from transformer.sweeps.spec import runner
+from transformer.sweeps import runner
 
 
 TINY_OVERRIDES = {  # a 1+1-layer d=16 model, 2 steps, one eval batch, 4 decoded words

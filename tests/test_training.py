@@ -9,8 +9,8 @@ import pytest
 
 import synthetic_task
 from transformer.run import reporting
-from transformer.train import loop
 from transformer.run.checkpoints import CheckpointError
+from transformer.train import loop
 
 
 def _jsonl(workdir):

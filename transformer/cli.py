@@ -34,7 +34,6 @@ from absl import logging
 import ml_collections
 
 from transformer import schema
-from transformer.sweeps.spec import flat_items
 
 _WRAPPED = "Error whilst parsing config file"  # ml_collections' wrapper of a config file's error
 # Libraries whose logs below these levels are noise on a terminal: orbax logs every save, XLA its
@@ -262,7 +261,7 @@ def _config_file_message(error: BaseException, path: str) -> str | None:
 
 def _unknown_override(argv: Sequence[str]) -> str | None:
   """`--config.KEY=...` whose KEY is not in configs/base.py, as a one-line message, or None."""
-  known = flat_items(schema.get_config())
+  known = schema.flat_items(schema.get_config())
   sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
   for arg in argv:
     if arg.startswith("--config."):
@@ -328,7 +327,7 @@ def key_lines(config: ml_collections.ConfigDict) -> list[str]:
   """Every key of `config` with its default and (from the schema) its meaning, one per line,
   indented under its section."""
   out, section = [], None
-  for key, value in sorted(flat_items(config).items(), key=lambda kv: kv[0].rpartition(".")[::2]):
+  for key, value in sorted(schema.flat_items(config).items(), key=lambda kv: kv[0].rpartition(".")[::2]):
     head, _, name = key.rpartition(".")
     if head != section:
       out.append(f"{head}:" if head else "(top level):")

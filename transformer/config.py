@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import ml_collections
 
 from transformer.model import positional
-from transformer.schema import KEYS, RANGES, SCHEMA, Key, get_config
+from transformer.schema import get_config, Key, KEYS, RANGES, SCHEMA
 
 # A saved config.json carries FORMAT; a run saved in another format is refused in one line.
 FORMAT = 1
@@ -126,7 +126,8 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
   head_dim = m.head_dim or m.d_model // m.num_heads
   resolved = dataclasses.replace(m, num_kv_heads=kv_heads, head_dim=head_dim,
                                  v_head_dim=m.v_head_dim or head_dim)
-  check = positional.encoding(resolved).check
+  # The encoding's own check, from its table (transformer/model/positional.py) through the schema.
+  check = KEYS['model.positional'].allowed.entries()[resolved.positional].check
   problem = check(resolved) if check else None
   if problem:
     raise ConfigError(problem)

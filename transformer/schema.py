@@ -53,9 +53,13 @@ class Registry:
   module: str
   table: str
 
+  def entries(self) -> Mapping[str, Any]:
+    """The table itself (name -> entry)."""
+    return getattr(importlib.import_module(self.module), self.table)
+
   def names(self) -> tuple[Any, ...]:
     """The table's names, in its order."""
-    return tuple(getattr(importlib.import_module(self.module), self.table))
+    return tuple(self.entries())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,3 +363,14 @@ def markdown() -> str:
 
 if __name__ == "__main__":
   print(markdown(), end="")
+
+
+def flat_items(cd: Any, prefix: str = "") -> dict[str, Any]:
+  """{'model.d_model': 512, ...}: the leaves of a (nested) ConfigDict by dotted key."""
+  out = {}
+  for key, value in cd.items():
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      out |= flat_items(value, f"{prefix}{key}.")
+    else:
+      out[f"{prefix}{key}"] = value
+  return out

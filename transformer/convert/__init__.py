@@ -42,14 +42,14 @@ import jax
 import numpy as np
 
 from transformer import cli, files
-from transformer.run import checkpoints, reporting
-from transformer.train import optim, steps
 from transformer.config import Config, ConfigError, ModelConfig, to_dict
 from transformer.convert import bert, gpt2, t5
 from transformer.convert.common import ConvertError
 from transformer.data import tokenizers
 from transformer.data.tokenizers import HFTokenizer, read_hf_tokenizer
 from transformer.model.models import build_model, example_batch
+from transformer.run import checkpoints, reporting
+from transformer.train import optim, steps
 
 __all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf", "main"]
 

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from transformer.config import ModelConfig, excluded_ids, id_ranges
+from transformer.config import excluded_ids, id_ranges, ModelConfig
 
 
 class ConvertError(ValueError):

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.config import Config, ModelConfig, excluded_ids, from_configdict
+from transformer.config import Config, excluded_ids, from_configdict, ModelConfig
 from transformer.schema import get_config
 from transformer.convert.common import (ConvertError, float32, positive_ints, require,
                                         require_unmapped_excluded, stack_layers, unmapped_ids)

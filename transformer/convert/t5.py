@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.config import Config, ModelConfig, from_configdict
+from transformer.config import Config, from_configdict, ModelConfig
 from transformer.schema import get_config
 from transformer.convert.common import (ConvertError, float32, positive_ints, require,
                                         require_unmapped_excluded, stack_layers)

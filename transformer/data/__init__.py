@@ -5,7 +5,7 @@
   batch = next(task.train_iterator())  # packed numpy batch (see pipeline.py for the features)
 """
 
-from transformer.data.task import Task, load_task
+from transformer.data.task import load_task, Task
 from transformer.data.tokenizers import Tokenizer
 
 __all__ = ["Task", "load_task", "Tokenizer"]

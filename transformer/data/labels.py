@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from transformer.data.pipeline import Examples, encode_stream
+from transformer.data.pipeline import encode_stream, Examples
 from transformer.data.tokenizers import BOS_ID, EOS_ID
 
 LABELS = ("none", "primary_stress", "syllables")

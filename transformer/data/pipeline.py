@@ -36,7 +36,7 @@ from absl import logging
 import grain
 import numpy as np
 
-from transformer.data.stream import Stream, remaining_plan
+from transformer.data.stream import remaining_plan, Stream
 from transformer.data.tokenizers import EOS_ID
 
 PACK_SKIP_DIVISOR = 4  # packing sets aside at most rows // 4 examples per batch for the next one

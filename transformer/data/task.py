@@ -14,12 +14,7 @@ import numpy as np
 
 from transformer import files
 from transformer.config import ConfigError
-from transformer.data import builders
-from transformer.data import denoise
-from transformer.data import labels
-from transformer.data import objectives
-from transformer.data import pipeline
-from transformer.data import tokenizers
+from transformer.data import builders, denoise, labels, objectives, pipeline, tokenizers
 
 _READ_CHUNK = 8192
 

@@ -29,13 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.data import inputs
-from transformer.infer import evaluation
-from transformer.model import ensemble, models
 from transformer.config import Config
-from transformer.data import labels, load_task, objectives, pipeline
+from transformer.data import inputs, labels, load_task, objectives, pipeline
 from transformer.data.tokenizers import NUM_SPECIAL
+from transformer.infer import evaluation
 from transformer.infer.decoding import search_settings
+from transformer.model import ensemble, models
 
 
 @dataclasses.dataclass

@@ -22,10 +22,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from transformer.model import ensemble
-from transformer.model import kv_cache
-from transformer.model import models
 from transformer.config import MAX_BEAM_SIZE
+from transformer.model import ensemble, kv_cache, models
 
 StepFn = Callable[[jnp.ndarray, Any, jnp.ndarray], tuple[jnp.ndarray, Any]]
 ReorderFn = Callable[[Any, jnp.ndarray], Any]

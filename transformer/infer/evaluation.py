@@ -5,7 +5,7 @@
      a flat {"eval.decode.beam_size": 4} dict, and refuses keys outside the schema's `eval` role)
      and restores the parameters of `step` read-only onto one device (checkpoints.read_params:
      the EMA or the raw ones, or the mean of the newest `average_last` checkpoints);
-  2. `teacher_forced`: loss, token accuracy and perplexity (steps.teacher_forced_metrics, the
+  2. `teacher_forced`: loss, token accuracy and perplexity (scoring.teacher_forced_metrics, the
      definition training logs);
   3. seq2seq tasks: `decode_split` decodes with `eval.decode` (batched `generate`) and
      `prediction_metrics` scores the hypotheses; language models: `sample_continuations`;
@@ -43,15 +43,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model import ensemble as ensemble_lib
-from transformer import files
-from transformer import metrics as metrics_lib
-from transformer.run import reporting
-from transformer.train import steps
-from transformer.run.checkpoints import EvaluationError, load_run_config, read_params
+from transformer import files, metrics as metrics_lib
 from transformer.config import Config, ConfigError, DecodeConfig
 from transformer.infer.decoding import generate
+from transformer.model import ensemble as ensemble_lib, scoring
 from transformer.model.models import build_model
+from transformer.run import reporting
+from transformer.run.checkpoints import EvaluationError, load_run_config, read_params
 
 WHOLE_SPLIT = {"eval.num_batches": 0, "eval.num_decode_examples": 0}  # evaluate_split's defaults
 _STRESS = re.compile(r"\d")
@@ -225,19 +223,19 @@ def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str
                    ) -> tuple[dict[str, float], dict[str, int]]:
   """Loss (nats/token, unsmoothed), accuracy and perplexity over eval.num_batches batches of split
   (0 = all), and the coverage {scored_tokens, split_tokens}."""
-  step = jax.jit(steps.make_eval_step(model))
+  step = jax.jit(scoring.make_eval_step(model))
   totals = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0}
   split_tokens = 0.0
   for i, batch in enumerate(task.eval_batches(split, batch_size=cfg.eval.batch_size or None)):
     batch = {k: jnp.asarray(v) for k, v in batch.items() if v is not None}
-    split_tokens += float(jnp.sum(steps.target_weights(batch)))  # every batch: the split's size
+    split_tokens += float(jnp.sum(scoring.target_weights(batch)))  # every batch: the split's size
     if cfg.eval.num_batches and i >= cfg.eval.num_batches:
       continue
     for k, v in jax.device_get(step(params, batch)).items():  # per-class counts are arrays
       totals[k] = totals.get(k, 0.0) + np.asarray(v, np.float64)
   if not totals["weight_sum"]:
     raise EvaluationError(f"split {split!r} has no target tokens to evaluate")
-  scores = steps.teacher_forced_metrics(totals)
+  scores = scoring.teacher_forced_metrics(totals)
   del scores["scored_tokens"]  # reported in the coverage, next to the split's size
   return scores, {"scored_tokens": round(totals["weight_sum"]), "split_tokens": round(split_tokens)}
 

@@ -16,10 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from transformer import kernels
-from transformer.model import kv_cache
-from transformer.model import layers
-from transformer.model import positional
 from transformer.config import ModelConfig
+from transformer.model import kv_cache, layers, positional
 
 Array = jax.Array
 # Replaces masked logits (not added to them), so logits + bias can never overflow to -inf.

@@ -1,7 +1,7 @@
 """Ensembles: several trained models read as one distribution, the mean of their probabilities.
 
 An ensemble of N members predicts p(y | x) = (1/N) sum_i p_i(y | x) at every position: what
-teacher-forced evaluation scores (`steps.make_eval_step`) and what decoding searches
+teacher-forced evaluation scores (`scoring.make_eval_step`) and what decoding searches
 (`decoding.generate`, one cached decoder per member, step by step). The members may differ in
 shape, depth or recipe; they must share the vocabularies (checked where runs are read back:
 `evaluation.evaluate_split`).

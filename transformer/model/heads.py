@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.config import ModelConfig, excluded_ids
-from transformer.model.layers import Embed, activation, dense, make_norm
+from transformer.config import excluded_ids, ModelConfig
+from transformer.model.layers import activation, dense, Embed, make_norm
 
 Array = jax.Array
 # The logit of an excluded id: exp underflows to exactly 0 after any max subtraction, and it stays

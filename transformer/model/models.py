@@ -22,12 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model import attention as attn
-from transformer.model import heads
 from transformer import kernels
-from transformer.model import kv_cache
-from transformer.model import positional
 from transformer.config import ConfigError, ModelConfig
+from transformer.model import attention as attn, heads, kv_cache, positional
 from transformer.model.layers import Dropout, Embed, FeedForward, make_norm
 
 Array = jax.Array

@@ -66,11 +66,10 @@ import ml_collections
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from transformer import config as config_lib
-from transformer import files, schema
-from transformer.model import models
-from transformer.train import optim, steps
+from transformer import config as config_lib, files, schema
 from transformer.config import Config
+from transformer.model import models, scoring
+from transformer.train import optim
 
 
 class CheckpointError(ValueError):
@@ -599,7 +598,7 @@ def _read_state(directory: str, step: int) -> dict[str, Any]:
 def _check_params(cfg: Config, model: Any, params: Any, where: str) -> None:
   """Raises EvaluationError naming the first parameter whose shape differs from the model's."""
   expected = jax.eval_shape(
-      lambda r: steps.init_params(model, r, models.example_batch(cfg.model)), jax.random.key(0))
+      lambda r: scoring.init_params(model, r, models.example_batch(cfg.model)), jax.random.key(0))
   flat = lambda tree: {jax.tree_util.keystr(k): tuple(v.shape)  # noqa: E731
                        for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
   want, got = flat(expected), flat(params)

@@ -43,8 +43,7 @@ from absl import logging
 from etils import epath
 import jax
 
-from transformer import config as config_lib
-from transformer import files
+from transformer import config as config_lib, files
 from transformer.data import builders
 
 # A split whose files are larger than this is fingerprinted by its file sizes only: hashing

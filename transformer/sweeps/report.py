@@ -20,7 +20,7 @@ import statistics
 from typing import Any, Sequence
 
 from transformer import files
-from transformer.sweeps.spec import runner, spec
+from transformer.sweeps import runner, spec
 
 # Metrics tried in order by metric='auto'; the first one that some point has is plotted.
 AUTO_METRICS = ("test/wer", "test/bleu", "test/bits_per_char", "test/bits_per_byte",
@@ -38,12 +38,11 @@ def count_params(workdir: str) -> int | None:
   try:
     import jax  # pylint: disable=g-import-not-at-top  (JAX only to count parameters: sweep.py starts fast)
     import numpy as np  # pylint: disable=g-import-not-at-top  (as jax)
-    from transformer.model import models  # pylint: disable=g-import-not-at-top  (as jax)
-    from transformer.run import checkpoints
-    from transformer.train import steps
+    from transformer.model import models, scoring  # pylint: disable=g-import-not-at-top  (as jax)
+    from transformer.run import checkpoints  # pylint: disable=g-import-not-at-top  (as jax)
     cfg = checkpoints.load_run_config(workdir)
     model = models.build_model(cfg.model)
-    shapes = jax.eval_shape(lambda r: steps.init_params(model, r, models.example_batch(cfg.model)),
+    shapes = jax.eval_shape(lambda r: scoring.init_params(model, r, models.example_batch(cfg.model)),
                             jax.random.PRNGKey(0))
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
   except Exception as e:  # pylint: disable=broad-except

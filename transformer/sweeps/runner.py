@@ -33,7 +33,7 @@ import ml_collections
 
 from transformer import cli, files
 from transformer.config import from_configdict
-from transformer.sweeps.spec import Commands, Point, SweepError, apply_overrides
+from transformer.sweeps.spec import apply_overrides, Commands, Point, SweepError
 
 RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
 LOG = "sweep.log"  # per point: the output of its processes

@@ -99,17 +99,6 @@ def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, A
   return [dict(p) for p in points]
 
 
-def flat_items(cd: Any, prefix: str = "") -> dict[str, Any]:
-  """{'model.d_model': 512, ...}: the leaves of a (nested) ConfigDict by dotted key."""
-  out = {}
-  for key, value in cd.items():
-    if isinstance(value, (ml_collections.ConfigDict, dict)):
-      out |= flat_items(value, f"{prefix}{key}.")
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
-
-
 def check_keys(points: Sequence[Mapping[str, Any]], config: ml_collections.ConfigDict,
                sweep_path: str, config_arg: str) -> None:
   """Every key is in configs/base.py and in the chosen config; every value a scalar."""

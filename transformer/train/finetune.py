@@ -28,10 +28,9 @@ from typing import Any
 
 import jax
 
-from transformer.run import checkpoints
-from transformer import config as config_lib
-from transformer import schema
+from transformer import config as config_lib, schema
 from transformer.config import Config
+from transformer.run import checkpoints
 
 HEAD = "head"  # the parameter subtree of an encoder-only model's head
 SHARED = ("token_embed", "encoder")  # what an encoder-only model takes from any pretrained run

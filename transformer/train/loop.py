@@ -21,12 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import files
-from transformer.infer import evaluation
-from transformer.run import checkpoints, reporting
-from transformer.train import finetune, members, optim, parallel, preemption, prefetch, steps
-from transformer.run import lock as workdir_lib
 from transformer.config import Config, ConfigError, from_configdict, to_dict
+from transformer.infer import evaluation
+from transformer.model import scoring
 from transformer.model.models import build_model
+from transformer.run import checkpoints, lock, reporting
+from transformer.train import finetune, members, optim, parallel, preemption, prefetch, steps
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
 # In train_and_evaluate's metrics when the workdir held a finished run: nothing was trained.
@@ -131,11 +131,11 @@ def _host_tokens(batch: dict[str, Any]) -> tuple[int, int]:
 
 def evaluate_in_training(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, float]:
   """Teacher-forced eval/loss, eval/accuracy, eval/perplexity over `eval.num_batches` batches of
-  the eval split (steps.teacher_forced_metrics); evaluation.evaluate_split does the whole split.
+  the eval split (scoring.teacher_forced_metrics); evaluation.evaluate_split does the whole split.
   `run_eval` evaluates steps.eval_params: the EMA when train.ema_decay > 0, so every in-training
   metric, early stopping and the best checkpoint (checkpoint.keep_best_by) follow the EMA."""
   totals = eval_sums(cfg, run_eval, state, task)
-  return steps.teacher_forced_metrics(totals, prefix="eval/") if totals else {}
+  return scoring.teacher_forced_metrics(totals, prefix="eval/") if totals else {}
 
 
 def eval_sums(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, Any]:
@@ -313,11 +313,11 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   main = parallel.is_main_process()
   if main:
     names = [m.name for m in members.members_of(cfg)]
-    workdir_lib.check_trainable(workdir, members=names)
+    lock.check_trainable(workdir, members=names)
     for name in names:
-      workdir_lib.check_trainable(os.path.join(workdir, name))
+      lock.check_trainable(os.path.join(workdir, name))
   # One writer per workdir (transformer/run/lock.py): held until this call returns or raises.
-  with workdir_lib.writer_lock(workdir) if main else contextlib.nullcontext():
+  with lock.writer_lock(workdir) if main else contextlib.nullcontext():
     return _train(cfg, workdir, task, init_from, started)
 
 
@@ -420,7 +420,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   run = parallel.compile_train_step(train_step, mode, mesh, shardings)
   multi = (parallel.compile_multi_step(steps.scan_steps(train_step), mesh, shardings)
            if tc.steps_per_dispatch > 1 else None)
-  eval_step = steps.make_eval_step(model)
+  eval_step = scoring.make_eval_step(model)
   run_eval = parallel.compile_eval_step(
       members.make_eval_step(eval_step) if stacked
       else lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh, shardings)
@@ -504,7 +504,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
         check(pending)
         sums, fetched_state = eval_sums(cfg, run_eval, state, task), run.fetch_state(state)
         for r in runs:
-          r.last_eval = steps.teacher_forced_metrics(r.item(sums), prefix="eval/") if sums else {}
+          r.last_eval = scoring.teacher_forced_metrics(r.item(sums), prefix="eval/") if sums else {}
           r.last_eval |= evaluation.decode_metrics(
               r.cfg, model, steps.eval_params(r.item(fetched_state)), task, cfg.data.eval_split,
               cfg.eval.num_decode_examples)

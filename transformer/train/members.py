@@ -32,8 +32,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from transformer.train import steps
 from transformer.config import Config, ConfigError, from_configdict, to_dict
+from transformer.train import steps
 
 # Keys a member may override, and their types. Anything else would change the program.
 MEMBER_KEYS = {"seed": int, "train.learning_rate": float, "train.label_smoothing": float,

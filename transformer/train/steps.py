@@ -1,18 +1,16 @@
-"""The compiled steps: TrainState, state creation, train_step, eval_step, teacher-forced metrics.
+"""The compiled training steps: TrainState, its creation, train_step and K steps in one scan.
 
 Read top to bottom: `TrainState`; `make_train_step` (loss sums -> gradients of sums -> optional psum
 over devices -> normalise -> optax update -> the parameter EMA when train.ema_decay > 0; scheduled
-sampling from transformer/train/scheduled_sampling.py when configured); `eval_params` (the EMA when there
-is one: what evaluations use); `make_eval_step` and `teacher_forced_metrics`, the one definition of the
-teacher-forced loss, accuracy and perplexity that training and evaluation both report; then state
-creation. The loop lives in transformer/train/loop.py, whole-split evaluation in evaluation.py.
+sampling from transformer/train/scheduled_sampling.py when configured); `scan_steps`;
+`eval_params` (the EMA when there is one: what evaluations use); then state creation. The eval
+step and the teacher-forced metrics are transformer/model/scoring.py's; the loop is loop.py's.
 
 Randomness: the state holds one PRNG key derived from `config.seed`; the step's key is
 `fold_in(state.rng, state.step)`, so a run resumed from a checkpoint draws the same numbers as an
 uninterrupted one. Losses are sums over tokens until the very end of the step, so gradient
 accumulation and data parallelism give exactly the large batch's mean.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -23,11 +21,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer import metrics as metrics_lib
-from transformer.model import ensemble, layers, models
-from transformer.train import optim
 from transformer.config import Config, ConfigError, excluded_ids
+from transformer.model import layers, models, scoring
 from transformer.model.losses import chunked_cross_entropy, cross_entropy
+from transformer.train import optim
 from transformer.train.scheduled_sampling import teacher_forcing_prob, two_pass_logits
 
 Array = jax.Array
@@ -74,12 +71,6 @@ def key_data(key: Array) -> Array:
   return jnp.asarray(key, jnp.uint32)
 
 
-def target_weights(batch: dict[str, Any]) -> Array:
-  """The batch's loss weights: its 'weights' feature, else 1 on non-padding targets (id != 0)."""
-  weights = batch.get("weights")
-  return (batch["targets"] != 0).astype(jnp.float32) if weights is None else weights
-
-
 # ---------------------------------------------------------------------------------------------
 # Train and eval steps.
 
@@ -109,7 +100,7 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
 
   def loss_sums(params, micro):
     batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
-    weights = target_weights(batch)
+    weights = scoring.target_weights(batch)
     if tc.loss_chunk_tokens:  # the output layer and the loss a chunk of tokens at a time
       hidden = models.batch_hidden(model, params, batch, deterministic=deterministic,
                                    rngs={"dropout": key})
@@ -189,76 +180,8 @@ def eval_params(state: TrainState) -> PyTree:
   return jax.tree.map(lambda e, p: e.astype(p.dtype), state.ema_params, state.params)
 
 
-def num_classes(model_config: Any) -> int:
-  """The classes a classification or tagging head predicts; 0 for vocabulary logits."""
-  m = model_config
-  return m.num_classes if m.arch == "encoder_only" and m.head != "mlm" else 0
-
-
-def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
-  """Returns `eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight; for
-  classification and tagging heads also per-class counts [classes] of true positives,
-  predictions and references, for F1).
-
-  An ensemble: a tuple of models, whose `eval_step` takes a tuple of their parameter trees and
-  scores the mean of their probabilities (transformer.model.ensemble)."""
-  members = tuple(model) if ensemble.is_ensemble(model) else (model,)
-  ensemble.check_compatible([m.config for m in members])
-  classes = num_classes(members[0].config)
-
-  def eval_step(params, batch):
-    batch = {k: v for k, v in batch.items() if v is not None}
-    _, trees = ensemble.members(model, params)
-    logits = ensemble.log_mean_probs([models.batch_logits(m, p, batch)
-                                      for m, p in zip(members, trees)])
-    weights = target_weights(batch)
-    loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights)
-    predicted = jnp.argmax(logits, -1)
-    correct = (predicted == batch["targets"]).astype(jnp.float32)
-    sums = dict(loss_sum=loss_sum, weight_sum=weight_sum, correct_sum=jnp.sum(correct * weights))
-    if classes:
-      pred = jax.nn.one_hot(predicted, classes) * weights[..., None]  # [b, t, c]
-      true = jax.nn.one_hot(batch["targets"], classes) * weights[..., None]
-      sums |= dict(true_positives=jnp.sum(pred * true, (0, 1)), predicted=jnp.sum(pred, (0, 1)),
-                   references=jnp.sum(true, (0, 1)))
-    return sums
-
-  return eval_step
-
-
-def teacher_forced_metrics(sums: dict[str, float], prefix: str = "") -> dict[str, float]:
-  """Eval-step sums added up over the batches of a split -> loss, accuracy, perplexity and
-  scored_tokens (how many target tokens they cover), each key with `prefix`.
-
-  The loss is the split's total NLL over its total weight, and the perplexity exp of it: a token
-  average, never a mean of per-batch values (batches hold different numbers of tokens). A diverged
-  model's perplexity is inf (metrics.perplexity), not a capped number. With per-class counts
-  (classification, tagging) also `f1`, the macro F1 over the classes that occur (metrics.macro_f1).
-  """
-  w = max(float(sums["weight_sum"]), 1.0)
-  loss = float(sums["loss_sum"]) / w
-  out = {"loss": loss, "accuracy": float(sums["correct_sum"]) / w,
-         "perplexity": metrics_lib.perplexity(loss), "scored_tokens": float(sums["weight_sum"])}
-  if "true_positives" in sums:
-    out["f1"] = metrics_lib.macro_f1(sums["true_positives"], sums["predicted"], sums["references"])
-  return {prefix + k: v for k, v in out.items()}
-
-
 # ---------------------------------------------------------------------------------------------
 # State creation.
-
-
-def init_params(model: nn.Module, rng: Array, example_batch: dict[str, Any],
-                unbox: bool = True) -> PyTree:
-  """Initial parameters from an example batch (only shapes matter); boxed keeps logical axes."""
-  batch = {k: jnp.asarray(v) for k, v in example_batch.items() if v is not None}
-
-  @jax.jit  # op-by-op init of even a tiny model takes seconds; compiled it is one call
-  def init(key, batch):
-    return models.batch_init(model, {"params": key, "dropout": key}, batch)
-
-  variables = init(rng, batch)
-  return nn.meta.unbox(variables["params"]) if unbox else variables["params"]
 
 
 def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch: dict[str, Any],
@@ -276,7 +199,7 @@ def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch:
 
   @jax.jit  # one compiled call instead of seconds of op-by-op dispatch
   def create(key, batch):
-    params = init_params(model, jax.random.fold_in(key, 1), batch, unbox)
+    params = scoring.init_params(model, jax.random.fold_in(key, 1), batch, unbox)
     ema = jax.tree.map(lambda p: p.astype(jnp.float32), params) if cfg.train.ema_decay else None
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       rng=key_data(key), ema_params=ema)

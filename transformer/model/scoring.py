@@ -1,0 +1,95 @@
+"""Scoring a batch under teacher forcing, the one definition that training and evaluation both
+report: the loss weights, `make_eval_step` (sums of the unsmoothed loss, correct tokens and weight;
+per-class counts for classification and tagging heads; an ensemble scores the mean of its members'
+probabilities) and `teacher_forced_metrics` (those sums over a split -> loss, accuracy,
+perplexity, F1); and a model's initial parameters (`init_params`), the shape every checkpoint of
+it holds."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer import metrics as metrics_lib
+from transformer.model import ensemble, models
+from transformer.model.losses import cross_entropy
+
+Array = jax.Array
+PyTree = Any
+
+
+def target_weights(batch: dict[str, Any]) -> Array:
+  """The batch's loss weights: its 'weights' feature, else 1 on non-padding targets (id != 0)."""
+  weights = batch.get("weights")
+  return (batch["targets"] != 0).astype(jnp.float32) if weights is None else weights
+
+
+def num_classes(model_config: Any) -> int:
+  """The classes a classification or tagging head predicts; 0 for vocabulary logits."""
+  m = model_config
+  return m.num_classes if m.arch == "encoder_only" and m.head != "mlm" else 0
+
+
+def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
+  """Returns `eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight; for
+  classification and tagging heads also per-class counts [classes] of true positives,
+  predictions and references, for F1).
+
+  An ensemble: a tuple of models, whose `eval_step` takes a tuple of their parameter trees and
+  scores the mean of their probabilities (transformer.model.ensemble)."""
+  members = tuple(model) if ensemble.is_ensemble(model) else (model,)
+  ensemble.check_compatible([m.config for m in members])
+  classes = num_classes(members[0].config)
+
+  def eval_step(params, batch):
+    batch = {k: v for k, v in batch.items() if v is not None}
+    _, trees = ensemble.members(model, params)
+    logits = ensemble.log_mean_probs([models.batch_logits(m, p, batch)
+                                      for m, p in zip(members, trees)])
+    weights = target_weights(batch)
+    loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights)
+    predicted = jnp.argmax(logits, -1)
+    correct = (predicted == batch["targets"]).astype(jnp.float32)
+    sums = dict(loss_sum=loss_sum, weight_sum=weight_sum, correct_sum=jnp.sum(correct * weights))
+    if classes:
+      pred = jax.nn.one_hot(predicted, classes) * weights[..., None]  # [b, t, c]
+      true = jax.nn.one_hot(batch["targets"], classes) * weights[..., None]
+      sums |= dict(true_positives=jnp.sum(pred * true, (0, 1)), predicted=jnp.sum(pred, (0, 1)),
+                   references=jnp.sum(true, (0, 1)))
+    return sums
+
+  return eval_step
+
+
+def teacher_forced_metrics(sums: dict[str, float], prefix: str = "") -> dict[str, float]:
+  """Eval-step sums added up over the batches of a split -> loss, accuracy, perplexity and
+  scored_tokens (how many target tokens they cover), each key with `prefix`.
+
+  The loss is the split's total NLL over its total weight, and the perplexity exp of it: a token
+  average, never a mean of per-batch values (batches hold different numbers of tokens). A diverged
+  model's perplexity is inf (metrics.perplexity), not a capped number. With per-class counts
+  (classification, tagging) also `f1`, the macro F1 over the classes that occur (metrics.macro_f1).
+  """
+  w = max(float(sums["weight_sum"]), 1.0)
+  loss = float(sums["loss_sum"]) / w
+  out = {"loss": loss, "accuracy": float(sums["correct_sum"]) / w,
+         "perplexity": metrics_lib.perplexity(loss), "scored_tokens": float(sums["weight_sum"])}
+  if "true_positives" in sums:
+    out["f1"] = metrics_lib.macro_f1(sums["true_positives"], sums["predicted"], sums["references"])
+  return {prefix + k: v for k, v in out.items()}
+
+
+def init_params(model: nn.Module, rng: Array, example_batch: dict[str, Any],
+                unbox: bool = True) -> PyTree:
+  """Initial parameters from an example batch (only shapes matter); boxed keeps logical axes."""
+  batch = {k: jnp.asarray(v) for k, v in example_batch.items() if v is not None}
+
+  @jax.jit  # op-by-op init of even a tiny model takes seconds; compiled it is one call
+  def init(key, batch):
+    return models.batch_init(model, {"params": key, "dropout": key}, batch)
+
+  variables = init(rng, batch)
+  return nn.meta.unbox(variables["params"]) if unbox else variables["params"]
