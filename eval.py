@@ -49,11 +49,11 @@ def main(argv):
   cli.quiet_logging()
   # Imported here so that --help and flag errors do not pay for importing JAX.
   from transformer.infer import evaluation  # pylint: disable=g-import-not-at-top
-  from transformer.run import checkpoints  # pylint: disable=g-import-not-at-top
+  from transformer.run import checkpoints, restore# pylint: disable=g-import-not-at-top
   overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
   # ConfigError is a ValueError
   with cli.one_line_errors(ValueError, OSError, checkpoints.CheckpointError, model_config=lambda:
-                           checkpoints.load_run_config(flags.FLAGS.workdir).model):
+                           restore.load_run_config(flags.FLAGS.workdir).model):
     evaluation.evaluate_split(flags.FLAGS.workdir, split=flags.FLAGS.split, step=flags.FLAGS.step,
                               overrides=overrides, params=flags.FLAGS.params,
                               average_last=flags.FLAGS.average_last,

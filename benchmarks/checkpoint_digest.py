@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 from configs import base, g2p  # noqa: E402  pylint: disable=wrong-import-position
 from transformer.config import from_configdict  # noqa: E402  pylint: disable=wrong-import-position
 from transformer.model import models  # noqa: E402  pylint: disable=wrong-import-position
-from transformer.run import checkpoints
+from transformer.run import checkpoints, digests
 from transformer.train import optim, steps
 
 GPT2_SMALL = {"model.arch": "decoder_only", "model.num_decoder_layers": 12, "model.d_model": 768,
@@ -84,7 +84,7 @@ def _timed(fn) -> float:
 def measure(name: str, repeats: int, root: str) -> dict[str, float]:
   cfg, state, size = random_state(name)
   abstract = checkpoints.abstract_of(state)
-  real_digest = checkpoints.write_step_digest
+  real_digest = digests.write_step_digest
   times: dict[str, list[float]] = {k: [] for k in
                                    ("save", "save_digest", "restore", "verify_restore")}
   warm = checkpoints.Checkpointer(os.path.join(root, f"{name}_warmup"), cfg.checkpoint)
@@ -94,21 +94,21 @@ def measure(name: str, repeats: int, root: str) -> dict[str, float]:
   for r in range(repeats):
     for digest in (False, True):
       workdir = os.path.join(root, f"{name}_{r}_{int(digest)}")
-      checkpoints.write_step_digest = real_digest if digest else (lambda _: None)
+      digests.write_step_digest = real_digest if digest else (lambda _: None)
       ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint)
       try:
         times["save_digest" if digest else "save"].append(
             _timed(lambda: (ckpt.save(1, state, force=True), ckpt.wait())))
         step_dir = os.path.join(ckpt.directory, "1")
         if digest:
-          assert checkpoints.verify_step(step_dir) is None
+          assert digests.verify_step(step_dir) is None
           times["verify_restore"].append(_timed(lambda: jax.block_until_ready(
               ckpt.restore_latest_good(abstract)[1])))
         else:
           times["restore"].append(_timed(lambda: jax.block_until_ready(ckpt.restore(1, abstract))))
       finally:
         ckpt.close()
-        checkpoints.write_step_digest = real_digest
+        digests.write_step_digest = real_digest
         shutil.rmtree(workdir, ignore_errors=True)
   out = {f"{name}_state_mb": round(size / 1e6, 1)}
   out |= {f"{name}_{k}_s": round(statistics.median(v), 3) for k, v in times.items()}

@@ -1,5 +1,5 @@
 """Tests of checkpoint averaging and the choice of EMA or raw parameters at evaluation:
-optim.average_trees, checkpoints.read_params, evaluation.evaluate_split, api.restore and eval.py's
+restore.average_trees, restore.read_params, evaluation.evaluate_split, api.restore and eval.py's
 --params / --average_last.
 
 The numbers come from the shared 20-step reverse-task run with an EMA (tests/synthetic_task.py,
@@ -24,9 +24,8 @@ import synthetic_task
 from transformer.infer import api, evaluation
 from transformer.model import scoring
 from transformer.model.models import build_model
-from transformer.run import checkpoints
-from transformer.run.checkpoints import EvaluationError
-from transformer.train import optim
+from transformer.run import restore
+from transformer.run.restore import EvaluationError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMA_RUN = {"train.num_steps": 20, "train.ema_decay": 0.9}  # the same run as tests/test_ema.py's
@@ -68,7 +67,7 @@ def test_average_trees_is_the_float32_mean_cast_back():
   rng = np.random.RandomState(0)
   trees = [{"a": jnp.asarray(rng.randn(4, 3), jnp.float32),
             "b": {"c": jnp.asarray(rng.randn(5), jnp.bfloat16)}} for _ in range(3)]
-  mean = optim.average_trees(trees)
+  mean = restore.average_trees(trees)
   assert mean["a"].dtype == jnp.float32 and mean["b"]["c"].dtype == jnp.bfloat16
   want_a = np.mean(np.stack([np.asarray(t["a"]) for t in trees]), axis=0)
   want_c = np.mean(np.stack([np.asarray(t["b"]["c"], np.float32) for t in trees]), axis=0)
@@ -83,11 +82,11 @@ def test_averaged_params_are_the_numpy_mean_of_the_checkpoints(ema_run, which, k
   """read_params(average_last=2) is the NumPy mean of the two checkpoints' params (or EMA params;
   'auto' picks the EMA of an EMA run), each read back with orbax; average_last=1 is the latest
   checkpoint's exactly."""
-  cfg = checkpoints.load_run_config(ema_run)
-  two = checkpoints.read_params(cfg, ema_run, params=which, average_last=2)
+  cfg = restore.load_run_config(ema_run)
+  two = restore.read_params(cfg, ema_run, params=which, average_last=2)
   assert (two.step, two.steps, two.source) == (20, (10, 20), "raw" if which == "raw" else "ema")
   assert_leaves_close(two.params, numpy_mean(ema_run, [10, 20], key))
-  one = checkpoints.read_params(cfg, ema_run, params=which, average_last=1)
+  one = restore.read_params(cfg, ema_run, params=which, average_last=1)
   assert one.steps == (20,)
   for x, y in zip(jax.tree.leaves(one.params), saved(ema_run, 20, key), strict=True):
     np.testing.assert_array_equal(np.asarray(x), y)
@@ -103,8 +102,8 @@ def test_evaluate_split_averages_and_says_which_checkpoints(ema_run):
                                       params="raw", average_last=2)
   assert (results["params"], results["averaged_steps"], results["step"]) == ("raw", [10, 20], 20)
   mean = numpy_mean(ema_run, [10, 20], "params")
-  cfg = checkpoints.load_run_config(ema_run)
-  template = checkpoints.read_params(cfg, ema_run, params="raw").params
+  cfg = restore.load_run_config(ema_run)
+  template = restore.read_params(cfg, ema_run, params="raw").params
   params = jax.tree.unflatten(jax.tree.structure(template), [jnp.asarray(x) for x in mean])
   step = jax.jit(scoring.make_eval_step(build_model(cfg.model)))
   sums = [jax.device_get(step(params, b)) for b in task.eval_batches("validation")]
@@ -147,9 +146,9 @@ def test_restore_takes_params_and_average_last(ema_run):
 def test_bad_requests_are_one_line_errors(ema_run, kwargs, message):
   """Averaging more checkpoints than were kept names checkpoint.keep and the steps found; a
   --step with --average_last, a negative count and an unknown --params are one-line errors."""
-  cfg = checkpoints.load_run_config(ema_run)
+  cfg = restore.load_run_config(ema_run)
   with pytest.raises(EvaluationError, match=message) as e:
-    checkpoints.read_params(cfg, ema_run, **kwargs)
+    restore.read_params(cfg, ema_run, **kwargs)
   assert "\n" not in str(e.value)
 
 
@@ -182,7 +181,7 @@ def test_eval_py_flags(g2p_run):
                               "keeps the last checkpoint.keep=2 (steps found in ")
   assert lines[-1].endswith("[60]); average fewer, or train with --config.checkpoint.keep=2 or "
                             "more")
-  cfg = checkpoints.load_run_config(g2p_run)
+  cfg = restore.load_run_config(g2p_run)
   with pytest.raises(EvaluationError, match=r"^--params=ema: .*/60 holds no EMA .*use "
                                             r"--params=raw$"):
-    checkpoints.read_params(cfg, g2p_run, params="ema")
+    restore.read_params(cfg, g2p_run, params="ema")

@@ -19,8 +19,8 @@ import g2p_mini
 import synthetic_task
 from test_checkpoints import assert_bitwise_equal, ckpt_cfg, config_dict, toy_state
 from transformer.infer import api, evaluation
-from transformer.run import checkpoints
-from transformer.run.checkpoints import EvaluationError
+from transformer.run import checkpoints, digests, restore
+from transformer.run.restore import EvaluationError
 from transformer.train import loop
 
 
@@ -61,14 +61,14 @@ def test_verify_step_names_the_damaged_file(tmp_path, damage):
   elif damage == "remove":
     os.remove(target)
   else:
-    os.remove(os.path.join(step_dir, checkpoints.DIGEST_FILE))
-  reason = checkpoints.verify_step(step_dir)
+    os.remove(os.path.join(step_dir, digests.DIGEST_FILE))
+  reason = digests.verify_step(step_dir)
   name = os.path.relpath(target, step_dir)
   expected = {"flip": f"{name} does not match its digest",
               "truncate": f"{name} does not match its digest", "remove": f"{name} is missing",
               "no_digest": "no digest.json"}[damage]
   assert reason is not None and expected in reason, reason
-  assert checkpoints.verify_step(os.path.join(ckpt.directory, "1")) is None
+  assert digests.verify_step(os.path.join(ckpt.directory, "1")) is None
   reader = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(), read_only=True)
   assert reader.latest_good_step() == 1
   reader.close()
@@ -81,19 +81,19 @@ def test_a_step_written_before_digests_passes_unverified(tmp_path):
   ckpt.save(1, toy_state())
   ckpt.close()
   step_dir = os.path.join(ckpt.directory, "1")
-  os.remove(os.path.join(step_dir, checkpoints.DIGEST_FILE))
+  os.remove(os.path.join(step_dir, digests.DIGEST_FILE))
   meta_path = os.path.join(step_dir, "meta", "metadata")
   meta = json.load(open(meta_path))
   del meta["digest"]
   json.dump(meta, open(meta_path, "w"))
-  assert checkpoints.verify_step(step_dir) is None
+  assert digests.verify_step(step_dir) is None
 
 
 # ----------------------------------------------------------------------------- resume
 
 
 def _read_params(step_dir):
-  return checkpoints._read_state(os.path.dirname(step_dir), int(os.path.basename(step_dir)))
+  return restore._read_state(os.path.dirname(step_dir), int(os.path.basename(step_dir)))
 
 
 def test_resume_falls_back_past_a_corrupt_checkpoint_and_saves_it_anew(tmp_path, caplog):
@@ -115,8 +115,8 @@ def test_resume_falls_back_past_a_corrupt_checkpoint_and_saves_it_anew(tmp_path,
   assert any("checkpoints/20 fails verification" in m and "does not match its digest" in m
              for m in lines), lines
   assert any("Resuming from step 10, the newest checkpoint that verifies" in m for m in lines)
-  assert os.path.isdir(step20 + checkpoints.CORRUPT_SUFFIX)
-  assert checkpoints.verify_step(step20) is None
+  assert os.path.isdir(step20 + digests.CORRUPT_SUFFIX)
+  assert digests.verify_step(step20) is None
   assert_bitwise_equal(_read_params(step20), original)
 
   # The newest checkpoint (30) damaged again, and a loss that turns NaN after the fallback:
@@ -157,16 +157,16 @@ def g2p_run(tmp_path_factory):
 def test_evaluation_refuses_a_corrupt_step_and_offers_the_newest_good_one(synthetic_run, tmp_path):
   workdir = str(tmp_path / "run")
   shutil.copytree(synthetic_run, workdir)
-  cfg = checkpoints.load_run_config(workdir)
+  cfg = restore.load_run_config(workdir)
   flip_bit(_largest_state_file(os.path.join(workdir, "checkpoints", "20")))
   with pytest.raises(EvaluationError) as e:
-    checkpoints.read_params(cfg, workdir)
+    restore.read_params(cfg, workdir)
   message = str(e.value)
   assert "\n" not in message
   assert "checkpoints/20 fails verification" in message and "use --step=10" in message, message
-  assert checkpoints.read_params(cfg, workdir, step=10).step == 10
+  assert restore.read_params(cfg, workdir, step=10).step == 10
   with pytest.raises(EvaluationError, match="fails verification"):
-    checkpoints.read_params(cfg, workdir, average_last=2)
+    restore.read_params(cfg, workdir, average_last=2)
 
 
 def test_restore_refuses_an_edited_config_json(g2p_run, tmp_path):
@@ -182,9 +182,9 @@ def test_restore_refuses_an_edited_config_json(g2p_run, tmp_path):
                      r"trained with: model.positional="):
     api.restore(workdir)
   shutil.copy(os.path.join(g2p_run, "config.json"), path)
-  cfg = checkpoints.load_run_config(workdir, {"model.attention_impl": "fused",
+  cfg = restore.load_run_config(workdir, {"model.attention_impl": "fused",
                                               "data.data_dir": str(tmp_path)})
-  assert checkpoints.read_params(cfg, workdir).step == 60
+  assert restore.read_params(cfg, workdir).step == 60
 
 
 def test_restore_refuses_a_swapped_tokenizer(g2p_run, tmp_path):
@@ -236,7 +236,7 @@ def test_the_data_fingerprint_covers_the_records_cache(g2p_run, tmp_path):
   shutil.copytree(os.path.join(os.path.dirname(g2p_run), "data"), data)
   recorded = json.load(open(os.path.join(g2p_run, "provenance.json")))["data"]
   assert recorded["splits"]["train"]["cache_sha256"]
-  cfg = checkpoints.load_run_config(g2p_run, {"data.data_dir": os.path.join(data, "tfds")})
+  cfg = restore.load_run_config(g2p_run, {"data.data_dir": os.path.join(data, "tfds")})
   task = load_task(cfg, None, process_index=0, process_count=1)
   assert reporting.data_difference(recorded, reporting.data_fingerprint(task, ["train"]),
                                    "train") is None

@@ -19,7 +19,7 @@ import pytest
 from configs import base
 from transformer import config as config_lib
 from transformer.config import from_configdict, to_dict
-from transformer.run import checkpoints
+from transformer.run import checkpoints, restore
 from transformer.train import preemption
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -295,12 +295,12 @@ def test_a_run_saved_in_another_config_format_is_one_line(tmp_path):
   saved = to_dict(from_configdict(base.get_config()))
   assert saved["format"] == config_lib.FORMAT
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  assert checkpoints.load_run_config(str(tmp_path)).model.d_model == saved["model"]["d_model"]
+  assert restore.load_run_config(str(tmp_path)).model.d_model == saved["model"]["d_model"]
   del saved["format"]
   (tmp_path / "config.json").write_text(json.dumps(saved))
   message = f"config format 0; this code reads format {config_lib.FORMAT}"
-  with pytest.raises(checkpoints.EvaluationError, match=message) as info:
-    checkpoints.load_run_config(str(tmp_path))
+  with pytest.raises(restore.EvaluationError, match=message) as info:
+    restore.load_run_config(str(tmp_path))
   assert str(tmp_path / "config.json") in str(info.value) and "\n" not in str(info.value)
   with pytest.raises(checkpoints.CheckpointError, match=message):
     checkpoints.check_compatible(str(tmp_path), base.get_config())

@@ -91,7 +91,6 @@ def test_help_is_one_screen_and_exits_0(tool):
 
 def test_help_keys_lists_every_key_with_its_default():
   """--help_keys prints every config key of configs/base.py, one per line under its section."""
-  from transformer.sweeps import spec  # pylint: disable=g-import-not-at-top
   out = _run(["train.py", "--help_keys"])
   assert out.returncode == 0, out.stderr[-2000:]
   keys, section = {}, None

@@ -28,7 +28,7 @@ from transformer import convert, schema  # noqa: E402
 from transformer.config import ConfigError, from_configdict  # noqa: E402
 from transformer.data import load_task  # noqa: E402
 from transformer.model import models, scoring
-from transformer.run import checkpoints
+from transformer.run import restore
 from transformer.train import finetune
 from transformer.train.loop import train_and_evaluate  # noqa: E402
 from configs import classify, mlm  # noqa: E402
@@ -123,7 +123,7 @@ def test_classifier_loads_berts_encoder_exactly_and_a_fresh_head(converted, clas
   parameters' loss on its first batch, and it reads words with BERT's WordPiece tokenizer."""
   workdir, lines = classifier
   bert = transformer.restore(converted)
-  cfg = checkpoints.load_run_config(workdir)
+  cfg = restore.load_run_config(workdir)
   assert cfg.model.head == "classify" and cfg.model.num_classes > 0
   assert not cfg.model.head_transform and not cfg.model.logits_bias
   assert cfg.model.embedding_norm and cfg.model.norm_position == "post"
@@ -156,7 +156,7 @@ def test_continued_mlm_starts_from_exactly_the_converted_model(converted, contin
   run's first logged loss is the converted model's own loss on that first batch."""
   workdir, lines = continued
   bert = transformer.restore(converted)
-  cfg = checkpoints.load_run_config(workdir)
+  cfg = restore.load_run_config(workdir)
   keep = {k: None for k in FINETUNE_KEYS}
   assert dataclasses.replace(cfg.model, **keep) == dataclasses.replace(bert.config.model, **keep)
   assert cfg.model.head_transform and cfg.model.logits_bias and not cfg.model.tie_embeddings

@@ -27,7 +27,7 @@ from transformer.config import ConfigError, from_configdict
 from transformer.infer import evaluation
 from transformer.model import scoring
 from transformer.model.models import build_model
-from transformer.run import checkpoints
+from transformer.run import checkpoints, restore
 from transformer.run.checkpoints import CheckpointError
 from transformer.train import loop, optim, steps
 
@@ -213,7 +213,7 @@ def _saved_state(workdir, step):
 
 def _eval_loss(workdir, params, task):
   """Teacher-forced loss of `params` over the reverse task's eval batches (the sums' ratio)."""
-  cfg = checkpoints.load_run_config(workdir)
+  cfg = restore.load_run_config(workdir)
   step = jax.jit(scoring.make_eval_step(build_model(cfg.model)))
   sums = [jax.device_get(step(params, b)) for b in task.eval_batches("validation")]
   return sum(float(s["loss_sum"]) for s in sums) / sum(float(s["weight_sum"]) for s in sums)

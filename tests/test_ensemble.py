@@ -25,7 +25,6 @@ from transformer.infer import decoding, evaluation
 from transformer.metrics import wer_per
 from transformer.model import ensemble, scoring
 from transformer.model.models import build_model
-from transformer.train import steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")

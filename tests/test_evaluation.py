@@ -21,7 +21,7 @@ from configs import base
 from transformer.config import ConfigError, from_configdict, to_dict
 from transformer.infer import api, evaluation, predict
 from transformer.metrics import wer_per
-from transformer.run import checkpoints
+from transformer.run import restore
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
@@ -90,16 +90,16 @@ def test_load_config_applies_only_safe_overrides(tmp_path):
   cd = base.get_config()
   cd.model.update(vocab_size=40, source_vocab_size=30)
   (tmp_path / "config.json").write_text(json.dumps(to_dict(from_configdict(cd))))
-  cfg = checkpoints.load_run_config(str(tmp_path), {"eval.decode.beam_size": 7,
+  cfg = restore.load_run_config(str(tmp_path), {"eval.decode.beam_size": 7,
                                                "eval.decode.method": "greedy"})
   assert (cfg.eval.decode.beam_size, cfg.eval.decode.method, cfg.model.vocab_size) == (7, "greedy", 40)
   with pytest.raises(ConfigError, match=r"model\.d_model") as e:
-    checkpoints.load_run_config(str(tmp_path), {"model.d_model": 64})
+    restore.load_run_config(str(tmp_path), {"model.d_model": 64})
   assert "\n" not in str(e.value)
   with pytest.raises(ConfigError, match=r"eval\.decode\.nope"):
-    checkpoints.load_run_config(str(tmp_path), {"eval.decode.nope": 1})
+    restore.load_run_config(str(tmp_path), {"eval.decode.nope": 1})
   with pytest.raises(evaluation.EvaluationError, match="config.json"):
-    checkpoints.load_run_config(str(tmp_path / "missing"))
+    restore.load_run_config(str(tmp_path / "missing"))
 
 
 # ----------------------------------------------------------------------------- on the trained run
@@ -144,7 +144,7 @@ def test_evaluate_covers_the_whole_split_unless_asked_for_less(workdir, tmp_path
   batch of 16 lines, and coverage reports that part of the whole."""
   run = str(tmp_path / "run")
   shutil.copytree(workdir, run)
-  assert checkpoints.load_run_config(run).eval.num_decode_examples == 16
+  assert restore.load_run_config(run).eval.num_decode_examples == 16
   lines = _tsv_lines(run)
   words = list(dict.fromkeys(w for w, _ in lines))
   whole = evaluation.evaluate_split(run, "test", verbose=False)
@@ -213,11 +213,11 @@ def test_eval_py_rejects_structural_override(workdir):
 
 def test_restore_errors_name_the_step(workdir):
   """An unknown step or a workdir without checkpoints is a one-line EvaluationError."""
-  cfg = checkpoints.load_run_config(workdir)
+  cfg = restore.load_run_config(workdir)
   with pytest.raises(evaluation.EvaluationError, match="step 999"):
-    checkpoints.restore_params(cfg, workdir, 999)
+    restore.restore_params(cfg, workdir, 999)
   with pytest.raises(evaluation.EvaluationError, match="integer"):
-    checkpoints.restore_params(cfg, workdir, "newest")
+    restore.restore_params(cfg, workdir, "newest")
 
 
 def test_restore_in_fresh_process_gives_identical_logits(workdir, run, tmp_path):

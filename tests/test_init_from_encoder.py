@@ -16,7 +16,7 @@ from transformer.config import ConfigError, from_configdict
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL
 from transformer.infer.evaluation import evaluate_split
 from transformer.model import models, scoring
-from transformer.run import checkpoints
+from transformer.run import restore
 from transformer.train import finetune
 from transformer.train.loop import train_and_evaluate
 import encoder_fixtures
@@ -40,7 +40,7 @@ def test_fine_tuning_loads_exactly_the_shared_weights(mlm_run, tuned_run):
   the head's equal a fresh init's, and nothing else exists (tuned_run: a real fine-tuning run
   from it trains)."""
   root, workdir = mlm_run
-  pretrained = _flat(checkpoints.restore_params(checkpoints.load_run_config(workdir), workdir)[0])
+  pretrained = _flat(restore.restore_params(restore.load_run_config(workdir), workdir)[0])
   cfg = finetune.init_from_config(
       from_configdict(encoder_fixtures.config(str(root / "data"), "classify")), workdir)
   assert cfg.model.head == "classify" and cfg.model.vocab_size > 0  # the run's vocabulary

@@ -11,7 +11,7 @@ import pytest
 import synthetic_task
 from transformer.config import ConfigError, from_configdict
 from transformer.model import scoring
-from transformer.run import checkpoints
+from transformer.run import checkpoints, restore
 from transformer.train import loop, members
 
 SPEC = "seed=0;seed=1;seed=0,train.learning_rate=1e-3,train.label_smoothing=0.2,model.dropout_rate=0"
@@ -43,7 +43,7 @@ def _losses(workdir):
 def _params(workdir, cd):
   cfg = from_configdict(cd)
   cfg = loop.fill_vocab_sizes(cfg, synthetic_task.ReverseTask())
-  return jax.device_get(checkpoints.read_params(cfg, workdir).params)
+  return jax.device_get(restore.read_params(cfg, workdir).params)
 
 
 def _max_diff(a, b):
@@ -120,7 +120,6 @@ def test_member_workdirs_restore_evaluate_and_resume_alone(runs, tmp_path):
   the one the member logged), the members restore as an ensemble, and a member's workdir resumes
   as a plain run of its own config (from step 20 to 25, metrics.jsonl continued)."""
   from transformer.infer import api  # pylint: disable=g-import-not-at-top
-  from transformer.train import steps
   together, _, _ = runs
   task = synthetic_task.ReverseTask()
   dirs = [os.path.join(together, n) for n in NAMES]

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import synthetic_task
-from transformer.run import checkpoints, lock
+from transformer.run import digests, lock
 from transformer.train import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,7 +66,7 @@ def test_a_second_writer_refuses_and_the_first_run_stays_whole(tmp_path):
   steps = [r["step"] for r in rows]
   assert steps == sorted(steps) and steps[-1] == 30  # one writer: no row twice, none lost
   assert [r["step"] for r in rows if "train/loss" in r] == [10, 20, 30]
-  assert checkpoints.verify_step(os.path.join(run, "checkpoints", "30")) is None
+  assert digests.verify_step(os.path.join(run, "checkpoints", "30")) is None
   assert open(os.path.join(run, lock.LOCK_FILE)).read() == ""  # released at exit
 
 

@@ -14,7 +14,6 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from transformer.model import positional
 from transformer.schema import get_config, Key, KEYS, RANGES, SCHEMA
 
 # A saved config.json carries FORMAT; a run saved in another format is refused in one line.

@@ -48,7 +48,7 @@ from transformer.convert.common import ConvertError
 from transformer.data import tokenizers
 from transformer.data.tokenizers import HFTokenizer, read_hf_tokenizer
 from transformer.model.models import build_model, example_batch
-from transformer.run import checkpoints, reporting
+from transformer.run import checkpoints, reporting, restore
 from transformer.train import optim, steps
 
 __all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf", "main"]
@@ -199,7 +199,7 @@ def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") 
 def to_hf(workdir: str, hf_dir: str, step: int | str | None = None) -> dict[str, Any]:
   """Writes the run in `workdir` (checkpoint `step`) as a Hugging Face directory of its family
   (decoder-only: GPT-2, encoder-decoder: T5); returns its config."""
-  cfg = checkpoints.load_run_config(workdir)
+  cfg = restore.load_run_config(workdir)
   family = family_of_config(cfg.model)
   source = os.path.join(workdir, CONVERTED_FROM)
   extra = json.loads(files.read_text(source))["config"] if files.exists(source) else None
@@ -210,7 +210,7 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None) -> dict[str,
   if offset != family.ID_OFFSET:
     raise ConvertError(f"data.hf_id_offset={offset} has no {family.NAME} counterpart "
                        f"(need {family.ID_OFFSET})")
-  params, _ = checkpoints.restore_params(cfg, workdir, step)
+  params, _ = restore.restore_params(cfg, workdir, step)
   tok_dir = os.path.join(workdir, "tokenizers", "target")
   tokenizer = tokenizers.load(tok_dir) if files.exists(os.path.join(tok_dir, "tokenizer.json")) \
       else None

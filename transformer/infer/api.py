@@ -100,7 +100,7 @@ class Run:
     self.config, self.model, self.params, self.task = config, model, params, task
     self.source_tokenizer, self.target_tokenizer = task.source_tokenizer, task.target_tokenizer
     self.step, self.workdir = step, workdir
-    self.params_source = params_source  # 'ema' or 'raw' (checkpoints.read_params)
+    self.params_source = params_source  # 'ema' or 'raw' (restore.read_params)
     self.averaged_steps = tuple(averaged_steps)  # the checkpoints averaged; () = one checkpoint
     self.kind = getattr(task, "kind", "seq2seq")
     self.members = tuple(members)  # the workdirs of an ensemble; () for one run
@@ -346,7 +346,7 @@ def restore(workdir: str | Sequence[str], step: int | str | None = None, task: A
 
   params: 'auto' (the EMA of a run trained with train.ema_decay > 0, else the raw parameters),
   'ema' or 'raw'; average_last=N: the mean of those parameters over the run's N newest
-  checkpoints (checkpoints.read_params). `task` overrides `transformer.data.load_task(config,
+  checkpoints (restore.read_params). `task` overrides `transformer.data.load_task(config,
   workdir)` (tests).
   A list of workdirs restores their ensemble (eval.py --ensemble's: the mean of the members'
   probabilities), each at the same `step` / `params` / `average_last` choice ('best': each its

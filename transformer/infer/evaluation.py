@@ -1,9 +1,9 @@
 """Evaluation of a trained run: restore, teacher-forced metrics, decoding, task metrics, predictions.
 
 `evaluate_split(workdir, split, step, overrides, ...)`, which eval.py calls:
-  1. `read_members` reads each run's config.json (checkpoints.load_run_config applies `overrides`,
+  1. `read_members` reads each run's config.json (restore.load_run_config applies `overrides`,
      a flat {"eval.decode.beam_size": 4} dict, and refuses keys outside the schema's `eval` role)
-     and restores the parameters of `step` read-only onto one device (checkpoints.read_params:
+     and restores the parameters of `step` read-only onto one device (restore.read_params:
      the EMA or the raw ones, or the mean of the newest `average_last` checkpoints);
   2. `teacher_forced`: loss, token accuracy and perplexity (scoring.teacher_forced_metrics, the
      definition training logs);
@@ -49,7 +49,7 @@ from transformer.infer.decoding import generate
 from transformer.model import ensemble as ensemble_lib, scoring
 from transformer.model.models import build_model
 from transformer.run import reporting
-from transformer.run.checkpoints import EvaluationError, load_run_config, read_params
+from transformer.run.restore import EvaluationError, load_run_config, read_params
 
 WHOLE_SPLIT = {"eval.num_batches": 0, "eval.num_decode_examples": 0}  # evaluate_split's defaults
 _STRESS = re.compile(r"\d")
@@ -302,7 +302,7 @@ def _same_vocabularies(workdir: str, member: str) -> None:
 
 def read_members(workdirs: Sequence[str], overrides: dict[str, Any], step: int | str | None,
                  params: str, average_last: int) -> tuple[list[Config], list[Any]]:
-  """The configs and `checkpoints.read_params` results of the runs in `workdirs` (the first gives
+  """The configs and `restore.read_params` results of the runs in `workdirs` (the first gives
   the data and settings; the others are its ensemble), each at the same `step` / `params` /
   `average_last` choice ('best': each run's own best checkpoint). Every run's config, vocabulary
   and model are checked before any parameters are read."""
@@ -330,7 +330,7 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   metrics, with `coverage` = {decoded_examples, split_examples, scored_tokens, split_tokens}.
 
   `params` ('auto': the EMA if the run kept one, 'ema', 'raw') and `average_last` (the mean over
-  the N newest checkpoints; 0 = one checkpoint) choose the parameters (checkpoints.read_params).
+  the N newest checkpoints; 0 = one checkpoint) choose the parameters (restore.read_params).
 
   `ensemble`: the workdirs of further runs (same vocabularies) evaluated with this one as one model,
   the mean of their probabilities (transformer.model.ensemble), each at the same step/params choice;

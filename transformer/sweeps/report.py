@@ -39,8 +39,8 @@ def count_params(workdir: str) -> int | None:
     import jax  # pylint: disable=g-import-not-at-top  (JAX only to count parameters: sweep.py starts fast)
     import numpy as np  # pylint: disable=g-import-not-at-top  (as jax)
     from transformer.model import models, scoring  # pylint: disable=g-import-not-at-top  (as jax)
-    from transformer.run import checkpoints  # pylint: disable=g-import-not-at-top  (as jax)
-    cfg = checkpoints.load_run_config(workdir)
+    from transformer.run import restore# pylint: disable=g-import-not-at-top  (as jax)
+    cfg = restore.load_run_config(workdir)
     model = models.build_model(cfg.model)
     shapes = jax.eval_shape(lambda r: scoring.init_params(model, r, models.example_batch(cfg.model)),
                             jax.random.PRNGKey(0))

@@ -30,7 +30,7 @@ import jax
 
 from transformer import config as config_lib, schema
 from transformer.config import Config
-from transformer.run import checkpoints
+from transformer.run import restore
 
 HEAD = "head"  # the parameter subtree of an encoder-only model's head
 SHARED = ("token_embed", "encoder")  # what an encoder-only model takes from any pretrained run
@@ -43,8 +43,8 @@ def continues_head(run: Config, head: str) -> bool:
 
 def _run_config(init_from: str) -> Config:
   try:
-    return checkpoints.load_run_config(init_from)
-  except checkpoints.EvaluationError as e:
+    return restore.load_run_config(init_from)
+  except restore.EvaluationError as e:
     raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
 
 
@@ -86,8 +86,8 @@ def init_params(init_from: str, fresh: Any = None, head: str = "") -> Any:
   """
   run = _run_config(init_from)
   try:
-    params = checkpoints.restore_params(run, init_from)[0]
-  except checkpoints.EvaluationError as e:
+    params = restore.restore_params(run, init_from)[0]
+  except restore.EvaluationError as e:
     raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
   if fresh is None:
     return params

@@ -25,7 +25,7 @@ from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.infer import evaluation
 from transformer.model import scoring
 from transformer.model.models import build_model
-from transformer.run import checkpoints, lock, reporting
+from transformer.run import checkpoints, digests, lock, reporting
 from transformer.train import finetune, members, optim, parallel, preemption, prefetch, steps
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
@@ -263,10 +263,10 @@ def _restore(runs: list[_Run], abstract: Any, train_iter: Any) -> Any:
                                              data_iterator=train_iter if i == 0 else None)
     if good != latest[i]:
       logging.warning("Resuming from step %d, the newest checkpoint that verifies (the newer "
-                      "ones are kept as <step>%s in %s).", good, checkpoints.CORRUPT_SUFFIX,
+                      "ones are kept as <step>%s in %s).", good, digests.CORRUPT_SUFFIX,
                       r.ckpt.directory)
     meta = r.ckpt.metadata(good)
-    checkpoints.check_tokenizers(r.workdir, meta, f"checkpoint {r.ckpt.directory}/{good}")
+    digests.check_tokenizers(r.workdir, meta, f"checkpoint {r.ckpt.directory}/{good}")
     states.append(state)
     r.saved = meta["metrics"]
   if len({int(np.ravel(jax.device_get(s.step))[0]) for s in states}) > 1:

@@ -233,17 +233,3 @@ def update_ema(ema: Any, params: Any, decay: float, num_updates: Any) -> Any:
   """One EMA update after update number `num_updates` (from 1); `ema` and the result are float32."""
   d = ema_decay_at(decay, num_updates)
   return jax.tree.map(lambda e, p: d * e + (1.0 - d) * p.astype(jnp.float32), ema, params)
-
-
-def average_trees(trees: Any) -> Any:
-  """The elementwise mean of equally shaped pytrees, summed in float32 and cast back to the first
-  tree's dtypes (checkpoint averaging)."""
-  trees = list(trees)
-  if not trees:
-    raise ValueError("average_trees needs at least one tree")
-
-  def mean(*leaves):
-    total = sum(jnp.asarray(x, jnp.float32) for x in leaves)
-    return (total / len(leaves)).astype(jnp.asarray(leaves[0]).dtype)
-
-  return jax.tree.map(mean, *trees)

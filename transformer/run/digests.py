@@ -1,0 +1,151 @@
+"""Checksums of a workdir's checkpoints: `digest.json` per committed step, and the digests of
+the tokenizer files a step was trained with.
+
+`<workdir>/checkpoints/<step>/digest.json` is {"algorithm", "files": {path: hex digest}} of every
+file of the step, written once orbax has committed it (its rename of the tmp dir), by process 0;
+it sits inside the step directory, so orbax's garbage collection removes it with its step.
+`verify_step` rehashes a step's files against it: a flipped bit, a truncated or missing file, or
+a missing digest.json of a step whose meta says it has one fails; a step written before digests
+existed (no digest.json, meta without "digest") passes unverified. The digest is CRC-32
+(DIGEST_ALGORITHM), one per 64 MiB block, the blocks hashed in parallel; its cost is measured by
+benchmarks/checkpoint_digest.py (docs/reliability.md#checksummed-checkpoints).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import zlib
+from typing import Any, Mapping
+
+from transformer import files
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be used with this config (one-line message)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Digests: every file of a committed step, and the run files (tokenizers) a step was trained with.
+
+DIGEST_FILE = "digest.json"
+# A step's files are checked with CRC-32 (zlib: ~4x BLAKE2b's speed on one core), as object
+# stores check uploads: it catches every flipped bit and burst of up to 32, and any truncation
+# with probability 1 - 2**-32; it is no defence against deliberate tampering. Tokenizer files
+# (small) are named by BLAKE2b-256.
+DIGEST_ALGORITHM = "crc32"
+ALGORITHMS = ("crc32", "blake2b-256")
+CORRUPT_SUFFIX = ".corrupt"
+_CHUNK = 1 << 22
+_BLOCK = 1 << 26  # crc32 digests: one CRC per 64 MiB of a file, the blocks hashed in parallel
+
+
+def _crc32(path: str, start: int = 0, length: int = -1) -> str:
+  """The CRC-32 (8 hex digits) of `length` bytes (-1: to the end) of a file from `start`."""
+  crc = 0
+  with files.open_binary(path) as f:
+    f.seek(start)
+    while length and (chunk := f.read(_CHUNK if length < 0 else min(_CHUNK, length))):
+      crc = zlib.crc32(chunk, crc)
+      length -= len(chunk) if length > 0 else 0
+  return f"{crc:08x}"
+
+
+def file_digest(path: str, algorithm: str = "blake2b-256") -> str:
+  """The hex digest of the file at `path` (ALGORITHMS; crc32: one per _BLOCK bytes, joined by
+  commas)."""
+  if algorithm == "crc32":
+    size = files.size(path)
+    return ",".join(_crc32(path, b, _BLOCK) for b in range(0, max(size, 1), _BLOCK))
+  digest = hashlib.blake2b(digest_size=32)
+  with files.open_binary(path) as f:
+    while chunk := f.read(_CHUNK):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def tree_digests(directory: str, names: list[str] | None = None,
+                 algorithm: str = "blake2b-256") -> dict[str, str]:
+  """{relative path: file_digest} of `names` (default: every file) under `directory`, hashed
+  in parallel (zlib and hashlib release the GIL on large buffers): crc32 by blocks of _BLOCK
+  bytes, so that one large file uses every core."""
+  names = files.walk(directory) if names is None else names
+  paths = [os.path.join(directory, n) for n in names]
+  with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+    if algorithm != "crc32":
+      return dict(zip(names, pool.map(lambda p: file_digest(p, algorithm), paths)))
+    blocks = [(i, b) for i, p in enumerate(paths)
+              for b in range(0, max(files.size(p), 1), _BLOCK)]
+    crcs = list(pool.map(lambda ib: _crc32(paths[ib[0]], ib[1], _BLOCK), blocks))
+  out: dict[str, list[str]] = {n: [] for n in names}
+  for (i, _), crc in zip(blocks, crcs):
+    out[names[i]].append(crc)
+  return {n: ",".join(c) for n, c in out.items()}
+
+
+def write_step_digest(step_dir: str) -> None:
+  """Writes `<step_dir>/digest.json`: the digest of every file of the committed step."""
+  names = [n for n in files.walk(step_dir) if not n.startswith(DIGEST_FILE)]
+  record = {"algorithm": DIGEST_ALGORITHM,
+            "files": tree_digests(step_dir, names, DIGEST_ALGORITHM)}
+  files.write_text_atomic(os.path.join(step_dir, DIGEST_FILE),
+                          json.dumps(record, indent=0, sort_keys=True))
+
+
+def read_step_meta(step_dir: str) -> dict[str, Any] | None:
+  """The `meta` item of a step read as plain JSON (no orbax), or None if unreadable."""
+  try:
+    meta = json.loads(files.read_text(os.path.join(step_dir, "meta", "metadata")))
+  except (OSError, ValueError):
+    return None
+  return meta if isinstance(meta, dict) else None
+
+
+def verify_step(step_dir: str) -> str | None:
+  """None if the step's files match its digest.json (or it predates digests), else a short
+  reason naming the first file that does not: changed, missing, or no digest.json."""
+  path = os.path.join(step_dir, DIGEST_FILE)
+  if not files.exists(path):
+    meta = read_step_meta(step_dir)
+    if meta is None:
+      return "meta/metadata is unreadable and there is no digest.json"
+    return f"no {DIGEST_FILE} (its meta says it was written with one)" if meta.get(
+        "digest") else None
+  try:
+    record = json.loads(files.read_text(path))
+    expected, algorithm = dict(record["files"]), record["algorithm"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return f"{DIGEST_FILE} is unreadable"
+  if algorithm not in ALGORITHMS:
+    return f"{DIGEST_FILE} names an unknown algorithm {algorithm!r}"
+  missing = [n for n in expected if not files.exists(os.path.join(step_dir, n))]
+  if missing:
+    return f"{missing[0]} is missing"
+  actual = tree_digests(step_dir, sorted(expected), algorithm)
+  changed = [n for n in expected if actual[n] != expected[n]]
+  return f"{changed[0]} does not match its digest" if changed else None
+
+
+def tokenizer_digests(workdir: str) -> dict[str, str]:
+  """{'tokenizers/<side>/<file>': digest} of the workdir's tokenizer files ({} if none)."""
+  directory = os.path.join(workdir, "tokenizers")
+  if not files.isdir(directory):
+    return {}
+  return {f"tokenizers/{n}": d for n, d in tree_digests(directory).items()
+          if ".tmp" not in n}
+
+
+def check_tokenizers(workdir: str, meta: Mapping[str, Any], where: str,
+                     error: type[ValueError] = CheckpointError) -> None:
+  """Raises `error` naming the first tokenizer file of `workdir` that is not the one the step
+  (`where`, its `meta`) was trained with; steps that recorded none pass."""
+  recorded = meta.get("tokenizers") or {}
+  for name, digest in sorted(recorded.items()):
+    path = os.path.join(workdir, name)
+    if not files.exists(path):
+      raise error(f"{path} is missing: {where} was trained with it")
+    if file_digest(path) != digest:
+      raise error(f"{path} is not the tokenizer {where} was trained with (its digest differs); "
+                  "restore the run's own file")
