@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from trees import alternate, hlo_ops, same_work, tree_from_argv  # benchmarks/ is the script's directory
+from trees import alternate, hlo_ops, same_work, tree_from_argv, tree_module  # benchmarks/ is the script's directory
 
 
 sys.path.insert(0, tree_from_argv())
@@ -38,8 +38,10 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from transformer.config import DecodeConfig, model_config  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.infer import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.model.models import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# The layout of the tree timed (--compare reads older revisions' trees too).
+decoding = tree_module("transformer.infer.decoding", "transformer.decoding")
+build_model = tree_module("transformer.model.models", "transformer.models").build_model
 
 NEVER = -1  # an EOS id no token matches: every run decodes the full length
 

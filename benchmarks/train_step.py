@@ -49,7 +49,7 @@ import sys
 import time
 
 import anchors  # pylint: disable=g-import-not-at-top
-from trees import KEY_OPS, alternate, hlo_ops, same_work, tree_from_argv  # benchmarks/ is the script's directory
+from trees import KEY_OPS, alternate, hlo_ops, same_work, tree_from_argv, tree_module  # benchmarks/ is the script's directory
 VOCAB = 64
 
 
@@ -61,16 +61,10 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from configs import base, g2p, lm  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.model.models import build_model  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.train import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-# The train state and steps live in steps.py, in the trees of older revisions (--compare) in
-# training.py. Decided by the tree's files: an import attempt could find steps.py through the
-# editable install instead.
-if os.path.exists(os.path.join(tree_from_argv(), "transformer", "steps.py")):
-  from transformer.train import steps as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-else:
-  from transformer.train import loop as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+# The layout of the tree timed (--compare reads older revisions' trees too).
+build_model = tree_module("transformer.model.models", "transformer.models").build_model
+optim = tree_module("transformer.train.optim", "transformer.optim")
+step_lib = tree_module("transformer.train.steps", "transformer.steps", "transformer.training")
 
 SIZES = ("baby", "medium", "encdec", "g2p", "g2pfast")
 

@@ -10,6 +10,7 @@ the same work, so a timing ratio away from 1.00 between them is the machine's no
 """
 
 import collections
+import importlib
 import json
 import os
 import re
@@ -28,6 +29,17 @@ def tree_from_argv() -> str:
     if arg.startswith("--tree="):
       return os.path.abspath(arg.split("=", 1)[1])
   return REPO
+
+
+def tree_module(*names: str):
+  """The first of the dotted module `names` that the tree of this process (tree_from_argv: an
+  older revision's under --compare) has as a file, imported: how a benchmark reads trees from
+  before and after the package's sub-package layout."""
+  tree = tree_from_argv()
+  for name in names:
+    if os.path.exists(os.path.join(tree, *name.split(".")) + ".py"):
+      return importlib.import_module(name)
+  raise SystemExit(f"{tree}: none of {', '.join(names)}")
 
 
 def export_revision(revision: str, directory: str) -> None:
