@@ -264,27 +264,21 @@ class _CheckedSource:
     return getattr(self._source, name)
 
 
-@contextlib.contextmanager
-def _quiet_tfds() -> Iterator[None]:
-  """Mutes TFDS's progress bars and stdout lines while it prepares a dataset."""
-  from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
-  shown = getattr(tqdm_utils, "_active", True)
-  tfds.display_progress_bar(False)
-  try:
-    with contextlib.redirect_stdout(io.StringIO()):
-      yield
-  finally:
-    tfds.display_progress_bar(shown)
-
-
 def _prepare(builder: tfds.core.DatasetBuilder) -> None:
-  """Prepares a local builder offline (array_record) unless it is there; one line on stderr."""
+  """Prepares a local builder offline (array_record) unless it is there, saying so in one line on
+  stderr instead of TFDS's progress bars and stdout lines."""
+  from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
   if builder.is_prepared():
     return
   print(f"preparing {builder.info.full_name} in {builder.data_dir} (first use, offline) ...",
         file=sys.stderr, flush=True)
-  with _quiet_tfds():
-    builder.download_and_prepare(file_format="array_record")
+  shown = getattr(tqdm_utils, "_active", True)
+  tfds.display_progress_bar(False)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      builder.download_and_prepare(file_format="array_record")
+  finally:
+    tfds.display_progress_bar(shown)
 
 
 _FILE_KEYS = dict(zip(SPLITS, ("train_file", "dev_file", "test_file")))

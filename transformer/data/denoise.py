@@ -9,6 +9,7 @@ their output lengths before drawing (`lengths`), which packing needs.
                   and 0 (weight 0) elsewhere; special ids (BOS, EOS, ...) are never selected.
   SpanCorruption  T5: `inputs` with sentinels, `targets` the spans.
 """
+
 from __future__ import annotations
 
 import json

@@ -154,12 +154,6 @@ def one_per_row(ex: Examples, idx: np.ndarray, row_len: dict[str, int], rows: in
                   row_len, rows)
 
 
-def _as_lists(lens: np.ndarray, chunk: int):
-  """The rows of lens [m, F] as Python lists, converted a chunk at a time (a batch reads few)."""
-  for start in range(0, len(lens), chunk):
-    yield from lens[start:start + chunk].tolist()
-
-
 def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
   """First-fit of examples with lengths lens [m, F] into `rows` rows of capacity caps [F].
 
@@ -172,8 +166,9 @@ def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
   free = [np.full(rows, c, np.int64) for c in caps]  # per feature [rows]; 1-D ufuncs are fastest
   fits, tmp = np.empty(rows, bool), np.empty(rows, bool)
   placed, placed_row, skipped = [], [], []
-  i = 0
-  for i, ls in enumerate(_as_lists(lens, chunk=4 * rows)):  # a batch examines ~4 per row
+  i, chunk = 0, 4 * rows  # rows of lens as lists, a chunk at a time: a batch examines ~4 per row
+  as_lists = (ls for s in range(0, len(lens), chunk) for ls in lens[s:s + chunk].tolist())
+  for i, ls in enumerate(as_lists):
     np.greater_equal(free[0], ls[0], out=fits)
     for j in range(1, num_features):
       np.logical_and(fits, np.greater_equal(free[j], ls[j], out=tmp), out=fits)

@@ -181,11 +181,6 @@ class Task:
     """Whether the task's metrics come from decoding (seq2seq without an objective)."""
     return self.kind != "lm" and self.arch != "encoder_only" and self.transform is None
 
-  # ---------------------------------------------------------------- reading and tokenizing
-  def _keys(self) -> tuple[str, ...]:
-    ds = self.dataset
-    return (ds.target_key,) if self.kind == "lm" else (ds.source_key, ds.target_key)
-
   def _records(self, split: str) -> list[tuple[str, ...]]:
     """All records of `split` as text tuples: read once, kept, and cached as JSON next to the
     prepared data (decoding array_record protos is slow)."""
@@ -194,9 +189,9 @@ class Task:
                        f"{split!r}); a GPT-2 converts again with --text_file, any run fine-tunes "
                        f"with train.py --init_from and a dataset")
     if split not in self._cache:
-      source = self.dataset.source(split)
-      keys = self._keys()
-      path = os.path.join(self.dataset.root, "cache", f"{split}-{'+'.join(keys)}-{len(source)}.json")
+      source, ds = self.dataset.source(split), self.dataset
+      keys = (ds.target_key,) if self.kind == "lm" else (ds.source_key, ds.target_key)
+      path = os.path.join(ds.root, "cache", f"{split}-{'+'.join(keys)}-{len(source)}.json")
       cached = read_cache(path) if files.exists(path) else None
       if cached is not None:
         self._cache[split] = cached
@@ -256,7 +251,6 @@ class Task:
                                  d.max_source_len, d.max_target_len, too_long,
                                  self.arch == "decoder_only")
 
-  # ---------------------------------------------------------------- public API
   def train_iterator(self) -> pipeline.BatchIterator:
     """This host's endless, checkpointable iterator of training batches."""
     d = self.data_config

@@ -9,6 +9,7 @@ back the same vocabulary. A Hugging Face tokenizer's id i is our id i + `offset`
 (`data.hf_id_offset`): NUM_SPECIAL (GPT-2: our specials first), or 0 for a tokenizer whose ids 0
 and 1 are pad and end-of-sequence as ours are (T5); transformer/convert/ maps weights the same way.
 """
+
 from __future__ import annotations
 
 import io
@@ -32,14 +33,10 @@ class Tokenizer:
 
   kind = ""
   pad_id, eos_id, bos_id, unk_id = PAD_ID, EOS_ID, BOS_ID, UNK_ID
+  vocab_size: int  # number of ids, specials included
 
   def __init__(self):
     self.num_unknown = 0  # unknown characters / symbols / pieces seen by `encode`
-
-  @property
-  def vocab_size(self) -> int:
-    """Number of ids, specials included."""
-    raise NotImplementedError
 
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, without BOS/EOS."""
@@ -84,7 +81,8 @@ class Tokenizer:
         {"type": self.kind, **self._config()}, ensure_ascii=False, indent=1))
 
   def __eq__(self, other: object) -> bool:
-    return type(self) is type(other) and self._key() == other._key()  # pytype: disable=attribute-error
+    same_type = type(self) is type(other)
+    return same_type and self._key() == other._key()  # pytype: disable=attribute-error
 
   def __hash__(self) -> int:
     return hash((self.kind, self._key()))
@@ -102,10 +100,7 @@ class _VocabTokenizer(Tokenizer):
     self._ids = {u: i + NUM_SPECIAL for i, u in enumerate(self.units)}
     if len(self._ids) != len(self.units):
       raise ValueError(f"{self.kind} tokenizer: duplicate units in the vocabulary")
-
-  @property
-  def vocab_size(self) -> int:
-    return NUM_SPECIAL + len(self.units)
+    self.vocab_size = NUM_SPECIAL + len(self.units)
 
   @staticmethod
   def _split(text: str) -> Sequence[str]:
@@ -151,11 +146,7 @@ class SymbolTokenizer(_VocabTokenizer):
 class ByteTokenizer(Tokenizer):
   """UTF-8 bytes: byte b is id b + NUM_SPECIAL (vocabulary 260); nothing is ever unknown."""
 
-  kind = "byte"
-
-  @property
-  def vocab_size(self) -> int:
-    return NUM_SPECIAL + 256
+  kind, vocab_size = "byte", NUM_SPECIAL + 256
 
   @classmethod
   def new(cls, texts: Iterable[str], **options: Any) -> Tokenizer:
@@ -186,10 +177,7 @@ class SentencePieceTokenizer(Tokenizer):
     if got != (PAD_ID, EOS_ID, BOS_ID, UNK_ID):
       raise ValueError(f"SentencePiece model has special ids (pad, eos, bos, unk)={got}, "
                        f"expected {(PAD_ID, EOS_ID, BOS_ID, UNK_ID)}")
-
-  @property
-  def vocab_size(self) -> int:
-    return self._sp.get_piece_size()
+    self.vocab_size = self._sp.get_piece_size()
 
   def encode(self, text: str) -> list[int]:
     ids = self._sp.encode(text)
@@ -244,7 +232,7 @@ class HFTokenizer(Tokenizer):
 
   Its own special tokens (e.g. GPT-2's <|endoftext|>) are ordinary ids here; its unknown token, if
   any, is `unk_id`. offset=0 needs its ids 0 and 1 to be special tokens (T5's <pad> and </s>); its
-  id 2 is then our BOS, which decoding drops (T5's <unk>, which T5 never produces on text it covers).
+  id 2 is then our BOS, which decoding drops (T5's <unk>, never produced on text T5 covers).
   """
 
   kind = "hf"
@@ -257,6 +245,7 @@ class HFTokenizer(Tokenizer):
                        f"{'|'.join(map(str, HF_ID_OFFSETS))}")
     self.tokenizer_json, self.offset = tokenizer_json, offset
     self._tok = _HF.from_str(tokenizer_json)
+    self.vocab_size = offset + self._tok.get_vocab_size(with_added_tokens=True)
     spec = json.loads(tokenizer_json)
     if offset == 0:
       special = {t.get("id") for t in spec.get("added_tokens", []) if t.get("special")}
@@ -270,9 +259,6 @@ class HFTokenizer(Tokenizer):
     # Without an unknown token nothing is unknown; with offset 0 our UNK_ID is one of its pieces.
     self.unk_id = (UNK_ID if offset else -1) if unk_hf is None else unk_hf + offset
 
-  @property
-  def vocab_size(self) -> int:
-    return self.offset + self._tok.get_vocab_size(with_added_tokens=True)
 
   def token_id(self, token: str) -> int | None:
     """The tokenizer's own id (without our offset) of `token`, e.g. BERT's "[MASK]"; None if it
@@ -333,10 +319,7 @@ class OffsetTokenizer(Tokenizer):
   def __init__(self, inner: Tokenizer, offset: int):
     super().__init__()
     self.inner, self.offset, self.kind = inner, offset, inner.kind
-
-  @property
-  def vocab_size(self) -> int:
-    return self.inner.vocab_size + self.offset
+    self.vocab_size = inner.vocab_size + offset
 
   @property
   def num_unknown(self) -> int:
