@@ -90,7 +90,6 @@ def _k(name: str, default: Any, meaning: str, allowed: tuple[Any, ...] | Registr
 F, D, E = (FIXED,), (FIXED, DERIVED), (EVAL,)
 FT = (FINETUNE,)
 DTYPES = ("float32", "bfloat16", "float16")
-TOKENIZERS = ("char", "byte", "symbol", "sentencepiece", "hf")
 
 SCHEMA: tuple[Key, ...] = (
     _k("seed", 0, "seed of initialisation, dropout and data order", roles=E),
@@ -203,10 +202,10 @@ SCHEMA: tuple[Key, ...] = (
        "WordPiece hf)"),
     _k("data.noise_density", 0.15, "span: fraction of tokens corrupted", range="in [0, 1]"),
     _k("data.mean_span_length", 3.0, "span: mean length of a corrupted span", range=">= 1"),
-    _k("data.tokenizer", "symbol", "target (or shared) tokenizer", TOKENIZERS,
-       roles=(RUN_TOKENIZER,)),
+    _k("data.tokenizer", "symbol", "target (or shared) tokenizer",
+       Registry("transformer.data.tokenizers", "TOKENIZERS"), roles=(RUN_TOKENIZER,)),
     _k("data.source_tokenizer", "char", "source tokenizer; \"\" = the same as the target",
-       ("",) + TOKENIZERS, roles=(RUN_TOKENIZER,)),
+       Registry("transformer.data.tokenizers", "SOURCE_TOKENIZERS"), roles=(RUN_TOKENIZER,)),
     _k("data.spm_model_type", "bpe", "sentencepiece: the model type", ("bpe", "unigram"),
        roles=(RUN_TOKENIZER,)),
     _k("data.spm_vocab_size", 8000, "sentencepiece: the vocabulary size", range="> 0",

@@ -3,9 +3,17 @@
   from transformer.data import load_task
   task = load_task(cfg, workdir)       # prepares cmudict_g2p offline on first use
   batch = next(task.train_iterator())  # packed numpy batch (see pipeline.py for the features)
+
+Imported lazily, so that reading the tokenizers' table (config validation) does not load TFDS.
 """
 
-from transformer.data.task import load_task, Task
-from transformer.data.tokenizers import Tokenizer
+import importlib
 
-__all__ = ["Task", "load_task", "Tokenizer"]
+_EXPORTS = {"Task": "task", "load_task": "task", "Tokenizer": "tokenizers"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(f"transformer.data.{_EXPORTS[name]}"), name)
+  raise AttributeError(f"module 'transformer.data' has no attribute {name!r}")

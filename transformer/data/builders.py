@@ -1,9 +1,9 @@
-"""TFDS builders (`cmudict_g2p`, `text_files`, `tsv_pairs`) and the lookup of a dataset by name.
+"""TFDS builders (`text_files`, `tsv_pairs`; `cmudict_g2p` in cmudict.py) and `open_dataset`.
 
-`open_dataset(data_cfg)` turns `cfg.data.dataset` into a `Dataset`: random-access sources per
-split (`tfds` array_record data sources, read without TensorFlow), the task kind and the feature
-names. Local builders are prepared offline on first use into `data.data_dir`; catalog datasets
-(`tiny_shakespeare`, `lm1b`, `wmt14_translate/de-en`, ...) must already be prepared there.
+`open_dataset(cfg.data)` gives a `Dataset`: random-access array_record sources per split (read
+without TensorFlow), the task kind and the feature names. Local builders (LOCAL_BUILDERS) are
+prepared offline on first use into `data.data_dir`; catalog datasets (`tiny_shakespeare`, `lm1b`,
+`wmt14_translate/de-en`, ...) must already be prepared there.
 """
 
 from __future__ import annotations
@@ -25,20 +25,12 @@ from typing import Any
 import tensorflow_datasets as tfds
 
 from transformer.data import cmudict
-from transformer.data.cmudict import CmudictG2p  # pylint: disable=unused-import  (registers it)
 
-LOCAL_BUILDERS = ("cmudict_g2p", "text_files", "tsv_pairs")
 SPLITS = ("train", "validation", "test")
-# Without data.dev_file, the validation split is carved from data.train_file by source (word):
-# bucket 0 of 20 under this salt (5% of the words, all pronunciations of a word together). Changing
-# the salt or fraction changes the split: CARVE_ID is part of the prepared data's name.
+# Without data.dev_file, validation is bucket 0 of 20 of data.train_file's sources (words) under
+# this salt; CARVE_ID is part of the prepared data's name, as changing it changes the split.
 CARVE_SALT, CARVE_BUCKETS = "tsv_pairs/validation/v1:", 20
 CARVE_ID = f"validation carved: {CARVE_SALT} 1/{CARVE_BUCKETS}"
-
-
-def default_data_dir() -> str:
-  """The usual TFDS directory: $TFDS_DATA_DIR or ~/tensorflow_datasets."""
-  return os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
 
 
 def records_sha256(records: Iterable[Sequence[str]]) -> str:
@@ -51,12 +43,8 @@ def records_sha256(records: Iterable[Sequence[str]]) -> str:
 
 def prepared_records_sha256(paths: Sequence[str], chunk: int = 10_000) -> tuple[int, str]:
   """(records, sha256) of the records in prepared array_record shard files, in order, each
-  tf.Example re-serialized deterministically (its feature map sorted by name).
-
-  The bytes TFDS writes are not a function of the records alone: protobuf (upb) serializes a
-  tf.Example's feature map in an order that varies from process to process, so the same data
-  prepared twice can differ byte for byte ('source' before 'target' or after) at the same size. This digest is the same for the same records.
-  """
+  tf.Example re-serialized deterministically: protobuf (upb) writes a feature map in an order
+  that varies from process to process, so the files' bytes are not a function of the records."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
   digest, count = hashlib.sha256(), 0
@@ -94,9 +82,9 @@ class TextFilesConfig(tfds.core.BuilderConfig):
 class TextFiles(tfds.core.GeneratorBasedBuilder):
   """Language modelling over local text files; one record per document (file) per split.
 
-  `fraction`: the files' concatenated text, the first `train_fraction` of its characters is
-  `train`, the rest `validation` (nanoGPT's tiny-shakespeare convention). `document`: the first
-  round(n * train_fraction) files (sorted by path) are `train`, the others `validation`.
+  `fraction`: the first `train_fraction` of the concatenated text's characters is `train`, the
+  rest `validation` (nanoGPT's convention). `document`: the first round(n * train_fraction) files
+  (sorted by path) are `train`, the others `validation`.
   """
 
   VERSION = tfds.core.Version("1.1.0")  # bumped as cmudict_g2p's is (see there): same rule
@@ -157,12 +145,8 @@ def held_out(source: str) -> bool:
 
 
 class TsvPairs(tfds.core.GeneratorBasedBuilder):
-  """Sequence-to-sequence pairs from local `source<TAB>target` files (e.g. a published G2P split).
-
-  Without a validation file (`carve_validation`), `validation` is the 5% of the train file's
-  sources that `held_out` picks and `train` the rest: deterministic, by source, so every
-  pronunciation of a word is on the same side.
-  """
+  """Sequence-to-sequence pairs from local `source<TAB>target` files (e.g. a published G2P split);
+  with `carve_validation`, `validation` is the train file's sources that `held_out` picks."""
 
   VERSION = tfds.core.Version("1.1.0")  # bumped as cmudict_g2p's is (see there): same rule
   RELEASE_NOTES = {"1.1.0": "Records stored in file order (disable_shuffling)."}
@@ -196,10 +180,8 @@ class TsvPairs(tfds.core.GeneratorBasedBuilder):
 
 
 def read_tsv_pairs(path: str):
-  """Yields (key, {'source', 'target'}) from a `source<TAB>target` file; bad lines name file:line.
-
-  A file that is not UTF-8 (e.g. binary) or holds no pair at all is a ValueError naming it.
-  """
+  """Yields (key, {'source', 'target'}) from a `source<TAB>target` file; a bad line, a file that
+  is not UTF-8 or holds no pair is a ValueError naming file:line."""
   found = False
   with open(path, "rb") as f:  # bytes: a decoding error can then name its line
     for n, raw in enumerate(f, 1):
@@ -266,64 +248,63 @@ class _CheckedSource:
   def __iter__(self) -> Iterator[Any]:
     return (self[i] for i in range(len(self)))
 
-  def __getitem__(self, index: Any) -> Any:
+  def _read(self, read: Callable[[Any], Any], arg: Any) -> Any:
     try:
-      return self._source[index]
+      return read(arg)
     except RuntimeError as e:
       raise corrupt_data_error(e, self._root) from e
 
+  def __getitem__(self, index: Any) -> Any:
+    return self._read(self._source.__getitem__, index)
+
   def _getitems(self, indices: Sequence[int]) -> Any:
-    try:
-      return self._source.__getitems__(indices)
-    except RuntimeError as e:
-      raise corrupt_data_error(e, self._root) from e
+    return self._read(self._source.__getitems__, indices)
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._source, name)
 
 
-@contextlib.contextmanager
-def _quiet_tfds() -> Iterator[None]:
-  """Mutes what TFDS shows while it prepares a dataset: its progress bars and its lines on stdout
-  ("Downloading and preparing dataset Unknown size ...", "Dataset ... downloaded and prepared")."""
-  from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
-  shown = getattr(tqdm_utils, "_active", True)
-  tfds.display_progress_bar(False)
-  try:
-    with contextlib.redirect_stdout(io.StringIO()):
-      yield
-  finally:
-    tfds.display_progress_bar(shown)
-
-
 def _prepare(builder: tfds.core.DatasetBuilder) -> None:
-  """Prepares a local builder offline (array_record) unless it is already there, saying so in one
-  line on stderr instead of TFDS's own lines and progress bars."""
+  """Prepares a local builder offline (array_record) unless it is there, saying so in one line on
+  stderr instead of TFDS's progress bars and stdout lines."""
+  from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
   if builder.is_prepared():
     return
   print(f"preparing {builder.info.full_name} in {builder.data_dir} (first use, offline) ...",
         file=sys.stderr, flush=True)
-  with _quiet_tfds():
-    builder.download_and_prepare(file_format="array_record")
+  shown = getattr(tqdm_utils, "_active", True)
+  tfds.display_progress_bar(False)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      builder.download_and_prepare(file_format="array_record")
+  finally:
+    tfds.display_progress_bar(shown)
 
 
-def _local_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
-  """The builder of cmudict_g2p / text_files / tsv_pairs for data config `d`."""
-  name, _, config = d.dataset.partition("/")
-  given = [(s, getattr(d, k)) for s, k in zip(SPLITS, ("train_file", "dev_file", "test_file"))
-           if getattr(d, k)]
-  if name == "tsv_pairs" or (name == "cmudict_g2p" and given):
-    if not any(s == "train" for s, _ in given):
-      raise ValueError(f"data.dataset={d.dataset!r} needs data.train_file (source<TAB>target)")
-    for s, path in given:
-      check_regular_file(path, dict(zip(SPLITS, ("train_file", "dev_file", "test_file")))[s])
-    carve = not d.dev_file
-    extra = (given, CARVE_ID) if carve else (given,)  # carving changes the data: another name
-    cfg = TsvPairsConfig(name=_files_fingerprint([p for _, p in given], *extra),
-                         files=tuple(given), carve_validation=carve)
-    return TsvPairs(config=cfg, data_dir=data_dir)
-  if name == "cmudict_g2p":
-    return CmudictG2p(config=config or None, data_dir=data_dir)
+_FILE_KEYS = dict(zip(SPLITS, ("train_file", "dev_file", "test_file")))
+
+
+def _tsv_pairs_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
+  given = [(s, getattr(d, k)) for s, k in _FILE_KEYS.items() if getattr(d, k)]
+  if not any(s == "train" for s, _ in given):
+    raise ValueError(f"data.dataset={d.dataset!r} needs data.train_file (source<TAB>target)")
+  for s, path in given:
+    check_regular_file(path, _FILE_KEYS[s])
+  carve = not d.dev_file
+  extra = (given, CARVE_ID) if carve else (given,)  # carving changes the data: another name
+  cfg = TsvPairsConfig(name=_files_fingerprint([p for _, p in given], *extra),
+                       files=tuple(given), carve_validation=carve)
+  return TsvPairs(config=cfg, data_dir=data_dir)
+
+
+def _cmudict_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
+  """cmudict_g2p, or the split given in data.*_file (read as tsv_pairs)."""
+  if any(getattr(d, k) for k in _FILE_KEYS.values()):
+    return _tsv_pairs_builder(d, data_dir)
+  return cmudict.CmudictG2p(config=d.dataset.partition("/")[2] or None, data_dir=data_dir)
+
+
+def _text_files_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
   if not d.text_file:
     raise ValueError("data.dataset='text_files' needs data.text_file (a path or a glob)")
   files = tuple(sorted(glob.glob(os.path.expanduser(d.text_file))))
@@ -335,6 +316,14 @@ def _local_builder(d: Any, data_dir: str) -> tfds.core.DatasetBuilder:
       name=_files_fingerprint(files, d.text_split, d.train_fraction), files=files,
       text_split=d.text_split, train_fraction=d.train_fraction)
   return TextFiles(config=cfg, data_dir=data_dir)
+
+
+# The local builders by name (data.dataset, before any "/config"): data config -> builder.
+LOCAL_BUILDERS: dict[str, Callable[[Any, str], tfds.core.DatasetBuilder]] = {
+    "cmudict_g2p": _cmudict_builder,
+    "text_files": _text_files_builder,
+    "tsv_pairs": _tsv_pairs_builder,
+}
 
 
 def check_regular_file(path: str, key: str) -> None:
@@ -375,10 +364,11 @@ def _catalog_source(name: str, split: str, data_dir: str) -> Sequence[Any]:
 
 def open_dataset(d: Any) -> Dataset:
   """Resolves data config `d` (cfg.data) to a Dataset, preparing local builders on first use."""
-  data_dir = os.path.expanduser(d.data_dir) if d.data_dir else default_data_dir()
+  data_dir = os.path.expanduser(d.data_dir) if d.data_dir else (
+      os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets"))
   base = d.dataset.split("/")[0]
   if base in LOCAL_BUILDERS:
-    builder = _local_builder(d, data_dir)
+    builder = LOCAL_BUILDERS[base](d, data_dir)
     _prepare(builder)
     open_split = builder.as_data_source
     splits = tuple(builder.info.splits.keys())

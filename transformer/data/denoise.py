@@ -1,19 +1,13 @@
-"""The self-supervised objectives wired into the pipeline: per-example transforms of `Examples`.
+"""The self-supervised objectives as pipeline transforms: per-example maps of `Examples`.
 
-A transform turns the raw ids of the examples a batch takes (feature `inputs`) into the features
-the model trains on, one example at a time with `numpy.random.default_rng([seed, SALT, epoch,
-index])`: the randomness is a pure function of the data seed, the epoch and the example's index,
-so a resumed (or re-sharded) iterator masks exactly as an uninterrupted one, and every epoch
-masks an example afresh (RoBERTa's dynamic masking). Evaluation uses the fixed EVAL_EPOCH, so
-every evaluation of a split scores the same masked positions.
-
-  MaskedLM        BERT (objectives.bert_mask): `inputs` = the corrupted ids, `targets` = the
-                  original id on the selected positions and 0 (padding, weight 0) elsewhere, so
-                  the loss counts exactly the selected positions. Only ordinary ids are ever
-                  selected: BOS/EOS and other special ids stay as they are.
-  SpanCorruption  T5 (objectives.span_corrupt): `inputs` with sentinels, `targets` the spans.
-Both know their output lengths in advance (masking keeps the length; span corruption's lengths
-depend only on the example's length), which is what packing needs before drawing anything.
+A transform turns the raw ids (feature `inputs`) of the examples a batch takes into the features
+the model trains on, drawing with `example_rng(seed, epoch, index)`: a resumed or re-sharded
+iterator masks as an uninterrupted one, every epoch masks an example afresh (RoBERTa's dynamic
+masking), and evaluation (pipeline.EVAL_EPOCH) always scores the same draw. Both transforms know
+their output lengths before drawing (`lengths`), which packing needs.
+  MaskedLM        BERT: `inputs` corrupted, `targets` the original id on the selected positions
+                  and 0 (weight 0) elsewhere; special ids (BOS, EOS, ...) are never selected.
+  SpanCorruption  T5: `inputs` with sentinels, `targets` the spans.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ import json
 import numpy as np
 
 from transformer.data import objectives
-from transformer.data.pipeline import EVAL_EPOCH, Examples  # pylint: disable=unused-import
+from transformer.data.pipeline import Examples
 from transformer.data.tokenizers import NUM_SPECIAL
 
 SALT = 0x6D61736B  # keeps the objective's streams apart from the shuffling's
@@ -34,14 +28,9 @@ def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
   return np.random.default_rng([seed, SALT, int(epoch), int(index)])
 
 
-def _ids(ex: Examples, i: int) -> np.ndarray:
-  start, length = ex.starts["inputs"][i], ex.lengths["inputs"][i]
-  return ex.tokens["inputs"][start:start + length]
-
-
 def word_starts_fn(tokenizer):
-  """ids [n] -> bool [n], True where a word begins, for whole-word masking; raises ValueError
-  naming the tokenizer when its units do not say where words begin."""
+  """ids [n] -> bool [n], True where a word begins (whole-word masking); ValueError for a
+  tokenizer whose units do not say where words begin."""
   kind = getattr(tokenizer, "kind", "")
   if kind in ("char", "byte"):
     space = np.zeros(tokenizer.vocab_size, bool)
@@ -70,8 +59,23 @@ def word_starts_fn(tokenizer):
                    f"{' (' + repr(model.get('type')) + ')' if model else ''}")
 
 
-class MaskedLM:
-  """BERT's masked LM over the ordinary ids of each example (see the module docstring)."""
+class _Transform:
+  """Maps examples `idx` (each drawn for its epoch) to their `inputs` and `targets`."""
+
+  seed: int
+
+  def apply(self, ids: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    raise NotImplementedError
+
+  def __call__(self, ex: Examples, idx: np.ndarray, epochs: np.ndarray) -> Examples:
+    starts, lengths = ex.starts["inputs"], ex.lengths["inputs"]
+    pairs = [self.apply(ex.tokens["inputs"][starts[i]:starts[i] + lengths[i]],
+                        example_rng(self.seed, e, i)) for i, e in zip(idx, epochs)]
+    return Examples.from_lists({"inputs": [p[0] for p in pairs], "targets": [p[1] for p in pairs]})
+
+
+class MaskedLM(_Transform):
+  """BERT's masked LM over the ordinary ids of each example."""
 
   def __init__(self, extra: objectives.ExtraIds, seed: int, rate: float = 0.15,
                word_starts=None):
@@ -93,10 +97,6 @@ class MaskedLM:
       targets[ordinary] = np.where(weights > 0, original, 0)
     return inputs, targets
 
-  def __call__(self, ex: Examples, idx: np.ndarray, epochs: np.ndarray) -> Examples:
-    pairs = [self.apply(_ids(ex, i), example_rng(self.seed, e, i)) for i, e in zip(idx, epochs)]
-    return Examples.from_lists({"inputs": [p[0] for p in pairs], "targets": [p[1] for p in pairs]})
-
 
 def span_lengths(n: np.ndarray, noise_density: float, mean_span_length: float
                  ) -> tuple[np.ndarray, np.ndarray]:
@@ -109,7 +109,7 @@ def span_lengths(n: np.ndarray, noise_density: float, mean_span_length: float
   return n - noise + spans + 1, noise + spans + 1
 
 
-class SpanCorruption:
+class SpanCorruption(_Transform):
   """T5's span corruption of each example's ids (examples need at least 2 ids)."""
 
   def __init__(self, extra: objectives.ExtraIds, seed: int, noise_density: float = 0.15,
@@ -122,9 +122,6 @@ class SpanCorruption:
                                    self.mean_span_length)
     return {"inputs": inputs, "targets": targets}
 
-  def __call__(self, ex: Examples, idx: np.ndarray, epochs: np.ndarray) -> Examples:
-    pairs = [objectives.span_corrupt(_ids(ex, i), self.extra, example_rng(self.seed, e, i),
-                                     noise_density=self.noise_density,
-                                     mean_span_length=self.mean_span_length)
-             for i, e in zip(idx, epochs)]
-    return Examples.from_lists({"inputs": [p[0] for p in pairs], "targets": [p[1] for p in pairs]})
+  def apply(self, ids: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    return objectives.span_corrupt(ids, self.extra, rng, noise_density=self.noise_density,
+                                   mean_span_length=self.mean_span_length)

@@ -1,9 +1,6 @@
-"""The one check of a text given to a trained run to decode: predict's and `Run.generate_text`'s.
-
-`check_input` says why an input cannot be decoded (empty, not UTF-8, characters outside the model's
-vocabulary, longer than the model was trained on) or gives the text to decode (lower-cased when
-that makes every character known). `input_error` is the one line both report. No JAX here, so
-that `python -m transformer.infer.predict --help` stays fast.
+"""The one check of a text given to a trained run to decode (predict's and `Run.generate_text`'s):
+`check_input` says why an input cannot be decoded or gives the text to decode (lower-cased when
+that makes every character known); `input_error` is the one line both report. No JAX here.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ def _unknown_units(tokenizer: Any, text: str) -> list[str]:
 
 
 def shown(text: str, limit: int = 40) -> str:
-  """An input as an error message shows it: its repr, cut to `limit` characters."""
+  """An input as error messages show it: its repr, cut to `limit` characters."""
   text = text.strip()
   return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
@@ -73,15 +70,13 @@ def input_error(n: int, text: str, error: str) -> str:
 
 def decode_length(run: Any, max_decode_len: int | None) -> int:
   """The decoding length an input must leave room for: `max_decode_len`, else the run's
-  eval.decode.max_decode_len, else data.max_target_len (0 for a language model: its continuation
-  gets what fits after the prompt)."""
+  eval.decode.max_decode_len, else data.max_target_len (0 for a language model)."""
   return max_decode_len or run.config.eval.decode.max_decode_len or (
       0 if run.kind == "lm" else run.config.data.max_target_len)
 
 
 def checked_texts(run: Any, texts: Sequence[str], max_decode_len: int | None) -> list[str]:
-  """The texts to decode, each as check_input gives it; ValueError (input_error's line) for the
-  first that cannot be decoded."""
+  """The texts to decode, as check_input gives them; ValueError (input_error) on the first bad one."""
   out = []
   for n, text in enumerate(texts, start=1):
     error, cleaned = check_input(run, text, decode_length(run, max_decode_len))

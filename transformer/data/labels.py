@@ -1,14 +1,10 @@
 """Examples of the encoder-only tasks and of the self-supervised objectives, and CMUdict labels.
 
-Encoder-only rows are BERT's: BOS (the [CLS] that first-token pooling reads) + the text's ids +
-EOS (the [SEP]); BOS and EOS are special ids, which masking never selects.
-  classify  `inputs` = the row, `targets` = one label id per example (a packed row's i-th target
-            slot is its i-th example: segment id i + 1, see transformer/model/heads.py)
-  tag       `inputs` = the row, `targets` = 0 (unscored) under BOS and EOS, one tag per token
-  objectives (mlm, span): `inputs` = raw ids of each text (data/denoise.py transforms them)
-`data.label` turns CMUdict phone strings (config `stress`) into class labels per word, from its
-first pronunciation (CMU's order): `primary_stress` is the 1-based syllable (vowel) with stress 1
-(0: no primary stress), `syllables` the number of vowels.
+Encoder-only rows are BERT's: BOS (the [CLS] that pooling reads) + the text's ids + EOS ([SEP]).
+  classify  `targets` = one label id per example (a packed row's i-th target slot is its i-th
+            example: see transformer/model/heads.py)
+  tag       `targets` = one tag per token, 0 (unscored) under BOS and EOS
+  objectives (mlm, span): `inputs` = raw ids of each text (denoise.py transforms them)
 """
 
 from __future__ import annotations
@@ -24,7 +20,8 @@ LABELS = ("none", "primary_stress", "syllables")
 
 
 def label_of(phones: str, label: str) -> str:
-  """The class label of a CMUdict pronunciation with stress digits ('HH AH0 L OW1' -> '2')."""
+  """The class label of a CMUdict pronunciation with stress digits ('HH AH0 L OW1' -> '2'):
+  `primary_stress` is the 1-based vowel with stress 1 (0: none), `syllables` the vowel count."""
   vowels = [p for p in phones.split() if p[-1:].isdigit()]
   if label == "syllables":
     return str(len(vowels))
@@ -34,8 +31,8 @@ def label_of(phones: str, label: str) -> str:
 
 
 def word_labels(records: Sequence[tuple[str, str]], label: str) -> list[tuple[str, str]]:
-  """(word, label) per distinct word, from its first pronunciation (a word without vowels, e.g.
-  'fs' -> 'F S', is label 0); records without any stress digit are a ValueError (no_stress data)."""
+  """(word, label) per distinct word, from its first pronunciation (CMU's order); records without
+  any stress digit (no_stress data) are a ValueError."""
   out, seen = [], set()
   for word, phones in records:
     if word not in seen:
@@ -97,9 +94,8 @@ def tag_examples(pairs: Sequence[tuple[str, str]], source_tok, tag_tok, max_len:
 
 def objective_examples(texts: Sequence[str], tok, row_len: int, stream: bool, wrap: bool,
                        too_long: str) -> tuple[Examples, dict[str, int]]:
-  """Raw `inputs` ids for an objective: a language-modelling text cut into rows of row_len
-  (`stream`), else one example per text (BOS + ids + EOS when `wrap`, as encoder rows are);
-  examples of fewer than 2 ids are left out (span corruption needs 2)."""
+  """Raw `inputs` ids for an objective: LM text cut into rows of row_len (`stream`), else one
+  example per text (an encoder row when `wrap`); fewer than 2 ids are left out (span needs 2)."""
   if stream:
     ex = encode_stream(texts, tok, row_len)
     rows = [ex.tokens["targets"][s:s + n] for s, n in zip(ex.starts["targets"],
@@ -120,8 +116,5 @@ def subset(ex: Examples, fraction: float, seed: int = 0) -> Examples:
   smaller fractions are subsets of larger ones."""
   if fraction >= 1.0:
     return ex
-  n = len(ex)
-  keep = np.sort(np.random.default_rng(seed).permutation(n)[:max(1, round(n * fraction))])
-  return Examples(ex.tokens, {k: v[keep] for k, v in ex.starts.items()},
-                  {k: v[keep] for k, v in ex.lengths.items()},
-                  None if ex.prefix_len is None else ex.prefix_len[keep])
+  keep = np.random.default_rng(seed).permutation(len(ex))[:max(1, round(len(ex) * fraction))]
+  return ex.select(np.sort(keep))

@@ -1,13 +1,9 @@
-"""Self-supervised objectives on token ids: BERT's masked LM and T5's span corruption.
+"""Self-supervised objectives on one example's ids: BERT's masked LM and T5's span corruption.
 
-Both are pure NumPy functions of one example's ids and a `numpy.random.Generator`, so a pipeline
-can apply them per example with a seed derived from (epoch, example index) and resume exactly.
-
-Extra ids: the objectives need ids the tokenizers do not have (BERT's [MASK], T5's sentinels).
-They are appended after the tokenizer's vocabulary, `ExtraIds(vocab_size)`: [MASK] is
-`vocab_size`, sentinel i is `vocab_size + 1 + i`, and the model's vocabulary grows by
-`1 + num_sentinels`. T5 numbers its sentinels down from the top of its vocabulary; counting up
-from a fixed base is the same idea and keeps the tokenizer's own ids untouched.
+Pure NumPy functions of the ids and a `numpy.random.Generator` (denoise.py seeds one per example
+and epoch). Their extra ids come after the tokenizer's vocabulary (`ExtraIds`): [MASK] is
+`vocab_size`, sentinel i is `vocab_size + 1 + i` (T5 counts down from its top; counting up from a
+fixed base keeps the tokenizer's own ids untouched).
 """
 
 from __future__ import annotations
@@ -41,18 +37,11 @@ class ExtraIds:
     return self.vocab_size + 1 + self.num_sentinels
 
 
-# ----------------------------------------------------------------------------------------------
-# BERT: select 15% of the tokens, replace 80% of those by [MASK], 10% by a random token, keep 10%.
-
-
 def _select_for_masking(n: int, rate: float, rng: np.random.Generator,
                         word_starts: np.ndarray | None) -> np.ndarray:
-  """Boolean [n]: the positions to predict, round(n * rate) of them (at least one).
-
-  With `word_starts` (True where a word begins) whole words are selected: words are visited in a
-  random order and taken while the total stays within the budget, as BERT's whole-word masking
-  does, so a word is never split between masked and unmasked.
-  """
+  """Boolean [n]: the positions to predict, round(n * rate) of them (at least one). With
+  `word_starts` (True where a word begins), whole words in a random order while they fit the
+  budget, as BERT's whole-word masking."""
   budget = max(1, int(round(n * rate)))
   selected = np.zeros(n, bool)
   if word_starts is None:
@@ -80,13 +69,9 @@ def _select_for_masking(n: int, rate: float, rng: np.random.Generator,
 def bert_mask(ids: np.ndarray, extra: ExtraIds, rng: np.random.Generator, *, rate: float = 0.15,
               mask_fraction: float = 0.8, random_fraction: float = 0.1,
               word_starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """One example's ids [n] -> (inputs [n], targets [n], weights [n] float32).
-
-  `targets` are the original ids; `weights` is 1 exactly on the selected positions, so a loss
-  weighted by it counts only those. Of the selected positions, `mask_fraction` become [MASK],
-  `random_fraction` a random ordinary token (never a special id, [MASK] or a sentinel) and the
-  rest keep their id; the split is drawn per position, as in BERT.
-  """
+  """One example's ids [n] -> (inputs [n], targets [n] = ids, weights [n] float32: 1 on the
+  selected positions). Of those, `mask_fraction` become [MASK], `random_fraction` a random
+  ordinary token, the rest keep their id, drawn per position as in BERT."""
   ids = np.asarray(ids, np.int32)
   n = ids.shape[0]
   if n == 0:
@@ -101,11 +86,6 @@ def bert_mask(ids: np.ndarray, extra: ExtraIds, rng: np.random.Generator, *, rat
   return inputs, ids.copy(), selected.astype(np.float32)
 
 
-# ----------------------------------------------------------------------------------------------
-# T5: replace random spans (noise density 0.15, mean length 3) by sentinels; the target lists
-# each sentinel followed by the span it replaced.
-
-
 def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
   """A uniformly random split of `num_items` into `num_segments` non-empty lengths (in order)."""
   cuts = np.sort(rng.choice(np.arange(1, num_items), num_segments - 1, replace=False))
@@ -114,12 +94,8 @@ def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Gener
 
 def noise_span_mask(n: int, rng: np.random.Generator, *, noise_density: float = 0.15,
                     mean_span_length: float = 3.0) -> np.ndarray:
-  """Boolean [n], True on the corrupted tokens: T5's `random_spans_noise_mask`.
-
-  round(n * noise_density) noise tokens (at least 1, at most n - 1) in round(noise /
-  mean_span_length) spans (at least 1); noise and non-noise span lengths are random
-  segmentations, interleaved starting with non-noise, so no sequence starts with a sentinel.
-  """
+  """Boolean [n], True on the corrupted tokens: T5's `random_spans_noise_mask` (noise and kept
+  spans interleaved, kept first, so no sequence starts with a sentinel)."""
   if n < 2:
     raise ValueError(f"span corruption needs at least 2 tokens, got {n}")
   num_noise = min(max(int(round(n * noise_density)), 1), n - 1)
@@ -135,12 +111,8 @@ def noise_span_mask(n: int, rng: np.random.Generator, *, noise_density: float = 
 def span_corrupt(ids: np.ndarray, extra: ExtraIds, rng: np.random.Generator, *,
                  noise_density: float = 0.15, mean_span_length: float = 3.0,
                  append_eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
-  """One example's ids [n] -> (inputs, targets) of T5's span corruption.
-
-  "a b c d e f" with spans {b c} and {e} -> inputs "a <s0> d <s1> f", targets "<s0> b c <s1> e",
-  each followed by EOS when `append_eos`. Every original token appears exactly once, either in
-  the inputs or in the targets.
-  """
+  """One example's ids [n] -> (inputs, targets) of T5's span corruption: "a b c d e f" with spans
+  {b c} and {e} -> "a <s0> d <s1> f", "<s0> b c <s1> e", each + EOS when `append_eos`."""
   ids = np.asarray(ids, np.int32)
   noise = noise_span_mask(ids.shape[0], rng, noise_density=noise_density,
                           mean_span_length=mean_span_length)

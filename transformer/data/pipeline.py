@@ -1,29 +1,17 @@
-"""Grain pipelines: tokenized examples -> shuffled stream -> packed / bucketed / padded batches.
+"""Grain pipelines: tokenized `Examples` -> this host's stream (stream.py) -> fixed-shape batches.
 
-Examples are tokenized once into flat numpy arrays (`Examples`); a batch is assembled by one
-vectorized scatter, so the input pipeline stays far faster than a training step.
-The training stream (stream.py) is an endless sequence of example indices: per epoch a fresh seeded
-permutation of the split, of which host h of H reads every H-th example. `BatchDataset` is a Grain
-`IterDataset` whose iterator state is the stream position (plus, for bucketing, the batch index
-within the current window, and for packing the positions set aside), so
-`grain.checkpoint.CheckpointSave/CheckpointRestore` and `get_state/set_state` resume exactly, and
-`set_state_from_hosts` resumes the states of a run with another number of hosts (elastic resume:
-within every epoch each example is still consumed exactly once, see stream.py).
-
-Batching modes (rows per batch are always the per-host row count, shapes fixed per mode/bucket):
-  pack    first-fit of consecutive stream examples into the rows; an example that fits no row is
-          set aside and goes first into the next batch (at most rows // 4 per batch, then the
-          batch is emitted); segment ids 1, 2, ... per row, positions restart at 0.
-  bucket  windows of BUCKET_WINDOW batches' worth of examples are sorted by length bucket and cut
-          into batches of one example per row, padded to the bucket's length; batch order shuffled.
+A batch is one vectorized scatter (`assemble`). The iterator state of `BatchDataset` is the stream
+position plus the batch index within a bucket window and the positions packing set aside, so
+get_state/set_state resume exactly and `set_state_from_hosts` resumes another host count.
+Modes (rows: this host's rows per batch; shapes fixed per mode and bucket):
+  pack    first-fit of consecutive examples into the rows; one that fits no row is set aside for
+          the next batch (at most rows // 4 per batch); segment ids 1, 2, ... per row.
+  bucket  BUCKET_WINDOW batches' worth of examples sorted by length bucket, one per row, padded to
+          the bucket's length; batch order shuffled.
   pad     one example per row, padded to the maximum lengths.
-Features (int32 unless noted): `inputs`, `targets`, `*_segment_ids`, `*_positions`, `weights`
-(float32) and, for decoder-only models on seq2seq tasks, `prefix_mask` (1 on the prompt: source +
-separator; exactly the real tokens of weight 0, see `transformer.model.models.decoder_prefix`).
-
-A `transform` (data/denoise.py: masked LM, span corruption) turns the examples a batch takes into
-the features it holds, given each example's (index, epoch); its `lengths(examples)` are the output
-lengths that packing and bucketing plan with.
+Features: `inputs`, `targets`, `*_segment_ids`, `*_positions`, `weights` (float32) and, for
+decoder-only seq2seq, `prefix_mask` (1 on the prompt, which has weight 0). A `transform`
+(denoise.py) maps the examples a batch takes to its features given their (index, epoch).
 """
 
 from __future__ import annotations
@@ -68,12 +56,15 @@ class Examples:
   def __len__(self) -> int:
     return len(next(iter(self.lengths.values())))
 
-  def shard(self, index: int, count: int) -> Examples:
-    """Examples index, index + count, ... (this host's share)."""
-    keep = np.arange(index, len(self), count)
+  def select(self, keep: np.ndarray) -> Examples:
+    """The examples `keep` (indices), in that order."""
     return Examples(self.tokens, {k: v[keep] for k, v in self.starts.items()},
                     {k: v[keep] for k, v in self.lengths.items()},
                     None if self.prefix_len is None else self.prefix_len[keep])
+
+  def shard(self, index: int, count: int) -> Examples:
+    """Examples index, index + count, ... (this host's share)."""
+    return self.select(np.arange(index, len(self), count))
 
 
 def fit_length(ids: list[int], max_len: int, too_long: str) -> list[int] | None:
@@ -88,13 +79,11 @@ def fit_length(ids: list[int], max_len: int, too_long: str) -> list[int] | None:
 def encode_pairs(pairs: Sequence[tuple[str, str]], source_tok, target_tok, max_source_len: int,
                  max_target_len: int, too_long: str, decoder_only: bool
                  ) -> tuple[Examples, dict[str, int]]:
-  """Tokenizes (source, target) pairs; returns Examples and counts of dropped/truncated pairs.
+  """Tokenizes (source, target) pairs -> (Examples, counts of kept/dropped/truncated pairs).
 
-  Encoder-decoder: `inputs` = source + EOS, `targets` = target + EOS (no BOS: the model shifts
-  targets right itself). Decoder-only: `targets` = prompt + target + EOS, where the prompt is
-  source + EOS (the separator, exactly what decoding is given), with `prefix_len` = len(prompt):
-  the pipeline sets `prefix_mask` 1 and `weights` 0 on the prompt, so the prefix and the
-  unscored positions are one set (the separator is in the prefix: see models.decoder_prefix).
+  Encoder-decoder: `inputs` = source + EOS, `targets` = target + EOS (the model shifts targets
+  right itself). Decoder-only: `targets` = prompt + target + EOS with the prompt (source + EOS,
+  what decoding is given) as the prefix (prefix_lm_examples).
   """
   inputs, targets = [], []
   dropped = truncated = 0
@@ -115,11 +104,8 @@ def encode_pairs(pairs: Sequence[tuple[str, str]], source_tok, target_tok, max_s
 
 def prefix_lm_examples(prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
                        ) -> Examples:
-  """Decoder-only rows prompt + continuation whose prefix is exactly the prompt (source + EOS).
-
-  The one rule of the prefix in target space: `assemble` sets prefix_mask 1 and weight 0 on the
-  prompt, weight 1 on the continuation (why the separator is in it: models.decoder_prefix).
-  """
+  """Decoder-only rows prompt + continuation: `assemble` sets prefix_mask 1 and weight 0 on the
+  prompt, weight 1 on the continuation (why the separator is in it: models.decoder_prefix)."""
   rows = [list(p) + list(c) for p, c in zip(prompts, continuations, strict=True)]
   return Examples.from_lists({"targets": rows}, [len(p) for p in prompts])
 
@@ -168,27 +154,21 @@ def one_per_row(ex: Examples, idx: np.ndarray, row_len: dict[str, int], rows: in
                   row_len, rows)
 
 
-def _as_lists(lens: np.ndarray, chunk: int):
-  """The rows of lens [m, F] as Python lists, converted a chunk at a time (a batch reads few)."""
-  for start in range(0, len(lens), chunk):
-    yield from lens[start:start + chunk].tolist()
-
-
 def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
   """First-fit of examples with lengths lens [m, F] into `rows` rows of capacity caps [F].
 
-  An example that fits no row is skipped (set aside for the next batch); filling stops after
-  `max_skipped` such examples or when the candidates run out. Returns (candidates examined,
-  placed candidate indices [k], row [k], offsets [k, F], segment ids [k], skipped indices).
-  The loop only chooses rows; offsets and segment ids follow from the choices afterwards (an
-  example's offset is the length already placed in its row, its segment id its rank there).
+  An example that fits no row is skipped; filling stops after `max_skipped` of them or when the
+  candidates run out. Returns (candidates examined, placed candidate indices [k], row [k],
+  offsets [k, F], segment ids [k], skipped indices). The loop only chooses rows; offsets and
+  segment ids (rank within the row) follow from the choices afterwards.
   """
   num_features = len(caps)
   free = [np.full(rows, c, np.int64) for c in caps]  # per feature [rows]; 1-D ufuncs are fastest
   fits, tmp = np.empty(rows, bool), np.empty(rows, bool)
   placed, placed_row, skipped = [], [], []
-  i = 0
-  for i, ls in enumerate(_as_lists(lens, chunk=4 * rows)):  # a batch examines ~4 per row
+  i, chunk = 0, 4 * rows  # rows of lens as lists, a chunk at a time: a batch examines ~4 per row
+  as_lists = (ls for s in range(0, len(lens), chunk) for ls in lens[s:s + chunk].tolist())
+  for i, ls in enumerate(as_lists):
     np.greater_equal(free[0], ls[0], out=fits)
     for j in range(1, num_features):
       np.logical_and(fits, np.greater_equal(free[j], ls[j], out=tmp), out=fits)
@@ -216,11 +196,7 @@ def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
 
 
 class BatchDataset(grain.IterDataset):
-  """Endless training batches over `Examples` (a Grain IterDataset; checkpointable iterator).
-
-  `rows` is this host's share of the global batch; host `host` of `hosts` reads every hosts-th
-  example of each epoch's global order (stream.py).
-  """
+  """Endless training batches of host `host` of `hosts` (`rows` per batch) over `Examples`."""
 
   def __init__(self, examples: Examples, *, rows: int, row_len: dict[str, int], mode: str,
                seed: int, host: int = 0, hosts: int = 1, transform: Any = None):
@@ -256,7 +232,6 @@ class BatchIterator(grain.DatasetIterator):
     self._stream = Stream(len(ds.examples), ds.seed, ds.host, ds.hosts)
     self._pos, self._emitted, self._window, self._deferred = 0, 0, None, []
     self._last = np.zeros(0, np.int64)  # stream positions of the last batch's examples
-    self.stats = {"batches": 0, **{f"{n}_non_padding": 0.0 for n in self._names}}
 
   def _lens(self, idx: np.ndarray) -> np.ndarray:
     return np.stack([self._ds.lengths[n][idx] for n in self._names], axis=1)  # [m, F]
@@ -283,7 +258,6 @@ class BatchIterator(grain.DatasetIterator):
     idx = self._stream.ids(positions)
     seen, placed, row, off, seg, skipped = first_fit(self._lens(idx), rows, self._caps,
                                                      max_skipped=max(1, rows // PACK_SKIP_DIVISOR))
-    # deferred examples come first, then the stream
     self._pos += max(0, seen - len(self._deferred))
     self._deferred = [int(positions[j]) for j in skipped]
     self._last = positions[placed]
@@ -325,9 +299,6 @@ class BatchIterator(grain.DatasetIterator):
       if self._emitted == len(self._window):
         self._pos += ds.rows * BUCKET_WINDOW
         self._emitted, self._window = 0, None
-    self.stats["batches"] += 1
-    for n in self._names:
-      self.stats[f"{n}_non_padding"] += float((batch[n] != 0).mean())
     return batch
 
   def last_batch_examples(self) -> tuple[np.ndarray, np.ndarray]:
@@ -361,11 +332,8 @@ class BatchIterator(grain.DatasetIterator):
                       "per epoch: the rest of this epoch may repeat or skip examples.", ds.hosts)
 
   def set_state_from_hosts(self, states: Sequence[dict[str, Any]]) -> None:
-    """Resumes this host from the states of all hosts of a run with another host count.
-
-    The examples the old hosts had not consumed in their current epochs are split over the new
-    hosts (stream.py); batching restarts from there (no bucket window or set-aside examples).
-    """
+    """Resumes this host from the states of all hosts of a run with another host count: what
+    they had not consumed of their epochs is split over the new hosts (stream.py)."""
     ds, count = self._ds, len(states)
     old = []
     for h, state in enumerate(states):
@@ -388,11 +356,6 @@ class BatchIterator(grain.DatasetIterator):
       return self._pos, pending[0]
     pending += [positions for positions, _ in self._window[self._emitted:]]
     return self._pos + self._ds.rows * BUCKET_WINDOW, np.concatenate(pending)
-
-  def non_padding_fraction(self) -> dict[str, float]:
-    """Mean fraction of real tokens per feature over the batches yielded so far."""
-    b = max(self.stats["batches"], 1)
-    return {n: self.stats[f"{n}_non_padding"] / b for n in self._names}
 
 
 def eval_batches(examples: Examples, rows: int, row_len: dict[str, int], num_batches: int,

@@ -1,16 +1,11 @@
 """The training example stream of one host, and how it is re-split when the host count changes.
 
-Epoch e has one global order: `perm_e`, a seeded permutation of the split's n examples (the same
-on every host). Host h of H reads every H-th example of it, `perm_e[h::H]`, so the hosts' shares of
-an epoch are disjoint and together are the split; with one host the stream is `perm_0, perm_1, ...`
-(what a single process has always read). A host's stream is its epochs back to back, and a stream
-position is an index into it.
-
-After a change in the number of hosts (an elastic resume), the new hosts start at the oldest epoch
-that some old host had not finished ("base epoch"); for that epoch and the later ones an old host
-had started, a `skip` mask marks the examples some old host had consumed, and the epoch's order is
-`perm_e` without them, split over the new hosts as before. Later epochs are plain again. So within
-every epoch each example is consumed exactly once across all hosts, whatever the host counts were.
+Epoch e has one global order, `perm_e`, a seeded permutation of the split's n examples; host h of
+H reads `perm_e[h::H]`. A host's stream is its epochs back to back; a position indexes into it.
+After a change in host count (elastic resume) the new hosts start at the oldest epoch some old host
+had not finished (`base_epoch`); for it and later epochs an old host had started, `skip` marks the
+examples already consumed, and the rest of `perm_e` is split over the new hosts. So within every
+epoch each example is consumed exactly once, whatever the host counts were.
 """
 
 from __future__ import annotations
@@ -110,11 +105,8 @@ class Stream:
 
 def remaining_plan(streams: Sequence[Stream], ends: Sequence[int],
                    pending: Sequence[np.ndarray]) -> tuple[int, dict[int, np.ndarray]]:
-  """The plan (base_epoch, skip) for new hosts taking over from the hosts of `streams`.
-
-  Old host h consumed its stream positions before `ends[h]` except those in `pending[h]` (read
-  but not yet in an emitted batch). Raises ValueError if the streams are not one run's hosts.
-  """
+  """The plan (base_epoch, skip) for new hosts taking over from the hosts of `streams`: old host h
+  consumed its positions before `ends[h]` except `pending[h]` (read, not yet in a batch)."""
   first = streams[0]
   if any((s.n, s.seed, s.hosts, s.base_epoch) != (first.n, first.seed, len(streams),
                                                   first.base_epoch)

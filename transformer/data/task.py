@@ -39,8 +39,8 @@ def read_records(source: Sequence[Any], keys: Sequence[str], indices: Sequence[i
   return out
 
 
-def cache_digest_path(path: str) -> str:
-  """The digest file of a records cache: `.<name>.sha256` beside it (the sha256 of its bytes)."""
+def _digest_path(path: str) -> str:
+  """A records cache's digest file: `.<name>.sha256` beside it (the sha256 of its bytes)."""
   directory, name = os.path.split(path)
   return os.path.join(directory, f".{name}.sha256")
 
@@ -49,28 +49,19 @@ def write_cache(path: str, records: Sequence[tuple[str, ...]]) -> None:
   """Writes a records cache (JSON) and then its digest file beside it."""
   data = json.dumps(records, ensure_ascii=False).encode("utf-8")
   files.write_bytes_atomic(path, data)
-  files.write_text_atomic(cache_digest_path(path), hashlib.sha256(data).hexdigest())
+  files.write_text_atomic(_digest_path(path), hashlib.sha256(data).hexdigest())
 
 
 def read_cache(path: str) -> list[tuple[str, ...]] | None:
-  """The records of a cache file, or None (with one warning line) if its bytes do not match its
-  digest file (edited, truncated, or written without one): the caller reads the prepared
-  records again and rewrites the cache."""
+  """The records of a cache file, or None (with a warning) unless its bytes match its digest."""
   data = files.read_bytes(path)
-  digest = cache_digest_path(path)
+  digest = _digest_path(path)
   recorded = files.read_text(digest).strip() if files.exists(digest) else ""
   if hashlib.sha256(data).hexdigest() != recorded:
     logging.warning("%s differs from its digest %s: reading the prepared records again", path,
                     digest)
     return None
   return [tuple(r) for r in json.loads(data.decode("utf-8"))]
-
-
-def _tokenizer_name(d: Any, kind: str, key: str) -> str:
-  name = f"{key}-{kind}"
-  if kind == "sentencepiece":
-    name += f"-{d.spm_model_type}-{d.spm_vocab_size}"
-  return name
 
 
 def _get_tokenizer(d: Any, kind: str, key: str, root: str, workdir_dir: str | None,
@@ -84,7 +75,9 @@ def _get_tokenizer(d: Any, kind: str, key: str, root: str, workdir_dir: str | No
     if workdir_dir:
       tok.save(workdir_dir)
     return tok
-  data_copy = os.path.join(root, "tokenizers", _tokenizer_name(d, kind, key))
+  name = f"{key}-{kind}" + (f"-{d.spm_model_type}-{d.spm_vocab_size}"
+                            if kind == "sentencepiece" else "")
+  data_copy = os.path.join(root, "tokenizers", name)
   if files.exists(os.path.join(data_copy, "tokenizer.json")):
     tok = tokenizers.load(data_copy)
   else:
@@ -102,8 +95,7 @@ def _get_tokenizer(d: Any, kind: str, key: str, root: str, workdir_dir: str | No
 
 
 class Task:
-  """A dataset with its tokenizers and pipelines: the interface the training loop, evaluation and
-  the notebook API read (kind, tokenizers, train_iterator, eval_batches, eval_examples)."""
+  """A dataset with its tokenizers and pipelines, as training, evaluation and the API read it."""
 
   def __init__(self, cfg: Any, workdir: str | None = None, *, process_index: int | None = None,
                process_count: int | None = None):
@@ -189,22 +181,17 @@ class Task:
     """Whether the task's metrics come from decoding (seq2seq without an objective)."""
     return self.kind != "lm" and self.arch != "encoder_only" and self.transform is None
 
-  # ---------------------------------------------------------------- reading and tokenizing
-  def _keys(self) -> tuple[str, ...]:
-    ds = self.dataset
-    return (ds.target_key,) if self.kind == "lm" else (ds.source_key, ds.target_key)
-
   def _records(self, split: str) -> list[tuple[str, ...]]:
     """All records of `split` as text tuples: read once, kept, and cached as JSON next to the
-    prepared data (decoding array_record protos costs ~65 us a record)."""
+    prepared data (decoding array_record protos is slow)."""
     if self.dataset is None:
       raise ValueError(f"data.dataset is unset: this workdir holds a model without data (split "
                        f"{split!r}); a GPT-2 converts again with --text_file, any run fine-tunes "
                        f"with train.py --init_from and a dataset")
     if split not in self._cache:
-      source = self.dataset.source(split)
-      keys = self._keys()
-      path = os.path.join(self.dataset.root, "cache", f"{split}-{'+'.join(keys)}-{len(source)}.json")
+      source, ds = self.dataset.source(split), self.dataset
+      keys = (ds.target_key,) if self.kind == "lm" else (ds.source_key, ds.target_key)
+      path = os.path.join(ds.root, "cache", f"{split}-{'+'.join(keys)}-{len(source)}.json")
       cached = read_cache(path) if files.exists(path) else None
       if cached is not None:
         self._cache[split] = cached
@@ -264,7 +251,6 @@ class Task:
                                  d.max_source_len, d.max_target_len, too_long,
                                  self.arch == "decoder_only")
 
-  # ---------------------------------------------------------------- public API
   def train_iterator(self) -> pipeline.BatchIterator:
     """This host's endless, checkpointable iterator of training batches."""
     d = self.data_config
@@ -282,8 +268,6 @@ class Task:
           f"{d.train_split} is left ({counts['dropped']} dropped as too long, of "
           f"{counts['examples'] + counts['dropped']}); raise the lengths or use 'truncate'")
     mode = "pad" if self.kind == "lm" else d.batching  # lm rows are already full
-    # Every host holds the whole split and reads its share of each epoch's global order, so the
-    # iterator states of any host count map onto any other (elastic resume, data/stream.py).
     ds = pipeline.BatchDataset(ex, rows=d.batch_size // self.process_count,
                                row_len=self.row_len, mode=mode, seed=d.shuffle_seed,
                                host=self.process_index, hosts=self.process_count,
@@ -328,20 +312,16 @@ class Task:
 
 def load_task(cfg: Any, workdir: str | None = None, *, process_index: int | None = None,
               process_count: int | None = None) -> Task:
-  """Prepares the data of `cfg.data` (offline, first use) and returns its Task.
-
-  With a workdir, tokenizers are read from / written to workdir/tokenizers/{source,target}, so
-  evaluation and notebooks decode with exactly the training vocabulary. process_index/count
-  default to jax.process_index()/process_count().
-  """
+  """Prepares the data of `cfg.data` (offline, first use) and returns its Task. With a workdir,
+  tokenizers are read from / written to workdir/tokenizers/{source,target}, so evaluation decodes
+  with the training vocabulary. process_index/count default to JAX's."""
   return Task(cfg, workdir, process_index=process_index, process_count=process_count)
 
 
 def copy_tokenizers(src_workdir: str, dst_workdir: str, only_source: bool = False,
                     also_target: bool = False) -> None:
-  """Copies a run's tokenizers to another workdir (e.g. fine-tuning from a run); `only_source`:
-  just the tokenizer its encoder read (a language-modelling run's only one), as `source`, and with
-  `also_target` as `target` too (an objective such as masked LM predicts the input's own ids)."""
+  """Copies a run's tokenizers to another workdir (fine-tuning from it); `only_source`: just the
+  one its encoder read, as `source` (and as `target` with `also_target`: masked LM predicts it)."""
   sides = files.listdir(os.path.join(src_workdir, "tokenizers"))
   if only_source:
     read = "source" if "source" in sides else "target"

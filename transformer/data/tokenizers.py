@@ -1,27 +1,19 @@
-"""Tokenizers behind one small interface: char, byte, symbol, SentencePiece (BPE / unigram) and a
-Hugging Face `tokenizer.json` (kind 'hf', read with the `tokenizers` library).
+"""Tokenizers behind one interface, in one table `TOKENIZERS` (data.tokenizer -> class): char,
+byte, symbol, SentencePiece (BPE / unigram) and a Hugging Face `tokenizer.json` ('hf').
 
-Every tokenizer uses the same special ids, so batches, losses and decoding never need to know
-which one is in use:
-
-  pad 0 (padding; also the decoder's start token, the model shifts targets right itself)
-  eos 1 (end of sequence)
-  bos 2 (beginning of sequence; reserved, the pipelines never emit it for the decoder)
-  unk 3 (unknown character / symbol / piece)
-
-Ordinary tokens start at id 4 (`NUM_SPECIAL`). `encode` never adds specials; the pipeline appends
-EOS where the task needs it. Unknown input maps to `unk_id` and is counted in `num_unknown`.
-A tokenizer is saved as a directory holding `tokenizer.json` (plus `spm.model` for SentencePiece,
-`hf_tokenizer.json` for a Hugging Face tokenizer); `load(dir)` gives back exactly the same
-vocabulary. A Hugging Face tokenizer's id i is our id i + `offset` (`data.hf_id_offset`):
-NUM_SPECIAL by default (GPT-2: our specials come first), or 0 for a tokenizer whose own ids 0 and
-1 are pad and end-of-sequence, as ours are (T5); transformer/convert/ maps model weights the same
-way.
+All share the special ids pad 0 (also the decoder's start token), eos 1, bos 2 (reserved: the
+pipelines never emit it for the decoder) and unk 3; ordinary tokens start at NUM_SPECIAL = 4.
+`encode` adds no specials and counts unknown input in `num_unknown`. A tokenizer is saved as a
+directory holding `tokenizer.json` (plus `spm.model` or `hf_tokenizer.json`); `load(dir)` gives
+back the same vocabulary. A Hugging Face tokenizer's id i is our id i + `offset`
+(`data.hf_id_offset`): NUM_SPECIAL (GPT-2: our specials first), or 0 for a tokenizer whose ids 0
+and 1 are pad and end-of-sequence as ours are (T5); transformer/convert/ maps weights the same way.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -31,11 +23,9 @@ from transformer import files
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 NUM_SPECIAL = 4
-_SPECIAL_STRINGS = ("<pad>", "</s>", "<s>", "<unk>")
 _JSON = "tokenizer.json"
 _SPM_FILE = "spm.model"
 HF_FILE = "hf_tokenizer.json"  # a Hugging Face tokenizer.json, renamed: ours is tokenizer.json
-KINDS = ("char", "byte", "symbol", "sentencepiece", "hf")
 
 
 class Tokenizer:
@@ -43,14 +33,10 @@ class Tokenizer:
 
   kind = ""
   pad_id, eos_id, bos_id, unk_id = PAD_ID, EOS_ID, BOS_ID, UNK_ID
+  vocab_size: int  # number of ids, specials included
 
   def __init__(self):
     self.num_unknown = 0  # unknown characters / symbols / pieces seen by `encode`
-
-  @property
-  def vocab_size(self) -> int:
-    """Number of ids, specials included."""
-    raise NotImplementedError
 
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, without BOS/EOS."""
@@ -73,6 +59,21 @@ class Tokenizer:
   def _config(self) -> dict[str, Any]:
     raise NotImplementedError
 
+  @classmethod
+  def new(cls, texts: Iterable[str], **options: Any) -> Tokenizer:
+    """A new tokenizer whose vocabulary comes from `texts`; `options`: `build`'s keywords."""
+    raise NotImplementedError
+
+  @classmethod
+  def read(cls, spec: dict[str, Any], directory: str) -> Tokenizer:
+    """The tokenizer saved in `directory`, whose tokenizer.json holds `spec`."""
+    del directory  # the units are in `spec`
+    return cls(**{k: v for k, v in spec.items() if k != "type"})
+
+  def _key(self) -> Any:
+    """What equal tokenizers of one type share."""
+    return json.dumps(self._config(), sort_keys=True)
+
   def save(self, directory: str) -> None:
     """Writes the tokenizer to `directory` (created if missing)."""
     files.makedirs(directory)
@@ -80,10 +81,11 @@ class Tokenizer:
         {"type": self.kind, **self._config()}, ensure_ascii=False, indent=1))
 
   def __eq__(self, other: object) -> bool:
-    return type(self) is type(other) and self._config() == other._config()  # pytype: disable=attribute-error
+    same_type = type(self) is type(other)
+    return same_type and self._key() == other._key()  # pytype: disable=attribute-error
 
   def __hash__(self) -> int:
-    return hash((self.kind, json.dumps(self._config(), sort_keys=True)))
+    return hash((self.kind, self._key()))
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(vocab_size={self.vocab_size})"
@@ -98,23 +100,24 @@ class _VocabTokenizer(Tokenizer):
     self._ids = {u: i + NUM_SPECIAL for i, u in enumerate(self.units)}
     if len(self._ids) != len(self.units):
       raise ValueError(f"{self.kind} tokenizer: duplicate units in the vocabulary")
+    self.vocab_size = NUM_SPECIAL + len(self.units)
 
-  @property
-  def vocab_size(self) -> int:
-    return NUM_SPECIAL + len(self.units)
-
-  def _split(self, text: str) -> Sequence[str]:
+  @staticmethod
+  def _split(text: str) -> Sequence[str]:
     raise NotImplementedError
+
+  @classmethod
+  def new(cls, texts: Iterable[str], **options: Any) -> Tokenizer:
+    return cls(sorted(set().union(*map(cls._split, texts))))
 
   def encode(self, text: str) -> list[int]:
     ids = [self._ids.get(u, UNK_ID) for u in self._split(text)]
     self.num_unknown += ids.count(UNK_ID)
     return ids
 
-  def _unit(self, i: int) -> str:
-    if NUM_SPECIAL <= i < self.vocab_size:
-      return self.units[i - NUM_SPECIAL]
-    return _SPECIAL_STRINGS[UNK_ID]
+  def _decode_ids(self, ids: list[int]) -> str:
+    return self._separator.join(self.units[i - NUM_SPECIAL] if NUM_SPECIAL <= i < self.vocab_size
+                                else "<unk>" for i in ids)
 
   def _config(self) -> dict[str, Any]:
     return {"units": self.units}
@@ -123,35 +126,31 @@ class _VocabTokenizer(Tokenizer):
 class CharTokenizer(_VocabTokenizer):
   """One id per Unicode character of the training text."""
 
-  kind = "char"
+  kind, _separator = "char", ""
 
-  def _split(self, text: str) -> Sequence[str]:
+  @staticmethod
+  def _split(text: str) -> Sequence[str]:
     return text
-
-  def _decode_ids(self, ids: list[int]) -> str:
-    return "".join(self._unit(i) for i in ids)
 
 
 class SymbolTokenizer(_VocabTokenizer):
   """One id per whitespace-separated symbol (phones); decodes with single spaces."""
 
-  kind = "symbol"
+  kind, _separator = "symbol", " "
 
-  def _split(self, text: str) -> Sequence[str]:
+  @staticmethod
+  def _split(text: str) -> Sequence[str]:
     return text.split()
-
-  def _decode_ids(self, ids: list[int]) -> str:
-    return " ".join(self._unit(i) for i in ids)
 
 
 class ByteTokenizer(Tokenizer):
   """UTF-8 bytes: byte b is id b + NUM_SPECIAL (vocabulary 260); nothing is ever unknown."""
 
-  kind = "byte"
+  kind, vocab_size = "byte", NUM_SPECIAL + 256
 
-  @property
-  def vocab_size(self) -> int:
-    return NUM_SPECIAL + 256
+  @classmethod
+  def new(cls, texts: Iterable[str], **options: Any) -> Tokenizer:
+    return cls()
 
   def encode(self, text: str) -> list[int]:
     return [b + NUM_SPECIAL for b in text.encode("utf-8")]
@@ -178,10 +177,7 @@ class SentencePieceTokenizer(Tokenizer):
     if got != (PAD_ID, EOS_ID, BOS_ID, UNK_ID):
       raise ValueError(f"SentencePiece model has special ids (pad, eos, bos, unk)={got}, "
                        f"expected {(PAD_ID, EOS_ID, BOS_ID, UNK_ID)}")
-
-  @property
-  def vocab_size(self) -> int:
-    return self._sp.get_piece_size()
+    self.vocab_size = self._sp.get_piece_size()
 
   def encode(self, text: str) -> list[int]:
     ids = self._sp.encode(text)
@@ -194,16 +190,38 @@ class SentencePieceTokenizer(Tokenizer):
   def _config(self) -> dict[str, Any]:
     return {"model_file": _SPM_FILE}
 
+  @classmethod
+  def new(cls, texts: Iterable[str], *, spm_vocab_size: int = 8000, spm_model_type: str = "bpe",
+          max_sentences: int = 1_000_000, **options: Any) -> Tokenizer:
+    """Trains SentencePiece on `texts` deterministically (one thread, no sampling shuffle)."""
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (optional: BPE only)
+    if spm_model_type not in ("bpe", "unigram"):
+      raise ValueError(f"data.spm_model_type={spm_model_type!r} is not one of bpe|unigram")
+    lines = (line for text in itertools.islice(texts, max_sentences)
+             for line in text.splitlines() if line.strip())
+    out = io.BytesIO()
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=lines, model_writer=out, vocab_size=spm_vocab_size,
+          model_type=spm_model_type, pad_id=PAD_ID, eos_id=EOS_ID, bos_id=BOS_ID, unk_id=UNK_ID,
+          character_coverage=1.0, num_threads=1, shuffle_input_sentence=False,
+          input_sentence_size=max_sentences, hard_vocab_limit=False, minloglevel=2)
+    except RuntimeError as e:
+      raise ValueError(f"data.spm_vocab_size={spm_vocab_size}: SentencePiece training failed: "
+                       f"{str(e).splitlines()[0]}") from None
+    return cls(out.getvalue())
+
+  @classmethod
+  def read(cls, spec: dict[str, Any], directory: str) -> Tokenizer:
+    return cls(files.read_bytes(os.path.join(directory, spec["model_file"])))
+
   def save(self, directory: str) -> None:
     files.makedirs(directory)
     files.write_bytes_atomic(os.path.join(directory, _SPM_FILE), self.model_proto)
     super().save(directory)
 
-  def __eq__(self, other: object) -> bool:
-    return isinstance(other, SentencePieceTokenizer) and self.model_proto == other.model_proto
-
-  def __hash__(self) -> int:
-    return hash(self.model_proto)
+  def _key(self) -> Any:
+    return self.model_proto
 
 
 HF_ID_OFFSETS = (NUM_SPECIAL, 0)
@@ -212,11 +230,9 @@ HF_ID_OFFSETS = (NUM_SPECIAL, 0)
 class HFTokenizer(Tokenizer):
   """A Hugging Face `tokenizers` tokenizer (its tokenizer.json text); its id i is our i + `offset`.
 
-  `encode` adds no special tokens (the pipelines add ours); the model's own special tokens (e.g.
-  GPT-2's <|endoftext|>) are ordinary ids here. Its unknown token, if it has one, is `unk_id`.
-  offset=NUM_SPECIAL puts our four specials first; offset=0 keeps its ids, which needs its ids 0
-  and 1 to be special tokens (T5's <pad> and </s>: our pad/start and EOS). Then its id 2 is our
-  BOS id, which decoding drops (T5's <unk>, never produced by T5's tokenizer on text it covers).
+  Its own special tokens (e.g. GPT-2's <|endoftext|>) are ordinary ids here; its unknown token, if
+  any, is `unk_id`. offset=0 needs its ids 0 and 1 to be special tokens (T5's <pad> and </s>); its
+  id 2 is then our BOS, which decoding drops (T5's <unk>, never produced on text T5 covers).
   """
 
   kind = "hf"
@@ -229,6 +245,7 @@ class HFTokenizer(Tokenizer):
                        f"{'|'.join(map(str, HF_ID_OFFSETS))}")
     self.tokenizer_json, self.offset = tokenizer_json, offset
     self._tok = _HF.from_str(tokenizer_json)
+    self.vocab_size = offset + self._tok.get_vocab_size(with_added_tokens=True)
     spec = json.loads(tokenizer_json)
     if offset == 0:
       special = {t.get("id") for t in spec.get("added_tokens", []) if t.get("special")}
@@ -242,9 +259,6 @@ class HFTokenizer(Tokenizer):
     # Without an unknown token nothing is unknown; with offset 0 our UNK_ID is one of its pieces.
     self.unk_id = (UNK_ID if offset else -1) if unk_hf is None else unk_hf + offset
 
-  @property
-  def vocab_size(self) -> int:
-    return self.offset + self._tok.get_vocab_size(with_added_tokens=True)
 
   def token_id(self, token: str) -> int | None:
     """The tokenizer's own id (without our offset) of `token`, e.g. BERT's "[MASK]"; None if it
@@ -263,17 +277,25 @@ class HFTokenizer(Tokenizer):
   def _config(self) -> dict[str, Any]:
     return {"file": HF_FILE} | ({"offset": self.offset} if self.offset != NUM_SPECIAL else {})
 
+  @classmethod
+  def new(cls, texts: Iterable[str], *, hf_tokenizer: str = "", hf_id_offset: int = NUM_SPECIAL,
+          **options: Any) -> Tokenizer:
+    if not hf_tokenizer:
+      raise ValueError("data.tokenizer='hf' needs data.hf_tokenizer (a tokenizer.json path)")
+    return read_hf_tokenizer(hf_tokenizer, hf_id_offset)
+
+  @classmethod
+  def read(cls, spec: dict[str, Any], directory: str) -> Tokenizer:
+    return cls(files.read_text(os.path.join(directory, spec["file"])),
+               spec.get("offset", NUM_SPECIAL))
+
   def save(self, directory: str) -> None:
     files.makedirs(directory)
     files.write_text_atomic(os.path.join(directory, HF_FILE), self.tokenizer_json)
     super().save(directory)
 
-  def __eq__(self, other: object) -> bool:
-    return (isinstance(other, HFTokenizer) and self.tokenizer_json == other.tokenizer_json
-            and self.offset == other.offset)
-
-  def __hash__(self) -> int:
-    return hash((self.tokenizer_json, self.offset))
+  def _key(self) -> Any:
+    return self.tokenizer_json, self.offset
 
 
 def read_hf_tokenizer(path: str, offset: int = NUM_SPECIAL) -> HFTokenizer:
@@ -289,21 +311,15 @@ def read_hf_tokenizer(path: str, offset: int = NUM_SPECIAL) -> HFTokenizer:
 
 
 class OffsetTokenizer(Tokenizer):
-  """Another tokenizer's ordinary ids moved up by `offset`, so two vocabularies share one id space.
-
-  A decoder-only prefix-LM reads the source (e.g. characters) and writes the target (e.g. phones)
-  with one embedding table: the target's ordinary ids are placed after the source's, and the
-  special ids stay shared. Decoding maps ids outside the target's range to <unk>. Saving writes
-  the inner tokenizer; the offset is derived again from the source vocabulary when loading a task.
-  """
+  """Another tokenizer's ordinary ids moved up by `offset`, so that a decoder-only prefix-LM reads
+  the source and writes the target with one embedding table (specials shared). Decoding maps ids
+  outside the target's range to <unk>. Saving writes the inner tokenizer: the offset is derived
+  again from the source vocabulary when a task is loaded."""
 
   def __init__(self, inner: Tokenizer, offset: int):
     super().__init__()
     self.inner, self.offset, self.kind = inner, offset, inner.kind
-
-  @property
-  def vocab_size(self) -> int:
-    return self.inner.vocab_size + self.offset
+    self.vocab_size = inner.vocab_size + offset
 
   @property
   def num_unknown(self) -> int:
@@ -329,33 +345,15 @@ class OffsetTokenizer(Tokenizer):
     self.inner.save(directory)
 
 
-def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
-                        max_sentences: int = 1_000_000) -> SentencePieceTokenizer:
-  """Trains SentencePiece on `texts` (the training split) deterministically (one thread, no
-  sampling shuffle), with our special ids."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (optional: BPE only)
-  if model_type not in ("bpe", "unigram"):
-    raise ValueError(f"data.spm_model_type={model_type!r} is not one of bpe|unigram")
-
-  def lines():
-    for n, text in enumerate(texts):
-      if n >= max_sentences:
-        return
-      for line in text.splitlines():
-        if line.strip():
-          yield line
-
-  out = io.BytesIO()
-  try:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=lines(), model_writer=out, vocab_size=vocab_size, model_type=model_type,
-        pad_id=PAD_ID, eos_id=EOS_ID, bos_id=BOS_ID, unk_id=UNK_ID, character_coverage=1.0,
-        num_threads=1, shuffle_input_sentence=False, input_sentence_size=max_sentences,
-        hard_vocab_limit=False, minloglevel=2)
-  except RuntimeError as e:
-    raise ValueError(f"data.spm_vocab_size={vocab_size}: SentencePiece training failed: "
-                     f"{str(e).splitlines()[0]}") from None
-  return SentencePieceTokenizer(out.getvalue())
+TOKENIZERS: dict[str, type[Tokenizer]] = {
+    "char": CharTokenizer,
+    "byte": ByteTokenizer,
+    "symbol": SymbolTokenizer,
+    "sentencepiece": SentencePieceTokenizer,
+    "hf": HFTokenizer,
+}
+# The values of data.source_tokenizer: "" is the target's own tokenizer.
+SOURCE_TOKENIZERS: dict[str, type[Tokenizer] | None] = {"": None, **TOKENIZERS}
 
 
 def build(kind: str, texts: Iterable[str], *, spm_vocab_size: int = 8000,
@@ -363,19 +361,10 @@ def build(kind: str, texts: Iterable[str], *, spm_vocab_size: int = 8000,
           hf_id_offset: int = NUM_SPECIAL) -> Tokenizer:
   """A new tokenizer of `kind` whose vocabulary comes from `texts` (the training split); kind 'hf'
   reads the tokenizer.json `hf_tokenizer` instead."""
-  if kind == "byte":
-    return ByteTokenizer()
-  if kind == "char":
-    return CharTokenizer(sorted(set().union(*map(set, texts))))
-  if kind == "symbol":
-    return SymbolTokenizer(sorted(set().union(*(t.split() for t in texts))))
-  if kind == "sentencepiece":
-    return train_sentencepiece(texts, spm_vocab_size, spm_model_type)
-  if kind == "hf":
-    if not hf_tokenizer:
-      raise ValueError("data.tokenizer='hf' needs data.hf_tokenizer (a tokenizer.json path)")
-    return read_hf_tokenizer(hf_tokenizer, hf_id_offset)
-  raise ValueError(f"data.tokenizer={kind!r} is not one of {'|'.join(KINDS)}")
+  if kind not in TOKENIZERS:
+    raise ValueError(f"data.tokenizer={kind!r} is not one of {'|'.join(TOKENIZERS)}")
+  return TOKENIZERS[kind].new(texts, spm_vocab_size=spm_vocab_size, spm_model_type=spm_model_type,
+                              hf_tokenizer=hf_tokenizer, hf_id_offset=hf_id_offset)
 
 
 def load(directory: str) -> Tokenizer:
@@ -384,16 +373,6 @@ def load(directory: str) -> Tokenizer:
   if not files.exists(path):
     raise FileNotFoundError(f"no tokenizer at {path}")
   spec = json.loads(files.read_text(path))
-  kind = spec.get("type")
-  if kind == "char":
-    return CharTokenizer(spec["units"])
-  if kind == "symbol":
-    return SymbolTokenizer(spec["units"])
-  if kind == "byte":
-    return ByteTokenizer()
-  if kind == "sentencepiece":
-    return SentencePieceTokenizer(files.read_bytes(os.path.join(directory, spec["model_file"])))
-  if kind == "hf":
-    return HFTokenizer(files.read_text(os.path.join(directory, spec["file"])),
-                       spec.get("offset", NUM_SPECIAL))
-  raise ValueError(f"{path}: unknown tokenizer type {kind!r}")
+  if spec.get("type") not in TOKENIZERS:
+    raise ValueError(f"{path}: unknown tokenizer type {spec.get('type')!r}")
+  return TOKENIZERS[spec["type"]].read(spec, directory)
