@@ -1,40 +1,36 @@
 """A JAX/Flax transformer research library: build, train, decode and inspect transformers.
 
-The public API, imported lazily so that `import transformer.model.models` never pulls in data, training
-or I/O code:
+The public API, imported lazily (from the modules in _EXPORTS) so that `import
+transformer.model.models` never pulls in data, training or I/O code:
 
-  model_config(**overrides), from_configdict(cd), ConfigError    transformer.config
-  build_model(model_config)                                      transformer.model.models
-  load_task(config, workdir=None)                                transformer.data
-  generate(model, params, batch, decode_cfg, ...) -> token ids   transformer.infer.decoding
-  train_and_evaluate(configdict, workdir)                        transformer.train.loop
+  model_config(**overrides), from_configdict(cd), ConfigError
+  build_model(model_config)
+  load_task(config, workdir=None)
+  generate(model, params, batch, decode_cfg, ...) -> token ids
+  train_and_evaluate(configdict, workdir)
   evaluate_split(workdir, split='test', step=None, params='auto', average_last=0)
-                                                                 transformer.infer.evaluation
-  restore(workdir, step=None, params='auto', average_last=0) -> Run (.generate_text/.score/
-    .attention)                                                  transformer.infer.api
+  restore(workdir, step=None, params='auto', average_last=0) -> Run (.generate_text, .score,
+    .attention)
 """
 
 import importlib
 
 _EXPORTS = {
-    "model_config": "transformer.config",
-    "from_configdict": "transformer.config",
-    "ConfigError": "transformer.config",
-    "build_model": "transformer.model.models",
-    "load_task": "transformer.data",
-    "generate": "transformer.infer.decoding",
-    "train_and_evaluate": "transformer.train.loop",
-    "evaluate_split": "transformer.infer.evaluation",
-    "restore": "transformer.infer.api",
-    "Run": "transformer.infer.api",
-    "Attention": "transformer.infer.api",
+    "transformer.config": ("model_config", "from_configdict", "ConfigError"),
+    "transformer.model.models": ("build_model",),
+    "transformer.data": ("load_task",),
+    "transformer.infer.decoding": ("generate",),
+    "transformer.train.loop": ("train_and_evaluate",),
+    "transformer.infer.evaluation": ("evaluate_split",),
+    "transformer.infer.api": ("restore", "Run", "Attention"),
 }
-__all__ = sorted(_EXPORTS)
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
 
 
 def __getattr__(name):
-  if name in _EXPORTS:
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+  if name in _MODULE_OF:
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)
   raise AttributeError(f"module 'transformer' has no attribute {name!r}")
 
 

@@ -1,9 +1,6 @@
-"""Validates an ml_collections ConfigDict into frozen, typed, hashable dataclasses made from the
-schema (transformer/schema.py, where every key is declared once).
-
-`from_configdict(cd)` checks every key before anything compiles: unknown and missing keys, wrong
-types, unset placeholders, allowed values, ranges and the relations between keys. Each problem is
-one `ConfigError` line that names the key, e.g. `model.num_heads=6 must divide model.d_model=256`.
+"""`from_configdict`: an ml_collections ConfigDict validated, before anything compiles, into frozen
+(hashable: jit static arguments) dataclasses made from transformer/schema.py. Each problem is one
+`ConfigError` line naming the key, e.g. `model.num_heads=6 must divide model.d_model=256`.
 """
 
 from __future__ import annotations
@@ -24,9 +21,6 @@ class ConfigError(ValueError):
   """An invalid configuration; the message is one line naming the key."""
 
 
-# ---------------------------------------------------------------------------------------------
-# The typed views: frozen (hashable: jit static arguments) dataclasses made from SCHEMA
-# ---------------------------------------------------------------------------------------------
 _CLASS_NAMES = {
     "": "Config", "model": "ModelConfig", "data": "DataConfig", "train": "TrainConfig",
     "train.scheduled_sampling": "ScheduledSamplingConfig", "eval": "EvalConfig",
@@ -40,8 +34,7 @@ def _fields(section: str) -> list[tuple[str, Any]]:
   for key in SCHEMA:
     if key.name.startswith(prefix):
       name = key.name[len(prefix):].split(".")[0]
-      sub = prefix + name
-      out.setdefault(name, _CLASSES.get(sub) or key.type)
+      out.setdefault(name, _CLASSES.get(prefix + name) or key.type)
   return list(out.items())
 
 
@@ -50,21 +43,10 @@ for _section in sorted(_CLASS_NAMES, key=lambda s: -s.count(".") - bool(s)):  # 
   _CLASSES[_section] = dataclasses.make_dataclass(_CLASS_NAMES[_section], _fields(_section),
                                                   frozen=True)
   _CLASSES[_section].__module__ = __name__  # picklable as transformer.config.<name>
-Config = _CLASSES[""]
-ModelConfig = _CLASSES["model"]
-DataConfig = _CLASSES["data"]
-TrainConfig = _CLASSES["train"]
-ScheduledSamplingConfig = _CLASSES["train.scheduled_sampling"]
-EvalConfig = _CLASSES["eval"]
-DecodeConfig = _CLASSES["eval.decode"]
-CheckpointConfig = _CLASSES["checkpoint"]
-ParallelConfig = _CLASSES["parallel"]
-MeshShape = _CLASSES["parallel.mesh_shape"]
+(Config, ModelConfig, DataConfig, TrainConfig, ScheduledSamplingConfig, EvalConfig, DecodeConfig,
+ CheckpointConfig, ParallelConfig, MeshShape) = (_CLASSES[s] for s in _CLASS_NAMES)
 
 
-# ---------------------------------------------------------------------------------------------
-# Validation
-# ---------------------------------------------------------------------------------------------
 def _check_value(key: Key, v: Any) -> Any:
   """`v` checked against the key's type, allowed values and range (ints widen to floats)."""
   if v is None:
@@ -106,10 +88,8 @@ def _convert(section: str, value: Any) -> Any:
   for name, kind in fields.items():
     if name not in items:
       raise ConfigError(f"config key {path}{name} is missing")
-    if dataclasses.is_dataclass(kind):
-      kwargs[name] = _convert(path + name, items[name])
-    else:
-      kwargs[name] = _check_value(KEYS[path + name], items[name])
+    kwargs[name] = (_convert(path + name, items[name]) if dataclasses.is_dataclass(kind)
+                    else _check_value(KEYS[path + name], items[name]))
   return _CLASSES[section](**kwargs)
 
 
@@ -127,8 +107,7 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
                                  v_head_dim=m.v_head_dim or head_dim)
   # The encoding's own check, from its table (transformer/model/positional.py) through the schema.
   check = KEYS['model.positional'].allowed.entries()[resolved.positional].check
-  problem = check(resolved) if check else None
-  if problem:
+  if check and (problem := check(resolved)):
     raise ConfigError(problem)
   if m.arch != "decoder_only" and not m.num_encoder_layers:
     raise ConfigError(f"model.num_encoder_layers=0 must be > 0 with model.arch={m.arch!r}")
@@ -140,17 +119,6 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
 # The widest beam decoding accepts (and at most the vocabulary): wider ones take minutes to compile
 # and gigabytes of cache for no better output.
 MAX_BEAM_SIZE = 1024
-
-
-def check_finite(cfg: Any, path: str = "") -> None:
-  """Raises ConfigError naming the first float key of `cfg` (a Config or one of its sections)
-  that is nan or infinite: no float key means anything there (0 is each key's "off")."""
-  for f in dataclasses.fields(cfg):
-    value = getattr(cfg, f.name)
-    if dataclasses.is_dataclass(value):
-      check_finite(value, f"{path}{f.name}.")
-    elif isinstance(value, float) and not math.isfinite(value):
-      raise ConfigError(f"{path}{f.name}={value} must be a finite number")
 
 
 def excluded_ids(m: ModelConfig) -> tuple[int, ...]:
@@ -180,7 +148,6 @@ def id_ranges(ids: Any) -> str:
 def _validate(cfg: Config) -> Config:
   """Checks the relations between keys; returns cfg with derived sizes filled."""
   d, m = cfg.data, cfg.model
-  check_finite(cfg)
   if cfg.eval.decode.beam_size > MAX_BEAM_SIZE:
     raise ConfigError(f"eval.decode.beam_size={cfg.eval.decode.beam_size} must be <= "
                       f"{MAX_BEAM_SIZE}")
@@ -222,8 +189,7 @@ def format_problem(saved: Mapping[str, Any], source: str) -> str | None:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-  """The plain nested dict of a Config, a ConfigDict or a mapping ({} for None), for config.json;
-  a Config's carries the FORMAT."""
+  """The plain nested dict (config.json) of a Config (with FORMAT), ConfigDict, mapping or None."""
   if cfg is None:
     return {}
   if hasattr(cfg, "to_dict"):  # ml_collections.ConfigDict

@@ -1,25 +1,11 @@
-"""Evaluation metrics: token accuracy, bits per unit, edit distance, WER/PER (G2P), corpus BLEU.
-
-The array metrics return *sums* (numerator and denominator) so that callers can add them over
-batches and hosts before dividing. The string metrics take whole corpora and return fractions.
-"""
+"""Host-side evaluation metrics: bits per unit, perplexity, edit distance, WER/PER (G2P), corpus
+BLEU, macro F1."""
 
 from collections.abc import Hashable, Sequence
 import math
 
-import jax.numpy as jnp
 import numpy as np
 import sacrebleu
-
-
-def token_accuracy(logits: jnp.ndarray, targets: jnp.ndarray,
-                   weights: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """(weighted count of argmax == target, weight sum) for logits [b,t,v], targets/weights [b,t]."""
-  if logits.ndim != targets.ndim + 1 or logits.shape[:-1] != targets.shape:
-    raise ValueError(f"token_accuracy: logits {logits.shape} do not match targets {targets.shape}")
-  weights = jnp.asarray(weights, jnp.float32)
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-  return jnp.sum(correct * weights), jnp.sum(weights)
 
 
 def bits_per_unit(loss_nats: float) -> float:
@@ -50,15 +36,11 @@ def edit_distance(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
 
 def wer_per(hypotheses: Sequence[Sequence[str]],
             references: Sequence[Sequence[Sequence[str]]]) -> tuple[float, float]:
-  """(WER, PER) as fractions, for G2P with any number of reference pronunciations per word.
-
-  hypotheses[i] is the predicted phoneme list of word i, references[i] its list of accepted
-  pronunciations (each a phoneme list).
-  WER: the share of words whose hypothesis equals none of its references.
-  PER: for each word the reference with the smallest edit distance to the hypothesis is chosen (on a
-  tie, the shorter reference, then the earlier one: the rule that never lowers PER); PER is the sum of
-  those distances divided by the summed lengths of the chosen references.
-  """
+  """(WER, PER) as fractions for G2P: hypotheses[i] is word i's predicted phoneme list,
+  references[i] its accepted pronunciations (phoneme lists). WER: the share of words whose
+  hypothesis equals none of its references. PER: the summed edit distances to each word's closest
+  reference (on a tie the shorter, then the earlier: the rule that never lowers PER) over the
+  summed lengths of those references."""
   if len(hypotheses) != len(references):
     raise ValueError(f"wer_per: {len(hypotheses)} hypotheses but {len(references)} references")
   if not hypotheses:
@@ -77,20 +59,16 @@ def wer_per(hypotheses: Sequence[Sequence[str]],
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]) -> float:
-  """Corpus BLEU (0-100) of detokenised strings with sacrebleu's standard 13a tokenisation.
-
-  references is one reference string per hypothesis, or a list of reference strings per hypothesis
-  (all of the same length).
-  """
+  """Corpus BLEU (0-100, sacrebleu's 13a tokenisation) of detokenised strings; references holds
+  one string per hypothesis or an equally long list of strings per hypothesis."""
   if len(hypotheses) != len(references):
     raise ValueError(f"bleu: {len(hypotheses)} hypotheses but {len(references)} references")
+  streams = [list(references)]
   if references and not isinstance(references[0], str):
     counts = {len(r) for r in references}
     if len(counts) != 1:
       raise ValueError(f"bleu: every hypothesis needs the same number of references, got {counts}")
     streams = [[r[j] for r in references] for j in range(counts.pop())]
-  else:
-    streams = [list(references)]
   return float(sacrebleu.corpus_bleu(list(hypotheses), streams).score)
 
 

@@ -87,7 +87,6 @@ SCHEMA: tuple[Key, ...] = (
     _k("seed", 0, "seed of initialisation, dropout and data order", roles=E),
     _k("peak_flops", 0.0, "FLOP/s per device for MFU; 0 = look the device kind up in a table",
        ">= 0"),
-    # model: the network
     _k("model.arch", "encoder_decoder", "the architecture (encoder_only: BERT-style)",
        ("encoder_decoder", "decoder_only", "encoder_only"), FH),
     _k("model.vocab_size", 0, "target (or shared) vocabulary; 0 = from the tokenizer", ">= 0", D),
@@ -160,7 +159,6 @@ SCHEMA: tuple[Key, ...] = (
     _k("model.param_dtype", "float32", "parameter storage dtype", DTYPES, F),
     _k("model.max_len", 512, "longest sequence: learned/sinusoidal tables and the decoding cache",
        "> 0", F),
-    # data: the task, its tokenizers and batches
     _k("data.dataset", "cmudict_g2p", "a TFDS name (with /config), or text_files | tsv_pairs"),
     _k("data.data_dir", "", "TFDS directory; \"\" = TFDS_DATA_DIR or ~/tensorflow_datasets",
        roles=E),
@@ -207,7 +205,6 @@ SCHEMA: tuple[Key, ...] = (
     _k("data.shuffle_seed", 0, "seed of the data order"),
     _k("data.prefetch", 2, "training batches made ahead on a background thread; 0 = in the loop",
        ">= 0"),
-    # train: optimisation
     _k("train.num_steps", 100_000, "training steps", "> 0"),
     _k("train.optimizer", "adam", "the optimizer (transformer/train/optim.py)",
        Registry("transformer.train.optim", "OPTIMIZERS"), F),
@@ -254,7 +251,6 @@ SCHEMA: tuple[Key, ...] = (
     _k("train.log_every_steps", 50, "steps between logged training metrics", "> 0"),
     _k("train.profile_start_step", 0, "jax.profiler trace of a step range; 0 = off"),
     _k("train.profile_num_steps", 0, "steps traced"),
-    # eval: evaluation during training and by eval.py
     _k("eval.every_steps", 1000, "steps between evaluations", "> 0", E),
     _k("eval.num_batches", 0, "teacher-forced batches per evaluation; 0 = the whole split",
        ">= 0", E),
@@ -270,13 +266,11 @@ SCHEMA: tuple[Key, ...] = (
     _k("eval.decode.top_k", 0, "sample: keep the k likeliest; 0 = off", ">= 0", E),
     _k("eval.decode.top_p", 1.0, "sample: nucleus mass; 1.0 = off", "in (0, 1]", E),
     _k("eval.decode.max_decode_len", 0, "0 = data.max_target_len", ">= 0", E),
-    # checkpoint
     _k("checkpoint.every_steps", 1000, "steps between saves", "> 0"),
     _k("checkpoint.keep", 3, "latest checkpoints kept", "> 0"),
     _k("checkpoint.keep_best_by", "eval/loss", "metric of the kept best checkpoint; \"\" = none"),
     _k("checkpoint.best_mode", "min", "min | max", ("min", "max")),
     _k("checkpoint.async_save", True, "save in the background"),
-    # parallel
     _k("parallel.mode", "mesh", "mesh (jit over a device mesh) | pmap", ("mesh", "pmap")),
     _k("parallel.mesh_shape.data", -1, "data-parallel axis; -1 = the rest", "> 0 or -1"),
     _k("parallel.mesh_shape.fsdp", 1, "parameter-sharding axis; -1 = the rest", "> 0 or -1"),
