@@ -41,8 +41,7 @@ RANGES: dict[str, Callable[[Any], bool]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Registry:
-  """Allowed values that are the names of a table in a module (e.g. layers.FFNS), read at
-  validation time since those modules import this one."""
+  """Allowed values: the names in module.table, imported lazily (that module imports this one)."""
   module: str
   table: str
 
@@ -52,8 +51,7 @@ class Registry:
 
 @dataclasses.dataclass(frozen=True)
 class Key:
-  """One config key; the default's type is the key's; `allowed` (a tuple or a Registry) or `range`
-  (a RANGES entry) limit its values."""
+  """One config key, of its default's type; `allowed` values or a RANGES entry `range` limit it."""
   name: str
   default: Any
   meaning: str
@@ -73,9 +71,8 @@ class Key:
 def _k(name: str, default: Any, meaning: str, check: tuple[Any, ...] | Registry | str = (),
        roles: tuple[str, ...] = ()) -> Key:
   """A Key; `check` is its allowed values (a tuple or a Registry) or its range (a RANGES key)."""
-  if isinstance(check, str):
-    return Key(name, default, meaning, (), check, frozenset(roles))
-  return Key(name, default, meaning, check, "", frozenset(roles))
+  range_ = check if isinstance(check, str) else ""
+  return Key(name, default, meaning, () if range_ else check, range_, frozenset(roles))
 
 
 # Role sets, abbreviated for the table.
@@ -181,8 +178,7 @@ SCHEMA: tuple[Key, ...] = (
     _k("data.objective", "none", "none | mlm (BERT; encoder_only) | span (T5; encoder_decoder)",
        ("none", "mlm", "span")),
     _k("data.mask_rate", 0.15, "mlm: fraction of each example's tokens selected (80/10/10 "
-       "replaced)",
-       "in [0, 1]"),
+       "replaced)", "in [0, 1]"),
     _k("data.whole_word_masking", False, "mlm: select whole words (char, byte, sentencepiece, "
        "WordPiece hf)"),
     _k("data.noise_density", 0.15, "span: fraction of tokens corrupted", "in [0, 1]"),
@@ -214,8 +210,7 @@ SCHEMA: tuple[Key, ...] = (
        Registry("transformer.train.optim", "SCHEDULES")),
     _k("train.warmup_steps", 4000, "steps of learning-rate warmup", ">= 0"),
     _k("train.min_learning_rate_ratio", 0.0, "end of cosine/linear decay, as a fraction of the "
-       "peak",
-       "in [0, 1]"),
+       "peak", "in [0, 1]"),
     _k("train.b1", 0.9, "Adam's beta1"),
     _k("train.b2", 0.98, "Adam's beta2"),
     _k("train.eps", 1e-9, "Adam's epsilon"),
