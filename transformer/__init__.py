@@ -1,16 +1,8 @@
 """A JAX/Flax transformer research library: build, train, decode and inspect transformers.
 
-The public API, imported lazily (from the modules in _EXPORTS) so that `import
-transformer.model.models` never pulls in data, training or I/O code:
-
-  model_config(**overrides), from_configdict(cd), ConfigError
-  build_model(model_config)
-  load_task(config, workdir=None)
-  generate(model, params, batch, decode_cfg, ...) -> token ids
-  train_and_evaluate(configdict, workdir)
-  evaluate_split(workdir, split='test', step=None, params='auto', average_last=0)
-  restore(workdir, step=None, params='auto', average_last=0) -> Run (.generate_text, .score,
-    .attention)
+The public API (the names in _EXPORTS: model_config, build_model, train_and_evaluate, restore, ...)
+is imported lazily, so that `import transformer.model.models` never pulls in data, training or I/O
+code.
 """
 
 import importlib

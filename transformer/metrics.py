@@ -27,9 +27,7 @@ def edit_distance(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
   for i, x in enumerate(a, start=1):
     current = [i]
     for j, y in enumerate(b, start=1):
-      current.append(min(previous[j] + 1,              # delete x
-                         current[j - 1] + 1,           # insert y
-                         previous[j - 1] + (x != y)))  # substitute (or match)
+      current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
     previous = current
   return previous[-1]
 

@@ -326,10 +326,9 @@ def markdown() -> str:
            "Roles:", "", *(f"- `{r}`: {meaning}" for r, meaning in ROLES.items()), "",
            "| key | type | default | allowed | roles | meaning |", "|---|---|---|---|---|---|"]
   for k in SCHEMA:
-    if isinstance(k.allowed, Registry):  # the table's names, listed where they are defined
-      allowed = f"a name in `{k.allowed.module}.{k.allowed.table}`"
-    else:
-      allowed = " \\| ".join(repr(o) for o in k.allowed) or k.range
+    allowed = (f"a name in `{k.allowed.module}.{k.allowed.table}`"
+               if isinstance(k.allowed, Registry)
+               else " \\| ".join(repr(o) for o in k.allowed) or k.range)
     roles = ", ".join(r for r in ROLES if r in k.roles)
     lines.append(f"| `{k.name}` | {k.type.__name__} | `{k.default!r}` | {allowed} | {roles} | "
                  f"{k.meaning.replace('|', '&#124;')} |")
