@@ -34,7 +34,7 @@ def _fields(section: str) -> list[tuple[str, Any]]:
   for key in SCHEMA:
     if key.name.startswith(prefix):
       name = key.name[len(prefix):].split(".")[0]
-      out.setdefault(name, _CLASSES.get(prefix + name) or key.type)
+      out.setdefault(name, _CLASSES.get(prefix + name) or type(key.default))
   return list(out.items())
 
 
@@ -51,16 +51,14 @@ def _check_value(key: Key, v: Any) -> Any:
   """`v` checked against the key's type, allowed values and range (ints widen to floats)."""
   if v is None:
     raise ConfigError(f"config key {key.name} is unset (a placeholder with no value)")
-  kind = key.type
-  if kind is float:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-    v = float(v) if ok else v
-  else:
-    ok = isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
-  if not ok:
+  kind = type(key.default)
+  if (not isinstance(v, (int, float) if kind is float else kind)
+      or isinstance(v, bool) and kind is not bool):
     raise ConfigError(f"{key.name}={v!r} must be of type {kind.__name__}")
-  if kind is float and not math.isfinite(v):
-    raise ConfigError(f"{key.name}={v} must be a finite number")
+  if kind is float:
+    v = float(v)
+    if not math.isfinite(v):
+      raise ConfigError(f"{key.name}={v} must be a finite number")
   options = key.choices()
   if options and v not in options:
     raise ConfigError(f"{key.name}={v!r} is not one of "
@@ -203,7 +201,5 @@ def model_config(**overrides: Any) -> ModelConfig:
   """A validated ModelConfig: the defaults' model section plus `overrides` (tests, notebooks)."""
   cd = get_config()
   for key, value in overrides.items():
-    if key not in cd.model:
-      raise ConfigError(f"unknown config key model.{key}")
-    cd.model[key] = value
+    cd.model[key] = value  # an unknown key is refused by from_configdict
   return from_configdict(cd).model

@@ -59,10 +59,6 @@ class Key:
   range: str = ""
   roles: frozenset[str] = frozenset()
 
-  @property
-  def type(self) -> type:
-    return type(self.default)
-
   def choices(self) -> tuple[Any, ...]:
     """The allowed values (empty: any value of the type)."""
     return tuple(self.allowed.entries()) if isinstance(self.allowed, Registry) else self.allowed
@@ -330,8 +326,8 @@ def markdown() -> str:
                if isinstance(k.allowed, Registry)
                else " \\| ".join(repr(o) for o in k.allowed) or k.range)
     roles = ", ".join(r for r in ROLES if r in k.roles)
-    lines.append(f"| `{k.name}` | {k.type.__name__} | `{k.default!r}` | {allowed} | {roles} | "
-                 f"{k.meaning.replace('|', '&#124;')} |")
+    lines.append(f"| `{k.name}` | {type(k.default).__name__} | `{k.default!r}` | {allowed} | "
+                 f"{roles} | {k.meaning.replace('|', '&#124;')} |")
   return "\n".join(lines) + "\n"
 
 
