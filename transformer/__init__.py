@@ -1,9 +1,7 @@
 """A JAX/Flax transformer research library: build, train, decode and inspect transformers.
 
-The public API (the names in _EXPORTS: model_config, build_model, train_and_evaluate, restore, ...)
-is imported lazily, so that `import transformer.model.models` never pulls in data, training or I/O
-code.
-"""
+The public API (the names in _EXPORTS) is imported lazily, so that `import transformer.model.models`
+never pulls in data, training or I/O code."""
 
 import importlib
 

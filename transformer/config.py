@@ -1,7 +1,6 @@
 """`from_configdict`: an ml_collections ConfigDict validated, before anything compiles, into frozen
 (hashable: jit static arguments) dataclasses made from transformer/schema.py. Each problem is one
-`ConfigError` line naming the key, e.g. `model.num_heads=6 must divide model.d_model=256`.
-"""
+`ConfigError` line naming the key, e.g. `model.num_heads=6 must divide model.d_model=256`."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ def _check_value(key: Key, v: Any) -> Any:
     v = float(v)
     if not math.isfinite(v):
       raise ConfigError(f"{key.name}={v} must be a finite number")
-  options = key.choices()
-  if options and v not in options:
+  if (options := key.choices()) and v not in options:
     raise ConfigError(f"{key.name}={v!r} is not one of "
                       f"{'|'.join(str(o) if o != '' else repr(o) for o in options)}")
   if key.range and not RANGES[key.range](v):
@@ -74,10 +72,8 @@ def _convert(section: str, value: Any) -> Any:
   if not isinstance(value, (Mapping, ml_collections.ConfigDict)):
     raise ConfigError(f"{section or 'config'} must be a section (dict), got {value!r}")
   items = dict(value.items())
-  if not section:
-    fmt = items.pop("format", FORMAT)
-    if fmt != FORMAT:
-      raise ConfigError(f"config format {fmt!r} is not this code's format {FORMAT}")
+  if not section and (fmt := items.pop("format", FORMAT)) != FORMAT:
+    raise ConfigError(f"config format {fmt!r} is not this code's format {FORMAT}")
   fields = dict(_fields(section))
   for name in items:
     if name not in fields:
@@ -103,7 +99,6 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
   head_dim = m.head_dim or m.d_model // m.num_heads
   resolved = dataclasses.replace(m, num_kv_heads=kv_heads, head_dim=head_dim,
                                  v_head_dim=m.v_head_dim or head_dim)
-  # The encoding's own check, from its table (transformer/model/positional.py) through the schema.
   check = KEYS['model.positional'].allowed.entries()[resolved.positional].check
   if check and (problem := check(resolved)):
     raise ConfigError(problem)
@@ -114,14 +109,12 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
   return resolved
 
 
-# The widest beam decoding accepts (and at most the vocabulary): wider ones take minutes to compile
-# and gigabytes of cache for no better output.
+# Wider beams take minutes to compile and gigabytes of cache for no better output.
 MAX_BEAM_SIZE = 1024
 
 
 def excluded_ids(m: ModelConfig) -> tuple[int, ...]:
-  """The sorted ids of model.excluded_ids ("0,2-3,54": ids and inclusive ranges); ConfigError
-  names the key when it does not parse."""
+  """The sorted ids of model.excluded_ids ("0,2-3,54"); a ConfigError names the key if it is bad."""
   ids: set[int] = set()
   for part in filter(None, (p.strip() for p in m.excluded_ids.split(","))):
     low, dash, high = part.partition("-")
@@ -145,19 +138,17 @@ def id_ranges(ids: Any) -> str:
 
 def _validate(cfg: Config) -> Config:
   """Checks the relations between keys; returns cfg with derived sizes filled."""
-  d, m = cfg.data, cfg.model
-  if cfg.eval.decode.beam_size > MAX_BEAM_SIZE:
-    raise ConfigError(f"eval.decode.beam_size={cfg.eval.decode.beam_size} must be <= "
-                      f"{MAX_BEAM_SIZE}")
-  if cfg.eval.decode.max_decode_len > m.max_len:
-    raise ConfigError(f"eval.decode.max_decode_len={cfg.eval.decode.max_decode_len} must be <= "
+  d, m, dec = cfg.data, cfg.model, cfg.eval.decode
+  if dec.beam_size > MAX_BEAM_SIZE:
+    raise ConfigError(f"eval.decode.beam_size={dec.beam_size} must be <= {MAX_BEAM_SIZE}")
+  if dec.max_decode_len > m.max_len:
+    raise ConfigError(f"eval.decode.max_decode_len={dec.max_decode_len} must be <= "
                       f"model.max_len={m.max_len} (the decoding cache's length)")
   excluded = excluded_ids(m)
   if excluded and m.vocab_size and excluded[-1] >= m.vocab_size:
     raise ConfigError(f"model.excluded_ids={m.excluded_ids!r} names id {excluded[-1]}, outside "
                       f"model.vocab_size={m.vocab_size}")
-  if d.max_source_len > m.max_len or d.max_target_len > m.max_len:
-    longest = max(d.max_source_len, d.max_target_len)
+  if (longest := max(d.max_source_len, d.max_target_len)) > m.max_len:
     raise ConfigError(
         f"data.max_source_len/max_target_len={longest} must be <= model.max_len={m.max_len}")
   if d.objective == "mlm" and not (m.arch == "encoder_only" and m.head == "mlm"):
@@ -188,13 +179,11 @@ def format_problem(saved: Mapping[str, Any], source: str) -> str | None:
 
 def to_dict(cfg: Any) -> dict[str, Any]:
   """The plain nested dict (config.json) of a Config (with FORMAT), ConfigDict, mapping or None."""
-  if cfg is None:
-    return {}
   if hasattr(cfg, "to_dict"):  # ml_collections.ConfigDict
     return cfg.to_dict()
   if dataclasses.is_dataclass(cfg):
     return {"format": FORMAT, **dataclasses.asdict(cfg)}
-  return dict(cfg)
+  return dict(cfg or {})
 
 
 def model_config(**overrides: Any) -> ModelConfig:

@@ -75,6 +75,4 @@ def macro_f1(true_positives, predicted, references) -> float:
   references or the predictions) of 2 tp / (predicted + references); 0.0 when none occurs."""
   tp, pred, ref = (np.asarray(x, np.float64) for x in (true_positives, predicted, references))
   seen = (pred + ref) > 0
-  if not seen.any():
-    return 0.0
-  return float(np.mean(2 * tp[seen] / (pred[seen] + ref[seen])))
+  return float(np.mean(2 * tp[seen] / (pred[seen] + ref[seen]))) if seen.any() else 0.0

@@ -2,8 +2,7 @@
 range, roles). The default ConfigDict (`get_config`), the typed views and validation
 (transformer/config.py), checkpoint compatibility (`with_role`) and docs/config.md (`python -m
 transformer.schema > docs/config.md`, checked by a test) all derive from it. Defaults are the base
-Transformer of Vaswani et al. (2017); sizes written 0 (role `derived`) are derived.
-"""
+Transformer of Vaswani et al. (2017); sizes written 0 (role `derived`) are derived."""
 
 from __future__ import annotations
 
