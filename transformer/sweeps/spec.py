@@ -1,13 +1,10 @@
 """Sweeps: a sweep file's override dicts -> validated, named points -> commands (local or TPU VM).
 
-A sweep file (configs/sweeps/*.py) returns a list of override dicts with the dotted keys of
-`--config.*`. `plan()` loads it, checks every key against configs/base.py and the chosen config
-(an unknown key is a one-line SweepError before anything runs), validates every point's full
-config (transformer.config.ConfigError naming the point), and names each point's workdir from its
-overrides (`positional=rope,lr=0.0003`; long names end in a hash). `Commands` turns a point into
-its `train.py` and `eval.py --split=test` argv (transformer/sweeps/runner.py runs them);
-`tpu_vm_command()` turns it into one `gcloud compute tpus tpu-vm ssh ... --worker=all` command
-with its workdir and data on a bucket. No JAX here: planning, dry runs and TPU commands are instant.
+A sweep file (configs/sweeps/*.py) has `get_sweep()` return override dicts keyed like
+`--config.*`. `plan()` checks every key and every point's full config (a one-line SweepError or
+ConfigError) and names each point's workdir from its overrides (`positional=rope,lr=0.0003`).
+`Commands` turns a point into its train.py and eval.py argv, `tpu_vm_command()` into one gcloud
+ssh command. No JAX here: planning, dry runs and TPU commands are instant.
 """
 
 from __future__ import annotations
@@ -55,9 +52,6 @@ class Point:
   num_steps: int  # train.num_steps of the validated config (a run is finished at this step)
 
 
-# ---------------------------------------------------------------------------- loading and checking
-
-
 def _import_file(path: str, kind: str) -> Any:
   if not os.path.isfile(path):
     raise SweepError(f"{kind} file {path} not found")
@@ -74,8 +68,7 @@ def _import_file(path: str, kind: str) -> Any:
 
 
 def raised_in(error: BaseException, path: str, kind: str) -> str:
-  """'<kind> file PATH:LINE: Type: message' for an exception raised by running file `path`
-  (LINE: its deepest frame in that file)."""
+  """'<kind> file PATH:LINE: Type: message' of an exception raised by running file `path`."""
   lines = [line for frame, line in traceback.walk_tb(error.__traceback__)
            if os.path.abspath(frame.f_code.co_filename) == os.path.abspath(path)]
   where = f"{path}:{lines[-1]}" if lines else path
@@ -132,9 +125,6 @@ def apply_overrides(config: ml_collections.ConfigDict,
       first = (str(e).strip().splitlines() or [type(e).__name__])[0]
       raise ConfigError(f"{key}={value!r}: {first}") from None
   return cd
-
-
-# ---------------------------------------------------------------------------- naming
 
 
 def format_value(value: Any) -> str:
@@ -195,9 +185,6 @@ def plan(config: ml_collections.ConfigDict, config_arg: str, sweep_path: str,
   return points
 
 
-# ---------------------------------------------------------------------------- commands
-
-
 @dataclasses.dataclass(frozen=True)
 class Commands:
   """How a point becomes processes: `train.py` with its overrides, then `eval.py` on a split."""
@@ -234,9 +221,6 @@ class Commands:
         os.path.join(self.cwd or os.getcwd(), self.eval_script))
 
 
-# ---------------------------------------------------------------------------- cloud TPU VMs
-
-
 def _double_quote(text: str) -> str:
   """`text` inside double quotes for a POSIX shell."""
   return '"' + re.sub(r'(["\\$`])', r"\\\1", text) + '"'
@@ -247,12 +231,9 @@ def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, b
                    project: str = "") -> tuple[list[str], str]:
   """(argv, printable line) of one gcloud ssh that trains and evaluates `point` on every worker.
 
-  The workdir is `<bucket>/<the local workdir path>`, `data.data_dir` is
-  `<bucket>/tensorflow_datasets` unless the sweep sets it. `remote_dir` (the code's checkout on
-  the VMs) is left unquoted so that `~` expands there. The command first asks
-  `python -m transformer.sweeps.runner is_done` (the local runner's own test: trained to
-  num_steps and evaluated) and trains and evaluates only if the point is not done, so that
-  running the commands again skips finished points as a local rerun does.
+  The workdir is `<bucket>/<the local workdir path>`, data.data_dir `<bucket>/tensorflow_datasets`
+  unless the sweep sets it; `remote_dir` is unquoted so that `~` expands there. The command runs
+  only if `transformer.sweeps.runner is_done` says the point is not done.
   """
   if not bucket.startswith("gs://"):
     raise SweepError(f"--bucket={bucket!r} must be a gs:// path")
