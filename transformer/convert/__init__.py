@@ -61,17 +61,6 @@ def family_of_config(m: ModelConfig) -> ModuleType:
   return next(f for f in FAMILIES.values() if f.ARCH == m.arch)
 
 
-def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-  """The config.json dict of model config `m` in its family; ConvertError names a key it lacks."""
-  return family_of_config(m).hf_config(m, extra)
-
-
-def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
-                   ) -> dict[str, np.ndarray]:
-  """The Hugging Face state dict (float32 numpy) of our parameters; `hf`: hf_config's dict."""
-  return family_of_config(m).hf_from_params(params, m, hf)
-
-
 def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """(config.json dict, state dict as float32 numpy) of a local Hugging Face directory."""
   path = os.path.join(directory, "config.json")

@@ -20,8 +20,9 @@ import numpy as np
 
 from transformer.config import Config, from_configdict, ModelConfig
 from transformer.schema import get_config
-from transformer.convert.common import (ConvertError, float32, hf_choice, hf_ffn, positive_ints,
-                                        require, require_hf, require_unmapped_excluded,
+from transformer.convert.common import (CONVERTED, ConvertError, float32, hf_choice, hf_ffn,
+                                        positive_ints, require, require_hf,
+                                        require_unmapped_excluded,
                                         stack_layers, unmapped_ids)
 from transformer.data.objectives import ExtraIds
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, UNK_ID
@@ -30,6 +31,11 @@ MODEL_TYPE, NAME, ARCH = "bert", "BERT", "encoder_only"
 ID_OFFSET = NUM_SPECIAL
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "relu": "relu"}
+# Our model config keys BERT fixes: set on import, required on export.
+FIXED = dict(arch="encoder_only", head="mlm", positional="learned", norm="layernorm",
+             norm_position="post", use_bias=True, scale_embeddings=False,
+             scale_attention_logits=True, embedding_norm=True, head_transform=True,
+             logits_bias=True, ffn_dropout_rate=0.0)
 OBJECTIVE_IDS = ExtraIds(0).total_vocab_size  # [MASK] and the sentinels (101)
 
 
@@ -57,20 +63,16 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
     raise ConvertError(f"config.json: num_attention_heads={heads} does not divide "
                        f"hidden_size={d}")
   vocab = _extra(hf["vocab_size"]).total_vocab_size
-  return dict(
-      arch="encoder_only", head="mlm", vocab_size=vocab, source_vocab_size=vocab,
+  return CONVERTED | FIXED | dict(
+      vocab_size=vocab, source_vocab_size=vocab,
       excluded_ids=unmapped_ids(our_ids(hf["vocab_size"]), vocab),
-      d_model=d, num_heads=heads, num_kv_heads=0, head_dim=0, v_head_dim=0,
-      mlp_dim=hf["intermediate_size"], num_encoder_layers=hf["num_hidden_layers"],
-      num_decoder_layers=0, positional="learned", norm="layernorm", norm_position="post",
-      norm_eps=float(hf.get("layer_norm_eps", 1e-12)), ffn=ffn, use_bias=True,
-      scale_attention_logits=True, scale_decoder_output=False, embedding_norm=True,
-      head_transform=True, logits_bias=True,
+      d_model=d, num_heads=heads, head_dim=0, mlp_dim=hf["intermediate_size"],
+      num_encoder_layers=hf["num_hidden_layers"], num_decoder_layers=0, ffn=ffn,
+      norm_eps=float(hf.get("layer_norm_eps", 1e-12)), scale_decoder_output=False,
       dropout_rate=float(hf.get("hidden_dropout_prob", 0.1)),
       attention_dropout_rate=float(hf.get("attention_probs_dropout_prob", 0.1)),
-      ffn_dropout_rate=0.0, tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
-      share_src_tgt_embeddings=True, scale_embeddings=False, prefix_lm=False, scan_layers=False,
-      dtype="float32", param_dtype="float32", max_len=hf["max_position_embeddings"])
+      tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+      max_len=hf["max_position_embeddings"])
 
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -80,11 +82,7 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
     raise ConvertError(f"model.num_heads={m.num_heads} does not divide model.d_model="
                        f"{m.d_model}, as BERT's heads must")
   h = m.d_model // m.num_heads
-  require(m, {"arch": "encoder_only", "head": "mlm", "positional": "learned",
-              "norm": "layernorm", "norm_position": "post", "use_bias": True,
-              "scale_embeddings": False, "scale_attention_logits": True, "embedding_norm": True,
-              "head_transform": True, "logits_bias": True, "num_kv_heads": m.num_heads,
-              "head_dim": h, "v_head_dim": h, "ffn_dropout_rate": 0.0}, NAME)
+  require(m, FIXED | {"num_kv_heads": m.num_heads, "head_dim": h, "v_head_dim": h}, NAME)
   activation = hf_ffn(m, (extra or {}).get("hidden_act"), _ACTIVATIONS, NAME)
   hf_vocab = _hf_vocab(m)
   require_unmapped_excluded(m, our_ids(hf_vocab), NAME)

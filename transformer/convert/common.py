@@ -11,6 +11,12 @@ import numpy as np
 from transformer.config import excluded_ids, id_ranges, ModelConfig
 
 
+# Model config keys every converted model has (their families' own are each family's FIXED).
+CONVERTED = dict(num_kv_heads=0, v_head_dim=0, share_src_tgt_embeddings=True,
+                 scale_embeddings=False, prefix_lm=False, scan_layers=False, dtype="float32",
+                 param_dtype="float32")
+
+
 class ConvertError(ValueError):
   """A checkpoint or config that cannot be converted; the message is one line naming the key."""
 

@@ -19,8 +19,9 @@ import numpy as np
 
 from transformer.config import Config, excluded_ids, from_configdict, ModelConfig
 from transformer.schema import get_config
-from transformer.convert.common import (ConvertError, float32, hf_choice, hf_ffn, positive_ints,
-                                        require, require_hf, require_unmapped_excluded,
+from transformer.convert.common import (CONVERTED, ConvertError, float32, hf_choice, hf_ffn,
+                                        positive_ints, require, require_hf,
+                                        require_unmapped_excluded,
                                         stack_layers, unmapped_ids)
 from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
 
@@ -28,6 +29,10 @@ MODEL_TYPE, NAME, ARCH = "gpt2", "GPT-2", "decoder_only"
 ID_OFFSET = NUM_SPECIAL
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                 "relu": "relu"}
+# Our model config keys GPT-2 fixes: set on import, required on export.
+FIXED = dict(arch="decoder_only", positional="learned", norm="layernorm", norm_position="pre",
+             use_bias=True, scale_embeddings=False, scale_attention_logits=True,
+             scale_decoder_output=False, ffn_dropout_rate=0.0)
 
 
 def our_ids(hf: dict[str, Any]) -> np.ndarray:
@@ -48,20 +53,16 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
   positive_ints(hf, ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"))
   ffn = hf_choice(hf, "activation_function", "gelu_new", _ACTIVATIONS)
   d, heads = hf["n_embd"], hf["n_head"]
-  return dict(
-      arch="decoder_only", vocab_size=hf["vocab_size"] + NUM_SPECIAL,
+  return CONVERTED | FIXED | dict(
+      vocab_size=hf["vocab_size"] + NUM_SPECIAL,
       excluded_ids=unmapped_ids(our_ids(hf), hf["vocab_size"] + NUM_SPECIAL),
       source_vocab_size=hf["vocab_size"] + NUM_SPECIAL,  # as training fills it in for an LM
-      d_model=d, num_heads=heads, num_kv_heads=0, head_dim=0, v_head_dim=0,
-      mlp_dim=hf.get("n_inner") or 4 * d, num_encoder_layers=0, num_decoder_layers=hf["n_layer"],
-      positional="learned", norm="layernorm", norm_position="pre",
-      norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), ffn=ffn, use_bias=True,
-      scale_attention_logits=True, scale_decoder_output=False,
+      d_model=d, num_heads=heads, head_dim=0, mlp_dim=hf.get("n_inner") or 4 * d,
+      num_encoder_layers=0, num_decoder_layers=hf["n_layer"], ffn=ffn,
+      norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
       dropout_rate=float(hf.get("resid_pdrop", 0.1)),
-      attention_dropout_rate=float(hf.get("attn_pdrop", 0.1)), ffn_dropout_rate=0.0,
-      tie_embeddings=bool(hf.get("tie_word_embeddings", True)), share_src_tgt_embeddings=True,
-      scale_embeddings=False, prefix_lm=False, scan_layers=False, dtype="float32",
-      param_dtype="float32", max_len=hf["n_positions"])
+      attention_dropout_rate=float(hf.get("attn_pdrop", 0.1)),
+      tie_embeddings=bool(hf.get("tie_word_embeddings", True)), max_len=hf["n_positions"])
 
 
 def _endoftext(m: ModelConfig) -> int | None:
@@ -80,11 +81,8 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
     raise ConvertError(f"model.head_dim={m.head_dim} has no GPT-2 counterpart (GPT-2's is "
                        f"d_model / num_heads, and model.num_heads={m.num_heads} does not divide "
                        f"model.d_model={m.d_model})")
-  require(m, {"arch": "decoder_only", "positional": "learned", "norm": "layernorm",
-              "norm_position": "pre", "use_bias": True, "scale_embeddings": False,
-              "scale_attention_logits": True, "scale_decoder_output": False,
-              "num_kv_heads": m.num_heads, "head_dim": m.d_model // m.num_heads,
-              "v_head_dim": m.d_model // m.num_heads, "ffn_dropout_rate": 0.0}, NAME)
+  h = m.d_model // m.num_heads
+  require(m, FIXED | {"num_kv_heads": m.num_heads, "head_dim": h, "v_head_dim": h}, NAME)
   activation = hf_ffn(m, (extra or {}).get("activation_function"), _ACTIVATIONS, NAME)
   if m.vocab_size <= NUM_SPECIAL:
     raise ConvertError(f"model.vocab_size={m.vocab_size} leaves no Hugging Face ids "

@@ -21,8 +21,9 @@ import numpy as np
 
 from transformer.config import Config, from_configdict, ModelConfig
 from transformer.schema import get_config
-from transformer.convert.common import (ConvertError, float32, hf_choice, hf_ffn, positive_ints,
-                                        require, require_hf, require_unmapped_excluded,
+from transformer.convert.common import (CONVERTED, ConvertError, float32, hf_choice, hf_ffn,
+                                        positive_ints, require, require_hf,
+                                        require_unmapped_excluded,
                                         stack_layers)
 from transformer.data.tokenizers import EOS_ID, PAD_ID
 
@@ -30,6 +31,10 @@ MODEL_TYPE, NAME, ARCH = "t5", "T5", "encoder_decoder"
 ID_OFFSET = 0
 _FFN = {"gated-gelu": "geglu_tanh", "gated-silu": "swiglu", "relu": "relu", "gelu": "gelu"}
 _GATED = ("geglu_tanh", "swiglu")
+# Our model config keys T5 fixes: set on import, required on export.
+FIXED = dict(arch="encoder_decoder", positional="relative", norm="rmsnorm", norm_position="pre",
+             use_bias=False, scale_embeddings=False, scale_attention_logits=False,
+             share_src_tgt_embeddings=True)
 _MAX_LEN = 512  # T5 has no position table; our decoding cache needs a length
 
 
@@ -54,35 +59,26 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
                   "decoder_start_token_id": PAD_ID, "is_encoder_decoder": True})
   positive_ints(hf, ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"))
   ffn = hf_choice(hf, "feed_forward_proj", "relu", _FFN)
-  if state is None:  # config-only checks: read_hf calls this before loading any weight
-    tied = hf.get("tie_word_embeddings", True) is not False
-  else:
-    tied = head_is_tied(state)
+  # Without weights (read_hf checks the config before loading any), the config says.
+  tied = hf.get("tie_word_embeddings", True) is not False if state is None else head_is_tied(state)
   rate = float(hf.get("dropout_rate", 0.1))
-  return dict(
-      arch="encoder_decoder", vocab_size=hf["vocab_size"], source_vocab_size=hf["vocab_size"],
-      excluded_ids="",
-      d_model=hf["d_model"], num_heads=hf["num_heads"], num_kv_heads=0, head_dim=hf["d_kv"],
-      v_head_dim=0, mlp_dim=hf["d_ff"], num_encoder_layers=hf["num_layers"],
+  return CONVERTED | FIXED | dict(
+      vocab_size=hf["vocab_size"], source_vocab_size=hf["vocab_size"], excluded_ids="",
+      d_model=hf["d_model"], num_heads=hf["num_heads"], head_dim=hf["d_kv"], mlp_dim=hf["d_ff"],
+      num_encoder_layers=hf["num_layers"],
       num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"],
-      positional="relative", relative_num_buckets=int(hf.get("relative_attention_num_buckets", 32)),
+      relative_num_buckets=int(hf.get("relative_attention_num_buckets", 32)),
       relative_max_distance=int(hf.get("relative_attention_max_distance", 128)),
-      norm="rmsnorm", norm_position="pre", norm_eps=float(hf.get("layer_norm_epsilon", 1e-6)),
-      ffn=ffn, use_bias=False, scale_attention_logits=False,
+      norm_eps=float(hf.get("layer_norm_epsilon", 1e-6)), ffn=ffn,
       scale_decoder_output=_scales_output(hf), dropout_rate=rate, attention_dropout_rate=rate,
-      ffn_dropout_rate=rate, tie_embeddings=tied, share_src_tgt_embeddings=True,
-      scale_embeddings=False, prefix_lm=False, scan_layers=False, dtype="float32",
-      param_dtype="float32", max_len=int(hf.get("n_positions") or _MAX_LEN))
+      ffn_dropout_rate=rate, tie_embeddings=tied, max_len=int(hf.get("n_positions") or _MAX_LEN))
 
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
   """The T5 config.json dict of model config `m`; ConvertError names the first key T5 lacks.
   `extra` (a converted run's source config.json) gives the keys ours has no counterpart of."""
-  require(m, {"arch": "encoder_decoder", "positional": "relative", "norm": "rmsnorm",
-              "norm_position": "pre", "use_bias": False, "scale_embeddings": False,
-              "scale_attention_logits": False, "share_src_tgt_embeddings": True,
-              "num_kv_heads": m.num_heads, "v_head_dim": m.head_dim,
-              "source_vocab_size": m.vocab_size}, NAME)
+  require(m, FIXED | {"num_kv_heads": m.num_heads, "v_head_dim": m.head_dim,
+                      "source_vocab_size": m.vocab_size}, NAME)
   feed_forward_proj = hf_ffn(m, None, _FFN, NAME)
   require_unmapped_excluded(m, np.arange(m.vocab_size), NAME)  # T5's ids are ours
   out = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
