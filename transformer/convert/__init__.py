@@ -3,18 +3,14 @@ r"""Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, 
   python -m transformer.convert --from_hf=DIR --workdir=OUT [--text_file=CORPUS [--data_dir=D]]
   python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest]
 
-`--from_hf` reads a local Hugging Face directory (config.json, model.safetensors or
-pytorch_model.bin, tokenizer.json; never the network); its model_type picks the family module
-(`FAMILIES`), which maps configs and weights both ways. It writes a workdir as training does
-(config, provenance, checkpoint 0, tokenizers) plus `converted_from.json`, which restore,
-predict, eval.py and `train.py --init_from` read. `--to_hf` writes config.json,
-model.safetensors (and tokenizer.json) of any run whose architecture has a family; a config key
+`--from_hf` reads a local directory (config.json, model.safetensors or pytorch_model.bin,
+tokenizer.json; never the network); its model_type picks the family module (`FAMILIES`), which
+maps configs and weights both ways. The workdir is one training could have written, plus
+`converted_from.json`. `--to_hf` exports any run whose architecture has a family; a config key
 with no counterpart there is a one-line error naming it.
-Probabilities, not only logits: a family's `our_ids` is our id of each Hugging Face id; our ids
-that are no Hugging Face id's place (reserved ids, BERT's [MASK] and sentinels) are listed in
-`model.excluded_ids`, which the output head gives a logit of -1e30, so every consumer of the
-logits sees the original's distribution, id for id. Export refuses an excluded id that is some
-Hugging Face id's place.
+Probabilities, not only logits: our ids in no Hugging Face id's place (a family's `our_ids`) are
+`model.excluded_ids`, to which the output head gives a logit of -1e30, so every consumer of the
+logits sees the original's distribution, id for id.
 """
 
 from __future__ import annotations

@@ -171,6 +171,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
     raise ConvertError("the BERT weights have no cls.predictions.* (a BertForMaskedLM "
                        "checkpoint; a BertModel has no masked-LM head)")
   norm = lambda p: {"scale": state[f"{p}.weight"], "bias": state[f"{p}.bias"]}  # noqa: E731
+  dense = lambda p: {"kernel": state[f"{p}.weight"].T, "bias": state[f"{p}.bias"]}  # noqa: E731
   e = "bert.embeddings"
   encoder: dict[str, Any] = {
       "position_embed": {"embedding": state[f"{e}.position_embeddings.weight"]
@@ -187,15 +188,11 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
             "out": {"kernel": state[f"{a}.output.dense.weight"].T.reshape(n, h, d),
                     "bias": state[f"{a}.output.dense.bias"]}},
         "attention_norm": norm(f"{a}.output.LayerNorm"),
-        "ffn": {"wi": {"kernel": state[f"{p}.intermediate.dense.weight"].T,
-                       "bias": state[f"{p}.intermediate.dense.bias"]},
-                "wo": {"kernel": state[f"{p}.output.dense.weight"].T,
-                       "bias": state[f"{p}.output.dense.bias"]}},
+        "ffn": {"wi": dense(f"{p}.intermediate.dense"), "wo": dense(f"{p}.output.dense")},
         "ffn_norm": norm(f"{p}.output.LayerNorm")}
   t = "cls.predictions"
   head: dict[str, Any] = {
-      "transform": {"kernel": state[f"{t}.transform.dense.weight"].T,
-                    "bias": state[f"{t}.transform.dense.bias"]},
+      "transform": dense(f"{t}.transform.dense"),
       "transform_norm": norm(f"{t}.transform.LayerNorm"),
       "logits_bias": {"bias": _with_our_rows(_logits_bias(state), ids)}}
   if not m.tie_embeddings:

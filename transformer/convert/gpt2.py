@@ -145,6 +145,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
   state = {k.removeprefix("transformer."): v for k, v in state.items()}
   n, h, d = m.num_heads, m.d_model // m.num_heads, m.d_model
   norm = lambda p: {"scale": state[f"{p}.weight"], "bias": state[f"{p}.bias"]}  # noqa: E731
+  conv = lambda p: {"kernel": state[f"{p}.weight"], "bias": state[f"{p}.bias"]}  # noqa: E731
   decoder: dict[str, Any] = {
       "position_embed": {"embedding": state["wpe.weight"]},
       "final_norm": norm("ln_f")}
@@ -158,10 +159,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
             "out": {"kernel": state[f"{p}.attn.c_proj.weight"].reshape(n, h, d),
                     "bias": state[f"{p}.attn.c_proj.bias"]}},
         "ffn_norm": norm(f"{p}.ln_2"),
-        "ffn": {"wi": {"kernel": state[f"{p}.mlp.c_fc.weight"],
-                       "bias": state[f"{p}.mlp.c_fc.bias"]},
-                "wo": {"kernel": state[f"{p}.mlp.c_proj.weight"],
-                       "bias": state[f"{p}.mlp.c_proj.bias"]}}}
+        "ffn": {"wi": conv(f"{p}.mlp.c_fc"), "wo": conv(f"{p}.mlp.c_proj")}}
   if not m.tie_embeddings:
     decoder["logits_dense"] = {"kernel": _our_table(state["lm_head.weight"], hf).T}
   return {"token_embed": {"embedding": _our_table(state["wte.weight"], hf)}, "decoder": decoder}

@@ -1,16 +1,13 @@
 r"""T5 (`T5ForConditionalGeneration`: T5 v1.1, Flan-T5, the original T5) <-> our EncoderDecoder.
 
-T5 is our encoder_decoder with pre-norm RMSNorm, no biases, one unscaled embedding table for both
-stacks, attention logits not scaled by 1/sqrt(head_dim) (T5 folds it into its initialisation),
-`head_dim` = d_kv and the bucketed relative position bias: one table per stack, which Hugging
-Face keeps in the first layer only. feed_forward_proj maps to `ffn` (wi_0 is our `wi_gate`, wi_1
-our `wi_up`). T5 v1.1's untied lm_head is `tie_embeddings=False`; the original T5's tied one
-rescales the decoder output by d_model**-0.5 (`scale_decoder_output`, Hugging Face's
-scale_decoder_outputs; older config.json files say it by tie_word_embeddings). Whether the head
-is tied is read from the weights (transformers 5 writes tie_word_embeddings=true for every T5).
-Ids: ours are T5's (`data.hf_id_offset=0`): pad 0 (also the decoder's start token) and eos 1 are
-where ours are, T5's <unk> is our BOS and our UNK is T5's "▁", neither of which our pipelines
-emit as such; `model.excluded_ids` is empty and HF -> ours -> HF is bitwise equal.
+T5 is our encoder_decoder with pre-norm RMSNorm, no biases, one shared unscaled embedding,
+attention logits not scaled by 1/sqrt(head_dim) (T5 folds it into its initialisation) and one
+relative position bias table per stack (Hugging Face keeps it in the first layer only). The
+original T5's tied head rescales the decoder output by d_model**-0.5 (`scale_decoder_output`);
+whether the head is tied is read from the weights (transformers 5 writes
+tie_word_embeddings=true for every T5). Ids: ours are T5's (`data.hf_id_offset=0`): pad 0 (the
+decoder's start token) and eos 1 are where ours are, T5's <unk> is our BOS and our UNK is T5's
+"▁", neither of which our pipelines emit; `model.excluded_ids` is empty.
 """
 
 from __future__ import annotations
@@ -124,16 +121,16 @@ def _shared(state: dict[str, np.ndarray]) -> np.ndarray:
   raise ConvertError("the T5 weights have no shared.weight (the embedding table)")
 
 
-def _ffn_from_hf(state, p: str, m: ModelConfig) -> dict[str, Any]:
-  w = lambda name: {"kernel": state[f"{p}.DenseReluDense.{name}.weight"].T}  # noqa: E731
+def _ffn_names(m: ModelConfig) -> dict[str, str]:
+  """T5's DenseReluDense weights -> our ffn kernels."""
   if m.ffn in _GATED:
-    return {"wi_gate": w("wi_0"), "wi_up": w("wi_1"), "wo": w("wo")}
-  return {"wi": w("wi"), "wo": w("wo")}
+    return {"wi_0": "wi_gate", "wi_1": "wi_up", "wo": "wo"}
+  return {"wi": "wi", "wo": "wo"}
 
 
 def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
                    tokenizer: Any = None) -> dict[str, Any]:
-  """Our EncoderDecoder parameters (unrolled layers) from a T5ForConditionalGeneration state dict."""
+  """Our EncoderDecoder parameters (unrolled layers) from a T5 state dict."""
   del hf, tokenizer  # T5's ids are ours
   d, n, h = m.d_model, m.num_heads, m.head_dim
   norm = lambda p: {"scale": state[f"{p}.weight"]}  # noqa: E731
@@ -159,7 +156,9 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
         layer |= {"cross_attention_norm": norm(f"{p}.1.layer_norm"),
                   "cross_attention": attention(f"{p}.1.EncDecAttention", cross=True)}
       f = 2 if name == "decoder" else 1
-      layer |= {"ffn_norm": norm(f"{p}.{f}.layer_norm"), "ffn": _ffn_from_hf(state, f"{p}.{f}", m)}
+      layer["ffn_norm"] = norm(f"{p}.{f}.layer_norm")
+      layer["ffn"] = {ours: {"kernel": state[f"{p}.{f}.DenseReluDense.{name}.weight"].T}
+                      for name, ours in _ffn_names(m).items()}
       out[f"layers_{i}"] = layer
     return out
 
@@ -204,11 +203,8 @@ def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
         attention(f"{p}.1.EncDecAttention", layer["cross_attention"])
         f = 2
       out[f"{p}.{f}.layer_norm.weight"] = layer["ffn_norm"]["scale"]
-      ffn = layer["ffn"]
-      names = ({"wi_0": "wi_gate", "wi_1": "wi_up", "wo": "wo"} if m.ffn in _GATED
-               else {"wi": "wi", "wo": "wo"})
-      for hf_name, ours in names.items():
-        out[f"{p}.{f}.DenseReluDense.{hf_name}.weight"] = np.asarray(ffn[ours]["kernel"]).T
+      for hf_name, ours in _ffn_names(m).items():
+        out[f"{p}.{f}.DenseReluDense.{hf_name}.weight"] = np.asarray(layer["ffn"][ours]["kernel"]).T
   if not m.tie_embeddings:
     out["lm_head.weight"] = np.asarray(params["decoder"]["logits_dense"]["kernel"]).T
   return float32(out)

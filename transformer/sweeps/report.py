@@ -146,11 +146,9 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
     best = (max if any(h in metric for h in HIGHER_IS_BETTER) else min)(values)
   lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
   for row in rows:
-    cells = []
-    for k in cols:
-      text = _fmt(k, row.get(k))
-      cells.append(f"**{text}**" if k == metric and best is not None and row.get(k) == best
-                   else text)
+    cells = [_fmt(k, row.get(k)) for k in cols]
+    if best is not None and metric in cols and row.get(metric) == best:
+      cells[cols.index(metric)] = f"**{cells[cols.index(metric)]}**"
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 

@@ -234,7 +234,6 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
                                  "run": point_run(point, commands)}
   write_record(point, record)  # before any process: the workdir says what it is a run of
   log_path = os.path.join(point.workdir, LOG)
-  ok = True
   for stage, argv in pending_commands(point, commands):
     if _stop_signal is not None:  # the sweep is stopping: start no further stage
       return False
@@ -254,9 +253,8 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
       record["attempts"][-1]["returncode"] = code
     write_record(point, record)
     if code != 0:
-      ok = False
-      break
-  return ok
+      return False
+  return True
 
 
 def run(points: Sequence[Point], commands: Commands, parallel: int = 1,

@@ -52,40 +52,36 @@ class Point:
   num_steps: int  # train.num_steps of the validated config (a run is finished at this step)
 
 
-def _import_file(path: str, kind: str) -> Any:
+def raised_in(error: BaseException, path: str) -> str:
+  """'sweep file PATH:LINE: Type: message' of an exception raised by running file `path`."""
+  lines = [line for frame, line in traceback.walk_tb(error.__traceback__)
+           if os.path.abspath(frame.f_code.co_filename) == os.path.abspath(path)]
+  where = f"{path}:{lines[-1]}" if lines else path
+  message = (str(error).strip().splitlines() or [""])[0]
+  return f"sweep file {where}: {type(error).__name__}: {message}"
+
+
+def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
+  """The override dicts of a sweep file's `get_sweep()` (or `get_sweep(config)`)."""
   if not os.path.isfile(path):
-    raise SweepError(f"{kind} file {path} not found")
+    raise SweepError(f"sweep file {path} not found")
   name = "_sweep_" + re.sub(r"\W", "_", os.path.abspath(path))
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
   try:
     spec.loader.exec_module(module)
   except SyntaxError as e:  # one line naming the file and line, not an import traceback
-    raise SweepError(f"{kind} file {path}:{e.lineno}: SyntaxError: {e.msg}") from None
+    raise SweepError(f"sweep file {path}:{e.lineno}: SyntaxError: {e.msg}") from None
   except Exception as e:  # pylint: disable=broad-except  (a user's file raises anything)
-    raise SweepError(raised_in(e, path, kind)) from None
-  return module
-
-
-def raised_in(error: BaseException, path: str, kind: str) -> str:
-  """'<kind> file PATH:LINE: Type: message' of an exception raised by running file `path`."""
-  lines = [line for frame, line in traceback.walk_tb(error.__traceback__)
-           if os.path.abspath(frame.f_code.co_filename) == os.path.abspath(path)]
-  where = f"{path}:{lines[-1]}" if lines else path
-  message = (str(error).strip().splitlines() or [""])[0]
-  return f"{kind} file {where}: {type(error).__name__}: {message}"
-
-
-def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
-  """The override dicts of a sweep file's `get_sweep()` (or `get_sweep(config)`)."""
-  fn = getattr(_import_file(path, "sweep"), "get_sweep", None)
+    raise SweepError(raised_in(e, path)) from None
+  fn = getattr(module, "get_sweep", None)
   if not callable(fn):
     raise SweepError(f"{path}: defines no get_sweep() function")
   args = (copy.deepcopy(config),) if inspect.signature(fn).parameters else ()
   try:
     points = fn(*args)
   except Exception as e:  # pylint: disable=broad-except  (a user's file raises anything)
-    raise SweepError(raised_in(e, path, "sweep")) from None
+    raise SweepError(raised_in(e, path)) from None
   if (isinstance(points, Mapping) or not isinstance(points, Sequence) or not points
       or not all(isinstance(p, Mapping) for p in points)):
     raise SweepError(f"{path}: get_sweep() must return a non-empty list of override dicts")
