@@ -147,7 +147,7 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
   lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
   for row in rows:
     cells = [_fmt(k, row.get(k)) for k in cols]
-    if best is not None and metric in cols and row.get(metric) == best:
+    if best is not None and row.get(metric) == best:
       cells[cols.index(metric)] = f"**{cells[cols.index(metric)]}**"
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
