@@ -20,8 +20,7 @@ from transformer.config import Config, from_configdict, ModelConfig
 from transformer.schema import get_config
 from transformer.convert.common import (CONVERTED, ConvertError, float32, hf_choice, hf_ffn,
                                         positive_ints, require, require_hf,
-                                        require_unmapped_excluded,
-                                        stack_layers)
+                                        require_unmapped_excluded, stack_layers)
 from transformer.data.tokenizers import EOS_ID, PAD_ID
 
 MODEL_TYPE, NAME, ARCH = "t5", "T5", "encoder_decoder"
