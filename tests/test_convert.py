@@ -317,8 +317,8 @@ def test_unmappable_configs_are_one_line_errors_naming_the_key(converted, hf_dir
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "model_type='bart'" in err
   with pytest.raises(convert.ConvertError, match="model.ffn='swiglu'"):
-    convert.hf_config(model_config(arch="decoder_only", positional="learned", norm_position="pre",
-                                   scale_embeddings=False, ffn="swiglu"))
+    gpt2.hf_config(model_config(arch="decoder_only", positional="learned", norm_position="pre",
+                                scale_embeddings=False, ffn="swiglu"))
 
 
 def test_hf_tokenizer_kind_is_a_config_value(hf_dir, data_dir, tmp_path):
@@ -382,8 +382,8 @@ def test_scanned_layers_export_like_unrolled_ones(run):
   layers = [decoder.pop(f"layers_{i}") for i in range(run.config.model.num_decoder_layers)]
   scanned = {**params, "decoder": {**decoder, "layers": jax.tree.map(
       lambda *xs: np.stack(xs), *layers)}}
-  want = convert.hf_from_params(params, run.config.model)
-  got = convert.hf_from_params(scanned, run.config.model)
+  want = gpt2.hf_from_params(params, run.config.model)
+  got = gpt2.hf_from_params(scanned, run.config.model)
   assert sorted(got) == sorted(want)
   assert all(np.array_equal(got[k], want[k]) for k in want)
 

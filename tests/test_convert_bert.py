@@ -175,9 +175,9 @@ def test_ours_to_hf_logits_equal(converted, tmp_path):
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda x: np.asarray(x) + 0.3 * rng.standard_normal(x.shape).astype(
       np.float32), params)
-  hf = convert.hf_config(cfg.model)
+  hf = bert.hf_config(cfg.model)
   out = str(tmp_path / "export")
-  convert.write_hf(out, hf, convert.hf_from_params(params, cfg.model, hf))
+  convert.write_hf(out, hf, bert.hf_from_params(params, cfg.model, hf))
   exported = transformers.BertForMaskedLM.from_pretrained(out).eval()
   real = mask.astype(bool)
   got = hf_logits(exported, ids, mask)[real]
@@ -193,8 +193,8 @@ def test_unmappable_configs_are_one_line_errors(converted):
                      ("head_transform", False)):
     m = dataclasses.replace(cfg.model, **{key: value})
     with pytest.raises(convert.ConvertError, match=f"model.{key}="):
-      convert.hf_config(m)
-  hf = convert.hf_config(cfg.model)
+      bert.hf_config(m)
+  hf = bert.hf_config(cfg.model)
   with pytest.raises(convert.ConvertError, match="position_embedding_type='relative_key'"):
     bert.model_overrides(hf | {"position_embedding_type": "relative_key"})
   with pytest.raises(convert.ConvertError, match="hidden_act='silu'"):

@@ -3,29 +3,14 @@ r"""Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, 
   python -m transformer.convert --from_hf=DIR --workdir=OUT [--text_file=CORPUS [--data_dir=D]]
   python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest]
 
-`--from_hf` reads a local Hugging Face directory (config.json, model.safetensors or
-pytorch_model.bin, tokenizer.json; never the network); config.json's model_type picks the family
-(`FAMILIES`: gpt2.py, t5.py, bert.py, each mapping configs and weights both ways). It writes a workdir as
-training does: config.json and provenance.json (reporting.Reporter), an orbax checkpoint of step 0
-holding a fresh train state with the converted parameters (checkpoints.Checkpointer), the tokenizer
-(`tokenizers/target`, and `tokenizers/source` for an encoder-decoder; kind 'hf') and
-`converted_from.json` (the source directory and its config.json). `transformer.restore(OUT)`,
-`python -m transformer.infer.predict --workdir=OUT` and `train.py --init_from=OUT` (fine-tuning) read
-it; `eval.py` too when `--text_file` gave a GPT-2 or BERT data (without, `data.dataset` is empty: the
-workdir holds a model and its tokenizer only).
-Probabilities, not only logits: each family maps its vocabulary into ours by `our_ids` (the id of
-ours each Hugging Face id is; GPT-2: id + 4 and <|endoftext|> our EOS; BERT: id + 4; T5: itself).
-Our vocabulary may hold ids that are no Hugging Face id's place (GPT-2's and BERT's four reserved
-ids, BERT's [MASK] and sentinels after its vocabulary, <|endoftext|>'s shifted copy); the
-converted config lists them in `model.excluded_ids`, and the output head (heads.vocab_logits)
-gives them a logit of -1e30, probability exactly 0. So every consumer of the logits (loss and
-perplexity, `Run.score`, greedy, sampling and beam search, eval.py, predict) sees the original's
-distribution, id for id, without knowing that the model was converted; their rows stay as inputs
-(start token, BOS/EOS framing, [MASK]). Export takes each Hugging Face row from its `our_ids`
-place and refuses an excluded id that is one (the exported model could not exclude it).
-`--to_hf` writes config.json, model.safetensors (and tokenizer.json for an 'hf' tokenizer) for any
-run whose config maps onto a family: decoder-only runs onto GPT-2, encoder-decoder runs onto T5,
-encoder-only masked-LM runs onto BERT; a config that does not is a one-line error naming the key.
+`--from_hf` reads a local directory (config.json, model.safetensors or pytorch_model.bin,
+tokenizer.json; never the network); its model_type picks the family module (`FAMILIES`), which
+maps configs and weights both ways. The workdir is one training could have written, plus
+`converted_from.json`. `--to_hf` exports any run whose architecture has a family; a config key
+with no counterpart there is a one-line error naming it.
+Probabilities, not only logits: our ids in no Hugging Face id's place (a family's `our_ids`) are
+`model.excluded_ids`, to which the output head gives a logit of -1e30, so every consumer of the
+logits sees the original's distribution, id for id.
 """
 
 from __future__ import annotations
@@ -68,24 +53,8 @@ def family_of_hf(hf: dict[str, Any]) -> ModuleType:
 
 
 def family_of_config(m: ModelConfig) -> ModuleType:
-  """The family a model config exports as, by architecture: decoder-only GPT-2, encoder-decoder
-  T5, encoder-only BERT."""
+  """The family a model config exports as, by its architecture."""
   return next(f for f in FAMILIES.values() if f.ARCH == m.arch)
-
-
-def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-  """The config.json dict of model config `m` in its family; ConvertError names a key it lacks."""
-  return family_of_config(m).hf_config(m, extra)
-
-
-def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
-                   ) -> dict[str, np.ndarray]:
-  """The Hugging Face state dict (float32 numpy) of our parameters, in `m`'s family; `hf` is the
-  config.json written beside it (hf_config's)."""
-  return family_of_config(m).hf_from_params(params, m, hf)
-
-
-# ----------------------------------------------------------------------------- Hugging Face dirs
 
 
 def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -119,8 +88,7 @@ def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
 def write_hf(directory: str, hf: dict[str, Any], state: dict[str, np.ndarray],
              tokenizer: Any = None) -> None:
-  """Writes config.json, model.safetensors (a tied head is left out, as Hugging Face does) and,
-  for an 'hf' tokenizer, its tokenizer.json."""
+  """Writes config.json, model.safetensors and, for an 'hf' tokenizer, its tokenizer.json."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top  (optional)
   files.makedirs(directory)
   files.write_text_atomic(os.path.join(directory, "config.json"),
@@ -130,14 +98,10 @@ def write_hf(directory: str, hf: dict[str, Any], state: dict[str, np.ndarray],
     files.write_text_atomic(os.path.join(directory, "tokenizer.json"), tokenizer.tokenizer_json)
 
 
-# ----------------------------------------------------------------------------- workdirs
-
-
 def write_workdir(cfg: Config, params: Any, tokenizer: Any, workdir: str,
                   converted_from: dict[str, Any] | None = None) -> None:
-  """A workdir as training writes one: config.json, provenance.json, checkpoint 0 (a fresh train
-  state holding `params`), tokenizers/target (and /source for an encoder-decoder) and, given
-  `converted_from` ({"from_hf": dir, "config": its config.json}), converted_from.json."""
+  """A workdir as training writes one, with `params` in checkpoint 0's fresh train state, and
+  `converted_from` ({"from_hf": dir, "config": its config.json}) in converted_from.json."""
   if any(files.exists(os.path.join(workdir, name)) for name in ("config.json", "checkpoints")):
     raise ConvertError(f"--workdir={workdir} already holds a run; give a new directory")
   model = build_model(cfg.model)
@@ -175,8 +139,7 @@ def write_workdir(cfg: Config, params: Any, tokenizer: Any, workdir: str,
 
 def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") -> Config:
   """Converts the model in local directory `hf_dir` into `workdir`; returns the workdir's config.
-  `text_file` (data.text_file, prepared in data.data_dir=`data_dir`; GPT-2 only) gives it data
-  for eval.py."""
+  `text_file` (prepared in `data_dir`; GPT-2 and BERT) gives it data for eval.py."""
   hf, state = read_hf(hf_dir)
   family = family_of_hf(hf)
   tokenizer_path = os.path.join(hf_dir, "tokenizer.json")
@@ -197,8 +160,8 @@ def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") 
 
 
 def to_hf(workdir: str, hf_dir: str, step: int | str | None = None) -> dict[str, Any]:
-  """Writes the run in `workdir` (checkpoint `step`) as a Hugging Face directory of its family
-  (decoder-only: GPT-2, encoder-decoder: T5); returns its config."""
+  """Writes the run in `workdir` (checkpoint `step`) as a Hugging Face directory of its family;
+  returns its config.json dict."""
   cfg = restore.load_run_config(workdir)
   family = family_of_config(cfg.model)
   source = os.path.join(workdir, CONVERTED_FROM)
@@ -216,9 +179,6 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None) -> dict[str,
       else None
   write_hf(hf_dir, hf, family.hf_from_params(params, cfg.model, hf), tokenizer)
   return hf
-
-
-# ----------------------------------------------------------------------------- command line
 
 
 def _define(f: flags.FlagValues) -> None:

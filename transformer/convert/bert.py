@@ -1,33 +1,15 @@
-r"""BERT (`BertForMaskedLM`) <-> our EncoderOnly with the masked-LM head (transformer/convert drives).
+r"""BERT (`BertForMaskedLM`) <-> our EncoderOnly with the masked-LM head.
 
-BERT in our knobs: encoder_only, head=mlm, post-LN (`norm_position='post'`, LayerNorm with bias,
-`norm_eps` = layer_norm_eps), learned positions (`positional='learned'`, `max_len` =
-max_position_embeddings), a LayerNorm on the summed embeddings (`embedding_norm`), biases
-everywhere (`use_bias`), hidden_act as `ffn` (exact erf "gelu" -> `gelu`, "gelu_new" ->
-`gelu_tanh`, "relu"), unscaled embeddings (`scale_embeddings=False`), attention scaled by
-1/sqrt(head_dim), and BERT's MLM head: Norm(act(Dense(x))) (`head_transform`, act = the FFN's),
-then the tied (or, tie_word_embeddings=False, untied) vocabulary projection plus a bias
-(`logits_bias`). Dropout: hidden_dropout_prob -> dropout_rate (BERT drops the embeddings with it
-too, as ours does), attention_probs_dropout_prob -> attention_dropout_rate.
-
-Query, key and value (torch Linear [out, in]) become our fused `qkv` kernel [d, 3, n, h].
-
-Token type embeddings: our pipeline has one segment type, so the type-0 row is added to every
-position row on import (BERT's embedding is word + position + type, and inputs of type 0 see
-exactly that sum); on export the position table is ours and the type rows are zeros. Logits are
-BERT's for type-0 inputs (the only kind our data makes), and HF -> ours -> HF is bitwise equal on
-every tensor but those two tables, whose sum for type 0 is kept (and, for an untied head, but
-cls.predictions.bias: Hugging Face's forward reads the decoder's bias, and the export writes it
-under both names).
-
-Token ids: our id = BERT id + 4 (`data.hf_id_offset=4`). Our four reserved ids take BERT's own
-specials' rows: pad 0 <- [PAD], EOS 1 <- [SEP], BOS 2 <- [CLS], UNK 3 <- [UNK], so a row our
-pipeline frames as BOS ... EOS is BERT's [CLS] ... [SEP]. Our masked-LM objective's [MASK] and its
-100 sentinels come after the vocabulary (data/objectives.py ExtraIds) and take BERT's [MASK] row:
-`restore(OUT).fill_mask(...)` asks the converted model exactly what BERT's fill-mask asks. These
-105 ids are no BERT id's place (`our_ids`), so they are `model.excluded_ids`: as outputs they have
-probability 0 and the masked-token softmax over our whole vocabulary is BERT's (as inputs they
-read as the rows above). Export drops these 105 rows again (and their logit biases).
+BERT is our encoder_only with head=mlm, post-LN, learned positions, a LayerNorm on the summed
+embeddings, biases everywhere, unscaled embeddings, hidden_act as `ffn` and its MLM head
+Norm(act(Dense(x))) (`head_transform`) before the vocabulary projection plus a bias
+(`logits_bias`). Query, key and value become our fused `qkv` kernel [d, 3, n, h].
+Our pipeline has one segment type: import adds the type-0 row to every position row, export
+writes the position table and zero type rows (so HF -> ours -> HF keeps their sum for type 0).
+Ids: ours = BERT's + 4 (`data.hf_id_offset=4`); our pad, EOS, BOS and UNK take the rows of
+[PAD], [SEP], [CLS] and [UNK], and the objective's [MASK] and sentinels after the vocabulary
+(data/objectives.py ExtraIds) take [MASK]'s: these ids are `model.excluded_ids` (probability 0),
+and export drops their rows again.
 """
 
 from __future__ import annotations
@@ -38,8 +20,10 @@ import numpy as np
 
 from transformer.config import Config, from_configdict, ModelConfig
 from transformer.schema import get_config
-from transformer.convert.common import (ConvertError, float32, positive_ints, require,
-                                        require_unmapped_excluded, stack_layers, unmapped_ids)
+from transformer.convert.common import (CONVERTED, ConvertError, float32, hf_choice, hf_ffn,
+                                        positive_ints, require, require_hf,
+                                        require_unmapped_excluded,
+                                        stack_layers, unmapped_ids)
 from transformer.data.objectives import ExtraIds
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, UNK_ID
 
@@ -47,10 +31,11 @@ MODEL_TYPE, NAME, ARCH = "bert", "BERT", "encoder_only"
 ID_OFFSET = NUM_SPECIAL
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "relu": "relu"}
-_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
-# Our reserved id -> the BERT special token whose row it takes; [MASK] for the objective's ids.
-_SPECIALS = {PAD_ID: "[PAD]", EOS_ID: "[SEP]", BOS_ID: "[CLS]", UNK_ID: "[UNK]"}
-MASK = "[MASK]"
+# Our model config keys BERT fixes: set on import, required on export.
+FIXED = dict(arch="encoder_only", head="mlm", positional="learned", norm="layernorm",
+             norm_position="post", use_bias=True, scale_embeddings=False,
+             scale_attention_logits=True, embedding_norm=True, head_transform=True,
+             logits_bias=True, ffn_dropout_rate=0.0)
 OBJECTIVE_IDS = ExtraIds(0).total_vocab_size  # [MASK] and the sentinels (101)
 
 
@@ -68,60 +53,41 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
                     ) -> dict[str, Any]:
   """Our model config keys for a BERT config.json dict; ConvertError names an unmappable key."""
   del state  # BERT's config says all
-  checks = {"position_embedding_type": "absolute", "is_decoder": False,
-            "add_cross_attention": False}
-  for key, want in checks.items():
-    if hf.get(key, want) != want:
-      raise ConvertError(f"config.json: {key}={hf[key]!r} has no counterpart here (need {want!r})")
+  require_hf(hf, {"position_embedding_type": "absolute", "is_decoder": False,
+                  "add_cross_attention": False})
   positive_ints(hf, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings"))
-  act = hf.get("hidden_act", "gelu")
-  if act not in _ACTIVATIONS:
-    raise ConvertError(f"config.json: hidden_act={act!r} is not one of {'|'.join(_ACTIVATIONS)}")
+  ffn = hf_choice(hf, "hidden_act", "gelu", _ACTIVATIONS)
   d, heads = hf["hidden_size"], hf["num_attention_heads"]
   if d % heads:
     raise ConvertError(f"config.json: num_attention_heads={heads} does not divide "
                        f"hidden_size={d}")
   vocab = _extra(hf["vocab_size"]).total_vocab_size
-  return dict(
-      arch="encoder_only", head="mlm", vocab_size=vocab, source_vocab_size=vocab,
+  return CONVERTED | FIXED | dict(
+      vocab_size=vocab, source_vocab_size=vocab,
       excluded_ids=unmapped_ids(our_ids(hf["vocab_size"]), vocab),
-      d_model=d, num_heads=heads, num_kv_heads=0, head_dim=0, v_head_dim=0,
-      mlp_dim=hf["intermediate_size"], num_encoder_layers=hf["num_hidden_layers"],
-      num_decoder_layers=0, positional="learned", norm="layernorm", norm_position="post",
-      norm_eps=float(hf.get("layer_norm_eps", 1e-12)), ffn=_ACTIVATIONS[act], use_bias=True,
-      scale_attention_logits=True, scale_decoder_output=False, embedding_norm=True,
-      head_transform=True, logits_bias=True,
+      d_model=d, num_heads=heads, head_dim=0, mlp_dim=hf["intermediate_size"],
+      num_encoder_layers=hf["num_hidden_layers"], num_decoder_layers=0, ffn=ffn,
+      norm_eps=float(hf.get("layer_norm_eps", 1e-12)), scale_decoder_output=False,
       dropout_rate=float(hf.get("hidden_dropout_prob", 0.1)),
       attention_dropout_rate=float(hf.get("attention_probs_dropout_prob", 0.1)),
-      ffn_dropout_rate=0.0, tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
-      share_src_tgt_embeddings=True, scale_embeddings=False, prefix_lm=False, scan_layers=False,
-      dtype="float32", param_dtype="float32", max_len=hf["max_position_embeddings"])
+      tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+      max_len=hf["max_position_embeddings"])
 
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
   """The BERT config.json dict of model config `m`; ConvertError names the first key BERT lacks.
-  `extra` (the source's config.json, for a converted run) gives the keys with no counterpart in
-  ours (pad id, type vocabulary, initializer range, ...); architecture keys always come from `m`."""
+  `extra` (a converted run's source config.json) gives the keys ours has no counterpart of."""
   if m.d_model % m.num_heads:
     raise ConvertError(f"model.num_heads={m.num_heads} does not divide model.d_model="
                        f"{m.d_model}, as BERT's heads must")
   h = m.d_model // m.num_heads
-  require(m, {"arch": "encoder_only", "head": "mlm", "positional": "learned",
-              "norm": "layernorm", "norm_position": "post", "use_bias": True,
-              "scale_embeddings": False, "scale_attention_logits": True, "embedding_norm": True,
-              "head_transform": True, "logits_bias": True, "num_kv_heads": m.num_heads,
-              "head_dim": h, "v_head_dim": h, "ffn_dropout_rate": 0.0}, NAME)
-  if m.ffn not in _HF_ACTIVATION:
-    raise ConvertError(f"model.ffn={m.ffn!r} has no BERT counterpart (one of "
-                       f"{'|'.join(_HF_ACTIVATION)})")
+  require(m, FIXED | {"num_kv_heads": m.num_heads, "head_dim": h, "v_head_dim": h}, NAME)
+  activation = hf_ffn(m, (extra or {}).get("hidden_act"), _ACTIVATIONS, NAME)
   hf_vocab = _hf_vocab(m)
   require_unmapped_excluded(m, our_ids(hf_vocab), NAME)
   out = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "pad_token_id": 0,
          "type_vocab_size": 2} | dict(extra or {})
-  activation = out.get("hidden_act")  # the source's name when it means the same
-  if _ACTIVATIONS.get(activation) != m.ffn:
-    activation = _HF_ACTIVATION[m.ffn]
   out |= {"vocab_size": hf_vocab, "hidden_size": m.d_model, "num_hidden_layers":
           m.num_encoder_layers, "num_attention_heads": m.num_heads, "intermediate_size":
           m.mlp_dim, "hidden_act": activation, "max_position_embeddings": m.max_len,
@@ -144,8 +110,8 @@ def _hf_vocab(m: ModelConfig) -> int:
 
 def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenizer: str,
                    text_file: str = "", data_dir: str = "") -> Config:
-  """The full config of a converted BERT: base.py's defaults, BERT's model, an 'hf' tokenizer and,
-  given `text_file` (prepared in `data_dir`), masked-LM data for eval.py and fine-tuning."""
+  """The full config of a converted BERT; `text_file` (prepared in `data_dir`) gives it
+  masked-LM data for eval.py and fine-tuning."""
   cd = get_config()
   m = model_overrides(hf, state)
   cd.model.update(m)
@@ -162,9 +128,10 @@ def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenize
 
 
 def _special_ids(tokenizer: Any) -> dict[int, int]:
-  """Our reserved ids and [MASK] -> the BERT ids whose rows they take (see the docstring)."""
+  """Our reserved ids (and -1 for [MASK]) -> the BERT ids whose rows they take."""
   out = {}
-  for ours, token in (*_SPECIALS.items(), (-1, MASK)):
+  specials = {PAD_ID: "[PAD]", EOS_ID: "[SEP]", BOS_ID: "[CLS]", UNK_ID: "[UNK]", -1: "[MASK]"}
+  for ours, token in specials.items():
     hf_id = tokenizer.token_id(token) if tokenizer is not None else None
     if hf_id is None:
       raise ConvertError(f"tokenizer.json has no {token} token (a BERT WordPiece tokenizer?)")
@@ -173,8 +140,7 @@ def _special_ids(tokenizer: Any) -> dict[int, int]:
 
 
 def _with_our_rows(table: np.ndarray, ids: dict[int, int]) -> np.ndarray:
-  """BERT's rows (of an embedding table [V, d] or a bias [V]) inside our vocabulary: our 4
-  reserved rows, BERT's V, then [MASK] for the objective's [MASK] and sentinels."""
+  """A BERT table ([V, d] or [V]) in our ids: 4 reserved rows, BERT's V, [MASK]'s for the rest."""
   extra = _extra(table.shape[0])
   top = np.stack([table[ids[i]] for i in range(NUM_SPECIAL)])
   tail = np.repeat(table[ids[-1]][None], extra.total_vocab_size - extra.vocab_size, axis=0)
@@ -182,9 +148,8 @@ def _with_our_rows(table: np.ndarray, ids: dict[int, int]) -> np.ndarray:
 
 
 def _logits_bias(state: dict[str, np.ndarray]) -> np.ndarray:
-  """The vocabulary bias BERT's forward adds: the decoder's. Hugging Face ties it to
-  cls.predictions.bias when the head is tied (a file may hold either name); an untied head's
-  cls.predictions.bias is a parameter its forward never reads."""
+  """The vocabulary bias BERT's forward adds: the decoder's (an untied head's
+  cls.predictions.bias is never read; a tied one's is the same tensor)."""
   for key in ("cls.predictions.decoder.bias", "cls.predictions.bias"):
     if key in state:
       return state[key]
@@ -194,8 +159,7 @@ def _logits_bias(state: dict[str, np.ndarray]) -> np.ndarray:
 
 def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
                    tokenizer: Any = None) -> dict[str, Any]:
-  """Our EncoderOnly parameters (unrolled layers, MLM head) from a BertForMaskedLM state dict;
-  every array is a transposed, reshaped or (type-0 into positions) summed copy."""
+  """Our EncoderOnly parameters (unrolled layers, MLM head) from a BertForMaskedLM state dict."""
   ids = _special_ids(tokenizer)
   if tokenizer.vocab_size != NUM_SPECIAL + hf["vocab_size"]:
     raise ConvertError(f"tokenizer.json has {tokenizer.vocab_size - NUM_SPECIAL} ids and "
@@ -207,6 +171,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
     raise ConvertError("the BERT weights have no cls.predictions.* (a BertForMaskedLM "
                        "checkpoint; a BertModel has no masked-LM head)")
   norm = lambda p: {"scale": state[f"{p}.weight"], "bias": state[f"{p}.bias"]}  # noqa: E731
+  dense = lambda p: {"kernel": state[f"{p}.weight"].T, "bias": state[f"{p}.bias"]}  # noqa: E731
   e = "bert.embeddings"
   encoder: dict[str, Any] = {
       "position_embed": {"embedding": state[f"{e}.position_embeddings.weight"]
@@ -223,15 +188,11 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
             "out": {"kernel": state[f"{a}.output.dense.weight"].T.reshape(n, h, d),
                     "bias": state[f"{a}.output.dense.bias"]}},
         "attention_norm": norm(f"{a}.output.LayerNorm"),
-        "ffn": {"wi": {"kernel": state[f"{p}.intermediate.dense.weight"].T,
-                       "bias": state[f"{p}.intermediate.dense.bias"]},
-                "wo": {"kernel": state[f"{p}.output.dense.weight"].T,
-                       "bias": state[f"{p}.output.dense.bias"]}},
+        "ffn": {"wi": dense(f"{p}.intermediate.dense"), "wo": dense(f"{p}.output.dense")},
         "ffn_norm": norm(f"{p}.output.LayerNorm")}
   t = "cls.predictions"
   head: dict[str, Any] = {
-      "transform": {"kernel": state[f"{t}.transform.dense.weight"].T,
-                    "bias": state[f"{t}.transform.dense.bias"]},
+      "transform": dense(f"{t}.transform.dense"),
       "transform_norm": norm(f"{t}.transform.LayerNorm"),
       "logits_bias": {"bias": _with_our_rows(_logits_bias(state), ids)}}
   if not m.tie_embeddings:
@@ -243,7 +204,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
                    ) -> dict[str, np.ndarray]:
   """The BertForMaskedLM state dict (float32 numpy) of our parameters; `hf` (its config.json)
-  gives the number of token types (zero rows: ours are in the position table)."""
+  gives the number of (zero) token type rows."""
   d = m.d_model
   hf_vocab = _hf_vocab(m)
   ours = lambda x: np.asarray(x)[NUM_SPECIAL:NUM_SPECIAL + hf_vocab]  # noqa: E731

@@ -1,29 +1,14 @@
-r"""GPT-2 (`GPT2LMHeadModel`) <-> our DecoderOnly: configs and weights (transformer/convert drives).
+r"""GPT-2 (`GPT2LMHeadModel`) <-> our DecoderOnly: configs and weights.
 
-GPT-2 in our knobs: decoder_only, pre-LN with a final LayerNorm (`norm_position='pre'`, LayerNorm
-with bias, `norm_eps` = layer_norm_epsilon), learned positions (`positional='learned'`, `max_len` =
-n_positions), biases everywhere (`use_bias`), tanh GELU (`ffn='gelu_tanh'`), unscaled embeddings
-(`scale_embeddings=False`), tied head (`tie_embeddings`), attention scaled by 1/sqrt(head_dim)
-(`scale_attention_logits`). GPT-2's fused Conv1D c_attn weight [d, 3d] (columns q | k | v, heads
-major) is exactly our fused `qkv` kernel [d, 3, n, h] reshaped; Conv1D weights are [in, out] like
-our kernels. Dropout: resid_pdrop -> model.dropout_rate (ours also drops the embeddings with it:
-embd_pdrop is not kept separately), attn_pdrop -> attention_dropout_rate.
-
-Token ids: our id = Hugging Face id + NUM_SPECIAL (4; `data.hf_id_offset=4`), except GPT-2's
-<|endoftext|> (eos_token_id), whose place is our EOS (1): `our_ids`. Our code reserves ids 0-3
-(pad, which is also the decoder's start token; EOS; BOS; UNK: data/tokenizers.py) and treats id 0
-as padding (segment ids default to tokens != 0), while GPT-2's id 0 is "!"; shifting every id keeps
-GPT-2's vocabulary intact and ours unchanged. <|endoftext|> is what our EOS means to GPT-2: the end
-of a document, where decoding stops as Hugging Face's generate stops. The ids of ours that are no
-GPT-2 id's place (0, 2, 3 and <|endoftext|>'s shifted id eos_token_id + 4; also 1 when the config
-has no eos_token_id) are `model.excluded_ids`: probability 0, so the softmax over our vocabulary
-is GPT-2's, id for id (the tokenizer still encodes a literal "<|endoftext|>" as the shifted id,
-which then scores -1e30). Their embedding rows are copies of <|endoftext|>'s row (the mean row
-without one): the start token 0 reads as the <|endoftext|> GPT-2 saw before every document. Export
-takes each GPT-2 row from its place (`our_ids` of the written config.json, whose
-eos_token_id, when no source config.json says it, is the excluded shifted id), so HF -> ours -> HF
-is bitwise equal, and a fine-tuned run's EOS row becomes <|endoftext|>'s. (A decoder-only seq2seq run,
-`model.prefix_lm`, exports as GPT-2 is: causal over the prompt too.)
+GPT-2 is our decoder_only with pre-LN and a final LayerNorm, learned positions, biases
+everywhere, tanh GELU, unscaled embeddings and a tied head. Its fused Conv1D c_attn weight
+[d, 3d] (columns q | k | v, heads major) is our fused `qkv` kernel [d, 3, n, h] reshaped.
+Ids: ours = GPT-2's + 4 (`data.hf_id_offset=4`: our code reserves 0-3 and treats 0 as padding,
+while GPT-2's 0 is "!"), except <|endoftext|> (eos_token_id), whose place is our EOS: the end of
+a document, where decoding stops as generate stops (`our_ids`). Our ids in no GPT-2 id's place
+(0, 2, 3 and <|endoftext|>'s shifted id) are `model.excluded_ids`; their embedding rows copy
+<|endoftext|>'s, so the start token 0 reads as what GPT-2 saw before every document. Export
+takes each row from its `our_ids` place, so HF -> ours -> HF is bitwise equal.
 """
 
 from __future__ import annotations
@@ -34,15 +19,20 @@ import numpy as np
 
 from transformer.config import Config, excluded_ids, from_configdict, ModelConfig
 from transformer.schema import get_config
-from transformer.convert.common import (ConvertError, float32, positive_ints, require,
-                                        require_unmapped_excluded, stack_layers, unmapped_ids)
+from transformer.convert.common import (CONVERTED, ConvertError, float32, hf_choice, hf_ffn,
+                                        positive_ints, require, require_hf,
+                                        require_unmapped_excluded,
+                                        stack_layers, unmapped_ids)
 from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
 
 MODEL_TYPE, NAME, ARCH = "gpt2", "GPT-2", "decoder_only"
 ID_OFFSET = NUM_SPECIAL
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                 "relu": "relu"}
-_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+# Our model config keys GPT-2 fixes: set on import, required on export.
+FIXED = dict(arch="decoder_only", positional="learned", norm="layernorm", norm_position="pre",
+             use_bias=True, scale_embeddings=False, scale_attention_logits=True,
+             scale_decoder_output=False, ffn_dropout_rate=0.0)
 
 
 def our_ids(hf: dict[str, Any]) -> np.ndarray:
@@ -58,36 +48,26 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
                     ) -> dict[str, Any]:
   """Our model config keys for a GPT-2 config.json dict; ConvertError names an unmappable key."""
   del state  # GPT-2's config says all
-  checks = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-            "add_cross_attention": False}
-  for key, want in checks.items():
-    if hf.get(key, want) != want:
-      raise ConvertError(f"config.json: {key}={hf[key]!r} has no counterpart here (need {want})")
+  require_hf(hf, {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                  "add_cross_attention": False})
   positive_ints(hf, ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"))
-  act = hf.get("activation_function", "gelu_new")
-  if act not in _ACTIVATIONS:
-    raise ConvertError(f"config.json: activation_function={act!r} is not one of "
-                       f"{'|'.join(_ACTIVATIONS)}")
+  ffn = hf_choice(hf, "activation_function", "gelu_new", _ACTIVATIONS)
   d, heads = hf["n_embd"], hf["n_head"]
-  return dict(
-      arch="decoder_only", vocab_size=hf["vocab_size"] + NUM_SPECIAL,
+  return CONVERTED | FIXED | dict(
+      vocab_size=hf["vocab_size"] + NUM_SPECIAL,
       excluded_ids=unmapped_ids(our_ids(hf), hf["vocab_size"] + NUM_SPECIAL),
       source_vocab_size=hf["vocab_size"] + NUM_SPECIAL,  # as training fills it in for an LM
-      d_model=d, num_heads=heads, num_kv_heads=0, head_dim=0, v_head_dim=0,
-      mlp_dim=hf.get("n_inner") or 4 * d, num_encoder_layers=0, num_decoder_layers=hf["n_layer"],
-      positional="learned", norm="layernorm", norm_position="pre",
-      norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), ffn=_ACTIVATIONS[act], use_bias=True,
-      scale_attention_logits=True, scale_decoder_output=False,
+      d_model=d, num_heads=heads, head_dim=0, mlp_dim=hf.get("n_inner") or 4 * d,
+      num_encoder_layers=0, num_decoder_layers=hf["n_layer"], ffn=ffn,
+      norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
       dropout_rate=float(hf.get("resid_pdrop", 0.1)),
-      attention_dropout_rate=float(hf.get("attn_pdrop", 0.1)), ffn_dropout_rate=0.0,
-      tie_embeddings=bool(hf.get("tie_word_embeddings", True)), share_src_tgt_embeddings=True,
-      scale_embeddings=False, prefix_lm=False, scan_layers=False, dtype="float32",
-      param_dtype="float32", max_len=hf["n_positions"])
+      attention_dropout_rate=float(hf.get("attn_pdrop", 0.1)),
+      tie_embeddings=bool(hf.get("tie_word_embeddings", True)), max_len=hf["n_positions"])
 
 
 def _endoftext(m: ModelConfig) -> int | None:
-  """The GPT-2 id whose place is our EOS, read from a converted run's model.excluded_ids (its
-  shifted id is the one excluded id above NUM_SPECIAL, with EOS itself kept); None if none."""
+  """The GPT-2 id whose place is our EOS, by model.excluded_ids (its shifted id is the one
+  excluded id above NUM_SPECIAL, with EOS kept); None if none."""
   excluded = excluded_ids(m)
   shifted = [i for i in excluded if i >= NUM_SPECIAL]
   return shifted[0] - NUM_SPECIAL if len(shifted) == 1 and EOS_ID not in excluded else None
@@ -95,33 +75,21 @@ def _endoftext(m: ModelConfig) -> int | None:
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
   """The GPT-2 config.json dict of model config `m`; ConvertError names the first key GPT-2 lacks.
-
-  `extra` (the source's config.json, for a converted run) gives the keys with no counterpart in
-  ours (token ids, initializer range, ...); architecture keys always come from `m`. Without it
-  (e.g. a converted run fine-tuned in another workdir), <|endoftext|> (bos and eos) is the id
-  that model.excluded_ids says was moved to our EOS.
-  """
+  `extra` (a converted run's source config.json) gives the keys ours has no counterpart of;
+  without it, <|endoftext|> is the id model.excluded_ids says was moved to our EOS."""
   if m.d_model % m.num_heads:
     raise ConvertError(f"model.head_dim={m.head_dim} has no GPT-2 counterpart (GPT-2's is "
                        f"d_model / num_heads, and model.num_heads={m.num_heads} does not divide "
                        f"model.d_model={m.d_model})")
-  require(m, {"arch": "decoder_only", "positional": "learned", "norm": "layernorm",
-              "norm_position": "pre", "use_bias": True, "scale_embeddings": False,
-              "scale_attention_logits": True, "scale_decoder_output": False,
-              "num_kv_heads": m.num_heads, "head_dim": m.d_model // m.num_heads,
-              "v_head_dim": m.d_model // m.num_heads, "ffn_dropout_rate": 0.0}, NAME)
-  if m.ffn not in _HF_ACTIVATION:
-    raise ConvertError(f"model.ffn={m.ffn!r} has no GPT-2 counterpart (one of "
-                       f"{'|'.join(_HF_ACTIVATION)})")
+  h = m.d_model // m.num_heads
+  require(m, FIXED | {"num_kv_heads": m.num_heads, "head_dim": h, "v_head_dim": h}, NAME)
+  activation = hf_ffn(m, (extra or {}).get("activation_function"), _ACTIVATIONS, NAME)
   if m.vocab_size <= NUM_SPECIAL:
     raise ConvertError(f"model.vocab_size={m.vocab_size} leaves no Hugging Face ids "
                        f"(ids below {NUM_SPECIAL} are ours)")
   eot = _endoftext(m)
   out = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "bos_token_id": eot,
          "eos_token_id": eot} | dict(extra or {})
-  activation = out.get("activation_function")  # the source's name when it means the same
-  if _ACTIVATIONS.get(activation) != m.ffn:
-    activation = _HF_ACTIVATION[m.ffn]
   inner = None if out.get("n_inner") is None and m.mlp_dim == 4 * m.d_model else m.mlp_dim
   out |= {"vocab_size": m.vocab_size - NUM_SPECIAL, "n_positions": m.max_len, "n_embd": m.d_model,
           "n_layer": m.num_decoder_layers, "n_head": m.num_heads, "n_inner": inner,
@@ -136,8 +104,8 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
 
 def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenizer: str,
                    text_file: str = "", data_dir: str = "") -> Config:
-  """The full config of a converted GPT-2: base.py's defaults, GPT-2's model, an 'hf' tokenizer,
-  an LM over `text_file` (none if empty; prepared in `data_dir`) and greedy decoding."""
+  """The full config of a converted GPT-2: an LM over `text_file` (none if empty; prepared in
+  `data_dir`) with greedy decoding."""
   cd = get_config()
   m = model_overrides(hf, state)
   cd.model.update(m)
@@ -155,9 +123,8 @@ def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenize
 
 
 def _our_table(table: np.ndarray, hf: dict[str, Any]) -> np.ndarray:
-  """A GPT-2 table [V, ...] (embedding or untied head) in our ids: each row at its `our_ids` place,
-  the other NUM_SPECIAL rows copies of <|endoftext|>'s (the mean row without one; see the
-  docstring)."""
+  """A GPT-2 table [V, ...] in our ids: each row at its `our_ids` place, the others copies of
+  <|endoftext|>'s (the mean row without one)."""
   if table.shape[0] != hf["vocab_size"]:
     raise ConvertError(f"the GPT-2 weights have {table.shape[0]} vocabulary rows, config.json "
                        f"vocab_size={hf['vocab_size']}")
@@ -173,13 +140,12 @@ def _our_table(table: np.ndarray, hf: dict[str, Any]) -> np.ndarray:
 
 def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
                    tokenizer: Any = None) -> dict[str, Any]:
-  """Our DecoderOnly parameters (unrolled layers) from a GPT2LMHeadModel state dict; every array
-  is a reshaped, never recomputed, copy."""
+  """Our DecoderOnly parameters (unrolled layers) from a GPT2LMHeadModel state dict."""
   del tokenizer  # GPT-2's specials are in its config
   state = {k.removeprefix("transformer."): v for k, v in state.items()}
   n, h, d = m.num_heads, m.d_model // m.num_heads, m.d_model
-  wte = state["wte.weight"]
   norm = lambda p: {"scale": state[f"{p}.weight"], "bias": state[f"{p}.bias"]}  # noqa: E731
+  conv = lambda p: {"kernel": state[f"{p}.weight"], "bias": state[f"{p}.bias"]}  # noqa: E731
   decoder: dict[str, Any] = {
       "position_embed": {"embedding": state["wpe.weight"]},
       "final_norm": norm("ln_f")}
@@ -193,15 +159,10 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
             "out": {"kernel": state[f"{p}.attn.c_proj.weight"].reshape(n, h, d),
                     "bias": state[f"{p}.attn.c_proj.bias"]}},
         "ffn_norm": norm(f"{p}.ln_2"),
-        "ffn": {"wi": {"kernel": state[f"{p}.mlp.c_fc.weight"],
-                       "bias": state[f"{p}.mlp.c_fc.bias"]},
-                "wo": {"kernel": state[f"{p}.mlp.c_proj.weight"],
-                       "bias": state[f"{p}.mlp.c_proj.bias"]}}}
+        "ffn": {"wi": conv(f"{p}.mlp.c_fc"), "wo": conv(f"{p}.mlp.c_proj")}}
   if not m.tie_embeddings:
-    head = state["lm_head.weight"]  # [vocab, d]
-    decoder["logits_dense"] = {"kernel": _our_table(head, hf).T}
-  return {"token_embed": {"embedding": _our_table(wte, hf)},
-          "decoder": decoder}
+    decoder["logits_dense"] = {"kernel": _our_table(state["lm_head.weight"], hf).T}
+  return {"token_embed": {"embedding": _our_table(state["wte.weight"], hf)}, "decoder": decoder}
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None

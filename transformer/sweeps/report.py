@@ -1,13 +1,10 @@
 """A sweep's results: one row per point from its run files, as CSV, Markdown and PNG plots.
 
-Per point (see transformer/sweeps/runner.py for the layout) the row holds the swept values, the
-parameter count (from the run's config.json, by tracing the model's init: nothing is restored),
-the final step and the last in-training evaluation (`dev/*`, from metrics.jsonl), the test
-metrics (`test/*`, from metrics.test.json written by eval.py), the median training throughput
-(perf/tokens_per_sec of every logged window but the first, which includes compilation) and the
-training wall time the runner measured (summed over resumed attempts). Files written into the
-sweep's workdir: results.csv, results.md, results.png (the chosen metric per point) and
-curves.png (train/loss and the eval metric of every point against the step, overlaid).
+A row holds the swept values, the parameter count (traced from config.json), the final step, the
+last in-training evaluation (`dev/*`), eval.py's metrics (`test/*`), the median training
+throughput (without the first window, which includes compilation) and the runner's training wall
+time. Written into the sweep's workdir: results.csv, results.md, results.png (the chosen metric
+per point) and curves.png (learning curves of every point, overlaid).
 """
 
 from __future__ import annotations
@@ -26,9 +23,6 @@ from transformer.sweeps import runner, spec
 AUTO_METRICS = ("test/wer", "test/bleu", "test/bits_per_char", "test/bits_per_byte",
                 "test/bits_per_token", "test/loss", "dev/wer", "dev/bleu", "dev/loss")
 HIGHER_IS_BETTER = ("bleu", "accuracy")
-# Numeric keys of metrics.<split>.json that are not metrics (its strings and the `coverage` dict
-# are skipped by type).
-SKIPPED_TEST_KEYS = ("step",)
 
 
 def count_params(workdir: str) -> int | None:
@@ -39,7 +33,7 @@ def count_params(workdir: str) -> int | None:
     import jax  # pylint: disable=g-import-not-at-top  (JAX only to count parameters: sweep.py starts fast)
     import numpy as np  # pylint: disable=g-import-not-at-top  (as jax)
     from transformer.model import models, scoring  # pylint: disable=g-import-not-at-top  (as jax)
-    from transformer.run import restore# pylint: disable=g-import-not-at-top  (as jax)
+    from transformer.run import restore  # pylint: disable=g-import-not-at-top  (as jax)
     cfg = restore.load_run_config(workdir)
     model = models.build_model(cfg.model)
     shapes = jax.eval_shape(lambda r: scoring.init_params(model, r, models.example_batch(cfg.model)),
@@ -89,7 +83,7 @@ def collect(points: Sequence[spec.Point], eval_split: str = "test") -> list[dict
       row |= {f"dev/{k}": dev[k] for k in _sort_metrics(list(dev))}
     test = runner.read_json(os.path.join(p.workdir, f"metrics.{eval_split}.json"))
     if isinstance(test, dict):
-      names = [k for k, v in test.items() if k not in SKIPPED_TEST_KEYS
+      names = [k for k, v in test.items() if k != "step"
                and isinstance(v, (int, float)) and not isinstance(v, bool)]
       row |= {f"{eval_split}/{k}": test[k] for k in _sort_metrics(names)}
     rates = [r["perf/tokens_per_sec"] for r in logged if "perf/tokens_per_sec" in r]
@@ -152,19 +146,16 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
     best = (max if any(h in metric for h in HIGHER_IS_BETTER) else min)(values)
   lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
   for row in rows:
-    cells = []
-    for k in cols:
-      text = _fmt(k, row.get(k))
-      cells.append(f"**{text}**" if k == metric and best is not None and row.get(k) == best
-                   else text)
+    cells = [_fmt(k, row.get(k)) for k in cols]
+    if best is not None and row.get(metric) == best:
+      cells[cols.index(metric)] = f"**{cells[cols.index(metric)]}**"
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 
 def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
   """Horizontal bars: `metric` per point (points without it are left out)."""
-  from transformer.infer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (matplotlib: plots only)
+  from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
   have = [r for r in rows if isinstance(r.get(metric), (int, float))]
   fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(have), 2) + 1.2))
   ax.barh([r["point"] for r in have], [r[metric] for r in have], color="tab:blue")
@@ -180,8 +171,7 @@ def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
 
 def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> None:
   """train/loss, eval/loss and the metric's eval/ curve of every point against the step."""
-  from transformer.infer import viz  # pylint: disable=g-import-not-at-top,unused-import  (Agg backend)
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (matplotlib: plots only)
+  from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
   keys = ["train/loss", "eval/loss"]
   if metric and "/" in metric and metric.split("/", 1)[1] != "loss":
     keys.append("eval/" + metric.split("/", 1)[1])

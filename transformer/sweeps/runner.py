@@ -1,16 +1,10 @@
 """Running a sweep's points: their state on disk, one process per stage, records, dry runs.
 
-A point's workdir holds what train.py and eval.py write, plus `sweep.log` (the output of every
-process the runner started for it) and `sweep_point.json` (its overrides, `run`: the config file
-and the complete overrides it runs with, sweep-wide ones included, every attempt's argv, exit code
-and duration, and the summed `train_seconds` / `eval_seconds`). A point's results belong to its
-complete overrides: a rerun whose config or sweep-wide overrides differ from those a point's
-workdir ran with is refused in one line (`check_same_runs`), never counted as done. A point is trained
-when training wrote `train_done.json` (transformer.train.loop.write_done_marker) at `train.num_steps`
-or after stopping early, and finished when `metrics.<split>.json` was also written for that step;
-`run()` starts only what is missing, so an interrupted or failed point continues from its
-checkpoints when the sweep is rerun. (A run finished before training wrote the marker gets it from
-one more train.py, which finds nothing to train.)
+A point's workdir holds what train.py and eval.py write, plus `sweep.log` (the output of the
+processes started for it) and `sweep_point.json` (its complete overrides, every attempt, the
+summed train/eval seconds). A point is trained when train_done.json says so and finished when
+`metrics.<split>.json` is also there for that step; `run()` starts only what is missing, so a
+rerun resumes from checkpoints, and refuses a workdir that ran other overrides (`check_same_runs`).
 """
 
 from __future__ import annotations
@@ -49,11 +43,7 @@ def read_json(path: str) -> Any:
 
 
 def trained_step(point: Point) -> int | None:
-  """The final step if training has finished (num_steps reached or stopped early), else None.
-
-  Read from the workdir's train_done.json; a marker short of the point's num_steps (a run
-  finished with fewer steps, now to be trained further) does not count.
-  """
+  """The final step if train_done.json says training reached num_steps or stopped early."""
   done = read_json(os.path.join(point.workdir, DONE))
   if not isinstance(done, dict) or not isinstance(done.get("step"), int):
     return None
@@ -78,31 +68,31 @@ def status(point: Point, commands: Commands) -> str:
   return "resume" if started else "new"
 
 
+def _run_of(config: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+  return json.loads(json.dumps({"config": config, "overrides": overrides}, default=str))
+
+
 def point_run(point: Point, commands: Commands) -> dict[str, Any]:
-  """What a point's results are the results of: {"config": the config argument, "overrides":
-  its complete overrides (sweep-wide ones included)}, as JSON values."""
-  return json.loads(json.dumps({"config": commands.config_arg,
-                                "overrides": commands.overrides(point)}, default=str))
+  """What a point's results are of: the config argument and its complete overrides, as JSON."""
+  return _run_of(commands.config_arg, commands.overrides(point))
 
 
 def _recorded_run(point: Point, manifest: Mapping[str, Any] | None) -> dict[str, Any] | None:
-  """The run a point's workdir holds results of: its record's `run`, else (records that predate
-  it) its overrides with the previous manifest's config and sweep-wide overrides; None if
-  unknown."""
+  """The run a point's workdir holds: its record's `run`, else (an older record) its overrides
+  with the previous manifest's config and sweep-wide overrides; None if unknown."""
   record = read_record(point)
   if isinstance(record.get("run"), dict):
     return record["run"]
   if "overrides" in record and isinstance(manifest, dict) and "config" in manifest:
-    return json.loads(json.dumps({"config": manifest["config"], "overrides": {
-        **(manifest.get("base_overrides") or {}), **record["overrides"]}}, default=str))
+    return _run_of(manifest["config"], {**(manifest.get("base_overrides") or {}),
+                                        **record["overrides"]})
   return None
 
 
 def check_same_runs(points: Sequence[Point], commands: Commands,
                     sweep_workdir: str | None = None) -> None:
-  """Raises SweepError (one line) naming the first point whose workdir holds a run of another
-  config or other complete overrides than this sweep gives it (`sweep_workdir`'s sweep.json, the
-  previous manifest, stands in for records written before `run` existed)."""
+  """SweepError naming the first point whose workdir ran another config or other overrides
+  (`sweep_workdir`'s sweep.json stands in for records without `run`)."""
   manifest = read_json(os.path.join(sweep_workdir, "sweep.json")) if sweep_workdir else None
   for p in points:
     old, new = _recorded_run(p, manifest), point_run(p, commands)
@@ -111,13 +101,10 @@ def check_same_runs(points: Sequence[Point], commands: Commands,
     if old.get("config") != new["config"]:
       what = f"--config={old.get('config')} (now {new['config']})"
     else:
-      key = next(k for k in sorted(set(old["overrides"]) | set(new["overrides"]))
-                 if old["overrides"].get(k) != new["overrides"].get(k))
-      ran = (f"--config.{key}={old['overrides'][key]}" if key in old["overrides"]
-             else f"no --config.{key}")
-      now = (f"--config.{key}={new['overrides'][key]}" if key in new["overrides"]
-             else "none")
-      what = f"{ran} (now {now})"
+      was, now = old["overrides"], new["overrides"]
+      key = next(k for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
+      ran = f"--config.{key}={was[key]}" if key in was else f"no --config.{key}"
+      what = f"{ran} (now {f'--config.{key}={now[key]}' if key in now else 'none'})"
     raise SweepError(f"{p.workdir} holds point {p.name} run with {what}; its results are not "
                      "this sweep's: give another --workdir, or remove that point's directory")
 
@@ -146,9 +133,6 @@ def write_manifest(points: Sequence[Point], commands: Commands, sweep_path: str,
                           json.dumps(manifest, indent=1, default=str))
 
 
-# ---------------------------------------------------------------------------- running
-
-
 _running: set[subprocess.Popen] = set()  # children of launch_subprocess, for stop_running
 _running_lock = threading.RLock()  # re-entered by a signal handler that interrupts its holder
 _stop_signal: int | None = None  # set by stop_running: no new process starts after it
@@ -157,10 +141,8 @@ _stop_signal: int | None = None  # set by stop_running: no new process starts af
 def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> int:
   """Runs one process with its output appended to `log_path`; returns its exit code.
 
-  The child gets its own session (so its own process group): a Ctrl-C in the terminal reaches
-  only the sweep, which decides what its children receive (run() forwards it). After
-  stop_running() nothing starts; the code is then minus the stopping signal, as if it had been
-  started and stopped at once.
+  The child gets its own session, so a terminal's Ctrl-C reaches only the sweep, which forwards
+  it. After stop_running() nothing starts and the code is minus the stopping signal.
   """
   with open(log_path, "a") as log:
     log.write(f"$ {shlex.join(argv)}\n")
@@ -184,11 +166,8 @@ def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> in
 
 
 def stop_running(sig: int = signal.SIGTERM) -> None:
-  """Starts no new process and sends `sig` to every running child.
-
-  SIGTERM or a first SIGINT makes train.py save a checkpoint at its current step and exit
-  (resumable); a second SIGINT makes it exit at once.
-  """
+  """Starts no new process and sends `sig` to every running child (train.py saves and exits on
+  SIGTERM or a first SIGINT; a second SIGINT ends it at once)."""
   global _stop_signal
   with _running_lock:
     if _stop_signal is None:
@@ -209,8 +188,8 @@ FORWARDED = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
 
 @contextlib.contextmanager
 def _forwarding_signals():
-  """While running: every SIGINT/SIGTERM/SIGHUP goes to the running children (FORWARDED); the
-  first also raises KeyboardInterrupt here, so that the sweep starts nothing new and waits."""
+  """Forwards SIGINT/SIGTERM/SIGHUP to the children (FORWARDED); the first also raises
+  KeyboardInterrupt here, so that the sweep starts nothing new and waits."""
   def forward(signum, frame):
     del frame
     first = _stop_signal is None
@@ -229,11 +208,8 @@ def _forwarding_signals():
 
 
 def latest_checkpoint(point: Point) -> int | None:
-  """The newest committed checkpoint step in the point's (local) workdir, or None.
-
-  Read from the directory names (orbax renames a save to its step once committed), not through
-  orbax, which would pull JAX into the sweep process.
-  """
+  """The newest committed checkpoint step in the point's local workdir, or None (read from the
+  directory names: orbax would pull JAX into the sweep process)."""
   directory = os.path.join(point.workdir, "checkpoints")
   steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
   return max(steps, default=None)
@@ -258,7 +234,6 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
                                  "run": point_run(point, commands)}
   write_record(point, record)  # before any process: the workdir says what it is a run of
   log_path = os.path.join(point.workdir, LOG)
-  ok = True
   for stage, argv in pending_commands(point, commands):
     if _stop_signal is not None:  # the sweep is stopping: start no further stage
       return False
@@ -278,19 +253,16 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
       record["attempts"][-1]["returncode"] = code
     write_record(point, record)
     if code != 0:
-      ok = False
-      break
-  return ok
+      return False
+  return True
 
 
 def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
         launch: Launch = launch_subprocess, echo: Callable[[str], None] = print) -> list[Point]:
   """Runs every unfinished point, `parallel` at a time; returns the points that failed.
-  SweepError (check_same_runs) before anything runs if a point's workdir holds another run.
 
   SIGINT, SIGTERM or SIGHUP (main thread only) stop the sweep: the running points get the
-  signal (see _forwarding_signals), this waits for them to save and exit, prints where each
-  stopped and raises KeyboardInterrupt; stop_signal() then says which signal it was.
+  signal, this waits for them, prints where each stopped and raises KeyboardInterrupt.
   """
   global _stop_signal
   _stop_signal = None
@@ -298,9 +270,9 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
   todo = []
   for p in points:
     state = status(p, commands)
-    echo(f"[{p.index + 1}/{len(points)}] {p.name}: {state}" + (" (skipped)" if state == "done"
-                                                                else ""))
-    if state != "done":
+    skipped = " (skipped)" if state == "done" else ""
+    echo(f"[{p.index + 1}/{len(points)}] {p.name}: {state}{skipped}")
+    if not skipped:
       todo.append(p)
   lock, failed = threading.Lock(), []
 
@@ -333,10 +305,8 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
 
 def prepare_data(config: ml_collections.ConfigDict, points: Sequence[Point],
                  echo: Callable[[str], None] = print) -> None:
-  """Prepares each distinct `data` section of the points once, here, before parallel runs.
-
-  Concurrent first-time preparations of one TFDS directory would race; prepared data is reused.
-  """
+  """Prepares each distinct `data` section of the points once, here: concurrent first-time
+  preparations of one TFDS directory would race."""
   from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS: sweeps without data need none)
   seen = set()
   for p in points:
@@ -349,8 +319,7 @@ def prepare_data(config: ml_collections.ConfigDict, points: Sequence[Point],
 
 
 def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
-  """The exact commands `run` would start, one per line, with a comment line per point, and last
-  a comment that counts them: training runs and their steps, evaluations, points done."""
+  """The commands `run` would start, a comment line per point, and a comment that counts them."""
   lines, stages, steps, states = [], [], 0, []
   for p in points:
     todo = pending_commands(p, commands)
@@ -368,11 +337,8 @@ def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
   """`python -m transformer.sweeps.runner is_done WORKDIR --num_steps=N [--split=S]`.
 
-  Exit status 0 (and `WORKDIR: done (skipped)`) if the run in WORKDIR is done as `status` sees
-  it: trained to N steps (or stopped early) and, with --split, evaluated on S at that step;
-  else 1 (and its status). The TPU VM commands (sweeps.tpu_vm_command) start with it, so that
-  rerunning them skips finished points as a local rerun does; an error here also exits non-zero,
-  so the point then runs (train.py and eval.py of a finished run only redo the evaluation).
+  Exit status 0 if the run in WORKDIR is done as `status` sees it, else 1 (an error too, so the
+  point then runs); spec.tpu_vm_command's commands start with it to skip finished points.
   """
   def define(f: flags.FlagValues) -> None:
     flags.DEFINE_integer("num_steps", None, "the run's training steps", flag_values=f)
@@ -387,8 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(see --help)", file=sys.stderr)
     return 2
   workdir = rest[1]
-  point = Point(0, {}, os.path.basename(os.path.normpath(workdir)), workdir,
-                args.num_steps)
+  point = Point(0, {}, os.path.basename(os.path.normpath(workdir)), workdir, args.num_steps)
   state = status(point, Commands("", eval_split=args.split))
   print(f"{workdir}: {state}" + (" (skipped)" if state == "done" else ""))
   return 0 if state == "done" else 1

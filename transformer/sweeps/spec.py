@@ -1,13 +1,10 @@
 """Sweeps: a sweep file's override dicts -> validated, named points -> commands (local or TPU VM).
 
-A sweep file (configs/sweeps/*.py) returns a list of override dicts with the dotted keys of
-`--config.*`. `plan()` loads it, checks every key against configs/base.py and the chosen config
-(an unknown key is a one-line SweepError before anything runs), validates every point's full
-config (transformer.config.ConfigError naming the point), and names each point's workdir from its
-overrides (`positional=rope,lr=0.0003`; long names end in a hash). `Commands` turns a point into
-its `train.py` and `eval.py --split=test` argv (transformer/sweeps/runner.py runs them);
-`tpu_vm_command()` turns it into one `gcloud compute tpus tpu-vm ssh ... --worker=all` command
-with its workdir and data on a bucket. No JAX here: planning, dry runs and TPU commands are instant.
+A sweep file (configs/sweeps/*.py) has `get_sweep()` return override dicts keyed like
+`--config.*`. `plan()` checks every key and every point's full config (a one-line SweepError or
+ConfigError) and names each point's workdir from its overrides (`positional=rope,lr=0.0003`).
+`Commands` turns a point into its train.py and eval.py argv, `tpu_vm_command()` into one gcloud
+ssh command. No JAX here: planning, dry runs and TPU commands are instant.
 """
 
 from __future__ import annotations
@@ -55,44 +52,36 @@ class Point:
   num_steps: int  # train.num_steps of the validated config (a run is finished at this step)
 
 
-# ---------------------------------------------------------------------------- loading and checking
+def raised_in(error: BaseException, path: str) -> str:
+  """'sweep file PATH:LINE: Type: message' of an exception raised by running file `path`."""
+  lines = [line for frame, line in traceback.walk_tb(error.__traceback__)
+           if os.path.abspath(frame.f_code.co_filename) == os.path.abspath(path)]
+  where = f"{path}:{lines[-1]}" if lines else path
+  message = (str(error).strip().splitlines() or [""])[0]
+  return f"sweep file {where}: {type(error).__name__}: {message}"
 
 
-def _import_file(path: str, kind: str) -> Any:
+def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
+  """The override dicts of a sweep file's `get_sweep()` (or `get_sweep(config)`)."""
   if not os.path.isfile(path):
-    raise SweepError(f"{kind} file {path} not found")
+    raise SweepError(f"sweep file {path} not found")
   name = "_sweep_" + re.sub(r"\W", "_", os.path.abspath(path))
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
   try:
     spec.loader.exec_module(module)
   except SyntaxError as e:  # one line naming the file and line, not an import traceback
-    raise SweepError(f"{kind} file {path}:{e.lineno}: SyntaxError: {e.msg}") from None
+    raise SweepError(f"sweep file {path}:{e.lineno}: SyntaxError: {e.msg}") from None
   except Exception as e:  # pylint: disable=broad-except  (a user's file raises anything)
-    raise SweepError(raised_in(e, path, kind)) from None
-  return module
-
-
-def raised_in(error: BaseException, path: str, kind: str) -> str:
-  """'<kind> file PATH:LINE: Type: message' for an exception raised by running file `path`
-  (LINE: its deepest frame in that file)."""
-  lines = [line for frame, line in traceback.walk_tb(error.__traceback__)
-           if os.path.abspath(frame.f_code.co_filename) == os.path.abspath(path)]
-  where = f"{path}:{lines[-1]}" if lines else path
-  message = (str(error).strip().splitlines() or [""])[0]
-  return f"{kind} file {where}: {type(error).__name__}: {message}"
-
-
-def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
-  """The override dicts of a sweep file's `get_sweep()` (or `get_sweep(config)`)."""
-  fn = getattr(_import_file(path, "sweep"), "get_sweep", None)
+    raise SweepError(raised_in(e, path)) from None
+  fn = getattr(module, "get_sweep", None)
   if not callable(fn):
     raise SweepError(f"{path}: defines no get_sweep() function")
   args = (copy.deepcopy(config),) if inspect.signature(fn).parameters else ()
   try:
     points = fn(*args)
   except Exception as e:  # pylint: disable=broad-except  (a user's file raises anything)
-    raise SweepError(raised_in(e, path, "sweep")) from None
+    raise SweepError(raised_in(e, path)) from None
   if (isinstance(points, Mapping) or not isinstance(points, Sequence) or not points
       or not all(isinstance(p, Mapping) for p in points)):
     raise SweepError(f"{path}: get_sweep() must return a non-empty list of override dicts")
@@ -132,9 +121,6 @@ def apply_overrides(config: ml_collections.ConfigDict,
       first = (str(e).strip().splitlines() or [type(e).__name__])[0]
       raise ConfigError(f"{key}={value!r}: {first}") from None
   return cd
-
-
-# ---------------------------------------------------------------------------- naming
 
 
 def format_value(value: Any) -> str:
@@ -195,9 +181,6 @@ def plan(config: ml_collections.ConfigDict, config_arg: str, sweep_path: str,
   return points
 
 
-# ---------------------------------------------------------------------------- commands
-
-
 @dataclasses.dataclass(frozen=True)
 class Commands:
   """How a point becomes processes: `train.py` with its overrides, then `eval.py` on a split."""
@@ -234,9 +217,6 @@ class Commands:
         os.path.join(self.cwd or os.getcwd(), self.eval_script))
 
 
-# ---------------------------------------------------------------------------- cloud TPU VMs
-
-
 def _double_quote(text: str) -> str:
   """`text` inside double quotes for a POSIX shell."""
   return '"' + re.sub(r'(["\\$`])', r"\\\1", text) + '"'
@@ -247,12 +227,9 @@ def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, b
                    project: str = "") -> tuple[list[str], str]:
   """(argv, printable line) of one gcloud ssh that trains and evaluates `point` on every worker.
 
-  The workdir is `<bucket>/<the local workdir path>`, `data.data_dir` is
-  `<bucket>/tensorflow_datasets` unless the sweep sets it. `remote_dir` (the code's checkout on
-  the VMs) is left unquoted so that `~` expands there. The command first asks
-  `python -m transformer.sweeps.runner is_done` (the local runner's own test: trained to
-  num_steps and evaluated) and trains and evaluates only if the point is not done, so that
-  running the commands again skips finished points as a local rerun does.
+  The workdir is `<bucket>/<the local workdir path>`, data.data_dir `<bucket>/tensorflow_datasets`
+  unless the sweep sets it; `remote_dir` is unquoted so that `~` expands there. The command runs
+  only if `transformer.sweeps.runner is_done` says the point is not done.
   """
   if not bucket.startswith("gs://"):
     raise SweepError(f"--bucket={bucket!r} must be a gs:// path")
