@@ -1,5 +1,6 @@
-"""Tests for transformer/run/reporting.py: FLOP counts vs XLA and parameter shapes, peaks, run files,
-the data fingerprint in provenance.json and eval's warning when the data differs."""
+"""Tests for transformer/run/{reporting,flops,provenance}.py: FLOP counts vs XLA and parameter
+shapes, peaks, run files, the data fingerprint in provenance.json and eval's warning when the data
+differs."""
 
 import glob
 import hashlib
@@ -26,7 +27,7 @@ from transformer.data import load_task
 from transformer.infer import evaluation
 from transformer.model.losses import cross_entropy
 from transformer.model.models import build_model
-from transformer.run import reporting
+from transformer.run import flops, provenance, reporting
 
 TINY = dict(vocab_size=512, source_vocab_size=512, d_model=128, num_heads=4, mlp_dim=256,
             num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0)
@@ -60,7 +61,7 @@ def test_flops_match_xla_cost_analysis(overrides):
 
   cost = jax.jit(jax.grad(loss)).lower(shapes).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  ours = reporting.model_flops_per_step(cfg, b, s, t)
+  ours = flops.model_flops_per_step(cfg, b, s, t)
   assert 0.96 * cost["flops"] <= ours <= cost["flops"], (ours, cost["flops"])
 
 
@@ -94,33 +95,33 @@ def test_flops_equal_six_n_d_from_parameter_shapes(overrides):
         scores(t, t) + scores(t, s))
   else:
     total += cfg.num_decoder_layers * scores(t, t)
-  assert reporting.model_flops_per_step(cfg, b, s, t) == total
+  assert flops.model_flops_per_step(cfg, b, s, t) == total
 
 
 def test_flops_need_a_vocabulary():
   """An unfilled vocab_size is a one-line error naming the key."""
   with pytest.raises(ValueError, match=r"model\.vocab_size is 0"):
-    reporting.model_flops_per_step(model_config(**{**TINY, "vocab_size": 0}), 1, 4, 4)
+    flops.model_flops_per_step(model_config(**{**TINY, "vocab_size": 0}), 1, 4, 4)
 
 
 def test_peak_flops_table_and_mfu():
   """Device kinds map to the documented bf16 peaks; CPU is None unless overridden; MFU arithmetic."""
-  assert reporting.peak_flops("TPU v4") == 275e12
-  assert reporting.peak_flops("TPU v5 lite") == 197e12
-  assert reporting.peak_flops("TPU v5p") == 459e12
-  assert reporting.peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
-  assert reporting.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-  assert reporting.peak_flops("NVIDIA H100 PCIe") == 756e12
-  assert reporting.peak_flops("NVIDIA H200") == 989e12
-  assert reporting.peak_flops("cpu") is None
-  assert reporting.peak_flops("cpu", override=1e11) == 1e11
-  assert reporting.mfu(2e12, 0.5, 4, 1e12) == pytest.approx(1.0)
-  assert reporting.mfu(2e12, 0.5, 4, None) is None
+  assert flops.peak_flops("TPU v4") == 275e12
+  assert flops.peak_flops("TPU v5 lite") == 197e12
+  assert flops.peak_flops("TPU v5p") == 459e12
+  assert flops.peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
+  assert flops.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+  assert flops.peak_flops("NVIDIA H100 PCIe") == 756e12
+  assert flops.peak_flops("NVIDIA H200") == 989e12
+  assert flops.peak_flops("cpu") is None
+  assert flops.peak_flops("cpu", override=1e11) == 1e11
+  assert flops.mfu(2e12, 0.5, 4, 1e12) == pytest.approx(1.0)
+  assert flops.mfu(2e12, 0.5, 4, None) is None
 
 
 def test_measured_matmul_peak_is_plausible():
   """The measured matmul rate is positive and below 10 TFLOP/s (it is a 2-core CPU)."""
-  rate = reporting.measure_matmul_flops(n=128, repeats=2)
+  rate = flops.measure_matmul_flops(n=128, repeats=2)
   assert 1e6 < rate < 1e13
 
 
@@ -336,11 +337,11 @@ def test_the_same_records_in_other_bytes_have_one_fingerprint(tmp_path_factory, 
   writer.close()
   dataset = types.SimpleNamespace(root=copy, name=recorded["dataset"],
                                   splits=list(recorded["splits"]))
-  now = reporting.data_fingerprint(types.SimpleNamespace(dataset=dataset), ["test"])
+  now = provenance.data_fingerprint(types.SimpleNamespace(dataset=dataset), ["test"])
   assert now["splits"]["test"]["records"] == len(raws) > 0
   content = lambda split: (split["files"], split["records"], split["records_sha256"])  # noqa: E731
   assert content(now["splits"]["test"]) == content(recorded["splits"]["test"])
-  assert reporting.data_difference(recorded, now, "test") is None
+  assert provenance.data_difference(recorded, now, "test") is None
 
 
 def test_eval_warns_in_one_line_when_the_data_differs_from_the_runs(tmp_path_factory, tmp_path,
@@ -377,21 +378,21 @@ def test_data_difference_compares_content_not_location():
   split = {"files": 1, "bytes": 10, "sha256": "ab" * 32}
   run = {"dataset": "d/c", "version": "1.1.0", "dir": "/a", "splits": {"test": split}}
   moved = run | {"dir": "/b", "dataset": "d/e"}
-  assert reporting.data_difference(run, moved, "test") is None
-  assert reporting.data_difference(run, moved | {"splits": {"test": split | {"bytes": 11}}},
-                                   "test")
-  assert reporting.data_difference(
+  assert provenance.data_difference(run, moved, "test") is None
+  assert provenance.data_difference(run, moved | {"splits": {"test": split | {"bytes": 11}}},
+                                    "test")
+  assert provenance.data_difference(
       run, moved | {"splits": {"test": split | {"sha256": "cd" * 32}}}, "test").endswith(
           "test (1 files, 10 bytes, sha256 abababababab)")
-  assert reporting.data_difference(run, moved, "validation") is None
-  assert reporting.data_difference(None, moved, "test") is None
+  assert provenance.data_difference(run, moved, "validation") is None
+  assert provenance.data_difference(None, moved, "test") is None
   records = {"files": 1, "bytes": 10, "records": 5, "records_sha256": "ef" * 32}
   new = run | {"splits": {"test": records}}
-  assert reporting.data_difference(new, new | {"splits": {"test": records | {"bytes": 12}}},
-                                   "test") is None
+  assert provenance.data_difference(new, new | {"splits": {"test": records | {"bytes": 12}}},
+                                    "test") is None
   changed = new | {"splits": {"test": records | {"records_sha256": "01" * 32}}}
-  assert reporting.data_difference(new, changed, "test").endswith(
+  assert provenance.data_difference(new, changed, "test").endswith(
       "test (1 files, 10 bytes, 5 records, records sha256 efefefefefef)")
-  assert reporting.data_difference(run, new, "test") is None  # old run: files and bytes agree
-  assert reporting.data_difference(run, new | {"splits": {"test": records | {"bytes": 12}}},
-                                   "test")
+  assert provenance.data_difference(run, new, "test") is None  # old run: files and bytes agree
+  assert provenance.data_difference(run, new | {"splits": {"test": records | {"bytes": 12}}},
+                                    "test")
