@@ -16,7 +16,7 @@ Variants: every --dtypes x --attention pair (model.dtype; parameters stay float3
 alternately for --rounds rounds of --steps steps, each keeping its fastest median, so a drifting
 machine slows all alike. Per variant: ms/step, tokens/s, model TFLOP/s (train_step.py's count:
 6 x weights x tokens + 12 x layers x length x d_model x tokens), MFU = that over the chip's dense
-bf16 datasheet peak (transformer/run/flops.py's table; --peak_tflops overrides), its share of a
+bf16 datasheet peak (transformer/run/reporting.py's table; --peak_tflops overrides), its share of a
 same-run 8192^3 matmul in the variant's dtype, the fused attention kernels in the compiled step
 (cuDNN custom calls: 0 under `fused` means jax fell back to XLA), and the step's temporary memory
 by XLA's own account. The last line is one JSON record of everything, for docs/results.
@@ -73,7 +73,7 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import train_step  # pylint: disable=g-import-not-at-top,wrong-import-position  (benchmarks/)
 from configs import lm  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer import kernels  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.run import flops
+from transformer.run import reporting
 
 SIZES = ("gpt2s", "gpt2m", "g2pfast", "lmtiny")
 CUDNN_CALL = "__cudnn$fmha"  # the custom-call target of XLA's cuDNN fused attention
@@ -199,7 +199,7 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--peak_tflops", type=float, default=0.0,
-                      help="the chip's peak, if transformer/run/flops.py does not know it")
+                      help="the chip's peak, if transformer/run/reporting.py does not know it")
   parser.add_argument("--matmul_n", type=int, default=8192, help="side of the same-run matmul")
   parser.add_argument("--variants", default="base", help="levers, see the module docstring")
   parser.add_argument("--xla_flags", default="", help="appended to XLA_FLAGS before jax starts")
@@ -219,7 +219,7 @@ def main() -> None:
   variants = parse_variants(args.variants)
 
   device = jax.devices()[0]
-  peak = flops.peak_flops(device.device_kind, args.peak_tflops * 1e12)
+  peak = reporting.peak_flops(device.device_kind, args.peak_tflops * 1e12)
   matmul = {d: matmul_peak(d, args.matmul_n) for d in dtypes}
   print(f"jax {jax.__version__} on {device.platform} ({device.device_kind}); datasheet peak "
         f"{peak / 1e12 if peak else float('nan'):.0f} TFLOP/s; same-run {args.matmul_n}^3 matmul: "

@@ -1,6 +1,5 @@
-"""Tests for transformer/run/{reporting,flops,provenance}.py: FLOP counts vs XLA and parameter
-shapes, peaks, run files, the data fingerprint in provenance.json and eval's warning when the data
-differs."""
+"""Tests for transformer/run/{reporting,provenance}.py: FLOP counts vs XLA and parameter shapes,
+peaks, run files, provenance.json's data fingerprint and eval's warning when the data differs."""
 
 import glob
 import hashlib
@@ -27,7 +26,7 @@ from transformer.data import load_task
 from transformer.infer import evaluation
 from transformer.model.losses import cross_entropy
 from transformer.model.models import build_model
-from transformer.run import flops, provenance, reporting
+from transformer.run import provenance, reporting
 
 TINY = dict(vocab_size=512, source_vocab_size=512, d_model=128, num_heads=4, mlp_dim=256,
             num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0)
@@ -61,7 +60,7 @@ def test_flops_match_xla_cost_analysis(overrides):
 
   cost = jax.jit(jax.grad(loss)).lower(shapes).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  ours = flops.model_flops_per_step(cfg, b, s, t)
+  ours = reporting.model_flops_per_step(cfg, b, s, t)
   assert 0.96 * cost["flops"] <= ours <= cost["flops"], (ours, cost["flops"])
 
 
@@ -95,33 +94,33 @@ def test_flops_equal_six_n_d_from_parameter_shapes(overrides):
         scores(t, t) + scores(t, s))
   else:
     total += cfg.num_decoder_layers * scores(t, t)
-  assert flops.model_flops_per_step(cfg, b, s, t) == total
+  assert reporting.model_flops_per_step(cfg, b, s, t) == total
 
 
 def test_flops_need_a_vocabulary():
   """An unfilled vocab_size is a one-line error naming the key."""
   with pytest.raises(ValueError, match=r"model\.vocab_size is 0"):
-    flops.model_flops_per_step(model_config(**{**TINY, "vocab_size": 0}), 1, 4, 4)
+    reporting.model_flops_per_step(model_config(**{**TINY, "vocab_size": 0}), 1, 4, 4)
 
 
 def test_peak_flops_table_and_mfu():
   """Device kinds map to the documented bf16 peaks; CPU is None unless overridden; MFU arithmetic."""
-  assert flops.peak_flops("TPU v4") == 275e12
-  assert flops.peak_flops("TPU v5 lite") == 197e12
-  assert flops.peak_flops("TPU v5p") == 459e12
-  assert flops.peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
-  assert flops.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-  assert flops.peak_flops("NVIDIA H100 PCIe") == 756e12
-  assert flops.peak_flops("NVIDIA H200") == 989e12
-  assert flops.peak_flops("cpu") is None
-  assert flops.peak_flops("cpu", override=1e11) == 1e11
-  assert flops.mfu(2e12, 0.5, 4, 1e12) == pytest.approx(1.0)
-  assert flops.mfu(2e12, 0.5, 4, None) is None
+  assert reporting.peak_flops("TPU v4") == 275e12
+  assert reporting.peak_flops("TPU v5 lite") == 197e12
+  assert reporting.peak_flops("TPU v5p") == 459e12
+  assert reporting.peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
+  assert reporting.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+  assert reporting.peak_flops("NVIDIA H100 PCIe") == 756e12
+  assert reporting.peak_flops("NVIDIA H200") == 989e12
+  assert reporting.peak_flops("cpu") is None
+  assert reporting.peak_flops("cpu", override=1e11) == 1e11
+  assert reporting.mfu(2e12, 0.5, 4, 1e12) == pytest.approx(1.0)
+  assert reporting.mfu(2e12, 0.5, 4, None) is None
 
 
 def test_measured_matmul_peak_is_plausible():
   """The measured matmul rate is positive and below 10 TFLOP/s (it is a 2-core CPU)."""
-  rate = flops.measure_matmul_flops(n=128, repeats=2)
+  rate = reporting.measure_matmul_flops(n=128, repeats=2)
   assert 1e6 < rate < 1e13
 
 

@@ -1,9 +1,14 @@
-"""The metrics Reporter: metrics.jsonl, TensorBoard, config.json/provenance.json, progress bar,
-throughput and MFU; and `maybe_profile`, a step's profiler trace.
+"""Run reporting: metrics.jsonl, TensorBoard, config.json/provenance.json (provenance.py),
+progress bar, throughput and MFU; and `maybe_profile`, a step's profiler trace.
 
 Only the main process writes files or shows a bar; the others get a Reporter whose methods are
 no-ops, so the training loop calls it unconditionally: `add_tokens` and `progress` every step,
 `write_scalars(step, {..., **reporter.throughput()})` every log step, `close` at the end.
+
+MFU = model FLOPs per step * steps per second / (devices * peak FLOP/s per device). Model FLOPs
+count the matmuls of forward + backward (backward = 2 x forward) per layer; elementwise work and
+rematerialisation are excluded, as in the usual definition (Chowdhery et al. 2022, appendix B).
+CPUs have no table entry: pass `measure_matmul_flops()` as `--config.peak_flops`.
 """
 
 import contextlib
@@ -15,26 +20,110 @@ from typing import Any, Mapping
 import jax
 
 from transformer import config as config_lib, files
-from transformer.run import flops, provenance
+from transformer.run import provenance
+
+# Peak dense bf16 FLOP/s per chip, from the vendors' spec pages: Google Cloud TPU system
+# architecture docs (v4 275, v5e 197, v5p 459, v6e 918 TFLOP/s); NVIDIA A100 datasheet (312);
+# NVIDIA H100 datasheet (SXM 989, PCIe 756: the 1979/1513 figures there assume 2:4 sparsity);
+# NVIDIA H200 datasheet (989, same tensor cores as H100 SXM). Matched against
+# jax.devices()[0].device_kind, in order (first substring that matches wins).
+PEAK_BF16_FLOPS = (
+    ("v5 lite", 197e12), ("v5e", 197e12), ("v5p", 459e12), ("tpu v5", 459e12),
+    ("v6 lite", 918e12), ("v6e", 918e12), ("tpu v4", 275e12),
+    ("h200", 989e12), ("h100 pcie", 756e12), ("h100", 989e12), ("a100", 312e12),
+)
 
 
-def _truncate_jsonl(path: str, last_step: int) -> None:
-  """Drops lines logged after `last_step` (a resumed run logs those steps again)."""
-  if not files.exists(path):
-    return
-  lines = [line for line in files.read_text(path).split("\n") if line.strip()]
-  kept = [line for line in lines if json.loads(line).get("step", 0) <= last_step]
-  if len(kept) != len(lines):
-    files.write_text_atomic(path, "".join(line + "\n" for line in kept))
+def peak_flops(device_kind: str, override: float = 0.0) -> float | None:
+  """Peak FLOP/s of one device: `override` if > 0, else the table above; None if unknown (CPU)."""
+  if override and override > 0:
+    return float(override)
+  kind = device_kind.lower()
+  for key, value in PEAK_BF16_FLOPS:
+    if key in kind:
+      return value
+  return None
 
 
-def _last_elapsed(path: str) -> float:
-  """The last `time/elapsed_s` a metrics.jsonl holds (0 if none)."""
+def _attention_flops(cfg: Any, t: int, s: int) -> int:
+  """Forward FLOPs of one attention layer for one example: t queries over s keys/values."""
+  n, k, h, hv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.v_head_dim, cfg.d_model
+  projections = 2 * t * d * n * h + 2 * s * d * k * (h + hv) + 2 * t * n * hv * d  # q, kv, out
+  return projections + 2 * t * s * n * h + 2 * t * s * n * hv  # scores q.k, weights.v
+
+
+def _ffn_flops(cfg: Any, t: int) -> int:
+  """Forward FLOPs of one feed-forward layer for t tokens (gated variants have 3 matrices)."""
+  matrices = 3 if cfg.ffn in ("swiglu", "geglu") else 2
+  return 2 * t * cfg.d_model * cfg.mlp_dim * matrices
+
+
+def model_flops_per_step(model_cfg: Any, batch_size: int, source_len: int, target_len: int,
+                         arch: str | None = None) -> int:
+  """Matmul FLOPs of one training step (forward + backward) on a batch of padded/packed rows.
+
+  decoder_only rows hold `target_len` tokens, encoder_only rows `source_len`. Attention counts the
+  full t x s score matrix (what the einsum path computes whatever the mask); tied shared
+  embeddings use the whole shared table. Scheduled sampling's extra decoder pass is not included.
+  """
+  cfg = model_cfg
+  arch = arch or cfg.arch
+  vocab = cfg.vocab_size
+  if vocab <= 0:
+    raise ValueError("model.vocab_size is 0: fill it in from the tokenizer before counting FLOPs")
+  t = target_len
+  if arch == "encoder_decoder":
+    s = source_len
+    if cfg.tie_embeddings and cfg.share_src_tgt_embeddings:
+      vocab = max(vocab, cfg.source_vocab_size)
+    encoder = cfg.num_encoder_layers * (_attention_flops(cfg, s, s) + _ffn_flops(cfg, s))
+    decoder = cfg.num_decoder_layers * (_attention_flops(cfg, t, t) + _attention_flops(cfg, t, s)
+                                        + _ffn_flops(cfg, t))
+  elif arch == "decoder_only":
+    encoder = 0
+    decoder = cfg.num_decoder_layers * (_attention_flops(cfg, t, t) + _ffn_flops(cfg, t))
+  elif arch == "encoder_only":  # rows of source_len tokens; the head's output over them
+    t, decoder = source_len, 0
+    encoder = cfg.num_encoder_layers * (_attention_flops(cfg, t, t) + _ffn_flops(cfg, t))
+    vocab = vocab if cfg.head == "mlm" else cfg.num_classes
+  else:
+    raise ValueError(f"model.arch={arch!r} is not one of encoder_decoder|decoder_only|encoder_only")
+  forward = encoder + decoder + 2 * t * cfg.d_model * vocab
+  return 3 * batch_size * forward  # backward: gradients w.r.t. both operands = 2 x forward
+
+
+def measure_matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 5) -> float:
+  """FLOP/s of one jitted n x n matmul on the default device, best of `repeats` (a CPU "peak")."""
+  a = jax.numpy.ones((n, n), dtype)
+  matmul = jax.jit(lambda x: x @ x)
+  matmul(a).block_until_ready()  # compile
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * n**3 / best
+
+
+def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int,
+        peak_flops_per_device: float | None) -> float | None:
+  """Model FLOPs utilisation in [0, 1]; None when the peak is unknown."""
+  if not peak_flops_per_device or seconds_per_step <= 0:
+    return None
+  return flops_per_step / seconds_per_step / (num_devices * peak_flops_per_device)
+
+
+def _resume_jsonl(path: str, last_step: int) -> float:
+  """Drops the rows of metrics.jsonl after `last_step` (a resumed run logs them again); returns
+  the last kept row's `time/elapsed_s` when resuming, else 0."""
   if not files.exists(path):
     return 0.0
-  elapsed = [json.loads(line).get("time/elapsed_s") for line in files.read_text(path).split("\n")
-             if line.strip()]
-  return next((float(e) for e in reversed(elapsed) if e is not None), 0.0)
+  rows = [(line, json.loads(line)) for line in files.read_text(path).split("\n") if line.strip()]
+  kept = [(line, row) for line, row in rows if row.get("step", 0) <= last_step]
+  if len(kept) != len(rows):
+    files.write_text_atomic(path, "".join(line + "\n" for line, _ in kept))
+  elapsed = [row["time/elapsed_s"] for _, row in kept if row.get("time/elapsed_s") is not None]
+  return float(elapsed[-1]) if elapsed and last_step else 0.0
 
 
 class Reporter:
@@ -67,8 +156,7 @@ class Reporter:
     self._write_json("config.json", config_lib.to_dict(config))
     self._write_json("provenance.json", provenance.provenance(mesh_shape, data))
     self._jsonl_path = os.path.join(workdir, "metrics.jsonl")
-    _truncate_jsonl(self._jsonl_path, start_step)
-    self._elapsed_before = _last_elapsed(self._jsonl_path) if start_step else 0.0
+    self._elapsed_before = _resume_jsonl(self._jsonl_path, start_step)
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (process 0 only)
     # purge_step hides events a killed run logged after its last checkpoint.
     self._writer = SummaryWriter(workdir, purge_step=start_step + 1 if start_step else None)
@@ -104,7 +192,7 @@ class Reporter:
              "perf/tokens_per_sec": hosts * self._tokens / elapsed,
              "perf/nonpad_tokens_per_sec": hosts * self._nonpad_tokens / elapsed}
     if self.flops_per_step:
-      value = flops.mfu(self.flops_per_step, elapsed / self._steps, self.num_devices,
+      value = mfu(self.flops_per_step, elapsed / self._steps, self.num_devices,
                   self.peak_flops_per_device)
       if value is not None:
         rates["perf/mfu"] = value

@@ -25,7 +25,7 @@ from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.infer import evaluation
 from transformer.model import scoring
 from transformer.model.models import build_model
-from transformer.run import checkpoints, digests, flops, lock, provenance, reporting
+from transformer.run import checkpoints, digests, lock, provenance, reporting
 from transformer.train import finetune, members, optim, parallel, preemption, prefetch, steps
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
@@ -431,9 +431,9 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
     r.reporter = reporting.Reporter(
         r.workdir, r.config_dict, main, total_steps=tc.num_steps,
         start_step=start, mesh_shape=dict(mesh.shape) if mesh is not None else None,
-        flops_per_step=flops.model_flops_per_step(
+        flops_per_step=reporting.model_flops_per_step(
             cfg.model, global_batch, cfg.data.max_source_len, cfg.data.max_target_len),
-        peak_flops_per_device=flops.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),
+        peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),
         show_progress=i == 0, data=fingerprint, started=started)
     r.early = _EarlyStopping(tc, r.saved)
   reporter = runs[0].reporter
