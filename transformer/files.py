@@ -81,26 +81,19 @@ def read_bytes(path: PathLike) -> bytes:
   return epath.Path(path).read_bytes()
 
 
-def _write_atomic(path: PathLike, data: str | bytes) -> None:
-  mode = "wb" if isinstance(data, bytes) else "w"
+def write_bytes_atomic(path: PathLike, data: bytes) -> None:
+  """Writes `data` to `path` so that readers see the old or the new file, never half."""
   if not is_local(path):  # an object upload is atomic; a bucket has no atomic rename
-    with epath.Path(path).open(mode) as f:
-      f.write(data)
+    epath.Path(path).write_bytes(data)
     return
   tmp = f"{os.fspath(path)}.tmp{os.getpid()}"  # per process: concurrent writers never collide
-  with epath.Path(tmp).open(mode) as f:
-    f.write(data)
+  epath.Path(tmp).write_bytes(data)
   os.replace(tmp, path)
 
 
 def write_text_atomic(path: PathLike, text: str) -> None:
-  """Writes UTF-8 `text` to `path` so that readers see the old or the new file, never half."""
-  _write_atomic(path, text)
-
-
-def write_bytes_atomic(path: PathLike, data: bytes) -> None:
-  """Writes `data` to `path` so that readers see the old or the new file, never half."""
-  _write_atomic(path, data)
+  """Writes `text` as UTF-8 to `path` so that readers see the old or the new file, never half."""
+  write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def append_line(path: PathLike, line: str) -> None:

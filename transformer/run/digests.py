@@ -33,22 +33,19 @@ _CHUNK = 1 << 22
 _BLOCK = 1 << 26  # crc32 digests: one CRC per 64 MiB of a file, the blocks hashed in parallel
 
 
-def _crc32(path: str, start: int = 0, length: int = -1) -> str:
-  """The CRC-32 (8 hex digits) of `length` bytes (-1: to the end) of a file from `start`."""
+def _crc32(path: str, start: int, length: int) -> str:
+  """The CRC-32 (8 hex digits) of `length` bytes of a file from `start`."""
   crc = 0
   with files.open_binary(path) as f:
     f.seek(start)
-    while length and (chunk := f.read(_CHUNK if length < 0 else min(_CHUNK, length))):
+    while length > 0 and (chunk := f.read(min(_CHUNK, length))):
       crc = zlib.crc32(chunk, crc)
-      length -= len(chunk) if length > 0 else 0
+      length -= len(chunk)
   return f"{crc:08x}"
 
 
-def file_digest(path: str, algorithm: str = "blake2b-256") -> str:
-  """The hex digest of the file at `path` (crc32: one per _BLOCK bytes, joined by commas)."""
-  if algorithm == "crc32":
-    size = files.size(path)
-    return ",".join(_crc32(path, b, _BLOCK) for b in range(0, max(size, 1), _BLOCK))
+def file_digest(path: str) -> str:
+  """The BLAKE2b-256 hex digest of the file at `path`."""
   digest = hashlib.blake2b(digest_size=32)
   with files.open_binary(path) as f:
     while chunk := f.read(_CHUNK):
@@ -58,13 +55,14 @@ def file_digest(path: str, algorithm: str = "blake2b-256") -> str:
 
 def tree_digests(directory: str, names: list[str] | None = None,
                  algorithm: str = "blake2b-256") -> dict[str, str]:
-  """{relative path: file_digest} of `names` (default: every file) under `directory`, hashed in
-  threads (zlib and hashlib release the GIL); crc32 by blocks, so one large file uses every core."""
+  """{relative path: hex digest} of `names` (default: every file) under `directory`, hashed in
+  threads (zlib and hashlib release the GIL); crc32: one per _BLOCK bytes, joined by commas, so
+  one large file uses every core."""
   names = files.walk(directory) if names is None else names
   paths = [os.path.join(directory, n) for n in names]
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
     if algorithm != "crc32":
-      return dict(zip(names, pool.map(lambda p: file_digest(p, algorithm), paths)))
+      return dict(zip(names, pool.map(file_digest, paths)))
     blocks = [(i, b) for i, p in enumerate(paths)
               for b in range(0, max(files.size(p), 1), _BLOCK)]
     crcs = list(pool.map(lambda ib: _crc32(paths[ib[0]], ib[1], _BLOCK), blocks))

@@ -1,14 +1,10 @@
-"""Run reporting: metrics.jsonl, TensorBoard, config.json/provenance.json (provenance.py),
-progress bar, throughput and MFU; and `maybe_profile`, a step's profiler trace.
+"""Run reporting: metrics.jsonl, TensorBoard, config.json and provenance.json, the progress bar,
+throughput and MFU, and `maybe_profile`. Only the main process writes files or shows a bar; the
+others get a Reporter whose methods are no-ops, so the training loop calls it unconditionally.
 
-Only the main process writes files or shows a bar; the others get a Reporter whose methods are
-no-ops, so the training loop calls it unconditionally: `add_tokens` and `progress` every step,
-`write_scalars(step, {..., **reporter.throughput()})` every log step, `close` at the end.
-
-MFU = model FLOPs per step * steps per second / (devices * peak FLOP/s per device). Model FLOPs
-count the matmuls of forward + backward (backward = 2 x forward) per layer; elementwise work and
-rematerialisation are excluded, as in the usual definition (Chowdhery et al. 2022, appendix B).
-CPUs have no table entry: pass `measure_matmul_flops()` as `--config.peak_flops`.
+MFU = model FLOPs per step * steps per second / (devices * peak FLOP/s per device), model FLOPs
+being the matmuls of forward + backward (Chowdhery et al. 2022, appendix B). CPUs have no peak in
+the table: pass `measure_matmul_flops()` as `--config.peak_flops`.
 """
 
 import contextlib
@@ -22,11 +18,9 @@ import jax
 from transformer import config as config_lib, files
 from transformer.run import provenance
 
-# Peak dense bf16 FLOP/s per chip, from the vendors' spec pages: Google Cloud TPU system
-# architecture docs (v4 275, v5e 197, v5p 459, v6e 918 TFLOP/s); NVIDIA A100 datasheet (312);
-# NVIDIA H100 datasheet (SXM 989, PCIe 756: the 1979/1513 figures there assume 2:4 sparsity);
-# NVIDIA H200 datasheet (989, same tensor cores as H100 SXM). Matched against
-# jax.devices()[0].device_kind, in order (first substring that matches wins).
+# Peak dense bf16 FLOP/s per chip: Google Cloud TPU system architecture docs; NVIDIA A100, H100
+# and H200 datasheets (H100's 1979/1513 assume 2:4 sparsity; H200 has H100 SXM's tensor cores).
+# The first key found in jax.devices()[0].device_kind wins.
 PEAK_BF16_FLOPS = (
     ("v5 lite", 197e12), ("v5e", 197e12), ("v5p", 459e12), ("tpu v5", 459e12),
     ("v6 lite", 918e12), ("v6e", 918e12), ("tpu v4", 275e12),
@@ -230,11 +224,6 @@ class Reporter:
     self._writer.flush()
     if "train/loss" in values:
       self.progress(step, values["train/loss"])
-
-  def write_text(self, step: int, tag: str, text: str) -> None:
-    """A text summary (e.g. sample predictions) in TensorBoard."""
-    if self.active:
-      self._writer.add_text(tag, text, int(step))
 
   def close(self) -> None:
     """Flushes and closes the TensorBoard writer and the bar."""
