@@ -225,6 +225,11 @@ class Reporter:
     if "train/loss" in values:
       self.progress(step, values["train/loss"])
 
+  def write_text(self, step: int, tag: str, text: str) -> None:
+    """A text summary (e.g. sample predictions) in TensorBoard."""
+    if self.active:
+      self._writer.add_text(tag, text, int(step))
+
   def close(self) -> None:
     """Flushes and closes the TensorBoard writer and the bar."""
     if self._writer is not None:
