@@ -38,10 +38,9 @@ def _git(args: list[str], cwd: str) -> str | None:
 
 
 def data_fingerprint(task: Any, splits: Sequence[str] | None = None) -> dict[str, Any] | None:
-  """The prepared data a task reads: dataset, builder version, directory and, per split (default
-  all), its files' count and bytes, and `records` + `records_sha256` (the same for the same
-  records, whichever process prepared them) for array_record shards, else the files' `sha256`;
-  `cache_sha256` {file: sha256} of the split's records cache when one exists; no hash above
+  """The prepared data a task reads: dataset, version, directory and per split (default all) its
+  files' count, bytes and `records` + `records_sha256` (array_record shards; the same whoever
+  prepared them) or `sha256`, and `cache_sha256` of its records cache; no hash above
   DATA_HASH_LIMIT. None when the data has no directory (mocked or in-memory tasks)."""
   ds = getattr(task, "dataset", None)
   if ds is None or not files.isdir(ds.root):
