@@ -230,7 +230,7 @@ def test_an_edited_records_cache_is_read_again(g2p_run, tmp_path, caplog):
 def test_the_data_fingerprint_covers_the_records_cache(g2p_run, tmp_path):
   """provenance.json's data fingerprint holds the digest of the training split's records cache;
   an edited cache is a difference data_difference names."""
-  from transformer.run import reporting  # pylint: disable=g-import-not-at-top
+  from transformer.run import provenance  # pylint: disable=g-import-not-at-top
   from transformer.data import load_task  # pylint: disable=g-import-not-at-top
   data = str(tmp_path / "data")
   shutil.copytree(os.path.join(os.path.dirname(g2p_run), "data"), data)
@@ -238,12 +238,12 @@ def test_the_data_fingerprint_covers_the_records_cache(g2p_run, tmp_path):
   assert recorded["splits"]["train"]["cache_sha256"]
   cfg = restore.load_run_config(g2p_run, {"data.data_dir": os.path.join(data, "tfds")})
   task = load_task(cfg, None, process_index=0, process_count=1)
-  assert reporting.data_difference(recorded, reporting.data_fingerprint(task, ["train"]),
-                                   "train") is None
+  assert provenance.data_difference(recorded, provenance.data_fingerprint(task, ["train"]),
+                                    "train") is None
   (cache,) = glob.glob(os.path.join(data, "tfds", "**", "cache", "train-*.json"), recursive=True)
   records = json.load(open(cache))
   records[0][1] = records[1][1]
   json.dump(records, open(cache, "w"), ensure_ascii=False)
-  difference = reporting.data_difference(recorded, reporting.data_fingerprint(task, ["train"]),
-                                         "train")
+  difference = provenance.data_difference(recorded, provenance.data_fingerprint(task, ["train"]),
+                                          "train")
   assert difference is not None and "records cache" in difference, difference

@@ -1,5 +1,5 @@
-"""Tests for transformer/run/reporting.py: FLOP counts vs XLA and parameter shapes, peaks, run files,
-the data fingerprint in provenance.json and eval's warning when the data differs."""
+"""Tests for transformer/run/{reporting,provenance}.py: FLOP counts vs XLA and parameter shapes,
+peaks, run files, provenance.json's data fingerprint and eval's warning when the data differs."""
 
 import glob
 import hashlib
@@ -26,7 +26,7 @@ from transformer.data import load_task
 from transformer.infer import evaluation
 from transformer.model.losses import cross_entropy
 from transformer.model.models import build_model
-from transformer.run import reporting
+from transformer.run import provenance, reporting
 
 TINY = dict(vocab_size=512, source_vocab_size=512, d_model=128, num_heads=4, mlp_dim=256,
             num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0)
@@ -336,11 +336,11 @@ def test_the_same_records_in_other_bytes_have_one_fingerprint(tmp_path_factory, 
   writer.close()
   dataset = types.SimpleNamespace(root=copy, name=recorded["dataset"],
                                   splits=list(recorded["splits"]))
-  now = reporting.data_fingerprint(types.SimpleNamespace(dataset=dataset), ["test"])
+  now = provenance.data_fingerprint(types.SimpleNamespace(dataset=dataset), ["test"])
   assert now["splits"]["test"]["records"] == len(raws) > 0
   content = lambda split: (split["files"], split["records"], split["records_sha256"])  # noqa: E731
   assert content(now["splits"]["test"]) == content(recorded["splits"]["test"])
-  assert reporting.data_difference(recorded, now, "test") is None
+  assert provenance.data_difference(recorded, now, "test") is None
 
 
 def test_eval_warns_in_one_line_when_the_data_differs_from_the_runs(tmp_path_factory, tmp_path,
@@ -377,21 +377,21 @@ def test_data_difference_compares_content_not_location():
   split = {"files": 1, "bytes": 10, "sha256": "ab" * 32}
   run = {"dataset": "d/c", "version": "1.1.0", "dir": "/a", "splits": {"test": split}}
   moved = run | {"dir": "/b", "dataset": "d/e"}
-  assert reporting.data_difference(run, moved, "test") is None
-  assert reporting.data_difference(run, moved | {"splits": {"test": split | {"bytes": 11}}},
-                                   "test")
-  assert reporting.data_difference(
+  assert provenance.data_difference(run, moved, "test") is None
+  assert provenance.data_difference(run, moved | {"splits": {"test": split | {"bytes": 11}}},
+                                    "test")
+  assert provenance.data_difference(
       run, moved | {"splits": {"test": split | {"sha256": "cd" * 32}}}, "test").endswith(
           "test (1 files, 10 bytes, sha256 abababababab)")
-  assert reporting.data_difference(run, moved, "validation") is None
-  assert reporting.data_difference(None, moved, "test") is None
+  assert provenance.data_difference(run, moved, "validation") is None
+  assert provenance.data_difference(None, moved, "test") is None
   records = {"files": 1, "bytes": 10, "records": 5, "records_sha256": "ef" * 32}
   new = run | {"splits": {"test": records}}
-  assert reporting.data_difference(new, new | {"splits": {"test": records | {"bytes": 12}}},
-                                   "test") is None
+  assert provenance.data_difference(new, new | {"splits": {"test": records | {"bytes": 12}}},
+                                    "test") is None
   changed = new | {"splits": {"test": records | {"records_sha256": "01" * 32}}}
-  assert reporting.data_difference(new, changed, "test").endswith(
+  assert provenance.data_difference(new, changed, "test").endswith(
       "test (1 files, 10 bytes, 5 records, records sha256 efefefefefef)")
-  assert reporting.data_difference(run, new, "test") is None  # old run: files and bytes agree
-  assert reporting.data_difference(run, new | {"splits": {"test": records | {"bytes": 12}}},
-                                   "test")
+  assert provenance.data_difference(run, new, "test") is None  # old run: files and bytes agree
+  assert provenance.data_difference(run, new | {"splits": {"test": records | {"bytes": 12}}},
+                                    "test")

@@ -95,7 +95,7 @@ def test_a_live_holder_and_another_hosts_lock_are_refused(tmp_path):
   holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
       import sys, time
       from transformer.run import lock
-      with workdir.writer_lock(sys.argv[1]):
+      with lock.writer_lock(sys.argv[1]):
         print("held", flush=True)
         time.sleep(60)
       """), str(tmp_path)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True)

@@ -1,17 +1,11 @@
 """What the entry points share: every failure they expect is one line, `error: ...`, exit 1.
 
-Flags: absl and ml_collections report a bad flag as a traceback, or as a wrapped message that loses
-the culprit: a config file's own `get_config` error becomes "Error whilst parsing config file:"
-followed by a traceback. `parse_flags` turns each failure into one line naming the flag, config key
-or file (and line), printed as `error: ...` with exit status 1. `--help` prints one screen (the
-tool's first docstring paragraph, its own flags, where the config keys are documented) and exits 0;
-`--help_keys` lists every config key with its default and meaning. The tools with flags of their
-own (predict, convert, the sweep runner) parse them with `parse_own_flags`.
-Running: `one_line_errors` wraps an entry point's work. The library's own errors (ConfigError,
-CheckpointError, ...: one line by design) and failures of the machine or of files, which
-`environment_error` names (a full disk, a directory that cannot be written, corrupt prepared data,
-out of memory), end the program with one line; anything else is a bug and keeps its traceback.
-Importing this module does not import JAX, so `--help` and flag errors stay fast.
+`parse_flags` (and `parse_own_flags`, for the tools with flags of their own) turns a bad flag,
+config key or config file, which absl and ml_collections report as a traceback or a wrapped
+message, into one line naming it; `--help` prints one screen, `--help_keys` every config key.
+`one_line_errors` wraps an entry point's work: the library's one-line errors and failures of the
+machine or of files (`environment_error`) end the program in one line; anything else is a bug and
+keeps its traceback. Importing this module does not import JAX, so `--help` stays fast.
 """
 
 from __future__ import annotations
@@ -20,6 +14,7 @@ import asyncio
 import contextlib
 import difflib
 import errno
+import itertools
 import logging as pylogging
 import os
 import re
@@ -40,9 +35,8 @@ _WRAPPED = "Error whilst parsing config file"  # ml_collections' wrapper of a co
 # missing TPU/GPU backends, TFDS every dataset it opens (with a warning for each custom config).
 _QUIET_BELOW = {"orbax": pylogging.WARNING, "xla_bridge": pylogging.WARNING,
                 "tensorflow_datasets": pylogging.ERROR}
-# JAX's guesses at accelerators whose plugin is not installed ("An NVIDIA GPU may be present on
-# this machine, but a CUDA-enabled jaxlib is not installed. Falling back to cpu."): noise on a CPU.
-# A backend that is installed and fails to start still warns.
+# JAX's guess at an accelerator whose plugin is not installed ("An NVIDIA GPU may be present on
+# this machine, but ..."); a backend that is installed and fails to start still warns.
 _BACKEND_GUESS = "may be present on this machine"
 _JAX_BACKENDS_LOGGER = "jax._src.xla_bridge"
 HELP_FLAGS = ("--help", "-h", "-?", "--helpshort")
@@ -75,9 +69,8 @@ def quiet_backends() -> None:
 
 
 def quiet_logging() -> None:
-  """Keeps our INFO logs and everyone's warnings, except the chatter `keep_record` drops and the
-  tracebacks orbax and asyncio log or print for a failed background write (the error reaches the
-  caller, which reports it in one line)."""
+  """Keeps our INFO logs and everyone's warnings, except `keep_record`'s chatter and the
+  tracebacks of a failed background write (its error reaches the caller, reported in one line)."""
   logging.get_absl_handler().addFilter(lambda r: keep_record(r) and not (
       r.exc_info and any(name in r.pathname for name in _BACKGROUND_WRITERS)))
   quiet_backends()
@@ -88,10 +81,8 @@ def quiet_logging() -> None:
 
 
 def _drop_calls_into_closed_loops() -> None:
-  """tensorstore completes orbax's writes on its own threads through the event loop's
-  call_soon_threadsafe; after a failed save orbax has closed that loop, and every write that
-  completes later would print a traceback ('Event loop is closed') that nobody can act on: the
-  save's own error reaches the caller. Such calls are dropped (a closed loop runs nothing)."""
+  """Drops calls into a closed event loop: after a failed save orbax has closed its loop, and
+  each tensorstore write completing later would print an 'Event loop is closed' traceback."""
   if getattr(asyncio.BaseEventLoop.call_soon_threadsafe, "drops_when_closed", False):
     return
   original = asyncio.BaseEventLoop.call_soon_threadsafe
@@ -126,15 +117,9 @@ _ENVIRONMENT_TYPES = (OSError, ValueError, RuntimeError)
 
 
 def _environment_chain(error: BaseException) -> list[BaseException]:
-  """`error` and what it was raised from or during, up to the first exception of another type
-  than _ENVIRONMENT_TYPES: a KeyError raised while handling a missing file is a bug, not the
-  missing file."""
-  out = []
-  for e in _chain(error):
-    if not isinstance(e, _ENVIRONMENT_TYPES):
-      break
-    out.append(e)
-  return out
+  """`error` and what it was raised from or during, up to the first exception not of
+  _ENVIRONMENT_TYPES (a KeyError raised while handling a missing file is a bug)."""
+  return list(itertools.takewhile(lambda e: isinstance(e, _ENVIRONMENT_TYPES), _chain(error)))
 
 
 def _file_failure(error: BaseException) -> tuple[int, str, str] | None:
@@ -149,31 +134,22 @@ def _file_failure(error: BaseException) -> tuple[int, str, str] | None:
   return None
 
 
-def _model_size(model_config: Any) -> str:
-  """`model_config`'s size for a message, e.g. '124,439,808 parameters (0.5 GiB as float32)'."""
-  from transformer.model import models  # pylint: disable=g-import-not-at-top  (JAX, only when needed)
-  n = models.parameter_count(model_config)
-  return f"{n:,} parameters ({n * 4 / 2**30:,.1f} GiB as float32)"
-
-
 def environment_error(error: BaseException, model_config: Callable[[], Any] | None = None
                       ) -> str | None:
-  """One line for a failure of the machine or of a file, wherever in `error`'s chain, or None.
-
-  A file operation that failed (an OSError, or orbax's tensorstore error with an errno) names the
-  file, the reason and what to do; out of memory (XLA's RESOURCE_EXHAUSTED) gives the model's size
-  (`model_config()`, a ModelConfig, when given); corrupt prepared data (Riegeli) says how to
-  prepare it again.
-  """
+  """One line for a failure of the machine or of a file, wherever in `error`'s chain, or None: a
+  failed file operation (naming file, reason, what to do), out of memory (with the size of the
+  model `model_config()` returns, when given) or corrupt prepared data."""
   texts = [str(e) for e in _environment_chain(error)]
   oom = next((t for t in texts if "RESOURCE_EXHAUSTED" in t), None)
   if oom is not None:
     size = ""
     if model_config is not None:
       try:
-        size = f"; the model has {_model_size(model_config())}"
+        from transformer.model import models  # pylint: disable=g-import-not-at-top  (imports JAX)
+        n = models.parameter_count(model_config())
+        size = f"; the model has {n:,} parameters ({n * 4 / 2**30:,.1f} GiB as float32)"
       except Exception:  # pylint: disable=broad-except  (the size is a courtesy)
-        size = ""
+        pass
     first = oom.strip().splitlines()[0][:300]
     return (f"out of memory: {first}{size}; make the model (model.d_model, model.mlp_dim, "
             "layers) or data.batch_size smaller")
@@ -223,10 +199,7 @@ def _chain(error: BaseException) -> list[BaseException]:
 
 def _config_path(argv: Sequence[str]) -> str:
   """The file of a `--config=path[:arg]` argument, or ''."""
-  for arg in argv:
-    if arg.startswith("--config="):
-      return arg.split("=", 1)[1].split(":", 1)[0]
-  return ""
+  return next((a.split("=", 1)[1].split(":", 1)[0] for a in argv if a.startswith("--config=")), "")
 
 
 def _line_in(error: BaseException, path: str) -> int | None:
@@ -324,8 +297,7 @@ def help_text(script: str, doc: str, main_flags: Sequence[flags.Flag]) -> str:
 
 
 def key_lines(config: ml_collections.ConfigDict) -> list[str]:
-  """Every key of `config` with its default and (from the schema) its meaning, one per line,
-  indented under its section."""
+  """Every key of `config` with its default and meaning, one per line, under its section."""
   out, section = [], None
   for key, value in sorted(schema.flat_items(config).items(), key=lambda kv: kv[0].rpartition(".")[::2]):
     head, _, name = key.rpartition(".")
@@ -354,9 +326,8 @@ def _help(argv: Sequence[str]) -> None:
 
 def parse_own_flags(prog: str, define: Callable[[flags.FlagValues], None],
                     argv: Sequence[str]) -> tuple[flags.FlagValues, list[str]]:
-  """The absl flags `define(flag_values)` declares, parsed from `argv` into a FlagValues of their
-  own (so a `main(argv)` runs again in one process), and the positional arguments. --help prints
-  them and exits 0; a bad flag is one line `error: ... (see --help)`, exit status 2."""
+  """(the flags `define(flag_values)` declares, parsed from `argv` into a FlagValues of their own
+  so that `main(argv)` can run again, the positional arguments); a bad flag exits 2."""
   flag_values = flags.FlagValues()
   define(flag_values)
   if "--help" in argv or "-h" in argv:

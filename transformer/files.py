@@ -1,16 +1,8 @@
-"""Workdir file access on local paths and on bucket paths (`gs://...`), through `etils.epath`.
-
-Every file we write into a run's workdir (or read back from one) goes through these helpers, so a
-workdir (and `data.data_dir`) may be a local directory or a bucket path. Local paths behave as plain
-`open`/`os.*` did. Bucket paths need a backend: `pip install -e ".[tpu]"` installs gcsfs, which
-epath reaches through fsspec (and google-cloud-storage, which tensorboardX uses for its events).
-
-Writes: a local file is written to a temporary sibling and renamed over the target, so a reader
-never sees half a file. Object stores have no atomic rename, but an upload is atomic (readers see
-the old object or the new one), so on them the object is written directly.
-Appends: objects cannot be appended to, so `append_line` on a bucket reads the object and writes
-it back with the line added: one read and one write of the file per line. That is fine for what
-we append (metrics.jsonl: one line per logged step, some hundred KB over a long run).
+"""Workdir file access on local paths and on bucket paths (`gs://...`, through `etils.epath`;
+`pip install -e ".[tpu]"` installs the gcsfs backend), so a workdir or `data.data_dir` may be
+either. Atomic writes go to a temporary sibling renamed over the target; an object upload is
+atomic by itself. A bucket object cannot be appended to: `append_line` rewrites it (fine for
+metrics.jsonl, some hundred KB over a long run).
 """
 
 import errno
@@ -89,26 +81,19 @@ def read_bytes(path: PathLike) -> bytes:
   return epath.Path(path).read_bytes()
 
 
-def _write_atomic(path: PathLike, data: str | bytes) -> None:
-  mode = "wb" if isinstance(data, bytes) else "w"
+def write_bytes_atomic(path: PathLike, data: bytes) -> None:
+  """Writes `data` to `path` so that readers see the old or the new file, never half."""
   if not is_local(path):  # an object upload is atomic; a bucket has no atomic rename
-    with epath.Path(path).open(mode) as f:
-      f.write(data)
+    epath.Path(path).write_bytes(data)
     return
   tmp = f"{os.fspath(path)}.tmp{os.getpid()}"  # per process: concurrent writers never collide
-  with epath.Path(tmp).open(mode) as f:
-    f.write(data)
+  epath.Path(tmp).write_bytes(data)
   os.replace(tmp, path)
 
 
 def write_text_atomic(path: PathLike, text: str) -> None:
-  """Writes UTF-8 `text` to `path` so that readers see the old or the new file, never half."""
-  _write_atomic(path, text)
-
-
-def write_bytes_atomic(path: PathLike, data: bytes) -> None:
-  """Writes `data` to `path` so that readers see the old or the new file, never half."""
-  _write_atomic(path, data)
+  """Writes `text` as UTF-8 to `path` so that readers see the old or the new file, never half."""
+  write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def append_line(path: PathLike, line: str) -> None:
@@ -122,10 +107,9 @@ def append_line(path: PathLike, line: str) -> None:
 
 
 def check_writable(path: PathLike) -> None:
-  """Raises OSError (errno, `path`) unless files can be created in directory `path` (or, if it
-  does not exist yet, in its nearest existing parent): by creating and deleting one, so that a
-  read-only file system, a full quota or missing permissions show at once, not after a run's
-  first save retried for minutes. Bucket paths are not checked (no cheap probe)."""
+  """Raises OSError (errno, `path`) unless a file can be created in directory `path` (or its
+  nearest existing parent), so a read-only file system, full quota or missing permission shows
+  at once, not after a run's first save retried for minutes. Bucket paths are not checked."""
   if not is_local(path):
     return
   directory = os.path.abspath(os.fspath(path))

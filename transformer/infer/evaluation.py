@@ -48,7 +48,7 @@ from transformer.config import Config, ConfigError, DecodeConfig
 from transformer.infer.decoding import generate
 from transformer.model import ensemble as ensemble_lib, scoring
 from transformer.model.models import build_model
-from transformer.run import reporting
+from transformer.run import provenance
 from transformer.run.restore import EvaluationError, load_run_config, read_params
 
 WHOLE_SPLIT = {"eval.num_batches": 0, "eval.num_decode_examples": 0}  # evaluate_split's defaults
@@ -355,7 +355,7 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
-  reporting.warn_if_data_differs(workdir, task, split)
+  provenance.warn_if_data_differs(workdir, task, split)
   results: dict[str, Any] = {"split": split, "step": step, "params": restored[0].source}
   if average_last:
     results["averaged_steps"] = list(restored[0].steps)

@@ -1,41 +1,17 @@
 """Orbax checkpoints: async saves, keep latest K + best, exact resume, compatibility.
 
-Layout: `<workdir>/checkpoints/<step>/` with the items
-  state    the train-state pytree (ocp StandardSave; restores onto any mesh via abstract shardings)
-  data     the Grain iterator state (grain.checkpoint.CheckpointSave), when an iterator is given:
-           one process_<i>-of-<n>.json per process; a run with another process count resumes
-           from all n of them (the iterator's set_state_from_hosts: elastic resume)
-  meta     JSON: {"step", "config", "metrics", "tokenizers", "digest"} (the run's config, that
-           step's metrics, the digests of the workdir's tokenizer files it was trained with)
-  metrics  orbax's own copy of the metrics (when `checkpoint.keep_best_by` is set)
-  digest.json  {"algorithm", "files": {path: hex digest}} of every file above, written once orbax
-           has committed the step (its rename of the tmp dir), by process 0; inside the step
-           directory, so orbax's garbage collection removes it with its step
+`<workdir>/checkpoints/<step>/` holds the items `state` (the train-state pytree; restores onto any
+mesh), `data` (the Grain iterator state, one process_<i>-of-<n>.json per process: a run with
+another process count resumes from all n), `meta` (JSON {"step", "config", "metrics",
+"tokenizers", "digest"}), `metrics` (orbax's copy, with `checkpoint.keep_best_by`) and
+digest.json (transformer/run/digests.py). Resume uses the newest step that verifies; each failing
+newer step is named in one line and moved aside to `<step>.corrupt`.
 
-Verification (transformer/run/digests.py): resume uses the newest step that verifies
-(`latest_good_step`): each failing newer step is named in one line and moved aside to
-`<step>.corrupt` (kept for inspection, never listed as a step).
-
-Retention (a trap of orbax: its max_to_keep together with best_fn keeps the K *best*
-and may delete the newest checkpoint, which breaks resume). We use an explicit preservation policy:
-keep a checkpoint if it is among the latest `checkpoint.keep` OR it is the single best by
-`checkpoint.keep_best_by` (`best_mode` min|max). Checkpoints saved without that metric (or with
-NaN) rank as the worst, so they count only toward "latest". A save that was killed leaves
-`<step>.orbax-checkpoint-tmp-*`; it is never listed as a step and is removed by the next
-Checkpointer on that directory (before its first save).
-
-Usage in a training loop:
-  check_compatible(workdir, config_dict)        # before anything writes into workdir
-  ckpt = Checkpointer(workdir, cfg.checkpoint, config=config_dict)
-  if ckpt.latest_step() is not None:
-    state = ckpt.restore(None, abstract_state, data_iterator=it)
-  preempt = preemption.install_preemption_handler()   # transformer/train/preemption.py
-  for step ...:
-    ckpt.save(step, state, it, metrics)          # saves when step % every_steps == 0
-    if preempt.should_stop(step): ckpt.save(step, state, it, force=True); break
-  ckpt.close()                                   # waits for the last async save
-
-Reading a trained run back: transformer/run/restore.py.
+Retention: orbax's max_to_keep with best_fn keeps the K *best* and may delete the newest
+checkpoint, which breaks resume; so a checkpoint is kept if it is among the latest
+`checkpoint.keep` OR the single best by `keep_best_by` (steps without that metric, or NaN, rank
+worst). A killed save's `<step>.orbax-checkpoint-tmp-*` is removed by the next writing
+Checkpointer. Reading a trained run back: transformer/run/restore.py.
 """
 
 
@@ -59,11 +35,6 @@ from transformer.run.digests import (CORRUPT_SUFFIX, DIGEST_FILE, CheckpointErro
                                      tokenizer_digests, verify_step, write_step_digest)
 
 
-def _jsonable_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
-  """Metric values (numpy/jax scalars) as Python floats for JSON."""
-  return {str(k): float(v) for k, v in (metrics or {}).items()}
-
-
 def abstract_of(tree: Any) -> Any:
   """Replaces every array of `tree` by a jax.ShapeDtypeStruct with the same sharding."""
   def leaf(x):
@@ -72,7 +43,7 @@ def abstract_of(tree: Any) -> Any:
 
 
 class Checkpointer:
-  """Asynchronous orbax checkpoints of (train state, Grain iterator, config, metrics) in a workdir."""
+  """Async orbax checkpoints of (train state, Grain iterator, config, metrics) in a workdir."""
 
   def __init__(self, workdir: str, ckpt_cfg: Any, config: Any = None, read_only: bool = False):
     self.workdir = workdir
@@ -116,17 +87,14 @@ class Checkpointer:
   def save(self, step: int, state: Any, data_iterator: Any = None,
            metrics: Mapping[str, Any] | None = None, force: bool = False) -> bool:
     """Starts an async save if `step` is due (every_steps, preemption) or `force`; True if saved.
-
-    A step that is not newer than the latest saved one is skipped (returns False), so a forced save
-    right after a periodic one at the same step is harmless.
-    """
+    A step not newer than the latest saved one is skipped."""
     latest = self.latest_step()
     if latest is not None and step <= latest:
       return False
     self._join_digest()
     if self._tokenizers is None:
       self._tokenizers = tokenizer_digests(self.workdir)
-    metrics = _jsonable_metrics(metrics)
+    metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
     items = dict(state=ocp.args.StandardSave(state),
                  meta=ocp.args.JsonSave({"step": int(step), "config": self.config,
                                          "metrics": metrics, "tokenizers": self._tokenizers,
@@ -134,8 +102,7 @@ class Checkpointer:
     if data_iterator is not None:
       import grain  # pylint: disable=g-import-not-at-top  (only with a data iterator)
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-    # Always hand orbax the metrics (it warns on every save without them); steps lacking the
-    # best-by key rank as the worst, so they are kept only as one of the latest.
+    # orbax warns on every save without metrics when it has a best_fn.
     saved = self._manager.save(step, args=ocp.args.Composite(**items),
                                metrics=metrics if self._best_key else None, force=force)
     if saved and jax.process_index() == 0:
@@ -164,9 +131,8 @@ class Checkpointer:
     return verify_step(os.path.join(self.directory, str(step)))
 
   def latest_good_step(self, quarantine: bool = False) -> int | None:
-    """The newest step that verifies, or None. Each newer step that does not is logged in one
-    line and, with `quarantine` (a resuming writer) and a good step to resume from, moved to
-    `<step>.corrupt`, so that training saves that step anew."""
+    """The newest step that verifies, or None. Each newer step that does not is logged and, with
+    `quarantine` and a good step to resume from, moved to `<step>.corrupt`."""
     bad, good = [], None
     for step in reversed(self.all_steps()):
       reason = self.verify(step)
@@ -213,12 +179,8 @@ class Checkpointer:
     return dict(restored["meta"])
 
   def restore(self, step: int | None, abstract_state: Any, data_iterator: Any = None) -> Any:
-    """Restores the train state of `step` (None = latest) onto `abstract_state`'s shardings.
-
-    `abstract_state` leaves are jax.ShapeDtypeStruct with the target shardings (see abstract_of /
-    jax.eval_shape), so a state saved on one mesh restores onto another device count. When
-    `data_iterator` is given its position is restored in place.
-    """
+    """Restores the train state of `step` (None = latest) onto `abstract_state`'s shardings
+    (ShapeDtypeStructs: any mesh), and `data_iterator`'s position in place when given."""
     step = self._step_or_latest(step)
     self._manager.wait_until_finished()
     items = dict(state=ocp.args.StandardRestore(abstract_state))
@@ -240,9 +202,8 @@ class Checkpointer:
   def restore_latest_good(self, abstract_state: Any, data_iterator: Any = None
                           ) -> tuple[int, Any]:
     """(step, train state) of the newest step that verifies, for a resuming writer: the latest
-    step is verified while it is restored (one read's time, not two); if it fails, the failing
-    steps are named and moved aside (latest_good_step(quarantine=True)) and the newest good one
-    is restored. CheckpointError if none verifies."""
+    is verified while it is restored; failing steps are moved aside (latest_good_step).
+    CheckpointError if none verifies."""
     self.wait()
     latest = self.latest_step()
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
@@ -262,8 +223,7 @@ class Checkpointer:
     return good, self.restore(good, abstract_state, data_iterator)
 
   def _other_host_count_states(self, step: int) -> list[dict[str, Any]] | None:
-    """Every host's saved iterator state of `step` if it was saved by another number of
-    processes than this run's (grain names the files process_<i>-of-<n>.json), else None."""
+    """Every host's saved iterator state of `step` if another process count saved it, else None."""
     directory = os.path.join(self.directory, str(step), "data")
     mine = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
     if not files.isdir(directory) or files.exists(os.path.join(directory, mine)):
@@ -316,8 +276,7 @@ class Checkpointer:
 
 
 def _saved_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
-  """The config of the newest checkpoint in workdir whose meta reads (else workdir/config.json),
-  and its source."""
+  """(config, source): of the newest checkpoint whose meta reads, else of config.json."""
   directory = os.path.join(workdir, "checkpoints")
   if files.isdir(directory):
     for step in sorted((int(n) for n in files.listdir(directory) if n.isdigit()), reverse=True):
@@ -331,9 +290,8 @@ def _saved_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
 
 
 def check_compatible(workdir: str, config: Any) -> None:
-  """Raises CheckpointError naming the first key the run already in `workdir` fixed (role
-  `fixed`, or `on_off`: whether it is 0) that differs in `config`; does nothing for an empty
-  workdir. Derived sizes (role `derived`) written 0 on either side are not compared."""
+  """Raises CheckpointError naming the first key of role `fixed` (or `on_off`: whether it is 0)
+  that `config` changes from the run in `workdir`; derived sizes written 0 are not compared."""
   saved, source = _saved_config(workdir)
   if not saved:
     return

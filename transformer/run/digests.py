@@ -1,14 +1,8 @@
-"""Checksums of a workdir's checkpoints: `digest.json` per committed step, and the digests of
-the tokenizer files a step was trained with.
-
-`<workdir>/checkpoints/<step>/digest.json` is {"algorithm", "files": {path: hex digest}} of every
-file of the step, written once orbax has committed it (its rename of the tmp dir), by process 0;
-it sits inside the step directory, so orbax's garbage collection removes it with its step.
-`verify_step` rehashes a step's files against it: a flipped bit, a truncated or missing file, or
-a missing digest.json of a step whose meta says it has one fails; a step written before digests
-existed (no digest.json, meta without "digest") passes unverified. The digest is CRC-32
-(DIGEST_ALGORITHM), one per 64 MiB block, the blocks hashed in parallel; its cost is measured by
-benchmarks/checkpoint_digest.py (docs/reliability.md#checksummed-checkpoints).
+"""Checksums of a workdir's checkpoints: `<step>/digest.json` ({"algorithm", "files": {path: hex
+digest}}, written by process 0 once orbax has committed the step, removed with it), and the
+digests of the tokenizer files a step was trained with. `verify_step` fails a changed, truncated
+or missing file, or a missing digest.json of a step whose meta says it has one; a step written
+before digests existed passes unverified. Cost: benchmarks/checkpoint_digest.py.
 """
 
 from __future__ import annotations
@@ -27,9 +21,6 @@ class CheckpointError(ValueError):
   """A checkpoint that cannot be used with this config (one-line message)."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Digests: every file of a committed step, and the run files (tokenizers) a step was trained with.
-
 DIGEST_FILE = "digest.json"
 # A step's files are checked with CRC-32 (zlib: ~4x BLAKE2b's speed on one core), as object
 # stores check uploads: it catches every flipped bit and burst of up to 32, and any truncation
@@ -42,23 +33,19 @@ _CHUNK = 1 << 22
 _BLOCK = 1 << 26  # crc32 digests: one CRC per 64 MiB of a file, the blocks hashed in parallel
 
 
-def _crc32(path: str, start: int = 0, length: int = -1) -> str:
-  """The CRC-32 (8 hex digits) of `length` bytes (-1: to the end) of a file from `start`."""
+def _crc32(path: str, start: int, length: int) -> str:
+  """The CRC-32 (8 hex digits) of `length` bytes of a file from `start`."""
   crc = 0
   with files.open_binary(path) as f:
     f.seek(start)
-    while length and (chunk := f.read(_CHUNK if length < 0 else min(_CHUNK, length))):
+    while length > 0 and (chunk := f.read(min(_CHUNK, length))):
       crc = zlib.crc32(chunk, crc)
-      length -= len(chunk) if length > 0 else 0
+      length -= len(chunk)
   return f"{crc:08x}"
 
 
-def file_digest(path: str, algorithm: str = "blake2b-256") -> str:
-  """The hex digest of the file at `path` (ALGORITHMS; crc32: one per _BLOCK bytes, joined by
-  commas)."""
-  if algorithm == "crc32":
-    size = files.size(path)
-    return ",".join(_crc32(path, b, _BLOCK) for b in range(0, max(size, 1), _BLOCK))
+def file_digest(path: str) -> str:
+  """The BLAKE2b-256 hex digest of the file at `path`."""
   digest = hashlib.blake2b(digest_size=32)
   with files.open_binary(path) as f:
     while chunk := f.read(_CHUNK):
@@ -68,14 +55,14 @@ def file_digest(path: str, algorithm: str = "blake2b-256") -> str:
 
 def tree_digests(directory: str, names: list[str] | None = None,
                  algorithm: str = "blake2b-256") -> dict[str, str]:
-  """{relative path: file_digest} of `names` (default: every file) under `directory`, hashed
-  in parallel (zlib and hashlib release the GIL on large buffers): crc32 by blocks of _BLOCK
-  bytes, so that one large file uses every core."""
+  """{relative path: hex digest} of `names` (default: every file) under `directory`, hashed in
+  threads (zlib and hashlib release the GIL); crc32: one per _BLOCK bytes, joined by commas, so
+  one large file uses every core."""
   names = files.walk(directory) if names is None else names
   paths = [os.path.join(directory, n) for n in names]
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
     if algorithm != "crc32":
-      return dict(zip(names, pool.map(lambda p: file_digest(p, algorithm), paths)))
+      return dict(zip(names, pool.map(file_digest, paths)))
     blocks = [(i, b) for i, p in enumerate(paths)
               for b in range(0, max(files.size(p), 1), _BLOCK)]
     crcs = list(pool.map(lambda ib: _crc32(paths[ib[0]], ib[1], _BLOCK), blocks))
@@ -105,7 +92,7 @@ def read_step_meta(step_dir: str) -> dict[str, Any] | None:
 
 def verify_step(step_dir: str) -> str | None:
   """None if the step's files match its digest.json (or it predates digests), else a short
-  reason naming the first file that does not: changed, missing, or no digest.json."""
+  reason naming the first file that does not."""
   path = os.path.join(step_dir, DIGEST_FILE)
   if not files.exists(path):
     meta = read_step_meta(step_dir)
@@ -140,7 +127,7 @@ def tokenizer_digests(workdir: str) -> dict[str, str]:
 def check_tokenizers(workdir: str, meta: Mapping[str, Any], where: str,
                      error: type[ValueError] = CheckpointError) -> None:
   """Raises `error` naming the first tokenizer file of `workdir` that is not the one the step
-  (`where`, its `meta`) was trained with; steps that recorded none pass."""
+  (`where`, its `meta`) was trained with."""
   recorded = meta.get("tokenizers") or {}
   for name, digest in sorted(recorded.items()):
     path = os.path.join(workdir, name)

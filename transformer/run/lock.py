@@ -1,16 +1,10 @@
-"""One writer per workdir: the lock training holds, and what a workdir must hold to be trained in.
+"""One writer per workdir: `writer_lock` holds `<workdir>/train.lock` ({"host", "pid", "started",
+"argv"}) while training; `check_trainable` says whether a workdir may be trained in.
 
-  with workdir.writer_lock(path):   # <workdir>/train.lock: {"host", "pid", "started", "argv"}
-    ...                             # train; the lock goes at any exit but SIGKILL
-
-Local workdirs: the lock file is also held with `fcntl.flock`, which the kernel drops when its
-process dies, so liveness is exact. A second writer finding it held refuses in one line naming
-the holder; at exit the file is emptied (an empty lock file is nobody's). A lock file left by a
-dead process (SIGKILL, power loss) is taken over with one warning line. A lock file whose holder ran on another host is refused too (its process cannot be
-checked from here): delete the file once no process writes to the workdir.
-Bucket workdirs (gs://...) have no file locks: the lock file is advisory. A lock file from this
-host whose process is gone is taken over, any other is refused in one line; two writers starting
-within the same second may both pass (an object store has no create-if-absent through epath).
+Local workdirs: the file is also held with `fcntl.flock`, which the kernel drops when its process
+dies, so liveness is exact; a lock of a dead process is taken over with one warning, one held by
+another host is refused (delete it once no process writes there). Bucket workdirs (gs://) have
+no file locks: the file is advisory, and two writers starting within a second may both pass.
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ LOCK_FILE = "train.lock"
 # lock, and the tokenizers a failed start may have copied in.
 PRE_RUN_FILES = frozenset({LOCK_FILE, "sweep.log", "sweep_point.json", "tokenizers"})
 # A workdir holds a run when it has checkpoints, or the config.json and provenance.json that a
-# run writes together before its first checkpoint (transformer/run/reporting.py).
+# run writes together before its first checkpoint (the Reporter).
 RUN_FILES = (("checkpoints",), ("config.json", "provenance.json"))
 
 
@@ -42,9 +36,8 @@ class WorkdirError(ConfigError):
 
 
 def check_trainable(workdir: str, members: Sequence[str] = ()) -> None:
-  """Raises WorkdirError if `workdir` holds files but no run (RUN_FILES): training would write
-  its config.json and checkpoints among, or over, someone else's files. `members`: the
-  directories of a train.members program's runs, which it may hold."""
+  """Raises WorkdirError if `workdir` holds files but no run (RUN_FILES), which training would
+  write among. `members`: the directories of a train.members program's runs, which it may hold."""
   if not files.isdir(workdir):
     return
   names = files.listdir(workdir)
@@ -95,8 +88,7 @@ def _refusal(path: str, holder: dict[str, Any], why: str) -> WorkdirError:
 
 @contextlib.contextmanager
 def writer_lock(workdir: str) -> Iterator[None]:
-  """Holds `<workdir>/train.lock` for the duration (see the module docstring); WorkdirError if
-  another live writer holds it."""
+  """Holds `<workdir>/train.lock`; WorkdirError if another live writer holds it."""
   files.makedirs(workdir)
   path = os.path.join(workdir, LOCK_FILE)
   me = _mine()

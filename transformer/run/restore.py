@@ -1,14 +1,8 @@
-"""Reading a trained run back for inference (evaluation, the notebook API, fine-tuning's start,
-conversion, the sweep report).
-
-`load_run_config(workdir, overrides)` gives the run's Config with the overrides evaluation may
-apply (the keys of role `eval`: none changes what was trained); `read_params` gives one
-checkpoint's raw or EMA parameters, or the mean of the last N (`average_trees`), checked against
-the shapes that config builds; `restore_params` is its short form. Both only read the workdir:
-checkpoints are opened read-only, so a save that training has in flight is left alone. A step
-that fails its digest (transformer/run/digests.py) is refused in one line naming the newest step
-that verifies. Every failure (a missing, truncated or foreign checkpoint, a bad config.json) is an
-EvaluationError whose one-line message names the file, step or parameter.
+"""Reading a trained run back for inference: its Config (`load_run_config`, with the overrides
+of role `eval`) and one checkpoint's raw or EMA parameters, or the mean of the last N
+(`read_params`), checked against that config. Checkpoints are opened read-only, so a save in
+flight is left alone; every failure is an EvaluationError whose one line names the file, step or
+parameter.
 """
 
 from __future__ import annotations
@@ -35,6 +29,7 @@ from transformer.run.digests import check_tokenizers, read_step_meta, verify_ste
 
 STEP_NAMES = ("latest", "best")
 PARAMS_CHOICES = ("auto", "ema", "raw")  # read_params: which parameters of a checkpoint
+
 
 class EvaluationError(ValueError):
   """A workdir, step or split that cannot be evaluated; the message is one line naming it."""
@@ -108,11 +103,8 @@ def _quiet_orbax():
 
 
 def _read_state(directory: str, step: int) -> dict[str, Any]:
-  """The saved train state of `step` as nested dicts, on the first local device.
-
-  The target structure comes from the checkpoint's own metadata, not from today's optimizer code,
-  so a run restores for evaluation even if the optimizer state layout has changed since.
-  """
+  """The saved train state of `step` as nested dicts, on the first local device; its structure
+  comes from the checkpoint's metadata (not today's optimizer code)."""
   with _quiet_orbax():
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
                                     item_handlers={"state": ocp.StandardCheckpointHandler()})
@@ -141,17 +133,13 @@ def _check_params(cfg: Config, model: Any, params: Any, where: str) -> None:
                             f"config.json builds {want.get(key)}")
 
 
-def _normalised(config: Mapping[str, Any]) -> dict[str, Any]:
-  return config_lib.to_dict(config_lib.from_configdict(ml_collections.ConfigDict(dict(config))))
-
-
 def run_config_difference(cfg: Config, trained: Mapping[str, Any]) -> str | None:
-  """The first model.* or data.* key whose value in `cfg` differs from the `trained` config dict,
-  as 'key=cfg value (trained value)'; None if none does. Keys evaluation may override (role
-  `eval`) and those a fine-tuning sets itself (role `finetune`: regularisation and execution,
-  never the function) are not compared, nor derived sizes written 0."""
+  """The first model.* or data.* key whose value in `cfg` differs from the `trained` config, as
+  'key=value (trained with value)'; None if none does. Keys of role `eval` or `finetune` are not
+  compared, nor derived sizes written 0."""
   try:
-    theirs = _normalised(trained)
+    theirs = config_lib.to_dict(config_lib.from_configdict(ml_collections.ConfigDict(
+        dict(trained))))
   except (ValueError, TypeError, KeyError) as e:
     return f"the checkpoint's config does not read ({_first_line(e)})"
   mine = config_lib.to_dict(cfg)
@@ -159,9 +147,8 @@ def run_config_difference(cfg: Config, trained: Mapping[str, Any]) -> str | None
     for key in sorted(set(mine[section]) | set(theirs.get(section, {}))):
       name = f"{section}.{key}"
       roles = schema.KEYS[name].roles if name in schema.KEYS else frozenset()
-      if schema.EVAL in roles or schema.FINETUNE in roles:
-        continue
-      if schema.DERIVED in roles and not (mine[section].get(key) and theirs[section].get(key)):
+      if schema.EVAL in roles or schema.FINETUNE in roles or (
+          schema.DERIVED in roles and not (mine[section].get(key) and theirs[section].get(key))):
         continue
       if mine[section].get(key) != theirs.get(section, {}).get(key):
         return f"{name}={mine[section].get(key)!r} (trained with {theirs[section].get(key)!r})"
@@ -169,10 +156,8 @@ def run_config_difference(cfg: Config, trained: Mapping[str, Any]) -> str | None
 
 
 def check_step(cfg: Config, workdir: str, step: int, available: list[int]) -> None:
-  """Raises EvaluationError (one line) if checkpoint `step` of the run in `workdir` does not
-  verify (verify_step; the line names the newest step that does), if a tokenizer file of the
-  workdir is not the one it was trained with, or if `cfg` (config.json with evaluation's
-  overrides) differs from the config it was trained with (run_config_difference)."""
+  """Raises EvaluationError if checkpoint `step` does not verify (naming the newest that does),
+  or its tokenizer files or config (run_config_difference) are not those it was trained with."""
   directory = os.path.join(workdir, "checkpoints")
   where = f"{directory}/{step}"
   reason = verify_step(where)
@@ -193,8 +178,7 @@ def check_step(cfg: Config, workdir: str, step: int, available: list[int]) -> No
 
 @dataclasses.dataclass(frozen=True)
 class RestoredParams:
-  """What read_params restored: the parameters, the (newest) step, their source ('ema' or 'raw')
-  and the steps whose parameters they are (several when averaged)."""
+  """What read_params restored: parameters, (newest) step, source ('ema' or 'raw'), all steps."""
   params: Any
   step: int
   source: str
@@ -221,14 +205,11 @@ def _read_params(directory: str, step: int, available: list[int], which: str) ->
 
 def read_params(cfg: Config, workdir: str, step: int | str | None = None, params: str = "auto",
                 average_last: int = 0) -> RestoredParams:
-  """The parameters of the run in `workdir` to evaluate, restored read-only onto the first local
-  device.
+  """The parameters of the run in `workdir`, restored read-only onto the first local device.
 
-  params: 'auto' (the EMA when the run kept one, i.e. train.ema_decay > 0, else the raw ones),
-  'ema' or 'raw'. average_last=N > 0: the elementwise float32 mean (average_trees) of those
-  parameters over the run's N newest checkpoints instead of one checkpoint's (step must then be
-  None or 'latest'); fewer than N of them kept is an EvaluationError naming checkpoint.keep and
-  the steps found (retention keeps the latest checkpoint.keep and one best).
+  params: 'auto' (the EMA when the run kept one, else the raw ones), 'ema' or 'raw'.
+  average_last=N > 0: their float32 mean (average_trees) over the run's N newest checkpoints
+  (step must then be None or 'latest').
   """
   if params not in PARAMS_CHOICES:
     raise EvaluationError(f"--params={params!r} is not one of {'|'.join(PARAMS_CHOICES)}")
@@ -273,15 +254,13 @@ def read_params(cfg: Config, workdir: str, step: int | str | None = None, params
 
 def restore_params(cfg: Config, workdir: str, step: int | str | None = None,
                    params: str = "auto") -> tuple[Any, int]:
-  """(params, step) of one checkpoint in `workdir` (read_params: the EMA by default for a run
-  that kept one), restored read-only onto the first local device."""
+  """(params, step) of one checkpoint in `workdir` (read_params' short form)."""
   restored = read_params(cfg, workdir, step, params)
   return restored.params, restored.step
 
 
 def average_trees(trees: Any) -> Any:
-  """The elementwise mean of equally shaped pytrees, summed in float32 and cast back to the first
-  tree's dtypes (checkpoint averaging)."""
+  """The elementwise mean of equally shaped pytrees, summed in float32, in the first's dtypes."""
   trees = list(trees)
   if not trees:
     raise ValueError("average_trees needs at least one tree")

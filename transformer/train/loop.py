@@ -25,7 +25,7 @@ from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.infer import evaluation
 from transformer.model import scoring
 from transformer.model.models import build_model
-from transformer.run import checkpoints, digests, lock, reporting
+from transformer.run import checkpoints, digests, lock, provenance, reporting
 from transformer.train import finetune, members, optim, parallel, preemption, prefetch, steps
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
@@ -426,7 +426,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       else lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh, shardings)
   state = run.prepare_state(state)
   global_batch = cfg.data.batch_size
-  fingerprint = reporting.data_fingerprint(task) if main else None
+  fingerprint = provenance.data_fingerprint(task) if main else None
   for i, r in enumerate(runs):  # one progress bar, the first run's
     r.reporter = reporting.Reporter(
         r.workdir, r.config_dict, main, total_steps=tc.num_steps,

@@ -1,0 +1,161 @@
+"""provenance.json: where and with what a run was made, and the prepared data it read.
+
+`data_fingerprint(task)` records the sizes of the split files a run reads and a sha256 of their
+records; evaluation calls `warn_if_data_differs`, so evaluating on other data than training read
+(another builder version or data_dir content) is one warning line.
+"""
+
+import datetime
+import hashlib
+import importlib.metadata
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import Any, Mapping, Sequence
+
+from absl import logging
+from etils import epath
+import jax
+
+from transformer import files
+from transformer.data import builders
+
+# A split whose files are larger than this is fingerprinted by its file sizes only: hashing
+# gigabytes (from a bucket, at every start) would cost more than the check is worth.
+DATA_HASH_LIMIT = 1 << 30
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow-datasets",
+            "numpy")
+
+
+def _git(args: list[str], cwd: str) -> str | None:
+  try:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.stdout.strip() if out.returncode == 0 else None
+
+
+def data_fingerprint(task: Any, splits: Sequence[str] | None = None) -> dict[str, Any] | None:
+  """The prepared data a task reads: dataset, version, directory and per split (default all) its
+  files' count, bytes and `records` + `records_sha256` (array_record shards; the same whoever
+  prepared them) or `sha256`, and `cache_sha256` of its records cache; no hash above
+  DATA_HASH_LIMIT. None when the data has no directory (mocked or in-memory tasks)."""
+  ds = getattr(task, "dataset", None)
+  if ds is None or not files.isdir(ds.root):
+    return None
+  names = sorted(files.listdir(ds.root))
+  prefix = ds.name.split("/")[0]
+  out = {}
+  for split in ds.splits if splits is None else splits:
+    shards = [epath.Path(ds.root) / n for n in names if n.startswith(f"{prefix}-{split}.")]
+    size = sum(p.stat().length for p in shards)
+    out[split] = {"files": len(shards), "bytes": size}
+    if size > DATA_HASH_LIMIT:
+      out[split]["sha256"] = None
+    elif shards and all(".array_record-" in p.name for p in shards):
+      records, sha = builders.prepared_records_sha256([str(p) for p in shards])
+      out[split].update(records=records, records_sha256=sha)
+    else:
+      digest = hashlib.sha256()
+      for path in shards:
+        with path.open("rb") as f:
+          while chunk := f.read(1 << 22):
+            digest.update(chunk)
+      out[split]["sha256"] = digest.hexdigest()
+    # The pipeline reads the split's records cache (data/task.py) instead of its shards.
+    cache_dir = epath.Path(ds.root) / "cache"
+    caches = sorted(p for p in cache_dir.iterdir() if p.name.startswith(f"{split}-")
+                    and p.name.endswith(".json")) if cache_dir.is_dir() else []
+    if caches and sum(p.stat().length for p in caches) <= DATA_HASH_LIMIT:
+      out[split]["cache_sha256"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                                    for p in caches}
+  # TFDS lays prepared data out as <data_dir>/<name>/<config>/<version>.
+  return {"dataset": ds.name, "version": os.path.basename(os.path.normpath(ds.root)),
+          "dir": ds.root, "splits": out}
+
+
+# What two fingerprints of a split compare: the records when both hashed them (the bytes of the
+# same records may differ, see data_fingerprint), else what both recorded (runs written before
+# records_sha256 existed hold the files' bytes and sha256).
+_CONTENT = ("records", "records_sha256")
+_FILES = ("files", "bytes", "sha256")
+
+
+def data_difference(run: Mapping[str, Any] | None, now: Mapping[str, Any] | None,
+                    split: str) -> str | None:
+  """How split `split` of fingerprint `now` differs from the run's, in words; None when it does
+  not, or when either side lacks it."""
+  if not run or not now or split not in run["splits"] or split not in now["splits"]:
+    return None
+  a, b = run["splits"][split], now["splits"][split]
+  keys = _CONTENT if all(k in a and k in b for k in _CONTENT) else [
+      k for k in _FILES if k in a and k in b]
+  caches = a.get("cache_sha256") or {}, b.get("cache_sha256") or {}
+  cache = next((n for n in sorted(set(caches[0]) & set(caches[1]))
+                if caches[0][n] != caches[1][n]), None)
+  if cache is not None:
+    return (f"its records cache {now['dir']}/cache/{cache} is not the one the run read "
+            f"(sha256 {caches[1][cache][:12]}, not {caches[0][cache][:12]})")
+  if all(a[k] == b[k] for k in keys):  # content only: the same data may move
+    return None
+  return f"{_describe(now, split)} in {now['dir']}, not {_describe(run, split)}"
+
+
+def _describe(fingerprint: Mapping[str, Any], split: str) -> str:
+  """One split of a data fingerprint in words."""
+  f = fingerprint["splits"][split]
+  held = (f"{f['records']} records, records sha256 {f['records_sha256'][:12]}"
+          if "records_sha256" in f else f"sha256 {(f.get('sha256') or 'not hashed')[:12]}")
+  return (f"{fingerprint['dataset']} {fingerprint['version']} {split} ({f['files']} files, "
+          f"{f['bytes']} bytes, {held})")
+
+
+def warn_if_data_differs(workdir: str, task: Any, split: str) -> str | None:
+  """Logs one warning line, and returns it, when the data `task` reads for `split` differs
+  from what training recorded in `<workdir>/provenance.json`."""
+  path = os.path.join(workdir, "provenance.json")
+  if not files.exists(path):
+    return None
+  run = json.loads(files.read_text(path)).get("data")
+  difference = data_difference(run, data_fingerprint(task, [split]), split)
+  if difference is None:
+    return None
+  message = (f"the data read is not the run's ({path}): {difference}; metrics may not be "
+             f"comparable with training's")
+  logging.warning(message)
+  return message
+
+
+def provenance(mesh_shape: Mapping[str, int] | None = None,
+               data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """Where and with what a run was made: git state of this code, packages, devices, command and
+  the fingerprint of the prepared data it reads (`data_fingerprint`)."""
+  code_dir = os.path.dirname(os.path.abspath(__file__))
+  sha = _git(["rev-parse", "HEAD"], code_dir)
+  status = _git(["status", "--porcelain", "--untracked-files=no"], code_dir)
+  versions = {}
+  for name in PACKAGES:
+    try:
+      versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      versions[name] = None
+  devices = jax.devices()
+  return {
+      "git_sha": sha,
+      "git_dirty": None if status is None else bool(status),
+      "code_dir": code_dir,
+      "packages": versions,
+      "python": sys.version.split()[0],
+      "platform": devices[0].platform,
+      "device_kind": devices[0].device_kind,
+      "num_devices": len(devices),
+      "num_local_devices": jax.local_device_count(),
+      "process_count": jax.process_count(),
+      "mesh_shape": dict(mesh_shape) if mesh_shape else None,
+      "hostname": socket.gethostname(),
+      "command": sys.argv,
+      "data": dict(data) if data else None,
+      "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+  }
