@@ -223,7 +223,7 @@ def test_restore_errors_name_the_step(workdir):
 def test_restore_in_fresh_process_gives_identical_logits(workdir, run, tmp_path):
   """Logits of a run restored in a new Python process are bitwise equal to this process's."""
   words, prons = ["hello", "cat"], ["HH AH L OW", "K AE T"]
-  script = (f"import numpy as np; from transformer import api; "
+  script = (f"import numpy as np; from transformer.infer import api; "
             f"run = api.restore({workdir!r}); "
             f"np.save({str(tmp_path / 'l.npy')!r}, run.logits({words!r}, {prons!r}))")
   out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=ENV, capture_output=True,
