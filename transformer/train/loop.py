@@ -150,12 +150,12 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   check_loop_config(cfg)
   for directory in (workdir, os.path.join(workdir, "checkpoints")):  # not minutes into a save
     files.check_writable(directory)
-  if members.members_of(cfg) and init_from:  # checks train.members before any data loads
+  names = [m.name for m in members.members_of(cfg)]  # checks train.members before any data loads
+  if names and init_from:
     raise ConfigError("train.members: fine-tuning (--init_from) trains one run; drop one of them")
   parallel.initialize_distributed(cfg.parallel)
   main = parallel.is_main_process()
   if main:
-    names = [m.name for m in members.members_of(cfg)]
     lock.check_trainable(workdir, members=names)
     for name in names:
       lock.check_trainable(os.path.join(workdir, name))
@@ -262,18 +262,16 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       members.make_eval_step(eval_step) if stacked
       else lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh, shardings)
   state = run.prepare_state(state)
-  global_batch = cfg.data.batch_size
   fingerprint = reporting.data_fingerprint(task) if main else None
   for i, r in enumerate(runs):  # one progress bar, the first run's
     r.reporter = reporting.Reporter(
         r.workdir, r.config_dict, main, total_steps=tc.num_steps,
         start_step=start, mesh_shape=dict(mesh.shape) if mesh is not None else None,
         flops_per_step=reporting.model_flops_per_step(
-            cfg.model, global_batch, cfg.data.max_source_len, cfg.data.max_target_len),
+            cfg.model, cfg.data.batch_size, cfg.data.max_source_len, cfg.data.max_target_len),
         peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),
         show_progress=i == 0, data=fingerprint, started=started)
     r.early = runs_lib.EarlyStopping(tc, r.saved)
-  reporter = runs[0].reporter
   preempt = preemption.install_preemption_handler()
 
   # ---- the loop: dispatch steps s (one, or train.steps_per_dispatch in one scan), then check the
@@ -321,7 +319,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       # The bar shows the loss from this process's first dispatch on (then every logged step's).
       first = (float(np.mean(runs[0].metrics(jax.device_get(metrics["loss"]))))
                if step - n == start else None)
-      reporter.progress(step, first)
+      runs[0].reporter.progress(step, first)
       if step % tc.log_every_steps == 0 or step == tc.num_steps:
         check(pending)
         all_fetched = jax.device_get(window)

@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from transformer import schema
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.train import steps
 
@@ -85,21 +86,6 @@ def member_name(overrides: dict[str, Any]) -> str:
   return re.sub(r"[^A-Za-z0-9._=,+-]", "_", text)
 
 
-def _override(cfg: Config, key: str, value: Any) -> Config:
-  if "." not in key:
-    return dataclasses.replace(cfg, **{key: value})
-  section, name = key.split(".")
-  return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section),
-                                                                  **{name: value})})
-
-
-def _get(cfg: Config, key: str) -> Any:
-  value = cfg
-  for part in key.split("."):
-    value = getattr(value, part)
-  return value
-
-
 def members_of(cfg: Config) -> list[Member]:
   """The members of cfg's train.members ([] when it is ""), each config validated on its own;
   a bad spec, a duplicate or a setting the members cannot share is a one-line ConfigError."""
@@ -110,7 +96,7 @@ def members_of(cfg: Config) -> list[Member]:
   if cfg.train.early_stop_patience:
     raise ConfigError("train.members cannot stop members early: set "
                       "train.early_stop_patience=0")
-  base = _override(cfg, "train.members", "")
+  base = with_values(cfg, {"train.members": ""})
   members, names = [], set()
   for overrides in parse(cfg.train.members, cfg.seed):
     # Every value checked as a plain run's would be.
@@ -125,19 +111,22 @@ def members_of(cfg: Config) -> list[Member]:
 
 def varying_keys(configs: list[Config]) -> tuple[str, ...]:
   """The TRACED_KEYS whose values differ between the members' configs."""
-  return tuple(k for k in TRACED_KEYS if len({_get(c, k) for c in configs}) > 1)
+  return tuple(k for k in TRACED_KEYS if len({schema.lookup(c, k) for c in configs}) > 1)
 
 
 def hyperparameters(configs: list[Config]) -> dict[str, np.ndarray]:
   """{key: float32 [N]} of the varying keys: what the vmapped step traces per member."""
-  return {k: np.asarray([_get(c, k) for c in configs], np.float32)
+  return {k: np.asarray([schema.lookup(c, k) for c in configs], np.float32)
           for k in varying_keys(configs)}
 
 
 def with_values(cfg: Config, values: dict[str, Any]) -> Config:
-  """cfg with each key of `values` set to its value (inside the vmap: one member's tracers)."""
+  """cfg with each (dotted) key of `values` set to its value (in the vmap: a member's tracers)."""
   for key, value in values.items():
-    cfg = _override(cfg, key, value)
+    section, _, name = key.rpartition(".")
+    if section:  # e.g. train.learning_rate: a new train section
+      value = dataclasses.replace(getattr(cfg, section), **{name: value})
+    cfg = dataclasses.replace(cfg, **{section or name: value})
   return cfg
 
 

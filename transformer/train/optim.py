@@ -43,11 +43,6 @@ def _rsqrt(s: jax.Array, tc: Any, d_model: int) -> jax.Array:
   return _peak(tc) * d_model**-0.5 * decay
 
 
-def _constant(s: jax.Array, tc: Any, d_model: int) -> jax.Array:
-  del d_model
-  return _peak(tc) * _warmup(s, int(tc.warmup_steps))
-
-
 def _warmup_then(decay: Callable[[jax.Array, float, float], jax.Array]):
   """A schedule: linear warmup to the peak, then `decay(p, peak, min)` over p in [0, 1]."""
   def schedule(s, tc, d_model):
@@ -65,7 +60,7 @@ SCHEDULES: dict[str, Callable[[jax.Array, Any, int], jax.Array]] = {
     "warmup_cosine": _warmup_then(
         lambda p, peak, low: low + (peak - low) * 0.5 * (1.0 + jnp.cos(jnp.pi * p))),
     "warmup_linear": _warmup_then(lambda p, peak, low: peak + (low - peak) * p),
-    "constant": _constant,
+    "constant": lambda s, tc, d_model: _peak(tc) * _warmup(s, int(tc.warmup_steps)),
 }
 
 
@@ -73,10 +68,7 @@ def make_schedule(train_cfg: Any, d_model: int) -> optax.Schedule:
   """Returns the learning-rate schedule `count -> lr` named by `train.schedule` (see module doc)."""
   if train_cfg.schedule not in SCHEDULES:
     raise ValueError(f"train.schedule={train_cfg.schedule!r} is not one of {', '.join(SCHEDULES)}")
-  if train_cfg.warmup_steps < 0:
-    raise ValueError(f"train.warmup_steps={train_cfg.warmup_steps} must be >= 0")
   fn = SCHEDULES[train_cfg.schedule]
-  # The paper's step, counted from 1.
   return lambda count: fn(jnp.asarray(count, jnp.float32) + 1.0, train_cfg, d_model)
 
 
@@ -113,13 +105,11 @@ def make_optimizer(train_cfg: Any, d_model: int) -> optax.GradientTransformation
   if name not in OPTIMIZERS:
     raise ValueError(f"train.optimizer={name!r} is not one of {', '.join(OPTIMIZERS)}")
   wd = float(train_cfg.weight_decay)
-  if wd < 0:
-    raise ValueError(f"train.weight_decay={wd} must be >= 0")
   # Off switches are stateless placeholders with the same (empty) state as the real transform,
   # so a run may resume with another grad_clip or weight_decay (the optimizer-state tree of a
   # checkpoint must match): EmptyState for clipping, MaskedState(EmptyState) for the decay.
-  mask = weight_decay_mask(train_cfg)
-  decay = optax.masked(optax.add_decayed_weights(wd) if wd > 0 else optax.identity(), mask)
+  decay = optax.masked(optax.add_decayed_weights(wd) if wd > 0 else optax.identity(),
+                       weight_decay_mask(train_cfg))
   clip = train_cfg.grad_clip
   return optax.chain(optax.clip_by_global_norm(float(clip)) if clip > 0 else optax.identity(),
                      *OPTIMIZERS[name](train_cfg, decay),

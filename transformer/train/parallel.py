@@ -80,18 +80,14 @@ def initialize_distributed(parallel_cfg: ParallelConfig) -> None:
   c = parallel_cfg
   if c.distributed == "off" or jax.distributed.is_initialized():
     return
-  explicit = bool(c.coordinator_address) or c.num_processes > 0 or c.process_id >= 0
-  if c.distributed == "auto" and not (explicit or _environment_asks_for_distributed()):
+  given = {"coordinator_address": c.coordinator_address or None,
+           "num_processes": c.num_processes if c.num_processes > 0 else None,
+           "process_id": c.process_id if c.process_id >= 0 else None}
+  given = {k: v for k, v in given.items() if v is not None}
+  if c.distributed == "auto" and not (given or _environment_asks_for_distributed()):
     return
-  kwargs: dict[str, Any] = {}
-  if c.coordinator_address:
-    kwargs["coordinator_address"] = c.coordinator_address
-  if c.num_processes > 0:
-    kwargs["num_processes"] = c.num_processes
-  if c.process_id >= 0:
-    kwargs["process_id"] = c.process_id
   try:
-    jax.distributed.initialize(**kwargs)
+    jax.distributed.initialize(**given)
   except (ValueError, TypeError, RuntimeError) as e:
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise ConfigError(
@@ -256,13 +252,6 @@ def shard_batch(local_batch: dict[str, Any], mesh: Mesh, stacked: bool = False
   return out
 
 
-def shard_batches(local_batches: Sequence[dict[str, Any]], mesh: Mesh) -> dict[str, jax.Array]:
-  """K host batches -> one batch of global [K, batch, ...] arrays for a scanned multi-step."""
-  stacked = {k: np.stack([np.asarray(b[k]) for b in local_batches])
-             for k, v in local_batches[0].items() if v is not None}
-  return shard_batch(stacked, mesh, stacked=True)
-
-
 # ---------------------------------------------------------------- pmap mode
 
 def replicate(tree: Any, devices: Sequence[Any]) -> Any:
@@ -326,7 +315,11 @@ def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
     with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
       return jitted(state, batch)
 
-  prepare = (lambda b: shard_batches(b, mesh)) if stacked else (lambda b: shard_batch(b, mesh))
+  def prepare(b: Any) -> dict[str, jax.Array]:
+    if stacked:  # K host batches -> one batch of [K, batch, ...] arrays
+      b = {k: np.stack([np.asarray(x[k]) for x in b]) for k, v in b[0].items() if v is not None}
+    return shard_batch(b, mesh, stacked)
+
   return CompiledStep(step=step, prepare_batch=prepare,
                       prepare_state=lambda s: jax.device_put(s, state_sharding),
                       fetch_state=lambda s: s)
@@ -368,7 +361,7 @@ def _compile(fn: Callable[..., Any], mode: str, mesh: Mesh | None, state_shardin
 
 def compile_train_step(step_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
                        state_sharding: Any) -> CompiledStep:
-  """Compiles `step_fn(state, batch, axis_name=None) -> (state, metrics)` for a mode."""
+  """Compiles `step_fn(state, batch, axis_name=None) -> (state, metrics)` for `mode`."""
   return _compile(step_fn, mode, mesh, state_sharding, returns_state=True)
 
 

@@ -26,7 +26,8 @@ class PreemptionHandler:
     self.requested = False  # stop at this step (on every host)
     self.signum = None  # the first signal received here
     self._previous = {}
-    self._sync = self._jax_sync_available()
+    self._sync = (jax.distributed.is_initialized()
+                  and bool(jax.config.jax_enable_preemption_service))
     if jax.process_count() > 1 and not self._sync:
       return
     for sig in (signal.SIGINT,) if self._sync else (signal.SIGTERM, signal.SIGINT):
@@ -35,17 +36,12 @@ class PreemptionHandler:
       except ValueError:  # not the main thread (e.g. some notebook kernels): flag stays False
         pass
 
-  @staticmethod
-  def _jax_sync_available() -> bool:
-    return jax.distributed.is_initialized() and bool(jax.config.jax_enable_preemption_service)
-
   @property
   def reason(self) -> str:
     """'interrupted' (SIGINT here), 'preempted' (SIGTERM, or a stop agreed with other hosts)."""
     return "interrupted" if self.signum == signal.SIGINT else "preempted"
 
-  def _handle(self, signum, frame):
-    del frame
+  def _handle(self, signum, _frame):
     if signum == signal.SIGINT and self.signum is not None:
       raise KeyboardInterrupt  # the second signal: out at once, without saving
     if self.signum is None:
