@@ -39,7 +39,7 @@ def main(argv):
   del argv  # cli.parse_flags rejects positional arguments
   cli.quiet_logging()
   # Imported here so that --help and flag errors do not pay for importing JAX.
-  from transformer.train import loop  # pylint: disable=g-import-not-at-top
+  from transformer.train import loop, runs  # pylint: disable=g-import-not-at-top
   from transformer.run.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
   workdir = flags.FLAGS.workdir
@@ -59,7 +59,7 @@ def main(argv):
   if stopped:
     step = metrics.get("step")
     where = os.path.join(workdir, "checkpoints", str(step))
-    if len(loop.member_workdirs(flags.FLAGS.config, workdir)) > 1:
+    if len(runs.member_workdirs(flags.FLAGS.config, workdir)) > 1:
       where = f"each member's, in {os.path.join(workdir, '<member>', 'checkpoints', str(step))}"
     print(f"{stopped}: saved a checkpoint at step {step} ({where}); resume with: "
           f"{resume_command()}", file=sys.stderr, flush=True)
@@ -74,7 +74,7 @@ def main(argv):
   else:
     summary = " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k != "step")
     print(f"done: step={metrics.get('step')} {summary}")
-  workdirs = loop.member_workdirs(flags.FLAGS.config, workdir)
+  workdirs = runs.member_workdirs(flags.FLAGS.config, workdir)
   if len(workdirs) > 1:  # train.members: each member's workdir is a run of its own
     print("\n".join(f"member workdir: {w}" for w in workdirs))
   print("\n".join(next_steps(workdirs[0])), flush=True)

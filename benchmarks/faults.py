@@ -78,7 +78,7 @@ def _instrument() -> None:
   from transformer.infer import evaluation  # pylint: disable=g-import-not-at-top
   from transformer.run import checkpoints, reporting
   from transformer.train import loop
-  progress, evaluate = reporting.Reporter.progress, loop.evaluate_in_training
+  progress, evaluate = reporting.Reporter.progress, loop.eval_sums
   decode, save = evaluation.decode_metrics, checkpoints.Checkpointer.save
 
   def progress_(self, step, *args, **kwargs):
@@ -100,7 +100,7 @@ def _instrument() -> None:
     _say("save_end", step, int(saved))
     return saved
 
-  reporting.Reporter.progress, loop.evaluate_in_training = progress_, evaluate_
+  reporting.Reporter.progress, loop.eval_sums = progress_, evaluate_
   evaluation.decode_metrics, checkpoints.Checkpointer.save = decode_, save_
 
 

@@ -1,24 +1,12 @@
-"""Fine-tuning's start (`train.py --init_from=RUN`): the config and the parameters a run begins
-with when it starts from another run's workdir (a trained run, or one transformer/convert wrote).
+"""Fine-tuning's start (`train.py --init_from=RUN`): the config and parameters a run begins with
+when it starts from another run's workdir (a trained run, or one transformer/convert wrote).
 
-  cfg = init_from_config(cfg, run)      # the run's model and tokenizers, cfg's regularisation
-  params = init_params(run, fresh, cfg.model.head)   # its parameters (encoder-only: see below)
-
-A decoder-only or encoder-decoder config takes the run's whole model and tokenizers and starts
-from all of its parameters. An encoder-only config takes the run's encoder and embeddings (an
-encoder-only or encoder-decoder run) and the tokenizer its encoder read; then:
-  - a new head (head 'classify' or 'tag', or 'mlm' on an encoder-decoder run's encoder): the head
-    keys (config role `head`, and the vocabulary head's knobs, role `vocab_head`: BERT's
-    head_transform / logits_bias, tie_embeddings, excluded_ids) are the new config's, the head's parameters
-    are initialised afresh, the run's own head or decoder is dropped, and the labels' tokenizer is
-    the new config's;
-  - continued masked-LM training (head 'mlm' on an encoder-only 'mlm' run, e.g. a converted
-    BERT): the head is the run's too, knobs and parameters, so training starts from exactly the
-    run's model; the text is both input and target, so both sides read the run's tokenizer.
-In both cases the run's tokenizer (the keys of role `run_tokenizer`) wins over the config's
-(the embeddings only mean something with the ids they were trained on); the model keys of role
-`finetune` (regularisation and execution, never the function) are the new config's. Parameters that do not
-match are one ConfigError line naming them.
+A decoder-only or encoder-decoder config takes the run's whole model, tokenizers and parameters.
+An encoder-only config takes the run's encoder, embeddings and the tokenizer its encoder read: a
+new head (classify, tag, or mlm on an encoder-decoder run) keeps the config's head keys (schema
+roles `head`, `vocab_head`) and label tokenizer and starts its parameters afresh; head mlm on an
+encoder-only mlm run (e.g. a converted BERT) continues the run's own head. Keys of role
+`run_tokenizer` always come from the run, model keys of role `finetune` from the new config.
 """
 
 from __future__ import annotations
@@ -49,9 +37,8 @@ def _run_config(init_from: str) -> Config:
 
 
 def init_from_config(cfg: Config, init_from: str) -> Config:
-  """`cfg` with the model section and tokenizer keys of the run in `init_from` (see the module
-  docstring for what an encoder-only config keeps); keys of role `finetune` keep `cfg`'s values.
-  Raises ConfigError naming --init_from."""
+  """`cfg` with the model section and tokenizer keys of the run in `init_from`, as the module doc
+  says; raises ConfigError naming --init_from."""
   run = _run_config(init_from)
   keep = schema.with_role(schema.FINETUNE, "model")
   data = dataclasses.replace(cfg.data, **{
@@ -78,12 +65,8 @@ def init_from_config(cfg: Config, init_from: str) -> Config:
 
 
 def init_params(init_from: str, fresh: Any = None, head: str = "") -> Any:
-  """The latest parameters of the run in `init_from` (its EMA when it kept one, as eval.py
-  evaluates by default); ConfigError if unreadable.
-
-  With `fresh` (the new encoder-only model's initial parameters) and its `head`: the run's encoder
-  and embeddings with the fresh head, or with the run's own head when `continues_head`.
-  """
+  """The latest parameters (its EMA when it kept one) of the run in `init_from`; with `fresh`
+  (a new encoder-only model's parameters) and its `head`, shared_params of the two."""
   run = _run_config(init_from)
   try:
     params = restore.restore_params(run, init_from)[0]
@@ -100,16 +83,15 @@ def _leaves(tree: Any) -> dict[str, Any]:
 
 
 def shared_params(pretrained: Any, fresh: Any, init_from: str, keep_head: bool = False) -> Any:
-  """`fresh` with every parameter outside its HEAD subtree (inside it too if `keep_head`) taken
-  from `pretrained` (an encoder-only or encoder-decoder run: its encoder, and its source or shared
-  embedding as the token embedding); the pretrained run's decoder (and, unless kept, its head) is
-  dropped. Any parameter of the new model missing from the run, or of another shape, is a
-  ConfigError naming them all."""
+  """`fresh` with every parameter outside its HEAD subtree (inside too if `keep_head`) taken from
+  `pretrained`'s encoder and token (or source) embedding; parameters missing on either side or
+  of another shape are a ConfigError naming them all."""
   source = dict(pretrained)
   if "token_embed" not in source:  # an encoder-decoder run with separate tables
     source["token_embed"] = source.get("source_embed", {})
   taken = SHARED + ((HEAD,) if keep_head else ())
-  want = {k: v for k, v in _leaves(fresh).items() if keep_head or not k.startswith(HEAD + "/")}
+  leaves = _leaves(fresh)
+  want = {k: v for k, v in leaves.items() if keep_head or not k.startswith(HEAD + "/")}
   have = _leaves({k: v for k, v in source.items() if k in taken})
   missing = sorted(set(want) - set(have))
   unexpected = sorted(set(have) - set(want))
@@ -121,7 +103,5 @@ def shared_params(pretrained: Any, fresh: Any, init_from: str, keep_head: bool =
     what = "model's" if keep_head else "encoder's"
     raise config_lib.ConfigError(f"--init_from={init_from}: the {what} parameters do not "
                                  f"match ({'; '.join(parts)})")
-  flat, treedef = jax.tree_util.tree_flatten_with_path(fresh)
-  names = ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in flat]
-  return jax.tree_util.tree_unflatten(treedef, [
-      have[n].astype(leaf.dtype) if n in have else leaf for n, (_, leaf) in zip(names, flat)])
+  return jax.tree_util.tree_unflatten(jax.tree.structure(fresh), [
+      have[n].astype(leaf.dtype) if n in have else leaf for n, leaf in leaves.items()])

@@ -1,8 +1,7 @@
 """Training: the loop behind `train.py`, data -> steps -> eval -> checkpoints -> reporting.
 
-The compiled steps and the train state are in transformer/train/steps.py; decoding-based task metrics
-come from transformer/infer/evaluation.py (this module imports it, never the reverse). Read top to
-bottom: config checks, the in-training evaluation, then `train_and_evaluate`.
+The compiled steps and the train state are steps.py's, the runs a program trains runs.py's.
+Read top to bottom: config checks, the in-training evaluation, then `train_and_evaluate`.
 """
 
 from __future__ import annotations
@@ -21,12 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import files
-from transformer.config import Config, ConfigError, from_configdict, to_dict
+from transformer.config import Config, ConfigError, from_configdict
 from transformer.infer import evaluation
 from transformer.model import scoring
 from transformer.model.models import build_model
-from transformer.run import checkpoints, digests, lock, provenance, reporting
+from transformer.run import checkpoints, lock, provenance, reporting
 from transformer.train import finetune, members, optim, parallel, preemption, prefetch, steps
+from transformer.train import runs as runs_lib
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
 # In train_and_evaluate's metrics when the workdir held a finished run: nothing was trained.
@@ -35,10 +35,6 @@ FINISHED_BEFORE = "finished_before"
 
 class TrainingDiverged(RuntimeError):
   """The loss or gradient norm became NaN/Inf; the message is one line naming the step."""
-
-
-# ---------------------------------------------------------------------------------------------
-# The loop.
 
 
 def check_loop_config(cfg: Config) -> None:
@@ -60,8 +56,7 @@ def check_loop_config(cfg: Config) -> None:
 
 
 def schedule_warning(cfg: Config) -> str:
-  """One line when the schedule cannot do what the config says (a decaying schedule whose warmup
-  lasts the whole run), else ''."""
+  """One line when a decaying schedule's warmup lasts the whole run, else ''."""
   tc = cfg.train
   if tc.schedule != "constant" and 0 < tc.num_steps <= tc.warmup_steps:
     return (f"train.num_steps={tc.num_steps} <= train.warmup_steps={tc.warmup_steps}: the run ends "
@@ -88,30 +83,6 @@ def fill_vocab_sizes(cfg: Config, task: Any) -> Config:
       num_classes=m.num_classes or classes))
 
 
-class _EarlyStopping:
-  """Counts evaluations without improvement of `train.early_stop_metric`; state is two floats."""
-
-  def __init__(self, tc: Any, saved: dict[str, float]):
-    self.patience, self.key, self.sign = tc.early_stop_patience, tc.early_stop_metric, (
-        1.0 if tc.early_stop_mode == "min" else -1.0)
-    self.best = saved.get("early_stop/best", math.inf)
-    self.bad = int(saved.get("early_stop/bad_evals", 0))
-
-  def update(self, metrics: dict[str, float]) -> bool:
-    """Records one evaluation; True when the run should stop."""
-    if not self.patience or self.key not in metrics:
-      return False
-    value = self.sign * metrics[self.key]
-    if value < self.best:
-      self.best, self.bad = value, 0
-    else:
-      self.bad += 1
-    return self.bad >= self.patience
-
-  def state(self) -> dict[str, float]:
-    return {"early_stop/best": self.best, "early_stop/bad_evals": float(self.bad)}
-
-
 def dispatch_size(cfg: Config, step: int) -> int:
   """Steps the next dispatch runs from `step`: train.steps_per_dispatch, cut short at the next step
   that logs, evaluates, checkpoints or ends the run, so those happen at the same steps as with 1."""
@@ -129,18 +100,11 @@ def _host_tokens(batch: dict[str, Any]) -> tuple[int, int]:
           sum(int(np.count_nonzero(batch[k])) for k in keys))
 
 
-def evaluate_in_training(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, float]:
-  """Teacher-forced eval/loss, eval/accuracy, eval/perplexity over `eval.num_batches` batches of
-  the eval split (scoring.teacher_forced_metrics); evaluation.evaluate_split does the whole split.
-  `run_eval` evaluates steps.eval_params: the EMA when train.ema_decay > 0, so every in-training
-  metric, early stopping and the best checkpoint (checkpoint.keep_best_by) follow the EMA."""
-  totals = eval_sums(cfg, run_eval, state, task)
-  return scoring.teacher_forced_metrics(totals, prefix="eval/") if totals else {}
-
-
 def eval_sums(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, Any]:
-  """evaluate_in_training's eval-step sums, added up over the batches ({} for no batch); a
-  members' run_eval gives each sum with a leading member axis."""
+  """The teacher-forced eval-step sums over `eval.num_batches` batches of the eval split ({} for
+  none; a members' run_eval gives each with a leading member axis). `run_eval` evaluates
+  steps.eval_params: the EMA when there is one, which in-training metrics, early stopping and the
+  best checkpoint then follow."""
   totals: dict[str, Any] = {}
   batches = task.eval_batches(cfg.data.eval_split, batch_size=cfg.eval.batch_size or None)
   for i, batch in enumerate(batches):
@@ -154,11 +118,8 @@ def eval_sums(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, An
 
 def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, float],
                       wall_seconds: float) -> None:
-  """Writes `<workdir>/train_done.json` atomically: {step, reason, metrics, wall_seconds}.
-
-  reason is 'num_steps' (train.num_steps reached) or 'early_stop'; wall_seconds is the time of the
-  train_and_evaluate call that finished the run (earlier, interrupted attempts not included).
-  """
+  """Writes `<workdir>/train_done.json` atomically: {step, reason ('num_steps' or 'early_stop'),
+  metrics, wall_seconds (of the train_and_evaluate call that finished the run)}."""
   path = os.path.join(workdir, DONE_FILE)
   record = {"step": int(step), "reason": reason, "wall_seconds": round(wall_seconds, 3),
             "metrics": {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -166,139 +127,21 @@ def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, f
   files.write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=float))
 
 
-def memory_bytes() -> int | None:
-  """The memory this process's devices hold together (on CPU: the host's RAM), or None."""
-  stats = [d.memory_stats() or {} for d in jax.local_devices()]
-  if all("bytes_limit" in s for s in stats):
-    return sum(int(s["bytes_limit"]) for s in stats)
-  if jax.local_devices()[0].platform == "cpu":
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  return None
-
-
-def check_fits(abstract_state: Any, cfg: Config) -> None:
-  """Raises ConfigError naming the model's size when the train state alone (parameters and
-  optimizer state, by shapes) is larger than this process's device memory: one line before
-  anything is allocated (an allocation that big fails, or on a host, is killed, or waits)."""
-  leaves = jax.tree.leaves(abstract_state)
-  need = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
-  have = memory_bytes()
-  if have is not None and need / max(1, jax.process_count()) > have:
-    params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_state.params))
-    m = cfg.model
-    raise ConfigError(
-        f"model.d_model={m.d_model}, model.mlp_dim={m.mlp_dim}: the model has {params:,} "
-        f"parameters and its train state needs {need / 2**30:,.1f} GiB, more than the "
-        f"{have / 2**30:,.1f} GiB of memory here; make the model smaller")
-
-
-@dataclasses.dataclass
-class _Run:
-  """One run's bookkeeping in the loop: a plain run (index None: the state and the metrics are
-  its own), or member `index` of a train.members program (transformer/train/members.py), whose slice
-  of the stacked state and metrics is its own. Each has its own workdir, checkpoints, reporter,
-  early stopping, evaluations and final metrics."""
-  name: str  # "" for a plain run
-  workdir: str
-  cfg: Config
-  config_dict: dict[str, Any]
-  index: int | None = None
-  ckpt: Any = None
-  reporter: Any = None
-  early: Any = None
-  saved: dict[str, float] = dataclasses.field(default_factory=dict)
-  last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
-  final: dict[str, float] = dataclasses.field(default_factory=dict)
-
-  def item(self, tree: Any) -> Any:
-    """This run's state (or eval sums) of the loop's: a member's slice of the leading axis."""
-    return tree if self.index is None else members.take(tree, self.index)
-
-  def metrics(self, metrics: Any) -> Any:
-    """This run's train metrics of a dispatch's ([N] or [K, N] per member: the last axis)."""
-    if self.index is None:
-      return metrics
-    return jax.tree.map(lambda x: np.asarray(x)[..., self.index], metrics)
-
-
-def _runs(cfg: Config, workdir: str) -> list[_Run]:
-  """The runs of one program: cfg's plain run in `workdir`, or each member of train.members in
-  `<workdir>/<member name>` with its own config."""
-  group = members.members_of(cfg)
-  if not group:
-    return [_Run("", workdir, cfg, to_dict(cfg))]
-  return [_Run(m.name, os.path.join(workdir, m.name), m.cfg, to_dict(m.cfg), i)
-          for i, m in enumerate(group)]
-
-
-def member_workdirs(config: Any, workdir: str) -> list[str]:
-  """The workdirs a config trains in `workdir`: [workdir], or one per train.members member."""
-  cfg = config if isinstance(config, Config) else from_configdict(config)
-  return [os.path.join(workdir, m.name) for m in members.members_of(cfg)] or [workdir]
-
-
-def _members_result(runs: list[_Run], step: int) -> dict[str, float]:
-  """train_and_evaluate's metrics: a plain run's own, or every member's as '<name>/<key>'."""
-  if len(runs) == 1 and runs[0].index is None:
-    return runs[0].final
-  return {f"{r.name}/{k}": v for r in runs for k, v in r.final.items()} | {"step": step}
-
-
-def _restore(runs: list[_Run], abstract: Any, train_iter: Any) -> Any:
-  """The runs' latest checkpoints restored (the data position from the first): one state, or
-  the members' stacked on host; None when none has a checkpoint. Members must all be at one
-  step (CheckpointError otherwise)."""
-  latest = [r.ckpt.latest_step() for r in runs]
-  if len(set(latest)) > 1:
-    where = ", ".join(f"{r.name}: {s}" for r, s in zip(runs, latest))
-    raise checkpoints.CheckpointError(
-        f"train.members: the members' latest checkpoints differ ({where}); resume the members "
-        "alone, or remove the newer checkpoints")
-  if latest[0] is None:
-    return None
-  states = []
-  for i, r in enumerate(runs):
-    # The newest checkpoint that verifies; each newer one is named in a line and moved aside.
-    good, state = r.ckpt.restore_latest_good(abstract,
-                                             data_iterator=train_iter if i == 0 else None)
-    if good != latest[i]:
-      logging.warning("Resuming from step %d, the newest checkpoint that verifies (the newer "
-                      "ones are kept as <step>%s in %s).", good, digests.CORRUPT_SUFFIX,
-                      r.ckpt.directory)
-    meta = r.ckpt.metadata(good)
-    digests.check_tokenizers(r.workdir, meta, f"checkpoint {r.ckpt.directory}/{good}")
-    states.append(state)
-    r.saved = meta["metrics"]
-  if len({int(np.ravel(jax.device_get(s.step))[0]) for s in states}) > 1:
-    raise checkpoints.CheckpointError(
-        "train.members: the members' newest checkpoints that verify differ in step; resume the "
-        "members alone, or remove the newer checkpoints")
-  return states[0] if runs[0].index is None else members.stack(jax.device_get(states))
-
-
 def train_and_evaluate(config: Any, workdir: str, task: Any = None,
                        init_from: str = "") -> dict[str, float]:
-  """Trains `config` (a ConfigDict or Config) in `workdir`, resuming from its latest checkpoint.
+  """Trains `config` (a ConfigDict or Config) in `workdir`, resuming from the newest checkpoint
+  that verifies; returns the final metrics (the last evaluation, train/loss, step).
 
-  `init_from` (fine-tuning): another run's workdir, e.g. one written by transformer.convert; its
-  model config, tokenizers and latest parameters replace the config's and the random init
-  (transformer/train/finetune.py); optimizer, schedule and data are the config's own.
-
-  Returns the final metrics (the last evaluation, train/loss, step). `task` overrides
-  `transformer.data.load_task` (tests, notebooks). Raises ConfigError, CheckpointError or
-  TrainingDiverged, each with a one-line message. A workdir that holds a finished run trains
-  nothing and returns its saved metrics with FINISHED_BEFORE = 1.0. A run that ends at
-  train.num_steps or stops early leaves `<workdir>/train_done.json` (write_done_marker); a stop
-  before the last step or an error leaves none, and training further (a larger num_steps) removes
-  it first. SIGTERM or a
-  first SIGINT (preemption.PreemptionHandler) saves at the current step and returns with
-  `preempted` or `interrupted` = 1.0 in the metrics; a second SIGINT raises KeyboardInterrupt.
-  One writer per workdir: a workdir that another live process trains, or that holds files but no
-  run, is a one-line ConfigError (transformer/run/lock.py). A resume starts from the newest
-  checkpoint that verifies (checkpoints.Checkpointer.restore_latest_good), naming the ones that
-  fail.
-  With train.members (transformer/train/members.py) every member trains in one program, each in
-  `<workdir>/<name>` as its own run would, and the metrics are each member's as '<name>/<key>'.
+  `init_from` (fine-tuning, finetune.py): another run's workdir, whose model config, tokenizers
+  and latest parameters replace the config's and the random init. `task` overrides
+  `transformer.data.load_task`. Errors are one-line ConfigError, CheckpointError or
+  TrainingDiverged; a workdir another live process trains is a ConfigError (run/lock.py). A
+  finished workdir trains nothing and returns its saved metrics with FINISHED_BEFORE = 1.0. A run
+  that reaches train.num_steps or stops early leaves DONE_FILE (write_done_marker); training
+  further removes it first. SIGTERM or a first SIGINT saves at the current step and returns with
+  `preempted` or `interrupted` = 1.0; a second SIGINT raises KeyboardInterrupt. With
+  train.members every member trains in one program, each in `<workdir>/<name>` as its own run
+  would, and the metrics are each member's as '<name>/<key>'.
   """
   started = time.time()
   cfg = config if isinstance(config, Config) else from_configdict(config)
@@ -307,12 +150,12 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   check_loop_config(cfg)
   for directory in (workdir, os.path.join(workdir, "checkpoints")):  # not minutes into a save
     files.check_writable(directory)
-  if members.members_of(cfg) and init_from:  # checks train.members before any data loads
+  names = [m.name for m in members.members_of(cfg)]  # checks train.members before any data loads
+  if names and init_from:
     raise ConfigError("train.members: fine-tuning (--init_from) trains one run; drop one of them")
   parallel.initialize_distributed(cfg.parallel)
   main = parallel.is_main_process()
   if main:
-    names = [m.name for m in members.members_of(cfg)]
     lock.check_trainable(workdir, members=names)
     for name in names:
       lock.check_trainable(os.path.join(workdir, name))
@@ -339,13 +182,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   if init_from and input_tok.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"--init_from={init_from}: its model.vocab_size={cfg.model.vocab_size} is "
                       f"smaller than the tokenizer's {input_tok.vocab_size}")
-  runs = _runs(cfg, workdir)
-  for r in runs:
-    checkpoints.check_compatible(r.workdir, r.config_dict)
-    if r.index is not None and files.exists(os.path.join(workdir, "tokenizers")) and not (
-        files.exists(os.path.join(r.workdir, "tokenizers"))):  # each member's workdir is whole
-      from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
-      copy_tokenizers(workdir, r.workdir)
+  runs = runs_lib.runs_of(cfg, workdir)
   tc, mode = cfg.train, cfg.parallel.mode
   stacked = runs[0].index is not None  # a train.members program: states stacked [N, ...]
 
@@ -364,7 +201,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
     shardings = jax.tree.map(lambda _: device, jax.eval_shape(init, rng))
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           jax.eval_shape(init, rng), shardings)
-  check_fits(abstract, cfg)
+  parallel.check_fits(abstract, cfg.model)
   if stacked:  # one state per member on a leading, unsharded axis
     shardings = members.stacked_shardings(shardings)
 
@@ -374,7 +211,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   train_iter = task.train_iterator()
   if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
     train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
-  state = _restore(runs, abstract, train_iter)
+  state = runs_lib.restore(runs, abstract, train_iter)
   saved = runs[0].saved
   if state is not None:
     state = jax.device_put(state, shardings) if stacked else state
@@ -402,7 +239,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       if main and not files.exists(os.path.join(r.workdir, DONE_FILE)):  # finished before markers
         write_done_marker(r.workdir, start, "early_stop" if saved.get("train/stopped_early")
                           else "num_steps", r.final, time.time() - started)
-    return _members_result(runs, start) | {FINISHED_BEFORE: 1.0}
+    return runs_lib.result(runs, start) | {FINISHED_BEFORE: 1.0}
   for r in runs:
     if main and files.exists(os.path.join(r.workdir, DONE_FILE)):  # trained further: not finished
       files.remove(os.path.join(r.workdir, DONE_FILE))
@@ -425,18 +262,16 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       members.make_eval_step(eval_step) if stacked
       else lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh, shardings)
   state = run.prepare_state(state)
-  global_batch = cfg.data.batch_size
   fingerprint = provenance.data_fingerprint(task) if main else None
   for i, r in enumerate(runs):  # one progress bar, the first run's
     r.reporter = reporting.Reporter(
         r.workdir, r.config_dict, main, total_steps=tc.num_steps,
         start_step=start, mesh_shape=dict(mesh.shape) if mesh is not None else None,
         flops_per_step=reporting.model_flops_per_step(
-            cfg.model, global_batch, cfg.data.max_source_len, cfg.data.max_target_len),
+            cfg.model, cfg.data.batch_size, cfg.data.max_source_len, cfg.data.max_target_len),
         peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),
         show_progress=i == 0, data=fingerprint, started=started)
-    r.early = _EarlyStopping(tc, r.saved)
-  reporter = runs[0].reporter
+    r.early = runs_lib.EarlyStopping(tc, r.saved)
   preempt = preemption.install_preemption_handler()
 
   # ---- the loop: dispatch steps s (one, or train.steps_per_dispatch in one scan), then check the
@@ -484,7 +319,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       # The bar shows the loss from this process's first dispatch on (then every logged step's).
       first = (float(np.mean(runs[0].metrics(jax.device_get(metrics["loss"]))))
                if step - n == start else None)
-      reporter.progress(step, first)
+      runs[0].reporter.progress(step, first)
       if step % tc.log_every_steps == 0 or step == tc.num_steps:
         check(pending)
         all_fetched = jax.device_get(window)
@@ -543,7 +378,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
                | ({stop_reason: 1.0} if stop_reason else {}))
     if main and reason:
       write_done_marker(r.workdir, step, reason, r.final, time.time() - started)
-  return _members_result(runs, step) | ({stop_reason: 1.0} if stop_reason else {})
+  return runs_lib.result(runs, step) | ({stop_reason: 1.0} if stop_reason else {})
 
 
 def _close_all(closers: list[Any]) -> None:

@@ -1,23 +1,14 @@
-"""Many members in one program: N runs that differ only in their seed or in non-structural
-hyperparameters, trained by one vmapped train step (`train.members`).
+"""Many members in one program (`train.members`): N runs that differ only in their seed or in
+MEMBER_KEYS hyperparameters, trained by one vmapped train step.
 
-`train.members` lists the members, separated by ';', each a comma-separated list of key=value
-overrides of MEMBER_KEYS, e.g. "seed=0;seed=1;train.learning_rate=1e-3,model.dropout_rate=0",
-or "seeds:N" for seeds cfg.seed .. cfg.seed + N - 1. Member i is the run of the config with its
-overrides (and train.members = ""): it lives in `<workdir>/<name>`, name = its overrides as
-written ("seed=1"), which holds what that plain run's workdir would (config.json, metrics.jsonl,
-checkpoints, train_done.json), so eval.py, transformer.restore and a plain resume all read it.
-
-One program: the train state is stacked with a leading member axis [N, ...] (its shardings get
-an unsharded leading axis), every member reads the same batches (they share data.shuffle_seed,
-as their separate runs would) and the train step is `jax.vmap`ped over the state. The keys in
-TRACED_KEYS whose values differ between members reach the step as [N] constants, traced per
-member: the learning-rate schedule takes a traced peak (optim.make_schedule), cross_entropy a
-traced label smoothing, dropout a traced rate (layers.dropout: the same draws and decisions as
-a static rate, and a traced 0 keeps every element exactly). Keys that all members share stay
-Python values, so the step is the plain one's. The seed only picks the initial state and the
-run key, so it is no step input at all. Each member therefore equals its separate run up to
-float rounding (tests/test_members.py).
+train.members: members separated by ';', each comma-separated key=value overrides, e.g.
+"seed=0;seed=1;train.learning_rate=1e-3,model.dropout_rate=0", or "seeds:N" (seeds cfg.seed ..
+cfg.seed + N - 1). Member i is the run of the config with its overrides, in `<workdir>/<name>`
+(name: its overrides as written), which holds what that plain run's workdir would. The state is
+stacked on a leading member axis, every member reads the same batches, and the TRACED_KEYS that
+differ reach the vmapped step as [N] values traced per member (a traced dropout rate of 0 keeps
+every element exactly), the shared ones as the plain step's Python values: each member equals
+its separate run up to float rounding (tests/test_members.py).
 """
 
 from __future__ import annotations
@@ -32,6 +23,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from transformer import schema
 from transformer.config import Config, ConfigError, from_configdict, to_dict
 from transformer.train import steps
 
@@ -44,9 +36,8 @@ TRACED_KEYS = tuple(k for k in MEMBER_KEYS if k != "seed")  # step inputs when t
 
 @dataclasses.dataclass(frozen=True)
 class Member:
-  """One member: its name (its workdir under the run's), its overrides and its resolved config."""
+  """One member: its name (its workdir under the run's) and its resolved config."""
   name: str
-  overrides: dict[str, Any]
   cfg: Config
 
 
@@ -95,21 +86,6 @@ def member_name(overrides: dict[str, Any]) -> str:
   return re.sub(r"[^A-Za-z0-9._=,+-]", "_", text)
 
 
-def _override(cfg: Config, key: str, value: Any) -> Config:
-  if "." not in key:
-    return dataclasses.replace(cfg, **{key: value})
-  section, name = key.split(".")
-  return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section),
-                                                                  **{name: value})})
-
-
-def _get(cfg: Config, key: str) -> Any:
-  value = cfg
-  for part in key.split("."):
-    value = getattr(value, part)
-  return value
-
-
 def members_of(cfg: Config) -> list[Member]:
   """The members of cfg's train.members ([] when it is ""), each config validated on its own;
   a bad spec, a duplicate or a setting the members cannot share is a one-line ConfigError."""
@@ -120,45 +96,44 @@ def members_of(cfg: Config) -> list[Member]:
   if cfg.train.early_stop_patience:
     raise ConfigError("train.members cannot stop members early: set "
                       "train.early_stop_patience=0")
-  base = _override(cfg, "train.members", "")
+  base = with_values(cfg, {"train.members": ""})
   members, names = [], set()
   for overrides in parse(cfg.train.members, cfg.seed):
-    member = base
-    for key, value in overrides.items():
-      member = _override(member, key, value)
-    member = from_configdict(to_dict(member))  # every value checked as a plain run's would be
+    # Every value checked as a plain run's would be.
+    member = from_configdict(to_dict(with_values(base, overrides)))
     name = member_name(overrides)
     if name in names:
       raise ConfigError(f"train.members: two members are named {name!r} (the same overrides)")
     names.add(name)
-    members.append(Member(name, overrides, member))
+    members.append(Member(name, member))
   return members
 
 
 def varying_keys(configs: list[Config]) -> tuple[str, ...]:
   """The TRACED_KEYS whose values differ between the members' configs."""
-  return tuple(k for k in TRACED_KEYS if len({_get(c, k) for c in configs}) > 1)
+  return tuple(k for k in TRACED_KEYS if len({schema.lookup(c, k) for c in configs}) > 1)
 
 
 def hyperparameters(configs: list[Config]) -> dict[str, np.ndarray]:
   """{key: float32 [N]} of the varying keys: what the vmapped step traces per member."""
-  return {k: np.asarray([_get(c, k) for c in configs], np.float32)
+  return {k: np.asarray([schema.lookup(c, k) for c in configs], np.float32)
           for k in varying_keys(configs)}
 
 
 def with_values(cfg: Config, values: dict[str, Any]) -> Config:
-  """cfg with each key of `values` set to its value (inside the vmap: one member's tracers)."""
+  """cfg with each (dotted) key of `values` set to its value (in the vmap: a member's tracers)."""
   for key, value in values.items():
-    cfg = _override(cfg, key, value)
+    section, _, name = key.rpartition(".")
+    if section:  # e.g. train.learning_rate: a new train section
+      value = dataclasses.replace(getattr(cfg, section), **{name: value})
+    cfg = dataclasses.replace(cfg, **{section or name: value})
   return cfg
 
 
 def make_train_step(configs: list[Config], build: Callable[[Config], tuple[Any, Any]]) -> Callable:
-  """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)` over a
-  stacked state [N, ...]: steps.make_train_step of each member's config (the first member's,
-  with the varying keys traced per member), vmapped over the state, the batch shared; each
-  metric comes back [N]. `build(cfg) -> (model, tx)` builds a (traced) config's model and
-  optimizer."""
+  """Returns `train_step(state, batch) -> (state, metrics [N])` over a stacked state:
+  steps.make_train_step of the first member's config with the differing keys traced per member,
+  vmapped over the state, the batch shared. `build(cfg) -> (model, tx)` of a (traced) config."""
   cfg, hyper = configs[0], hyperparameters(configs)
 
   def one(state: steps.TrainState, values: dict[str, Any], batch: dict[str, Any]) -> Any:

@@ -1,29 +1,13 @@
-"""Device mesh, logical partition rules, jit shardings, pmap mode and multi-host setup.
+"""Device mesh, logical partition rules, jit shardings, pmap mode, multi-host setup, memory check.
 
-One step function serves both parallel modes. Its contract (shared with `steps.py`):
-
-  step_fn(state, batch, *rest, axis_name=None) -> (new_state, metrics)
-
-It computes *sums* over its batch (loss_sum, weight_sum, gradients of loss_sum) and, when
-`axis_name` is given, `lax.psum`s them over that axis before normalising (grads / weight_sum). Sums
-are linear, so the normalised update is the same on one device as split over many.
-
-- mode='mesh' (default): `jax.jit` with `NamedSharding`s over a ('data', 'fsdp', 'tensor') mesh;
-  `axis_name` stays None and XLA inserts the collectives. The batch is split over data*fsdp,
-  parameters and optimizer state are split by their logical axis names (LOGICAL_AXIS_RULES), and
-  the state buffers are donated.
-- mode='pmap': classic data parallelism: `jax.pmap(step_fn(axis_name='batch'))` over all devices
-  (each process feeds its local ones), state replicated with a leading device axis, batch reshaped
-  to [local devices, per_device, ...].
-
-`compile_train_step` hides the difference: the training loop calls
-  run = compile_train_step(train_step, cfg.parallel.mode, mesh, state_sharding)
-  state = run.prepare_state(state); state, metrics = run.step(state, run.prepare_batch(b), rng)
-and gets the same (unreplicated) metrics in both modes; `run.fetch_state(state)` undoes
-`prepare_state` (for checkpointing or evaluation). `rest` arguments (e.g. an rng key) are
-replicated. Under pmap, fold `lax.axis_index(axis_name)` into rng keys if dropout masks should
-differ per device. Eval functions `eval_fn(params, batch, *rest) -> sums` need no axis_name:
-`compile_eval_step` adds the devices' sums up itself in pmap mode.
+One step function serves both parallel modes: `step_fn(state, batch, axis_name=None) -> (state,
+metrics)` computes *sums* over its batch and, given `axis_name`, `lax.psum`s them over that axis
+before normalising (steps.py), so the update is the same on one device as split over many.
+mode='mesh': `jax.jit` with NamedShardings over a ('data', 'fsdp', 'tensor') mesh, the batch split
+over data*fsdp, the state by its logical axis names (LOGICAL_AXIS_RULES), its buffers donated.
+mode='pmap': `jax.pmap(step_fn(axis_name='batch'))` over all devices (each process feeds its local
+ones), the state replicated on a leading device axis. `compile_train_step` and
+`compile_eval_step` hide the difference behind one CompiledStep.
 """
 
 import dataclasses
@@ -53,9 +37,8 @@ PMAP_AXIS = "batch"
 #   all-gathers a weight just before its matmul and reduce-scatters its gradient.
 # - 'mlp', 'heads', 'kv_heads', 'vocab' over tensor (Megatron style): the wide side of each
 #   projection, so a block's in/out matmul pair needs one all-reduce.
-# - 'head_dim' not split (heads already is), 'layers' not split (scanned layers run in sequence),
-#   'length' not split (no sequence parallelism), 'relpos_buckets' and 'norm' are tiny.
-# A dimension that a mesh axis does not divide (vocab 37 over tensor=2, one kv head) is replicated.
+# - the rest unsplit: head_dim (heads is), layers (scanned in sequence), length (no sequence
+#   parallelism), tiny ones. A dimension a mesh axis does not divide is replicated.
 LOGICAL_AXIS_RULES = (
     ("batch", BATCH_AXES),
     ("embed", "fsdp"),
@@ -92,25 +75,19 @@ def _environment_asks_for_distributed() -> bool:
 
 
 def initialize_distributed(parallel_cfg: ParallelConfig) -> None:
-  """Calls jax.distributed.initialize if the config ('on', explicit addresses) or environment asks.
-
-  Idempotent. Must run before any other JAX call that touches devices.
-  """
+  """Calls jax.distributed.initialize if the config ('on', explicit addresses) or environment
+  asks; idempotent. Must run before any other JAX call that touches devices."""
   c = parallel_cfg
   if c.distributed == "off" or jax.distributed.is_initialized():
     return
-  explicit = bool(c.coordinator_address) or c.num_processes > 0 or c.process_id >= 0
-  if c.distributed == "auto" and not (explicit or _environment_asks_for_distributed()):
+  given = {"coordinator_address": c.coordinator_address or None,
+           "num_processes": c.num_processes if c.num_processes > 0 else None,
+           "process_id": c.process_id if c.process_id >= 0 else None}
+  given = {k: v for k, v in given.items() if v is not None}
+  if c.distributed == "auto" and not (given or _environment_asks_for_distributed()):
     return
-  kwargs: dict[str, Any] = {}
-  if c.coordinator_address:
-    kwargs["coordinator_address"] = c.coordinator_address
-  if c.num_processes > 0:
-    kwargs["num_processes"] = c.num_processes
-  if c.process_id >= 0:
-    kwargs["process_id"] = c.process_id
   try:
-    jax.distributed.initialize(**kwargs)
+    jax.distributed.initialize(**given)
   except (ValueError, TypeError, RuntimeError) as e:
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise ConfigError(
@@ -152,6 +129,30 @@ def make_mesh(parallel_cfg: ParallelConfig, devices: Sequence[Any] | None = None
     return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES, axis_types=auto)
 
 
+def memory_bytes() -> int | None:
+  """The memory this process's devices hold together (on CPU: the host's RAM), or None."""
+  stats = [d.memory_stats() or {} for d in jax.local_devices()]
+  if all("bytes_limit" in s for s in stats):
+    return sum(int(s["bytes_limit"]) for s in stats)
+  if jax.local_devices()[0].platform == "cpu":
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return None
+
+
+def check_fits(abstract_state: Any, model_cfg: Any) -> None:
+  """Raises ConfigError naming the model's size when the train state alone (by shapes) is larger
+  than this process's device memory, before anything is allocated."""
+  leaves = jax.tree.leaves(abstract_state)
+  need = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
+  have = memory_bytes()
+  if have is not None and need / max(1, jax.process_count()) > have:
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_state.params))
+    raise ConfigError(
+        f"model.d_model={model_cfg.d_model}, model.mlp_dim={model_cfg.mlp_dim}: the model has "
+        f"{params:,} parameters and its train state needs {need / 2**30:,.1f} GiB, more than the "
+        f"{have / 2**30:,.1f} GiB of memory here; make the model smaller")
+
+
 # ---------------------------------------------------------------- shardings
 
 def _fit_spec(spec: Sequence[Any], shape: Sequence[int], mesh: Mesh) -> P:
@@ -170,16 +171,15 @@ def _fit_spec(spec: Sequence[Any], shape: Sequence[int], mesh: Mesh) -> P:
   return P(*fitted)
 
 
-def _box_sharding(box: Any, mesh: Mesh, rules: Sequence[Any]) -> NamedSharding:
+def _box_sharding(box: Any, mesh: Mesh) -> NamedSharding:
   """The NamedSharding of one boxed (flax AxisMetadata) variable."""
-  shape = _shape(box.unbox())
   if isinstance(box, nn.LogicallyPartitioned):
-    spec = nn.logical_to_mesh_axes(box.names, box.rules or rules)
+    spec = nn.logical_to_mesh_axes(box.names, box.rules or LOGICAL_AXIS_RULES)
   elif isinstance(box, meta.Partitioned):
     spec = P(*box.names)
   else:
     spec = P()
-  return NamedSharding(mesh, _fit_spec(spec, shape, mesh))
+  return NamedSharding(mesh, _fit_spec(spec, _shape(box.unbox()), mesh))
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -197,19 +197,15 @@ def _is_box(x: Any) -> bool:
   return isinstance(x, meta.AxisMetadata)
 
 
-def state_shardings(abstract_state: Any, mesh: Mesh, rules: Sequence[Any] | None = None,
-                    boxed_params: Any = None) -> Any:
-  """A pytree of NamedSharding for a train state, from the params' logical axis names.
+def state_shardings(abstract_state: Any, mesh: Mesh, boxed_params: Any = None) -> Any:
+  """A pytree of NamedSharding for an abstract train state, from the params' logical axis names.
 
-  `abstract_state` is e.g. `jax.eval_shape(create_state, ...)`. The partitioning metadata comes
-  from the flax boxes (`nn.LogicallyPartitioned`) in the state or, if the state holds unboxed
-  params, from `boxed_params` (boxed abstract params, e.g. from `jax.eval_shape(model.init, ...)`).
-  Every state leaf whose path ends with a param's path (relative to the params root) and has its
-  shape gets that param's sharding: that covers optimizer moments (adam mu/nu), EMAs and the params
-  themselves. Everything else (step counts, rng keys, factored second moments) is replicated. The
-  result mirrors the unboxed state (a box's position holds one sharding), fit for jit shardings.
+  The names come from the flax boxes (`nn.LogicallyPartitioned`) in the state, or in
+  `boxed_params` when the state's params are unboxed. Every leaf whose path ends with a param's
+  path (below the params root) and has its shape gets that param's sharding (optimizer moments,
+  EMAs, the params); everything else (steps, keys, factored moments) is replicated. The result
+  mirrors the unboxed state.
   """
-  rules = LOGICAL_AXIS_RULES if rules is None else rules
   source = abstract_state if boxed_params is None else boxed_params
   boxed = [(tuple(_key_name(k) for k in path), box) for path, box in
            jax.tree_util.tree_flatten_with_path(source, is_leaf=_is_box)[0] if _is_box(box)]
@@ -220,48 +216,27 @@ def state_shardings(abstract_state: Any, mesh: Mesh, rules: Sequence[Any] | None
     shortest = min(len(p) for p in paths) - (1 if len(boxed) == 1 else 0)
     while root < shortest and len({p[root] for p in paths}) == 1:
       root += 1
-  by_suffix = {p[root:]: (box, _box_sharding(box, mesh, rules)) for p, box in boxed}
+  by_suffix = {p[root:]: (box, _box_sharding(box, mesh)) for p, box in boxed}
   lengths = sorted({len(s) for s in by_suffix}, reverse=True)
-  replicated = NamedSharding(mesh, P())
 
   def leaf_sharding(path: Any, x: Any) -> NamedSharding:
     if _is_box(x):
-      return _box_sharding(x, mesh, rules)
+      return _box_sharding(x, mesh)
     names = tuple(_key_name(k) for k in path)
     for n in lengths:
       hit = by_suffix.get(names[len(names) - n:]) if 0 < n <= len(names) else None
       if hit is not None and _shape(x) == _shape(hit[0].unbox()):
         return hit[1]
-    return replicated
+    return NamedSharding(mesh, P())
 
   return jax.tree_util.tree_map_with_path(leaf_sharding, abstract_state, is_leaf=_is_box)
 
 
-def replicated_sharding(mesh: Mesh) -> NamedSharding:
-  """Every device holds the whole array (metrics, rng keys, scalars)."""
-  return NamedSharding(mesh, P())
-
-
-def batch_sharding(mesh: Mesh, stacked: bool = False) -> NamedSharding:
-  """[batch, ...] arrays split over data*fsdp, replicated over tensor; stacked: [steps, batch, ...]
-  arrays (train.steps_per_dispatch), split the same way along their second axis."""
-  return NamedSharding(mesh, P(None, BATCH_AXES) if stacked else P(BATCH_AXES))
-
-
-def shard_batch(local_batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
-  """This process's rows -> global jax.Arrays split over the batch axes (single- or multi-host)."""
-  return _shard(local_batch, mesh, stacked=False)
-
-
-def shard_batches(local_batches: Sequence[dict[str, Any]], mesh: Mesh) -> dict[str, jax.Array]:
-  """K host batches -> one batch of global [K, batch, ...] arrays for a scanned multi-step."""
-  stacked = {k: np.stack([np.asarray(b[k]) for b in local_batches])
-             for k, v in local_batches[0].items() if v is not None}
-  return _shard(stacked, mesh, stacked=True)
-
-
-def _shard(local_batch: dict[str, Any], mesh: Mesh, stacked: bool) -> dict[str, jax.Array]:
-  sharding = batch_sharding(mesh, stacked)
+def shard_batch(local_batch: dict[str, Any], mesh: Mesh, stacked: bool = False
+                ) -> dict[str, jax.Array]:
+  """This process's rows -> global jax.Arrays split over data*fsdp (single- or multi-host);
+  stacked: [steps, batch, ...] arrays (train.steps_per_dispatch), split along their second axis."""
+  sharding = NamedSharding(mesh, P(None, BATCH_AXES) if stacked else P(BATCH_AXES))
   shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
   axis = 1 if stacked else 0
   out = {}
@@ -279,9 +254,8 @@ def _shard(local_batch: dict[str, Any], mesh: Mesh, stacked: bool) -> dict[str, 
 
 # ---------------------------------------------------------------- pmap mode
 
-def replicate(tree: Any, devices: Sequence[Any] | None = None) -> Any:
-  """Puts a copy of every leaf on each local device, stacked on a new leading axis (pmap layout)."""
-  devices = list(jax.local_devices() if devices is None else devices)
+def replicate(tree: Any, devices: Sequence[Any]) -> Any:
+  """Puts a copy of every leaf on each of `devices`, stacked on a new leading axis (pmap layout)."""
   sharding = NamedSharding(Mesh(np.asarray(devices, dtype=object), (PMAP_AXIS,)), P(PMAP_AXIS))
 
   def put(x: Any) -> jax.Array:
@@ -296,9 +270,8 @@ def unreplicate(tree: Any) -> Any:
   return jax.tree.map(lambda x: x[0], tree)
 
 
-def split_for_pmap(local_batch: dict[str, Any], num_devices: int | None = None) -> dict[str, Any]:
-  """[b, ...] numpy arrays -> [devices, b / devices, ...] (local devices)."""
-  n = jax.local_device_count() if num_devices is None else num_devices
+def split_for_pmap(local_batch: dict[str, Any], n: int) -> dict[str, Any]:
+  """[b, ...] numpy arrays -> [n, b / n, ...] for n local devices."""
   out = {}
   for key, value in local_batch.items():
     if value is None:
@@ -317,111 +290,89 @@ def split_for_pmap(local_batch: dict[str, Any], num_devices: int | None = None) 
 class CompiledStep:
   """A step function compiled for one parallel mode, with the matching data movers.
 
-  step(state, batch, *rest) -> (state, metrics) for train steps, metrics for eval steps; metrics
-  come back unreplicated in both modes. prepare_state's result may share buffers with its input,
-  and a donating step frees them: do not use the input state afterwards. lower(state, batch,
-  *rest) lowers the same computation (for cost analysis and compile-time measurements).
+  step(state, batch) -> (state, metrics) for train steps, sums for eval steps; either comes back
+  unreplicated in both modes. prepare_state's result may share buffers with its input, which a
+  donating step frees: do not use the input state afterwards. fetch_state undoes prepare_state.
   """
-  step: Callable[..., Any]
-  lower: Callable[..., Any]
-  prepare_batch: Callable[[dict[str, Any]], dict[str, Any]]
+  step: Callable[[Any, Any], Any]
+  prepare_batch: Callable[[Any], dict[str, Any]]
   prepare_state: Callable[[Any], Any]
   fetch_state: Callable[[Any], Any]
-  mode: str
 
 
 def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
-                  donate_argnums: tuple[int, ...], returns_state: bool,
-                  stacked: bool = False) -> CompiledStep:
-  """jit with in/out shardings over the mesh; one jit per number of `rest` arguments. stacked:
-  the batch is K host batches (prepare_batch takes a list) with a leading steps axis."""
-  rep = replicated_sharding(mesh)
-  out_shardings = (state_sharding, rep) if returns_state else rep
-  cache: dict[int, Any] = {}
+                  returns_state: bool, stacked: bool = False) -> CompiledStep:
+  """jit with in/out shardings over the mesh, a train step's state donated. stacked: the batch is
+  K host batches (prepare_batch takes a list) with a leading steps axis."""
+  rep = NamedSharding(mesh, P())
+  batch = NamedSharding(mesh, P(None, BATCH_AXES) if stacked else P(BATCH_AXES))
+  jitted = jax.jit(step_fn, in_shardings=(state_sharding, batch),
+                   out_shardings=(state_sharding, rep) if returns_state else rep,
+                   donate_argnums=(0,) if returns_state else ())
 
-  def jitted(num_rest: int) -> Any:
-    if num_rest not in cache:
-      cache[num_rest] = jax.jit(
-          step_fn, in_shardings=(state_sharding, batch_sharding(mesh, stacked)) + (rep,) * num_rest,
-          out_shardings=out_shardings, donate_argnums=donate_argnums)
-    return cache[num_rest]
-
-  def step(state: Any, batch: Any, *rest: Any) -> Any:
+  def step(state: Any, batch: Any) -> Any:
     # The mesh and rules in context let the model's nn.with_logical_constraint take effect.
     with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
-      return jitted(len(rest))(state, batch, *rest)
+      return jitted(state, batch)
 
-  def lower(state: Any, batch: Any, *rest: Any) -> Any:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
-      return jitted(len(rest)).lower(state, batch, *rest)
+  def prepare(b: Any) -> dict[str, jax.Array]:
+    if stacked:  # K host batches -> one batch of [K, batch, ...] arrays
+      b = {k: np.stack([np.asarray(x[k]) for x in b]) for k, v in b[0].items() if v is not None}
+    return shard_batch(b, mesh, stacked)
 
-  prepare = (lambda b: shard_batches(b, mesh)) if stacked else (lambda b: shard_batch(b, mesh))
-  return CompiledStep(step=step, lower=lower, prepare_batch=prepare,
+  return CompiledStep(step=step, prepare_batch=prepare,
                       prepare_state=lambda s: jax.device_put(s, state_sharding),
-                      fetch_state=lambda s: s, mode="mesh")
+                      fetch_state=lambda s: s)
 
 
-def _compile_pmap(step_fn: Callable[..., Any], donate_argnums: tuple[int, ...],
-                  returns_state: bool) -> CompiledStep:
-  """pmap with axis_name=PMAP_AXIS; `rest` arguments are broadcast.
-
-  pmap spans all processes' devices (each process feeds its local ones), so the psum is global.
-  """
+def _compile_pmap(step_fn: Callable[..., Any], returns_state: bool) -> CompiledStep:
+  """pmap with axis_name=PMAP_AXIS over all processes' devices (so the psum is global), each
+  process feeding its local ones; an eval step's sums are added up over the devices."""
   devices = jax.local_devices()
-  cache: dict[int, Any] = {}
 
-  def summed(*args: Any) -> Any:  # Eval functions return sums: add them up over the devices.
+  def summed(*args: Any) -> Any:
     return jax.lax.psum(step_fn(*args), PMAP_AXIS)
 
   fn = functools.partial(step_fn, axis_name=PMAP_AXIS) if returns_state else summed
+  pmapped = jax.pmap(fn, axis_name=PMAP_AXIS, in_axes=(0, 0),
+                     donate_argnums=(0,) if returns_state else ())
 
-  def pmapped(num_rest: int) -> Any:
-    if num_rest not in cache:
-      cache[num_rest] = jax.pmap(
-          fn, axis_name=PMAP_AXIS,
-          in_axes=(0, 0) + (None,) * num_rest, donate_argnums=donate_argnums)
-    return cache[num_rest]
-
-  def step(state: Any, batch: Any, *rest: Any) -> Any:
-    out = pmapped(len(rest))(state, batch, *rest)
+  def step(state: Any, batch: Any) -> Any:
+    out = pmapped(state, batch)
     if returns_state:  # Metrics were psum'ed, so every device holds the same values.
       return out[0], unreplicate(out[1])
     return unreplicate(out)
 
-  return CompiledStep(step=step, lower=lambda s, b, *r: pmapped(len(r)).lower(s, b, *r),
-                      prepare_batch=lambda b: split_for_pmap(b, len(devices)),
-                      prepare_state=lambda s: replicate(s, devices), fetch_state=unreplicate,
-                      mode="pmap")
+  return CompiledStep(step=step, prepare_batch=lambda b: split_for_pmap(b, len(devices)),
+                      prepare_state=lambda s: replicate(s, devices), fetch_state=unreplicate)
 
 
 def _compile(fn: Callable[..., Any], mode: str, mesh: Mesh | None, state_sharding: Any,
-             donate_argnums: tuple[int, ...], returns_state: bool) -> CompiledStep:
+             returns_state: bool) -> CompiledStep:
   """Dispatches to the pmap or mesh compiler; a bad mode or a missing mesh is a ConfigError."""
   if mode == "pmap":
-    return _compile_pmap(fn, donate_argnums, returns_state)
+    return _compile_pmap(fn, returns_state)
   if mode != "mesh":
     raise ConfigError(f"parallel.mode={mode!r} is not one of mesh|pmap")
   if mesh is None:
     raise ConfigError("parallel.mode=mesh needs a mesh (parallel.make_mesh)")
-  return _compile_mesh(fn, mesh, state_sharding, donate_argnums, returns_state)
+  return _compile_mesh(fn, mesh, state_sharding, returns_state)
 
 
 def compile_train_step(step_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
-                       state_sharding: Any, donate: bool = True) -> CompiledStep:
-  """Compiles `step_fn(state, batch, *rest, axis_name=None) -> (state, metrics)` for a mode."""
-  return _compile(step_fn, mode, mesh, state_sharding, (0,) if donate else (),
-                  returns_state=True)
+                       state_sharding: Any) -> CompiledStep:
+  """Compiles `step_fn(state, batch, axis_name=None) -> (state, metrics)` for `mode`."""
+  return _compile(step_fn, mode, mesh, state_sharding, returns_state=True)
 
 
-def compile_multi_step(multi_step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
-                       donate: bool = True) -> CompiledStep:
-  """Compiles `multi_step_fn(state, batches, *rest) -> (state, stacked metrics)` (steps.scan_steps)
-  over the mesh; its prepare_batch takes a list of K host batches (mesh mode only)."""
-  return _compile_mesh(multi_step_fn, mesh, state_sharding, (0,) if donate else (),
-                       returns_state=True, stacked=True)
+def compile_multi_step(multi_step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any
+                       ) -> CompiledStep:
+  """Compiles `multi_step_fn(state, batches) -> (state, stacked metrics)` (steps.scan_steps) over
+  the mesh; its prepare_batch takes a list of K host batches (mesh mode only)."""
+  return _compile_mesh(multi_step_fn, mesh, state_sharding, returns_state=True, stacked=True)
 
 
 def compile_eval_step(eval_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
                       state_sharding: Any) -> CompiledStep:
-  """Compiles `eval_fn(state, batch, *rest) -> pytree of sums`; pmap mode adds up the devices'."""
-  return _compile(eval_fn, mode, mesh, state_sharding, (), returns_state=False)
+  """Compiles `eval_fn(state, batch) -> pytree of sums`; pmap mode adds up the devices'."""
+  return _compile(eval_fn, mode, mesh, state_sharding, returns_state=False)

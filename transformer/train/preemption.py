@@ -1,9 +1,5 @@
-"""Preemption and Ctrl-C: a signal becomes a stop the training loop polls at every step.
-
-The loop saves a checkpoint at the step where `should_stop(step)` first returns True, so a
-preempted or interrupted run resumes from exactly there (transformer/run/checkpoints.py saves,
-transformer/train/loop.py polls).
-"""
+"""Preemption and Ctrl-C: a signal becomes a stop the training loop polls at every step, saving
+a checkpoint at the step where `should_stop(step)` first returns True."""
 
 from __future__ import annotations
 
@@ -15,29 +11,23 @@ import jax
 
 
 class PreemptionHandler:
-  """Turns SIGTERM (how cloud TPUs announce preemption) and SIGINT (Ctrl-C) into a stop the
-  training loop polls with `should_stop(step)` at every step, then saves at that step.
+  """Turns SIGTERM (cloud preemption) and SIGINT (Ctrl-C) into a stop `should_stop(step)` reports.
 
-  `reason` is 'interrupted' after SIGINT, 'preempted' after SIGTERM (or another host's notice).
-  A second SIGINT, or a SIGINT after SIGTERM, raises KeyboardInterrupt at once: nothing more is
-  saved, committed checkpoints are untouched (orbax commits by renaming a finished temporary
-  directory, which the next Checkpointer removes if the save was cut short).
-
-  One process: Python handlers set `.requested`. Many processes with jax's preemption service
-  (jax.distributed initialized, the default): jax itself catches SIGTERM and lets every host agree
-  on a common step through `multihost_utils.reached_preemption_sync_point`, which every host must
-  call at every step. SIGINT joins that protocol: the handler sends SIGTERM to its own process,
-  so one Ctrl-C on any host stops all hosts at the same step; a second SIGINT ends that host at
-  once and the others fail when jax's coordination service misses it (no new checkpoint). Many
-  processes without the service: no handler at all, since the hosts could not agree on a step
-  (one host saving while the others train would deadlock); a signal ends that host at once.
+  A second SIGINT, or a SIGINT after SIGTERM, raises KeyboardInterrupt at once, saving nothing
+  more. One process: Python handlers set `.requested`. Many processes with jax's preemption
+  service: jax catches SIGTERM and the hosts agree on a step through
+  `multihost_utils.reached_preemption_sync_point`, which every host calls at every step; SIGINT
+  joins by sending this process SIGTERM, so one Ctrl-C stops all hosts at one step. Many
+  processes without the service: no handler, since the hosts could not agree on a step (one
+  host saving while the others train would deadlock).
   """
 
   def __init__(self):
     self.requested = False  # stop at this step (on every host)
     self.signum = None  # the first signal received here
     self._previous = {}
-    self._sync = self._jax_sync_available()
+    self._sync = (jax.distributed.is_initialized()
+                  and bool(jax.config.jax_enable_preemption_service))
     if jax.process_count() > 1 and not self._sync:
       return
     for sig in (signal.SIGINT,) if self._sync else (signal.SIGTERM, signal.SIGINT):
@@ -46,17 +36,12 @@ class PreemptionHandler:
       except ValueError:  # not the main thread (e.g. some notebook kernels): flag stays False
         pass
 
-  @staticmethod
-  def _jax_sync_available() -> bool:
-    return jax.distributed.is_initialized() and bool(jax.config.jax_enable_preemption_service)
-
   @property
   def reason(self) -> str:
     """'interrupted' (SIGINT here), 'preempted' (SIGTERM, or a stop agreed with other hosts)."""
     return "interrupted" if self.signum == signal.SIGINT else "preempted"
 
-  def _handle(self, signum, frame):
-    del frame
+  def _handle(self, signum, _frame):
     if signum == signal.SIGINT and self.signum is not None:
       raise KeyboardInterrupt  # the second signal: out at once, without saving
     if self.signum is None:
@@ -74,7 +59,7 @@ class PreemptionHandler:
   def should_stop(self, step: int) -> bool:
     """True once a stop was requested (all hosts agree on the step when multi-host)."""
     if self._sync and not self.requested:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top  (multi-host only)
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       try:
         self.requested = bool(multihost_utils.reached_preemption_sync_point(step))
       except RuntimeError:  # the preemption service is off after all

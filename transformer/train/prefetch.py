@@ -1,11 +1,8 @@
-"""Batches made ahead of the training loop on a background thread, checkpointed as if they were not.
+"""Batches made ahead of the training loop on a thread (data.prefetch), checkpointed as if not.
 
-`Prefetch(iterator, depth)` wraps a checkpointable batch iterator (pipeline.BatchIterator): a
-thread takes up to `depth` batches ahead, each with the inner iterator's state right after it, so
-`get_state()` is the state after the last batch the loop *took*, never after those waiting in the
-queue. A run saved and resumed with prefetching therefore reads exactly the batches of one without
-(data.prefetch). `set_state` / `set_state_from_hosts` stop the thread, move the inner iterator and
-start again. An error in the thread is raised by the `next()` that would have returned its batch.
+Each queued batch carries the inner iterator's state right after it, so `get_state()` is the state
+after the last batch the loop *took*: a resumed run reads exactly the batches of one without
+prefetching. An error in the thread is raised by the `next()` that would have returned its batch.
 """
 
 from __future__ import annotations

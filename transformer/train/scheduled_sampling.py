@@ -1,10 +1,5 @@
-"""Scheduled sampling for transformers (Mihaylova & Martins 2019), the two-pass method.
-
-Pass 1 runs the decoder on the gold (teacher-forced) inputs without gradient; each decoder input
-token is then replaced by pass 1's prediction of it with probability 1 - teacher_forcing(step);
-pass 2 runs on that mixture and carries the loss. The model must expose `method='decode'` taking
-decoder input tokens (see transformer/model/models.py), which both EncoderDecoder and DecoderOnly do.
-"""
+"""Scheduled sampling for transformers (Mihaylova & Martins 2019), the two-pass method: the
+teacher-forcing schedules and the second pass's logits."""
 
 from __future__ import annotations
 
@@ -17,11 +12,9 @@ import jax.numpy as jnp
 from transformer.model.models import batch_segment_ids, decoder_prefix, shift_right
 
 Array = jax.Array
-PyTree = Any
-
 
 # The teacher-forcing schedules (train.scheduled_sampling.schedule): name -> p(step, k, c) before
-# the floor; 'none' always feeds the gold token.
+# the floor min_teacher_forcing; 'none' always feeds the gold token.
 SCHEDULES: dict[str, Callable[[Array, float, float], Array]] = {
     "none": lambda step, k, c: jnp.ones((), jnp.float32),
     "linear": lambda step, k, c: k - c * step,
@@ -31,25 +24,18 @@ SCHEDULES: dict[str, Callable[[Array, float, float], Array]] = {
 
 
 def teacher_forcing_prob(ss_cfg: Any, step: Array) -> Array:
-  """Probability of feeding the gold token at `step`, in [min_teacher_forcing, 1].
-
-  linear: max(min, k - c * step); exponential: max(min, k ** step);
-  inverse_sigmoid: max(min, k / (k + exp(step / k))); none: 1.
-  """
-  if ss_cfg.schedule not in SCHEDULES:
-    raise ValueError(f"train.scheduled_sampling.schedule={ss_cfg.schedule!r} is unknown")
+  """Probability of feeding the gold token at `step`, in [min_teacher_forcing, 1]."""
   p = SCHEDULES[ss_cfg.schedule](jnp.asarray(step, jnp.float32), ss_cfg.k, ss_cfg.c)
   return p if ss_cfg.schedule == "none" else jnp.clip(p, ss_cfg.min_teacher_forcing, 1.0)
 
 
-def two_pass_logits(model: nn.Module, arch: str, params: PyTree, batch: dict[str, Any],
+def two_pass_logits(model: nn.Module, arch: str, params: Any, batch: dict[str, Any],
                     tf_prob: Array, rng: Array, deterministic: bool) -> Array:
   """Scheduled sampling's second-pass logits [b, t, v].
 
-  Pass 1 decodes with the gold decoder inputs (under stop_gradient); each decoder input token is
-  then replaced by pass 1's argmax prediction of it with probability 1 - tf_prob, and pass 2
-  decodes the mixture. Padding and the decoder-only prompt (start token, source and separator:
-  `decoder_prefix`) are never replaced: they are given, not predicted.
+  Pass 1 decodes the gold decoder inputs (under stop_gradient); each input token is then replaced
+  by pass 1's argmax prediction of it with probability 1 - tf_prob, and pass 2 decodes the
+  mixture. Padding and a decoder-only prompt (`decoder_prefix`) are given, never replaced.
   """
   drop1, drop2, coin = jax.random.split(rng, 3)
   variables = {"params": params}

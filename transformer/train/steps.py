@@ -1,15 +1,9 @@
 """The compiled training steps: TrainState, its creation, train_step and K steps in one scan.
 
-Read top to bottom: `TrainState`; `make_train_step` (loss sums -> gradients of sums -> optional psum
-over devices -> normalise -> optax update -> the parameter EMA when train.ema_decay > 0; scheduled
-sampling from transformer/train/scheduled_sampling.py when configured); `scan_steps`;
-`eval_params` (the EMA when there is one: what evaluations use); then state creation. The eval
-step and the teacher-forced metrics are transformer/model/scoring.py's; the loop is loop.py's.
-
-Randomness: the state holds one PRNG key derived from `config.seed`; the step's key is
-`fold_in(state.rng, state.step)`, so a run resumed from a checkpoint draws the same numbers as an
-uninterrupted one. Losses are sums over tokens until the very end of the step, so gradient
-accumulation and data parallelism give exactly the large batch's mean.
+The step's key is `fold_in(state.rng, state.step)`, so a resumed run draws the same numbers as an
+uninterrupted one. Losses stay sums over tokens until the end of the step, so gradient
+accumulation and data parallelism give exactly the large batch's mean. The eval step is
+model/scoring.py's, the loop loop.py's.
 """
 from __future__ import annotations
 
@@ -33,12 +27,8 @@ PyTree = Any
 
 @dataclasses.dataclass(frozen=True)
 class TrainState:
-  """Everything a step updates; plain arrays only, so it checkpoints and shards cleanly.
-
-  `ema_params` is the float32 EMA of `params` when train.ema_decay > 0 (optim.update_ema), else
-  None. A None EMA is no node of the pytree at all (see _flatten), so an EMA-off state flattens,
-  shards and checkpoints exactly as it did before the EMA existed: older runs resume unchanged.
-  """
+  """Everything a step updates; plain arrays only, so it checkpoints and shards cleanly. A None
+  `ema_params` is no node of the pytree: an EMA-off state checkpoints as if it had no such field."""
   step: Array  # int32 []: updates applied so far
   params: PyTree
   opt_state: PyTree
@@ -64,26 +54,18 @@ jax.tree_util.register_pytree_with_keys(
 
 
 def key_data(key: Array) -> Array:
-  """The raw uint32 data of a key: typed keys (jax.random.key, recommended) and legacy uint32
-  keys (jax.random.PRNGKey) alike, so every function that takes a key accepts both."""
+  """The raw uint32 data of a typed (jax.random.key) or legacy (jax.random.PRNGKey) key."""
   if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
     return jax.random.key_data(key)
   return jnp.asarray(key, jnp.uint32)
 
 
-# ---------------------------------------------------------------------------------------------
-# Train and eval steps.
-
-
 def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformation) -> Callable:
   """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)`.
 
-  With train.ema_decay > 0 the state's EMA of the parameters follows each update
-  (optim.update_ema, its decay warmed up as that module says).
-  One function serves jit-over-a-mesh (axis_name None) and pmap (axis_name = the device axis,
-  where the loss, weight and gradient sums are `psum`med before normalising). `rng` overrides the
-  state's key (None = state.rng). Metrics stay on device: loss, weight_sum, grad_norm,
-  learning_rate, teacher_forcing, finite.
+  axis_name: pmap's device axis, over which the loss, weight and gradient sums are `psum`med
+  before normalising (None under jit). `rng` overrides state.rng. Metrics stay on device: loss,
+  weight_sum, grad_norm, learning_rate, teacher_forcing, finite.
   """
   arch, tc = cfg.model.arch, cfg.train
   lr_fn = optim.make_schedule(tc, d_model=cfg.model.d_model)
@@ -158,12 +140,9 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
 
 
 def scan_steps(train_step: Callable) -> Callable:
-  """Returns `multi_step(state, batches, rng=None, axis_name=None) -> (state, metrics)`: `train_step`
-  applied to each batch along the leading axis of `batches` in turn, in one compiled `lax.scan`
-  (train.steps_per_dispatch); each metric comes back stacked, [K].
-
-  Every step draws its key from `fold_in(rng, state.step)` as a lone step does, so K steps per
-  dispatch train exactly as K dispatches of one step."""
+  """Returns `multi_step(state, batches, rng=None, axis_name=None) -> (state, metrics [K])`:
+  `train_step` over the leading axis of `batches` in one `lax.scan` (train.steps_per_dispatch),
+  exactly as K dispatches of one step."""
 
   def multi_step(state: TrainState, batches: dict[str, Any], rng: Array | None = None,
                  axis_name: str | None = None):
@@ -173,27 +152,18 @@ def scan_steps(train_step: Callable) -> Callable:
 
 
 def eval_params(state: TrainState) -> PyTree:
-  """The parameters evaluations use: the EMA (cast to each parameter's dtype) when the state has
-  one (train.ema_decay > 0), else the parameters themselves."""
+  """The parameters evaluations use: the EMA (in the parameters' dtypes) if any, else params."""
   if state.ema_params is None:
     return state.params
   return jax.tree.map(lambda e, p: e.astype(p.dtype), state.ema_params, state.params)
 
 
-# ---------------------------------------------------------------------------------------------
-# State creation.
-
-
 def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch: dict[str, Any],
                        tx: optax.GradientTransformation | None = None,
                        unbox: bool = True) -> TrainState:
-  """A fresh TrainState: params from `rng`, optimizer state, step 0, the run key `rng` (as its
-  uint32 data; `rng` may be a typed or a legacy key), and with train.ema_decay > 0 an EMA equal to
-  the params (in float32).
-
-  With unbox=False the parameters (and their optimizer moments) keep flax's logical-axis boxes,
-  which is what `jax.eval_shape` of this function should see to derive shardings.
-  """
+  """A fresh TrainState at step 0 with the run key `rng` (as its uint32 data) and, with
+  train.ema_decay > 0, an EMA equal to the params. unbox=False keeps flax's logical-axis boxes on
+  the params and their moments (what `jax.eval_shape` should see to derive shardings)."""
   tx = tx or optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
   batch = {k: jnp.asarray(v) for k, v in example_batch.items() if v is not None}
 
