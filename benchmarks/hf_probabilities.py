@@ -224,8 +224,7 @@ def log_probs(family: str, run: Run, model: Any, tok: Any, before: bool = False
     vocab = hf["vocab_size"]
     ours = bert.our_ids(vocab)
     marked = [" ".join(w if i != 1 else "_" for i, w in enumerate(t.split())) for t in TEXTS]
-    rows, mask_id = run._mask_rows(marked, "_")  # pylint: disable=protected-access
-    logits = run._encoder_logits(rows, "mlm")  # pylint: disable=protected-access
+    rows, mask_id, logits = run._mask_rows(marked, "_")  # pylint: disable=protected-access
     specials = {bert.BOS_ID: "[CLS]", bert.EOS_ID: "[SEP]", mask_id: "[MASK]"}
     hf_rows = [[tok.token_to_id(specials[i]) if i in specials else i - bert.ID_OFFSET
                 for i in r] for r in rows]

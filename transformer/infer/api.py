@@ -1,22 +1,12 @@
 """The notebook API: `restore(workdir)` gives a `Run` to decode, score and look inside.
 
-  run = transformer.restore("runs/g2p")           # latest checkpoint; step='best' or an int
-  transformer.restore("runs/g2p", params="raw")   # not the EMA (of a train.ema_decay > 0 run)
-  transformer.restore("runs/g2p", average_last=3) # the mean of the 3 newest checkpoints
-  transformer.restore(["runs/a", "runs/b"], step="best")  # an ensemble: the mean probability
+  run = transformer.restore("runs/g2p", step="best")  # or params="raw", average_last=3
   run.generate_text(["hello", "world"], method="beam", beam_size=4)  # ['HH AH L OW', 'W ER L D']
   run.score(["hello"], ["HH AH L OW"])            # log p(target | source), summed over tokens
   att = run.attention("hello")                    # every layer and head, see `Attention`
-  viz.plot_attention(att.cross[0], att.target_tokens, att.source_tokens)
-  transformer.restore("runs/stress").classify(["hello"])      # encoder-only classifier: ['2']
-  transformer.restore("runs/stress").classify_with_probability(["hello"])  # [(label, p)]
-  transformer.restore("runs/mlm").fill_mask(["he_lo"])        # masked LM: ['hello']
-  transformer.restore("runs/mlm").mask_fillers(["he_lo"], k=2)  # [[[(tok, p), (tok, p)]]]
-  transformer.restore("runs/tagger").tag(["hello"])           # [[('h', 'C'), ('e', 'V'), ...]]
-
-Everything comes from the workdir: config.json, the orbax checkpoint, and the task built by
-`transformer.data.load_task(config, workdir)`, which reuses the tokenizers training saved under
-`<workdir>/tokenizers`.
+  transformer.restore(["runs/a", "runs/b"])       # an ensemble: the mean probability
+Encoder-only runs: classify, classify_with_probability, tag, fill_mask, mask_fillers. Everything
+comes from the workdir: config.json, the checkpoint and the tokenizers training saved.
 """
 
 from __future__ import annotations
@@ -39,13 +29,8 @@ from transformer.model import ensemble, models
 
 @dataclasses.dataclass
 class Attention:
-  """Attention weights of one example, one [heads, queries, keys] float32 array per layer.
-
-  encoder_self: encoder self-attention (queries and keys: source_tokens); empty for decoder-only.
-  decoder_self: decoder self-attention (queries and keys: target_tokens, the decoder inputs).
-  cross: cross-attention (queries: target_tokens, keys: source_tokens); empty for decoder-only.
-  For a decoder-only model target_tokens is the whole sequence: prompt, then the output.
-  """
+  """Attention weights of one example, one [heads, queries, keys] float32 array per layer; the
+  tokens label them (target_tokens: the decoder inputs, for decoder-only prompt then output)."""
   source_tokens: list[str]
   target_tokens: list[str]
   encoder_self: list[np.ndarray]
@@ -54,8 +39,7 @@ class Attention:
 
 
 def _token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-  """One display label per id: the unit's text, or <s> (pad: the decoder's start), </s>, <bos>,
-  <unk> for special ids."""
+  """One display label per id: the unit's text, or <s> (the start), </s>, <bos>, <unk>."""
   names = {tokenizer.pad_id: "<s>", tokenizer.eos_id: "</s>", tokenizer.bos_id: "<bos>",
            tokenizer.unk_id: "<unk>"}
   return [names[i] if i in names else tokenizer.decode([i]) for i in map(int, ids)]
@@ -74,8 +58,7 @@ def _collect_weights(tree: Any) -> dict[tuple[str, str], list[np.ndarray]]:
     leaf = np.asarray(leaf, np.float32)
     slot = found.setdefault((stack, kind), {})
     if layer_keys and layer_keys[0] == "layers":  # scan_layers: layers stacked on axis 0
-      for i in range(leaf.shape[0]):
-        slot[i] = leaf[i]
+      slot.update(enumerate(leaf))
     else:
       slot[int(layer_keys[0].split("_")[1]) if layer_keys else 0] = leaf
   return {k: [v[i] for i in sorted(v)] for k, v in found.items()}
@@ -87,12 +70,8 @@ def _bucket(n: int) -> int:
 
 
 class Run:
-  """A restored run: config, model, params and tokenizers, with decoding and inspection helpers.
-
-  An ensemble's Run (restore of several workdirs) holds a tuple of models and one of parameter
-  trees, `members` its workdirs and `step` their steps; everything but `attention` reads it as
-  one model whose probabilities are the mean of its members' (transformer/model/ensemble.py).
-  """
+  """A restored run (config, model, params, tokenizers); an ensemble's holds tuples of models,
+  params and steps, and `members` (its workdirs)."""
 
   def __init__(self, config: Config, model: Any, params: Any, task: Any, step: Any, workdir: str,
                params_source: str = "raw", averaged_steps: Sequence[int] = (),
@@ -117,20 +96,14 @@ class Run:
     return (f"Run({self.workdir!r}, step={self.step}, params={self.params_source!r}{averaged}, "
             f"arch={m.arch}, d_model={m.d_model}, layers={encoder}+{decoder})")
 
-  # ---- encoding
-
   def encode_source(self, text: str) -> list[int]:
     """Encoder input (or decoder-only prompt) ids of `text`, EOS included for seq2seq tasks."""
     return evaluation.source_ids(self.task, text)
 
   def _teacher_forced_batch(self, sources: Sequence[str], targets: Sequence[str],
                             multiple: int = 8) -> dict[str, np.ndarray]:
-    """Model inputs and loss weights for (source, target) pairs; targets end with EOS.
-
-    Built by the training pipeline's own encoding and batch assembly (one pair per row), so the
-    decoder-only prompt, prefix_mask, segment ids and weights are exactly those of training;
-    sources are truncated to data.max_source_len as for decoding, targets are never truncated.
-    """
+    """Model inputs and loss weights for (source, target) pairs, built as training builds them
+    (one pair per row); sources truncated to data.max_source_len, targets never."""
     if self.kind == "seq2seq":
       examples, _ = pipeline.encode_pairs(
           list(zip(sources, targets)), self.source_tokenizer, self.target_tokenizer,
@@ -151,11 +124,8 @@ class Run:
     return ensemble.log_mean_probs([models.batch_logits(m, p, batch)
                                     for m, p in zip(members, trees)])
 
-  # ---- the API
-
   def logits(self, sources: Sequence[str], targets: Sequence[str]) -> np.ndarray:
-    """Teacher-forced logits [b, t, vocab] float32 (decoder-only: over prompt + target); the ids
-    of model.excluded_ids have heads.EXCLUDED_LOGIT (probability 0)."""
+    """Teacher-forced logits [b, t, vocab] float32 (decoder-only: over prompt + target)."""
     batch = self._teacher_forced_batch(sources, targets)
     batch = {k: v for k, v in batch.items() if k != "weights"}
     return np.asarray(self._forward(self.params, batch))
@@ -176,15 +146,9 @@ class Run:
                top_k: int | None = None, top_p: float | None = None,
                length_penalty: float | None = None, max_decode_len: int | None = None,
                seed: int = 0) -> list[str]:
-    """Decodes each text to text; unset options come from the run's eval.decode config.
-
-    Inputs are checked as predict checks them (transformer/data/inputs.py): an empty one, one with
-    characters outside the model's vocabulary or one longer than the model was trained on is a
-    one-line ValueError naming it, as are bad decoding options, before anything compiles.
-    (transformer.generate is the array-level search this calls: token ids in, token ids out.)
-    """
-    if isinstance(texts, str):
-      texts = [texts]
+    """Decodes each text to text; unset options come from the run's eval.decode config. A bad
+    input or option is a one-line ValueError before anything compiles."""
+    texts = [texts] if isinstance(texts, str) else texts
     options = dict(method=method, beam_size=beam_size, temperature=temperature, top_k=top_k,
                    top_p=top_p, length_penalty=length_penalty, max_decode_len=max_decode_len)
     decode_cfg = dataclasses.replace(self.config.eval.decode,
@@ -200,8 +164,6 @@ class Run:
                                           prefix_lm=None if self.kind == "seq2seq" else False)
     return [tok.decode(t) for t in tokens]
 
-  # ---- encoder-only models
-
   def _encoder_logits(self, rows: Sequence[Sequence[int]], head: str) -> np.ndarray:
     """Head logits of encoder rows (BOS + ids + EOS), one per batch row, padded."""
     if self.config.model.arch != "encoder_only" or self.config.model.head != head:
@@ -215,27 +177,21 @@ class Run:
 
   def _encoder_rows(self, texts: Sequence[str]) -> list[list[int]]:
     """BOS + ids + EOS of each text, truncated to data.max_source_len as training's rows."""
-    rows, _ = labels.encoder_rows(texts, self.source_tokenizer, self.config.data.max_source_len,
-                                  "truncate")
-    return rows
+    return labels.encoder_rows(texts, self.source_tokenizer, self.config.data.max_source_len,
+                               "truncate")[0]
 
   @staticmethod
   def _best_ids(logits: np.ndarray, vocab_size: int) -> np.ndarray:
-    """[..., n] logits -> the argmax over the ordinary ids NUM_SPECIAL..vocab_size (never a
-    special id): a label, a tag or a masked token."""
+    """The argmax of [..., n] logits over the ordinary ids NUM_SPECIAL..vocab_size."""
     return logits[..., NUM_SPECIAL:vocab_size].argmax(-1) + NUM_SPECIAL
 
   @staticmethod
   def _ordinary_probs(logits: np.ndarray, vocab_size: int) -> np.ndarray:
-    """[..., n] logits -> the softmax over the ordinary ids NUM_SPECIAL..vocab_size, the ones a
-    prediction can be (index i is id NUM_SPECIAL + i). For a converted BERT that is exactly
-    BERT's own softmax over its vocabulary: our reserved and objective ids are copies."""
+    """The softmax of [..., n] logits over the ordinary ids (index i: id NUM_SPECIAL + i)."""
     return np.asarray(jax.nn.softmax(jnp.asarray(logits[..., NUM_SPECIAL:vocab_size]), axis=-1))
 
   def classify_with_probability(self, texts: Sequence[str] | str) -> list[tuple[str, float]]:
-    """(predicted label, its probability) of each text (a classification run: model.head=
-    'classify'); the label is the most likely ordinary label, the probability its softmax over
-    the ordinary labels (never a special id)."""
+    """(predicted label, its probability) of each text (model.head='classify')."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     rows = self._encoder_rows(texts)
     logits = self._encoder_logits(rows, "classify")[:, 0]  # slot 0: the row's one example
@@ -249,37 +205,33 @@ class Run:
     return [label for label, _ in self.classify_with_probability(texts)]
 
   def tag(self, texts: Sequence[str] | str) -> list[list[tuple[str, str]]]:
-    """(token, predicted tag) for every token of each text (a tagging run: model.head='tag'),
-    tokens as the source tokenizer splits the text (truncated to data.max_source_len)."""
+    """(token, predicted tag) for every source token of each text (model.head='tag')."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     rows = self._encoder_rows(texts)
     best = self._best_ids(self._encoder_logits(rows, "tag"), self.target_tokenizer.vocab_size)
     return [[(self.source_tokenizer.decode([t]), self.target_tokenizer.decode([int(b)]))
              for t, b in zip(row[1:-1], best[r, 1:len(row) - 1])] for r, row in enumerate(rows)]
 
-  def _mask_rows(self, texts: Sequence[str], mask: str) -> tuple[list[list[int]], int]:
-    """BOS + ids + EOS per text, each `mask` marker one [MASK] (the pieces between markers are
-    encoded one by one); (rows, the [MASK] id)."""
+  def _mask_rows(self, texts: Sequence[str] | str, mask: str
+                 ) -> tuple[list[list[int]], int, np.ndarray]:
+    """(BOS + ids + EOS per text, each `mask` marker one [MASK]; the [MASK] id; their logits)."""
     tok = self.source_tokenizer
     mask_id = objectives.ExtraIds(tok.vocab_size).mask_id
     rows = []
-    for text in texts:
+    for text in [texts] if isinstance(texts, str) else texts:
       pieces = [tok.encode(p) for p in text.split(mask)]
       ids = [t for i, p in enumerate(pieces) for t in ([mask_id] if i else []) + p]
       rows.append([tok.bos_id] + ids + [tok.eos_id])
-    return rows, mask_id
+    return rows, mask_id, self._encoder_logits(rows, "mlm")
 
   def mask_fillers(self, texts: Sequence[str] | str, k: int = 5, mask: str = "_"
                    ) -> list[list[list[tuple[str, float]]]]:
-    """For each text, for each `mask` marker in order, the masked LM's k most likely ordinary
-    tokens there with their probabilities (softmax over the ordinary tokens, those that can fill
-    a marker), most likely first; the first is what fill_mask puts there."""
-    texts = [texts] if isinstance(texts, str) else list(texts)
+    """For each text and `mask` marker, the masked LM's k most likely ordinary tokens there with
+    their probabilities, most likely first (the first is what fill_mask puts there)."""
     if k < 1:
       raise ValueError(f"top_k={k} must be >= 1")
     tok = self.source_tokenizer
-    rows, mask_id = self._mask_rows(texts, mask)
-    logits = self._encoder_logits(rows, "mlm")
+    rows, mask_id, logits = self._mask_rows(texts, mask)
     probs = self._ordinary_probs(logits, tok.vocab_size)
     out = []
     for r, row in enumerate(rows):
@@ -291,23 +243,17 @@ class Run:
     return out
 
   def fill_mask(self, texts: Sequence[str] | str, mask: str = "_") -> list[str]:
-    """Each text with every `mask` marker replaced by the masked LM's most likely token (an
-    ordinary token of the tokenizer, never a special id); texts are encoded piece by piece
-    around the markers, each marker one [MASK]."""
-    texts = [texts] if isinstance(texts, str) else list(texts)
+    """Each text with every `mask` marker replaced by the masked LM's most likely token."""
     tok = self.source_tokenizer
-    rows, mask_id = self._mask_rows(texts, mask)
-    logits = self._encoder_logits(rows, "mlm")
-    out = []
-    for r, row in enumerate(rows):
-      best = self._best_ids(logits[r], tok.vocab_size)
-      filled = [int(best[i]) if t == mask_id else t for i, t in enumerate(row)]
-      out.append(tok.decode(filled[1:-1]))
-    return out
+    rows, mask_id, logits = self._mask_rows(texts, mask)
+    best = self._best_ids(logits, tok.vocab_size)
+    filled = [[int(best[r, i]) if t == mask_id else t for i, t in enumerate(row)]
+              for r, row in enumerate(rows)]
+    return [tok.decode(f[1:-1]) for f in filled]
 
   def attention(self, text: str, target: str | None = None) -> Attention:
-    """Attention weights of every layer and head for `text` and `target` (default: greedy output);
-    for an encoder-only run the encoder's over BOS + `text` + EOS (`target` unused)."""
+    """Attention weights of every layer and head for `text` and `target` (default: greedy output;
+    unused by an encoder-only run)."""
     if self.members:
       raise ValueError(f"attention: this Run is an ensemble of {len(self.members)} runs; restore "
                        "one of them to look at its attention")
@@ -334,25 +280,14 @@ class Run:
       prompt = self.encode_source(text)
       target_labels[1:len(prompt) + 1] = _token_labels(self.source_tokenizer, prompt)
     first = lambda key: [w[0] for w in found.get(key, [])]  # noqa: E731  (batch of one)
-    return Attention(source_tokens=source,
-                     target_tokens=target_labels,
-                     encoder_self=first(("encoder", "self")),
+    return Attention(source, target_labels, encoder_self=first(("encoder", "self")),
                      decoder_self=first(("decoder", "self")), cross=first(("decoder", "cross")))
 
 
 def restore(workdir: str | Sequence[str], step: int | str | None = None, task: Any = None,
             params: str = "auto", average_last: int = 0) -> Run:
-  """Restores the run in `workdir` (step: None/'latest', 'best' or an int) as a `Run`.
-
-  params: 'auto' (the EMA of a run trained with train.ema_decay > 0, else the raw parameters),
-  'ema' or 'raw'; average_last=N: the mean of those parameters over the run's N newest
-  checkpoints (restore.read_params). `task` overrides `transformer.data.load_task(config,
-  workdir)` (tests).
-  A list of workdirs restores their ensemble (eval.py --ensemble's: the mean of the members'
-  probabilities), each at the same `step` / `params` / `average_last` choice ('best': each its
-  own best checkpoint), after the checks of `evaluation.read_members` (vocabularies, shapes);
-  the first gives the config and the task. A list of one is that run.
-  """
+  """Restores the run in `workdir` (step: None/'latest', 'best' or an int; `params` and
+  `average_last` as restore.read_params) as a `Run`; a list of workdirs restores their ensemble."""
   workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
   configs, restored = evaluation.read_members(workdirs, {}, step, params, average_last)
   if task is None:

@@ -1,16 +1,10 @@
 """Autoregressive decoding: greedy, temperature/top-k/top-p sampling, beam search over `kv_cache`.
 
-Two layers:
-- search loops over a pure `step_fn(tokens [B], cache, j) -> (logits [B, V] float32, cache)` that feeds
-  generated token j and returns the logits of token j+1 (`sample_search`, `beam_search`); they know
-  nothing about transformers, so they are testable on an enumerable toy distribution;
-- `generate`, which wires a model into them: `prefill` runs the encoder once (encoder-decoder) or
-  prefills the left-padded prompt in one call (decoder-only), then one cached decoder step per token.
-
-Every loop is a `lax.while_loop` that stops when every row (or every beam) has finished. Generated
-sequences include EOS and are 0-padded after it. Token 0 (padding and the start token) is never
-generated: downstream it would read as the end of the sequence. Scores are log-probabilities under
-the model's unmodified distribution.
+The search loops (`sample_search`, `beam_search`) run a pure `step_fn(tokens [B], cache, j) ->
+(logits [B, V], cache)` (feed token j, get the logits of token j+1) and know nothing of models;
+`generate` wires models into them through `prefill`. Each loop is a `lax.while_loop` that stops
+once every row has finished. Outputs include EOS, 0-padded after it; token 0 (padding, the start
+token) is never generated. Scores are log-probabilities under the unmodified distribution.
 """
 
 from collections.abc import Callable
@@ -29,6 +23,7 @@ StepFn = Callable[[jnp.ndarray, Any, jnp.ndarray], tuple[jnp.ndarray, Any]]
 ReorderFn = Callable[[Any, jnp.ndarray], Any]
 NEG_INF = -1e30  # finite so that (NEG_INF - NEG_INF) never makes NaNs
 PAD_ID = 0
+_BLOCK = 128  # logits per block in `top_k_log_probs`
 
 
 class Search(NamedTuple):
@@ -39,11 +34,6 @@ class Search(NamedTuple):
   temperature: float = 1.0
   top_k: int = 0  # 0 = off
   top_p: float = 1.0  # 1.0 = off
-
-
-def _greedy(decode_cfg: Any, vocab_size: int) -> Search:
-  del decode_cfg, vocab_size
-  return Search("greedy")
 
 
 def _beam(decode_cfg: Any, vocab_size: int) -> Search:
@@ -58,8 +48,7 @@ def _beam(decode_cfg: Any, vocab_size: int) -> Search:
                 length_penalty=float(decode_cfg.length_penalty))
 
 
-def _sample(decode_cfg: Any, vocab_size: int) -> Search:
-  del vocab_size
+def _sample(decode_cfg: Any, _: int) -> Search:
   if not (decode_cfg.temperature > 0 and math.isfinite(decode_cfg.temperature)):
     raise ValueError(f"eval.decode.temperature={decode_cfg.temperature} must be a finite "
                      "number > 0")
@@ -71,20 +60,14 @@ def _sample(decode_cfg: Any, vocab_size: int) -> Search:
                 top_p=float(decode_cfg.top_p))
 
 
-# The decoding methods (eval.decode.method): name -> the Search settings it takes from eval.decode
-# (and the vocabulary size, which bounds a beam).
+# eval.decode.method -> the Search it takes from eval.decode (a beam is bounded by the vocabulary).
 METHODS: dict[str, Callable[[Any, int], Search]] = {
-    "greedy": _greedy, "sample": _sample, "beam": _beam}
+    "greedy": lambda decode_cfg, vocab_size: Search("greedy"), "sample": _sample, "beam": _beam}
 
 
 def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> Search:
-  """Validates the decode config (eval.decode) and keeps only the fields its method uses.
-
-  Every option is checked before anything compiles, each bad one a one-line ValueError naming its
-  key: max_decode_len in [0, max_len] (0 = the default), and for its method the beam size (at most
-  MAX_BEAM_SIZE and `vocab_size`; 0 = unknown), a finite length penalty, a finite temperature > 0,
-  top_k >= 0 and top_p in (0, 1].
-  """
+  """Checks eval.decode (a one-line ValueError naming the bad key; vocab_size and max_len 0 =
+  unknown) and keeps what its method uses."""
   length = decode_cfg.max_decode_len
   if length < 0 or (max_len and length > max_len):
     raise ValueError(f"eval.decode.max_decode_len={length} must be in [0, model.max_len="
@@ -95,15 +78,11 @@ def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> S
   return METHODS[decode_cfg.method](decode_cfg, vocab_size)
 
 
-# ----------------------------------------------------------------------------- sampling and greedy
-
-
 def filter_logits(logits: jnp.ndarray, temperature: float = 1.0, top_k: int = 0,
                   top_p: float = 1.0) -> jnp.ndarray:
   """Scales logits [..., v] by 1/temperature, then keeps the top-k, then the top-p nucleus."""
   logits = logits.astype(jnp.float32) / temperature
-  vocab = logits.shape[-1]
-  if 0 < top_k < vocab:
+  if 0 < top_k < logits.shape[-1]:
     kth = lax.top_k(logits, top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, NEG_INF, logits)
   if top_p < 1.0:
@@ -160,26 +139,16 @@ def sample_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, sea
   return state[1], state[3]
 
 
-# ----------------------------------------------------------------------------- beam search
-
-
 def length_penalty(length: jnp.ndarray, alpha: float) -> jnp.ndarray:
   """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016); 1 when alpha is 0."""
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-_BLOCK = 128  # logits per block in `top_k_log_probs`
-
-
 def top_k_log_probs(logits: jnp.ndarray, k: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """The k largest log-softmax values of logits [B, V] and their token ids ([B, k], [B, k] int32).
+  """lax.top_k(jax.nn.log_softmax(logits), k) for logits [B, V], ties included, in two reads.
 
-  Equal to lax.top_k(jax.nn.log_softmax(logits), k), ties included, but for a large vocabulary it
-  reads the logits only twice: one pass takes the maximum of each block of 128 logits (which also
-  gives the row maximum for the logsumexp), one sums the exponentials. The k largest logits lie in
-  the k blocks with the largest maxima (a block outside them is beaten by k block maxima, each
-  ranking before all of its entries), so top_k then searches k*128 candidates, kept in vocabulary
-  order so that ties resolve to the lowest id as lax.top_k does, instead of all V logits.
+  The k largest logits lie in the k blocks of 128 with the largest maxima, so top_k searches only
+  those k*128 candidates (in vocabulary order: ties go to the lowest id, as in lax.top_k).
   """
   logits = logits.astype(jnp.float32)
   rows, vocab = logits.shape
@@ -225,19 +194,13 @@ def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_
                 alpha: float, eos_id: int, max_len: int, reorder_fn: ReorderFn = kv_cache.reorder,
                 return_all_beams: bool = False, tile_fn: Callable[[Any, int], Any] | None = None
                 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """Beam search with the GNMT length penalty; the score of a hypothesis is logp / lp(len).
-
-  len counts the generated tokens including EOS; a hypothesis still alive at max_len ends there.
-  first_logits [b, v] and `cache` are for b rows; step_fn runs on b*k rows, with the cache that
-  tile_fn(cache, k) makes for them (default: reorder_fn with each row repeated k times; a model's
-  tile_fn may keep leaves that the k beams of a row share at b rows). Returns the best
-  (tokens [b, L], scores [b]), or all k ([b, k, L], [b, k]).
-  """
+  """Beam search scoring a hypothesis logp / length_penalty(len incl. EOS): the best (tokens
+  [b, L], scores [b]), or all k ([b, k, L], [b, k]). first_logits and `cache` have b rows;
+  step_fn runs on b*k rows with the cache tile_fn(cache, k) makes (default: rows repeated)."""
   b, vocab = first_logits.shape
   k, L = beam_size, max_len
-  # The 2k best continuations of all beams are among the 2k best non-pad tokens of each beam, so
-  # each beam's 2k+1 best logits suffice (one of them may be pad); this avoids writing and
-  # searching a [b, k * vocab] array of candidate scores every step.
+  # The 2k best continuations are among each beam's 2k+1 best tokens (one may be pad): no
+  # [b, k * vocab] array of candidates per step.
   per_beam = min(2 * k + 1, vocab)
   num_candidates = min(2 * k, k * per_beam)  # 2k: at most k of them end in EOS, k stay alive
   offsets = (jnp.arange(b) * k)[:, None]
@@ -256,11 +219,9 @@ def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_
     # A hypothesis ends only if it ranks among the k best candidates of this step (ended hypotheses
     # take beam slots, so beam 1 is greedy); none grown from the dead start beams (logp ~ NEG_INF).
     accepted = ends & (jnp.arange(num_candidates) < k) & (top_logp > NEG_INF / 2)
-    # Stay alive: the k best that did not end.
     alive_logp, keep = lax.top_k(jnp.where(ends, NEG_INF, top_logp), k)
     alive_seqs = _gather_beams(seqs, keep)
     cache = reorder_fn(state.cache, (offsets + _gather_beams(beam, keep)).reshape(-1))
-    # Finished: merge the newly ended with the previous k best.
     new_scores = jnp.where(accepted, top_logp / length_penalty(i + 1, alpha), NEG_INF)
     fin_scores, best = lax.top_k(jnp.concatenate([state.fin_scores, new_scores], axis=1), k)
     fin_seqs = _gather_beams(jnp.concatenate([state.fin_seqs, seqs], axis=1), best)
@@ -291,16 +252,6 @@ def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_
   return state.fin_seqs[:, 0], state.fin_scores[:, 0]
 
 
-# ----------------------------------------------------------------------------- models
-
-
-def _variables(params: Any) -> dict[str, Any]:
-  """Accepts a params tree or a {'params': ...} variables dict."""
-  if isinstance(params, dict) and set(params) == {"params"}:
-    return dict(params)
-  return {"params": params}
-
-
 def _left_pad_prompt(prompt: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Right-padded prompts [b, p] -> left-padded decoder inputs [b, p+1] = pads, start token 0,
   prompt; with segment ids (0 on padding) and positions (0 at each row's start token)."""
@@ -315,10 +266,10 @@ def _left_pad_prompt(prompt: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp
 
 def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, prefix_lm: bool,
             beams: int = 1) -> tuple[jnp.ndarray, Any, StepFn]:
-  """(first_logits [b, v], cache, step_fn for b * beams rows) before the first generated token:
-  the encoder run and the start token fed (batch['inputs']), or start token + left-padded prompt
-  prefilled in one call (batch['prompt'], right-padded; the prefix if prefix_lm)."""
-  variables = _variables(params)
+  """(first_logits [b, v], cache, step_fn for b * beams rows): the encoder run and the start token
+  fed (batch['inputs']), or start token + left-padded prompt (batch['prompt']) prefilled at once."""
+  is_variables = isinstance(params, dict) and set(params) == {"params"}  # or a params tree
+  variables = dict(params) if is_variables else {"params": params}
   apply = functools.partial(model.apply, deterministic=True, decode=True, mutable=["cache"],
                             method="decode")
   if model.config.arch == "encoder_decoder":
@@ -335,8 +286,7 @@ def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, pre
                           encoder_segment_ids=source_segments, decoder_positions=0 * ones,
                           decoder_segment_ids=ones)
     step_segments = jnp.repeat(source_segments, beams, axis=0)
-    # The cross-attention keys/values keep their b rows: the model's cross-attention lets the k
-    # beams of a row share it (no copies, and each source is read once per step, not k times).
+    # The cross-attention keys/values keep their b rows, shared by each row's beams.
     state["cache"], cross = kv_cache.split_cross(state["cache"])
 
     def step_fn(tokens, cache, j):
@@ -366,41 +316,35 @@ def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, pre
   return logits[:, -1], state["cache"], step_fn
 
 
-def _generate(members: tuple, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
-              prefix_lm: bool, params: tuple, batch: dict[str, jnp.ndarray], rng: jnp.ndarray):
-  """The traced body of `generate` (members, the models, and settings are static): every member
-  prefilled, then one search over the mean of their probabilities (ensemble.log_mean_probs), each
-  member's cache carried, reordered and tiled beside the others'."""
-  k = search.beam_size if search.method == "beam" else 1
-  prefilled = [prefill(m, p, batch, max_len, prefix_lm, beams=k) for m, p in zip(members, params)]
-  first_logits = ensemble.log_mean_probs([first for first, _, _ in prefilled])
-  cache = tuple(c for _, c, _ in prefilled)
-  member_steps = [step for _, _, step in prefilled]
-
-  def step_fn(tokens, caches, j):
-    outs = [step(tokens, c, j) for step, c in zip(member_steps, caches)]
-    return ensemble.log_mean_probs([logits for logits, _ in outs]), tuple(c for _, c in outs)
-
-  if search.method == "beam":
-    # Beams share their row's self-attention keys/values: a reorder gathers only the bookkeeping.
-    scans = [m.config.scan_layers for m in members]
-    reorder = lambda caches, idx: tuple(  # noqa: E731
-        kv_cache.reorder_beams(c, idx, s) for c, s in zip(caches, scans))
-    tile = lambda caches, beams: tuple(  # noqa: E731
-        kv_cache.tile_beams(c, beams, s) for c, s in zip(caches, scans))
-    return beam_search(step_fn, first_logits, cache, beam_size=k, alpha=search.length_penalty,
-                       eos_id=eos_id, max_len=max_len, return_all_beams=return_all_beams,
-                       reorder_fn=reorder, tile_fn=tile)
-  return sample_search(step_fn, first_logits, cache, search=search, eos_id=eos_id,
-                       max_len=max_len, rng=rng)
-
-
 @functools.lru_cache(maxsize=32)
 def _compiled(members: tuple, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
               prefix_lm: bool):
-  """One jitted decoder per (models, settings); jax.jit then caches per input shape."""
-  return jax.jit(functools.partial(_generate, members, search, eos_id, max_len, return_all_beams,
-                                   prefix_lm))
+  """One jitted decoder per (models, settings): one search over the members' mean probability."""
+  k = search.beam_size if search.method == "beam" else 1
+
+  def decode(params: tuple, batch: dict[str, jnp.ndarray], rng: jnp.ndarray):
+    prefilled = [prefill(m, p, batch, max_len, prefix_lm, beams=k) for m, p in zip(members, params)]
+    first_logits, cache, member_steps = zip(*prefilled)
+    first_logits = ensemble.log_mean_probs(first_logits)
+
+    def step_fn(tokens, caches, j):
+      outs = [step(tokens, c, j) for step, c in zip(member_steps, caches)]
+      return ensemble.log_mean_probs([logits for logits, _ in outs]), tuple(c for _, c in outs)
+
+    if search.method == "beam":
+      # Beams share their row's self-attention keys/values: a reorder gathers only the bookkeeping.
+      scans = [m.config.scan_layers for m in members]
+      reorder = lambda caches, idx: tuple(  # noqa: E731
+          kv_cache.reorder_beams(c, idx, s) for c, s in zip(caches, scans))
+      tile = lambda caches, beams: tuple(  # noqa: E731
+          kv_cache.tile_beams(c, beams, s) for c, s in zip(caches, scans))
+      return beam_search(step_fn, first_logits, cache, beam_size=k, alpha=search.length_penalty,
+                         eos_id=eos_id, max_len=max_len, return_all_beams=return_all_beams,
+                         reorder_fn=reorder, tile_fn=tile)
+    return sample_search(step_fn, first_logits, cache, search=search, eos_id=eos_id,
+                         max_len=max_len, rng=rng)
+
+  return jax.jit(decode)
 
 
 def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_id: int,
@@ -408,19 +352,9 @@ def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_
              prefix_lm: bool | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Decodes a batch: (tokens [b, max_decode_len] ending in EOS then 0s, scores [b]).
 
-  batch: {'inputs': [b, s]} for an EncoderDecoder, {'prompt': [b, p]} (right-padded with 0) for a
-  DecoderOnly, whose prompt is fed after the start token 0 (source+EOS for a prefix-LM seq2seq task,
-  text for an LM). Scores: summed log-probs (greedy, sample), the length-penalised score (beam).
-  return_all_beams gives all k beams, best first: [b, k, L], [b, k]. prefix_lm (decoder-only):
-  bidirectional attention over the prompt; None = the model config's prefix_lm. An LM trained
-  without a prefix (plain text) must be decoded with prefix_lm=False when its config says True;
-  True has no effect on a model whose config says False (the model ignores the prefix then).
-  rng: the sampling key (None = key 0).
-  An ensemble: `model` a tuple of models and `params` a tuple of their trees (transformer.model.ensemble),
-  decoded as one model whose next-token distribution is the mean of the members' probabilities
-  (temperature, top-k and top-p then shape that mean); the members must share the architecture
-  and vocabularies. prefix_lm=None is True if any member is a prefix-LM (a causal member ignores
-  the prefix).
+  batch: {'inputs': [b, s]} or {'prompt': [b, p]} (decoder-only), right-padded with 0. prefix_lm:
+  attend over the prompt bidirectionally (None = the config's; an LM trained on plain text needs
+  False). `model` and `params` may be tuples: an ensemble, the mean of their probabilities.
   """
   members, params = ensemble.members(model, params)
   ensemble.check_compatible([m.config for m in members])

@@ -1,38 +1,18 @@
 """Evaluation of a trained run: restore, teacher-forced metrics, decoding, task metrics, predictions.
 
-`evaluate_split(workdir, split, step, overrides, ...)`, which eval.py calls:
-  1. `read_members` reads each run's config.json (restore.load_run_config applies `overrides`,
-     a flat {"eval.decode.beam_size": 4} dict, and refuses keys outside the schema's `eval` role)
-     and restores the parameters of `step` read-only onto one device (restore.read_params:
-     the EMA or the raw ones, or the mean of the newest `average_last` checkpoints);
-  2. `teacher_forced`: loss, token accuracy and perplexity (scoring.teacher_forced_metrics, the
-     definition training logs);
-  3. seq2seq tasks: `decode_split` decodes with `eval.decode` (batched `generate`) and
-     `prediction_metrics` scores the hypotheses; language models: `sample_continuations`;
-     encoder-only and objective tasks: the teacher-forced metrics are the task's;
-  4. `write_results` (process 0) writes metrics.<split>.json and predictions.<split>.jsonl;
-     `format_table` is the printed table.
-WHOLE_SPLIT is applied under `overrides`: the run's in-training (partial) `eval.num_batches` /
-`eval.num_decode_examples` do not carry over, and `coverage` in the results says how much of the
-split was scored and decoded. With `ensemble`, steps 1-3 use every run's parameters and the mean
-of their probabilities (transformer.model.ensemble); the files go to `out_dir`. Every process evaluates
-the whole split on its first local device.
-
-Task metrics (`metric_names`: `eval.metrics`, "auto" or a comma list):
-  wer, per    G2P: a word is right if its hypothesis equals any reference; PER takes the closest
-              reference (transformer.metrics.wer_per), on the no-stress track (`strip_stress`);
-              when the references carry stress, also `wer_stress`, `per_stress` as written.
-  bleu        corpus BLEU (sacrebleu 13a) of the detokenised hypotheses.
-  bpc         LM: bits per token, named bits_per_char / bits_per_byte for char / byte tokenizers.
-"auto" is wer,per for seq2seq tasks whose target tokenizer is `symbol` (phones), bleu for other
-seq2seq tasks and bpc for language models.
-`decode_metrics` is what the training loop calls for its in-training evaluations; it logs
-`eval/decoded_examples`, so a partial in-training evaluation says that it is partial.
+`evaluate_split` (eval.py's entry point) reads the runs (`read_members`), scores the split
+teacher-forced, then decodes it (seq2seq: `decode_split` and `prediction_metrics`; LMs:
+`sample_continuations`; encoder-only and objective tasks: no decoding) and writes
+metrics.<split>.json and predictions.<split>.jsonl. WHOLE_SPLIT undoes the run's in-training
+partial eval settings; `coverage` says how much of the split was scored and decoded. Task metrics
+(eval.metrics): wer,per (G2P, on the no-stress track, plus *_stress when references carry stress),
+bleu (sacrebleu 13a), bpc (LMs). `decode_metrics` is the training loop's in-training evaluation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -57,15 +37,8 @@ NUM_LM_SAMPLES = 4  # continuations sampled for a language model
 LM_PROMPT_LEN = 16  # tokens of each eval row used as an LM prompt
 
 
-# ----------------------------------------------------------------------------- decoding
-
-
 def source_ids(task: Any, text: str) -> list[int]:
-  """The encoder input (or decoder-only prompt) ids of `text`, as the data pipeline builds them.
-
-  Uses `task.encode_source` when the task provides it; otherwise the source tokenizer's ids + EOS
-  (the target tokenizer's ids without EOS for language models).
-  """
+  """The encoder input (or decoder-only prompt) ids of `text`, as the data pipeline builds them."""
   if hasattr(task, "encode_source"):
     return list(task.encode_source(text))
   if getattr(task, "kind", "seq2seq") == "lm" or task.source_tokenizer is None:
@@ -78,14 +51,8 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
                    decode_cfg: DecodeConfig | None = None, *, eos_id: int,
                    batch_size: int = 0, rng: jax.Array | None = None,
                    prefix_lm: bool | None = None) -> tuple[list[list[int]], list[float]]:
-  """Decodes every id list in `ids` (batched, fixed shapes): (token lists up to EOS, scores).
-  `model`/`params`: one model, or an ensemble's tuples (transformer.model.ensemble; `cfg` is the first's).
-
-  Encoder-decoder: the ids are the encoder inputs; decoder-only: the prompts, attended
-  bidirectionally when `prefix_lm` (None = model.prefix_lm; language models pass False, as they
-  were trained without a prefix).
-  The last batch is filled with copies of its first row so every batch compiles to one program.
-  """
+  """Decodes every id list in `ids` (encoder inputs or prompts), in batches of one shape:
+  (token lists up to EOS, scores)."""
   decode_cfg = decode_cfg or cfg.eval.decode
   if not ids:
     return [], []
@@ -96,8 +63,7 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
   max_decode_len = decode_cfg.max_decode_len or cfg.data.max_target_len
   key = "inputs" if cfg.model.arch == "encoder_decoder" else "prompt"
   if key == "prompt" and not decode_cfg.max_decode_len:
-    # The prompt and its continuation share the model.max_len cache: by default decode what fits
-    # (an LM's max_target_len is usually the whole context, so prompt + it would not).
+    # The prompt and its continuation share the model.max_len cache: by default decode what fits.
     max_len = min(m.config.max_len for m in ensemble_lib.members(model, params)[0])
     max_decode_len = min(max_decode_len, max_len - width)
     if max_decode_len < 1:
@@ -124,10 +90,8 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
 def decode_split(cfg: Config, model: Any, params: Any, task: Any, split: str,
                  num_examples: int = 0, decode_cfg: DecodeConfig | None = None
                  ) -> list[dict[str, Any]]:
-  """Decodes (the first `num_examples` of) a seq2seq split: [{source, references, hypothesis, score}]."""
-  examples = list(task.eval_examples(split))
-  if num_examples:
-    examples = examples[:num_examples]
+  """Decodes (the first `num_examples` of) a seq2seq split into prediction records."""
+  examples = list(task.eval_examples(split))[:num_examples or None]
   tok = task.target_tokenizer
   ids = [source_ids(task, e["source"]) for e in examples]
   rng = jax.random.key(cfg.seed)
@@ -138,19 +102,12 @@ def decode_split(cfg: Config, model: Any, params: Any, task: Any, split: str,
 
 def sample_continuations(cfg: Config, model: Any, params: Any, task: Any, split: str,
                          count: int = NUM_LM_SAMPLES) -> list[dict[str, Any]]:
-  """LM: prompts from the first eval rows, continued with eval.decode: [{source, references, ...}]."""
+  """LM: prompts from the first eval rows, continued with eval.decode (prediction records)."""
   tok = task.target_tokenizer
-  prompts, truths = [], []
-  for batch in task.eval_batches(split):
-    for row in np.asarray(batch["targets"]):
-      row = [int(t) for t in row if t]
-      if len(row) > LM_PROMPT_LEN:
-        prompts.append(row[:LM_PROMPT_LEN])
-        truths.append(row[LM_PROMPT_LEN:])
-      if len(prompts) == count:
-        break
-    if len(prompts) == count:
-      break
+  rows = ([int(t) for t in row if t] for batch in task.eval_batches(split)
+          for row in np.asarray(batch["targets"]))
+  kept = list(itertools.islice((r for r in rows if len(r) > LM_PROMPT_LEN), count))
+  prompts, truths = [r[:LM_PROMPT_LEN] for r in kept], [r[LM_PROMPT_LEN:] for r in kept]
   decode_cfg = dataclasses.replace(cfg.eval.decode, max_decode_len=min(
       cfg.eval.decode.max_decode_len or 64, cfg.model.max_len - LM_PROMPT_LEN))
   tokens, scores = decode_batches(cfg, model, params, prompts, decode_cfg, eos_id=tok.eos_id,
@@ -158,9 +115,6 @@ def sample_continuations(cfg: Config, model: Any, params: Any, task: Any, split:
                                   prefix_lm=False)
   return [dict(source=tok.decode(p), references=[tok.decode(t[:len(h)])], hypothesis=tok.decode(h),
                score=s) for p, t, h, s in zip(prompts, truths, tokens, scores)]
-
-
-# ----------------------------------------------------------------------------- task metrics
 
 
 def metric_names(cfg: Config, task: Any) -> list[str]:
@@ -191,27 +145,23 @@ def prediction_metrics(names: Iterable[str], predictions: Sequence[dict[str, Any
   hyps = [p["hypothesis"] for p in predictions]
   refs = [p["references"] for p in predictions]
   if names & {"wer", "per"}:
-    split = lambda s: s.split()  # noqa: E731
-    wer, per = metrics_lib.wer_per([split(strip_stress(h)) for h in hyps],
-                                   [[split(strip_stress(r)) for r in rs] for rs in refs])
+    wer, per = metrics_lib.wer_per([strip_stress(h).split() for h in hyps],
+                                   [[strip_stress(r).split() for r in rs] for rs in refs])
     out.update({k: v for k, v in (("wer", wer), ("per", per)) if k in names})
     if any(_STRESS.search(r) for rs in refs for r in rs):
-      wer, per = metrics_lib.wer_per([split(h) for h in hyps], [[split(r) for r in rs] for rs in refs])
+      wer, per = metrics_lib.wer_per([h.split() for h in hyps],
+                                     [[r.split() for r in rs] for rs in refs])
       out.update({f"{k}_stress": v for k, v in (("wer", wer), ("per", per)) if k in names})
   if "bleu" in names:
-    counts = {len(rs) for rs in refs}
-    bleu_refs = refs if len(counts) == 1 else [rs[0] for rs in refs]
+    bleu_refs = refs if len({len(rs) for rs in refs}) == 1 else [rs[0] for rs in refs]
     out["bleu"] = metrics_lib.bleu(hyps, bleu_refs)
   return out
 
 
 def decode_metrics(cfg: Config, model: Any, params: Any, task: Any, split: str,
                    num_examples: int = 0, prefix: str = "eval/") -> dict[str, float]:
-  """Task metrics (WER/PER or BLEU) from decoding `split`, and `decoded_examples`; {} for LMs.
-
-  The training loop's in-training evaluation calls this with the eval split and its (partial)
-  eval.num_decode_examples; the logged count says how many examples the metrics cover.
-  """
+  """Task metrics (WER/PER or BLEU) from decoding `split`, and `decoded_examples` (how many the
+  metrics cover); {} for LMs."""
   if getattr(task, "kind", "seq2seq") == "lm" or not getattr(task, "decodes", True):
     return {}
   predictions = decode_split(cfg, model, params, task, split, num_examples)
@@ -240,13 +190,9 @@ def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str
   return scores, {"scored_tokens": round(totals["weight_sum"]), "split_tokens": round(split_tokens)}
 
 
-# ----------------------------------------------------------------------------- the entry point
-
-
 def write_results(workdir: str, split: str, results: dict[str, Any],
                   predictions: Sequence[dict[str, Any]]) -> bool:
-  """Process 0 writes `metrics.<split>.json` and `predictions.<split>.jsonl` (one JSON object per
-  line: source, references, hypothesis, score); True if this process wrote them."""
+  """Process 0 writes `metrics.<split>.json` and `predictions.<split>.jsonl`; True if it did."""
   if jax.process_index() != 0:  # every host evaluates the same whole split: one writer
     return False
   metrics_name, predictions_name = result_files(split)
@@ -270,10 +216,9 @@ def format_table(results: dict[str, Any]) -> str:
           if isinstance(v, (int, float, str))]
   rows += [(k, ", ".join(map(str, v))) for k, v in results.items() if isinstance(v, list)]
   cov = results.get("coverage", {})
-  for what, done, total in (("decoded", "decoded_examples", "split_examples"),
-                            ("scored", "scored_tokens", "split_tokens")):
+  for what, unit in (("decoded", "examples"), ("scored", "tokens")):
+    done, total = f"{what}_{unit}", f"split_{unit}"
     if done in cov:
-      unit = "examples" if what == "decoded" else "tokens"
       whole = "the whole split" if cov[done] == cov[total] else (
           f"{cov[done] / max(cov[total], 1):.1%} of the split: a partial evaluation")
       rows.append((what, f"{cov[done]} of {cov[total]} {unit} ({whole})"))
@@ -282,8 +227,7 @@ def format_table(results: dict[str, Any]) -> str:
 
 
 def _same_vocabularies(workdir: str, member: str) -> None:
-  """Raises EvaluationError unless `member` saved the same tokenizers as `workdir` (equal as
-  tokenizers: units, SentencePiece model or Hugging Face tokenizer)."""
+  """Raises EvaluationError unless `member` saved the same tokenizers as `workdir`."""
   from transformer.data import tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
   for side in ("source", "target"):
     mine, theirs = (os.path.join(d, "tokenizers", side) for d in (workdir, member))
@@ -302,10 +246,8 @@ def _same_vocabularies(workdir: str, member: str) -> None:
 
 def read_members(workdirs: Sequence[str], overrides: dict[str, Any], step: int | str | None,
                  params: str, average_last: int) -> tuple[list[Config], list[Any]]:
-  """The configs and `restore.read_params` results of the runs in `workdirs` (the first gives
-  the data and settings; the others are its ensemble), each at the same `step` / `params` /
-  `average_last` choice ('best': each run's own best checkpoint). Every run's config, vocabulary
-  and model are checked before any parameters are read."""
+  """The configs and `restore.read_params` results of the runs in `workdirs` (the first, then its
+  ensemble), all checked before any parameters are read."""
   configs = []
   for i, workdir in enumerate(workdirs):
     if os.path.normpath(workdir) in map(os.path.normpath, workdirs[:i]):
@@ -325,20 +267,10 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
              overrides: dict[str, Any] | None = None, task: Any = None,
              verbose: bool = True, params: str = "auto", average_last: int = 0,
              ensemble: Sequence[str] = (), out_dir: str | None = None) -> dict[str, Any]:
-  """Evaluates a run's checkpoint on the whole `split` (unless `overrides` set eval.num_batches /
-  eval.num_decode_examples); process 0 writes the predictions and metrics files; returns the
-  metrics, with `coverage` = {decoded_examples, split_examples, scored_tokens, split_tokens}.
+  """Evaluates a run's checkpoint on `split`, writes the files and returns the metrics.
 
-  `params` ('auto': the EMA if the run kept one, 'ema', 'raw') and `average_last` (the mean over
-  the N newest checkpoints; 0 = one checkpoint) choose the parameters (restore.read_params).
-
-  `ensemble`: the workdirs of further runs (same vocabularies) evaluated with this one as one model,
-  the mean of their probabilities (transformer.model.ensemble), each at the same step/params choice;
-  the run in `workdir` gives the data, metrics and decoding settings. Its files go to `out_dir`
-  (required then, so that no run's own metrics are overwritten; default for one run: `workdir`).
-
-  `task` overrides `transformer.data.load_task(cfg, workdir)` (tests); the tokenizers it loads are
-  the ones saved in `<workdir>/tokenizers` by training.
+  `params`, `average_last`: as restore.read_params. `ensemble`: further runs' workdirs, evaluated
+  with this one as the mean of their probabilities, into `out_dir`. `task`: for tests.
   """
   workdirs = [workdir, *ensemble]
   if ensemble and not out_dir:
@@ -369,8 +301,7 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   results |= scores
   names = metric_names(cfg, task)
   if cfg.model.arch == "encoder_only" or cfg.data.objective != "none":
-    # The teacher-forced metrics are the task's: masked-token or label accuracy and perplexity,
-    # F1 (classify, tag); span corruption's loss over the spans.
+    # The teacher-forced metrics (accuracy, perplexity, F1, span corruption's loss) are the task's.
     predictions = []
   elif getattr(task, "kind", "seq2seq") == "lm":
     unit = {"char": "char", "byte": "byte"}.get(getattr(task.target_tokenizer, "kind", ""), "token")

@@ -1,21 +1,13 @@
 r"""Decodes words or sentences with a trained run from the command line.
 
-  python -m transformer.infer.predict --workdir=runs/g2p hello world
-  printf 'hello\nworld\n' | python -m transformer.infer.predict --workdir=runs/g2p --method=beam --beam_size=8
+  python -m transformer.infer.predict --workdir=runs/g2p --method=beam --beam_size=8 hello world
   python -m transformer.infer.predict --workdir=runs/a --ensemble=runs/b,runs/c --step=best hello
 
-Prints one `input<TAB>output` line per input (inputs from the arguments, else one per stdin line;
-each stdin line is answered as soon as it arrives, so it works as an interactive prompt).
-An encoder-only run is not decoded; its line depends on model.head:
-  mlm       input<TAB>the text with each marker (--mask, default `_`) filled<TAB>then one field per
-            marker: its --top_k (default 5) most likely tokens as `token=probability`
-  classify  input<TAB>the predicted label<TAB>its probability
-  tag       input<TAB>`token/tag` for every token of the input
-  python -m transformer.infer.predict --workdir=runs/bert --top_k=3 "paris is the _ of france."
-An input that cannot be decoded (empty, characters outside the model's vocabulary, longer than the
-model was trained on) gets a one-line `error:` message on stderr and the others are still decoded;
-the exit status is 1 if any input (or the workdir) was bad, 0 otherwise. Inputs with no unknown
-characters once lower-cased are lower-cased (CMUdict words are lower case).
+Prints one `input<TAB>output` line per input (the arguments, else stdin lines, each answered as
+soon as it arrives). Encoder-only runs print, by model.head: mlm: the filled text, then per --mask
+marker its --top_k fillers as `token=probability`; classify: label, probability; tag: `token/tag`
+per token. A bad input gets a one-line `error:` on stderr, the others are still answered; the exit
+status is 1 if any input (or the workdir) was bad.
 """
 
 from __future__ import annotations
@@ -53,10 +45,8 @@ def _define(f: flags.FlagValues) -> None:
 
 
 def stdin_batches(fd: int, max_batch: int = 64) -> Iterator[list[str]]:
-  """The lines of file descriptor `fd` in batches of those already there: a batch never waits for
-  more lines once it has one (so a terminal or a pipe gets each answer as soon as its line is
-  typed), and holds at most `max_batch` (so a file is decoded in batches). Undecodable bytes are
-  kept as surrogates, which check_input names."""
+  """The lines of file descriptor `fd` in batches of at most `max_batch` of those already there:
+  a batch never waits for more lines once it has one. Undecodable bytes become surrogates."""
   buffer, eof = b"", False
   while not eof:
     while not eof and (b"\n" not in buffer or (buffer.count(b"\n") < max_batch
@@ -66,19 +56,14 @@ def stdin_batches(fd: int, max_batch: int = 64) -> Iterator[list[str]]:
     *lines, buffer = buffer.split(b"\n")
     if eof and buffer:  # a last line without its line end
       lines.append(buffer)
-    for i in range(0, len(lines), max_batch):
-      yield [_text(line) for line in lines[i:i + max_batch]]
-
-
-def _text(line: bytes) -> str:
-  """One input line as text: UTF-8, undecodable bytes as surrogates, without its line end."""
-  return line.rstrip(b"\r").decode("utf-8", errors="surrogateescape")
+    texts = [line.rstrip(b"\r").decode("utf-8", errors="surrogateescape") for line in lines]
+    for i in range(0, len(texts), max_batch):
+      yield texts[i:i + max_batch]
 
 
 def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
-  """Runs the command line; returns the exit status. Inputs come from the arguments, else from
-  `stdin` (a text stream, in batches of 64 lines), else from this process's standard input, each
-  line answered as soon as it arrives (stdin_batches)."""
+  """Runs the command line; returns the exit status. Inputs: the arguments, else `stdin` (a text
+  stream), else this process's standard input."""
   args, inputs = cli.parse_own_flags("python -m transformer.infer.predict", _define,
                                      sys.argv[1:] if argv is None else argv)
   if inputs:
@@ -95,7 +80,6 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
   try:
     return _predict(args, batches)
   except Exception as e:  # pylint: disable=broad-except  (cli.error_line decides)
-    # The library's own errors (ConfigError, CheckpointError, bad options) are ValueErrors.
     line = cli.error_line(e, (ValueError, OSError))
     if line is None:
       raise
@@ -106,14 +90,12 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
 
 
 def _predict(args: flags.FlagValues, batches: Iterable[list[str]]) -> int:
-  """Restores the run, then checks each batch of inputs and prints its `input<TAB>output` lines
-  (flushed); the exit status."""
+  """Restores the run, then answers each batch of inputs; the exit status."""
   from transformer.infer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
   run = api.restore([args.workdir, *filter(None, args.ensemble.split(","))], step)
-  options = dict(method=args.method, beam_size=args.beam_size, length_penalty=args.length_penalty,
-                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                 max_decode_len=args.max_decode_len)
+  options = {k: getattr(args, k) for k in ("method", "beam_size", "length_penalty", "temperature",
+                                           "top_k", "top_p", "max_decode_len")}
   answer = _predict_encoder if run.config.model.arch == "encoder_only" else _predict_decoder
   status, first = 0, 1
   for texts in batches:
@@ -125,20 +107,26 @@ def _predict(args: flags.FlagValues, batches: Iterable[list[str]]) -> int:
   return status
 
 
-def _predict_decoder(run: Any, args: flags.FlagValues, texts: list[str],
-                     options: dict[str, Any], first: int) -> int:
-  """Decodes one batch of inputs (numbered from `first`) and prints their lines; 0, 1 if an input
-  was bad, 2 if the options are."""
-  # 0 for an LM: its continuation gets what fits after the prompt (max_target_len is the context).
-  max_decode_len = decode_length(run, args.max_decode_len)
+def _checked(run: Any, texts: list[str], first: int, max_decode_len: int, mask: str = ""
+             ) -> tuple[list[tuple[str, str]], int]:
+  """The (input stripped, cleaned) pairs of the good inputs (numbered from `first`), each bad one
+  reported on stderr; and 1 if any was bad, else 0."""
   good, status = [], 0
   for n, text in enumerate(texts, start=first):
-    error, cleaned = check_input(run, text, max_decode_len)
+    error, cleaned = check_input(run, text, max_decode_len, mask=mask)
     if error:
       print(f"error: {input_error(n, text, error)}", file=sys.stderr)
       status = 1
     else:
-      good.append((text, cleaned))
+      good.append((text.strip(), cleaned))
+  return good, status
+
+
+def _predict_decoder(run: Any, args: flags.FlagValues, texts: list[str],
+                     options: dict[str, Any], first: int) -> int:
+  """Decodes one batch of inputs; 0, 1 if an input was bad, 2 if the options are."""
+  # 0 for an LM: its continuation gets what fits after the prompt (max_target_len is the context).
+  good, status = _checked(run, texts, first, decode_length(run, args.max_decode_len))
   if good:
     try:
       outputs = run.generate_text([c for _, c in good], seed=args.seed, **options)
@@ -146,7 +134,7 @@ def _predict_decoder(run: Any, args: flags.FlagValues, texts: list[str],
       print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
       return 2
     for (text, _), output in zip(good, outputs):
-      print(f"{text.strip()}\t{output}")
+      print(f"{text}\t{output}")
   return status
 
 
@@ -157,10 +145,8 @@ def _shown_token(token: str) -> str:
 
 def _predict_encoder(run: Any, args: flags.FlagValues, texts: list[str],
                      options: dict[str, Any], first: int) -> int:
-  """An encoder-only run's lines for one batch of inputs (numbered from `first`), by model.head:
-  'mlm' input<TAB>filled<TAB>one field per marker of --top_k `token=probability` fillers;
-  'classify' input<TAB>label<TAB>probability; 'tag' input<TAB>token/tag per token. 0, 1 if an
-  input was bad, 2 if the options are."""
+  """An encoder-only run's lines for one batch of inputs; 0, 1 if an input was bad, 2 if the
+  options are."""
   head = run.config.model.head
   allowed = {"top_k"} if head == "mlm" else set()
   bad = next((k for k, v in options.items() if v is not None and k not in allowed), None)
@@ -168,14 +154,7 @@ def _predict_encoder(run: Any, args: flags.FlagValues, texts: list[str],
     print(f"error: --{bad} is a decoding option; this run is encoder-only (model.head={head!r}), "
           "which is not decoded", file=sys.stderr)
     return 2
-  good, status = [], 0
-  for n, text in enumerate(texts, start=first):
-    error, cleaned = check_input(run, text, 0, mask=args.mask if head == "mlm" else "")
-    if error:
-      print(f"error: {input_error(n, text, error)}", file=sys.stderr)
-      status = 1
-    else:
-      good.append((text.strip(), cleaned))
+  good, status = _checked(run, texts, first, 0, mask=args.mask if head == "mlm" else "")
   if not good:
     return status
   cleaned = [c for _, c in good]

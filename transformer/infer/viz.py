@@ -1,15 +1,10 @@
-"""Plots for looking at a model: attention heat maps, positional encodings, learning curves,
-quality against wall-clock time.
+"""Plots: attention heat maps, positional encodings, learning curves, quality against time.
 
-Every function returns a matplotlib Figure (Agg backend: works headless) and, given `save_path`,
-also saves it there as a PNG; `metrics_path` names what is read. Typical use with the notebook API:
+Every function returns a matplotlib Figure (Agg backend: headless) and saves it as a PNG at
+`save_path` when given. With the notebook API:
 
   att = transformer.restore("runs/g2p").attention("phoneme")
-  plot_attention(att.cross[-1], queries=att.target_tokens, keys=att.source_tokens,
-                 save_path="x.png")
-  plot_positional_encoding(max_len=64, d_model=128)
-  plot_learning_curves("runs/g2p")
-  plot_time_to_quality({"fast": "runs/g2p_fast", "best": "runs/g2p_best"}, key="eval/wer")
+  plot_attention(att.cross[-1], queries=att.target_tokens, keys=att.source_tokens)
 """
 
 from __future__ import annotations
@@ -30,8 +25,10 @@ from transformer import files  # pylint: disable=g-import-not-at-top,wrong-impor
 from transformer.model.positional import sinusoidal_table  # pylint: disable=wrong-import-position
 
 
-def _finish(fig: Any, save_path: str | None) -> Any:
-  """Saves `fig` as a PNG at `save_path` (directories created) when given; returns it."""
+def _finish(fig: Any, save_path: str | None, tight: bool = True) -> Any:
+  """Lays `fig` out tightly, saves it as a PNG at `save_path` when given; returns it."""
+  if tight:
+    fig.tight_layout()
   if save_path:
     os.makedirs(os.path.dirname(os.path.abspath(save_path)), exist_ok=True)
     fig.savefig(save_path, dpi=100, bbox_inches="tight")
@@ -41,14 +38,10 @@ def _finish(fig: Any, save_path: str | None) -> Any:
 def plot_attention(weights: Any, queries: Sequence[str] | None = None,
                    keys: Sequence[str] | None = None, title: str = "", ncols: int = 4,
                    save_path: str | None = None) -> Any:
-  """A grid of heat maps, one per head, of one layer's weights [heads, queries, keys].
-
-  Rows are queries (y tick labels `queries`), columns keys (x tick labels `keys`); each row of a
-  head sums to 1. A [queries, keys] array is drawn as a single head.
-  """
+  """A grid of heat maps, one per head, of one layer's weights [heads, queries, keys] (or a
+  [queries, keys] array: one head); rows are queries, columns keys."""
   w = np.asarray(weights, np.float32)
-  if w.ndim == 2:
-    w = w[None]
+  w = w[None] if w.ndim == 2 else w
   if w.ndim != 3:
     raise ValueError(f"plot_attention: weights must be [heads, queries, keys], got {w.shape}")
   heads, t, s = w.shape
@@ -57,9 +50,8 @@ def plot_attention(weights: Any, queries: Sequence[str] | None = None,
       raise ValueError(f"plot_attention: {len(labels)} {name} labels for {size} {name}")
   ncols = max(1, min(ncols, heads))
   nrows = math.ceil(heads / ncols)
-  cell = 0.28
-  fig, axes = plt.subplots(nrows, ncols, squeeze=False,
-                           figsize=(max(2.5, cell * s + 1.0) * ncols, max(2.5, cell * t + 1.0) * nrows))
+  fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(
+      max(2.5, 0.28 * s + 1.0) * ncols, max(2.5, 0.28 * t + 1.0) * nrows))
   for h in range(nrows * ncols):
     ax = axes[h // ncols][h % ncols]
     if h >= heads:
@@ -67,22 +59,17 @@ def plot_attention(weights: Any, queries: Sequence[str] | None = None,
       continue
     ax.imshow(w[h], vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
     ax.set_title(f"head {h}", fontsize=9)
-    ax.set_xticks(range(s))
-    ax.set_yticks(range(t))
-    ax.set_xticklabels(keys if keys is not None else range(s), rotation=90, fontsize=7)
-    ax.set_yticklabels(queries if queries is not None else range(t), fontsize=7)
+    ax.set_xticks(range(s), keys if keys is not None else range(s), rotation=90, fontsize=7)
+    ax.set_yticks(range(t), queries if queries is not None else range(t), fontsize=7)
   if title:
     fig.suptitle(title)
-  fig.tight_layout()
   return _finish(fig, save_path)
 
 
 def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any = None,
                              save_path: str | None = None) -> Any:
-  """The sinusoidal table [positions, d_model] and its dot-product similarity [pos, pos].
-
-  `table` plots a given [positions, d] table instead (e.g. learned position embeddings).
-  """
+  """The sinusoidal table [positions, d_model] (or a given `table` [positions, d]) and its
+  dot-product similarity [pos, pos]."""
   if table is None:
     table = sinusoidal_table(max_len, d_model)
   table = np.asarray(table, np.float32)
@@ -96,15 +83,12 @@ def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any =
   image = right.imshow(similarity, cmap="viridis")
   right.set(title="dot-product similarity", xlabel="position", ylabel="position")
   fig.colorbar(image, ax=right)
-  fig.tight_layout()
   return _finish(fig, save_path)
 
 
 def read_metrics(metrics_path: str) -> list[dict[str, Any]]:
   """The records of a metrics.jsonl file (or of `<workdir>/metrics.jsonl`)."""
-  path = metrics_path
-  if files.isdir(path):
-    path = os.path.join(path, "metrics.jsonl")
+  path = os.path.join(metrics_path, "metrics.jsonl") if files.isdir(metrics_path) else metrics_path
   if not files.exists(path):
     raise FileNotFoundError(f"{path} not found: no metrics were logged")
   records = []
@@ -119,10 +103,8 @@ def read_metrics(metrics_path: str) -> list[dict[str, Any]]:
 
 def plot_learning_curves(metrics_path: str, keys: Sequence[str] | None = None,
                          save_path: str | None = None) -> Any:
-  """One panel per metric against the step, from a workdir or its metrics.jsonl.
-
-  `keys` default: every train/* loss and every eval/* metric that was logged (those that exist).
-  """
+  """One panel per metric (default: train/loss and every eval/* one) against the step, from a
+  workdir or its metrics.jsonl."""
   records = read_metrics(metrics_path)
   logged = sorted({k for r in records for k, v in r.items()
                    if k != "step" and isinstance(v, (int, float))})
@@ -144,21 +126,16 @@ def plot_learning_curves(metrics_path: str, keys: Sequence[str] | None = None,
     ax.plot(steps, values, marker="." if len(points) < 30 else None)
     ax.set(title=keys[i], xlabel="step")
     ax.grid(alpha=0.3)
-  fig.tight_layout()
   return _finish(fig, save_path)
 
 
 def plot_time_to_quality(runs: dict[str, str], key: str = "eval/wer",
                          finals: dict[str, tuple[float, float]] | None = None,
                          save_path: str | None = None) -> Any:
-  """`key` against wall-clock minutes (metrics.jsonl's time/elapsed_s) for several runs.
-
-  `runs`: label -> workdir (or its metrics.jsonl). `finals`: label -> (minutes, value), e.g. the
-  test-split number of the finished run, drawn as a marker in the run's colour. Fractions in
-  [0, 1] are drawn as percentages.
-  """
+  """`key` against wall-clock minutes (time/elapsed_s) for `runs` (label -> workdir or its
+  metrics.jsonl). `finals`: label -> (minutes, value), drawn as a star in the run's colour.
+  Fractions in [0, 1] are drawn as percentages."""
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
-  scale = 1.0
   curves = {}
   for label, path in runs.items():
     points = [(r["time/elapsed_s"] / 60, r[key]) for r in read_metrics(path)
@@ -167,8 +144,7 @@ def plot_time_to_quality(runs: dict[str, str], key: str = "eval/wer",
       raise ValueError(f"plot_time_to_quality: {path} logged no {key} with time/elapsed_s "
                        f"(runs from before elapsed time was logged cannot be placed on this plot)")
     curves[label] = points
-  if all(0 <= v <= 1 for points in curves.values() for _, v in points):
-    scale = 100.0
+  scale = 100.0 if all(0 <= v <= 1 for points in curves.values() for _, v in points) else 1.0
   for label, points in curves.items():
     minutes, values = zip(*points)
     (line,) = ax.plot(minutes, [v * scale for v in values], marker=".", label=label)
@@ -179,17 +155,15 @@ def plot_time_to_quality(runs: dict[str, str], key: str = "eval/wer",
          title=f"{key} against time" + (" (stars: test split)" if finals else ""))
   ax.grid(alpha=0.3)
   ax.legend()
-  fig.tight_layout()
   return _finish(fig, save_path)
 
 
 def plot_label_efficiency(results: dict[str, dict[float, float]], metric: str = "test accuracy",
                           baseline: float | None = None, save_path: str | None = None,
                           spread: dict[str, dict[float, tuple[float, float]]] | None = None) -> Any:
-  """One line per initialisation ({'from scratch': {0.01: 0.75, ...}, ...}): `metric` against
-  the fraction of training labels (log axis); `baseline` (e.g. the majority class) as a dashed line.
-  `spread` ({'from scratch': {0.01: (low, high), ...}}, e.g. the min and max over seeds) draws
-  each point's range as an error bar around its value (a point it omits gets none)."""
+  """One line per initialisation ({'from scratch': {0.01: 0.75, ...}}): `metric` against the
+  fraction of training labels (log axis); `baseline` a dashed line; `spread` ({name: {fraction:
+  (low, high)}}) draws error bars."""
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
   for name, points in results.items():
     xs = sorted(points)
@@ -206,9 +180,7 @@ def plot_label_efficiency(results: dict[str, dict[float, float]], metric: str = 
       ax.plot([100 * x for x in xs], ys, marker="o", label=name)
   if baseline is not None:
     ax.axhline(100 * baseline, color="gray", linestyle="--", label="majority class")
-  ax.set_xscale("log")
-  ax.set_xlabel("training labels used (%)")
-  ax.set_ylabel(f"{metric} (%)")
+  ax.set(xscale="log", xlabel="training labels used (%)", ylabel=f"{metric} (%)")
   ax.grid(True, alpha=0.3)
   ax.legend()
-  return _finish(fig, save_path)
+  return _finish(fig, save_path, tight=False)
