@@ -33,17 +33,12 @@ def _plain_project(x: Array, kernel: Array, n_in: int, out_axes: tuple) -> Array
                                          ((), ())))
 
 
-def _ln_stats(x: Array) -> tuple[Array, Array]:
-  """float32 mean and variance E[x^2] - E[x]^2 (clipped at 0) over the last axis."""
-  x = x.astype(jnp.float32)
-  mean, mean2 = x.mean(-1, keepdims=True), (x * x).mean(-1, keepdims=True)
-  return mean, jnp.maximum(0.0, mean2 - mean * mean)
-
-
 def _layer_norm_fwd(x, scale, bias, epsilon):
-  """nn.LayerNorm's forward, op for op, (x - mean) / sqrt(var + eps) * scale + bias; residuals."""
-  mean, var = _ln_stats(x)
-  rstd = jax.lax.rsqrt(var + epsilon)
+  """nn.LayerNorm's forward, op for op, (x - mean) / sqrt(var + eps) * scale + bias, with float32
+  statistics (var = E[x^2] - E[x]^2, clipped at 0); and the backward's residuals."""
+  x32 = x.astype(jnp.float32)
+  mean, mean2 = x32.mean(-1, keepdims=True), (x32 * x32).mean(-1, keepdims=True)
+  rstd = jax.lax.rsqrt(jnp.maximum(0.0, mean2 - mean * mean) + epsilon)
   return (x - mean) * (rstd * scale) + bias, (x, mean, rstd, scale, bias)
 
 
@@ -113,11 +108,6 @@ def _cpu_project(x: Array, kernel: Array, n_in: int, out_axes: tuple) -> Array:
   return y.reshape(*x.shape[:2], *out_shape)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
-  return _layer_norm_fwd(x, scale, bias, epsilon)[0]
-
-
 def _layer_norm_bwd(epsilon, res, g):
   """dx = rstd (g s - mean(g s) - xhat mean(g s xhat)), with xhat = (x - mean) rstd; the two
   feature means as matrix-vector products with the scale, g @ s and (g xhat) @ s."""
@@ -138,6 +128,7 @@ def _layer_norm_bwd(epsilon, res, g):
           jnp.sum(g, lead).astype(bias.dtype))
 
 
+_layer_norm = jax.custom_vjp(_plain_layer_norm, nondiff_argnums=(3,))
 _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
