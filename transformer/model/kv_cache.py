@@ -35,7 +35,7 @@ def attend_self(module: nn.Module, query: Array, key: Array, value: Array, mask:
   """Writes the new keys/values [b, t, k, *] at slot step.index[0], then attends over the cache
   (the init call creates it zero-filled, max_len = t, and attends over its own keys/values)."""
   initialized = module.has_variable('cache', 'cached_key')
-  key, value = _heads_major(key), _heads_major(value)  # [b, k, t, *]: only the new tokens move
+  key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [b, k, t, *]: new tokens only
   cached_key = module.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
   cached_value = module.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
   if initialized:
@@ -54,7 +54,7 @@ def attend_cross(module: nn.Module, query: Array, key: Optional[Array], value: O
                  mask: Optional[Array], bias: Optional[Array], attend: Attend):
   """Caches the source keys/values when given ([c, s, k, *]); else reads those cached. Attends."""
   if key is not None:
-    key, value = _heads_major(key), _heads_major(value)
+    key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
     module.variable('cache', 'cached_key', lambda: key).value = key
     module.variable('cache', 'cached_value', lambda: value).value = value
   elif module.has_variable('cache', 'cached_key'):
@@ -84,11 +84,6 @@ def attend_rows(attend: Attend, query: Array, key: Array, value: Array, mask: Op
     s = weights.shape[-1]
     weights = jnp.swapaxes(weights.reshape(c, n, r, t, s), 1, 2).reshape(b, n, t, s)
   return out, weights
-
-
-def _heads_major(x: Array) -> Array:
-  """Keys or values [b, s, k, *] -> the cache layout [b, k, s, *]."""
-  return jnp.swapaxes(x, 1, 2)
 
 
 def _write(cache: Array, new: Array, index: Array) -> Array:

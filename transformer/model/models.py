@@ -1,8 +1,8 @@
 """Transformer blocks and stacks, the three architectures, and the batch-level entry points.
 
-`DecoderBlock` with cross-attention is the encoder-decoder's decoder block, without it the
-decoder-only block. Residuals are post-LN or pre-LN (final norm per stack). Positional encodings
-enter by kind (positional.py). In decode mode the caches are kv_cache's.
+One `Block` serves every stack: its masks make it bidirectional or causal, and it has
+cross-attention in the encoder-decoder's decoder. Residuals are post-LN or pre-LN (final norm
+per stack). Positional encodings enter by kind (positional.py); decode-mode caches are kv_cache's.
 """
 
 from __future__ import annotations
@@ -48,29 +48,10 @@ def _residual(cfg: ModelConfig, x: Array, sublayer, norm: nn.Module, determinist
   return norm(x + drop(sublayer(x), deterministic=deterministic))
 
 
-class EncoderBlock(nn.Module):
-  """Bidirectional self-attention + feed-forward. `scanned` makes it return (x, None) for nn.scan."""
-  config: ModelConfig
-  deterministic: bool = True
-  scanned: bool = False
-
-  @nn.compact
-  def __call__(self, x: Array, mask: Array | None, bias: Array | None,
-               positions: Array | None) -> Any:
-    """x [b, s, d], mask [b, 1, s, s], bias [b, n, s, s] or None, positions [b, s] (RoPE) or None."""
-    cfg, det = self.config, self.deterministic
-    self_attention = attn.MultiHeadAttention(cfg, name='self_attention')
-    x = _residual(cfg, x, lambda y: self_attention(
-        y, mask=mask, bias=bias, positions=positions, deterministic=det),
-                  make_norm(cfg, 'attention_norm'), det)
-    ffn = FeedForward(cfg, name='ffn')
-    x = _residual(cfg, x, lambda y: ffn(y, deterministic=det), make_norm(cfg, 'ffn_norm'), det)
-    return (x, None) if self.scanned else x
-
-
-class DecoderBlock(nn.Module):
-  """Causal self-attention, cross-attention (if `cross_attention`), feed-forward. In decode mode
-  cross-attention caches its keys/values when `encoded` is given, else reuses them."""
+class Block(nn.Module):
+  """Self-attention (bidirectional or causal by its mask), cross-attention (if `cross_attention`),
+  feed-forward. In decode mode cross-attention caches its keys/values when `encoded` is given,
+  else reuses them. `scanned` makes it return (x, None) for nn.scan."""
   config: ModelConfig
   cross_attention: bool = False
   deterministic: bool = True
@@ -97,11 +78,11 @@ class DecoderBlock(nn.Module):
     return (x, None) if self.scanned else x
 
 
-def _run_layers(cfg: ModelConfig, block: type[nn.Module], num_layers: int, x: Array,
-                args: tuple[Any, ...], remat_allowed: bool = True, **fields) -> Array:
-  """Applies `num_layers` blocks (layers_i, or one nn.scan 'layers') to x; `args` go to every
+def _run_layers(cfg: ModelConfig, num_layers: int, x: Array, args: tuple[Any, ...],
+                remat_allowed: bool = True, **fields) -> Array:
+  """Applies `num_layers` Blocks (layers_i, or one nn.scan 'layers') to x; `args` go to every
   layer, `fields` are the block's attributes. Decode calls have no backward pass: no remat."""
-  cls = block
+  cls = Block
   if cfg.remat != 'none' and remat_allowed:
     cls = nn.remat(cls, policy=kernels.REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
@@ -141,7 +122,7 @@ def _default_positions(tokens: Array) -> Array:
 
 
 class Encoder(nn.Module):
-  """Embedding + bidirectional EncoderBlocks (+ final norm for pre-LN)."""
+  """Embedding + bidirectional Blocks (+ final norm for pre-LN)."""
   config: ModelConfig
   embed: Embed
 
@@ -157,15 +138,15 @@ class Encoder(nn.Module):
     x = _embed(cfg, self.embed, tokens, positions, deterministic)
     mask = attn.segment_mask(segment_ids, segment_ids)  # same nonzero segment
     bias, rotary_positions = _position_inputs(cfg, positions, positions, bidirectional=True)
-    x = _run_layers(cfg, EncoderBlock, cfg.num_encoder_layers, x, (mask, bias, rotary_positions),
-                    deterministic=deterministic)
+    args = (None, mask, None, bias, rotary_positions, None)
+    x = _run_layers(cfg, cfg.num_encoder_layers, x, args, deterministic=deterministic)
     if cfg.norm_position == 'pre':
       x = make_norm(cfg, 'final_norm')(x)
     return x
 
 
 class Decoder(nn.Module):
-  """Embedding + causal DecoderBlocks (+ final norm for pre-LN) + float32 logits; `hidden_only`
+  """Embedding + causal Blocks (+ final norm for pre-LN) + float32 logits; `hidden_only`
   stops before the output layer (vocab_projection applies it)."""
   config: ModelConfig
   embed: Embed
@@ -208,7 +189,7 @@ class Decoder(nn.Module):
     if self.cross_attention and encoder_segment_ids is not None:
       cross_mask = attn.segment_mask(segment_ids, encoder_segment_ids)
     bias, rotary_positions = _position_inputs(cfg, positions, k_pos, bidirectional=False)
-    x = _run_layers(cfg, DecoderBlock, cfg.num_decoder_layers, x,
+    x = _run_layers(cfg, cfg.num_decoder_layers, x,
                     (encoded, self_mask, cross_mask, bias, rotary_positions, step),
                     remat_allowed=not decode, cross_attention=self.cross_attention,
                     deterministic=deterministic, causal_kernel=causal_kernel)
