@@ -193,17 +193,9 @@ class Encoding:
   check: Optional[Callable[[Any], Optional[str]]] = None
 
 
-def _sinusoidal(cfg, positions):
-  return sinusoidal_lookup(positions, cfg.max_len, cfg.d_model)
-
-
 def _learned(cfg, positions):
   return LearnedPositions(cfg.max_len, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
                           dtype=jnp.dtype(cfg.dtype), name='position_embed')(positions)
-
-
-def _rope(cfg, x, positions):
-  return apply_rope(x, positions, cfg.rope_base)
 
 
 def _check_rope(cfg):
@@ -230,11 +222,6 @@ def _check_relative(cfg):
   return None
 
 
-def _alibi(cfg, q_positions, k_positions, bidirectional):
-  del bidirectional  # symmetric: under a causal mask only past keys count anyway
-  return alibi_bias(q_positions, k_positions, alibi_slopes(cfg.num_heads))
-
-
 def _shaw(cfg, q_positions, k_positions, bidirectional):
   """Shaw et al. 2018 as T5 simplified it: a learned scalar per head for each relative distance
   k_pos - q_pos clipped to [-K, K] (K = model.relative_max_distance), a [2K+1, n] table added to
@@ -250,13 +237,16 @@ def _shaw(cfg, q_positions, k_positions, bidirectional):
 
 
 ENCODINGS: dict[str, Encoding] = {
-    'sinusoidal': Encoding('absolute', _sinusoidal),
+    'sinusoidal': Encoding('absolute', lambda cfg, pos: sinusoidal_lookup(pos, cfg.max_len,
+                                                                          cfg.d_model)),
     'learned': Encoding('absolute', _learned),
-    'rope': Encoding('rotary', _rope, keys=('rope_base',),
-                     check=_check_rope),
+    'rope': Encoding('rotary', lambda cfg, x, pos: apply_rope(x, pos, cfg.rope_base),
+                     keys=('rope_base',), check=_check_rope),
     'relative': Encoding('bias', _relative, keys=('relative_num_buckets', 'relative_max_distance'),
                          check=_check_relative),
-    'alibi': Encoding('bias', _alibi),
+    # ALiBi is symmetric: under a causal mask only past keys count anyway.
+    'alibi': Encoding('bias', lambda cfg, q_pos, k_pos, bidirectional: alibi_bias(
+        q_pos, k_pos, alibi_slopes(cfg.num_heads))),
     'none': Encoding('none'),
     'shaw': Encoding('bias', _shaw, keys=('relative_max_distance',)),
 }
