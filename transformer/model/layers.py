@@ -68,11 +68,6 @@ def _gelu_erf(x: Array) -> Array:
 _gelu_tanh = functools.partial(nn.gelu, approximate=True)
 
 
-def _squared_relu(x: Array) -> Array:
-  """max(x, 0)^2, Primer's feed-forward activation (So et al. 2021)."""
-  return jnp.square(nn.relu(x))
-
-
 @dataclasses.dataclass(frozen=True)
 class FFN:
   """A feed-forward variant: W2 act(W1 x), or gated W2 (act(Wg x) * Wu x)."""
@@ -88,7 +83,7 @@ FFNS: dict[str, FFN] = {
     'swiglu': FFN(nn.silu, gated=True),
     'geglu': FFN(_gelu_erf, gated=True),
     'geglu_tanh': FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
-    'squared_relu': FFN(_squared_relu),  # Primer (So et al. 2021)
+    'squared_relu': FFN(lambda x: jnp.square(nn.relu(x))),  # Primer (So et al. 2021)
 }
 
 
@@ -173,13 +168,12 @@ class FeedForward(nn.Module):
     """[b, t, d] -> [b, t, d]."""
     cfg = self.config
     ffn = FFNS[cfg.ffn]
-    act = ffn.activation
     widen = functools.partial(dense, cfg.mlp_dim, ('embed', 'mlp'), cfg,
                               dot_general=kernels.current().dense_dot_general)
     if ffn.gated:
-      h = act(widen('wi_gate')(x)) * widen('wi_up')(x)  # [b, t, f]
+      h = ffn.activation(widen('wi_gate')(x)) * widen('wi_up')(x)  # [b, t, f]
     else:
-      h = act(widen('wi')(x))  # [b, t, f]
+      h = ffn.activation(widen('wi')(x))  # [b, t, f]
     h = Dropout(cfg.ffn_dropout_rate, cfg.dropout_bits)(h, deterministic=deterministic)
     return dense(cfg.d_model, ('mlp', 'embed'), cfg, 'wo')(h)
 
@@ -191,7 +185,7 @@ class LayerNorm(nn.Module):
   dtype: Any = None
   param_dtype: Any = jnp.float32
   scale_init: Callable = nn.initializers.ones_init()
-  bias_init: Callable = nn.initializers.zeros_init()
+  bias_init: Callable = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',))
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -203,13 +197,8 @@ class LayerNorm(nn.Module):
     return y.astype(self.dtype or x.dtype)
 
 
-def _layernorm(**kwargs) -> nn.Module:
-  return LayerNorm(bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',)),
-                   **kwargs)
-
-
 # The norms (model.norm): name -> a module maker taking flax's norm keyword arguments.
-NORMS: dict[str, Callable[..., nn.Module]] = {'layernorm': _layernorm, 'rmsnorm': nn.RMSNorm}
+NORMS: dict[str, Callable[..., nn.Module]] = {'layernorm': LayerNorm, 'rmsnorm': nn.RMSNorm}
 
 
 def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
