@@ -23,19 +23,13 @@ Array = jax.Array
 
 
 # Sinusoidal (Vaswani et al. 2017, section 3.5).
-def sinusoidal(positions: Array, d: int, max_timescale: float = 10000.0) -> Array:
-  """[b, t] int positions -> [b, t, d] float32: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos."""
-  # Column j has frequency j // 2, sin in even columns and cos in odd ones (the paper's formula).
-  half = -(-d // 2)
-  inv_freq = max_timescale ** (-(2.0 * jnp.arange(half)) / d)  # [ceil(d/2)]
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq.astype(jnp.float32)
-  pairs = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [b, t, ceil(d/2), 2]
-  return pairs.reshape(*angles.shape[:-1], 2 * half)[..., :d]
-
-
 def sinusoidal_table(length: int, d: int, max_timescale: float = 10000.0) -> Array:
-  """The [length, d] float32 sinusoidal table for positions 0..length-1."""
-  return sinusoidal(jnp.arange(length)[None], d, max_timescale)[0]
+  """[length, d] float32: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos (the paper's)."""
+  half = -(-d // 2)  # column j has frequency j // 2; an odd d ends with a sin column
+  inv_freq = max_timescale ** (-(2.0 * jnp.arange(half)) / d)  # [ceil(d/2)]
+  angles = jnp.arange(length)[None].astype(jnp.float32)[..., None] * inv_freq.astype(jnp.float32)
+  pairs = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [1, length, ceil(d/2), 2]
+  return pairs.reshape(*angles.shape[:-1], 2 * half)[..., :d][0]
 
 
 def _check_concrete_positions(positions: Array, rows: int, max_len: int, kind: str) -> None:
