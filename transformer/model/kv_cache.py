@@ -128,6 +128,17 @@ def _fold_rows(x: Optional[Array], b: int, t: int, rows: int) -> Optional[Array]
   return x.reshape(rows, c, b // rows * t, s)
 
 
+class Slots(NamedTuple):
+  """One decode call's view of the stack cache: its step, the slot of each query [b, t], and per
+  key slot [b, L] its index, position, segment id and prefix flag."""
+  step: DecodeStep
+  q_idx: Array
+  k_idx: Array
+  k_positions: Array
+  k_segment_ids: Array
+  k_prefix: Array
+
+
 def next_positions(module: nn.Module, length: int) -> Optional[Array]:
   """[b, length] positions continuing the cache (its next slots); None before the cache exists."""
   if not module.has_variable('cache', 'cache_index'):
@@ -136,9 +147,8 @@ def next_positions(module: nn.Module, length: int) -> Optional[Array]:
   return index[:, None] + jnp.arange(length, dtype=jnp.int32)
 
 
-def write_slots(module: nn.Module, positions: Array, segment_ids: Array, prefix: Array) -> tuple:
-  """Writes this call's [b, t] bookkeeping into `module`'s cache at its cache_index -> (step,
-  the slot of each query [b, t], and per key slot [b, L] its index, position, segment, prefix)."""
+def write_slots(module: nn.Module, positions: Array, segment_ids: Array, prefix: Array) -> Slots:
+  """Writes this call's tokens' [b, t] bookkeeping into `module`'s cache at its cache_index."""
   b, t = segment_ids.shape
   initialized = module.has_variable('cache', 'cache_index')
   index = module.variable('cache', 'cache_index', jnp.zeros, (b,), jnp.int32)
@@ -149,7 +159,8 @@ def write_slots(module: nn.Module, positions: Array, segment_ids: Array, prefix:
   cache_index = index.value
   if not initialized:  # init: the cache is created empty; compute as a plain forward pass.
     idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    return DecodeStep(cache_index, new['cached_rows']), idx, idx, positions, segment_ids, prefix
+    return Slots(DecodeStep(cache_index, new['cached_rows']), idx, idx, positions, segment_ids,
+                 prefix)
   start = cache_index[0]  # all entries are equal
   keys = {}
   for k, value in new.items():
@@ -160,8 +171,8 @@ def write_slots(module: nn.Module, positions: Array, segment_ids: Array, prefix:
   q_idx = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)  # [b, t] slot of each query
   length = keys['cached_positions'].shape[1]
   k_idx = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [b, L]
-  return (DecodeStep(cache_index, keys['cached_rows']), q_idx, k_idx, keys['cached_positions'],
-          keys['cached_segment_ids'], keys['cached_prefix'] != 0)
+  return Slots(DecodeStep(cache_index, keys['cached_rows']), q_idx, k_idx,
+               keys['cached_positions'], keys['cached_segment_ids'], keys['cached_prefix'] != 0)
 
 
 def empty(model: nn.Module, *args, **kwargs) -> Any:
