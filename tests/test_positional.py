@@ -35,10 +35,11 @@ def test_sinusoidal_table_is_the_papers_formula(length, d):
 
 
 def test_sinusoidal_of_arbitrary_positions_gathers_table_rows():
-  """sinusoidal(positions) for packed rows / cache offsets equals the table rows at those positions."""
+  """sinusoidal_lookup for packed rows / cache offsets equals the table rows at those positions."""
   positions = jnp.array([[0, 1, 2, 0, 1], [7, 8, 9, 10, 11]])
   table = positional.sinusoidal_table(12, 8)
-  np.testing.assert_allclose(positional.sinusoidal(positions, 8), table[positions], atol=1e-6)
+  np.testing.assert_allclose(positional.sinusoidal_lookup(positions, 12, 8), table[positions],
+                             atol=1e-6)
 
 
 def test_sinusoidal_lookup_is_the_formula_at_every_position_of_a_row_under_jit():

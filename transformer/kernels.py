@@ -1,21 +1,13 @@
-"""Hardware-specific speed paths, chosen per backend by KERNELS; the model code (attention.py,
-layers.py, models.py) calls `current()` and reads as if only the maths existed.
+"""Hardware-specific speed paths, chosen per backend by KERNELS; the model code calls
+`current()` and reads as if only the maths existed. A `Kernels` entry gives `project` (x [b, t,
+*in] . kernel [*in, *out]), `dense_dot_general` (the expanding FFN Dense's) and `layer_norm`.
 
-A `Kernels` entry gives three functions the model needs:
-  project(x, kernel, n_in, out_axes)   x [b, t, *in] . kernel [*in, *out] -> [b, t, *out]
-  dense_dot_general                    nn.Dense's dot_general for the expanding FFN projections
-  layer_norm(x, scale, bias, epsilon)  float32 (x - mean) / sqrt(var + eps) * scale + bias
-PLAIN is the textbook version (autodiff's gradients); 'cpu' holds XLA:CPU work-arounds, each
-measured on a 2-core CPU against the flax examples (README, Train-step speed):
-  * a matmul whose kernel gradient is (g^T x)^T over the tokens folded into one axis, so that
-    XLA:CPU transposes the narrow input x rather than the wide output gradient g (which it fused
-    with the activation's derivative and ran unvectorised: a third of a small model's step);
-    Projection folds its axes into one such 2-D matmul, except output axes a mesh splits;
-  * a LayerNorm backward written out with matrix-vector products, where autodiff's reductions of
-    g * broadcast(scale) made XLA:CPU materialise a [tokens, d] broadcast for every norm.
-Other backends use PLAIN until a measurement says otherwise (benchmarks/train_step.py).
-REMAT_POLICIES, the table of model.remat, sits here because its dot policies must also save the
-CPU matmul's outputs, which its custom gradient hides from jax's dot policies.
+PLAIN is the textbook version; 'cpu' holds XLA:CPU work-arounds (README, Train-step speed): a
+matmul whose kernel gradient is (g^T x)^T over the folded tokens, so XLA:CPU transposes the narrow
+input rather than the wide output gradient, and a LayerNorm backward written with matrix-vector
+products instead of a [tokens, d] broadcast of the scale. Other backends use PLAIN until a
+measurement says otherwise (benchmarks/train_step.py). REMAT_POLICIES (model.remat) lives here
+because its dot policies must also save the CPU matmul's outputs, hidden by its custom gradient.
 """
 
 from __future__ import annotations
@@ -35,28 +27,18 @@ from jax.ad_checkpoint import checkpoint_name
 Array = jax.Array
 
 
-# ----------------------------------------------------------------------------------------------------
-# PLAIN
-# ----------------------------------------------------------------------------------------------------
 def _plain_project(x: Array, kernel: Array, n_in: int, out_axes: tuple) -> Array:
   del out_axes
   return jax.lax.dot_general(x, kernel, ((tuple(range(2, 2 + n_in)), tuple(range(n_in))),
                                          ((), ())))
 
 
-def _ln_stats(x: Array) -> tuple[Array, Array]:
-  """float32 mean and variance over the last axis, as nn.LayerNorm computes them: var = E[x^2] -
-  E[x]^2 (clipped at 0), both means in one pass."""
-  x = x.astype(jnp.float32)
-  mean, mean2 = x.mean(-1, keepdims=True), (x * x).mean(-1, keepdims=True)
-  return mean, jnp.maximum(0.0, mean2 - mean * mean)
-
-
 def _layer_norm_fwd(x, scale, bias, epsilon):
-  """float32 (x - mean) / sqrt(var + eps) * scale + bias over x's last axis (nn.LayerNorm's
-  forward, the same operations in the same order), and the backward's residuals."""
-  mean, var = _ln_stats(x)
-  rstd = jax.lax.rsqrt(var + epsilon)
+  """nn.LayerNorm's forward, op for op, (x - mean) / sqrt(var + eps) * scale + bias, with float32
+  statistics (var = E[x^2] - E[x]^2, clipped at 0); and the backward's residuals."""
+  x32 = x.astype(jnp.float32)
+  mean, mean2 = x32.mean(-1, keepdims=True), (x32 * x32).mean(-1, keepdims=True)
+  rstd = jax.lax.rsqrt(jnp.maximum(0.0, mean2 - mean * mean) + epsilon)
   return (x - mean) * (rstd * scale) + bias, (x, mean, rstd, scale, bias)
 
 
@@ -64,9 +46,6 @@ def _plain_layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Ar
   return _layer_norm_fwd(x, scale, bias, epsilon)[0]
 
 
-# ----------------------------------------------------------------------------------------------------
-# XLA:CPU
-# ----------------------------------------------------------------------------------------------------
 @jax.custom_vjp
 def _matmul(x: Array, kernel: Array) -> Array:
   return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
@@ -89,8 +68,7 @@ def _matmul_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
 
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
-# The name remat policies save `matmul`'s outputs by: the custom_vjp hides its dot from
-# jax.checkpoint_policies.checkpoint_dots.
+# What remat policies save `matmul`'s outputs by: its custom_vjp hides the dot from checkpoint_dots.
 MATMUL_NAME = 'matmul'
 
 
@@ -121,19 +99,13 @@ def unsplit(logical_axes: tuple) -> bool:
 
 
 def _cpu_project(x: Array, kernel: Array, n_in: int, out_axes: tuple) -> Array:
-  """One [b, t, in] x [in, out] `matmul` (row-major folds: bitcasts). Output axes that a mesh
-  splits (heads over 'tensor') stay unfolded: merging a split axis with the unsplit one before it
-  ([3, n, h]) would make XLA reshard the kernel."""
+  """One [b, t, in] x [in, out] `matmul`; output axes a mesh splits stay unfolded (merging them
+  would make XLA reshard the kernel)."""
   in_shape, out_shape = kernel.shape[:n_in], kernel.shape[n_in:]
   fold_in = math.prod(in_shape)
   out = (math.prod(out_shape),) if unsplit(out_axes) else out_shape
   y = matmul(x.reshape(*x.shape[:2], fold_in), kernel.reshape(fold_in, *out))
   return y.reshape(*x.shape[:2], *out_shape)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
-  return _layer_norm_fwd(x, scale, bias, epsilon)[0]
 
 
 def _layer_norm_bwd(epsilon, res, g):
@@ -156,15 +128,12 @@ def _layer_norm_bwd(epsilon, res, g):
           jnp.sum(g, lead).astype(bias.dtype))
 
 
+_layer_norm = jax.custom_vjp(_plain_layer_norm, nondiff_argnums=(3,))
 _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
-# ----------------------------------------------------------------------------------------------------
-# The tables
-# ----------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-  """The speed paths of one backend (see the module docstring)."""
   project: Callable[[Array, Array, int, tuple], Array]
   dense_dot_general: Optional[Callable[..., Array]]
   layer_norm: Callable[[Array, Array, Array, float], Array]
@@ -185,8 +154,8 @@ def current() -> Kernels:
 
 @contextlib.contextmanager
 def use(name: str):
-  """Within the block (in this thread), models traced get KERNELS[name] ('plain': PLAIN) whatever
-  the backend: how a benchmark measures one backend's entry on another."""
+  """Within the block (this thread), traced models get KERNELS[name] ('plain': PLAIN) whatever the
+  backend."""
   if name != 'plain' and name not in KERNELS:
     raise ValueError(f"kernels {name!r}: one of plain, {', '.join(sorted(KERNELS))}")
   token = _FORCED.set(name)

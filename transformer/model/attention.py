@@ -1,10 +1,8 @@
 """Attention masks, scaled dot-product attention (einsum or fused) and MultiHeadAttention.
 
-Masks are boolean and broadcastable to [b, 1|n, t, s]; True means "may attend". They become a large
-negative only inside `dot_product_attention`, whose logits and softmax are float32. Grouped-query
-attention (num_kv_heads k < num_heads n, n = k * g) is expressed by splitting the query heads into
-[k, g] in the einsum subscripts, so keys and values are never repeated: query head i uses kv head
-i // g (the same grouping as jax.nn.dot_product_attention).
+Masks are boolean, broadcastable to [b, 1|n, t, s], True = "may attend". Grouped-query attention
+splits the query heads into [k, g] in the einsums: query head i uses kv head i // g, as
+jax.nn.dot_product_attention does, and keys/values are never repeated.
 """
 
 import functools
@@ -24,11 +22,8 @@ Array = jax.Array
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-# ----------------------------------------------------------------------------------------------------
-# Masks
-# ----------------------------------------------------------------------------------------------------
 def causal_mask_from_positions(q_idx: Array, k_idx: Array) -> Array:
-  """[b, t] query and [b, s] key indices (e.g. cache slots) -> [b, 1, t, s]: key index <= query index."""
+  """[b, t] query and [b, s] key indices (e.g. cache slots) -> [b, 1, t, s]: key <= query."""
   return k_idx[:, None, None, :] <= q_idx[:, None, :, None]
 
 
@@ -49,7 +44,7 @@ def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
 
 
 def segment_mask(q_segment_ids: Array, k_segment_ids: Array) -> Array:
-  """[b, t] and [b, s] segment ids -> [b, 1, t, s]: same segment, and that segment is not 0 (padding)."""
+  """[b, t] and [b, s] segment ids -> [b, 1, t, s]: same segment, and not 0 (padding)."""
   q = q_segment_ids[:, None, :, None]
   k = k_segment_ids[:, None, None, :]
   return (q == k) & (q != 0)
@@ -57,18 +52,12 @@ def segment_mask(q_segment_ids: Array, k_segment_ids: Array) -> Array:
 
 def prefix_lm_mask_from_positions(q_idx: Array, k_idx: Array, q_prefix: Array, k_prefix: Array,
                                   q_segment_ids: Array, k_segment_ids: Array) -> Array:
-  """The prefix-LM mask for arbitrary query/key indices (decode: cache slots) -> [b, 1, t, s].
-
-  Same nonzero segment, and either causal (k_idx <= q_idx) or both positions in the prefix.
-  """
+  """[b, 1, t, s]: same nonzero segment, and causal (k_idx <= q_idx) or both in the prefix."""
   both_prefix = q_prefix.astype(bool)[:, None, :, None] & k_prefix.astype(bool)[:, None, None, :]
   return (segment_mask(q_segment_ids, k_segment_ids)
           & (causal_mask_from_positions(q_idx, k_idx) | both_prefix))
 
 
-# ----------------------------------------------------------------------------------------------------
-# Scaled dot-product attention
-# ----------------------------------------------------------------------------------------------------
 def _check_shapes(q, k, v, mask, bias):
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
     raise ValueError(f'attention expects q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv]; got shapes '
@@ -125,12 +114,10 @@ def _fused_implementation(dtype) -> Optional[str]:
 
 
 def _fused_attention(q, k, v, mask, bias, scale, causal=False):
-  """jax.nn.dot_product_attention, padded so that d_qk != d_v works, with zeroed fully masked rows;
-  `causal` passes the kernel's own causal flag (is_causal) on top of `mask`."""
+  """jax.nn.dot_product_attention (is_causal=causal) with d_qk != d_v and zeroed masked rows."""
   h, hv = q.shape[-1], v.shape[-1]
   width = max(h, hv)
-  # The fused kernel needs value and key head sizes equal. Zero padding is exact: padded q/k
-  # features add 0 to every dot product (the scale is the caller's), padded v features are sliced off.
+  # The fused kernel needs equal key and value head sizes; zero padding is exact (scale is given).
   pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])
   qp, kp, vp = pad(q), pad(k), pad(v)
   if bias is not None:
@@ -146,7 +133,6 @@ def _fused_attention(q, k, v, mask, bias, scale, causal=False):
   out = out[..., :hv]
   if mask is not None:
     # jax gives a fully masked row the mean of the values; the einsum path gives zeros. Agree.
-    # (A causal row without a mask always sees its own key: it is never fully masked.)
     row_valid = jnp.any(combine_masks(mask, causal_mask(q.shape[1]) if causal else None),
                         axis=-1)  # [b, 1|n, t]
     out = out * jnp.transpose(row_valid, (0, 2, 1))[..., None].astype(out.dtype)
@@ -157,8 +143,7 @@ def _einsum_output(q, k, v, mask, bias, scale):
   return _einsum_attention(q, k, v, mask, bias, 0.0, None, 8, True, scale)[0]
 
 
-# The attention implementations (model.attention_impl): name -> out(q, k, v, mask, bias, scale)
-# without dropout or weights (those always take the einsum path).
+# model.attention_impl: name -> out(q, k, v, mask, bias, scale), without dropout or weights.
 IMPLEMENTATIONS = {'einsum': _einsum_output, 'fused': _fused_attention}
 
 
@@ -167,19 +152,12 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
                           dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
                           deterministic: bool = True, impl: str = 'einsum', return_weights: bool = False,
                           scale_logits: bool = True, causal: bool = False):
-  """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv].
+  """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv] ->
+  out [b, t, n, hv] (and float32 weights [b, n, t, s] if return_weights).
 
-  scale_logits=False drops the 1/sqrt(h): softmax(q.k + bias) (T5, which folds it into the init).
-  Attention dropout draws `dropout_bits` random bits per weight (layers.dropout).
-
-  Returns out [b, t, n, hv] (v's dtype), and float32 weights [b, n, t, s] if return_weights.
-  A fully masked query row gets all-zero weights and a zero output (never NaN).
-  impl='fused' uses jax.nn.dot_product_attention (cuDNN on GPU for half precision); it falls back
-  to the einsum path when weights are requested or attention dropout is active, since the fused
-  kernel provides neither.
-  causal=True (self-attention, t == s) adds the causal mask, key j <= query i, to `mask`: the fused
-  path passes the kernel's own causal flag (no dense mask where `mask` is None), the einsum path
-  combines causal_mask(t) into the mask; both give exactly the outputs of that combined mask.
+  scale_logits=False drops the 1/sqrt(h) (T5). A fully masked row gives zeros, never NaN.
+  impl='fused' (jax.nn.dot_product_attention) falls back to einsum for weights or dropout.
+  causal=True (t == s) adds key j <= query i to `mask`, by the fused kernel's own flag.
   """
   _check_shapes(q, k, v, mask, bias)
   if impl not in IMPLEMENTATIONS:
@@ -201,9 +179,6 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   return (out, weights) if return_weights else out
 
 
-# ----------------------------------------------------------------------------------------------------
-# Multi-head attention
-# ----------------------------------------------------------------------------------------------------
 def _dense_init(num_in_axes: int, ndim: int):
   """lecun_normal over the first `num_in_axes` axes, so the scale never depends on fusion."""
   return nn.initializers.lecun_normal(in_axis=tuple(range(num_in_axes)),
@@ -238,16 +213,9 @@ class Projection(nn.Module):
 class MultiHeadAttention(nn.Module):
   """Self- or cross-attention with MHA/GQA/MQA, separate q/k and v head sizes, rotary encodings.
 
-  Parameters: submodules with 'kernel' [in..., out...] and 'bias' [out...] (when config.use_bias);
-  kernel shapes and logical axis names:
-  - self-attention with num_kv_heads == num_heads and head_dim == v_head_dim: one fused
-    `qkv` kernel [d, 3, n, h] ('embed', None, 'heads', 'head_dim');
-  - otherwise `query` [d, n, h] ('embed', 'heads', 'head_dim') and, for the keys/values, one fused
-    `kv` kernel [d, 2, k, h] ('embed', None, 'kv_heads', 'head_dim') when head_dim == v_head_dim,
-    else `key` [d, k, h] and `value` [d, k, hv] ('embed', 'kv_heads', 'head_dim');
-  - `out` [n, hv, d] ('heads', 'head_dim', 'embed').
-  Decode mode (a `kv_cache.DecodeStep` given) hands the keys/values to `kv_cache`, which owns the
-  cache variables, their layout and beam sharing; the caller owns the step and the masks.
+  Projections: `qkv` [d, 3, n, h] (self-attention, k == n, h == hv), else `query` [d, n, h] and
+  `kv` [d, 2, k, h] (h == hv) or `key` [d, k, h] + `value` [d, k, hv]; `out` [n, hv, d].
+  In decode mode (a `kv_cache.DecodeStep`) kv_cache owns the cached keys/values.
   """
   config: ModelConfig
   cross: bool = False
@@ -257,15 +225,8 @@ class MultiHeadAttention(nn.Module):
                bias: Optional[Array] = None, positions: Optional[Array] = None,
                deterministic: bool = True,
                decode: Optional[kv_cache.DecodeStep] = None, causal: bool = False) -> Array:
-    """x [b, t, d] (queries), kv [b, s, d] (cross only) -> [b, t, d] in config.dtype.
-
-    mask [b, 1|n, t, s] bool, bias [b|1, n, t, s]; in decode mode s is the cache length.
-    positions [b, t] feed a rotary encoding (self-attention only; default arange).
-    decode: None for a plain forward pass; a DecodeStep to read and write the KV cache
-    (cross-attention: kv given -> keys/values computed and cached; kv None -> the cached ones).
-    causal: also mask keys after each query, by the kernel's own flag (dot_product_attention);
-    plain self-attention only.
-    """
+    """x [b, t, d], kv [b, s, d] (cross only) -> [b, t, d]; mask [b, 1|n, t, s], bias
+    [b|1, n, t, s] (decode mode: s = cache length); positions [b, t] for a rotary encoding."""
     cfg = self.config
     x = x.astype(jnp.dtype(cfg.dtype))
     query, key, value = self._project_qkv(x, kv)
@@ -337,5 +298,4 @@ class MultiHeadAttention(nn.Module):
         dropout_rng=self.make_rng('dropout') if dropout_active else None,
         dropout_bits=cfg.dropout_bits, deterministic=deterministic, impl=cfg.attention_impl, return_weights=want_weights,
         scale_logits=cfg.scale_attention_logits, causal=causal)
-    # The fused kernel returns no weights, so dot_product_attention used the einsum path for them.
     return result if want_weights else (result, None)

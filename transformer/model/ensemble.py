@@ -1,14 +1,6 @@
-"""Ensembles: several trained models read as one distribution, the mean of their probabilities.
-
-An ensemble of N members predicts p(y | x) = (1/N) sum_i p_i(y | x) at every position: what
-teacher-forced evaluation scores (`scoring.make_eval_step`) and what decoding searches
-(`decoding.generate`, one cached decoder per member, step by step). The members may differ in
-shape, depth or recipe; they must share the vocabularies (checked where runs are read back:
-`evaluation.evaluate_split`).
-
-A "models" argument is one flax module or a tuple of them, its "params" one tree or a tuple of the
-same length; `members` turns either into tuples. One member is the model itself: its logits pass
-through unchanged, so a single model decodes and scores bit for bit as without this module.
+"""Ensembles: several models read as one distribution, p(y | x) = (1/N) sum_i p_i(y | x), for
+scoring and decoding. "models" is one module or a tuple, "params" one tree or a tuple; a single
+model's logits pass through unchanged, bit for bit.
 """
 
 from __future__ import annotations
@@ -37,9 +29,8 @@ def members(models: Any, params: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]
 
 
 def check_compatible(configs: Sequence[Any], names: Sequence[str] | None = None) -> None:
-  """ValueError (one line, naming the member) unless the model configs can form one ensemble:
-  one architecture and head, the same target vocabulary size (and source, encoder-decoder), the
-  same number of classes (classification and tagging heads)."""
+  """ValueError (naming the member) unless the configs share architecture, head, vocabularies and
+  number of classes."""
   if not configs:
     raise ValueError("an ensemble needs at least one model")
   names = list(names) if names else [f"member {i}" for i in range(len(configs))]
@@ -54,8 +45,7 @@ def check_compatible(configs: Sequence[Any], names: Sequence[str] | None = None)
 
 
 def log_mean_probs(logits: Sequence[jax.Array]) -> jax.Array:
-  """log((1/N) sum_i softmax(logits_i)) over the last axis, float32; one member: its logits as
-  they are (the searches and losses normalise them themselves)."""
+  """log((1/N) sum_i softmax(logits_i)) over the last axis, float32; one member: its logits."""
   if len(logits) == 1:
     return logits[0]
   log_probs = jnp.stack([jax.nn.log_softmax(x.astype(jnp.float32), axis=-1) for x in logits])

@@ -1,17 +1,9 @@
 """Output heads on top of a stack: vocabulary logits (tied or not), pooled classification, tagging.
 
-`vocab_logits` is the one definition of "hidden states -> float32 vocabulary logits": the decoder's
-output layer and the encoder-only model's masked-LM head (`OutputHead`, with its two other heads)
-both call it. It also applies model.excluded_ids: those ids' logits are EXCLUDED_LOGIT, so every
-consumer of the logits (losses, scores, greedy, sampling and beam search, ensembles) gives them
-probability exactly 0 and the softmax is the one over the other ids (a converted model's original
-vocabulary: transformer/convert).
-  mlm       per token, over the vocabulary: the embedding table (tied) or a Dense 'logits_dense'
-  classify  per example: the example's tokens pooled (`pool`), then a Dense 'classifier'
-  tag       per token: a Dense 'classifier'
-Classification works on packed rows: the i-th target slot of a row is the example whose segment
-id is `target_segment_ids[i]` (the pipeline puts one label per example there, in order), so every
-example is pooled over its own tokens only, never over padding or its row neighbours.
+`vocab_logits` is the one definition of hidden states -> float32 vocabulary logits (decoder output
+layer and masked-LM head); it gives model.excluded_ids EXCLUDED_LOGIT, so every consumer gives
+them probability exactly 0. Classification works on packed rows: target slot i of a row is the
+example with segment id target_segment_ids[i], pooled over its own tokens only.
 """
 
 from __future__ import annotations
@@ -25,13 +17,12 @@ from transformer.config import excluded_ids, ModelConfig
 from transformer.model.layers import activation, dense, Embed, make_norm
 
 Array = jax.Array
-# The logit of an excluded id: exp underflows to exactly 0 after any max subtraction, and it stays
-# finite, so 0 * log p and differences of log-probabilities never make NaNs.
+# exp underflows to exactly 0, and it stays finite, so 0 * log p never makes NaNs.
 EXCLUDED_LOGIT = -1e30
 
 
 def output_dense(cfg: ModelConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
-  """A bias-free Dense computed in float32 whatever cfg.dtype (as Embed.attend, see there why)."""
+  """A bias-free Dense computed in float32 whatever cfg.dtype (as Embed.attend)."""
   return nn.Dense(features, use_bias=False, dtype=jnp.float32,
                   param_dtype=jnp.dtype(cfg.param_dtype),
                   kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
@@ -39,11 +30,8 @@ def output_dense(cfg: ModelConfig, features: int, axes: tuple[str, str], name: s
 
 
 def pool(x: Array, segment_ids: Array, target_segment_ids: Array, pooling: str) -> Array:
-  """x [b, s, d] -> [b, t, d]: for each target slot, its example's first token or token mean.
-
-  An example is the positions whose segment id equals the slot's (segment 0 is padding, and a
-  slot of segment 0 pools nothing: zeros), so padding never enters a pooled vector.
-  """
+  """x [b, s, d] -> [b, t, d]: each target slot's example's first token or token mean (the
+  positions of the slot's segment id; a slot of segment 0 pools nothing: zeros)."""
   member = ((segment_ids[:, None, :] == target_segment_ids[:, :, None])
             & (target_segment_ids[:, :, None] != 0))  # [b, t, s]
   if pooling == 'first':
@@ -69,11 +57,8 @@ class LogitsBias(nn.Module):
 
 
 def vocab_logits(cfg: ModelConfig, embed: Embed, x: Array) -> Array:
-  """Hidden states [b, t, d] -> float32 vocabulary logits [b, t, vocab], called inside a compact
-  module (its submodules are the caller's): with model.head_transform, x is first replaced by
-  Norm(act(Dense(x))) ('transform', 'transform_norm'; act is model.ffn's activation); then the
-  embedding table (tied) or 'logits_dense'; with model.logits_bias, plus 'logits_bias'; the ids of
-  model.excluded_ids get EXCLUDED_LOGIT."""
+  """Hidden states [b, t, d] -> float32 logits [b, t, vocab] inside the caller's compact method:
+  optional Norm(act(Dense(x))) transform, tied table or 'logits_dense', optional bias."""
   if cfg.head_transform:
     x = dense(cfg.d_model, ('embed', 'mlp'), cfg, 'transform')(x)
     x = make_norm(cfg, 'transform_norm')(activation(cfg)(x))
@@ -99,9 +84,8 @@ VOCAB_HEAD_PARAMS = ('transform', 'transform_norm', 'logits_dense', 'logits_bias
 
 
 class VocabHead(nn.Module):
-  """vocab_logits as a module of its own: parameters VOCAB_HEAD_PARAMS (those configured) and
-  'embed' (the tied table), so a stack's output layer can be applied apart from the stack
-  (models.vocab_projection; the chunked loss)."""
+  """vocab_logits as a module of its own (VOCAB_HEAD_PARAMS and 'embed'): a stack's output layer
+  applied apart from the stack (models.vocab_projection)."""
   config: ModelConfig
 
   @nn.compact

@@ -1,25 +1,13 @@
-"""Decoding caches: self-attention cache writes, cross-attention keys/values once, beam bookkeeping.
+"""Decoding caches: everything that knows a cache layout. Attention layers and the decoder stack
+call in with themselves, and the variables live in their 'cache' collection.
 
-Everything that knows a cache layout lives here; attention and the model stacks only call in,
-passing themselves: the functions keep their variables in the calling module's 'cache' collection,
-so a cache leaf's path is that of its layer (e.g. decoder/layers_0/self_attention/cached_key).
-
-- Layout ('cache' collection): each attention layer keeps `cached_key` [c, k, S, h] and
-  `cached_value` [c, k, S, hv], kv heads before slots so that attention reads the cache without
-  transposing it (S = max_len, the init call's length, for self-attention; S = s, the source length,
-  for cross-attention). The decoder stack keeps the bookkeeping: `cache_index` [b] (the next slot),
-  `cached_positions`, `cached_segment_ids`, `cached_prefix` and `cached_rows` [b, L], from which it
-  builds the mask and bias over all L slots. Every leaf has the batch on axis 0, except that under
-  `scan_layers` the layers' leaves (under 'layers') are stacked on a leading axis.
-- Shared beam rows: a cache may have fewer rows than the queries. With c cache rows and b = r * c
-  query rows, query rows i*r .. i*r+r-1 share cache row i (beam search: the beams of one source)
-  and attend to it as one row of r*t queries. The cross-attention keys/values are thus stored once
-  per source, not per beam. A shared self-attention row holds r*L slots, r regions of L, region j
-  written by query row i*r+j; `cached_rows` [b, L] (which query row wrote each slot of a row's
-  history) masks each query row to its own history, so a beam reorder gathers only the small
-  bookkeeping, never the keys/values (`tile_beams`, `reorder_beams`).
-- Search helpers: `empty` (the zeroed cache of a model), `split_cross` / `join` (keep the
-  never-changing cross-attention keys/values out of a search loop's state), `reorder` (gather rows).
+Each attention layer keeps `cached_key` [c, k, S, h] and `cached_value` [c, k, S, hv], heads
+before slots (S: max_len for self-attention, the source length for cross-attention). The decoder
+stack keeps `cache_index` [b] and `cached_positions`, `cached_segment_ids`, `cached_prefix`,
+`cached_rows` [b, L]. Batch on axis 0 (axis 1 under scan_layers' 'layers').
+Shared beam rows: with b = r * c query rows, rows i*r .. i*r+r-1 share cache row i. A shared
+self-attention row holds r regions of L slots, region j written by query row i*r+j, and
+`cached_rows` masks each query row to its own history, so a beam reorder never moves keys/values.
 """
 
 from typing import Any, Callable, NamedTuple, Optional
@@ -42,19 +30,12 @@ class DecodeStep(NamedTuple):
   slot_rows: Optional[Array] = None
 
 
-# ----------------------------------------------------------------------------------------------------
-# Attention over a cache (called by MultiHeadAttention in decode mode)
-# ----------------------------------------------------------------------------------------------------
 def attend_self(module: nn.Module, query: Array, key: Array, value: Array, mask: Optional[Array],
                 bias: Optional[Array], step: DecodeStep, attend: Attend):
-  """Writes the t new keys/values [b, t, k, *] at slot step.index[0] of `module`'s cache, then
-  attends the queries over the whole cache (a shared row: over the slots step.slot_rows allows).
-
-  On the init call (cache not yet created) the cache is created zero-filled with max_len = t, and
-  the call attends over its own keys/values, flax-style.
-  """
+  """Writes the new keys/values [b, t, k, *] at slot step.index[0], then attends over the cache
+  (the init call creates it zero-filled, max_len = t, and attends over its own keys/values)."""
   initialized = module.has_variable('cache', 'cached_key')
-  key, value = _heads_major(key), _heads_major(value)  # [b, k, t, *]: only the new tokens move
+  key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [b, k, t, *]: new tokens only
   cached_key = module.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
   cached_value = module.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
   if initialized:
@@ -73,7 +54,7 @@ def attend_cross(module: nn.Module, query: Array, key: Optional[Array], value: O
                  mask: Optional[Array], bias: Optional[Array], attend: Attend):
   """Caches the source keys/values when given ([c, s, k, *]); else reads those cached. Attends."""
   if key is not None:
-    key, value = _heads_major(key), _heads_major(value)
+    key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
     module.variable('cache', 'cached_key', lambda: key).value = key
     module.variable('cache', 'cached_value', lambda: value).value = value
   elif module.has_variable('cache', 'cached_key'):
@@ -103,11 +84,6 @@ def attend_rows(attend: Attend, query: Array, key: Array, value: Array, mask: Op
     s = weights.shape[-1]
     weights = jnp.swapaxes(weights.reshape(c, n, r, t, s), 1, 2).reshape(b, n, t, s)
   return out, weights
-
-
-def _heads_major(x: Array) -> Array:
-  """Keys or values [b, s, k, *] -> the cache layout [b, k, s, *]."""
-  return jnp.swapaxes(x, 1, 2)
 
 
 def _write(cache: Array, new: Array, index: Array) -> Array:
@@ -152,9 +128,6 @@ def _fold_rows(x: Optional[Array], b: int, t: int, rows: int) -> Optional[Array]
   return x.reshape(rows, c, b // rows * t, s)
 
 
-# ----------------------------------------------------------------------------------------------------
-# The decoder stack's bookkeeping (called by models.Decoder in decode mode)
-# ----------------------------------------------------------------------------------------------------
 class Slots(NamedTuple):
   """One decode call's view of the stack cache: its step, the slot of each query [b, t], and per
   key slot [b, L] its index, position, segment id and prefix flag."""
@@ -202,9 +175,6 @@ def write_slots(module: nn.Module, positions: Array, segment_ids: Array, prefix:
                keys['cached_positions'], keys['cached_segment_ids'], keys['cached_prefix'] != 0)
 
 
-# ----------------------------------------------------------------------------------------------------
-# Whole caches (called by decoding)
-# ----------------------------------------------------------------------------------------------------
 def empty(model: nn.Module, *args, **kwargs) -> Any:
   """The model's zeroed 'cache' collection for a full-length dummy decode call (shapes only)."""
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *args, decode=True,
@@ -213,12 +183,8 @@ def empty(model: nn.Module, *args, **kwargs) -> Any:
 
 
 def split_cross(cache: Any) -> tuple[Any, dict[tuple[str, ...], Any]]:
-  """(the cache without cross-attention keys/values, those keys/values as a flat dict).
-
-  The cross-attention keys/values never change after the first decoder call and are equal across a
-  row's beams, so they stay out of the loop state and are never reordered. (Found by the module
-  name 'cross_attention'; under another name they would simply be carried and reordered.)
-  """
+  """(the cache without cross-attention keys/values, those as a flat dict): they never change
+  after prefill, so a search loop need not carry or reorder them."""
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(cache))
   cross = {k: v for k, v in flat.items() if 'cross_attention' in k}
   rest = {k: v for k, v in flat.items() if 'cross_attention' not in k}
@@ -232,21 +198,16 @@ def join(cache: Any, cross: dict[tuple[str, ...], Any]) -> Any:
 
 
 def reorder(cache: Any, indices: Array, scan_layers: bool = False) -> Any:
-  """Gathers every cache leaf along its batch axis: axis 0, or 1 for scanned layers.
-
-  Indices must be in range: they are clipped, not checked (the check would cost a full pass over
-  every leaf per call).
-  """
+  """Gathers every cache leaf along its batch axis (indices are clipped, not checked)."""
   def gather(path, leaf):
     return jnp.take(leaf, indices, axis=_is_self_kv(path, scan_layers)[1], mode='clip')
   return jax.tree_util.tree_map_with_path(gather, cache)
 
 
 def tile_beams(cache: Any, beam_size: int, scan_layers: bool) -> Any:
-  """A decoder cache of b rows -> the beam-search cache of b*k rows whose beams share the
-  self-attention keys/values: each row's [k, L, h] becomes [k, beam_size*L, h] (region 0 holds the
-  row's cached slots, the others are written by beams 1..); the bookkeeping is repeated per beam,
-  its `cached_rows` renamed to row i*k (beam 0 of row i)."""
+  """A cache of b rows -> the beam-search cache of b*k rows sharing self-attention keys/values:
+  each row's [k, L, h] becomes [k, beam_size*L, h]; the bookkeeping is repeated per beam, its
+  `cached_rows` renamed to row i*k (beam 0 of row i)."""
   def tile(path, leaf):
     is_kv, axis = _is_self_kv(path, scan_layers)
     if is_kv:

@@ -1,9 +1,5 @@
-"""Building blocks: token embedding (with tied output logits), dropout, feed-forward networks and
-norms.
-
-Every parameter carries logical axis names ('vocab', 'embed', 'mlp', 'norm') so that a mesh can
-shard it later; `dtype` is the compute dtype and `param_dtype` the storage dtype.
-"""
+"""Building blocks: token embedding (with tied output logits), dropout, feed-forward, norms.
+Parameters carry logical axis names ('vocab', 'embed', 'mlp', 'norm') for sharding."""
 
 from __future__ import annotations
 
@@ -34,12 +30,8 @@ def dense(features: int, axes: tuple[str, str], cfg: ModelConfig, name: str,
 
 
 class Embed(nn.Module):
-  """Token embedding [vocab, d_model]; `attend` gives logits against the same table (tying).
-
-  The table is initialised with stddev d_model**-0.5; with `config.scale_embeddings` the lookup
-  is multiplied by sqrt(d_model) as in the paper, so embedded tokens have unit variance while
-  tied logits x @ E^T stay O(1).
-  """
+  """Token embedding [vocab, d_model], stddev d_model**-0.5 (times sqrt(d_model) on lookup with
+  config.scale_embeddings, as the paper); `attend` gives logits against the same table (tying)."""
   config: ModelConfig
   num_embeddings: int
 
@@ -60,30 +52,20 @@ class Embed(nn.Module):
     return x
 
   def attend(self, x: Array) -> Array:
-    """[b, t, d] -> logits [b, t, vocab] float32 against the embedding table (tied output layer).
-
-    Computed in float32 whatever the compute dtype, as T5X does: bfloat16 logits (8 mantissa
-    bits) round the log-softmax and can make training collapse (flax issue #677).
-    """
+    """[b, t, d] -> logits [b, t, vocab], float32 whatever the compute dtype (as T5X: bfloat16
+    logits round the log-softmax and can make training collapse, flax issue #677)."""
     table = jnp.asarray(self.embedding, jnp.float32)
     return jnp.einsum('btd,vd->btv', x.astype(jnp.float32), table)
 
 
 def _gelu_erf(x: Array) -> Array:
-  """The exact GELU x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, as PyTorch's and Hugging Face's
-  'gelu'. nn.gelu(approximate=False) writes Phi with erfc, which keeps relative precision far in
-  the negative tail (where GELU is ~0 anyway) but costs XLA:CPU both of erfc's branches and an exp
-  per element: a quarter of a small model's non-matmul step time (docs/performance.md)."""
+  """The exact GELU x (1 + erf(x / sqrt 2)) / 2, as PyTorch's 'gelu' (nn.gelu's erfc form costs
+  XLA:CPU much more, docs/performance.md)."""
   return x * 0.5 * (1.0 + jax.lax.erf(x * (0.5**0.5)))
 
 
 # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's "gelu_new", and cheaper than erf.
 _gelu_tanh = functools.partial(nn.gelu, approximate=True)
-
-
-def _squared_relu(x: Array) -> Array:
-  """max(x, 0)^2, Primer's feed-forward activation (So et al. 2021)."""
-  return jnp.square(nn.relu(x))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +83,7 @@ FFNS: dict[str, FFN] = {
     'swiglu': FFN(nn.silu, gated=True),
     'geglu': FFN(_gelu_erf, gated=True),
     'geglu_tanh': FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
-    'squared_relu': FFN(_squared_relu),  # Primer (So et al. 2021)
+    'squared_relu': FFN(lambda x: jnp.square(nn.relu(x))),  # Primer (So et al. 2021)
 }
 
 
@@ -113,15 +95,10 @@ def activation(cfg: ModelConfig) -> Callable[[Array], Array]:
 def dropout(x: Array, rate: float | Array, rng: Array, bits: int = 8) -> Array:
   """x with each element zeroed with probability `rate` and the rest scaled to keep the mean.
 
-  bits=32 is Flax's nn.Dropout bit for bit: one `jax.random.bernoulli` draw (32 random bits, a
-  float compare) per element. bits=8 splits each 32-bit threefry word into four bytes, little-end
-  first, so the generator runs a quarter as often: element i is dropped when byte i <
-  round(256 * rate), i.e. the rate is rounded to a multiple of 1/256 (0.1 -> 26/256 = 0.1016), and
-  kept elements are scaled by 256 / (256 - that threshold), so the expectation is x. The words
-  have x's shape with the last axis divided by 4 when it divides (XLA then fuses the draw into
-  the mask's consumer; a flattened draw is sliced, which it does not fuse). On a 2-core CPU this
-  halves what dropout costs `:fast`'s train step (docs/performance.md). An array `rate` (one
-  member's, under transformer/train/members.py's vmap) draws the same bits and keeps the same elements.
+  bits=32 is nn.Dropout bit for bit. bits=8 splits each random 32-bit word into four bytes and
+  drops element i when byte i < round(256 * rate) (the rate rounded to a multiple of 1/256),
+  scaling kept ones by 256 / (256 - threshold): a quarter of the random bits. An array `rate`
+  (vmapped members) draws the same bits and keeps the same elements.
   """
   if not is_static(rate):
     return _dropout_traced(x, rate, rng, bits)
@@ -138,7 +115,7 @@ def dropout(x: Array, rate: float | Array, rng: Array, bits: int = 8) -> Array:
 
 
 def _byte_draws(shape: tuple[int, ...], rng: Array) -> Array:
-  """uint8 draws of `shape` for bits=8 dropout (see `dropout`)."""
+  """uint8 draws of `shape`, from words of the last axis / 4 where it divides (XLA fuses those)."""
   if shape and shape[-1] % 4 == 0:
     words = jax.random.bits(rng, (*shape[:-1], shape[-1] // 4), jnp.uint32)
     return jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(shape)
@@ -148,20 +125,17 @@ def _byte_draws(shape: tuple[int, ...], rng: Array) -> Array:
 
 
 def is_static(rate: Any) -> bool:
-  """True for a rate given as a Python number (a config value); False for an array, e.g. one
-  member's rate traced under the vmap of transformer/train/members.py."""
+  """True for a rate given as a Python number; False for an array (a vmapped member's)."""
   return isinstance(rate, (int, float))
 
 
 def is_off(rate: Any) -> bool:
-  """True when dropout at `rate` is skipped: a static rate of 0. A traced rate is never off (a
-  traced 0 keeps every element, times exactly 1, so it still equals a static 0)."""
+  """True when dropout at `rate` is skipped: a static rate of 0 (a traced 0 keeps x exactly)."""
   return is_static(rate) and rate <= 0.0
 
 
 def _dropout_traced(x: Array, rate: Array, rng: Array, bits: int) -> Array:
-  """`dropout` with an array rate: the same draws and decisions as the static rate's, a rate of
-  0 keeps x exactly (scale 1) and a rate of 1 drops everything."""
+  """`dropout` with an array rate: the static rate's draws and decisions."""
   rate = jnp.asarray(rate, jnp.float32)
   if bits == 32:
     keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
@@ -174,8 +148,7 @@ def _dropout_traced(x: Array, rate: Array, rng: Array, bits: int) -> Array:
 
 
 class Dropout(nn.Module):
-  """nn.Dropout's interface over `dropout` with `bits` random bits per decision. Named like
-  nn.Dropout, so its 'dropout' rng (folded in by module path) is the one nn.Dropout drew."""
+  """nn.Dropout's interface (and rng, by module path) over `dropout`."""
   rate: float  # or an array (vmapped members: `dropout` takes a traced rate)
   bits: int = 8
 
@@ -187,11 +160,7 @@ class Dropout(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward, the variant FFNS[config.ffn].
-
-  The hidden size is `config.mlp_dim` for every variant; dropout (`ffn_dropout_rate`) acts on the
-  hidden layer.
-  """
+  """Position-wise feed-forward FFNS[config.ffn], hidden size mlp_dim, ffn_dropout_rate on it."""
   config: ModelConfig
 
   @nn.compact
@@ -199,26 +168,24 @@ class FeedForward(nn.Module):
     """[b, t, d] -> [b, t, d]."""
     cfg = self.config
     ffn = FFNS[cfg.ffn]
-    act = ffn.activation
     widen = functools.partial(dense, cfg.mlp_dim, ('embed', 'mlp'), cfg,
                               dot_general=kernels.current().dense_dot_general)
     if ffn.gated:
-      h = act(widen('wi_gate')(x)) * widen('wi_up')(x)  # [b, t, f]
+      h = ffn.activation(widen('wi_gate')(x)) * widen('wi_up')(x)  # [b, t, f]
     else:
-      h = act(widen('wi')(x))  # [b, t, f]
+      h = ffn.activation(widen('wi')(x))  # [b, t, f]
     h = Dropout(cfg.ffn_dropout_rate, cfg.dropout_bits)(h, deterministic=deterministic)
     return dense(cfg.d_model, ('mlp', 'embed'), cfg, 'wo')(h)
 
 
 class LayerNorm(nn.Module):
-  """nn.LayerNorm over the last axis (parameters 'scale' and 'bias' [d], float32 statistics with
-  E[x^2] - E[x]^2, output in `dtype`; `make_norm` always gives one, and None keeps x's dtype where
-  flax would promote with the parameters'): the same parameters and values (kernels.layer_norm)."""
+  """nn.LayerNorm's parameters and values through kernels.layer_norm; output in `dtype` (None:
+  x's, where flax would promote with the parameters')."""
   epsilon: float = 1e-6
   dtype: Any = None
   param_dtype: Any = jnp.float32
   scale_init: Callable = nn.initializers.ones_init()
-  bias_init: Callable = nn.initializers.zeros_init()
+  bias_init: Callable = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',))
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -230,13 +197,8 @@ class LayerNorm(nn.Module):
     return y.astype(self.dtype or x.dtype)
 
 
-def _layernorm(**kwargs) -> nn.Module:
-  return LayerNorm(bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',)),
-                   **kwargs)
-
-
 # The norms (model.norm): name -> a module maker taking flax's norm keyword arguments.
-NORMS: dict[str, Callable[..., nn.Module]] = {'layernorm': _layernorm, 'rmsnorm': nn.RMSNorm}
+NORMS: dict[str, Callable[..., nn.Module]] = {'layernorm': LayerNorm, 'rmsnorm': nn.RMSNorm}
 
 
 def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:

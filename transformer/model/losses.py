@@ -1,9 +1,5 @@
-"""Token-level cross-entropy with label smoothing, per-token weights and z-loss; a chunked form over
-the output layer for large vocabularies.
-
-Returns sums, never means, so that averaging over gradient-accumulation steps and devices is
-exact: divide the summed losses by the summed weights once, at the end.
-"""
+"""Token-level cross-entropy with label smoothing, weights and z-loss, plain or chunked over the
+output layer. Sums, never means: divide by the summed weights once, at the end."""
 
 from __future__ import annotations
 
@@ -21,14 +17,10 @@ def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
                   excluded: Sequence[int] = ()) -> tuple[Array, Array, Array]:
   """Summed smoothed cross-entropy: (loss_sum incl. z-loss, z_loss_sum, weight_sum), float32.
 
-  logits [b, t, v], targets [b, t] int, weights [b, t] (None = all ones). The smoothed target puts
-  1 - label_smoothing on the true class and label_smoothing / (n - 1) on each other class, n being
-  the v classes less the `excluded` ids (model.excluded_ids: never predicted, so no target mass
-  goes there); the entropy of that target is subtracted, so a prediction equal to the target
-  scores exactly 0.
-  The z-loss term is z_loss * logsumexp(logits)**2 per token (Chowdhery et al. 2022); it is both
-  included in loss_sum (the training objective) and returned alone for logging. Positions with
-  weight 0 contribute nothing, even if their logits are garbage.
+  logits [b, t, v], targets [b, t] int, weights [b, t] (None = ones). The smoothed target puts
+  1 - label_smoothing on the true class and the rest evenly on the others less the `excluded`
+  ids; its entropy is subtracted, so a perfect prediction scores 0. z-loss: z_loss *
+  logsumexp(logits)**2 per token (Chowdhery et al. 2022). Weight-0 positions contribute nothing.
   """
   if logits.ndim != targets.ndim + 1 or logits.shape[:-1] != targets.shape:
     raise ValueError(f"cross_entropy: logits {logits.shape} do not match targets {targets.shape}")
@@ -70,15 +62,9 @@ def chunked_cross_entropy(hidden: Array, project, targets: Array, weights: Array
                           label_smoothing: float = 0.0, z_loss: float = 0.0,
                           chunk_tokens: int = 8192, excluded: Sequence[int] = ()
                           ) -> tuple[Array, Array, Array]:
-  """cross_entropy(project(hidden), ...) computed a chunk of positions at a time, so the float32
-  logits of the whole batch never exist: (loss_sum, z_loss_sum, weight_sum), float32.
-
-  hidden [b, t, d] are the states the output layer reads; `project` maps [b, L, d] to float32
-  logits [b, L, v] (the model's output layer, its parameters closed over). The sequence is cut
-  into pieces of L = max(1, chunk_tokens // b) positions (the batch axis stays whole, so a batch
-  sharded over devices stays so; the tail is padded with weight 0), mapped in turn by lax.map
-  with jax.checkpoint, so the backward pass recomputes each chunk's logits instead of keeping
-  them. Equal to the plain path up to float summation order, gradients included.
+  """cross_entropy(project(hidden), ...) for hidden [b, t, d], L = chunk_tokens // b positions
+  at a time (lax.map with jax.checkpoint), so the whole batch's float32 logits never exist.
+  Equal to the plain path up to float summation order, gradients included.
   """
   if hidden.ndim != 3 or hidden.shape[:2] != targets.shape:
     raise ValueError(f"chunked_cross_entropy: hidden {hidden.shape} does not match targets "

@@ -1,14 +1,8 @@
-"""Transformer models: encoder/decoder blocks and stacks, EncoderDecoder, DecoderOnly, EncoderOnly.
+"""Transformer blocks and stacks, the three architectures, and the batch-level entry points.
 
-One `DecoderBlock` serves both architectures: with cross-attention it is the encoder-decoder's
-decoder block, without it the decoder-only block. Residual wiring is post-LN, the paper's
-x = Norm(x + Dropout(Sublayer(x))), or pre-LN, x = x + Dropout(Sublayer(Norm(x))) with a final norm
-at the end of each stack. Positional information comes from `positional.ENCODINGS` by kind:
-absolute encodings are added to the embeddings, biases are computed once per stack and passed to
-every layer, rotary encodings are applied inside attention from the positions given to it.
-
-Decoding (decode=True): the Decoder stack writes its bookkeeping and each attention layer its
-keys/values through `kv_cache`, which owns the cache layout and beam sharing.
+One `Block` serves every stack: its masks make it bidirectional or causal, and it has
+cross-attention in the encoder-decoder's decoder. Residuals are post-LN or pre-LN (final norm
+per stack). Positional encodings enter by kind (positional.py); decode-mode caches are kv_cache's.
 """
 
 from __future__ import annotations
@@ -39,16 +33,9 @@ def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
 
 
 def decoder_prefix(prefix_mask: Array, segment_ids: Array) -> Array:
-  """The decoder inputs [b, t] (bool) in the prefix-LM's bidirectional prefix, from the target-space
-  prefix_mask [b, t] (1 on the prompt's tokens); segment_ids as for shift_right.
-
-  The one definition of the prefix: exactly what the model is given, i.e. the prompt that
-  decoding prefills: start token + source + separator (EOS), all bidirectional. The separator is
-  in it so that the first scored target is predicted from a position that has seen the whole
-  source, as an encoder's output has; training, scoring and decoding then attend identically.
-  Input i carries target i-1: it is in the prefix if target i-1 is, or if it is the start token
-  of a segment that opens with a prefix (target i is).
-  """
+  """The decoder inputs [b, t] (bool) in the prefix-LM's bidirectional prefix, from the
+  target-space prefix_mask [b, t]: start token + prompt + separator, as decoding prefills it, so
+  the first scored target sees the whole source. Input i is in it if target i-1 or i is."""
   prefix_mask = prefix_mask.astype(jnp.int32)
   return (prefix_mask + shift_right(prefix_mask, segment_ids)) > 0
 
@@ -61,33 +48,10 @@ def _residual(cfg: ModelConfig, x: Array, sublayer, norm: nn.Module, determinist
   return norm(x + drop(sublayer(x), deterministic=deterministic))
 
 
-class EncoderBlock(nn.Module):
-  """Bidirectional self-attention + feed-forward. `scanned` makes it return (x, None) for nn.scan."""
-  config: ModelConfig
-  deterministic: bool = True
-  scanned: bool = False
-
-  @nn.compact
-  def __call__(self, x: Array, mask: Array | None, bias: Array | None,
-               positions: Array | None) -> Any:
-    """x [b, s, d], mask [b, 1, s, s], bias [b, n, s, s] or None, positions [b, s] (RoPE) or None."""
-    cfg, det = self.config, self.deterministic
-    self_attention = attn.MultiHeadAttention(cfg, name='self_attention')
-    x = _residual(cfg, x, lambda y: self_attention(
-        y, mask=mask, bias=bias, positions=positions, deterministic=det),
-                  make_norm(cfg, 'attention_norm'), det)
-    ffn = FeedForward(cfg, name='ffn')
-    x = _residual(cfg, x, lambda y: ffn(y, deterministic=det), make_norm(cfg, 'ffn_norm'), det)
-    return (x, None) if self.scanned else x
-
-
-class DecoderBlock(nn.Module):
-  """Causal self-attention, cross-attention (if `cross_attention`), feed-forward.
-
-  Without cross-attention this is the decoder-only block. In decode mode (`step` given) the
-  attention layers read and write their KV caches; cross-attention recomputes its cached
-  keys/values when `encoded` is given and reuses them when it is None.
-  """
+class Block(nn.Module):
+  """Self-attention (bidirectional or causal by its mask), cross-attention (if `cross_attention`),
+  feed-forward. In decode mode cross-attention caches its keys/values when `encoded` is given,
+  else reuses them. `scanned` makes it return (x, None) for nn.scan."""
   config: ModelConfig
   cross_attention: bool = False
   deterministic: bool = True
@@ -114,14 +78,11 @@ class DecoderBlock(nn.Module):
     return (x, None) if self.scanned else x
 
 
-def _run_layers(cfg: ModelConfig, block: type[nn.Module], num_layers: int, x: Array,
-                args: tuple[Any, ...], remat_allowed: bool = True, **fields) -> Array:
-  """Applies `num_layers` blocks (unrolled as layers_i, or one nn.scan named 'layers').
-
-  `args` are broadcast to every layer; `fields` are the block's static attributes. Decode calls
-  pass remat_allowed=False: they have no backward pass, and remat would only recompute.
-  """
-  cls = block
+def _run_layers(cfg: ModelConfig, num_layers: int, x: Array, args: tuple[Any, ...],
+                remat_allowed: bool = True, **fields) -> Array:
+  """Applies `num_layers` Blocks (layers_i, or one nn.scan 'layers') to x; `args` go to every
+  layer, `fields` are the block's attributes. Decode calls have no backward pass: no remat."""
+  cls = Block
   if cfg.remat != 'none' and remat_allowed:
     cls = nn.remat(cls, policy=kernels.REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
@@ -138,8 +99,7 @@ def _run_layers(cfg: ModelConfig, block: type[nn.Module], num_layers: int, x: Ar
 
 def _embed(cfg: ModelConfig, embed: Embed, tokens: Array, positions: Array,
            deterministic: bool) -> Array:
-  """Token embeddings plus an absolute positional encoding (if configured), the embedding norm
-  (model.embedding_norm), then dropout."""
+  """Token embeddings + absolute positional encoding, embedding norm (if configured), dropout."""
   x = embed(tokens)  # [b, t, d]
   encoding = positional.encoding(cfg)
   if encoding.kind == 'absolute':
@@ -149,16 +109,12 @@ def _embed(cfg: ModelConfig, embed: Embed, tokens: Array, positions: Array,
   return Dropout(cfg.dropout_rate, cfg.dropout_bits)(x, deterministic=deterministic)
 
 
-def _position_bias(cfg: ModelConfig, q_pos: Array, k_pos: Array,
-                   bidirectional: bool) -> Array | None:
-  """A positional bias [b, n, t, s] computed once per stack; None for other kinds of encoding."""
+def _position_inputs(cfg: ModelConfig, q_pos: Array, k_pos: Array,
+                     bidirectional: bool) -> tuple[Array | None, Array | None]:
+  """(the stack's positional bias [b, n, t, s], the positions attention rotates by) or Nones."""
   encoding = positional.encoding(cfg)
-  return encoding.fn(cfg, q_pos, k_pos, bidirectional) if encoding.kind == 'bias' else None
-
-
-def _rotary_positions(cfg: ModelConfig, positions: Array) -> Array | None:
-  """The positions attention rotates queries and keys by (rotary encodings only)."""
-  return positions if positional.encoding(cfg).kind == 'rotary' else None
+  bias = encoding.fn(cfg, q_pos, k_pos, bidirectional) if encoding.kind == 'bias' else None
+  return bias, q_pos if encoding.kind == 'rotary' else None
 
 
 def _default_positions(tokens: Array) -> Array:
@@ -166,7 +122,7 @@ def _default_positions(tokens: Array) -> Array:
 
 
 class Encoder(nn.Module):
-  """Embedding + bidirectional EncoderBlocks (+ final norm for pre-LN)."""
+  """Embedding + bidirectional Blocks (+ final norm for pre-LN)."""
   config: ModelConfig
   embed: Embed
 
@@ -181,18 +137,17 @@ class Encoder(nn.Module):
       segment_ids = default_segment_ids(tokens)
     x = _embed(cfg, self.embed, tokens, positions, deterministic)
     mask = attn.segment_mask(segment_ids, segment_ids)  # same nonzero segment
-    bias = _position_bias(cfg, positions, positions, bidirectional=True)
-    rotary_positions = _rotary_positions(cfg, positions)
-    x = _run_layers(cfg, EncoderBlock, cfg.num_encoder_layers, x, (mask, bias, rotary_positions),
-                    deterministic=deterministic)
+    bias, rotary_positions = _position_inputs(cfg, positions, positions, bidirectional=True)
+    args = (None, mask, None, bias, rotary_positions, None)
+    x = _run_layers(cfg, cfg.num_encoder_layers, x, args, deterministic=deterministic)
     if cfg.norm_position == 'pre':
       x = make_norm(cfg, 'final_norm')(x)
     return x
 
 
 class Decoder(nn.Module):
-  """Embedding + causal DecoderBlocks (+ final norm for pre-LN) + output logits (float32);
-  `hidden_only` stops before the output layer (the chunked loss applies it, vocab_projection)."""
+  """Embedding + causal Blocks (+ final norm for pre-LN) + float32 logits; `hidden_only`
+  stops before the output layer (vocab_projection applies it)."""
   config: ModelConfig
   embed: Embed
   cross_attention: bool = False
@@ -203,15 +158,10 @@ class Decoder(nn.Module):
                segment_ids: Array | None = None, prefix: Array | None = None,
                encoded: Array | None = None, encoder_segment_ids: Array | None = None,
                deterministic: bool = True, decode: bool = False) -> Array:
-    """tokens [b, t] (already shifted) -> logits [b, t, vocab] float32.
-
-    segment_ids default to all ones (decoder inputs start with token 0), prefix [b, t] marks
-    positions attending bidirectionally among themselves (prefix-LM). In decode mode, positions
-    default to the cache slots being written.
-    """
+    """Shifted tokens [b, t] -> logits [b, t, vocab]; segment_ids default to ones, prefix [b, t]
+    marks the prefix-LM's bidirectional prefix; decode-mode positions default to the cache slots."""
     cfg = self.config
-    # model.causal_kernel: plain causal self-attention takes the kernel's causal flag; only the
-    # segments (packing, padding) stay a dense mask, and unsegmented rows have none at all.
+    # model.causal_kernel: the kernel's causal flag, only the segments stay a dense mask.
     causal_kernel = cfg.causal_kernel and not decode and prefix is None
     unsegmented = segment_ids is None
     if segment_ids is None:
@@ -219,19 +169,16 @@ class Decoder(nn.Module):
     if prefix is None:
       prefix = jnp.zeros(tokens.shape, bool)
     prefix = prefix.astype(bool)
-    step = None
+    if decode and positions is None:
+      positions = kv_cache.next_positions(self, tokens.shape[1])
+    if positions is None:
+      positions = _default_positions(tokens)
     if decode:
-      if positions is None:
-        positions = kv_cache.next_positions(self, tokens.shape[1])
-      if positions is None:
-        positions = _default_positions(tokens)
       step, q_idx, k_idx, k_pos, k_seg, k_prefix = kv_cache.write_slots(self, positions,
                                                                          segment_ids, prefix)
     else:
-      if positions is None:
-        positions = _default_positions(tokens)
       q_idx = k_idx = _default_positions(tokens)
-      k_pos, k_seg, k_prefix = positions, segment_ids, prefix
+      step, k_pos, k_seg, k_prefix = None, positions, segment_ids, prefix
     x = _embed(cfg, self.embed, tokens, positions, deterministic)
     # Same nonzero segment, and causal by slot/index or both positions in the prefix.
     self_mask = attn.prefix_lm_mask_from_positions(q_idx, k_idx, prefix, k_prefix, segment_ids,
@@ -241,9 +188,8 @@ class Decoder(nn.Module):
     cross_mask = None
     if self.cross_attention and encoder_segment_ids is not None:
       cross_mask = attn.segment_mask(segment_ids, encoder_segment_ids)
-    bias = _position_bias(cfg, positions, k_pos, bidirectional=False)
-    rotary_positions = _rotary_positions(cfg, positions)
-    x = _run_layers(cfg, DecoderBlock, cfg.num_decoder_layers, x,
+    bias, rotary_positions = _position_inputs(cfg, positions, k_pos, bidirectional=False)
+    x = _run_layers(cfg, cfg.num_decoder_layers, x,
                     (encoded, self_mask, cross_mask, bias, rotary_positions, step),
                     remat_allowed=not decode, cross_attention=self.cross_attention,
                     deterministic=deterministic, causal_kernel=causal_kernel)
@@ -257,15 +203,13 @@ class Decoder(nn.Module):
 
 
 class EncoderDecoder(nn.Module):
-  """The encoder-decoder Transformer; `__call__` shifts the targets right inside the model.
-  hidden_only: the decoder's final hidden states [b, t, d] instead of logits."""
+  """The encoder-decoder Transformer (targets shifted inside); hidden_only as Decoder's."""
   config: ModelConfig
   hidden_only: bool = False
 
   def setup(self):
     cfg = self.config
-    if cfg.share_src_tgt_embeddings:
-      # One table for both sides, large enough for either vocabulary.
+    if cfg.share_src_tgt_embeddings:  # one table, large enough for either vocabulary
       self.token_embed = Embed(cfg, max(cfg.vocab_size, cfg.source_vocab_size))
       source_embed = target_embed = self.token_embed
     else:
@@ -284,11 +228,7 @@ class EncoderDecoder(nn.Module):
              encoder_segment_ids: Array | None = None, decoder_positions: Array | None = None,
              decoder_segment_ids: Array | None = None, deterministic: bool = True,
              decode: bool = False) -> Array:
-    """Decoder logits [b, t, vocab] float32 given the encoder output.
-
-    With decode=True, `encoded` may be None after the first (prefill) call: the cross-attention
-    keys/values cached then are reused. Without encoder_segment_ids every source slot is attended.
-    """
+    """Decoder logits [b, t, vocab]; in decode mode encoded=None reuses the cached keys/values."""
     return self.decoder(decoder_input_tokens, decoder_positions, decoder_segment_ids, None,
                         encoded, encoder_segment_ids, deterministic, decode)
 
@@ -306,15 +246,13 @@ class EncoderDecoder(nn.Module):
 
 
 class DecoderOnly(nn.Module):
-  """A causal language model; a prefix-LM (bidirectional over the prefix) given a prefix mask.
-  hidden_only: the final hidden states [b, t, d] instead of logits."""
+  """A causal LM; a prefix-LM given a prefix mask. hidden_only as Decoder's."""
   config: ModelConfig
   hidden_only: bool = False
 
   def setup(self):
     self.token_embed = Embed(self.config, self.config.vocab_size)
-    self.decoder = Decoder(self.config, self.token_embed, cross_attention=False,
-                           hidden_only=self.hidden_only)
+    self.decoder = Decoder(self.config, self.token_embed, hidden_only=self.hidden_only)
 
   def decode(self, decoder_input_tokens: Array, decoder_positions: Array | None = None,
              decoder_segment_ids: Array | None = None, decoder_prefix_mask: Array | None = None,
@@ -327,10 +265,9 @@ class DecoderOnly(nn.Module):
   def __call__(self, targets: Array, targets_positions: Array | None = None,
                targets_segment_ids: Array | None = None, prefix_mask: Array | None = None,
                deterministic: bool = True) -> Array:
-    """Teacher-forced logits [b, t, vocab] float32; prefix_mask [b, t] marks the target-space
-    prefix, the prompt (source + separator): see `decoder_prefix`. With model.causal_kernel,
-    rows without segment ids and without a prefix get no padding mask: causal attention never
-    lets a token see the padding that ends its row, so only padding positions' logits differ."""
+    """Teacher-forced logits [b, t, vocab] float32; prefix_mask: see `decoder_prefix`. With
+    model.causal_kernel, unsegmented rows without a prefix get no padding mask (no token sees
+    the padding that ends its row)."""
     plain_causal = self.config.causal_kernel and prefix_mask is None
     if targets_segment_ids is None and not plain_causal:
       targets_segment_ids = default_segment_ids(targets)
@@ -340,9 +277,7 @@ class DecoderOnly(nn.Module):
 
 
 class EncoderOnly(nn.Module):
-  """BERT-style: the Encoder stack with a head (model.head): masked-LM logits [b, s, vocab],
-  classification logits [b, t, num_classes] (t = target slots, one per packed example, see
-  heads.py) or tagging logits [b, s, num_classes]; all float32."""
+  """BERT-style: the Encoder stack with a head (model.head, heads.OutputHead)."""
   config: ModelConfig
 
   def setup(self):
@@ -354,8 +289,7 @@ class EncoderOnly(nn.Module):
   def __call__(self, inputs: Array, inputs_positions: Array | None = None,
                inputs_segment_ids: Array | None = None, targets_segment_ids: Array | None = None,
                deterministic: bool = True) -> Array:
-    """Head logits for inputs [b, s]; targets_segment_ids [b, t] names each classification slot's
-    example (default: one example per row)."""
+    """Head logits for inputs [b, s]; targets_segment_ids [b, t]: each classification slot's."""
     if inputs_segment_ids is None:
       inputs_segment_ids = default_segment_ids(inputs)
     encoded = self.encoder(inputs, inputs_positions, inputs_segment_ids, deterministic)
@@ -367,22 +301,16 @@ def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly | Enc
   cfg = model_config
   if cfg.vocab_size <= 0:
     raise ConfigError(f"model.vocab_size={cfg.vocab_size} must be set (> 0) before build_model")
-  if cfg.arch == 'encoder_decoder':
-    if cfg.source_vocab_size <= 0:
-      raise ConfigError(
-          f"model.source_vocab_size={cfg.source_vocab_size} must be set (> 0) before build_model")
-    return EncoderDecoder(cfg)
-  if cfg.arch == 'decoder_only':
-    return DecoderOnly(cfg)
-  if cfg.arch == 'encoder_only':
-    return EncoderOnly(cfg)
-  raise ConfigError(f"model.arch={cfg.arch!r} is not one of encoder_decoder|decoder_only|encoder_only")
+  if cfg.arch == 'encoder_decoder' and cfg.source_vocab_size <= 0:
+    raise ConfigError(
+        f"model.source_vocab_size={cfg.source_vocab_size} must be set (> 0) before build_model")
+  archs = dict(encoder_decoder=EncoderDecoder, decoder_only=DecoderOnly, encoder_only=EncoderOnly)
+  if cfg.arch not in archs:
+    raise ConfigError(f"model.arch={cfg.arch!r} is not one of {'|'.join(archs)}")
+  return archs[cfg.arch](cfg)
 
 
-# ---------------------------------------------------------------------------------------------
-# The batch-level entry point: a pipeline batch (transformer/data/pipeline.py's features) in,
-# logits out. The one place that maps a batch onto an architecture's arguments; training,
-# evaluation, the notebook API and the sweep report all go through it.
+# The batch-level entry points: a pipeline batch in, logits out, for every architecture.
 
 
 def default_segment_ids(tokens: Array) -> Array:
@@ -398,17 +326,11 @@ def batch_segment_ids(batch: dict[str, Any], feature: str) -> Array:
 
 def _call_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
   """The keyword arguments of the model's __call__ for a batch (features absent -> None)."""
-  g = batch.get
-  if arch == 'encoder_only':
-    return dict(inputs=batch['inputs'], inputs_positions=g('inputs_positions'),
-                inputs_segment_ids=g('inputs_segment_ids'),
-                targets_segment_ids=g('targets_segment_ids'))
-  kwargs = dict(targets=batch['targets'], targets_positions=g('targets_positions'),
-                targets_segment_ids=g('targets_segment_ids'))
-  if arch == 'encoder_decoder':
-    return kwargs | dict(inputs=batch['inputs'], inputs_positions=g('inputs_positions'),
-                         inputs_segment_ids=g('inputs_segment_ids'))
-  return kwargs | dict(prefix_mask=g('prefix_mask'))
+  inputs = ('inputs', 'inputs_positions', 'inputs_segment_ids')
+  targets = ('targets', 'targets_positions', 'targets_segment_ids')
+  names = {'encoder_decoder': inputs + targets, 'decoder_only': targets + ('prefix_mask',),
+           'encoder_only': inputs + ('targets_segment_ids',)}[arch]
+  return {n: batch[n] if n in ('inputs', 'targets') else batch.get(n) for n in names}
 
 
 def batch_logits(model: nn.Module, params: Any, batch: dict[str, Any], *,
@@ -421,8 +343,7 @@ def batch_logits(model: nn.Module, params: Any, batch: dict[str, Any], *,
 
 def batch_hidden(model: nn.Module, params: Any, batch: dict[str, Any], *,
                  deterministic: bool = True, rngs: dict[str, Array] | None = None) -> Array:
-  """The decoder's final hidden states [b, t, d] of a batch: batch_logits without the output
-  layer, which vocab_projection applies (encoder_decoder and decoder_only)."""
+  """The decoder's final hidden states [b, t, d] of a batch (before vocab_projection)."""
   if model.config.arch == 'encoder_only':
     raise ConfigError('hidden states before the output layer: encoder_decoder or decoder_only only')
   return batch_logits(model.clone(hidden_only=True), params, batch, deterministic=deterministic,
@@ -430,8 +351,7 @@ def batch_hidden(model: nn.Module, params: Any, batch: dict[str, Any], *,
 
 
 def vocab_projection(model: nn.Module, params: Any):
-  """hidden [b, t, d] -> float32 logits [b, t, vocab]: the decoder's output layer
-  (heads.vocab_logits, heads.VocabHead) with the model's parameters."""
+  """hidden [b, t, d] -> float32 logits [b, t, vocab]: the decoder's output layer."""
   embed = params['token_embed'] if 'token_embed' in params else params['target_embed']
   head = {k: v for k, v in params['decoder'].items() if k in heads.VOCAB_HEAD_PARAMS}
   variables = {'params': {**head, 'embed': embed}}
@@ -444,17 +364,15 @@ def batch_init(model: nn.Module, rngs: dict[str, Array], batch: dict[str, Any]) 
 
 
 def example_batch(model_config: ModelConfig, length: int = 8) -> dict[str, np.ndarray]:
-  """A one-row batch with the features the architecture reads; parameter shapes never depend
-  on its length, so it serves init, eval_shape and parameter counts."""
+  """A one-row batch with the features the architecture reads (for init and shapes)."""
   ones = np.ones((1, length), np.int32)
-  if model_config.arch != 'decoder_only':
-    return dict(inputs=ones, targets=ones)
-  return dict(targets=ones)
+  if model_config.arch == 'decoder_only':
+    return dict(targets=ones)
+  return dict(inputs=ones, targets=ones)
 
 
 def parameter_count(model_config: ModelConfig) -> int:
-  """The number of parameters `model_config` builds, from shapes alone (nothing is allocated);
-  vocabulary sizes still unset (0, taken from the tokenizer) count as 1."""
+  """The number of parameters `model_config` builds (shapes only); unset vocabularies count 1."""
   cfg = dataclasses.replace(model_config, vocab_size=model_config.vocab_size or 1,
                             source_vocab_size=model_config.source_vocab_size or 1)
   shapes = jax.eval_shape(lambda: batch_init(build_model(cfg), {'params': jax.random.key(0)},

@@ -4,14 +4,10 @@ The kind says where an encoding enters the model, and so the function's signatur
 - 'absolute': fn(cfg, positions [b, t]) -> [b, t, d], added to the token embeddings;
 - 'bias':     fn(cfg, q_positions [b, t], k_positions [b, s], bidirectional) -> [b, n, t, s]
               float32, computed once per stack and added to every layer's attention logits;
-- 'rotary':   fn(cfg, x [b, t, n, h], positions [b, t]) -> x rotated: queries and keys, inside
-              self-attention;
-- 'none':     nothing (NoPE: the causal mask alone carries order).
-Config choices and validation, the models, attention, the checkpoint-compatibility keys and the
-tests all read the table, so a new encoding is one function and one entry. Functions run inside a
-module's compact method and may create parameters (named as their entry says).
-Every function takes explicit integer positions ([b, t]) rather than assuming `arange(t)`, so packed
-rows (positions restart per segment) and cached decoding (absolute offsets) need no special cases.
+- 'rotary':   fn(cfg, x [b, t, n, h], positions [b, t]) -> queries and keys rotated;
+- 'none':     nothing (the causal mask alone carries order).
+Functions run inside a module's compact method (they may create parameters) and take explicit
+positions, so packed rows and cached decoding need no special cases.
 """
 
 import dataclasses
@@ -26,24 +22,14 @@ import numpy as np
 Array = jax.Array
 
 
-# ----------------------------------------------------------------------------------------------------
-# Sinusoidal (Vaswani et al. 2017, section 3.5)
-# ----------------------------------------------------------------------------------------------------
-def sinusoidal(positions: Array, d: int, max_timescale: float = 10000.0) -> Array:
-  """[b, t] int positions -> [b, t, d] float32: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos."""
-  # Column j uses frequency index i = j // 2; even columns are sin, odd columns cos (interleaved,
-  # exactly the paper's formula). An odd d simply ends with a sin column. Each angle is computed
-  # once for its sin/cos pair, and each element takes one of them (not both, then a select).
-  half = -(-d // 2)
-  inv_freq = max_timescale ** (-(2.0 * jnp.arange(half)) / d)  # [ceil(d/2)]
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq.astype(jnp.float32)
-  pairs = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [b, t, ceil(d/2), 2]
-  return pairs.reshape(*angles.shape[:-1], 2 * half)[..., :d]
-
-
+# Sinusoidal (Vaswani et al. 2017, section 3.5).
 def sinusoidal_table(length: int, d: int, max_timescale: float = 10000.0) -> Array:
-  """The [length, d] float32 sinusoidal table for positions 0..length-1."""
-  return sinusoidal(jnp.arange(length)[None], d, max_timescale)[0]
+  """[length, d] float32: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos (the paper's)."""
+  half = -(-d // 2)  # column j has frequency j // 2; an odd d ends with a sin column
+  inv_freq = max_timescale ** (-(2.0 * jnp.arange(half)) / d)  # [ceil(d/2)]
+  angles = jnp.arange(length)[None].astype(jnp.float32)[..., None] * inv_freq.astype(jnp.float32)
+  pairs = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [1, length, ceil(d/2), 2]
+  return pairs.reshape(*angles.shape[:-1], 2 * half)[..., :d][0]
 
 
 def _check_concrete_positions(positions: Array, rows: int, max_len: int, kind: str) -> None:
@@ -63,29 +49,17 @@ def _sinusoidal_constant(length: int, d: int) -> np.ndarray:
 
 
 def sinusoidal_lookup(positions: Array, max_len: int, d: int) -> Array:
-  """[b, t] int positions -> [b, t, d]: rows of the sinusoidal table (what the models add).
-
-  The table is a constant of the compiled program, with max(max_len, t) rows: a train step gathers
-  a row per token instead of evaluating a sine or cosine per element (on a 2-core CPU those took
-  ~2% of `:fast`'s step). Positions within a row (packed segments, a whole prompt plus target
-  scored at once) are below t and those of cached decoding below max_len (the cache's length), so
-  none is clipped; a concrete position beyond the table raises ValueError.
-  """
+  """[b, t] int positions -> [b, t, d]: rows of a constant table of max(max_len, t) rows (a
+  gather is cheaper than a sine per element); a concrete position beyond it raises ValueError."""
   rows = max(max_len, positions.shape[-1])
   _check_concrete_positions(positions, rows, max_len, 'sinusoidal')
   return jnp.take(_sinusoidal_constant(rows, d), positions, axis=0, mode='clip')
 
 
-# ----------------------------------------------------------------------------------------------------
-# Learned absolute positions
-# ----------------------------------------------------------------------------------------------------
+# Learned absolute positions.
 class LearnedPositions(nn.Module):
-  """A learned [max_len, features] table looked up by position (logical axes 'length', 'embed').
-
-  Positions >= max_len raise ValueError when the positions are concrete (eager calls); under jit
-  they cannot be inspected and are clipped to max_len - 1 (jnp.take's 'clip' mode), so the config
-  validator's `max_len` is what guarantees correctness there.
-  """
+  """A learned [max_len, features] table looked up by position (logical axes 'length', 'embed');
+  concrete positions >= max_len raise ValueError, traced ones are clipped."""
   max_len: int
   features: int
   param_dtype: Any = jnp.float32
@@ -102,17 +76,10 @@ class LearnedPositions(nn.Module):
     return jnp.take(jnp.asarray(table, self.dtype), positions, axis=0, mode='clip')
 
 
-# ----------------------------------------------------------------------------------------------------
-# Rotary position embedding (Su et al. 2021)
-# ----------------------------------------------------------------------------------------------------
+# Rotary position embedding (Su et al. 2021).
 def apply_rope(x: Array, positions: Array, base: float = 10000.0) -> Array:
-  """Rotates [b, t, n, h] queries or keys by their [b, t] positions; returns x's shape and dtype.
-
-  Pairing convention ("rotate half", as in GPT-NeoX/LLaMA rather than the paper's interleaving):
-  feature i is paired with feature i + h/2 for i < h/2, and the pair is rotated by the angle
-  position * base^(-2i/h). Both conventions give the same relative-position property; they differ
-  only by a fixed permutation of the head features, so this one avoids strided gathers.
-  """
+  """Rotates [b, t, n, h] queries or keys by their [b, t] positions ("rotate half", as
+  GPT-NeoX/LLaMA): feature i pairs with i + h/2, rotated by position * base^(-2i/h)."""
   h = x.shape[-1]
   if h % 2:
     raise ValueError(f'RoPE needs an even head dimension, got head_dim={h}')
@@ -126,9 +93,7 @@ def apply_rope(x: Array, positions: Array, base: float = 10000.0) -> Array:
   return out.astype(x.dtype)
 
 
-# ----------------------------------------------------------------------------------------------------
-# T5 relative position buckets (Raffel et al. 2020)
-# ----------------------------------------------------------------------------------------------------
+# T5 relative position buckets (Raffel et al. 2020).
 def max_distance_bound(num_buckets: int, bidirectional: bool) -> int:
   """max_exact, the offsets with their own bucket: max_distance must exceed it (and it be >= 1)."""
   return (num_buckets // 2 if bidirectional else num_buckets) // 2
@@ -136,15 +101,10 @@ def max_distance_bound(num_buckets: int, bidirectional: bool) -> int:
 
 def relative_position_bucket(relative_position: Array, bidirectional: bool = True,
                              num_buckets: int = 32, max_distance: int = 128) -> Array:
-  """Maps relative_position = key_pos - query_pos to a bucket in [0, num_buckets) (int32).
-
-  Bidirectional: half of the buckets for keys before the query, half for keys after. Within a half
-  (of size m), offsets 0..m/2-1 get their own bucket and larger ones share log-spaced buckets up to
-  max_distance; farther offsets land in the last bucket. Causal (bidirectional=False): keys after the
-  query (positive offsets) fold into bucket 0, like offset 0, since a causal mask hides them anyway.
-  The log-spaced range needs max_distance > max_exact >= 1 (else log(max_distance / max_exact) is
-  <= 0 and the buckets are NaN or run backwards): a ValueError, see `max_distance_bound`.
-  """
+  """Maps relative_position = key_pos - query_pos to a bucket in [0, num_buckets) (int32), as T5:
+  (per direction when bidirectional) exact buckets for small offsets, then log-spaced ones up to
+  max_distance; causal buckets fold future keys into bucket 0. Needs max_distance > max_exact
+  >= 1 (`max_distance_bound`)."""
   exact = max_distance_bound(num_buckets, bidirectional)
   if exact < 1:
     raise ValueError(f'relative position buckets: num_buckets={num_buckets} must be >= '
@@ -162,7 +122,7 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool = Tru
   else:
     distance = jnp.maximum(distance, 0)
   max_exact = num_buckets // 2
-  # log-spaced bucket for distance >= max_exact; maximum(., 1) keeps log finite on the unused branch.
+  # maximum(., 1) keeps the log finite on the unused branch.
   log_ratio = (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
                / np.log(max_distance / max_exact))
   large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(jnp.int32)
@@ -192,15 +152,10 @@ class RelativePositionBias(nn.Module):
     return jnp.transpose(values, (0, 3, 1, 2))
 
 
-# ----------------------------------------------------------------------------------------------------
-# ALiBi (Press et al. 2022)
-# ----------------------------------------------------------------------------------------------------
+# ALiBi (Press et al. 2022).
 def alibi_slopes(num_heads: int) -> np.ndarray:
-  """The paper's head slopes [n] float32: 2^(-8i/n) for i = 1..n when n is a power of two.
-
-  Otherwise (the paper's rule): take the slopes for the closest smaller power of two p, then add
-  every other slope of the 2p sequence until there are n.
-  """
+  """The paper's head slopes [n] float32: 2^(-8i/n) for i = 1..n when n is a power of two; else
+  those of the closest smaller power of two p, then every other slope of the 2p sequence."""
   if num_heads < 1:
     raise ValueError(f'alibi_slopes needs num_heads >= 1, got {num_heads}')
 
@@ -221,31 +176,20 @@ def alibi_bias(q_positions: Array, k_positions: Array, slopes: Any) -> Array:
   return -slopes[None, :, None, None] * dist[:, None]
 
 
-# ----------------------------------------------------------------------------------------------------
-# The table
-# ----------------------------------------------------------------------------------------------------
+# The table.
 @dataclasses.dataclass(frozen=True)
 class Encoding:
-  """One positional encoding: where it enters the model (`kind`) and how (`fn`, see the module
-  docstring); `keys`: the model config keys it reads beyond d_model, num_heads and max_len;
-  `check(cfg)`: a one-line problem with a resolved ModelConfig, or None."""
+  """One encoding: `kind` and `fn` (module docstring), `keys` (the config keys it reads beyond
+  d_model, num_heads, max_len), `check(cfg)` (a one-line problem with a ModelConfig, or None)."""
   kind: str
   fn: Optional[Callable[..., Array]] = None
   keys: tuple[str, ...] = ()
   check: Optional[Callable[[Any], Optional[str]]] = None
 
 
-def _sinusoidal(cfg, positions):
-  return sinusoidal_lookup(positions, cfg.max_len, cfg.d_model)
-
-
 def _learned(cfg, positions):
   return LearnedPositions(cfg.max_len, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
                           dtype=jnp.dtype(cfg.dtype), name='position_embed')(positions)
-
-
-def _rope(cfg, x, positions):
-  return apply_rope(x, positions, cfg.rope_base)
 
 
 def _check_rope(cfg):
@@ -261,9 +205,7 @@ def _relative(cfg, q_positions, k_positions, bidirectional):
 
 
 def _check_relative(cfg):
-  # max_distance_bound: the decoder's causal buckets (the stricter bound) give offsets below
-  # num_buckets // 2 their own bucket; the log-spaced ones must reach beyond them, or the biases
-  # are NaN or the buckets run backwards. The encoder halves the buckets per direction.
+  # The log-spaced buckets must reach beyond the exact ones (else NaN); bidirectional halves them.
   least = 4 if cfg.arch == 'encoder_decoder' else 2
   if cfg.relative_num_buckets < least:
     return (f"model.relative_num_buckets={cfg.relative_num_buckets} must be >= {least} "
@@ -274,23 +216,10 @@ def _check_relative(cfg):
   return None
 
 
-def _alibi(cfg, q_positions, k_positions, bidirectional):
-  del bidirectional  # symmetric: under a causal mask only past keys count anyway
-  return alibi_bias(q_positions, k_positions, alibi_slopes(cfg.num_heads))
-
-
 def _shaw(cfg, q_positions, k_positions, bidirectional):
-  """Shaw et al. 2018: a learned embedding per relative distance k_pos - q_pos, clipped to
-  [-K, K] with K = model.relative_max_distance, here a scalar per head added to the logits.
-
-  The paper adds a vector a_ij (of the head size) to each key, so that the logit is
-  q_i . (k_j + a_ij); we learn the scalar per (clipped distance, head) instead, i.e. the bias kind,
-  for two reasons: a vector needs the queries, so it would live inside attention rather than in one
-  bias computed once per stack (the cache, the fused kernel and every kind of block then stay
-  untouched), and it is the simplification T5 (Raffel et al. 2020, section 2.1) made of Shaw's
-  embeddings. Unlike T5's log buckets every distance up to K has its own entry: a [2K+1, n] table,
-  logical axes ('relpos_buckets', 'heads').
-  """
+  """Shaw et al. 2018 as T5 simplified it: a learned scalar per head for each relative distance
+  k_pos - q_pos clipped to [-K, K] (K = model.relative_max_distance), a [2K+1, n] table added to
+  the logits as a bias (the paper's per-key vectors would need the queries, inside attention)."""
   del bidirectional  # both directions have their own entries; a causal mask hides the future
   clip = cfg.relative_max_distance
   table = nn.Embed(2 * clip + 1, cfg.num_heads, param_dtype=jnp.dtype(cfg.param_dtype),
@@ -302,13 +231,16 @@ def _shaw(cfg, q_positions, k_positions, bidirectional):
 
 
 ENCODINGS: dict[str, Encoding] = {
-    'sinusoidal': Encoding('absolute', _sinusoidal),
+    'sinusoidal': Encoding('absolute', lambda cfg, pos: sinusoidal_lookup(pos, cfg.max_len,
+                                                                          cfg.d_model)),
     'learned': Encoding('absolute', _learned),
-    'rope': Encoding('rotary', _rope, keys=('rope_base',),
-                     check=_check_rope),
+    'rope': Encoding('rotary', lambda cfg, x, pos: apply_rope(x, pos, cfg.rope_base),
+                     keys=('rope_base',), check=_check_rope),
     'relative': Encoding('bias', _relative, keys=('relative_num_buckets', 'relative_max_distance'),
                          check=_check_relative),
-    'alibi': Encoding('bias', _alibi),
+    # ALiBi is symmetric: under a causal mask only past keys count anyway.
+    'alibi': Encoding('bias', lambda cfg, q_pos, k_pos, bidirectional: alibi_bias(
+        q_pos, k_pos, alibi_slopes(cfg.num_heads))),
     'none': Encoding('none'),
     'shaw': Encoding('bias', _shaw, keys=('relative_max_distance',)),
 }

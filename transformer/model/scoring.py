@@ -1,9 +1,5 @@
-"""Scoring a batch under teacher forcing, the one definition that training and evaluation both
-report: the loss weights, `make_eval_step` (sums of the unsmoothed loss, correct tokens and weight;
-per-class counts for classification and tagging heads; an ensemble scores the mean of its members'
-probabilities) and `teacher_forced_metrics` (those sums over a split -> loss, accuracy,
-perplexity, F1); and a model's initial parameters (`init_params`), the shape every checkpoint of
-it holds."""
+"""Teacher-forced scores, as training and evaluation both report them (`make_eval_step`,
+`teacher_forced_metrics`), and a model's initial parameters (`init_params`)."""
 
 from __future__ import annotations
 
@@ -34,12 +30,8 @@ def num_classes(model_config: Any) -> int:
 
 
 def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
-  """Returns `eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight; for
-  classification and tagging heads also per-class counts [classes] of true positives,
-  predictions and references, for F1).
-
-  An ensemble: a tuple of models, whose `eval_step` takes a tuple of their parameter trees and
-  scores the mean of their probabilities (transformer.model.ensemble)."""
+  """`eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight; per-class counts
+  for classification and tagging heads). A tuple of models scores their mean probabilities."""
   members = tuple(model) if ensemble.is_ensemble(model) else (model,)
   ensemble.check_compatible([m.config for m in members])
   classes = num_classes(members[0].config)
@@ -65,14 +57,8 @@ def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
 
 
 def teacher_forced_metrics(sums: dict[str, float], prefix: str = "") -> dict[str, float]:
-  """Eval-step sums added up over the batches of a split -> loss, accuracy, perplexity and
-  scored_tokens (how many target tokens they cover), each key with `prefix`.
-
-  The loss is the split's total NLL over its total weight, and the perplexity exp of it: a token
-  average, never a mean of per-batch values (batches hold different numbers of tokens). A diverged
-  model's perplexity is inf (metrics.perplexity), not a capped number. With per-class counts
-  (classification, tagging) also `f1`, the macro F1 over the classes that occur (metrics.macro_f1).
-  """
+  """Eval-step sums over a split -> loss (a token average), accuracy, perplexity, scored_tokens
+  and, with per-class counts, macro `f1`; each key with `prefix`."""
   w = max(float(sums["weight_sum"]), 1.0)
   loss = float(sums["loss_sum"]) / w
   out = {"loss": loss, "accuracy": float(sums["correct_sum"]) / w,
