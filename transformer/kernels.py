@@ -2,11 +2,11 @@
 `current()` and reads as if only the maths existed. A `Kernels` entry gives `project` (x [b, t,
 *in] . kernel [*in, *out]), `dense_dot_general` (the expanding FFN Dense's) and `layer_norm`.
 
-PLAIN is the textbook version; 'cpu' holds XLA:CPU work-arounds (README, Train-step speed): a
-matmul whose kernel gradient is (g^T x)^T over the folded tokens, so XLA:CPU transposes the narrow
-input rather than the wide output gradient, and a LayerNorm backward written with matrix-vector
-products instead of a [tokens, d] broadcast of the scale. Other backends use PLAIN until a
-measurement says otherwise (benchmarks/train_step.py). REMAT_POLICIES (model.remat) lives here
+PLAIN is the textbook version; 'cpu' holds XLA:CPU work-arounds (docs/performance.md, Kernel
+changes): a matmul whose kernel gradient is (g^T x)^T over the folded tokens, so XLA:CPU transposes
+the narrow input rather than the wide output gradient, and a LayerNorm backward written with
+matrix-vector products instead of a [tokens, d] broadcast of the scale. Other backends use PLAIN:
+on an H100 the 'cpu' entry runs `:fast`'s step at 0.94x (docs/results/gpu_h100_g2p_step). REMAT_POLICIES (model.remat) lives here
 because its dot policies must also save the CPU matmul's outputs, hidden by its custom gradient.
 """
 
