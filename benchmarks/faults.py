@@ -18,7 +18,7 @@ victim must equal the reference's bit for bit. One line per kill (phase, step, l
 left on disk), then `survived K/N kills, parameters bitwise equal: True|False`; exit status 1 if
 not all survived or the states differ.
 
-The runs are child processes of this script (`--child`) that call training.train_and_evaluate
+The runs are child processes of this script (`--child`) that call loop.train_and_evaluate
 with the loop's phases reported on stdout ("@step 12", "@save_begin 20", ...) by wrappers
 installed in the child only: the library has no event hooks, and the campaign must not change the
 loop it tests. A persistent compilation cache (`<workdir>/jax_cache`) keeps restarts short.

@@ -281,8 +281,8 @@ class BlockingEvalTask(synthetic_task.ReverseTask):
         time.sleep(0.1)
     return super().eval_batches(split, batch_size)
 
-real = training.train_and_evaluate
-training.train_and_evaluate = lambda config, workdir, **kw: real(config, workdir, BlockingEvalTask(), **kw)
+real = loop.train_and_evaluate
+loop.train_and_evaluate = lambda config, workdir, **kw: real(config, workdir, BlockingEvalTask(), **kw)
 sys.argv = ["train.py", "--config=" + sys.argv[2], "--workdir=" + sys.argv[3]]
 runpy.run_path({train!r}, run_name="__main__")
 """

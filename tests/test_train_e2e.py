@@ -28,7 +28,7 @@ from transformer.train import loop
 overrides = {{"train.num_steps": {STEPS}, "checkpoint.every_steps": 10}}
 overrides.update(json.loads(sys.argv[2]) if len(sys.argv) > 2 else {{}})
 cd = synthetic_task.config(**overrides)
-print(training.train_and_evaluate(cd, sys.argv[1], task=synthetic_task.ReverseTask()))
+print(loop.train_and_evaluate(cd, sys.argv[1], task=synthetic_task.ReverseTask()))
 """
 
 

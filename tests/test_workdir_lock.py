@@ -33,7 +33,7 @@ _HELD_TRAINER = textwrap.dedent("""
         return super()._train_batch(index)
 
     cd = synthetic_task.config(**{"train.num_steps": 30, "checkpoint.every_steps": 10})
-    training.train_and_evaluate(cd, sys.argv[1], task=Held())
+    loop.train_and_evaluate(cd, sys.argv[1], task=Held())
     """)
 
 
