@@ -298,6 +298,12 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
             + f"(last checkpoint that verifies: step {r.ckpt.latest_good_step()} in "
             f"{r.ckpt.directory})")
 
+  def settle():  # checks the pending dispatch once, however many points below ask for it
+    nonlocal pending
+    if pending is not None:
+      check(pending)
+      pending = None
+
   try:
     stop_reason = ""
     while step < tc.num_steps:
@@ -312,8 +318,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
         else:
           state, metrics = multi.step(state, multi.prepare_batch(batches))
       step += n
-      if pending is not None:
-        check(pending)
+      settle()
       pending = (step, metrics)
       window.append(metrics)
       # The bar shows the loss from this process's first dispatch on (then every logged step's).
@@ -321,7 +326,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
                if step - n == start else None)
       runs[0].reporter.progress(step, first)
       if step % tc.log_every_steps == 0 or step == tc.num_steps:
-        check(pending)
+        settle()
         all_fetched = jax.device_get(window)
         window = []
         for r in runs:
@@ -336,7 +341,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
           r.final |= scalars
       evaluated = step % cfg.eval.every_steps == 0 or step == tc.num_steps
       if evaluated:
-        check(pending)
+        settle()
         sums, fetched_state = eval_sums(cfg, run_eval, state, task), run.fetch_state(state)
         for r in runs:
           r.last_eval = scoring.teacher_forced_metrics(r.item(sums), prefix="eval/") if sums else {}
@@ -353,7 +358,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       if any(asked) and not stop_reason and step < tc.num_steps:
         stop_reason = preempt.reason  # 'interrupted' (SIGINT) or 'preempted' (SIGTERM)
       if stop_reason or step == tc.num_steps or ckpt.should_save(step):
-        check(pending)
+        settle()
         extra = {"train/stopped_early": 1.0} if stop_reason == "early_stop" else {}
         fetched_state = run.fetch_state(state)
         for r in runs:
