@@ -1,8 +1,6 @@
-"""Workdir file access on local paths and on bucket paths (`gs://...`, through `etils.epath`;
-`pip install -e ".[tpu]"` installs the gcsfs backend), so a workdir or `data.data_dir` may be
-either. Atomic writes go to a temporary sibling renamed over the target; an object upload is
-atomic by itself. A bucket object cannot be appended to: `append_line` rewrites it (fine for
-metrics.jsonl, some hundred KB over a long run).
+"""Workdir file access on local paths and on bucket paths (`gs://...` through `etils.epath`; the
+`tpu` extra installs gcsfs). Atomic writes rename a temporary sibling over the target (an object
+upload is atomic by itself); a bucket object cannot be appended to, so `append_line` rewrites it.
 """
 
 import errno
@@ -83,7 +81,7 @@ def read_bytes(path: PathLike) -> bytes:
 
 def write_bytes_atomic(path: PathLike, data: bytes) -> None:
   """Writes `data` to `path` so that readers see the old or the new file, never half."""
-  if not is_local(path):  # an object upload is atomic; a bucket has no atomic rename
+  if not is_local(path):  # a bucket has no atomic rename
     epath.Path(path).write_bytes(data)
     return
   tmp = f"{os.fspath(path)}.tmp{os.getpid()}"  # per process: concurrent writers never collide

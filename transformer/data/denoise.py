@@ -1,13 +1,10 @@
-"""The self-supervised objectives as pipeline transforms: per-example maps of `Examples`.
+"""The self-supervised objectives (MaskedLM, SpanCorruption) as pipeline transforms.
 
 A transform turns the raw ids (feature `inputs`) of the examples a batch takes into the features
 the model trains on, drawing with `example_rng(seed, epoch, index)`: a resumed or re-sharded
-iterator masks as an uninterrupted one, every epoch masks an example afresh (RoBERTa's dynamic
-masking), and evaluation (pipeline.EVAL_EPOCH) always scores the same draw. Both transforms know
-their output lengths before drawing (`lengths`), which packing needs.
-  MaskedLM        BERT: `inputs` corrupted, `targets` the original id on the selected positions
-                  and 0 (weight 0) elsewhere; special ids (BOS, EOS, ...) are never selected.
-  SpanCorruption  T5: `inputs` with sentinels, `targets` the spans.
+iterator masks as an uninterrupted one, every epoch masks afresh (RoBERTa's dynamic masking), and
+evaluation (pipeline.EVAL_EPOCH) always scores the same draw. `lengths` gives the output lengths
+before drawing, which packing needs.
 """
 
 from __future__ import annotations
@@ -75,7 +72,8 @@ class _Transform:
 
 
 class MaskedLM(_Transform):
-  """BERT's masked LM over the ordinary ids of each example."""
+  """BERT's masked LM over the ordinary ids of each example (special ids are never selected):
+  `targets` is the original id on the selected positions, 0 (weight 0) elsewhere."""
 
   def __init__(self, extra: objectives.ExtraIds, seed: int, rate: float = 0.15,
                word_starts=None):

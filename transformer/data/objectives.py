@@ -1,9 +1,7 @@
-"""Self-supervised objectives on one example's ids: BERT's masked LM and T5's span corruption.
-
-Pure NumPy functions of the ids and a `numpy.random.Generator` (denoise.py seeds one per example
-and epoch). Their extra ids come after the tokenizer's vocabulary (`ExtraIds`): [MASK] is
-`vocab_size`, sentinel i is `vocab_size + 1 + i` (T5 counts down from its top; counting up from a
-fixed base keeps the tokenizer's own ids untouched).
+"""Self-supervised objectives on one example's ids: BERT's masked LM and T5's span corruption,
+pure NumPy functions of the ids and a `numpy.random.Generator` (denoise.py seeds one per example
+and epoch). Their extra ids follow the tokenizer's (`ExtraIds`): [MASK] is `vocab_size`, sentinel
+i is `vocab_size + 1 + i` (T5 counts down from its top instead).
 """
 
 from __future__ import annotations
@@ -13,6 +11,8 @@ import dataclasses
 import numpy as np
 
 from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
+
+MASK_FRACTION, RANDOM_FRACTION = 0.8, 0.1  # BERT's: of the selected ids, to [MASK], to random
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +67,10 @@ def _select_for_masking(n: int, rate: float, rng: np.random.Generator,
 
 
 def bert_mask(ids: np.ndarray, extra: ExtraIds, rng: np.random.Generator, *, rate: float = 0.15,
-              mask_fraction: float = 0.8, random_fraction: float = 0.1,
               word_starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """One example's ids [n] -> (inputs [n], targets [n] = ids, weights [n] float32: 1 on the
-  selected positions). Of those, `mask_fraction` become [MASK], `random_fraction` a random
-  ordinary token, the rest keep their id, drawn per position as in BERT."""
+  selected positions). Of those, MASK_FRACTION become [MASK], RANDOM_FRACTION a random ordinary
+  token, the rest keep their id, drawn per position as in BERT."""
   ids = np.asarray(ids, np.int32)
   n = ids.shape[0]
   if n == 0:
@@ -79,8 +78,8 @@ def bert_mask(ids: np.ndarray, extra: ExtraIds, rng: np.random.Generator, *, rat
   selected = _select_for_masking(n, rate, rng, word_starts)
   u = rng.random(n)
   inputs = ids.copy()
-  to_mask = selected & (u < mask_fraction)
-  to_random = selected & (u >= mask_fraction) & (u < mask_fraction + random_fraction)
+  to_mask = selected & (u < MASK_FRACTION)
+  to_random = selected & (u >= MASK_FRACTION) & (u < MASK_FRACTION + RANDOM_FRACTION)
   inputs[to_mask] = extra.mask_id
   inputs[to_random] = rng.integers(NUM_SPECIAL, extra.vocab_size, int(to_random.sum()))
   return inputs, ids.copy(), selected.astype(np.float32)
@@ -109,10 +108,10 @@ def noise_span_mask(n: int, rng: np.random.Generator, *, noise_density: float = 
 
 
 def span_corrupt(ids: np.ndarray, extra: ExtraIds, rng: np.random.Generator, *,
-                 noise_density: float = 0.15, mean_span_length: float = 3.0,
-                 append_eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                 noise_density: float = 0.15, mean_span_length: float = 3.0
+                 ) -> tuple[np.ndarray, np.ndarray]:
   """One example's ids [n] -> (inputs, targets) of T5's span corruption: "a b c d e f" with spans
-  {b c} and {e} -> "a <s0> d <s1> f", "<s0> b c <s1> e", each + EOS when `append_eos`."""
+  {b c} and {e} -> "a <s0> d <s1> f", "<s0> b c <s1> e", each + EOS."""
   ids = np.asarray(ids, np.int32)
   noise = noise_span_mask(ids.shape[0], rng, noise_density=noise_density,
                           mean_span_length=mean_span_length)
@@ -123,7 +122,4 @@ def span_corrupt(ids: np.ndarray, extra: ExtraIds, rng: np.random.Generator, *,
   with_sentinels[span_starts] = sentinels
   inputs = with_sentinels[~noise | span_starts]  # each span collapses to its sentinel
   targets = np.insert(ids[noise], np.flatnonzero(span_starts[noise]), sentinels)
-  if append_eos:
-    inputs = np.append(inputs, EOS_ID).astype(np.int32)
-    targets = np.append(targets, EOS_ID).astype(np.int32)
-  return inputs.astype(np.int32), targets
+  return np.append(inputs, EOS_ID).astype(np.int32), np.append(targets, EOS_ID).astype(np.int32)

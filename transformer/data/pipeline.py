@@ -1,9 +1,7 @@
 """Grain pipelines: tokenized `Examples` -> this host's stream (stream.py) -> fixed-shape batches.
 
-A batch is one vectorized scatter (`assemble`). The iterator state of `BatchDataset` is the stream
-position plus the batch index within a bucket window and the positions packing set aside, so
-get_state/set_state resume exactly and `set_state_from_hosts` resumes another host count.
-Modes (rows: this host's rows per batch; shapes fixed per mode and bucket):
+A batch is one vectorized scatter (`assemble`); the iterator state (BatchIterator) resumes exactly,
+also on another host count. Modes (rows: this host's rows per batch):
   pack    first-fit of consecutive examples into the rows; one that fits no row is set aside for
           the next batch (at most rows // 4 per batch); segment ids 1, 2, ... per row.
   bucket  BUCKET_WINDOW batches' worth of examples sorted by length bucket, one per row, padded to
@@ -79,12 +77,9 @@ def fit_length(ids: list[int], max_len: int, too_long: str) -> list[int] | None:
 def encode_pairs(pairs: Sequence[tuple[str, str]], source_tok, target_tok, max_source_len: int,
                  max_target_len: int, too_long: str, decoder_only: bool
                  ) -> tuple[Examples, dict[str, int]]:
-  """Tokenizes (source, target) pairs -> (Examples, counts of kept/dropped/truncated pairs).
-
-  Encoder-decoder: `inputs` = source + EOS, `targets` = target + EOS (the model shifts targets
-  right itself). Decoder-only: `targets` = prompt + target + EOS with the prompt (source + EOS,
-  what decoding is given) as the prefix (prefix_lm_examples).
-  """
+  """Tokenizes (source, target) pairs -> (Examples, counts of kept/dropped/truncated pairs):
+  `inputs` = source + EOS, `targets` = target + EOS; decoder-only, `targets` = prompt (source +
+  EOS) + target + EOS with the prompt as the prefix (prefix_lm_examples)."""
   inputs, targets = [], []
   dropped = truncated = 0
   for source, target in pairs:
@@ -201,9 +196,6 @@ class BatchDataset(grain.IterDataset):
   def __init__(self, examples: Examples, *, rows: int, row_len: dict[str, int], mode: str,
                seed: int, host: int = 0, hosts: int = 1, transform: Any = None):
     super().__init__()
-    if len(examples) == 0:
-      raise ValueError("the training split has no examples left after filtering "
-                       "(see data.too_long and data.max_*_len)")
     if mode not in ("pack", "bucket", "pad"):
       raise ValueError(f"data.batching={mode!r} is not one of pack|bucket|pad")
     self.examples, self.rows, self.row_len, self.mode, self.seed = (

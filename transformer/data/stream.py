@@ -32,7 +32,8 @@ class Stream:
     self.skip = dict(skip or {})  # epoch -> bool [n]: consumed before the host count changed
     self.last_planned = max(self.skip, default=base_epoch - 1)  # epochs after it are plain
     planned = range(base_epoch, self.last_planned + 1)
-    self._planned_ends = np.cumsum([self.epoch_length(e) for e in planned], dtype=np.int64)
+    # The stream positions where the planned epochs start, then where the last one ends.
+    self._bounds = np.cumsum([0] + [self.epoch_length(e) for e in planned], dtype=np.int64)
     self._orders: dict[int, np.ndarray] = {}
 
   def epoch_length(self, epoch: int) -> int:
@@ -53,26 +54,21 @@ class Stream:
 
   def epoch_start(self, epoch: int) -> int:
     """The stream position of `epoch`'s first example (epoch >= base_epoch)."""
-    planned = len(self._planned_ends)
-    if epoch - self.base_epoch < planned:
-      k = epoch - self.base_epoch
-      return int(self._planned_ends[k - 1]) if k else 0
-    done = int(self._planned_ends[-1]) if planned else 0
-    return done + (epoch - self.last_planned - 1) * self.epoch_length(self.last_planned + 1)
+    if epoch - self.base_epoch < len(self._bounds):
+      return int(self._bounds[epoch - self.base_epoch])
+    plain = epoch - self.last_planned - 1
+    return int(self._bounds[-1]) + plain * self.epoch_length(self.last_planned + 1)
 
   def locate(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
     """(epoch, offset within this host's epoch) of every stream position."""
     p = np.asarray(positions, np.int64)
-    done = int(self._planned_ends[-1]) if len(self._planned_ends) else 0
-    later = p - done
+    later = p - self._bounds[-1]
     length = self.epoch_length(self.last_planned + 1)
-    epochs = self.last_planned + 1 + later // length
-    offsets = later % length
-    inside = p < done
+    epochs, offsets = self.last_planned + 1 + later // length, later % length
+    inside = later < 0
     if inside.any():  # side='right' skips epochs this host has no examples of (length 0)
-      k = np.searchsorted(self._planned_ends, p[inside], side="right")
-      starts = np.concatenate([[0], self._planned_ends])[k]
-      epochs[inside], offsets[inside] = self.base_epoch + k, p[inside] - starts
+      k = np.searchsorted(self._bounds, p[inside], side="right") - 1
+      epochs[inside], offsets[inside] = self.base_epoch + k, p[inside] - self._bounds[k]
     return epochs, offsets
 
   def ids(self, positions: Any) -> np.ndarray:

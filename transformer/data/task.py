@@ -23,14 +23,12 @@ def _text(value: Any) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def read_records(source: Sequence[Any], keys: Sequence[str], indices: Sequence[int] | None = None
-                 ) -> list[tuple[str, ...]]:
-  """The text features `keys` of records `indices` (default all), read in chunks."""
-  indices = range(len(source)) if indices is None else indices
+def read_records(source: Sequence[Any], keys: Sequence[str]) -> list[tuple[str, ...]]:
+  """The text features `keys` of every record of `source`, read in chunks."""
   getitems = getattr(source, "__getitems__", None)
   out = []
-  for start in range(0, len(indices), _READ_CHUNK):
-    chunk = list(indices[start:start + _READ_CHUNK])
+  for start in range(0, len(source), _READ_CHUNK):
+    chunk = list(range(start, min(start + _READ_CHUNK, len(source))))
     try:
       records = getitems(chunk) if getitems else [source[i] for i in chunk]
     except TypeError:  # tfds.testing.mock_data sources lack a working __getitems__
@@ -70,15 +68,12 @@ def _get_tokenizer(d: Any, kind: str, key: str, root: str, workdir_dir: str | No
   (kind 'hf': read from data.hf_tokenizer, never cached next to the data)."""
   if workdir_dir and files.exists(os.path.join(workdir_dir, "tokenizer.json")):
     return tokenizers.load(workdir_dir)
-  if kind == "hf":
-    tok = tokenizers.build(kind, (), hf_tokenizer=d.hf_tokenizer, hf_id_offset=d.hf_id_offset)
-    if workdir_dir:
-      tok.save(workdir_dir)
-    return tok
   name = f"{key}-{kind}" + (f"-{d.spm_model_type}-{d.spm_vocab_size}"
                             if kind == "sentencepiece" else "")
   data_copy = os.path.join(root, "tokenizers", name)
-  if files.exists(os.path.join(data_copy, "tokenizer.json")):
+  if kind == "hf":
+    tok = tokenizers.build(kind, (), hf_tokenizer=d.hf_tokenizer, hf_id_offset=d.hf_id_offset)
+  elif files.exists(os.path.join(data_copy, "tokenizer.json")):
     tok = tokenizers.load(data_copy)
   else:
     logging.info("Building the %s tokenizer of %s from the training split.", kind, key)
@@ -138,11 +133,10 @@ class Task:
     target_texts = lambda: [r[-1] for r in self._records(d.train_split)]
     target_key = ds.target_key + ("" if d.label == "none" else f":{d.label}")  # labels, not phones
     if self.kind == "lm":
-      self.source_tokenizer = None
       self.target_tokenizer = _get_tokenizer(d, d.tokenizer, ds.target_key, ds.root,
                                              tok_dir("target"), target_texts)
-      if self.arch != "decoder_only":  # an objective over the text: the encoder reads it
-        self.source_tokenizer = self.target_tokenizer
+      # Not decoder-only: an objective over the text, which the encoder reads.
+      self.source_tokenizer = None if self.arch == "decoder_only" else self.target_tokenizer
     elif not d.source_tokenizer:  # one tokenizer for both sides
       both = lambda: [t for r in self._records(d.train_split) for t in r]
       self.target_tokenizer = _get_tokenizer(
@@ -193,12 +187,8 @@ class Task:
       keys = (ds.target_key,) if self.kind == "lm" else (ds.source_key, ds.target_key)
       path = os.path.join(ds.root, "cache", f"{split}-{'+'.join(keys)}-{len(source)}.json")
       cached = read_cache(path) if files.exists(path) else None
-      if cached is not None:
-        self._cache[split] = cached
-      else:
-        self._cache[split] = read_records(source, keys)
-        if not files.isdir(self.dataset.root):  # mocked catalog data: nothing to cache next to
-          return self._cache[split]
+      self._cache[split] = read_records(source, keys) if cached is None else cached
+      if cached is None and files.isdir(ds.root):  # mocked catalog data has no directory
         try:
           files.makedirs(os.path.dirname(path))
           write_cache(path, self._cache[split])
@@ -215,12 +205,8 @@ class Task:
     if self.arch == "encoder_only":
       return {"inputs": d.max_source_len,
               "targets": d.max_target_len if self.head == "classify" else d.max_source_len}
-    if self.transform is not None:  # span corruption
-      return {"inputs": d.max_source_len, "targets": d.max_target_len}
-    if self.kind == "lm":
-      return {"targets": d.max_target_len}
-    if self.arch == "decoder_only":
-      return {"targets": d.max_source_len + d.max_target_len}
+    if self.arch == "decoder_only":  # an lm's rows, or prompt + target
+      return {"targets": d.max_target_len + (0 if self.kind == "lm" else d.max_source_len)}
     return {"inputs": d.max_source_len, "targets": d.max_target_len}
 
   def _examples(self, split: str, too_long: str) -> tuple[pipeline.Examples, dict[str, int]]:
@@ -302,12 +288,10 @@ class Task:
     split order (all hosts get the whole list). LM tasks: []."""
     if not self.decodes:
       return []
-    grouped: dict[str, list[str]] = {}
+    grouped: dict[str, dict[str, None]] = {}  # source -> its distinct targets, in order
     for source, target in self._records(split):
-      refs = grouped.setdefault(source, [])
-      if target not in refs:
-        refs.append(target)
-    return [{"source": s, "references": r} for s, r in grouped.items()]
+      grouped.setdefault(source, {})[target] = None
+    return [{"source": s, "references": list(r)} for s, r in grouped.items()]
 
 
 def load_task(cfg: Any, workdir: str | None = None, *, process_index: int | None = None,

@@ -1,12 +1,10 @@
 """Tokenizers behind one interface, in one table `TOKENIZERS` (data.tokenizer -> class): char,
 byte, symbol, SentencePiece (BPE / unigram) and a Hugging Face `tokenizer.json` ('hf').
 
-All share the special ids pad 0 (also the decoder's start token), eos 1, bos 2 (reserved: the
-pipelines never emit it for the decoder) and unk 3; ordinary tokens start at NUM_SPECIAL = 4.
-`encode` adds no specials and counts unknown input in `num_unknown`. A tokenizer is saved as a
-directory holding `tokenizer.json` (plus `spm.model` or `hf_tokenizer.json`); `load(dir)` gives
-back the same vocabulary. A Hugging Face tokenizer's id i is our id i + `offset`
-(`data.hf_id_offset`): NUM_SPECIAL (GPT-2: our specials first), or 0 for a tokenizer whose ids 0
+All share the special ids pad 0 (also the decoder's start token), eos 1, bos 2 (never emitted for
+the decoder) and unk 3; ordinary tokens start at NUM_SPECIAL = 4. A tokenizer is saved as a
+directory holding `tokenizer.json` (plus `spm.model` or `hf_tokenizer.json`). A Hugging Face
+tokenizer's id i is our id i + `data.hf_id_offset`: NUM_SPECIAL (GPT-2), or 0 for one whose ids 0
 and 1 are pad and end-of-sequence as ours are (T5); transformer/convert/ maps weights the same way.
 """
 
@@ -29,7 +27,9 @@ HF_FILE = "hf_tokenizer.json"  # a Hugging Face tokenizer.json, renamed: ours is
 
 
 class Tokenizer:
-  """Base class: the special ids and the shared decode rule (stop at EOS, drop pad and BOS)."""
+  """Base class: the special ids and the shared decode rule (stop at EOS, drop pad and BOS).
+  A subclass defines `encode`, `new`, `_decode_ids` (the ids left to decode) and `_config` (what
+  tokenizer.json holds besides its type)."""
 
   kind = ""
   pad_id, eos_id, bos_id, unk_id = PAD_ID, EOS_ID, BOS_ID, UNK_ID
@@ -42,22 +42,10 @@ class Tokenizer:
     """Token ids of `text`, without BOS/EOS."""
     raise NotImplementedError
 
-  def _decode_ids(self, ids: list[int]) -> str:
-    raise NotImplementedError
-
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids`: stops at the first EOS, drops pad and BOS, shows unknowns as <unk>."""
-    kept = []
-    for i in ids:
-      i = int(i)
-      if i == EOS_ID:
-        break
-      if i not in (PAD_ID, BOS_ID):
-        kept.append(i)
-    return self._decode_ids(kept)
-
-  def _config(self) -> dict[str, Any]:
-    raise NotImplementedError
+    ids = itertools.takewhile(lambda i: i != EOS_ID, map(int, ids))
+    return self._decode_ids([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
   @classmethod
   def new(cls, texts: Iterable[str], **options: Any) -> Tokenizer:
@@ -80,9 +68,8 @@ class Tokenizer:
     files.write_text_atomic(os.path.join(directory, _JSON), json.dumps(
         {"type": self.kind, **self._config()}, ensure_ascii=False, indent=1))
 
-  def __eq__(self, other: object) -> bool:
-    same_type = type(self) is type(other)
-    return same_type and self._key() == other._key()  # pytype: disable=attribute-error
+  def __eq__(self, other: Any) -> bool:
+    return type(self) is type(other) and self._key() == other._key()
 
   def __hash__(self) -> int:
     return hash((self.kind, self._key()))
@@ -92,7 +79,8 @@ class Tokenizer:
 
 
 class _VocabTokenizer(Tokenizer):
-  """A fixed list of units (characters or symbols) mapped to ids NUM_SPECIAL, NUM_SPECIAL+1, ..."""
+  """A fixed list of units (characters or symbols: a subclass's `_split` of a text) mapped to ids
+  NUM_SPECIAL, NUM_SPECIAL+1, ..."""
 
   def __init__(self, units: Sequence[str]):
     super().__init__()
@@ -101,10 +89,6 @@ class _VocabTokenizer(Tokenizer):
     if len(self._ids) != len(self.units):
       raise ValueError(f"{self.kind} tokenizer: duplicate units in the vocabulary")
     self.vocab_size = NUM_SPECIAL + len(self.units)
-
-  @staticmethod
-  def _split(text: str) -> Sequence[str]:
-    raise NotImplementedError
 
   @classmethod
   def new(cls, texts: Iterable[str], **options: Any) -> Tokenizer:
@@ -259,7 +243,6 @@ class HFTokenizer(Tokenizer):
     # Without an unknown token nothing is unknown; with offset 0 our UNK_ID is one of its pieces.
     self.unk_id = (UNK_ID if offset else -1) if unk_hf is None else unk_hf + offset
 
-
   def token_id(self, token: str) -> int | None:
     """The tokenizer's own id (without our offset) of `token`, e.g. BERT's "[MASK]"; None if it
     has no such token."""
@@ -316,19 +299,13 @@ class OffsetTokenizer(Tokenizer):
   outside the target's range to <unk>. Saving writes the inner tokenizer: the offset is derived
   again from the source vocabulary when a task is loaded."""
 
-  def __init__(self, inner: Tokenizer, offset: int):
-    super().__init__()
-    self.inner, self.offset, self.kind = inner, offset, inner.kind
+  def __init__(self, inner: Tokenizer, offset: int):  # pylint: disable=super-init-not-called
+    self.inner, self.offset, self.kind = inner, offset, inner.kind  # num_unknown: the inner's
     self.vocab_size = inner.vocab_size + offset
 
   @property
   def num_unknown(self) -> int:
     return self.inner.num_unknown
-
-  @num_unknown.setter
-  def num_unknown(self, value: int) -> None:
-    if hasattr(self, "inner"):
-      self.inner.num_unknown = value
 
   def encode(self, text: str) -> list[int]:
     return [i + self.offset if i >= NUM_SPECIAL else i for i in self.inner.encode(text)]
