@@ -1,8 +1,6 @@
-"""TFDS builders (`text_files`, `tsv_pairs`; `cmudict_g2p` in cmudict.py) and `open_dataset`.
-
-`open_dataset(cfg.data)` gives a `Dataset`: random-access array_record sources per split (read
-without TensorFlow), the task kind and the feature names. Local builders (LOCAL_BUILDERS) are
-prepared offline on first use into `data.data_dir`; catalog datasets (`tiny_shakespeare`, `lm1b`,
+"""TFDS builders (`text_files`, `tsv_pairs`; `cmudict_g2p` in cmudict.py) and `open_dataset`,
+which gives a `Dataset` of array_record sources per split (read without TensorFlow). Local
+builders are prepared offline on first use into `data.data_dir`; catalog datasets (`lm1b`,
 `wmt14_translate/de-en`, ...) must already be prepared there.
 """
 
@@ -71,11 +69,9 @@ class TextFilesConfig(tfds.core.BuilderConfig):
 
 class TextFiles(tfds.core.GeneratorBasedBuilder):
   """Language modelling over local text files; one record per document (file) per split.
-
   `fraction`: the first `train_fraction` of the concatenated text's characters is `train`, the
-  rest `validation` (nanoGPT's convention). `document`: the first round(n * train_fraction) files
-  (sorted by path) are `train`, the others `validation`.
-  """
+  rest `validation` (nanoGPT's). `document`: the first round(n * train_fraction) files (sorted by
+  path) are `train`, the others `validation`."""
 
   VERSION = tfds.core.Version("1.1.0")  # bumped as cmudict_g2p's is (see there): same rule
   RELEASE_NOTES = {"1.1.0": "Records stored in file order (disable_shuffling)."}
@@ -144,9 +140,8 @@ class TsvPairs(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self, description=self.__doc__, supervised_keys=("source", "target"),
-        disable_shuffling=True,  # records in file order
-        features=tfds.features.FeaturesDict({"source": tfds.features.Text(),
-                                             "target": tfds.features.Text()}))
+        disable_shuffling=True, features=tfds.features.FeaturesDict(
+            {"source": tfds.features.Text(), "target": tfds.features.Text()}))
 
   def _split_generators(self, dl_manager):
     del dl_manager

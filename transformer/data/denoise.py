@@ -30,9 +30,8 @@ def word_starts_fn(tokenizer):
   tokenizer whose units do not say where words begin."""
   kind = getattr(tokenizer, "kind", "")
   if kind in ("char", "byte"):
-    space = np.zeros(tokenizer.vocab_size, bool)
-    for i in range(NUM_SPECIAL, tokenizer.vocab_size):
-      space[i] = tokenizer.decode([i]).isspace()
+    space = np.array([i >= NUM_SPECIAL and tokenizer.decode([i]).isspace()
+                      for i in range(tokenizer.vocab_size)])
 
     def starts(ids):
       sp = space[ids]
@@ -57,12 +56,10 @@ def word_starts_fn(tokenizer):
 
 
 class _Transform:
-  """Maps examples `idx` (each drawn for its epoch) to their `inputs` and `targets`."""
+  """Maps examples `idx` (each drawn for its epoch) to their `inputs` and `targets`: a subclass's
+  `apply(ids, rng)` maps one example's ids."""
 
   seed: int
-
-  def apply(self, ids: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    raise NotImplementedError
 
   def __call__(self, ex: Examples, idx: np.ndarray, epochs: np.ndarray) -> Examples:
     starts, lengths = ex.starts["inputs"], ex.lengths["inputs"]

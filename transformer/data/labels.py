@@ -1,10 +1,7 @@
 """Examples of the encoder-only tasks and of the self-supervised objectives, and CMUdict labels.
-
-Encoder-only rows are BERT's: BOS (the [CLS] that pooling reads) + the text's ids + EOS ([SEP]).
-  classify  `targets` = one label id per example (a packed row's i-th target slot is its i-th
-            example: see transformer/model/heads.py)
-  tag       `targets` = one tag per token, 0 (unscored) under BOS and EOS
-  objectives (mlm, span): `inputs` = raw ids of each text (denoise.py transforms them)
+Encoder-only rows are BERT's: BOS (the [CLS] that pooling reads) + the text's ids + EOS ([SEP]);
+`targets` holds one label id per example (classify: a packed row's i-th target slot is its i-th
+example, see transformer/model/heads.py) or one tag per token (tag; 0, unscored, under BOS/EOS).
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from transformer.data.pipeline import encode_stream, Examples
+from transformer.data.pipeline import encode_stream, Examples, fit
 from transformer.data.tokenizers import BOS_ID, EOS_ID
 
 LABELS = ("none", "primary_stress", "syllables")
@@ -44,52 +41,36 @@ def word_labels(records: Sequence[tuple[str, str]], label: str) -> list[tuple[st
   return out
 
 
-def _fit(ids: list[int], room: int, too_long: str) -> list[int] | None:
-  if len(ids) <= room:
-    return ids
-  return ids[:room] if too_long == "truncate" else None
-
-
 def encoder_rows(texts: Sequence[str], tok, max_len: int, too_long: str
                  ) -> tuple[list[list[int]], list[int]]:
   """BOS + ids + EOS per text within max_len (truncated or dropped); (rows, kept text indices)."""
   rows, kept = [], []
   for i, text in enumerate(texts):
-    ids = _fit(tok.encode(text), max_len - 2, too_long)
+    ids = fit(tok.encode(text), max_len - 2, too_long)
     if ids is not None:
       rows.append([BOS_ID] + ids + [EOS_ID])
       kept.append(i)
   return rows, kept
 
 
-def classify_examples(pairs: Sequence[tuple[str, str]], source_tok, label_tok, max_len: int,
-                      too_long: str) -> tuple[Examples, dict[str, int]]:
-  """Encoder rows with one label id each; a label that is not exactly one id is a ValueError."""
+def head_examples(pairs: Sequence[tuple[str, str]], source_tok, target_tok, max_len: int,
+                  too_long: str, head: str) -> tuple[Examples, dict[str, int]]:
+  """Encoder rows with one label id each (head 'classify') or one tag per token ('tag'; 0 under
+  BOS and EOS); a label of other than one id, or fewer tags than tokens, is a ValueError."""
   rows, kept = encoder_rows([s for s, _ in pairs], source_tok, max_len, too_long)
-  labels = []
-  for i in kept:
-    ids = label_tok.encode(pairs[i][1])
-    if len(ids) != 1:
-      raise ValueError(f"model.head='classify': the label {pairs[i][1]!r} of {pairs[i][0]!r} is "
-                       f"{len(ids)} tokens, not one (data.tokenizer={label_tok.kind!r})")
-    labels.append(ids)
-  counts = {"examples": len(rows), "dropped": len(pairs) - len(rows), "truncated": 0}
-  return Examples.from_lists({"inputs": rows, "targets": labels}), counts
-
-
-def tag_examples(pairs: Sequence[tuple[str, str]], source_tok, tag_tok, max_len: int,
-                 too_long: str) -> tuple[Examples, dict[str, int]]:
-  """Encoder rows with one tag per token (0 under BOS/EOS); unequal counts are a ValueError."""
-  rows, kept = encoder_rows([s for s, _ in pairs], source_tok, max_len, too_long)
-  tags = []
+  targets = []
   for row, i in zip(rows, kept):
-    ids = tag_tok.encode(pairs[i][1])[:len(row) - 2]
-    if len(ids) != len(row) - 2:
-      raise ValueError(f"model.head='tag': {pairs[i][0]!r} has {len(row) - 2} tokens but "
-                       f"{len(ids)} tags ({pairs[i][1]!r})")
-    tags.append([0] + ids + [0])
+    (source, label), n = pairs[i], len(row) - 2  # n: the text's tokens
+    ids = target_tok.encode(label)
+    if head == "classify" and len(ids) != 1:
+      raise ValueError(f"model.head='classify': the label {label!r} of {source!r} is "
+                       f"{len(ids)} tokens, not one (data.tokenizer={target_tok.kind!r})")
+    if head == "tag" and len(ids) < n:
+      raise ValueError(f"model.head='tag': {source!r} has {n} tokens but {len(ids)} tags "
+                       f"({label!r})")
+    targets.append(ids if head == "classify" else [0] + ids[:n] + [0])
   counts = {"examples": len(rows), "dropped": len(pairs) - len(rows), "truncated": 0}
-  return Examples.from_lists({"inputs": rows, "targets": tags}), counts
+  return Examples.from_lists({"inputs": rows, "targets": targets}), counts
 
 
 def objective_examples(texts: Sequence[str], tok, row_len: int, stream: bool, wrap: bool,
@@ -103,7 +84,7 @@ def objective_examples(texts: Sequence[str], tok, row_len: int, stream: bool, wr
   elif wrap:
     rows = encoder_rows(texts, tok, row_len, too_long)[0]
   else:
-    rows = [ids for ids in (_fit(tok.encode(t), row_len, too_long) for t in texts)
+    rows = [ids for ids in (fit(tok.encode(t), row_len, too_long) for t in texts)
             if ids is not None]
   kept = [list(r) for r in rows if len(r) >= 2]
   counts = {"examples": len(kept), "dropped": len(texts) - len(kept) if not stream else 0,

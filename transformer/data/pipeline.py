@@ -65,13 +65,17 @@ class Examples:
     return self.select(np.arange(index, len(self), count))
 
 
+def fit(ids: list[int], room: int, too_long: str) -> list[int] | None:
+  """`ids` if at most `room` long; else truncated to `room` (too_long 'truncate') or None."""
+  if len(ids) <= room:
+    return ids
+  return ids[:room] if too_long == "truncate" else None
+
+
 def fit_length(ids: list[int], max_len: int, too_long: str) -> list[int] | None:
   """ids + [EOS] if it fits in max_len; else truncated (keeping EOS last) or None (dropped)."""
-  if len(ids) + 1 <= max_len:
-    return ids + [EOS_ID]
-  if too_long == "truncate":
-    return ids[:max_len - 1] + [EOS_ID]
-  return None
+  ids = fit(ids, max_len - 1, too_long)
+  return None if ids is None else ids + [EOS_ID]
 
 
 def encode_pairs(pairs: Sequence[tuple[str, str]], source_tok, target_tok, max_source_len: int,
@@ -150,13 +154,10 @@ def one_per_row(ex: Examples, idx: np.ndarray, row_len: dict[str, int], rows: in
 
 
 def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
-  """First-fit of examples with lengths lens [m, F] into `rows` rows of capacity caps [F].
-
-  An example that fits no row is skipped; filling stops after `max_skipped` of them or when the
+  """First-fit of examples with lengths lens [m, F] into `rows` rows of capacity caps [F]; one
+  that fits no row is skipped, and filling stops after `max_skipped` of them or when the
   candidates run out. Returns (candidates examined, placed candidate indices [k], row [k],
-  offsets [k, F], segment ids [k], skipped indices). The loop only chooses rows; offsets and
-  segment ids (rank within the row) follow from the choices afterwards.
-  """
+  offsets [k, F], segment ids [k], skipped indices); the loop only chooses rows."""
   num_features = len(caps)
   free = [np.full(rows, c, np.int64) for c in caps]  # per feature [rows]; 1-D ufuncs are fastest
   fits, tmp = np.empty(rows, bool), np.empty(rows, bool)
@@ -237,9 +238,6 @@ class BatchIterator(grain.DatasetIterator):
     epochs = self._stream.locate(positions)[0]
     return self._ds.transform(self._ds.examples, idx, epochs), np.arange(len(idx))
 
-  def _one_per_row(self, positions: np.ndarray, row_len: dict[str, int]) -> dict[str, np.ndarray]:
-    return one_per_row(*self._materialize(positions), row_len, self._ds.rows)
-
   def _lookahead(self) -> int:
     return self._ds.rows * int(self._caps.max())  # more examples than could ever fit
 
@@ -277,21 +275,19 @@ class BatchIterator(grain.DatasetIterator):
   def __next__(self) -> dict[str, np.ndarray]:
     ds = self._ds
     if ds.mode == "pack":
-      batch = self._next_pack()
-    elif ds.mode == "pad":
-      self._last = np.arange(self._pos, self._pos + ds.rows)
-      batch = self._one_per_row(self._last, ds.row_len)
+      return self._next_pack()
+    if ds.mode == "pad":
+      self._last, row_len = np.arange(self._pos, self._pos + ds.rows), ds.row_len
       self._pos += ds.rows
     else:
       if self._window is None:
         self._window = self._bucket_window()
       self._last, row_len = self._window[self._emitted]
-      batch = self._one_per_row(self._last, row_len)
       self._emitted += 1
       if self._emitted == len(self._window):
         self._pos += ds.rows * BUCKET_WINDOW
         self._emitted, self._window = 0, None
-    return batch
+    return one_per_row(*self._materialize(self._last), row_len, ds.rows)
 
   def last_batch_examples(self) -> tuple[np.ndarray, np.ndarray]:
     """(epoch, example index) of every example in the last batch (a debugging and test hook)."""

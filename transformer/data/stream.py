@@ -1,5 +1,4 @@
 """The training example stream of one host, and how it is re-split when the host count changes.
-
 Epoch e has one global order, `perm_e`, a seeded permutation of the split's n examples; host h of
 H reads `perm_e[h::H]`. A host's stream is its epochs back to back; a position indexes into it.
 After a change in host count (elastic resume) the new hosts start at the oldest epoch some old host

@@ -130,26 +130,25 @@ class Task:
     if d.label != "none" and self.kind == "lm":
       raise ValueError(f"data.label={d.label!r} needs cmudict_g2p/stress, not {d.dataset!r}")
     self._example_cache: dict[tuple[str, str], tuple[pipeline.Examples, dict[str, int]]] = {}
-    target_texts = lambda: [r[-1] for r in self._records(d.train_split)]
+    train = lambda: self._records(d.train_split)
+    get = lambda kind, key, side, texts: _get_tokenizer(d, kind, key, ds.root, tok_dir(side), texts)
     target_key = ds.target_key + ("" if d.label == "none" else f":{d.label}")  # labels, not phones
     if self.kind == "lm":
-      self.target_tokenizer = _get_tokenizer(d, d.tokenizer, ds.target_key, ds.root,
-                                             tok_dir("target"), target_texts)
+      self.target_tokenizer = get(d.tokenizer, ds.target_key, "target",
+                                  lambda: [r[0] for r in train()])
       # Not decoder-only: an objective over the text, which the encoder reads.
       self.source_tokenizer = None if self.arch == "decoder_only" else self.target_tokenizer
     elif not d.source_tokenizer:  # one tokenizer for both sides
-      both = lambda: [t for r in self._records(d.train_split) for t in r]
-      self.target_tokenizer = _get_tokenizer(
-          d, d.tokenizer, f"{ds.source_key}+{target_key}", ds.root, tok_dir("target"), both)
+      self.target_tokenizer = get(d.tokenizer, f"{ds.source_key}+{target_key}", "target",
+                                  lambda: [t for r in train() for t in r])
       self.source_tokenizer = self.target_tokenizer
       if workdir:
         self.target_tokenizer.save(tok_dir("source"))
     else:
-      self.source_tokenizer = _get_tokenizer(
-          d, d.source_tokenizer, ds.source_key, ds.root, tok_dir("source"),
-          lambda: [r[0] for r in self._records(d.train_split)])
-      self.target_tokenizer = _get_tokenizer(d, d.tokenizer, target_key, ds.root,
-                                             tok_dir("target"), target_texts)
+      self.source_tokenizer = get(d.source_tokenizer, ds.source_key, "source",
+                                  lambda: [r[0] for r in train()])
+      self.target_tokenizer = get(d.tokenizer, target_key, "target",
+                                  lambda: [r[1] for r in train()])
       if self.arch == "decoder_only":  # one embedding table: target ids after the source's
         self.target_tokenizer = tokenizers.OffsetTokenizer(
             self.target_tokenizer, self.source_tokenizer.vocab_size - tokenizers.NUM_SPECIAL)
@@ -218,20 +217,18 @@ class Task:
   def _encode(self, split: str, too_long: str) -> tuple[pipeline.Examples, dict[str, int]]:
     d = self.data_config
     records = self._records(split)
-    if self.transform is not None:
-      texts = [r[0] for r in records] if self.kind == "lm" else list(dict.fromkeys(
-          r[0] for r in records))  # the distinct sources (words), in split order
+    if self.transform is not None:  # lm texts, or the distinct sources (words) in split order
+      texts = [r[0] for r in records]
+      texts = texts if self.kind == "lm" else list(dict.fromkeys(texts))
       mlm = d.objective == "mlm"
       return labels.objective_examples(texts, self.source_tokenizer,
                                        d.max_source_len - (0 if mlm else 1), self.kind == "lm",
                                        mlm, too_long)
     if self.head in ("classify", "tag"):
-      make = labels.classify_examples if self.head == "classify" else labels.tag_examples
-      return make(records, self.source_tokenizer, self.target_tokenizer, d.max_source_len,
-                  too_long)
+      return labels.head_examples(records, self.source_tokenizer, self.target_tokenizer,
+                                  d.max_source_len, too_long, self.head)
     if self.kind == "lm":
-      ex = pipeline.encode_stream([r[0] for r in records], self.target_tokenizer,
-                                  d.max_target_len)
+      ex = pipeline.encode_stream([r[0] for r in records], self.target_tokenizer, d.max_target_len)
       return ex, {"examples": len(ex), "dropped": 0, "truncated": 0}
     return pipeline.encode_pairs(records, self.source_tokenizer, self.target_tokenizer,
                                  d.max_source_len, d.max_target_len, too_long,
@@ -254,11 +251,10 @@ class Task:
           f"{d.train_split} is left ({counts['dropped']} dropped as too long, of "
           f"{counts['examples'] + counts['dropped']}); raise the lengths or use 'truncate'")
     mode = "pad" if self.kind == "lm" else d.batching  # lm rows are already full
-    ds = pipeline.BatchDataset(ex, rows=d.batch_size // self.process_count,
-                               row_len=self.row_len, mode=mode, seed=d.shuffle_seed,
-                               host=self.process_index, hosts=self.process_count,
-                               transform=self.transform)
-    return iter(ds)
+    return iter(pipeline.BatchDataset(
+        ex, rows=d.batch_size // self.process_count, row_len=self.row_len, mode=mode,
+        seed=d.shuffle_seed, host=self.process_index, hosts=self.process_count,
+        transform=self.transform))
 
   def eval_batches(self, split: str, batch_size: int | None = None
                    ) -> Iterator[dict[str, np.ndarray]]:
@@ -296,9 +292,8 @@ class Task:
 
 def load_task(cfg: Any, workdir: str | None = None, *, process_index: int | None = None,
               process_count: int | None = None) -> Task:
-  """Prepares the data of `cfg.data` (offline, first use) and returns its Task. With a workdir,
-  tokenizers are read from / written to workdir/tokenizers/{source,target}, so evaluation decodes
-  with the training vocabulary. process_index/count default to JAX's."""
+  """Prepares the data of `cfg.data` (offline, first use) and returns its Task; with a workdir,
+  tokenizers are read from / written to workdir/tokenizers/{source,target}."""
   return Task(cfg, workdir, process_index=process_index, process_count=process_count)
 
 

@@ -49,8 +49,9 @@ class Tokenizer:
 
   @classmethod
   def new(cls, texts: Iterable[str], **options: Any) -> Tokenizer:
-    """A new tokenizer whose vocabulary comes from `texts`; `options`: `build`'s keywords."""
-    raise NotImplementedError
+    """A new tokenizer whose vocabulary comes from `texts` (this default: a fixed vocabulary);
+    `options`: `build`'s keywords."""
+    return cls()
 
   @classmethod
   def read(cls, spec: dict[str, Any], directory: str) -> Tokenizer:
@@ -79,8 +80,10 @@ class Tokenizer:
 
 
 class _VocabTokenizer(Tokenizer):
-  """A fixed list of units (characters or symbols: a subclass's `_split` of a text) mapped to ids
-  NUM_SPECIAL, NUM_SPECIAL+1, ..."""
+  """A fixed list of units mapped to ids NUM_SPECIAL, NUM_SPECIAL+1, ...: characters, or with a
+  `_separator` the symbols it separates."""
+
+  _separator = ""
 
   def __init__(self, units: Sequence[str]):
     super().__init__()
@@ -89,6 +92,10 @@ class _VocabTokenizer(Tokenizer):
     if len(self._ids) != len(self.units):
       raise ValueError(f"{self.kind} tokenizer: duplicate units in the vocabulary")
     self.vocab_size = NUM_SPECIAL + len(self.units)
+
+  @classmethod
+  def _split(cls, text: str) -> Sequence[str]:
+    return text.split() if cls._separator else text
 
   @classmethod
   def new(cls, texts: Iterable[str], **options: Any) -> Tokenizer:
@@ -110,11 +117,7 @@ class _VocabTokenizer(Tokenizer):
 class CharTokenizer(_VocabTokenizer):
   """One id per Unicode character of the training text."""
 
-  kind, _separator = "char", ""
-
-  @staticmethod
-  def _split(text: str) -> Sequence[str]:
-    return text
+  kind = "char"
 
 
 class SymbolTokenizer(_VocabTokenizer):
@@ -122,19 +125,11 @@ class SymbolTokenizer(_VocabTokenizer):
 
   kind, _separator = "symbol", " "
 
-  @staticmethod
-  def _split(text: str) -> Sequence[str]:
-    return text.split()
-
 
 class ByteTokenizer(Tokenizer):
   """UTF-8 bytes: byte b is id b + NUM_SPECIAL (vocabulary 260); nothing is ever unknown."""
 
   kind, vocab_size = "byte", NUM_SPECIAL + 256
-
-  @classmethod
-  def new(cls, texts: Iterable[str], **options: Any) -> Tokenizer:
-    return cls()
 
   def encode(self, text: str) -> list[int]:
     return [b + NUM_SPECIAL for b in text.encode("utf-8")]
@@ -176,11 +171,12 @@ class SentencePieceTokenizer(Tokenizer):
 
   @classmethod
   def new(cls, texts: Iterable[str], *, spm_vocab_size: int = 8000, spm_model_type: str = "bpe",
-          max_sentences: int = 1_000_000, **options: Any) -> Tokenizer:
+          **options: Any) -> Tokenizer:
     """Trains SentencePiece on `texts` deterministically (one thread, no sampling shuffle)."""
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (optional: BPE only)
     if spm_model_type not in ("bpe", "unigram"):
       raise ValueError(f"data.spm_model_type={spm_model_type!r} is not one of bpe|unigram")
+    max_sentences = 1_000_000
     lines = (line for text in itertools.islice(texts, max_sentences)
              for line in text.splitlines() if line.strip())
     out = io.BytesIO()
@@ -213,11 +209,9 @@ HF_ID_OFFSETS = (NUM_SPECIAL, 0)
 
 class HFTokenizer(Tokenizer):
   """A Hugging Face `tokenizers` tokenizer (its tokenizer.json text); its id i is our i + `offset`.
-
-  Its own special tokens (e.g. GPT-2's <|endoftext|>) are ordinary ids here; its unknown token, if
-  any, is `unk_id`. offset=0 needs its ids 0 and 1 to be special tokens (T5's <pad> and </s>); its
-  id 2 is then our BOS, which decoding drops (T5's <unk>, never produced on text T5 covers).
-  """
+  Its own special tokens (GPT-2's <|endoftext|>) are ordinary ids here. offset=0 needs its ids 0
+  and 1 to be special tokens (T5's <pad> and </s>); its id 2 is then our BOS, which decoding drops
+  (T5's <unk>, never produced on text T5 covers)."""
 
   kind = "hf"
 
