@@ -1,10 +1,6 @@
-"""The data layer: TFDS builders read through Grain, tokenizers, and the pipelines.
-
-  from transformer.data import load_task
-  task = load_task(cfg, workdir)       # prepares cmudict_g2p offline on first use
-  batch = next(task.train_iterator())  # packed numpy batch (see pipeline.py for the features)
-
-Imported lazily, so that reading the tokenizers' table (config validation) does not load TFDS.
+"""The data layer: TFDS builders read through Grain, tokenizers, and the pipelines
+(`load_task(cfg, workdir).train_iterator()` gives packed numpy batches, see pipeline.py). Imported
+lazily, so that reading the tokenizers' table (config validation) does not load TFDS.
 """
 
 import importlib
