@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from transformer.config import Config, from_configdict, ModelConfig
-from transformer.schema import get_config
-from transformer.convert.common import (CONVERTED, ConvertError, float32, hf_choice, hf_ffn,
-                                        positive_ints, require, require_hf,
-                                        require_unmapped_excluded, stack_layers)
+from transformer.config import Config, ModelConfig
+from transformer.convert.common import (CONVERTED, converted_config, ConvertError, hf_choice,
+                                        hf_ffn, norm, one, params_of, positive_ints, require,
+                                        require_hf, require_unmapped_excluded, stacked, state_of,
+                                        transpose, Weight)
 from transformer.data.tokenizers import EOS_ID, PAD_ID
 
 MODEL_TYPE, NAME, ARCH = "t5", "T5", "encoder_decoder"
@@ -98,19 +98,11 @@ def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenize
     raise ConvertError("--text_file gives a language model data; a T5 workdir is converted "
                        "without data (train.py --init_from=OUT fine-tunes it on a seq2seq task)")
   del data_dir
-  cd = get_config()
   m = model_overrides(hf, state)
-  cd.model.update(m)
   length = min(64, m["max_len"])
-  cd.data.update(dataset="", tokenizer="hf", source_tokenizer="", hf_tokenizer=hf_tokenizer,
-                 hf_id_offset=ID_OFFSET, max_source_len=length, max_target_len=length,
-                 batch_size=8, batching="pad")
-  cd.train.update(optimizer="adafactor", schedule="constant", learning_rate=1e-3,
-                  warmup_steps=0, label_smoothing=0.0, grad_clip=1.0)
-  cd.eval.update(num_decode_examples=0)
-  cd.eval.decode.update(method="greedy", max_decode_len=length)
-  cd.checkpoint.update(keep_best_by="")
-  return from_configdict(cd)
+  return converted_config(m, hf_tokenizer, ID_OFFSET, length, data=dict(dataset="", batching="pad"),
+                          train=dict(optimizer="adafactor", learning_rate=1e-3), evaluation={},
+                          decode_len=length)
 
 
 def _shared(state: dict[str, np.ndarray]) -> np.ndarray:
@@ -127,86 +119,54 @@ def _ffn_names(m: ModelConfig) -> dict[str, str]:
   return {"wi": "wi", "wo": "wo"}
 
 
+def _weights(m: ModelConfig) -> list[Weight]:
+  """Our EncoderDecoder's parameters and T5's tensors."""
+  d, n, h = m.d_model, m.num_heads, m.head_dim
+  to_heads = lambda w: w.T.reshape(d, n, h)  # torch [n*h, d] -> ours [d, n, h]  # noqa: E731
+  from_heads = lambda k: np.reshape(k, (d, n * h)).T  # noqa: E731
+
+  def attention(p: str, a: str, cross: bool) -> list[Weight]:
+    q, k, v = (f"{a}.{x}.weight" for x in "qkv")
+    out = one(f"{p}.out.kernel", f"{a}.o.weight", lambda w: w.T.reshape(n, h, d),
+              lambda x: np.reshape(x, (n * h, d)).T)
+    if cross:
+      return [one(f"{p}.query.kernel", q, to_heads, from_heads),
+              stacked(f"{p}.kv.kernel", (k, v), 1, to_heads, from_heads), out]
+    return [stacked(f"{p}.qkv.kernel", (q, k, v), 1, to_heads, from_heads), out]
+
+  weights = [Weight("token_embed.embedding", _shared, lambda x: {"shared.weight": x})]
+  for name, num_layers in (("encoder", m.num_encoder_layers), ("decoder", m.num_decoder_layers)):
+    weights += [one(f"{name}.relative_bias.rel_embedding",
+                    f"{name}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+                *norm(f"{name}.final_norm", f"{name}.final_layer_norm", bias=False)]
+    for i in range(num_layers):
+      p, q = f"{name}.layers_{i}", f"{name}.block.{i}.layer"
+      weights += [*norm(f"{p}.attention_norm", f"{q}.0.layer_norm", bias=False),
+                  *attention(f"{p}.self_attention", f"{q}.0.SelfAttention", cross=False)]
+      if name == "decoder":
+        weights += [*norm(f"{p}.cross_attention_norm", f"{q}.1.layer_norm", bias=False),
+                    *attention(f"{p}.cross_attention", f"{q}.1.EncDecAttention", cross=True)]
+      f = 2 if name == "decoder" else 1
+      weights += norm(f"{p}.ffn_norm", f"{q}.{f}.layer_norm", bias=False)
+      weights += [one(f"{p}.ffn.{ours}.kernel", f"{q}.{f}.DenseReluDense.{hf_name}.weight",
+                      transpose, transpose) for hf_name, ours in _ffn_names(m).items()]
+  if not m.tie_embeddings:
+    weights.append(one("decoder.logits_dense.kernel", "lm_head.weight", transpose, transpose))
+  return weights
+
+
 def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
                    tokenizer: Any = None) -> dict[str, Any]:
   """Our EncoderDecoder parameters (unrolled layers) from a T5 state dict."""
   del hf, tokenizer  # T5's ids are ours
-  d, n, h = m.d_model, m.num_heads, m.head_dim
-  norm = lambda p: {"scale": state[f"{p}.weight"]}  # noqa: E731
-  heads = lambda w: w.T.reshape(d, n, h)  # torch [n*h, d] -> ours [d, n, h]  # noqa: E731
-
-  def attention(p: str, cross: bool) -> dict[str, Any]:
-    q, k, v = (heads(state[f"{p}.{x}.weight"]) for x in "qkv")
-    out = {"out": {"kernel": state[f"{p}.o.weight"].T.reshape(n, h, d)}}
-    if cross:
-      return out | {"query": {"kernel": q}, "kv": {"kernel": np.stack([k, v], axis=1)}}
-    return out | {"qkv": {"kernel": np.stack([q, k, v], axis=1)}}
-
-  def stack(name: str, num_layers: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "relative_bias": {"rel_embedding": state[
-            f"{name}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]},
-        "final_norm": norm(f"{name}.final_layer_norm")}
-    for i in range(num_layers):
-      p = f"{name}.block.{i}.layer"
-      layer = {"attention_norm": norm(f"{p}.0.layer_norm"),
-               "self_attention": attention(f"{p}.0.SelfAttention", cross=False)}
-      if name == "decoder":
-        layer |= {"cross_attention_norm": norm(f"{p}.1.layer_norm"),
-                  "cross_attention": attention(f"{p}.1.EncDecAttention", cross=True)}
-      f = 2 if name == "decoder" else 1
-      layer["ffn_norm"] = norm(f"{p}.{f}.layer_norm")
-      layer["ffn"] = {ours: {"kernel": state[f"{p}.{f}.DenseReluDense.{name}.weight"].T}
-                      for name, ours in _ffn_names(m).items()}
-      out[f"layers_{i}"] = layer
-    return out
-
-  params = {"token_embed": {"embedding": _shared(state)},
-            "encoder": stack("encoder", m.num_encoder_layers),
-            "decoder": stack("decoder", m.num_decoder_layers)}
-  if not m.tie_embeddings:
-    params["decoder"]["logits_dense"] = {"kernel": state["lm_head.weight"].T}
-  return params
+  return params_of(state, _weights(m))
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
                    ) -> dict[str, np.ndarray]:
   """The T5ForConditionalGeneration state dict (float32 numpy) of our parameters."""
   del hf  # m says all
-  d, n, h = m.d_model, m.num_heads, m.head_dim
-  out = {"shared.weight": params["token_embed"]["embedding"]}
-  flat = lambda k: np.reshape(k, (d, n * h)).T  # ours [d, n, h] -> torch [n*h, d]  # noqa: E731
-
-  def attention(p: str, att: dict[str, Any]) -> None:
-    if "qkv" in att:
-      q, k, v = (np.asarray(att["qkv"]["kernel"])[:, j] for j in range(3))
-    else:
-      q = att["query"]["kernel"]
-      k, v = (np.asarray(att["kv"]["kernel"])[:, j] for j in range(2))
-    for name, kernel in zip("qkv", (q, k, v)):
-      out[f"{p}.{name}.weight"] = flat(kernel)
-    out[f"{p}.o.weight"] = np.reshape(att["out"]["kernel"], (n * h, d)).T
-
-  for name, num_layers in (("encoder", m.num_encoder_layers), ("decoder", m.num_decoder_layers)):
-    stack = params[name]
-    out[f"{name}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (
-        stack["relative_bias"]["rel_embedding"])
-    out[f"{name}.final_layer_norm.weight"] = stack["final_norm"]["scale"]
-    for i, layer in enumerate(stack_layers(stack, num_layers)):
-      p = f"{name}.block.{i}.layer"
-      out[f"{p}.0.layer_norm.weight"] = layer["attention_norm"]["scale"]
-      attention(f"{p}.0.SelfAttention", layer["self_attention"])
-      f = 1
-      if name == "decoder":
-        out[f"{p}.1.layer_norm.weight"] = layer["cross_attention_norm"]["scale"]
-        attention(f"{p}.1.EncDecAttention", layer["cross_attention"])
-        f = 2
-      out[f"{p}.{f}.layer_norm.weight"] = layer["ffn_norm"]["scale"]
-      for hf_name, ours in _ffn_names(m).items():
-        out[f"{p}.{f}.DenseReluDense.{hf_name}.weight"] = np.asarray(layer["ffn"][ours]["kernel"]).T
-  if not m.tie_embeddings:
-    out["lm_head.weight"] = np.asarray(params["decoder"]["logits_dense"]["kernel"]).T
-  return float32(out)
+  return state_of(params, _weights(m))
 
 
 def describe_workdir(cfg: Config) -> str:
