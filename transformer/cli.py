@@ -1,11 +1,9 @@
 """What the entry points share: every failure they expect is one line, `error: ...`, exit 1.
 
-`parse_flags` (and `parse_own_flags`, for the tools with flags of their own) turns a bad flag,
-config key or config file, which absl and ml_collections report as a traceback or a wrapped
-message, into one line naming it; `--help` prints one screen, `--help_keys` every config key.
-`one_line_errors` wraps an entry point's work: the library's one-line errors and failures of the
-machine or of files (`environment_error`) end the program in one line; anything else is a bug and
-keeps its traceback. Importing this module does not import JAX, so `--help` stays fast.
+`parse_flags` (`parse_own_flags` for tools with flags of their own) reports a bad flag, config key
+or config file in one line; `one_line_errors` does so for the library's one-line errors and
+failures of the machine or of files (`environment_error`), and lets a bug keep its traceback.
+Importing this module does not import JAX, so `--help` stays fast.
 """
 
 from __future__ import annotations
@@ -39,8 +37,6 @@ _QUIET_BELOW = {"orbax": pylogging.WARNING, "xla_bridge": pylogging.WARNING,
 # this machine, but ..."); a backend that is installed and fails to start still warns.
 _BACKEND_GUESS = "may be present on this machine"
 _JAX_BACKENDS_LOGGER = "jax._src.xla_bridge"
-HELP_FLAGS = ("--help", "-h", "-?", "--helpshort")
-KEYS_FLAG = "--help_keys"
 HELP_LINES = 60  # --help fits a screen
 _BACKGROUND_WRITERS = ("orbax", "asyncio")  # whose logged exceptions also reach the caller
 
@@ -50,12 +46,6 @@ def fail(message: str) -> NoReturn:
   first = (str(message).strip().splitlines() or [""])[0]
   print(f"error: {first}", file=sys.stderr)
   sys.exit(1)
-
-
-def keep_record(record: pylogging.LogRecord) -> bool:
-  """False for library chatter: orbax, XLA, TFDS below their levels; JAX's accelerator guesses."""
-  return not_backend_guess(record) and all(
-      record.levelno >= level for name, level in _QUIET_BELOW.items() if name in record.pathname)
 
 
 def not_backend_guess(record: pylogging.LogRecord) -> bool:
@@ -69,10 +59,15 @@ def quiet_backends() -> None:
 
 
 def quiet_logging() -> None:
-  """Keeps our INFO logs and everyone's warnings, except `keep_record`'s chatter and the
-  tracebacks of a failed background write (its error reaches the caller, reported in one line)."""
-  logging.get_absl_handler().addFilter(lambda r: keep_record(r) and not (
-      r.exc_info and any(name in r.pathname for name in _BACKGROUND_WRITERS)))
+  """Keeps our INFO logs and everyone's warnings, except library chatter and the tracebacks of a
+  failed background write (its error reaches the caller, reported in one line)."""
+
+  def keep(r: pylogging.LogRecord) -> bool:
+    chatter = any(name in r.pathname and r.levelno < level for name, level in _QUIET_BELOW.items())
+    background = r.exc_info and any(name in r.pathname for name in _BACKGROUND_WRITERS)
+    return not_backend_guess(r) and not chatter and not background
+
+  logging.get_absl_handler().addFilter(keep)
   quiet_backends()
   _drop_calls_into_closed_loops()
   # The coroutines of a failed background write that its closed loop never ran: Python names
@@ -289,7 +284,7 @@ def help_text(script: str, doc: str, main_flags: Sequence[flags.Flag]) -> str:
     lines.append("  --config.KEY=VALUE: override one config key, e.g. "
                  "--config.eval.decode.beam_size=4")
   tail = ["", "Every config key is documented in docs/config.md;",
-          f"`python {script} {KEYS_FLAG}` lists them all with their defaults."]
+          f"`python {script} --help_keys` lists them all with their defaults."]
   text = (doc or "").strip()
   if len(text.splitlines()) + len(lines) + len(tail) + 2 > HELP_LINES:
     text = text.split("\n\n")[0] + f"\n(More in the docstring of {script}.)"
@@ -313,11 +308,11 @@ def _help(argv: Sequence[str]) -> None:
   """Answers --help (one screen) or --help_keys (every config key) and exits 0; else returns."""
   args = argv[1:]
   script = os.path.basename(argv[0])
-  if KEYS_FLAG in args:
+  if "--help_keys" in args:
     print("Every config key and its default (configs/base.py); what each means: docs/config.md.")
     print("\n".join(key_lines(schema.get_config())))
     sys.exit(0)
-  if any(a in HELP_FLAGS for a in args):
+  if any(a in ("--help", "-h", "-?", "--helpshort") for a in args):
     main = sys.modules.get("__main__")
     print(help_text(script, getattr(main, "__doc__", "") or "",
                     flags.FLAGS.get_key_flags_for_module(argv[0])))

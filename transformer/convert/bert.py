@@ -1,15 +1,12 @@
-r"""BERT (`BertForMaskedLM`) <-> our EncoderOnly with the masked-LM head.
+"""BERT (`BertForMaskedLM`) <-> our EncoderOnly with the masked-LM head.
 
-BERT is our encoder_only with head=mlm, post-LN, learned positions, a LayerNorm on the summed
-embeddings, biases everywhere, unscaled embeddings, hidden_act as `ffn` and its MLM head
-Norm(act(Dense(x))) (`head_transform`) before the vocabulary projection plus a bias
-(`logits_bias`). Query, key and value become our fused `qkv` kernel [d, 3, n, h].
-Our pipeline has one segment type: import adds the type-0 row to every position row, export
-writes the position table and zero type rows (so HF -> ours -> HF keeps their sum for type 0).
-Ids: ours = BERT's + 4 (`data.hf_id_offset=4`); our pad, EOS, BOS and UNK take the rows of
-[PAD], [SEP], [CLS] and [UNK], and the objective's [MASK] and sentinels after the vocabulary
-(data/objectives.py ExtraIds) take [MASK]'s: these ids are `model.excluded_ids` (probability 0),
-and export drops their rows again.
+BERT is our encoder_only with head=mlm, post-LN, learned positions, `embedding_norm`, biases,
+hidden_act as `ffn` and an MLM head Norm(act(Dense(x))) (`head_transform`) before the vocabulary
+projection plus a bias (`logits_bias`). Our pipeline has one segment type: import adds the type-0
+row to every position row, export writes zero type rows. Ids: ours = BERT's + 4
+(`data.hf_id_offset`); our pad, EOS, BOS and UNK take the rows of [PAD], [SEP], [CLS] and [UNK],
+the objective's [MASK] and sentinels after the vocabulary (data/objectives.py) take [MASK]'s:
+these ids are `model.excluded_ids`, and export drops their rows again.
 """
 
 from __future__ import annotations
@@ -38,11 +35,6 @@ FIXED = dict(arch="encoder_only", head="mlm", positional="learned", norm="layern
 OBJECTIVE_IDS = ExtraIds(0).total_vocab_size  # [MASK] and the sentinels (101)
 
 
-def _extra(hf_vocab: int) -> ExtraIds:
-  """The masked-LM objective's ids after our NUM_SPECIAL + BERT's vocabulary."""
-  return ExtraIds(NUM_SPECIAL + hf_vocab)
-
-
 def our_ids(hf_vocab: int) -> np.ndarray:
   """Our id of each of BERT's `hf_vocab` ids: id + NUM_SPECIAL."""
   return np.arange(hf_vocab) + NUM_SPECIAL
@@ -61,7 +53,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
   if d % heads:
     raise ConvertError(f"config.json: num_attention_heads={heads} does not divide "
                        f"hidden_size={d}")
-  vocab = _extra(hf["vocab_size"]).total_vocab_size
+  vocab = NUM_SPECIAL + hf["vocab_size"] + OBJECTIVE_IDS
   return CONVERTED | FIXED | dict(
       vocab_size=vocab, source_vocab_size=vocab,
       excluded_ids=unmapped_ids(our_ids(hf["vocab_size"]), vocab),
@@ -134,9 +126,8 @@ def _special_ids(tokenizer: Any) -> dict[int, int]:
 
 def _with_our_rows(table: np.ndarray, ids: dict[int, int]) -> np.ndarray:
   """A BERT table ([V, d] or [V]) in our ids: 4 reserved rows, BERT's V, [MASK]'s for the rest."""
-  extra = _extra(table.shape[0])
   top = np.stack([table[ids[i]] for i in range(NUM_SPECIAL)])
-  tail = np.repeat(table[ids[-1]][None], extra.total_vocab_size - extra.vocab_size, axis=0)
+  tail = np.repeat(table[ids[-1]][None], OBJECTIVE_IDS, axis=0)
   return np.concatenate([top, table, tail]).astype(table.dtype)
 
 

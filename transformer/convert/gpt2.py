@@ -1,14 +1,11 @@
-r"""GPT-2 (`GPT2LMHeadModel`) <-> our DecoderOnly: configs and weights.
+"""GPT-2 (`GPT2LMHeadModel`) <-> our DecoderOnly: configs and weights.
 
-GPT-2 is our decoder_only with pre-LN and a final LayerNorm, learned positions, biases
-everywhere, tanh GELU, unscaled embeddings and a tied head. Its fused Conv1D c_attn weight
-[d, 3d] (columns q | k | v, heads major) is our fused `qkv` kernel [d, 3, n, h] reshaped.
-Ids: ours = GPT-2's + 4 (`data.hf_id_offset=4`: our code reserves 0-3 and treats 0 as padding,
-while GPT-2's 0 is "!"), except <|endoftext|> (eos_token_id), whose place is our EOS: the end of
-a document, where decoding stops as generate stops (`our_ids`). Our ids in no GPT-2 id's place
-(0, 2, 3 and <|endoftext|>'s shifted id) are `model.excluded_ids`; their embedding rows copy
-<|endoftext|>'s, so the start token 0 reads as what GPT-2 saw before every document. Export
-takes each row from its `our_ids` place, so HF -> ours -> HF is bitwise equal.
+GPT-2 is our decoder_only with pre-LN and a final LayerNorm, learned positions, biases, tanh GELU
+and a tied head; its Conv1D c_attn weight [d, 3d] is our fused `qkv` kernel [d, 3, n, h] reshaped.
+Ids: ours = GPT-2's + 4 (`data.hf_id_offset`: our 0 is padding, GPT-2's is "!"), except
+<|endoftext|>, whose place is our EOS, where decoding stops as generate stops (`our_ids`). Our ids
+in no GPT-2 id's place are `model.excluded_ids`; their embedding rows copy <|endoftext|>'s, so the
+start token 0 reads as what GPT-2 saw before every document.
 """
 
 from __future__ import annotations
@@ -64,14 +61,6 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
       tie_embeddings=bool(hf.get("tie_word_embeddings", True)), max_len=hf["n_positions"])
 
 
-def _endoftext(m: ModelConfig) -> int | None:
-  """The GPT-2 id whose place is our EOS, by model.excluded_ids (its shifted id is the one
-  excluded id above NUM_SPECIAL, with EOS kept); None if none."""
-  excluded = excluded_ids(m)
-  shifted = [i for i in excluded if i >= NUM_SPECIAL]
-  return shifted[0] - NUM_SPECIAL if len(shifted) == 1 and EOS_ID not in excluded else None
-
-
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
   """The GPT-2 config.json dict of model config `m`; ConvertError names the first key GPT-2 lacks.
   `extra` (a converted run's source config.json) gives the keys ours has no counterpart of;
@@ -86,7 +75,10 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
   if m.vocab_size <= NUM_SPECIAL:
     raise ConvertError(f"model.vocab_size={m.vocab_size} leaves no Hugging Face ids "
                        f"(ids below {NUM_SPECIAL} are ours)")
-  eot = _endoftext(m)
+  # <|endoftext|>, moved to our EOS: its shifted id is the one excluded id above NUM_SPECIAL.
+  excluded = excluded_ids(m)
+  shifted = [i for i in excluded if i >= NUM_SPECIAL]
+  eot = shifted[0] - NUM_SPECIAL if len(shifted) == 1 and EOS_ID not in excluded else None
   out = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "bos_token_id": eot,
          "eos_token_id": eot} | dict(extra or {})
   inner = None if out.get("n_inner") is None and m.mlp_dim == 4 * m.d_model else m.mlp_dim

@@ -1,13 +1,11 @@
-r"""T5 (`T5ForConditionalGeneration`: T5 v1.1, Flan-T5, the original T5) <-> our EncoderDecoder.
+"""T5 (`T5ForConditionalGeneration`: T5 v1.1, Flan-T5, the original T5) <-> our EncoderDecoder.
 
 T5 is our encoder_decoder with pre-norm RMSNorm, no biases, one shared unscaled embedding,
-attention logits not scaled by 1/sqrt(head_dim) (T5 folds it into its initialisation) and one
-relative position bias table per stack (Hugging Face keeps it in the first layer only). The
-original T5's tied head rescales the decoder output by d_model**-0.5 (`scale_decoder_output`);
-whether the head is tied is read from the weights (transformers 5 writes
-tie_word_embeddings=true for every T5). Ids: ours are T5's (`data.hf_id_offset=0`): pad 0 (the
-decoder's start token) and eos 1 are where ours are, T5's <unk> is our BOS and our UNK is T5's
-"▁", neither of which our pipelines emit; `model.excluded_ids` is empty.
+unscaled attention logits (T5 folds 1/sqrt(head_dim) into its initialisation) and one relative
+position bias table per stack (in Hugging Face's first layer). The original T5's tied head scales
+the decoder output by d_model**-0.5 (`scale_decoder_output`); the weights say whether the head is
+tied (transformers 5 writes tie_word_embeddings=true for every T5). Ids: ours are T5's (pad 0,
+eos 1; T5's <unk> is our BOS and our UNK its "▁", neither of which our pipelines emit).
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from transformer.data.tokenizers import EOS_ID, PAD_ID
 MODEL_TYPE, NAME, ARCH = "t5", "T5", "encoder_decoder"
 ID_OFFSET = 0
 _FFN = {"gated-gelu": "geglu_tanh", "gated-silu": "swiglu", "relu": "relu", "gelu": "gelu"}
-_GATED = ("geglu_tanh", "swiglu")
 # Our model config keys T5 fixes: set on import, required on export.
 FIXED = dict(arch="encoder_decoder", positional="relative", norm="rmsnorm", norm_position="pre",
              use_bias=False, scale_embeddings=False, scale_attention_logits=False,
@@ -40,13 +37,6 @@ def head_is_tied(state: dict[str, np.ndarray]) -> bool:
   return head is None or np.array_equal(head, _shared(state))
 
 
-def _scales_output(hf: dict[str, Any]) -> bool:
-  """scale_decoder_outputs, or what an older config.json said by tie_word_embeddings."""
-  if "scale_decoder_outputs" in hf:
-    return bool(hf["scale_decoder_outputs"])
-  return hf.get("tie_word_embeddings", True) is not False
-
-
 def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = None
                     ) -> dict[str, Any]:
   """Our model config keys for a T5 config.json dict (and its weights, which say whether the
@@ -55,8 +45,10 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
                   "decoder_start_token_id": PAD_ID, "is_encoder_decoder": True})
   positive_ints(hf, ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"))
   ffn = hf_choice(hf, "feed_forward_proj", "relu", _FFN)
-  # Without weights (read_hf checks the config before loading any), the config says.
-  tied = hf.get("tie_word_embeddings", True) is not False if state is None else head_is_tied(state)
+  # Without weights (read_hf checks the config before loading any), the config says; older
+  # config.jsons said by it whether the output is scaled.
+  said_tied = hf.get("tie_word_embeddings", True) is not False
+  tied = said_tied if state is None else head_is_tied(state)
   rate = float(hf.get("dropout_rate", 0.1))
   return CONVERTED | FIXED | dict(
       vocab_size=hf["vocab_size"], source_vocab_size=hf["vocab_size"], excluded_ids="",
@@ -66,8 +58,9 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
       relative_num_buckets=int(hf.get("relative_attention_num_buckets", 32)),
       relative_max_distance=int(hf.get("relative_attention_max_distance", 128)),
       norm_eps=float(hf.get("layer_norm_epsilon", 1e-6)), ffn=ffn,
-      scale_decoder_output=_scales_output(hf), dropout_rate=rate, attention_dropout_rate=rate,
-      ffn_dropout_rate=rate, tie_embeddings=tied, max_len=int(hf.get("n_positions") or _MAX_LEN))
+      scale_decoder_output=bool(hf.get("scale_decoder_outputs", said_tied)), dropout_rate=rate,
+      attention_dropout_rate=rate, ffn_dropout_rate=rate, tie_embeddings=tied,
+      max_len=int(hf.get("n_positions") or _MAX_LEN))
 
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -112,18 +105,13 @@ def _shared(state: dict[str, np.ndarray]) -> np.ndarray:
   raise ConvertError("the T5 weights have no shared.weight (the embedding table)")
 
 
-def _ffn_names(m: ModelConfig) -> dict[str, str]:
-  """T5's DenseReluDense weights -> our ffn kernels."""
-  if m.ffn in _GATED:
-    return {"wi_0": "wi_gate", "wi_1": "wi_up", "wo": "wo"}
-  return {"wi": "wi", "wo": "wo"}
-
-
 def _weights(m: ModelConfig) -> list[Weight]:
   """Our EncoderDecoder's parameters and T5's tensors."""
   d, n, h = m.d_model, m.num_heads, m.head_dim
   to_heads = lambda w: w.T.reshape(d, n, h)  # torch [n*h, d] -> ours [d, n, h]  # noqa: E731
   from_heads = lambda k: np.reshape(k, (d, n * h)).T  # noqa: E731
+  gated = m.ffn in ("geglu_tanh", "swiglu")
+  ffn = {"wi_0": "wi_gate", "wi_1": "wi_up", "wo": "wo"} if gated else {"wi": "wi", "wo": "wo"}
 
   def attention(p: str, a: str, cross: bool) -> list[Weight]:
     q, k, v = (f"{a}.{x}.weight" for x in "qkv")
@@ -149,7 +137,7 @@ def _weights(m: ModelConfig) -> list[Weight]:
       f = 2 if name == "decoder" else 1
       weights += norm(f"{p}.ffn_norm", f"{q}.{f}.layer_norm", bias=False)
       weights += [one(f"{p}.ffn.{ours}.kernel", f"{q}.{f}.DenseReluDense.{hf_name}.weight",
-                      transpose, transpose) for hf_name, ours in _ffn_names(m).items()]
+                      transpose, transpose) for hf_name, ours in ffn.items()]
   if not m.tie_embeddings:
     weights.append(one("decoder.logits_dense.kernel", "lm_head.weight", transpose, transpose))
   return weights
