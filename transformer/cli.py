@@ -212,10 +212,9 @@ def _config_file_message(error: BaseException, path: str) -> str | None:
   if not path or not os.path.isfile(path):
     return None
   chain = _chain(error)
-  for i, e in enumerate(chain):
-    if str(e).startswith(_WRAPPED) and i + 1 < len(chain):
-      chain = chain[i + 1:]  # the exception get_config raised, not ml_collections' rewrap of it
-      break
+  # The exception get_config raised, not ml_collections' rewrap of it.
+  wrapped = [i for i, e in enumerate(chain[:-1]) if str(e).startswith(_WRAPPED)]
+  chain = chain[wrapped[0] + 1:] if wrapped else chain
   for e in reversed(chain):  # the innermost exception raised inside the config file
     line = _line_in(e, path)
     if line is not None:
@@ -244,9 +243,7 @@ def _unknown_override(argv: Sequence[str]) -> str | None:
 
 def flag_error(error: BaseException, argv: Sequence[str]) -> str:
   """One line naming the culprit of an exception raised while parsing the flags in `argv`."""
-  path = _config_path(argv)
-  found = _config_file_message(error, path)
-  if found:
+  if found := _config_file_message(error, _config_path(argv)):
     return found
   if isinstance(error, flags.UnrecognizedFlagError) and not error.flagname.startswith("config."):
     return f"--{error.flagname}: unknown flag (see --help)"
@@ -254,11 +251,9 @@ def flag_error(error: BaseException, argv: Sequence[str]) -> str:
   if "Overriding config is not allowed" in text:
     return ("--config: eval.py takes no config file (the run's saved config.json is used); "
             "override single keys with --config.KEY=VALUE")
-  if any(a.startswith("--config.") for a in argv) and isinstance(
-      error, (AttributeError, KeyError, flags.UnrecognizedFlagError)):
-    found = _unknown_override(argv)
-    if found:
-      return found
+  unknown_key = (AttributeError, KeyError, flags.UnrecognizedFlagError)
+  if isinstance(error, unknown_key) and (found := _unknown_override(argv)):
+    return found
   if "must have a value other than None" in text:
     name = text.split("Flag --", 1)[-1].split(" ", 1)[0]
     return f"--{name} is required"

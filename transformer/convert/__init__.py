@@ -28,7 +28,6 @@ from transformer.config import Config, ConfigError, ModelConfig, to_dict
 from transformer.convert import bert, gpt2, t5
 from transformer.convert.common import ConvertError
 from transformer.data import tokenizers
-from transformer.data.tokenizers import HFTokenizer, read_hf_tokenizer
 from transformer.model.models import build_model, example_batch
 from transformer.run import checkpoints, reporting, restore
 from transformer.train import optim, steps
@@ -90,7 +89,7 @@ def write_hf(directory: str, hf: dict[str, Any], state: dict[str, np.ndarray],
   files.write_text_atomic(os.path.join(directory, "config.json"),
                           json.dumps(hf, indent=2, sort_keys=True))
   save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-  if isinstance(tokenizer, HFTokenizer):
+  if isinstance(tokenizer, tokenizers.HFTokenizer):
     files.write_text_atomic(os.path.join(directory, "tokenizer.json"), tokenizer.tokenizer_json)
 
 
@@ -143,7 +142,7 @@ def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") 
                        f"AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))")
   cfg = family.workdir_config(hf, state, os.path.abspath(tokenizer_path),
                               text_file and os.path.abspath(text_file), data_dir)
-  tokenizer = read_hf_tokenizer(tokenizer_path, cfg.data.hf_id_offset)
+  tokenizer = tokenizers.read_hf_tokenizer(tokenizer_path, cfg.data.hf_id_offset)
   if tokenizer.vocab_size > cfg.model.vocab_size:
     raise ConvertError(f"{tokenizer_path}: {tokenizer.vocab_size - cfg.data.hf_id_offset} ids, "
                        f"more than config.json's vocab_size={hf['vocab_size']}")
@@ -154,8 +153,7 @@ def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") 
 
 
 def to_hf(workdir: str, hf_dir: str, step: int | str | None = None) -> dict[str, Any]:
-  """Writes the run in `workdir` (checkpoint `step`) as a Hugging Face directory of its family;
-  returns its config.json dict."""
+  """Writes checkpoint `step` of `workdir` as a Hugging Face directory; returns its config.json."""
   cfg = restore.load_run_config(workdir)
   family = family_of_config(cfg.model)
   source = os.path.join(workdir, CONVERTED_FROM)

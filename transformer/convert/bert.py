@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from transformer.config import Config, ModelConfig
-from transformer.convert.common import (CONVERTED, converted_config, ConvertError, dense,
+from transformer.convert.common import (CONVERTED, converted_config, ConvertError, dense, first_of,
                                         hf_choice, hf_ffn, norm, one, params_of, positive_ints,
                                         require, require_hf, require_unmapped_excluded, reshaped,
                                         stacked, state_of, transpose, unmapped_ids, Weight)
@@ -32,6 +32,8 @@ FIXED = dict(arch="encoder_only", head="mlm", positional="learned", norm="layern
              norm_position="post", use_bias=True, scale_embeddings=False,
              scale_attention_logits=True, embedding_norm=True, head_transform=True,
              logits_bias=True, ffn_dropout_rate=0.0)
+# config.json keys whose other values we lack: required on import, written on export.
+HF_FIXED = dict(position_embedding_type="absolute", is_decoder=False, add_cross_attention=False)
 OBJECTIVE_IDS = ExtraIds(0).total_vocab_size  # [MASK] and the sentinels (101)
 
 
@@ -44,8 +46,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
                     ) -> dict[str, Any]:
   """Our model config keys for a BERT config.json dict; ConvertError names an unmappable key."""
   del state  # BERT's config says all
-  require_hf(hf, {"position_embedding_type": "absolute", "is_decoder": False,
-                  "add_cross_attention": False})
+  require_hf(hf, HF_FIXED)
   positive_ints(hf, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings"))
   ffn = hf_choice(hf, "hidden_act", "gelu", _ACTIVATIONS)
@@ -67,8 +68,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
 
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-  """The BERT config.json dict of model config `m`; ConvertError names the first key BERT lacks.
-  `extra` (a converted run's source config.json) gives the keys ours has no counterpart of."""
+  """The BERT config.json dict of `m` (over `extra`'s); ConvertError names a key BERT lacks."""
   if m.d_model % m.num_heads:
     raise ConvertError(f"model.num_heads={m.num_heads} does not divide model.d_model="
                        f"{m.d_model}, as BERT's heads must")
@@ -79,14 +79,12 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
   require_unmapped_excluded(m, our_ids(hf_vocab), NAME)
   out = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "pad_token_id": 0,
          "type_vocab_size": 2} | dict(extra or {})
-  out |= {"vocab_size": hf_vocab, "hidden_size": m.d_model, "num_hidden_layers":
-          m.num_encoder_layers, "num_attention_heads": m.num_heads, "intermediate_size":
-          m.mlp_dim, "hidden_act": activation, "max_position_embeddings": m.max_len,
-          "layer_norm_eps": m.norm_eps, "hidden_dropout_prob": m.dropout_rate,
-          "attention_probs_dropout_prob": m.attention_dropout_rate,
-          "position_embedding_type": "absolute", "is_decoder": False,
-          "add_cross_attention": False, "tie_word_embeddings": m.tie_embeddings}
-  return out
+  return out | {"vocab_size": hf_vocab, "hidden_size": m.d_model, "num_hidden_layers":
+                m.num_encoder_layers, "num_attention_heads": m.num_heads, "intermediate_size":
+                m.mlp_dim, "hidden_act": activation, "max_position_embeddings": m.max_len,
+                "layer_norm_eps": m.norm_eps, "hidden_dropout_prob": m.dropout_rate,
+                "attention_probs_dropout_prob": m.attention_dropout_rate,
+                "tie_word_embeddings": m.tie_embeddings} | HF_FIXED
 
 
 def _hf_vocab(m: ModelConfig) -> int:
@@ -101,8 +99,7 @@ def _hf_vocab(m: ModelConfig) -> int:
 
 def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenizer: str,
                    text_file: str = "", data_dir: str = "") -> Config:
-  """The full config of a converted BERT; `text_file` (prepared in `data_dir`) gives it
-  masked-LM data for eval.py and fine-tuning."""
+  """The full config of a converted BERT, masked-LM data from `text_file` if given."""
   m = model_overrides(hf, state)
   return converted_config(
       m, hf_tokenizer, ID_OFFSET, min(128, m["max_len"]),
@@ -131,20 +128,9 @@ def _with_our_rows(table: np.ndarray, ids: dict[int, int]) -> np.ndarray:
   return np.concatenate([top, table, tail]).astype(table.dtype)
 
 
-def _logits_bias(state: dict[str, np.ndarray]) -> np.ndarray:
-  """The vocabulary bias BERT's forward adds: the decoder's (an untied head's
-  cls.predictions.bias is never read; a tied one's is the same tensor)."""
-  for key in ("cls.predictions.decoder.bias", "cls.predictions.bias"):
-    if key in state:
-      return state[key]
-  raise ConvertError("the BERT weights have no cls.predictions.decoder.bias or "
-                     "cls.predictions.bias")
-
-
 def _weights(m: ModelConfig, hf: dict[str, Any] | None, ids: dict[int, int] | None = None
              ) -> list[Weight]:
-  """Our EncoderOnly's parameters and BERT's tensors; `ids` (`_special_ids`) places our reserved
-  rows on import, `hf` (the config.json written) gives the number of (zero) token type rows."""
+  """Our EncoderOnly's parameters and BERT's tensors; `ids` (`_special_ids`) is for import."""
   d, n = m.d_model, m.num_heads
   h = d // n
   to_ours = lambda x: _with_our_rows(x, ids)  # noqa: E731
@@ -175,7 +161,10 @@ def _weights(m: ModelConfig, hf: dict[str, Any] | None, ids: dict[int, int] | No
   weights += [
       *dense("head.transform", f"{t}.transform.dense", transpose, transpose),
       *norm("head.transform_norm", f"{t}.transform.LayerNorm"),
-      Weight("head.logits_bias.bias", lambda s: to_ours(_logits_bias(s)),
+      # BERT's forward adds the decoder's bias (an untied head's cls.predictions.bias is never
+      # read; a tied one's is the same tensor).
+      Weight("head.logits_bias.bias",
+             lambda s: to_ours(first_of(s, (f"{t}.decoder.bias", f"{t}.bias"), NAME)),
              lambda x: dict.fromkeys((f"{t}.bias", f"{t}.decoder.bias"), to_hf(x)))]
   if not m.tie_embeddings:
     weights.append(one("head.logits_dense.kernel", f"{t}.decoder.weight",
@@ -203,8 +192,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
                    ) -> dict[str, np.ndarray]:
-  """The BertForMaskedLM state dict (float32 numpy) of our parameters; `hf` (its config.json)
-  gives the number of (zero) token type rows."""
+  """The BertForMaskedLM state dict (float32 numpy) of our parameters, `hf` its config.json."""
   return state_of(params, _weights(m, hf))
 
 

@@ -57,6 +57,14 @@ def positive_ints(hf: dict[str, Any], keys: tuple[str, ...]) -> None:
       raise ConvertError(f"config.json: {key}={hf.get(key)!r} must be a positive integer")
 
 
+def first_of(state: dict[str, np.ndarray], keys: tuple[str, ...], family: str) -> np.ndarray:
+  """The first tensor of `keys` that `state` holds; ConvertError naming them if none."""
+  for key in keys:
+    if key in state:
+      return state[key]
+  raise ConvertError(f"the {family} weights have no {' or '.join(keys)}")
+
+
 def unmapped_ids(ours: np.ndarray, vocab_size: int) -> str:
   """model.excluded_ids of a converted model: the ids below `vocab_size` not in `ours`."""
   mapped = np.zeros(vocab_size, bool)
@@ -110,10 +118,6 @@ class Weight(NamedTuple):
   to_hf: Callable[[Any], dict[str, np.ndarray]]  # our parameter -> its state dict entries
 
 
-def same(x: Any) -> Any:
-  return x
-
-
 def transpose(x: Any) -> np.ndarray:
   """A torch Linear weight [out, in] <-> our kernel [in, out]."""
   return np.asarray(x).T
@@ -123,13 +127,14 @@ def reshaped(*shape: int) -> Callable[[Any], np.ndarray]:
   return lambda x: np.reshape(x, shape)
 
 
-def one(path: str, key: str, to_ours: Callable = same, to_hf: Callable = same) -> Weight:
+def one(path: str, key: str, to_ours: Callable = np.asarray, to_hf: Callable = np.asarray
+        ) -> Weight:
   """Our parameter `path` is tensor `key` through `to_ours`, and `key` it through `to_hf`."""
   return Weight(path, lambda state: to_ours(state[key]), lambda x: {key: to_hf(x)})
 
 
-def stacked(path: str, keys: tuple[str, ...], axis: int, to_ours: Callable = same,
-            to_hf: Callable = same) -> Weight:
+def stacked(path: str, keys: tuple[str, ...], axis: int, to_ours: Callable = np.asarray,
+            to_hf: Callable = np.asarray) -> Weight:
   """Our parameter `path` stacks the tensors `keys` (each through `to_ours`) on `axis`."""
   return Weight(path, lambda state: np.stack([to_ours(state[k]) for k in keys], axis),
                 lambda x: {k: to_hf(np.take(np.asarray(x), j, axis)) for j, k in enumerate(keys)})
@@ -141,7 +146,8 @@ def norm(path: str, key: str, bias: bool = True) -> list[Weight]:
   return [scale, one(f"{path}.bias", f"{key}.bias")] if bias else [scale]
 
 
-def dense(path: str, key: str, to_ours: Callable = same, to_hf: Callable = same) -> list[Weight]:
+def dense(path: str, key: str, to_ours: Callable = np.asarray, to_hf: Callable = np.asarray
+          ) -> list[Weight]:
   """A dense layer's kernel (through to_ours / to_hf) and bias from `key`.weight and `key`.bias."""
   return [one(f"{path}.kernel", f"{key}.weight", to_ours, to_hf),
           one(f"{path}.bias", f"{key}.bias")]

@@ -29,6 +29,9 @@ _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu
 FIXED = dict(arch="decoder_only", positional="learned", norm="layernorm", norm_position="pre",
              use_bias=True, scale_embeddings=False, scale_attention_logits=True,
              scale_decoder_output=False, ffn_dropout_rate=0.0)
+# config.json keys whose other values we lack: required on import, written on export.
+HF_FIXED = dict(scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+                add_cross_attention=False)
 
 
 def our_ids(hf: dict[str, Any]) -> np.ndarray:
@@ -44,8 +47,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
                     ) -> dict[str, Any]:
   """Our model config keys for a GPT-2 config.json dict; ConvertError names an unmappable key."""
   del state  # GPT-2's config says all
-  require_hf(hf, {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-                  "add_cross_attention": False})
+  require_hf(hf, HF_FIXED)
   positive_ints(hf, ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"))
   ffn = hf_choice(hf, "activation_function", "gelu_new", _ACTIVATIONS)
   d, heads = hf["n_embd"], hf["n_head"]
@@ -62,9 +64,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
 
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-  """The GPT-2 config.json dict of model config `m`; ConvertError names the first key GPT-2 lacks.
-  `extra` (a converted run's source config.json) gives the keys ours has no counterpart of;
-  without it, <|endoftext|> is the id model.excluded_ids says was moved to our EOS."""
+  """The GPT-2 config.json dict of `m` (over `extra`'s); ConvertError names a key GPT-2 lacks."""
   if m.d_model % m.num_heads:
     raise ConvertError(f"model.head_dim={m.head_dim} has no GPT-2 counterpart (GPT-2's is "
                        f"d_model / num_heads, and model.num_heads={m.num_heads} does not divide "
@@ -87,16 +87,14 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
           "activation_function": activation,
           "layer_norm_epsilon": m.norm_eps, "resid_pdrop": m.dropout_rate,
           "embd_pdrop": m.dropout_rate, "attn_pdrop": m.attention_dropout_rate,
-          "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-          "add_cross_attention": False, "tie_word_embeddings": m.tie_embeddings}
+          "tie_word_embeddings": m.tie_embeddings} | HF_FIXED
   require_unmapped_excluded(m, our_ids(out), NAME)
   return out
 
 
 def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenizer: str,
                    text_file: str = "", data_dir: str = "") -> Config:
-  """The full config of a converted GPT-2: an LM over `text_file` (none if empty; prepared in
-  `data_dir`) with greedy decoding."""
+  """The full config of a converted GPT-2, an LM over `text_file` if given."""
   m = model_overrides(hf, state)
   length = m["max_len"]
   return converted_config(
@@ -124,8 +122,7 @@ def _our_table(table: np.ndarray, hf: dict[str, Any]) -> np.ndarray:
 
 
 def _weights(m: ModelConfig, hf: dict[str, Any] | None) -> list[Weight]:
-  """Our DecoderOnly's parameters and GPT-2's tensors (without their `transformer.` prefix);
-  `hf` places <|endoftext|> (`our_ids`; None: no such id)."""
+  """Our DecoderOnly's parameters and GPT-2's tensors (without their `transformer.` prefix)."""
   n, d = m.num_heads, m.d_model
   h = d // n
   ours = our_ids({"vocab_size": m.vocab_size - NUM_SPECIAL,
@@ -160,8 +157,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
                    ) -> dict[str, np.ndarray]:
-  """The GPT2LMHeadModel state dict (float32 numpy, `transformer.` prefixed) of our parameters;
-  `hf` (the config.json written beside it) places <|endoftext|>."""
+  """The GPT2LMHeadModel state dict (float32 numpy) of our parameters, `hf` its config.json."""
   state = state_of(params, _weights(m, hf))
   return {k if k == "lm_head.weight" else f"transformer.{k}": v for k, v in state.items()}
 

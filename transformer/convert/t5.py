@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from transformer.config import Config, ModelConfig
-from transformer.convert.common import (CONVERTED, converted_config, ConvertError, hf_choice,
-                                        hf_ffn, norm, one, params_of, positive_ints, require,
-                                        require_hf, require_unmapped_excluded, stacked, state_of,
-                                        transpose, Weight)
+from transformer.convert.common import (CONVERTED, converted_config, ConvertError, first_of,
+                                        hf_choice, hf_ffn, norm, one, params_of, positive_ints,
+                                        require, require_hf, require_unmapped_excluded, stacked,
+                                        state_of, transpose, Weight)
 from transformer.data.tokenizers import EOS_ID, PAD_ID
 
 MODEL_TYPE, NAME, ARCH = "t5", "T5", "encoder_decoder"
@@ -28,6 +28,9 @@ _FFN = {"gated-gelu": "geglu_tanh", "gated-silu": "swiglu", "relu": "relu", "gel
 FIXED = dict(arch="encoder_decoder", positional="relative", norm="rmsnorm", norm_position="pre",
              use_bias=False, scale_embeddings=False, scale_attention_logits=False,
              share_src_tgt_embeddings=True)
+# config.json keys whose other values we lack: required on import, written on export.
+HF_FIXED = dict(pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID,
+                is_encoder_decoder=True)
 _MAX_LEN = 512  # T5 has no position table; our decoding cache needs a length
 
 
@@ -41,8 +44,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
                     ) -> dict[str, Any]:
   """Our model config keys for a T5 config.json dict (and its weights, which say whether the
   head is tied); ConvertError names an unmappable key."""
-  require_hf(hf, {"pad_token_id": PAD_ID, "eos_token_id": EOS_ID,
-                  "decoder_start_token_id": PAD_ID, "is_encoder_decoder": True})
+  require_hf(hf, HF_FIXED)
   positive_ints(hf, ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"))
   ffn = hf_choice(hf, "feed_forward_proj", "relu", _FFN)
   # Without weights (read_hf checks the config before loading any), the config says; older
@@ -64,29 +66,26 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
 
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-  """The T5 config.json dict of model config `m`; ConvertError names the first key T5 lacks.
-  `extra` (a converted run's source config.json) gives the keys ours has no counterpart of."""
+  """The T5 config.json dict of `m` (over `extra`'s); ConvertError names a key T5 lacks."""
   require(m, FIXED | {"num_kv_heads": m.num_heads, "v_head_dim": m.head_dim,
                       "source_vocab_size": m.vocab_size}, NAME)
   feed_forward_proj = hf_ffn(m, None, _FFN, NAME)
   require_unmapped_excluded(m, np.arange(m.vocab_size), NAME)  # T5's ids are ours
-  out = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
-         "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "decoder_start_token_id": PAD_ID}
-  out |= {k: v for k, v in (extra or {}).items() if k not in ("dense_act_fn", "is_gated_act")}
-  out |= {"vocab_size": m.vocab_size, "d_model": m.d_model, "d_kv": m.head_dim, "d_ff": m.mlp_dim,
-          "num_layers": m.num_encoder_layers, "num_decoder_layers": m.num_decoder_layers,
-          "num_heads": m.num_heads, "relative_attention_num_buckets": m.relative_num_buckets,
-          "relative_attention_max_distance": m.relative_max_distance,
-          "layer_norm_epsilon": m.norm_eps, "dropout_rate": m.dropout_rate,
-          "feed_forward_proj": feed_forward_proj, "is_encoder_decoder": True,
-          "tie_word_embeddings": m.tie_embeddings, "scale_decoder_outputs": m.scale_decoder_output}
-  return out
+  out = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]} | {
+      k: v for k, v in (extra or {}).items() if k not in ("dense_act_fn", "is_gated_act")}
+  return out | {"vocab_size": m.vocab_size, "d_model": m.d_model, "d_kv": m.head_dim,
+                "d_ff": m.mlp_dim, "num_layers": m.num_encoder_layers,
+                "num_decoder_layers": m.num_decoder_layers, "num_heads": m.num_heads,
+                "relative_attention_num_buckets": m.relative_num_buckets,
+                "relative_attention_max_distance": m.relative_max_distance,
+                "layer_norm_epsilon": m.norm_eps, "dropout_rate": m.dropout_rate,
+                "feed_forward_proj": feed_forward_proj, "tie_word_embeddings": m.tie_embeddings,
+                "scale_decoder_outputs": m.scale_decoder_output} | HF_FIXED
 
 
 def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenizer: str,
                    text_file: str = "", data_dir: str = "") -> Config:
-  """The full config of a converted T5: no data (train.py --init_from fine-tunes it), greedy
-  decoding."""
+  """The full config of a converted T5, without data (train.py --init_from fine-tunes it)."""
   if text_file:
     raise ConvertError("--text_file gives a language model data; a T5 workdir is converted "
                        "without data (train.py --init_from=OUT fine-tunes it on a seq2seq task)")
@@ -99,10 +98,8 @@ def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenize
 
 
 def _shared(state: dict[str, np.ndarray]) -> np.ndarray:
-  for key in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
-    if key in state:
-      return state[key]
-  raise ConvertError("the T5 weights have no shared.weight (the embedding table)")
+  return first_of(state, ("shared.weight", "encoder.embed_tokens.weight",
+                          "decoder.embed_tokens.weight"), NAME)
 
 
 def _weights(m: ModelConfig) -> list[Weight]:
