@@ -36,7 +36,6 @@ _QUIET_BELOW = {"orbax": pylogging.WARNING, "xla_bridge": pylogging.WARNING,
 # JAX's guess at an accelerator whose plugin is not installed ("An NVIDIA GPU may be present on
 # this machine, but ..."); a backend that is installed and fails to start still warns.
 _BACKEND_GUESS = "may be present on this machine"
-_JAX_BACKENDS_LOGGER = "jax._src.xla_bridge"
 HELP_LINES = 60  # --help fits a screen
 _BACKGROUND_WRITERS = ("orbax", "asyncio")  # whose logged exceptions also reach the caller
 
@@ -55,7 +54,7 @@ def not_backend_guess(record: pylogging.LogRecord) -> bool:
 
 def quiet_backends() -> None:
   """Mutes JAX's accelerator guesses whichever handler prints JAX's logs (absl's or Python's)."""
-  pylogging.getLogger(_JAX_BACKENDS_LOGGER).addFilter(not_backend_guess)
+  pylogging.getLogger("jax._src.xla_bridge").addFilter(not_backend_guess)
 
 
 def quiet_logging() -> None:

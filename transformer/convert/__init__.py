@@ -12,6 +12,7 @@ logits sees the original's distribution, id for id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -125,10 +126,8 @@ def write_workdir(cfg: Config, params: Any, tokenizer: Any, workdir: str,
     files.write_text_atomic(os.path.join(workdir, CONVERTED_FROM),
                             json.dumps(converted_from, indent=2, sort_keys=True))
   ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint, config=config_dict)
-  try:
+  with contextlib.closing(ckpt):
     ckpt.save(0, state, force=True)
-  finally:
-    ckpt.close()
 
 
 def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") -> Config:
