@@ -112,10 +112,8 @@ def _our_table(table: np.ndarray, hf: dict[str, Any]) -> np.ndarray:
     raise ConvertError(f"the GPT-2 weights have {table.shape[0]} vocabulary rows, config.json "
                        f"vocab_size={hf['vocab_size']}")
   eos_id = hf.get("eos_token_id")
-  if isinstance(eos_id, int) and 0 <= eos_id < table.shape[0]:
-    row = table[eos_id]
-  else:
-    row = table.mean(axis=0).astype(table.dtype)
+  has_eos = isinstance(eos_id, int) and 0 <= eos_id < table.shape[0]
+  row = table[eos_id] if has_eos else table.mean(axis=0).astype(table.dtype)
   out = np.repeat(row[None], table.shape[0] + NUM_SPECIAL, axis=0)
   out[our_ids(hf)] = table
   return out
