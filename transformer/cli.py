@@ -172,8 +172,7 @@ def error_line(error: BaseException, ours: tuple[type[BaseException], ...] = (),
 @contextlib.contextmanager
 def one_line_errors(*ours: type[BaseException], model_config: Callable[[], Any] | None = None
                     ) -> Iterator[None]:
-  """Ends the program with `error: <error_line>` and status 1 for an exception raised inside that
-  error_line reports; any other exception propagates with its traceback."""
+  """Ends the program with `error: <error_line>` (status 1) where that reports; else raises."""
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except  (error_line decides)
@@ -271,8 +270,7 @@ def _flag_lines(flag: flags.Flag) -> list[str]:
 
 
 def help_text(script: str, doc: str, main_flags: Sequence[flags.Flag]) -> str:
-  """The --help screen: the docstring (its first paragraph if all of it does not fit in
-  HELP_LINES), the script's own flags, and where every config key is documented."""
+  """The --help screen: `doc` (its first paragraph past HELP_LINES), the flags, where keys live."""
   lines = [line for f in sorted(main_flags, key=lambda f: f.name) for line in _flag_lines(f)]
   if any(f.name == "config" for f in main_flags):
     lines.append("  --config.KEY=VALUE: override one config key, e.g. "
@@ -332,8 +330,7 @@ def parse_own_flags(prog: str, define: Callable[[flags.FlagValues], None],
 
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
-  """absl flag parsing (`flags_parser` of app.run); a bad flag or argument is one line, exit 1;
-  --help and --help_keys print their screens and exit 0."""
+  """app.run's `flags_parser`: a bad flag or argument is one line, exit 1; --help* exit 0."""
   _help(argv)
   path = _config_path(argv[1:])
   if path and not os.path.isfile(path):

@@ -131,8 +131,7 @@ def write_workdir(cfg: Config, params: Any, tokenizer: Any, workdir: str,
 
 
 def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") -> Config:
-  """Converts the model in local directory `hf_dir` into `workdir`; returns the workdir's config.
-  `text_file` (prepared in `data_dir`; GPT-2 and BERT) gives it data for eval.py."""
+  """Converts `hf_dir` into `workdir`, with `text_file`'s data if given; returns its config."""
   hf, state = read_hf(hf_dir)
   family = family_of_hf(hf)
   tokenizer_path = os.path.join(hf_dir, "tokenizer.json")

@@ -166,8 +166,7 @@ def params_of(state: dict[str, np.ndarray], weights: list[Weight]) -> dict[str, 
 
 
 def state_of(params: Any, weights: list[Weight]) -> dict[str, np.ndarray]:
-  """The Hugging Face state dict (contiguous float32 numpy, as safetensors writes) of our
-  parameters (layers unrolled or scanned), by `weights`."""
+  """The Hugging Face state dict (contiguous float32 numpy) of our parameters, by `weights`."""
   params = _unrolled(params)
   out: dict[str, Any] = {}
   for w in weights:
