@@ -1,11 +1,9 @@
 """What the entry points share: every failure they expect is one line, `error: ...`, exit 1.
 
-`parse_flags` (and `parse_own_flags`, for the tools with flags of their own) turns a bad flag,
-config key or config file, which absl and ml_collections report as a traceback or a wrapped
-message, into one line naming it; `--help` prints one screen, `--help_keys` every config key.
-`one_line_errors` wraps an entry point's work: the library's one-line errors and failures of the
-machine or of files (`environment_error`) end the program in one line; anything else is a bug and
-keeps its traceback. Importing this module does not import JAX, so `--help` stays fast.
+`parse_flags` (`parse_own_flags` for tools with flags of their own) reports a bad flag, config key
+or config file in one line; `one_line_errors` does so for the library's one-line errors and
+failures of the machine or of files (`environment_error`), and lets a bug keep its traceback.
+Importing this module does not import JAX, so `--help` stays fast.
 """
 
 from __future__ import annotations
@@ -38,9 +36,6 @@ _QUIET_BELOW = {"orbax": pylogging.WARNING, "xla_bridge": pylogging.WARNING,
 # JAX's guess at an accelerator whose plugin is not installed ("An NVIDIA GPU may be present on
 # this machine, but ..."); a backend that is installed and fails to start still warns.
 _BACKEND_GUESS = "may be present on this machine"
-_JAX_BACKENDS_LOGGER = "jax._src.xla_bridge"
-HELP_FLAGS = ("--help", "-h", "-?", "--helpshort")
-KEYS_FLAG = "--help_keys"
 HELP_LINES = 60  # --help fits a screen
 _BACKGROUND_WRITERS = ("orbax", "asyncio")  # whose logged exceptions also reach the caller
 
@@ -52,12 +47,6 @@ def fail(message: str) -> NoReturn:
   sys.exit(1)
 
 
-def keep_record(record: pylogging.LogRecord) -> bool:
-  """False for library chatter: orbax, XLA, TFDS below their levels; JAX's accelerator guesses."""
-  return not_backend_guess(record) and all(
-      record.levelno >= level for name, level in _QUIET_BELOW.items() if name in record.pathname)
-
-
 def not_backend_guess(record: pylogging.LogRecord) -> bool:
   """False for JAX's guess at an accelerator whose plugin is not installed."""
   return _BACKEND_GUESS not in record.getMessage()
@@ -65,14 +54,19 @@ def not_backend_guess(record: pylogging.LogRecord) -> bool:
 
 def quiet_backends() -> None:
   """Mutes JAX's accelerator guesses whichever handler prints JAX's logs (absl's or Python's)."""
-  pylogging.getLogger(_JAX_BACKENDS_LOGGER).addFilter(not_backend_guess)
+  pylogging.getLogger("jax._src.xla_bridge").addFilter(not_backend_guess)
 
 
 def quiet_logging() -> None:
-  """Keeps our INFO logs and everyone's warnings, except `keep_record`'s chatter and the
-  tracebacks of a failed background write (its error reaches the caller, reported in one line)."""
-  logging.get_absl_handler().addFilter(lambda r: keep_record(r) and not (
-      r.exc_info and any(name in r.pathname for name in _BACKGROUND_WRITERS)))
+  """Keeps our INFO logs and everyone's warnings, except library chatter and the tracebacks of a
+  failed background write (its error reaches the caller, reported in one line)."""
+
+  def keep(r: pylogging.LogRecord) -> bool:
+    chatter = any(name in r.pathname and r.levelno < level for name, level in _QUIET_BELOW.items())
+    background = r.exc_info and any(name in r.pathname for name in _BACKGROUND_WRITERS)
+    return not_backend_guess(r) and not chatter and not background
+
+  logging.get_absl_handler().addFilter(keep)
   quiet_backends()
   _drop_calls_into_closed_loops()
   # The coroutines of a failed background write that its closed loop never ran: Python names
@@ -178,8 +172,7 @@ def error_line(error: BaseException, ours: tuple[type[BaseException], ...] = (),
 @contextlib.contextmanager
 def one_line_errors(*ours: type[BaseException], model_config: Callable[[], Any] | None = None
                     ) -> Iterator[None]:
-  """Ends the program with `error: <error_line>` and status 1 for an exception raised inside that
-  error_line reports; any other exception propagates with its traceback."""
+  """Ends the program with `error: <error_line>` (status 1) where that reports; else raises."""
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except  (error_line decides)
@@ -217,10 +210,9 @@ def _config_file_message(error: BaseException, path: str) -> str | None:
   if not path or not os.path.isfile(path):
     return None
   chain = _chain(error)
-  for i, e in enumerate(chain):
-    if str(e).startswith(_WRAPPED) and i + 1 < len(chain):
-      chain = chain[i + 1:]  # the exception get_config raised, not ml_collections' rewrap of it
-      break
+  # The exception get_config raised, not ml_collections' rewrap of it.
+  wrapped = [i for i, e in enumerate(chain[:-1]) if str(e).startswith(_WRAPPED)]
+  chain = chain[wrapped[0] + 1:] if wrapped else chain
   for e in reversed(chain):  # the innermost exception raised inside the config file
     line = _line_in(e, path)
     if line is not None:
@@ -249,9 +241,7 @@ def _unknown_override(argv: Sequence[str]) -> str | None:
 
 def flag_error(error: BaseException, argv: Sequence[str]) -> str:
   """One line naming the culprit of an exception raised while parsing the flags in `argv`."""
-  path = _config_path(argv)
-  found = _config_file_message(error, path)
-  if found:
+  if found := _config_file_message(error, _config_path(argv)):
     return found
   if isinstance(error, flags.UnrecognizedFlagError) and not error.flagname.startswith("config."):
     return f"--{error.flagname}: unknown flag (see --help)"
@@ -259,11 +249,9 @@ def flag_error(error: BaseException, argv: Sequence[str]) -> str:
   if "Overriding config is not allowed" in text:
     return ("--config: eval.py takes no config file (the run's saved config.json is used); "
             "override single keys with --config.KEY=VALUE")
-  if any(a.startswith("--config.") for a in argv) and isinstance(
-      error, (AttributeError, KeyError, flags.UnrecognizedFlagError)):
-    found = _unknown_override(argv)
-    if found:
-      return found
+  unknown_key = (AttributeError, KeyError, flags.UnrecognizedFlagError)
+  if isinstance(error, unknown_key) and (found := _unknown_override(argv)):
+    return found
   if "must have a value other than None" in text:
     name = text.split("Flag --", 1)[-1].split(" ", 1)[0]
     return f"--{name} is required"
@@ -282,14 +270,13 @@ def _flag_lines(flag: flags.Flag) -> list[str]:
 
 
 def help_text(script: str, doc: str, main_flags: Sequence[flags.Flag]) -> str:
-  """The --help screen: the docstring (its first paragraph if all of it does not fit in
-  HELP_LINES), the script's own flags, and where every config key is documented."""
+  """The --help screen: `doc` (its first paragraph past HELP_LINES), the flags, where keys live."""
   lines = [line for f in sorted(main_flags, key=lambda f: f.name) for line in _flag_lines(f)]
   if any(f.name == "config" for f in main_flags):
     lines.append("  --config.KEY=VALUE: override one config key, e.g. "
                  "--config.eval.decode.beam_size=4")
   tail = ["", "Every config key is documented in docs/config.md;",
-          f"`python {script} {KEYS_FLAG}` lists them all with their defaults."]
+          f"`python {script} --help_keys` lists them all with their defaults."]
   text = (doc or "").strip()
   if len(text.splitlines()) + len(lines) + len(tail) + 2 > HELP_LINES:
     text = text.split("\n\n")[0] + f"\n(More in the docstring of {script}.)"
@@ -313,11 +300,11 @@ def _help(argv: Sequence[str]) -> None:
   """Answers --help (one screen) or --help_keys (every config key) and exits 0; else returns."""
   args = argv[1:]
   script = os.path.basename(argv[0])
-  if KEYS_FLAG in args:
+  if "--help_keys" in args:
     print("Every config key and its default (configs/base.py); what each means: docs/config.md.")
     print("\n".join(key_lines(schema.get_config())))
     sys.exit(0)
-  if any(a in HELP_FLAGS for a in args):
+  if any(a in ("--help", "-h", "-?", "--helpshort") for a in args):
     main = sys.modules.get("__main__")
     print(help_text(script, getattr(main, "__doc__", "") or "",
                     flags.FLAGS.get_key_flags_for_module(argv[0])))
@@ -343,8 +330,7 @@ def parse_own_flags(prog: str, define: Callable[[flags.FlagValues], None],
 
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
-  """absl flag parsing (`flags_parser` of app.run); a bad flag or argument is one line, exit 1;
-  --help and --help_keys print their screens and exit 0."""
+  """app.run's `flags_parser`: a bad flag or argument is one line, exit 1; --help* exit 0."""
   _help(argv)
   path = _config_path(argv[1:])
   if path and not os.path.isfile(path):

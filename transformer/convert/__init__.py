@@ -1,20 +1,18 @@
-r"""Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, T5 and BERT.
+"""Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, T5 and BERT.
 
   python -m transformer.convert --from_hf=DIR --workdir=OUT [--text_file=CORPUS [--data_dir=D]]
   python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest]
 
 `--from_hf` reads a local directory (config.json, model.safetensors or pytorch_model.bin,
-tokenizer.json; never the network); its model_type picks the family module (`FAMILIES`), which
-maps configs and weights both ways. The workdir is one training could have written, plus
-`converted_from.json`. `--to_hf` exports any run whose architecture has a family; a config key
-with no counterpart there is a one-line error naming it.
-Probabilities, not only logits: our ids in no Hugging Face id's place (a family's `our_ids`) are
-`model.excluded_ids`, to which the output head gives a logit of -1e30, so every consumer of the
+tokenizer.json; never the network) into a workdir training could have written, plus
+`converted_from.json`; config.json's model_type picks the family module (`FAMILIES`). Our ids in
+no Hugging Face id's place are `model.excluded_ids` (logit -1e30), so every consumer of the
 logits sees the original's distribution, id for id.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -31,7 +29,6 @@ from transformer.config import Config, ConfigError, ModelConfig, to_dict
 from transformer.convert import bert, gpt2, t5
 from transformer.convert.common import ConvertError
 from transformer.data import tokenizers
-from transformer.data.tokenizers import HFTokenizer, read_hf_tokenizer
 from transformer.model.models import build_model, example_batch
 from transformer.run import checkpoints, reporting, restore
 from transformer.train import optim, steps
@@ -45,11 +42,10 @@ FAMILIES: dict[str, ModuleType] = {gpt2.MODEL_TYPE: gpt2, t5.MODEL_TYPE: t5,
 
 def family_of_hf(hf: dict[str, Any]) -> ModuleType:
   """The family module of a config.json dict; ConvertError names an unsupported model_type."""
-  family = FAMILIES.get(hf.get("model_type"))
-  if family is None:
+  if hf.get("model_type") not in FAMILIES:
     raise ConvertError(f"config.json: model_type={hf.get('model_type')!r} is not supported "
                        f"(one of {'|'.join(FAMILIES)})")
-  return family
+  return FAMILIES[hf["model_type"]]
 
 
 def family_of_config(m: ModelConfig) -> ModuleType:
@@ -64,11 +60,11 @@ def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     raise ConvertError(f"--from_hf={directory}: no config.json (a Hugging Face model directory?)")
   hf = json.loads(files.read_text(path))
   family_of_hf(hf).model_overrides(hf)  # an unsupported config is reported before any weight
-  weights = os.path.join(directory, "model.safetensors")
-  if not files.exists(weights):
-    weights = os.path.join(directory, "pytorch_model.bin")
-    if not files.exists(weights):
-      raise ConvertError(f"--from_hf={directory}: no model.safetensors or pytorch_model.bin")
+  found = [os.path.join(directory, name) for name in ("model.safetensors", "pytorch_model.bin")
+           if files.exists(os.path.join(directory, name))]
+  if not found:
+    raise ConvertError(f"--from_hf={directory}: no model.safetensors or pytorch_model.bin")
+  weights = found[0]
   try:
     if weights.endswith(".safetensors"):
       from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top  (optional)
@@ -94,7 +90,7 @@ def write_hf(directory: str, hf: dict[str, Any], state: dict[str, np.ndarray],
   files.write_text_atomic(os.path.join(directory, "config.json"),
                           json.dumps(hf, indent=2, sort_keys=True))
   save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-  if isinstance(tokenizer, HFTokenizer):
+  if isinstance(tokenizer, tokenizers.HFTokenizer):
     files.write_text_atomic(os.path.join(directory, "tokenizer.json"), tokenizer.tokenizer_json)
 
 
@@ -124,32 +120,27 @@ def write_workdir(cfg: Config, params: Any, tokenizer: Any, workdir: str,
     raise ConvertError("the converted train state does not match the one training creates")
   config_dict = to_dict(cfg)
   reporting.Reporter(workdir, config_dict, show_progress=False).close()
-  tokenizer.save(os.path.join(workdir, "tokenizers", "target"))
-  if cfg.model.arch == "encoder_decoder":
-    tokenizer.save(os.path.join(workdir, "tokenizers", "source"))
+  for side in ("target", "source") if cfg.model.arch == "encoder_decoder" else ("target",):
+    tokenizer.save(os.path.join(workdir, "tokenizers", side))
   if converted_from is not None:
     files.write_text_atomic(os.path.join(workdir, CONVERTED_FROM),
                             json.dumps(converted_from, indent=2, sort_keys=True))
   ckpt = checkpoints.Checkpointer(workdir, cfg.checkpoint, config=config_dict)
-  try:
+  with contextlib.closing(ckpt):
     ckpt.save(0, state, force=True)
-  finally:
-    ckpt.close()
 
 
 def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") -> Config:
-  """Converts the model in local directory `hf_dir` into `workdir`; returns the workdir's config.
-  `text_file` (prepared in `data_dir`; GPT-2 and BERT) gives it data for eval.py."""
+  """Converts `hf_dir` into `workdir`, with `text_file`'s data if given; returns its config."""
   hf, state = read_hf(hf_dir)
   family = family_of_hf(hf)
   tokenizer_path = os.path.join(hf_dir, "tokenizer.json")
   if not files.exists(tokenizer_path):
     raise ConvertError(f"--from_hf={hf_dir}: no tokenizer.json (write one with transformers' "
                        f"AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))")
-  if text_file:
-    text_file = os.path.abspath(text_file)
-  cfg = family.workdir_config(hf, state, os.path.abspath(tokenizer_path), text_file, data_dir)
-  tokenizer = read_hf_tokenizer(tokenizer_path, cfg.data.hf_id_offset)
+  cfg = family.workdir_config(hf, state, os.path.abspath(tokenizer_path),
+                              text_file and os.path.abspath(text_file), data_dir)
+  tokenizer = tokenizers.read_hf_tokenizer(tokenizer_path, cfg.data.hf_id_offset)
   if tokenizer.vocab_size > cfg.model.vocab_size:
     raise ConvertError(f"{tokenizer_path}: {tokenizer.vocab_size - cfg.data.hf_id_offset} ids, "
                        f"more than config.json's vocab_size={hf['vocab_size']}")
@@ -160,19 +151,16 @@ def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") 
 
 
 def to_hf(workdir: str, hf_dir: str, step: int | str | None = None) -> dict[str, Any]:
-  """Writes the run in `workdir` (checkpoint `step`) as a Hugging Face directory of its family;
-  returns its config.json dict."""
+  """Writes checkpoint `step` of `workdir` as a Hugging Face directory; returns its config.json."""
   cfg = restore.load_run_config(workdir)
   family = family_of_config(cfg.model)
   source = os.path.join(workdir, CONVERTED_FROM)
-  extra = json.loads(files.read_text(source))["config"] if files.exists(source) else None
-  if extra is not None and extra.get("model_type") != family.MODEL_TYPE:
-    extra = None  # converted from another family: nothing of its config applies
-  hf = family.hf_config(cfg.model, extra)
-  offset = cfg.data.hf_id_offset if cfg.data.tokenizer == "hf" else family.ID_OFFSET
-  if offset != family.ID_OFFSET:
-    raise ConvertError(f"data.hf_id_offset={offset} has no {family.NAME} counterpart "
-                       f"(need {family.ID_OFFSET})")
+  extra = json.loads(files.read_text(source))["config"] if files.exists(source) else {}
+  # The source's config.json gives the keys ours lacks, unless it is another family's.
+  hf = family.hf_config(cfg.model, extra if extra.get("model_type") == family.MODEL_TYPE else None)
+  if cfg.data.tokenizer == "hf" and cfg.data.hf_id_offset != family.ID_OFFSET:
+    raise ConvertError(f"data.hf_id_offset={cfg.data.hf_id_offset} has no {family.NAME} "
+                       f"counterpart (need {family.ID_OFFSET})")
   params, _ = restore.restore_params(cfg, workdir, step)
   tok_dir = os.path.join(workdir, "tokenizers", "target")
   tokenizer = tokenizers.load(tok_dir) if files.exists(os.path.join(tok_dir, "tokenizer.json")) \

@@ -1,15 +1,12 @@
-r"""BERT (`BertForMaskedLM`) <-> our EncoderOnly with the masked-LM head.
+"""BERT (`BertForMaskedLM`) <-> our EncoderOnly with the masked-LM head.
 
-BERT is our encoder_only with head=mlm, post-LN, learned positions, a LayerNorm on the summed
-embeddings, biases everywhere, unscaled embeddings, hidden_act as `ffn` and its MLM head
-Norm(act(Dense(x))) (`head_transform`) before the vocabulary projection plus a bias
-(`logits_bias`). Query, key and value become our fused `qkv` kernel [d, 3, n, h].
-Our pipeline has one segment type: import adds the type-0 row to every position row, export
-writes the position table and zero type rows (so HF -> ours -> HF keeps their sum for type 0).
-Ids: ours = BERT's + 4 (`data.hf_id_offset=4`); our pad, EOS, BOS and UNK take the rows of
-[PAD], [SEP], [CLS] and [UNK], and the objective's [MASK] and sentinels after the vocabulary
-(data/objectives.py ExtraIds) take [MASK]'s: these ids are `model.excluded_ids` (probability 0),
-and export drops their rows again.
+BERT is our encoder_only with head=mlm, post-LN, learned positions, `embedding_norm`, biases,
+hidden_act as `ffn` and an MLM head Norm(act(Dense(x))) (`head_transform`) before the vocabulary
+projection plus a bias (`logits_bias`). Our pipeline has one segment type: import adds the type-0
+row to every position row, export writes zero type rows. Ids: ours = BERT's + 4
+(`data.hf_id_offset`); our pad, EOS, BOS and UNK take the rows of [PAD], [SEP], [CLS] and [UNK],
+the objective's [MASK] and sentinels after the vocabulary (data/objectives.py) take [MASK]'s:
+these ids are `model.excluded_ids`, and export drops their rows again.
 """
 
 from __future__ import annotations
@@ -18,12 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from transformer.config import Config, from_configdict, ModelConfig
-from transformer.schema import get_config
-from transformer.convert.common import (CONVERTED, ConvertError, float32, hf_choice, hf_ffn,
-                                        positive_ints, require, require_hf,
-                                        require_unmapped_excluded,
-                                        stack_layers, unmapped_ids)
+from transformer.config import Config, ModelConfig
+from transformer.convert.common import (CONVERTED, converted_config, ConvertError, dense, first_of,
+                                        hf_choice, hf_ffn, norm, one, params_of, positive_ints,
+                                        require, require_hf, require_unmapped_excluded, reshaped,
+                                        stacked, state_of, transpose, unmapped_ids, Weight)
 from transformer.data.objectives import ExtraIds
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, UNK_ID
 
@@ -36,12 +32,9 @@ FIXED = dict(arch="encoder_only", head="mlm", positional="learned", norm="layern
              norm_position="post", use_bias=True, scale_embeddings=False,
              scale_attention_logits=True, embedding_norm=True, head_transform=True,
              logits_bias=True, ffn_dropout_rate=0.0)
+# config.json keys whose other values we lack: required on import, written on export.
+HF_FIXED = dict(position_embedding_type="absolute", is_decoder=False, add_cross_attention=False)
 OBJECTIVE_IDS = ExtraIds(0).total_vocab_size  # [MASK] and the sentinels (101)
-
-
-def _extra(hf_vocab: int) -> ExtraIds:
-  """The masked-LM objective's ids after our NUM_SPECIAL + BERT's vocabulary."""
-  return ExtraIds(NUM_SPECIAL + hf_vocab)
 
 
 def our_ids(hf_vocab: int) -> np.ndarray:
@@ -53,8 +46,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
                     ) -> dict[str, Any]:
   """Our model config keys for a BERT config.json dict; ConvertError names an unmappable key."""
   del state  # BERT's config says all
-  require_hf(hf, {"position_embedding_type": "absolute", "is_decoder": False,
-                  "add_cross_attention": False})
+  require_hf(hf, HF_FIXED)
   positive_ints(hf, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings"))
   ffn = hf_choice(hf, "hidden_act", "gelu", _ACTIVATIONS)
@@ -62,7 +54,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
   if d % heads:
     raise ConvertError(f"config.json: num_attention_heads={heads} does not divide "
                        f"hidden_size={d}")
-  vocab = _extra(hf["vocab_size"]).total_vocab_size
+  vocab = NUM_SPECIAL + hf["vocab_size"] + OBJECTIVE_IDS
   return CONVERTED | FIXED | dict(
       vocab_size=vocab, source_vocab_size=vocab,
       excluded_ids=unmapped_ids(our_ids(hf["vocab_size"]), vocab),
@@ -76,8 +68,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
 
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-  """The BERT config.json dict of model config `m`; ConvertError names the first key BERT lacks.
-  `extra` (a converted run's source config.json) gives the keys ours has no counterpart of."""
+  """The BERT config.json dict of `m` (over `extra`'s); ConvertError names a key BERT lacks."""
   if m.d_model % m.num_heads:
     raise ConvertError(f"model.num_heads={m.num_heads} does not divide model.d_model="
                        f"{m.d_model}, as BERT's heads must")
@@ -88,14 +79,12 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
   require_unmapped_excluded(m, our_ids(hf_vocab), NAME)
   out = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "pad_token_id": 0,
          "type_vocab_size": 2} | dict(extra or {})
-  out |= {"vocab_size": hf_vocab, "hidden_size": m.d_model, "num_hidden_layers":
-          m.num_encoder_layers, "num_attention_heads": m.num_heads, "intermediate_size":
-          m.mlp_dim, "hidden_act": activation, "max_position_embeddings": m.max_len,
-          "layer_norm_eps": m.norm_eps, "hidden_dropout_prob": m.dropout_rate,
-          "attention_probs_dropout_prob": m.attention_dropout_rate,
-          "position_embedding_type": "absolute", "is_decoder": False,
-          "add_cross_attention": False, "tie_word_embeddings": m.tie_embeddings}
-  return out
+  return out | {"vocab_size": hf_vocab, "hidden_size": m.d_model, "num_hidden_layers":
+                m.num_encoder_layers, "num_attention_heads": m.num_heads, "intermediate_size":
+                m.mlp_dim, "hidden_act": activation, "max_position_embeddings": m.max_len,
+                "layer_norm_eps": m.norm_eps, "hidden_dropout_prob": m.dropout_rate,
+                "attention_probs_dropout_prob": m.attention_dropout_rate,
+                "tie_word_embeddings": m.tie_embeddings} | HF_FIXED
 
 
 def _hf_vocab(m: ModelConfig) -> int:
@@ -110,21 +99,14 @@ def _hf_vocab(m: ModelConfig) -> int:
 
 def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenizer: str,
                    text_file: str = "", data_dir: str = "") -> Config:
-  """The full config of a converted BERT; `text_file` (prepared in `data_dir`) gives it
-  masked-LM data for eval.py and fine-tuning."""
-  cd = get_config()
+  """The full config of a converted BERT, masked-LM data from `text_file` if given."""
   m = model_overrides(hf, state)
-  cd.model.update(m)
-  length = min(128, m["max_len"])
-  cd.data.update(dataset="text_files" if text_file else "", text_file=text_file,
-                 data_dir=data_dir, tokenizer="hf", source_tokenizer="", hf_tokenizer=hf_tokenizer,
-                 hf_id_offset=ID_OFFSET, objective="mlm", mask_rate=0.15,
-                 max_source_len=length, max_target_len=length, batch_size=8, batching="pack")
-  cd.train.update(optimizer="adamw", schedule="constant", learning_rate=5e-5, warmup_steps=0,
-                  label_smoothing=0.0, grad_clip=1.0, eps=1e-6)
-  cd.eval.update(metrics="", num_batches=20, num_decode_examples=0)
-  cd.checkpoint.update(keep_best_by="")
-  return from_configdict(cd)
+  return converted_config(
+      m, hf_tokenizer, ID_OFFSET, min(128, m["max_len"]),
+      data=dict(dataset="text_files" if text_file else "", text_file=text_file,
+                data_dir=data_dir, objective="mlm", mask_rate=0.15, batching="pack"),
+      train=dict(optimizer="adamw", learning_rate=5e-5, eps=1e-6),
+      evaluation=dict(metrics="", num_batches=20))
 
 
 def _special_ids(tokenizer: Any) -> dict[int, int]:
@@ -141,20 +123,57 @@ def _special_ids(tokenizer: Any) -> dict[int, int]:
 
 def _with_our_rows(table: np.ndarray, ids: dict[int, int]) -> np.ndarray:
   """A BERT table ([V, d] or [V]) in our ids: 4 reserved rows, BERT's V, [MASK]'s for the rest."""
-  extra = _extra(table.shape[0])
   top = np.stack([table[ids[i]] for i in range(NUM_SPECIAL)])
-  tail = np.repeat(table[ids[-1]][None], extra.total_vocab_size - extra.vocab_size, axis=0)
+  tail = np.repeat(table[ids[-1]][None], OBJECTIVE_IDS, axis=0)
   return np.concatenate([top, table, tail]).astype(table.dtype)
 
 
-def _logits_bias(state: dict[str, np.ndarray]) -> np.ndarray:
-  """The vocabulary bias BERT's forward adds: the decoder's (an untied head's
-  cls.predictions.bias is never read; a tied one's is the same tensor)."""
-  for key in ("cls.predictions.decoder.bias", "cls.predictions.bias"):
-    if key in state:
-      return state[key]
-  raise ConvertError("the BERT weights have no cls.predictions.decoder.bias or "
-                     "cls.predictions.bias")
+def _weights(m: ModelConfig, hf: dict[str, Any] | None, ids: dict[int, int] | None = None
+             ) -> list[Weight]:
+  """Our EncoderOnly's parameters and BERT's tensors; `ids` (`_special_ids`) is for import."""
+  d, n = m.d_model, m.num_heads
+  h = d // n
+  to_ours = lambda x: _with_our_rows(x, ids)  # noqa: E731
+  to_hf = lambda x: np.asarray(x)[NUM_SPECIAL:NUM_SPECIAL + _hf_vocab(m)]  # noqa: E731
+  e, t = "bert.embeddings", "cls.predictions"
+  positions, types = f"{e}.position_embeddings.weight", f"{e}.token_type_embeddings.weight"
+  num_types = int((hf or {}).get("type_vocab_size", 2))
+  weights = [
+      one("token_embed.embedding", f"{e}.word_embeddings.weight", to_ours, to_hf),
+      # One segment type: its row joins every position's.
+      Weight("encoder.position_embed.embedding", lambda s: s[positions] + s[types][0][None],
+             lambda x: {positions: x, types: np.zeros((num_types, d), np.asarray(x).dtype)}),
+      *norm("encoder.embedding_norm", f"{e}.LayerNorm")]
+  for i in range(m.num_encoder_layers):
+    p, q = f"encoder.layers_{i}", f"bert.encoder.layer.{i}"
+    a = f"{q}.attention"
+    weights += [
+        stacked(f"{p}.self_attention.qkv.kernel", _qkv(a, "weight"), 1,
+                lambda w: w.T.reshape(d, n, h), lambda k: k.reshape(d, d).T),
+        stacked(f"{p}.self_attention.qkv.bias", _qkv(a, "bias"), 0, reshaped(n, h),
+                reshaped(d)),
+        *dense(f"{p}.self_attention.out", f"{a}.output.dense", lambda w: w.T.reshape(n, h, d),
+               lambda k: np.asarray(k).reshape(d, d).T),
+        *norm(f"{p}.attention_norm", f"{a}.output.LayerNorm"),
+        *dense(f"{p}.ffn.wi", f"{q}.intermediate.dense", transpose, transpose),
+        *dense(f"{p}.ffn.wo", f"{q}.output.dense", transpose, transpose),
+        *norm(f"{p}.ffn_norm", f"{q}.output.LayerNorm")]
+  weights += [
+      *dense("head.transform", f"{t}.transform.dense", transpose, transpose),
+      *norm("head.transform_norm", f"{t}.transform.LayerNorm"),
+      # BERT's forward adds the decoder's bias (an untied head's cls.predictions.bias is never
+      # read; a tied one's is the same tensor).
+      Weight("head.logits_bias.bias",
+             lambda s: to_ours(first_of(s, (f"{t}.decoder.bias", f"{t}.bias"), NAME)),
+             lambda x: dict.fromkeys((f"{t}.bias", f"{t}.decoder.bias"), to_hf(x)))]
+  if not m.tie_embeddings:
+    weights.append(one("head.logits_dense.kernel", f"{t}.decoder.weight",
+                       lambda x: to_ours(x).T, lambda x: to_hf(np.asarray(x).T)))
+  return weights
+
+
+def _qkv(prefix: str, what: str) -> tuple[str, ...]:
+  return tuple(f"{prefix}.self.{x}.{what}" for x in ("query", "key", "value"))
 
 
 def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
@@ -165,85 +184,16 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
     raise ConvertError(f"tokenizer.json has {tokenizer.vocab_size - NUM_SPECIAL} ids and "
                        f"config.json vocab_size={hf['vocab_size']}: the masked-LM objective's "
                        f"[MASK] comes after the tokenizer's ids, so they must be equal")
-  d, n = m.d_model, m.num_heads
-  h = d // n
   if "cls.predictions.transform.dense.weight" not in state:
     raise ConvertError("the BERT weights have no cls.predictions.* (a BertForMaskedLM "
                        "checkpoint; a BertModel has no masked-LM head)")
-  norm = lambda p: {"scale": state[f"{p}.weight"], "bias": state[f"{p}.bias"]}  # noqa: E731
-  dense = lambda p: {"kernel": state[f"{p}.weight"].T, "bias": state[f"{p}.bias"]}  # noqa: E731
-  e = "bert.embeddings"
-  encoder: dict[str, Any] = {
-      "position_embed": {"embedding": state[f"{e}.position_embeddings.weight"]
-                         + state[f"{e}.token_type_embeddings.weight"][0][None]},
-      "embedding_norm": norm(f"{e}.LayerNorm")}
-  for i in range(m.num_encoder_layers):
-    p = f"bert.encoder.layer.{i}"
-    a = f"{p}.attention"
-    qkv = [state[f"{a}.self.{x}.weight"].T.reshape(d, n, h) for x in ("query", "key", "value")]
-    qkv_bias = [state[f"{a}.self.{x}.bias"].reshape(n, h) for x in ("query", "key", "value")]
-    encoder[f"layers_{i}"] = {
-        "self_attention": {
-            "qkv": {"kernel": np.stack(qkv, axis=1), "bias": np.stack(qkv_bias)},
-            "out": {"kernel": state[f"{a}.output.dense.weight"].T.reshape(n, h, d),
-                    "bias": state[f"{a}.output.dense.bias"]}},
-        "attention_norm": norm(f"{a}.output.LayerNorm"),
-        "ffn": {"wi": dense(f"{p}.intermediate.dense"), "wo": dense(f"{p}.output.dense")},
-        "ffn_norm": norm(f"{p}.output.LayerNorm")}
-  t = "cls.predictions"
-  head: dict[str, Any] = {
-      "transform": dense(f"{t}.transform.dense"),
-      "transform_norm": norm(f"{t}.transform.LayerNorm"),
-      "logits_bias": {"bias": _with_our_rows(_logits_bias(state), ids)}}
-  if not m.tie_embeddings:
-    head["logits_dense"] = {"kernel": _with_our_rows(state[f"{t}.decoder.weight"], ids).T}
-  return {"token_embed": {"embedding": _with_our_rows(state[f"{e}.word_embeddings.weight"], ids)},
-          "encoder": encoder, "head": head}
+  return params_of(state, _weights(m, hf, ids))
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
                    ) -> dict[str, np.ndarray]:
-  """The BertForMaskedLM state dict (float32 numpy) of our parameters; `hf` (its config.json)
-  gives the number of (zero) token type rows."""
-  d = m.d_model
-  hf_vocab = _hf_vocab(m)
-  ours = lambda x: np.asarray(x)[NUM_SPECIAL:NUM_SPECIAL + hf_vocab]  # noqa: E731
-  enc, head = params["encoder"], params["head"]
-  positions = np.asarray(enc["position_embed"]["embedding"])
-  types = int((hf or {}).get("type_vocab_size", 2))
-  e = "bert.embeddings"
-  out = {f"{e}.word_embeddings.weight": ours(params["token_embed"]["embedding"]),
-         f"{e}.position_embeddings.weight": positions,
-         f"{e}.token_type_embeddings.weight": np.zeros((types, d), positions.dtype)}
-
-  def norm(name, p):
-    out[f"{name}.weight"], out[f"{name}.bias"] = p["scale"], p["bias"]
-
-  norm(f"{e}.LayerNorm", enc["embedding_norm"])
-  for i, layer in enumerate(stack_layers(enc, m.num_encoder_layers)):
-    p = f"bert.encoder.layer.{i}"
-    a = f"{p}.attention"
-    att, ffn = layer["self_attention"], layer["ffn"]
-    kernel, bias = np.asarray(att["qkv"]["kernel"]), np.asarray(att["qkv"]["bias"])
-    for j, x in enumerate(("query", "key", "value")):
-      out[f"{a}.self.{x}.weight"] = kernel[:, j].reshape(d, d).T
-      out[f"{a}.self.{x}.bias"] = bias[j].reshape(d)
-    out[f"{a}.output.dense.weight"] = np.asarray(att["out"]["kernel"]).reshape(d, d).T
-    out[f"{a}.output.dense.bias"] = att["out"]["bias"]
-    norm(f"{a}.output.LayerNorm", layer["attention_norm"])
-    out[f"{p}.intermediate.dense.weight"] = np.asarray(ffn["wi"]["kernel"]).T
-    out[f"{p}.intermediate.dense.bias"] = ffn["wi"]["bias"]
-    out[f"{p}.output.dense.weight"] = np.asarray(ffn["wo"]["kernel"]).T
-    out[f"{p}.output.dense.bias"] = ffn["wo"]["bias"]
-    norm(f"{p}.output.LayerNorm", layer["ffn_norm"])
-  t = "cls.predictions"
-  out[f"{t}.transform.dense.weight"] = np.asarray(head["transform"]["kernel"]).T
-  out[f"{t}.transform.dense.bias"] = head["transform"]["bias"]
-  norm(f"{t}.transform.LayerNorm", head["transform_norm"])
-  out[f"{t}.bias"] = out[f"{t}.decoder.bias"] = ours(head["logits_bias"]["bias"])
-  if not m.tie_embeddings:
-    out[f"{t}.decoder.weight"] = ours(np.asarray(head["logits_dense"]["kernel"]).T)
-  return float32(out)
+  """The BertForMaskedLM state dict (float32 numpy) of our parameters, `hf` its config.json."""
+  return state_of(params, _weights(m, hf))
 
 
 def describe_workdir(cfg: Config) -> str:

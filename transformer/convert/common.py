@@ -1,14 +1,19 @@
-"""What the converters of every Hugging Face family share: the one-line error, config checks,
-the layer walk and the vocabulary map (see transformer/convert/__init__.py)."""
+"""What the converters of every Hugging Face family share: the one-line error, config checks, the
+vocabulary map, the converted workdir's config, and the weight tables: a family lists its
+parameters as `Weight`s once, and `params_of` / `state_of` read that list in either direction."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+import functools
+import operator
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
 
-from transformer.config import excluded_ids, id_ranges, ModelConfig
+from transformer.config import Config, excluded_ids, from_configdict, id_ranges, ModelConfig
+from transformer.schema import get_config
 
 
 # Model config keys every converted model has (their families' own are each family's FIXED).
@@ -19,14 +24,6 @@ CONVERTED = dict(num_kv_heads=0, v_head_dim=0, share_src_tgt_embeddings=True,
 
 class ConvertError(ValueError):
   """A checkpoint or config that cannot be converted; the message is one line naming the key."""
-
-
-def stack_layers(stack: dict[str, Any], num_layers: int) -> list[dict[str, Any]]:
-  """Per-layer parameter dicts of a stack, unrolled (layers_i) or scanned (layers, axis 0)."""
-  if "layers" in stack:
-    return [jax.tree.map(lambda x, i=i: np.asarray(x)[i], stack["layers"])
-            for i in range(num_layers)]
-  return [stack[f"layers_{i}"] for i in range(num_layers)]
 
 
 def require(m: Any, need: dict[str, Any], family: str) -> None:
@@ -60,9 +57,12 @@ def positive_ints(hf: dict[str, Any], keys: tuple[str, ...]) -> None:
       raise ConvertError(f"config.json: {key}={hf.get(key)!r} must be a positive integer")
 
 
-def float32(state: dict[str, Any]) -> dict[str, np.ndarray]:
-  """A state dict as contiguous float32 numpy arrays (what safetensors writes)."""
-  return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in state.items()}
+def first_of(state: dict[str, np.ndarray], keys: tuple[str, ...], family: str) -> np.ndarray:
+  """The first tensor of `keys` that `state` holds; ConvertError naming them if none."""
+  for key in keys:
+    if key in state:
+      return state[key]
+  raise ConvertError(f"the {family} weights have no {' or '.join(keys)}")
 
 
 def unmapped_ids(ours: np.ndarray, vocab_size: int) -> str:
@@ -91,3 +91,95 @@ def hf_ffn(m: ModelConfig, said: Any, ours: dict[str, str], family: str) -> str:
     raise ConvertError(f"model.ffn={m.ffn!r} has no {family} counterpart (one of "
                        f"{'|'.join(dict.fromkeys(ours.values()))})")
   return names[0]
+
+
+def converted_config(model: dict[str, Any], hf_tokenizer: str, id_offset: int, length: int,
+                     data: dict[str, Any], train: dict[str, Any], evaluation: dict[str, Any],
+                     decode_len: int | None = None) -> Config:
+  """The full config of a converted model: `model`'s keys, the Hugging Face tokenizer, sequences
+  of `length`, constant-rate training, no best checkpoint, greedy decoding if given its length."""
+  cd = get_config()
+  cd.model.update(model)
+  cd.data.update(tokenizer="hf", source_tokenizer="", hf_tokenizer=hf_tokenizer,
+                 hf_id_offset=id_offset, max_source_len=length, max_target_len=length,
+                 batch_size=8, **data)
+  cd.train.update(schedule="constant", warmup_steps=0, label_smoothing=0.0, grad_clip=1.0, **train)
+  cd.eval.update(num_decode_examples=0, **evaluation)
+  if decode_len is not None:
+    cd.eval.decode.update(method="greedy", max_decode_len=decode_len)
+  cd.checkpoint.update(keep_best_by="")
+  return from_configdict(cd)
+
+
+class Weight(NamedTuple):
+  """One of our parameters (its dotted path) and how it is made of Hugging Face tensors."""
+  path: str
+  to_ours: Callable[[dict[str, np.ndarray]], np.ndarray]  # a state dict -> our parameter
+  to_hf: Callable[[Any], dict[str, np.ndarray]]  # our parameter -> its state dict entries
+
+
+def transpose(x: Any) -> np.ndarray:
+  """A torch Linear weight [out, in] <-> our kernel [in, out]."""
+  return np.asarray(x).T
+
+
+def reshaped(*shape: int) -> Callable[[Any], np.ndarray]:
+  return lambda x: np.reshape(x, shape)
+
+
+def one(path: str, key: str, to_ours: Callable = np.asarray, to_hf: Callable = np.asarray
+        ) -> Weight:
+  """Our parameter `path` is tensor `key` through `to_ours`, and `key` it through `to_hf`."""
+  return Weight(path, lambda state: to_ours(state[key]), lambda x: {key: to_hf(x)})
+
+
+def stacked(path: str, keys: tuple[str, ...], axis: int, to_ours: Callable = np.asarray,
+            to_hf: Callable = np.asarray) -> Weight:
+  """Our parameter `path` stacks the tensors `keys` (each through `to_ours`) on `axis`."""
+  return Weight(path, lambda state: np.stack([to_ours(state[k]) for k in keys], axis),
+                lambda x: {k: to_hf(np.take(np.asarray(x), j, axis)) for j, k in enumerate(keys)})
+
+
+def norm(path: str, key: str, bias: bool = True) -> list[Weight]:
+  """A norm's scale (and bias) from `key`.weight (and `key`.bias)."""
+  scale = one(f"{path}.scale", f"{key}.weight")
+  return [scale, one(f"{path}.bias", f"{key}.bias")] if bias else [scale]
+
+
+def dense(path: str, key: str, to_ours: Callable = np.asarray, to_hf: Callable = np.asarray
+          ) -> list[Weight]:
+  """A dense layer's kernel (through to_ours / to_hf) and bias from `key`.weight and `key`.bias."""
+  return [one(f"{path}.kernel", f"{key}.weight", to_ours, to_hf),
+          one(f"{path}.bias", f"{key}.bias")]
+
+
+def params_of(state: dict[str, np.ndarray], weights: list[Weight]) -> dict[str, Any]:
+  """Our parameters (unrolled layers) from a Hugging Face state dict, by `weights`."""
+  params: dict[str, Any] = {}
+  for w in weights:
+    *parents, leaf = w.path.split(".")
+    node = params
+    for key in parents:
+      node = node.setdefault(key, {})
+    node[leaf] = w.to_ours(state)
+  return params
+
+
+def state_of(params: Any, weights: list[Weight]) -> dict[str, np.ndarray]:
+  """The Hugging Face state dict (contiguous float32 numpy) of our parameters, by `weights`."""
+  params = _unrolled(params)
+  out: dict[str, Any] = {}
+  for w in weights:
+    out |= w.to_hf(functools.reduce(operator.getitem, w.path.split("."), params))
+  return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in out.items()}
+
+
+def _unrolled(tree: Any) -> Any:
+  """`tree` with each scanned stack of layers (`layers`, layer axis 0) as layers_0, layers_1..."""
+  if not isinstance(tree, Mapping):
+    return tree
+  out = {k: _unrolled(v) for k, v in tree.items() if k != "layers"}
+  if "layers" in tree:
+    for i in range(len(jax.tree.leaves(tree["layers"])[0])):
+      out[f"layers_{i}"] = jax.tree.map(lambda x, i=i: np.asarray(x)[i], tree["layers"])
+  return out

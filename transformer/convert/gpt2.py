@@ -1,14 +1,11 @@
-r"""GPT-2 (`GPT2LMHeadModel`) <-> our DecoderOnly: configs and weights.
+"""GPT-2 (`GPT2LMHeadModel`) <-> our DecoderOnly: configs and weights.
 
-GPT-2 is our decoder_only with pre-LN and a final LayerNorm, learned positions, biases
-everywhere, tanh GELU, unscaled embeddings and a tied head. Its fused Conv1D c_attn weight
-[d, 3d] (columns q | k | v, heads major) is our fused `qkv` kernel [d, 3, n, h] reshaped.
-Ids: ours = GPT-2's + 4 (`data.hf_id_offset=4`: our code reserves 0-3 and treats 0 as padding,
-while GPT-2's 0 is "!"), except <|endoftext|> (eos_token_id), whose place is our EOS: the end of
-a document, where decoding stops as generate stops (`our_ids`). Our ids in no GPT-2 id's place
-(0, 2, 3 and <|endoftext|>'s shifted id) are `model.excluded_ids`; their embedding rows copy
-<|endoftext|>'s, so the start token 0 reads as what GPT-2 saw before every document. Export
-takes each row from its `our_ids` place, so HF -> ours -> HF is bitwise equal.
+GPT-2 is our decoder_only with pre-LN and a final LayerNorm, learned positions, biases, tanh GELU
+and a tied head; its Conv1D c_attn weight [d, 3d] is our fused `qkv` kernel [d, 3, n, h] reshaped.
+Ids: ours = GPT-2's + 4 (`data.hf_id_offset`: our 0 is padding, GPT-2's is "!"), except
+<|endoftext|>, whose place is our EOS, where decoding stops as generate stops (`our_ids`). Our ids
+in no GPT-2 id's place are `model.excluded_ids`; their embedding rows copy <|endoftext|>'s, so the
+start token 0 reads as what GPT-2 saw before every document.
 """
 
 from __future__ import annotations
@@ -17,12 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from transformer.config import Config, excluded_ids, from_configdict, ModelConfig
-from transformer.schema import get_config
-from transformer.convert.common import (CONVERTED, ConvertError, float32, hf_choice, hf_ffn,
-                                        positive_ints, require, require_hf,
-                                        require_unmapped_excluded,
-                                        stack_layers, unmapped_ids)
+from transformer.config import Config, excluded_ids, ModelConfig
+from transformer.convert.common import (CONVERTED, converted_config, ConvertError, dense, hf_choice,
+                                        hf_ffn, norm, one, params_of, positive_ints, require,
+                                        require_hf, require_unmapped_excluded, reshaped, state_of,
+                                        unmapped_ids, Weight)
 from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
 
 MODEL_TYPE, NAME, ARCH = "gpt2", "GPT-2", "decoder_only"
@@ -33,6 +29,9 @@ _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu
 FIXED = dict(arch="decoder_only", positional="learned", norm="layernorm", norm_position="pre",
              use_bias=True, scale_embeddings=False, scale_attention_logits=True,
              scale_decoder_output=False, ffn_dropout_rate=0.0)
+# config.json keys whose other values we lack: required on import, written on export.
+HF_FIXED = dict(scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+                add_cross_attention=False)
 
 
 def our_ids(hf: dict[str, Any]) -> np.ndarray:
@@ -48,8 +47,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
                     ) -> dict[str, Any]:
   """Our model config keys for a GPT-2 config.json dict; ConvertError names an unmappable key."""
   del state  # GPT-2's config says all
-  require_hf(hf, {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-                  "add_cross_attention": False})
+  require_hf(hf, HF_FIXED)
   positive_ints(hf, ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"))
   ffn = hf_choice(hf, "activation_function", "gelu_new", _ACTIVATIONS)
   d, heads = hf["n_embd"], hf["n_head"]
@@ -65,18 +63,8 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
       tie_embeddings=bool(hf.get("tie_word_embeddings", True)), max_len=hf["n_positions"])
 
 
-def _endoftext(m: ModelConfig) -> int | None:
-  """The GPT-2 id whose place is our EOS, by model.excluded_ids (its shifted id is the one
-  excluded id above NUM_SPECIAL, with EOS kept); None if none."""
-  excluded = excluded_ids(m)
-  shifted = [i for i in excluded if i >= NUM_SPECIAL]
-  return shifted[0] - NUM_SPECIAL if len(shifted) == 1 and EOS_ID not in excluded else None
-
-
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-  """The GPT-2 config.json dict of model config `m`; ConvertError names the first key GPT-2 lacks.
-  `extra` (a converted run's source config.json) gives the keys ours has no counterpart of;
-  without it, <|endoftext|> is the id model.excluded_ids says was moved to our EOS."""
+  """The GPT-2 config.json dict of `m` (over `extra`'s); ConvertError names a key GPT-2 lacks."""
   if m.d_model % m.num_heads:
     raise ConvertError(f"model.head_dim={m.head_dim} has no GPT-2 counterpart (GPT-2's is "
                        f"d_model / num_heads, and model.num_heads={m.num_heads} does not divide "
@@ -87,7 +75,10 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
   if m.vocab_size <= NUM_SPECIAL:
     raise ConvertError(f"model.vocab_size={m.vocab_size} leaves no Hugging Face ids "
                        f"(ids below {NUM_SPECIAL} are ours)")
-  eot = _endoftext(m)
+  # <|endoftext|>, moved to our EOS: its shifted id is the one excluded id above NUM_SPECIAL.
+  excluded = excluded_ids(m)
+  shifted = [i for i in excluded if i >= NUM_SPECIAL]
+  eot = shifted[0] - NUM_SPECIAL if len(shifted) == 1 and EOS_ID not in excluded else None
   out = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "bos_token_id": eot,
          "eos_token_id": eot} | dict(extra or {})
   inner = None if out.get("n_inner") is None and m.mlp_dim == 4 * m.d_model else m.mlp_dim
@@ -96,30 +87,22 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
           "activation_function": activation,
           "layer_norm_epsilon": m.norm_eps, "resid_pdrop": m.dropout_rate,
           "embd_pdrop": m.dropout_rate, "attn_pdrop": m.attention_dropout_rate,
-          "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-          "add_cross_attention": False, "tie_word_embeddings": m.tie_embeddings}
+          "tie_word_embeddings": m.tie_embeddings} | HF_FIXED
   require_unmapped_excluded(m, our_ids(out), NAME)
   return out
 
 
 def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenizer: str,
                    text_file: str = "", data_dir: str = "") -> Config:
-  """The full config of a converted GPT-2: an LM over `text_file` (none if empty; prepared in
-  `data_dir`) with greedy decoding."""
-  cd = get_config()
+  """The full config of a converted GPT-2, an LM over `text_file` if given."""
   m = model_overrides(hf, state)
-  cd.model.update(m)
   length = m["max_len"]
-  cd.data.update(dataset="text_files" if text_file else "", text_file=text_file, data_dir=data_dir,
-                 tokenizer="hf", source_tokenizer="", hf_tokenizer=hf_tokenizer,
-                 hf_id_offset=ID_OFFSET, max_source_len=length, max_target_len=length,
-                 batch_size=8, batching="pack")
-  cd.train.update(optimizer="adamw", schedule="constant", learning_rate=1e-4, warmup_steps=0,
-                  label_smoothing=0.0, grad_clip=1.0, b2=0.99, eps=1e-8)
-  cd.eval.update(metrics="bpc", num_batches=20, num_decode_examples=0)
-  cd.eval.decode.update(method="greedy", max_decode_len=min(64, length // 2))
-  cd.checkpoint.update(keep_best_by="")
-  return from_configdict(cd)
+  return converted_config(
+      m, hf_tokenizer, ID_OFFSET, length,
+      data=dict(dataset="text_files" if text_file else "", text_file=text_file,
+                data_dir=data_dir, batching="pack"),
+      train=dict(optimizer="adamw", learning_rate=1e-4, b2=0.99, eps=1e-8),
+      evaluation=dict(metrics="bpc", num_batches=20), decode_len=min(64, length // 2))
 
 
 def _our_table(table: np.ndarray, hf: dict[str, Any]) -> np.ndarray:
@@ -129,72 +112,52 @@ def _our_table(table: np.ndarray, hf: dict[str, Any]) -> np.ndarray:
     raise ConvertError(f"the GPT-2 weights have {table.shape[0]} vocabulary rows, config.json "
                        f"vocab_size={hf['vocab_size']}")
   eos_id = hf.get("eos_token_id")
-  if isinstance(eos_id, int) and 0 <= eos_id < table.shape[0]:
-    row = table[eos_id]
-  else:
-    row = table.mean(axis=0).astype(table.dtype)
+  has_eos = isinstance(eos_id, int) and 0 <= eos_id < table.shape[0]
+  row = table[eos_id] if has_eos else table.mean(axis=0).astype(table.dtype)
   out = np.repeat(row[None], table.shape[0] + NUM_SPECIAL, axis=0)
   out[our_ids(hf)] = table
   return out
+
+
+def _weights(m: ModelConfig, hf: dict[str, Any] | None) -> list[Weight]:
+  """Our DecoderOnly's parameters and GPT-2's tensors (without their `transformer.` prefix)."""
+  n, d = m.num_heads, m.d_model
+  h = d // n
+  ours = our_ids({"vocab_size": m.vocab_size - NUM_SPECIAL,
+                  "eos_token_id": (hf or {}).get("eos_token_id")})
+  weights = [one("token_embed.embedding", "wte.weight", lambda x: _our_table(x, hf),
+                 lambda x: np.asarray(x)[ours]),
+             one("decoder.position_embed.embedding", "wpe.weight"),
+             *norm("decoder.final_norm", "ln_f")]
+  for i in range(m.num_decoder_layers):
+    p, q = f"decoder.layers_{i}", f"h.{i}"
+    weights += [
+        *norm(f"{p}.attention_norm", f"{q}.ln_1"),
+        one(f"{p}.self_attention.qkv.kernel", f"{q}.attn.c_attn.weight", reshaped(d, 3, n, h),
+            reshaped(d, 3 * d)),
+        one(f"{p}.self_attention.qkv.bias", f"{q}.attn.c_attn.bias", reshaped(3, n, h),
+            reshaped(3 * d)),
+        *dense(f"{p}.self_attention.out", f"{q}.attn.c_proj", reshaped(n, h, d), reshaped(d, d)),
+        *norm(f"{p}.ffn_norm", f"{q}.ln_2"),
+        *dense(f"{p}.ffn.wi", f"{q}.mlp.c_fc"), *dense(f"{p}.ffn.wo", f"{q}.mlp.c_proj")]
+  if not m.tie_embeddings:
+    weights.append(one("decoder.logits_dense.kernel", "lm_head.weight",
+                       lambda x: _our_table(x, hf).T, lambda x: np.asarray(x).T[ours]))
+  return weights
 
 
 def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
                    tokenizer: Any = None) -> dict[str, Any]:
   """Our DecoderOnly parameters (unrolled layers) from a GPT2LMHeadModel state dict."""
   del tokenizer  # GPT-2's specials are in its config
-  state = {k.removeprefix("transformer."): v for k, v in state.items()}
-  n, h, d = m.num_heads, m.d_model // m.num_heads, m.d_model
-  norm = lambda p: {"scale": state[f"{p}.weight"], "bias": state[f"{p}.bias"]}  # noqa: E731
-  conv = lambda p: {"kernel": state[f"{p}.weight"], "bias": state[f"{p}.bias"]}  # noqa: E731
-  decoder: dict[str, Any] = {
-      "position_embed": {"embedding": state["wpe.weight"]},
-      "final_norm": norm("ln_f")}
-  for i in range(m.num_decoder_layers):
-    p = f"h.{i}"
-    decoder[f"layers_{i}"] = {
-        "attention_norm": norm(f"{p}.ln_1"),
-        "self_attention": {
-            "qkv": {"kernel": state[f"{p}.attn.c_attn.weight"].reshape(d, 3, n, h),
-                    "bias": state[f"{p}.attn.c_attn.bias"].reshape(3, n, h)},
-            "out": {"kernel": state[f"{p}.attn.c_proj.weight"].reshape(n, h, d),
-                    "bias": state[f"{p}.attn.c_proj.bias"]}},
-        "ffn_norm": norm(f"{p}.ln_2"),
-        "ffn": {"wi": conv(f"{p}.mlp.c_fc"), "wo": conv(f"{p}.mlp.c_proj")}}
-  if not m.tie_embeddings:
-    decoder["logits_dense"] = {"kernel": _our_table(state["lm_head.weight"], hf).T}
-  return {"token_embed": {"embedding": _our_table(state["wte.weight"], hf)}, "decoder": decoder}
+  return params_of({k.removeprefix("transformer."): v for k, v in state.items()}, _weights(m, hf))
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
                    ) -> dict[str, np.ndarray]:
-  """The GPT2LMHeadModel state dict (float32 numpy, `transformer.` prefixed) of our parameters;
-  `hf` (the config.json written beside it) places <|endoftext|> (`our_ids`; None: no such id)."""
-  d = m.d_model
-  ours = our_ids({"vocab_size": m.vocab_size - NUM_SPECIAL} | {
-      "eos_token_id": (hf or {}).get("eos_token_id")})
-  dec = params["decoder"]
-  out = {"transformer.wte.weight": np.asarray(params["token_embed"]["embedding"])[ours],
-         "transformer.wpe.weight": dec["position_embed"]["embedding"]}
-
-  def norm(name, p):
-    out[f"transformer.{name}.weight"], out[f"transformer.{name}.bias"] = p["scale"], p["bias"]
-
-  for i, layer in enumerate(stack_layers(dec, m.num_decoder_layers)):
-    p = f"transformer.h.{i}"
-    att, ffn = layer["self_attention"], layer["ffn"]
-    norm(f"h.{i}.ln_1", layer["attention_norm"])
-    norm(f"h.{i}.ln_2", layer["ffn_norm"])
-    out[f"{p}.attn.c_attn.weight"] = np.reshape(att["qkv"]["kernel"], (d, 3 * d))
-    out[f"{p}.attn.c_attn.bias"] = np.reshape(att["qkv"]["bias"], (3 * d,))
-    out[f"{p}.attn.c_proj.weight"] = np.reshape(att["out"]["kernel"], (d, d))
-    out[f"{p}.attn.c_proj.bias"] = att["out"]["bias"]
-    out[f"{p}.mlp.c_fc.weight"], out[f"{p}.mlp.c_fc.bias"] = ffn["wi"]["kernel"], ffn["wi"]["bias"]
-    out[f"{p}.mlp.c_proj.weight"] = ffn["wo"]["kernel"]
-    out[f"{p}.mlp.c_proj.bias"] = ffn["wo"]["bias"]
-  norm("ln_f", dec["final_norm"])
-  if not m.tie_embeddings:
-    out["lm_head.weight"] = np.asarray(dec["logits_dense"]["kernel"]).T[ours]
-  return float32(out)
+  """The GPT2LMHeadModel state dict (float32 numpy) of our parameters, `hf` its config.json."""
+  state = state_of(params, _weights(m, hf))
+  return {k if k == "lm_head.weight" else f"transformer.{k}": v for k, v in state.items()}
 
 
 def describe_workdir(cfg: Config) -> str:

@@ -1,13 +1,11 @@
-r"""T5 (`T5ForConditionalGeneration`: T5 v1.1, Flan-T5, the original T5) <-> our EncoderDecoder.
+"""T5 (`T5ForConditionalGeneration`: T5 v1.1, Flan-T5, the original T5) <-> our EncoderDecoder.
 
 T5 is our encoder_decoder with pre-norm RMSNorm, no biases, one shared unscaled embedding,
-attention logits not scaled by 1/sqrt(head_dim) (T5 folds it into its initialisation) and one
-relative position bias table per stack (Hugging Face keeps it in the first layer only). The
-original T5's tied head rescales the decoder output by d_model**-0.5 (`scale_decoder_output`);
-whether the head is tied is read from the weights (transformers 5 writes
-tie_word_embeddings=true for every T5). Ids: ours are T5's (`data.hf_id_offset=0`): pad 0 (the
-decoder's start token) and eos 1 are where ours are, T5's <unk> is our BOS and our UNK is T5's
-"▁", neither of which our pipelines emit; `model.excluded_ids` is empty.
+unscaled attention logits (T5 folds 1/sqrt(head_dim) into its initialisation) and one relative
+position bias table per stack (in Hugging Face's first layer). The original T5's tied head scales
+the decoder output by d_model**-0.5 (`scale_decoder_output`); the weights say whether the head is
+tied (transformers 5 writes tie_word_embeddings=true for every T5). Ids: ours are T5's (pad 0,
+eos 1; T5's <unk> is our BOS and our UNK its "▁", neither of which our pipelines emit).
 """
 
 from __future__ import annotations
@@ -16,21 +14,23 @@ from typing import Any
 
 import numpy as np
 
-from transformer.config import Config, from_configdict, ModelConfig
-from transformer.schema import get_config
-from transformer.convert.common import (CONVERTED, ConvertError, float32, hf_choice, hf_ffn,
-                                        positive_ints, require, require_hf,
-                                        require_unmapped_excluded, stack_layers)
+from transformer.config import Config, ModelConfig
+from transformer.convert.common import (CONVERTED, converted_config, ConvertError, first_of,
+                                        hf_choice, hf_ffn, norm, one, params_of, positive_ints,
+                                        require, require_hf, require_unmapped_excluded, stacked,
+                                        state_of, transpose, Weight)
 from transformer.data.tokenizers import EOS_ID, PAD_ID
 
 MODEL_TYPE, NAME, ARCH = "t5", "T5", "encoder_decoder"
 ID_OFFSET = 0
 _FFN = {"gated-gelu": "geglu_tanh", "gated-silu": "swiglu", "relu": "relu", "gelu": "gelu"}
-_GATED = ("geglu_tanh", "swiglu")
 # Our model config keys T5 fixes: set on import, required on export.
 FIXED = dict(arch="encoder_decoder", positional="relative", norm="rmsnorm", norm_position="pre",
              use_bias=False, scale_embeddings=False, scale_attention_logits=False,
              share_src_tgt_embeddings=True)
+# config.json keys whose other values we lack: required on import, written on export.
+HF_FIXED = dict(pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID,
+                is_encoder_decoder=True)
 _MAX_LEN = 512  # T5 has no position table; our decoding cache needs a length
 
 
@@ -40,23 +40,17 @@ def head_is_tied(state: dict[str, np.ndarray]) -> bool:
   return head is None or np.array_equal(head, _shared(state))
 
 
-def _scales_output(hf: dict[str, Any]) -> bool:
-  """scale_decoder_outputs, or what an older config.json said by tie_word_embeddings."""
-  if "scale_decoder_outputs" in hf:
-    return bool(hf["scale_decoder_outputs"])
-  return hf.get("tie_word_embeddings", True) is not False
-
-
 def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = None
                     ) -> dict[str, Any]:
   """Our model config keys for a T5 config.json dict (and its weights, which say whether the
   head is tied); ConvertError names an unmappable key."""
-  require_hf(hf, {"pad_token_id": PAD_ID, "eos_token_id": EOS_ID,
-                  "decoder_start_token_id": PAD_ID, "is_encoder_decoder": True})
+  require_hf(hf, HF_FIXED)
   positive_ints(hf, ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"))
   ffn = hf_choice(hf, "feed_forward_proj", "relu", _FFN)
-  # Without weights (read_hf checks the config before loading any), the config says.
-  tied = hf.get("tie_word_embeddings", True) is not False if state is None else head_is_tied(state)
+  # Without weights (read_hf checks the config before loading any), the config says; older
+  # config.jsons said by it whether the output is scaled.
+  said_tied = hf.get("tie_word_embeddings", True) is not False
+  tied = said_tied if state is None else head_is_tied(state)
   rate = float(hf.get("dropout_rate", 0.1))
   return CONVERTED | FIXED | dict(
       vocab_size=hf["vocab_size"], source_vocab_size=hf["vocab_size"], excluded_ids="",
@@ -66,147 +60,98 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
       relative_num_buckets=int(hf.get("relative_attention_num_buckets", 32)),
       relative_max_distance=int(hf.get("relative_attention_max_distance", 128)),
       norm_eps=float(hf.get("layer_norm_epsilon", 1e-6)), ffn=ffn,
-      scale_decoder_output=_scales_output(hf), dropout_rate=rate, attention_dropout_rate=rate,
-      ffn_dropout_rate=rate, tie_embeddings=tied, max_len=int(hf.get("n_positions") or _MAX_LEN))
+      scale_decoder_output=bool(hf.get("scale_decoder_outputs", said_tied)), dropout_rate=rate,
+      attention_dropout_rate=rate, ffn_dropout_rate=rate, tie_embeddings=tied,
+      max_len=int(hf.get("n_positions") or _MAX_LEN))
 
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-  """The T5 config.json dict of model config `m`; ConvertError names the first key T5 lacks.
-  `extra` (a converted run's source config.json) gives the keys ours has no counterpart of."""
+  """The T5 config.json dict of `m` (over `extra`'s); ConvertError names a key T5 lacks."""
   require(m, FIXED | {"num_kv_heads": m.num_heads, "v_head_dim": m.head_dim,
                       "source_vocab_size": m.vocab_size}, NAME)
   feed_forward_proj = hf_ffn(m, None, _FFN, NAME)
   require_unmapped_excluded(m, np.arange(m.vocab_size), NAME)  # T5's ids are ours
-  out = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
-         "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "decoder_start_token_id": PAD_ID}
-  out |= {k: v for k, v in (extra or {}).items() if k not in ("dense_act_fn", "is_gated_act")}
-  out |= {"vocab_size": m.vocab_size, "d_model": m.d_model, "d_kv": m.head_dim, "d_ff": m.mlp_dim,
-          "num_layers": m.num_encoder_layers, "num_decoder_layers": m.num_decoder_layers,
-          "num_heads": m.num_heads, "relative_attention_num_buckets": m.relative_num_buckets,
-          "relative_attention_max_distance": m.relative_max_distance,
-          "layer_norm_epsilon": m.norm_eps, "dropout_rate": m.dropout_rate,
-          "feed_forward_proj": feed_forward_proj, "is_encoder_decoder": True,
-          "tie_word_embeddings": m.tie_embeddings, "scale_decoder_outputs": m.scale_decoder_output}
-  return out
+  out = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]} | {
+      k: v for k, v in (extra or {}).items() if k not in ("dense_act_fn", "is_gated_act")}
+  return out | {"vocab_size": m.vocab_size, "d_model": m.d_model, "d_kv": m.head_dim,
+                "d_ff": m.mlp_dim, "num_layers": m.num_encoder_layers,
+                "num_decoder_layers": m.num_decoder_layers, "num_heads": m.num_heads,
+                "relative_attention_num_buckets": m.relative_num_buckets,
+                "relative_attention_max_distance": m.relative_max_distance,
+                "layer_norm_epsilon": m.norm_eps, "dropout_rate": m.dropout_rate,
+                "feed_forward_proj": feed_forward_proj, "tie_word_embeddings": m.tie_embeddings,
+                "scale_decoder_outputs": m.scale_decoder_output} | HF_FIXED
 
 
 def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenizer: str,
                    text_file: str = "", data_dir: str = "") -> Config:
-  """The full config of a converted T5: no data (train.py --init_from fine-tunes it), greedy
-  decoding."""
+  """The full config of a converted T5, without data (train.py --init_from fine-tunes it)."""
   if text_file:
     raise ConvertError("--text_file gives a language model data; a T5 workdir is converted "
                        "without data (train.py --init_from=OUT fine-tunes it on a seq2seq task)")
   del data_dir
-  cd = get_config()
   m = model_overrides(hf, state)
-  cd.model.update(m)
   length = min(64, m["max_len"])
-  cd.data.update(dataset="", tokenizer="hf", source_tokenizer="", hf_tokenizer=hf_tokenizer,
-                 hf_id_offset=ID_OFFSET, max_source_len=length, max_target_len=length,
-                 batch_size=8, batching="pad")
-  cd.train.update(optimizer="adafactor", schedule="constant", learning_rate=1e-3,
-                  warmup_steps=0, label_smoothing=0.0, grad_clip=1.0)
-  cd.eval.update(num_decode_examples=0)
-  cd.eval.decode.update(method="greedy", max_decode_len=length)
-  cd.checkpoint.update(keep_best_by="")
-  return from_configdict(cd)
+  return converted_config(m, hf_tokenizer, ID_OFFSET, length, data=dict(dataset="", batching="pad"),
+                          train=dict(optimizer="adafactor", learning_rate=1e-3), evaluation={},
+                          decode_len=length)
 
 
 def _shared(state: dict[str, np.ndarray]) -> np.ndarray:
-  for key in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
-    if key in state:
-      return state[key]
-  raise ConvertError("the T5 weights have no shared.weight (the embedding table)")
+  return first_of(state, ("shared.weight", "encoder.embed_tokens.weight",
+                          "decoder.embed_tokens.weight"), NAME)
 
 
-def _ffn_names(m: ModelConfig) -> dict[str, str]:
-  """T5's DenseReluDense weights -> our ffn kernels."""
-  if m.ffn in _GATED:
-    return {"wi_0": "wi_gate", "wi_1": "wi_up", "wo": "wo"}
-  return {"wi": "wi", "wo": "wo"}
+def _weights(m: ModelConfig) -> list[Weight]:
+  """Our EncoderDecoder's parameters and T5's tensors."""
+  d, n, h = m.d_model, m.num_heads, m.head_dim
+  to_heads = lambda w: w.T.reshape(d, n, h)  # torch [n*h, d] -> ours [d, n, h]  # noqa: E731
+  from_heads = lambda k: np.reshape(k, (d, n * h)).T  # noqa: E731
+  gated = m.ffn in ("geglu_tanh", "swiglu")
+  ffn = {"wi_0": "wi_gate", "wi_1": "wi_up", "wo": "wo"} if gated else {"wi": "wi", "wo": "wo"}
+
+  def attention(p: str, a: str, cross: bool) -> list[Weight]:
+    q, k, v = (f"{a}.{x}.weight" for x in "qkv")
+    out = one(f"{p}.out.kernel", f"{a}.o.weight", lambda w: w.T.reshape(n, h, d),
+              lambda x: np.reshape(x, (n * h, d)).T)
+    if cross:
+      return [one(f"{p}.query.kernel", q, to_heads, from_heads),
+              stacked(f"{p}.kv.kernel", (k, v), 1, to_heads, from_heads), out]
+    return [stacked(f"{p}.qkv.kernel", (q, k, v), 1, to_heads, from_heads), out]
+
+  weights = [Weight("token_embed.embedding", _shared, lambda x: {"shared.weight": x})]
+  for name, num_layers in (("encoder", m.num_encoder_layers), ("decoder", m.num_decoder_layers)):
+    weights += [one(f"{name}.relative_bias.rel_embedding",
+                    f"{name}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+                *norm(f"{name}.final_norm", f"{name}.final_layer_norm", bias=False)]
+    for i in range(num_layers):
+      p, q = f"{name}.layers_{i}", f"{name}.block.{i}.layer"
+      weights += [*norm(f"{p}.attention_norm", f"{q}.0.layer_norm", bias=False),
+                  *attention(f"{p}.self_attention", f"{q}.0.SelfAttention", cross=False)]
+      if name == "decoder":
+        weights += [*norm(f"{p}.cross_attention_norm", f"{q}.1.layer_norm", bias=False),
+                    *attention(f"{p}.cross_attention", f"{q}.1.EncDecAttention", cross=True)]
+      f = 2 if name == "decoder" else 1
+      weights += norm(f"{p}.ffn_norm", f"{q}.{f}.layer_norm", bias=False)
+      weights += [one(f"{p}.ffn.{ours}.kernel", f"{q}.{f}.DenseReluDense.{hf_name}.weight",
+                      transpose, transpose) for hf_name, ours in ffn.items()]
+  if not m.tie_embeddings:
+    weights.append(one("decoder.logits_dense.kernel", "lm_head.weight", transpose, transpose))
+  return weights
 
 
 def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
                    tokenizer: Any = None) -> dict[str, Any]:
   """Our EncoderDecoder parameters (unrolled layers) from a T5 state dict."""
   del hf, tokenizer  # T5's ids are ours
-  d, n, h = m.d_model, m.num_heads, m.head_dim
-  norm = lambda p: {"scale": state[f"{p}.weight"]}  # noqa: E731
-  heads = lambda w: w.T.reshape(d, n, h)  # torch [n*h, d] -> ours [d, n, h]  # noqa: E731
-
-  def attention(p: str, cross: bool) -> dict[str, Any]:
-    q, k, v = (heads(state[f"{p}.{x}.weight"]) for x in "qkv")
-    out = {"out": {"kernel": state[f"{p}.o.weight"].T.reshape(n, h, d)}}
-    if cross:
-      return out | {"query": {"kernel": q}, "kv": {"kernel": np.stack([k, v], axis=1)}}
-    return out | {"qkv": {"kernel": np.stack([q, k, v], axis=1)}}
-
-  def stack(name: str, num_layers: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "relative_bias": {"rel_embedding": state[
-            f"{name}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]},
-        "final_norm": norm(f"{name}.final_layer_norm")}
-    for i in range(num_layers):
-      p = f"{name}.block.{i}.layer"
-      layer = {"attention_norm": norm(f"{p}.0.layer_norm"),
-               "self_attention": attention(f"{p}.0.SelfAttention", cross=False)}
-      if name == "decoder":
-        layer |= {"cross_attention_norm": norm(f"{p}.1.layer_norm"),
-                  "cross_attention": attention(f"{p}.1.EncDecAttention", cross=True)}
-      f = 2 if name == "decoder" else 1
-      layer["ffn_norm"] = norm(f"{p}.{f}.layer_norm")
-      layer["ffn"] = {ours: {"kernel": state[f"{p}.{f}.DenseReluDense.{name}.weight"].T}
-                      for name, ours in _ffn_names(m).items()}
-      out[f"layers_{i}"] = layer
-    return out
-
-  params = {"token_embed": {"embedding": _shared(state)},
-            "encoder": stack("encoder", m.num_encoder_layers),
-            "decoder": stack("decoder", m.num_decoder_layers)}
-  if not m.tie_embeddings:
-    params["decoder"]["logits_dense"] = {"kernel": state["lm_head.weight"].T}
-  return params
+  return params_of(state, _weights(m))
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
                    ) -> dict[str, np.ndarray]:
   """The T5ForConditionalGeneration state dict (float32 numpy) of our parameters."""
   del hf  # m says all
-  d, n, h = m.d_model, m.num_heads, m.head_dim
-  out = {"shared.weight": params["token_embed"]["embedding"]}
-  flat = lambda k: np.reshape(k, (d, n * h)).T  # ours [d, n, h] -> torch [n*h, d]  # noqa: E731
-
-  def attention(p: str, att: dict[str, Any]) -> None:
-    if "qkv" in att:
-      q, k, v = (np.asarray(att["qkv"]["kernel"])[:, j] for j in range(3))
-    else:
-      q = att["query"]["kernel"]
-      k, v = (np.asarray(att["kv"]["kernel"])[:, j] for j in range(2))
-    for name, kernel in zip("qkv", (q, k, v)):
-      out[f"{p}.{name}.weight"] = flat(kernel)
-    out[f"{p}.o.weight"] = np.reshape(att["out"]["kernel"], (n * h, d)).T
-
-  for name, num_layers in (("encoder", m.num_encoder_layers), ("decoder", m.num_decoder_layers)):
-    stack = params[name]
-    out[f"{name}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (
-        stack["relative_bias"]["rel_embedding"])
-    out[f"{name}.final_layer_norm.weight"] = stack["final_norm"]["scale"]
-    for i, layer in enumerate(stack_layers(stack, num_layers)):
-      p = f"{name}.block.{i}.layer"
-      out[f"{p}.0.layer_norm.weight"] = layer["attention_norm"]["scale"]
-      attention(f"{p}.0.SelfAttention", layer["self_attention"])
-      f = 1
-      if name == "decoder":
-        out[f"{p}.1.layer_norm.weight"] = layer["cross_attention_norm"]["scale"]
-        attention(f"{p}.1.EncDecAttention", layer["cross_attention"])
-        f = 2
-      out[f"{p}.{f}.layer_norm.weight"] = layer["ffn_norm"]["scale"]
-      for hf_name, ours in _ffn_names(m).items():
-        out[f"{p}.{f}.DenseReluDense.{hf_name}.weight"] = np.asarray(layer["ffn"][ours]["kernel"]).T
-  if not m.tie_embeddings:
-    out["lm_head.weight"] = np.asarray(params["decoder"]["logits_dense"]["kernel"]).T
-  return float32(out)
+  return state_of(params, _weights(m))
 
 
 def describe_workdir(cfg: Config) -> str:
