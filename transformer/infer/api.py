@@ -5,8 +5,7 @@
   run.score(["hello"], ["HH AH L OW"])            # log p(target | source), summed over tokens
   att = run.attention("hello")                    # every layer and head, see `Attention`
   transformer.restore(["runs/a", "runs/b"])       # an ensemble: the mean probability
-Encoder-only runs: classify, classify_with_probability, tag, fill_mask, mask_fillers. Everything
-comes from the workdir: config.json, the checkpoint and the tokenizers training saved.
+Encoder-only runs classify, tag or fill masks instead.
 """
 
 from __future__ import annotations
@@ -67,6 +66,16 @@ def _collect_weights(tree: Any) -> dict[tuple[str, str], list[np.ndarray]]:
 def _bucket(n: int) -> int:
   """Batch rows for n inputs: a power of two >= 4, so repeated calls reuse compiled decoders."""
   return max(4, 1 << max(0, n - 1).bit_length())
+
+
+def _best_ids(logits: np.ndarray, vocab_size: int) -> np.ndarray:
+  """The argmax of [..., n] logits over the ordinary ids NUM_SPECIAL..vocab_size."""
+  return logits[..., NUM_SPECIAL:vocab_size].argmax(-1) + NUM_SPECIAL
+
+
+def _ordinary_probs(logits: np.ndarray, vocab_size: int) -> np.ndarray:
+  """The softmax of [..., n] logits over the ordinary ids (index i: id NUM_SPECIAL + i)."""
+  return np.asarray(jax.nn.softmax(jnp.asarray(logits[..., NUM_SPECIAL:vocab_size]), axis=-1))
 
 
 class Run:
@@ -175,30 +184,19 @@ class Run:
       array[i, :len(row)] = row
     return np.asarray(self._forward(self.params, {"inputs": array}))[:len(rows)]
 
-  def _encoder_rows(self, texts: Sequence[str]) -> list[list[int]]:
+  def _encoder_rows(self, texts: Sequence[str] | str) -> list[list[int]]:
     """BOS + ids + EOS of each text, truncated to data.max_source_len as training's rows."""
-    return labels.encoder_rows(texts, self.source_tokenizer, self.config.data.max_source_len,
+    return labels.encoder_rows([texts] if isinstance(texts, str) else list(texts),
+                               self.source_tokenizer, self.config.data.max_source_len,
                                "truncate")[0]
-
-  @staticmethod
-  def _best_ids(logits: np.ndarray, vocab_size: int) -> np.ndarray:
-    """The argmax of [..., n] logits over the ordinary ids NUM_SPECIAL..vocab_size."""
-    return logits[..., NUM_SPECIAL:vocab_size].argmax(-1) + NUM_SPECIAL
-
-  @staticmethod
-  def _ordinary_probs(logits: np.ndarray, vocab_size: int) -> np.ndarray:
-    """The softmax of [..., n] logits over the ordinary ids (index i: id NUM_SPECIAL + i)."""
-    return np.asarray(jax.nn.softmax(jnp.asarray(logits[..., NUM_SPECIAL:vocab_size]), axis=-1))
 
   def classify_with_probability(self, texts: Sequence[str] | str) -> list[tuple[str, float]]:
     """(predicted label, its probability) of each text (model.head='classify')."""
-    texts = [texts] if isinstance(texts, str) else list(texts)
     rows = self._encoder_rows(texts)
     logits = self._encoder_logits(rows, "classify")[:, 0]  # slot 0: the row's one example
-    probs = self._ordinary_probs(logits, self.target_tokenizer.vocab_size)
-    best = self._best_ids(logits, self.target_tokenizer.vocab_size)
-    return [(self.target_tokenizer.decode([int(i)]), float(p[i - NUM_SPECIAL]))
-            for i, p in zip(best, probs)]
+    tok = self.target_tokenizer
+    best, probs = _best_ids(logits, tok.vocab_size), _ordinary_probs(logits, tok.vocab_size)
+    return [(tok.decode([int(i)]), float(p[i - NUM_SPECIAL])) for i, p in zip(best, probs)]
 
   def classify(self, texts: Sequence[str] | str) -> list[str]:
     """The predicted label of each text (a classification run: model.head='classify')."""
@@ -206,9 +204,8 @@ class Run:
 
   def tag(self, texts: Sequence[str] | str) -> list[list[tuple[str, str]]]:
     """(token, predicted tag) for every source token of each text (model.head='tag')."""
-    texts = [texts] if isinstance(texts, str) else list(texts)
     rows = self._encoder_rows(texts)
-    best = self._best_ids(self._encoder_logits(rows, "tag"), self.target_tokenizer.vocab_size)
+    best = _best_ids(self._encoder_logits(rows, "tag"), self.target_tokenizer.vocab_size)
     return [[(self.source_tokenizer.decode([t]), self.target_tokenizer.decode([int(b)]))
              for t, b in zip(row[1:-1], best[r, 1:len(row) - 1])] for r, row in enumerate(rows)]
 
@@ -232,7 +229,7 @@ class Run:
       raise ValueError(f"top_k={k} must be >= 1")
     tok = self.source_tokenizer
     rows, mask_id, logits = self._mask_rows(texts, mask)
-    probs = self._ordinary_probs(logits, tok.vocab_size)
+    probs = _ordinary_probs(logits, tok.vocab_size)
     out = []
     for r, row in enumerate(rows):
       at = [i for i, t in enumerate(row) if t == mask_id]
@@ -246,7 +243,7 @@ class Run:
     """Each text with every `mask` marker replaced by the masked LM's most likely token."""
     tok = self.source_tokenizer
     rows, mask_id, logits = self._mask_rows(texts, mask)
-    best = self._best_ids(logits, tok.vocab_size)
+    best = _best_ids(logits, tok.vocab_size)
     filled = [[int(best[r, i]) if t == mask_id else t for i, t in enumerate(row)]
               for r, row in enumerate(rows)]
     return [tok.decode(f[1:-1]) for f in filled]

@@ -1,10 +1,10 @@
 """Autoregressive decoding: greedy, temperature/top-k/top-p sampling, beam search over `kv_cache`.
 
-The search loops (`sample_search`, `beam_search`) run a pure `step_fn(tokens [B], cache, j) ->
-(logits [B, V], cache)` (feed token j, get the logits of token j+1) and know nothing of models;
-`generate` wires models into them through `prefill`. Each loop is a `lax.while_loop` that stops
-once every row has finished. Outputs include EOS, 0-padded after it; token 0 (padding, the start
-token) is never generated. Scores are log-probabilities under the unmodified distribution.
+The search loops (`sample_search`, `beam_search`: `lax.while_loop`s that stop once every row is
+done) run a pure `step_fn(tokens [B], cache, j) -> (logits [B, V], cache)` (feed token j, get the
+logits of token j+1); `generate` wires models into them through `prefill`. Outputs include EOS,
+0-padded after it; token 0 (padding, the start token) is never generated. Scores are
+log-probabilities under the unmodified distribution.
 """
 
 from collections.abc import Callable
@@ -36,46 +36,37 @@ class Search(NamedTuple):
   top_p: float = 1.0  # 1.0 = off
 
 
-def _beam(decode_cfg: Any, vocab_size: int) -> Search:
-  beam, widest = decode_cfg.beam_size, min(MAX_BEAM_SIZE, vocab_size or MAX_BEAM_SIZE)
-  if not 1 <= beam <= widest:
-    what = f"the vocabulary size {vocab_size}" if widest < MAX_BEAM_SIZE else str(MAX_BEAM_SIZE)
-    raise ValueError(f"eval.decode.beam_size={beam} must be in [1, {widest}] (at most {what})")
-  if not math.isfinite(decode_cfg.length_penalty):
-    raise ValueError(f"eval.decode.length_penalty={decode_cfg.length_penalty} must be a finite "
-                     "number")
-  return Search("beam", beam_size=int(decode_cfg.beam_size),
-                length_penalty=float(decode_cfg.length_penalty))
-
-
-def _sample(decode_cfg: Any, _: int) -> Search:
-  if not (decode_cfg.temperature > 0 and math.isfinite(decode_cfg.temperature)):
-    raise ValueError(f"eval.decode.temperature={decode_cfg.temperature} must be a finite "
-                     "number > 0")
-  if decode_cfg.top_k < 0:
-    raise ValueError(f"eval.decode.top_k={decode_cfg.top_k} must be >= 0 (0 = off)")
-  if not 0.0 < decode_cfg.top_p <= 1.0:
-    raise ValueError(f"eval.decode.top_p={decode_cfg.top_p} must be in (0, 1]")
-  return Search("sample", temperature=float(decode_cfg.temperature), top_k=int(decode_cfg.top_k),
-                top_p=float(decode_cfg.top_p))
-
-
-# eval.decode.method -> the Search it takes from eval.decode (a beam is bounded by the vocabulary).
-METHODS: dict[str, Callable[[Any, int], Search]] = {
-    "greedy": lambda decode_cfg, vocab_size: Search("greedy"), "sample": _sample, "beam": _beam}
+METHODS = ("greedy", "sample", "beam")  # the values of eval.decode.method
 
 
 def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> Search:
   """Checks eval.decode (a one-line ValueError naming the bad key; vocab_size and max_len 0 =
   unknown) and keeps what its method uses."""
-  length = decode_cfg.max_decode_len
-  if length < 0 or (max_len and length > max_len):
-    raise ValueError(f"eval.decode.max_decode_len={length} must be in [0, model.max_len="
+  d = decode_cfg
+  if d.max_decode_len < 0 or (max_len and d.max_decode_len > max_len):
+    raise ValueError(f"eval.decode.max_decode_len={d.max_decode_len} must be in [0, model.max_len="
                      f"{max_len or '?'}] (0 = data.max_target_len)")
-  if decode_cfg.method not in METHODS:
-    raise ValueError(f"eval.decode.method={decode_cfg.method!r} must be one of "
-                     f"{', '.join(METHODS)}")
-  return METHODS[decode_cfg.method](decode_cfg, vocab_size)
+  if d.method not in METHODS:
+    raise ValueError(f"eval.decode.method={d.method!r} must be one of {', '.join(METHODS)}")
+  if d.method == "greedy":
+    return Search("greedy")
+  if d.method == "beam":  # at most MAX_BEAM_SIZE beams, and no more than the vocabulary has
+    widest = min(MAX_BEAM_SIZE, vocab_size or MAX_BEAM_SIZE)
+    if not 1 <= d.beam_size <= widest:
+      what = f"the vocabulary size {vocab_size}" if widest < MAX_BEAM_SIZE else str(MAX_BEAM_SIZE)
+      raise ValueError(f"eval.decode.beam_size={d.beam_size} must be in [1, {widest}] (at most "
+                       f"{what})")
+    if not math.isfinite(d.length_penalty):
+      raise ValueError(f"eval.decode.length_penalty={d.length_penalty} must be a finite number")
+    return Search("beam", beam_size=int(d.beam_size), length_penalty=float(d.length_penalty))
+  if not (d.temperature > 0 and math.isfinite(d.temperature)):
+    raise ValueError(f"eval.decode.temperature={d.temperature} must be a finite number > 0")
+  if d.top_k < 0:
+    raise ValueError(f"eval.decode.top_k={d.top_k} must be >= 0 (0 = off)")
+  if not 0.0 < d.top_p <= 1.0:
+    raise ValueError(f"eval.decode.top_p={d.top_p} must be in (0, 1]")
+  return Search("sample", temperature=float(d.temperature), top_k=int(d.top_k),
+                top_p=float(d.top_p))
 
 
 def filter_logits(logits: jnp.ndarray, temperature: float = 1.0, top_k: int = 0,

@@ -1,12 +1,9 @@
-"""Evaluation of a trained run: restore, teacher-forced metrics, decoding, task metrics, predictions.
+"""Evaluation of a trained run: teacher-forced metrics, decoding, task metrics, predictions.
 
-`evaluate_split` (eval.py's entry point) reads the runs (`read_members`), scores the split
-teacher-forced, then decodes it (seq2seq: `decode_split` and `prediction_metrics`; LMs:
-`sample_continuations`; encoder-only and objective tasks: no decoding) and writes
-metrics.<split>.json and predictions.<split>.jsonl. WHOLE_SPLIT undoes the run's in-training
-partial eval settings; `coverage` says how much of the split was scored and decoded. Task metrics
-(eval.metrics): wer,per (G2P, on the no-stress track, plus *_stress when references carry stress),
-bleu (sacrebleu 13a), bpc (LMs). `decode_metrics` is the training loop's in-training evaluation.
+`evaluate_split` (eval.py's entry point) scores a split teacher-forced, decodes it (seq2seq) or
+samples continuations (LMs), and writes metrics.<split>.json and predictions.<split>.jsonl;
+`coverage` says how much of the split was scored and decoded. wer/per are on the no-stress track,
+plus *_stress when references carry stress. `decode_metrics` is training's in-training evaluation.
 """
 
 from __future__ import annotations
@@ -51,11 +48,11 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
                    decode_cfg: DecodeConfig | None = None, *, eos_id: int,
                    batch_size: int = 0, rng: jax.Array | None = None,
                    prefix_lm: bool | None = None) -> tuple[list[list[int]], list[float]]:
-  """Decodes every id list in `ids` (encoder inputs or prompts), in batches of one shape:
-  (token lists up to EOS, scores)."""
-  decode_cfg = decode_cfg or cfg.eval.decode
+  """(token lists up to EOS, scores) of every encoder input or prompt in `ids`, decoded in
+  batches of one shape."""
   if not ids:
     return [], []
+  decode_cfg = decode_cfg or cfg.eval.decode
   b = batch_size or min(cfg.eval.batch_size or cfg.data.batch_size, 64)
   width = max(max(len(x) for x in ids), 1)
   if cfg.model.arch == "encoder_decoder":
@@ -138,21 +135,18 @@ def strip_stress(phones: str) -> str:
 def prediction_metrics(names: Iterable[str], predictions: Sequence[dict[str, Any]]
                        ) -> dict[str, float]:
   """Corpus metrics (wer/per with stress tracks, bleu) of prediction records; {} when empty."""
-  names = set(names)
-  if not predictions:
-    return {}
-  out: dict[str, float] = {}
+  names, out = set(names), {}
   hyps = [p["hypothesis"] for p in predictions]
   refs = [p["references"] for p in predictions]
-  if names & {"wer", "per"}:
-    wer, per = metrics_lib.wer_per([strip_stress(h).split() for h in hyps],
-                                   [[strip_stress(r).split() for r in rs] for rs in refs])
-    out.update({k: v for k, v in (("wer", wer), ("per", per)) if k in names})
+  if predictions and names & {"wer", "per"}:
+    tracks = {"": strip_stress}
     if any(_STRESS.search(r) for rs in refs for r in rs):
-      wer, per = metrics_lib.wer_per([h.split() for h in hyps],
-                                     [[r.split() for r in rs] for rs in refs])
-      out.update({f"{k}_stress": v for k, v in (("wer", wer), ("per", per)) if k in names})
-  if "bleu" in names:
+      tracks["_stress"] = str
+    for suffix, clean in tracks.items():
+      wer, per = metrics_lib.wer_per([clean(h).split() for h in hyps],
+                                     [[clean(r).split() for r in rs] for rs in refs])
+      out.update({k + suffix: v for k, v in (("wer", wer), ("per", per)) if k in names})
+  if predictions and "bleu" in names:
     bleu_refs = refs if len({len(rs) for rs in refs}) == 1 else [rs[0] for rs in refs]
     out["bleu"] = metrics_lib.bleu(hyps, bleu_refs)
   return out

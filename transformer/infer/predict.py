@@ -3,11 +3,10 @@ r"""Decodes words or sentences with a trained run from the command line.
   python -m transformer.infer.predict --workdir=runs/g2p --method=beam --beam_size=8 hello world
   python -m transformer.infer.predict --workdir=runs/a --ensemble=runs/b,runs/c --step=best hello
 
-Prints one `input<TAB>output` line per input (the arguments, else stdin lines, each answered as
-soon as it arrives). Encoder-only runs print, by model.head: mlm: the filled text, then per --mask
-marker its --top_k fillers as `token=probability`; classify: label, probability; tag: `token/tag`
-per token. A bad input gets a one-line `error:` on stderr, the others are still answered; the exit
-status is 1 if any input (or the workdir) was bad.
+Prints `input<TAB>output` per input (the arguments, else stdin lines, each answered as soon as
+it arrives); encoder-only runs print, by model.head, the filled text and each --mask marker's
+`token=probability` fillers, `label<TAB>probability`, or `token/tag` per token. A bad input is one
+`error:` line on stderr; the exit status is then 1.
 """
 
 from __future__ import annotations
@@ -62,8 +61,8 @@ def stdin_batches(fd: int, max_batch: int = 64) -> Iterator[list[str]]:
 
 
 def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
-  """Runs the command line; returns the exit status. Inputs: the arguments, else `stdin` (a text
-  stream), else this process's standard input."""
+  """Runs the command line on the arguments, else `stdin` (a text stream), else this process's
+  standard input; returns the exit status."""
   args, inputs = cli.parse_own_flags("python -m transformer.infer.predict", _define,
                                      sys.argv[1:] if argv is None else argv)
   if inputs:
@@ -99,18 +98,18 @@ def _predict(args: flags.FlagValues, batches: Iterable[list[str]]) -> int:
   answer = _predict_encoder if run.config.model.arch == "encoder_only" else _predict_decoder
   status, first = 0, 1
   for texts in batches:
-    batch_status = answer(run, args, texts, options, first)
+    status = max(status, answer(run, args, texts, options, first))
     sys.stdout.flush()
-    if batch_status == 2:  # bad options: every batch would fail the same way
+    if status == 2:  # bad options: every batch would fail the same way
       return 1
-    status, first = max(status, batch_status), first + len(texts)
+    first += len(texts)
   return status
 
 
 def _checked(run: Any, texts: list[str], first: int, max_decode_len: int, mask: str = ""
              ) -> tuple[list[tuple[str, str]], int]:
-  """The (input stripped, cleaned) pairs of the good inputs (numbered from `first`), each bad one
-  reported on stderr; and 1 if any was bad, else 0."""
+  """(input stripped, cleaned) of the good inputs (numbered from `first`), each bad one reported
+  on stderr; and 1 if any was bad, else 0."""
   good, status = [], 0
   for n, text in enumerate(texts, start=first):
     error, cleaned = check_input(run, text, max_decode_len, mask=mask)
@@ -145,7 +144,7 @@ def _shown_token(token: str) -> str:
 
 def _predict_encoder(run: Any, args: flags.FlagValues, texts: list[str],
                      options: dict[str, Any], first: int) -> int:
-  """An encoder-only run's lines for one batch of inputs; 0, 1 if an input was bad, 2 if the
+  """Answers one batch of inputs with an encoder-only run; 0, 1 if an input was bad, 2 if the
   options are."""
   head = run.config.model.head
   allowed = {"top_k"} if head == "mlm" else set()

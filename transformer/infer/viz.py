@@ -1,7 +1,5 @@
-"""Plots: attention heat maps, positional encodings, learning curves, quality against time.
-
-Every function returns a matplotlib Figure (Agg backend: headless) and saves it as a PNG at
-`save_path` when given. With the notebook API:
+"""Plots: attention heat maps, positional encodings, learning curves, quality against time. Each
+returns a matplotlib Figure (Agg backend: headless), saved as a PNG at `save_path` when given:
 
   att = transformer.restore("runs/g2p").attention("phoneme")
   plot_attention(att.cross[-1], queries=att.target_tokens, keys=att.source_tokens)
@@ -70,9 +68,7 @@ def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any =
                              save_path: str | None = None) -> Any:
   """The sinusoidal table [positions, d_model] (or a given `table` [positions, d]) and its
   dot-product similarity [pos, pos]."""
-  if table is None:
-    table = sinusoidal_table(max_len, d_model)
-  table = np.asarray(table, np.float32)
+  table = np.asarray(sinusoidal_table(max_len, d_model) if table is None else table, np.float32)
   if table.ndim != 2:
     raise ValueError(f"plot_positional_encoding: table must be [positions, d], got {table.shape}")
   similarity = table @ table.T  # [pos, pos]: depends (mostly) on the distance between positions
@@ -133,8 +129,7 @@ def plot_time_to_quality(runs: dict[str, str], key: str = "eval/wer",
                          finals: dict[str, tuple[float, float]] | None = None,
                          save_path: str | None = None) -> Any:
   """`key` against wall-clock minutes (time/elapsed_s) for `runs` (label -> workdir or its
-  metrics.jsonl). `finals`: label -> (minutes, value), drawn as a star in the run's colour.
-  Fractions in [0, 1] are drawn as percentages."""
+  metrics.jsonl), fractions as percentages; `finals` (label -> (minutes, value)): stars."""
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   curves = {}
   for label, path in runs.items():
