@@ -79,8 +79,7 @@ def _ordinary_probs(logits: np.ndarray, vocab_size: int) -> np.ndarray:
 
 
 class Run:
-  """A restored run (config, model, params, tokenizers); an ensemble's holds tuples of models,
-  params and steps, and `members` (its workdirs)."""
+  """A restored run; an ensemble's holds tuples of models, params and steps, and `members`."""
 
   def __init__(self, config: Config, model: Any, params: Any, task: Any, step: Any, workdir: str,
                params_source: str = "raw", averaged_steps: Sequence[int] = (),
@@ -111,8 +110,7 @@ class Run:
 
   def _teacher_forced_batch(self, sources: Sequence[str], targets: Sequence[str],
                             multiple: int = 8) -> dict[str, np.ndarray]:
-    """Model inputs and loss weights for (source, target) pairs, built as training builds them
-    (one pair per row); sources truncated to data.max_source_len, targets never."""
+    """(source, target) pairs built as training builds them, one per row, sources truncated."""
     if self.kind == "seq2seq":
       examples, _ = pipeline.encode_pairs(
           list(zip(sources, targets)), self.source_tokenizer, self.target_tokenizer,
@@ -155,8 +153,7 @@ class Run:
                top_k: int | None = None, top_p: float | None = None,
                length_penalty: float | None = None, max_decode_len: int | None = None,
                seed: int = 0) -> list[str]:
-    """Decodes each text to text; unset options come from the run's eval.decode config. A bad
-    input or option is a one-line ValueError before anything compiles."""
+    """Decodes each text (unset options: eval.decode's); bad input is a one-line ValueError."""
     texts = [texts] if isinstance(texts, str) else texts
     options = dict(method=method, beam_size=beam_size, temperature=temperature, top_k=top_k,
                    top_p=top_p, length_penalty=length_penalty, max_decode_len=max_decode_len)
@@ -223,8 +220,7 @@ class Run:
 
   def mask_fillers(self, texts: Sequence[str] | str, k: int = 5, mask: str = "_"
                    ) -> list[list[list[tuple[str, float]]]]:
-    """For each text and `mask` marker, the masked LM's k most likely ordinary tokens there with
-    their probabilities, most likely first (the first is what fill_mask puts there)."""
+    """Per text and `mask` marker, the k likeliest ordinary tokens there and their probabilities."""
     if k < 1:
       raise ValueError(f"top_k={k} must be >= 1")
     tok = self.source_tokenizer
@@ -249,8 +245,7 @@ class Run:
     return [tok.decode(f[1:-1]) for f in filled]
 
   def attention(self, text: str, target: str | None = None) -> Attention:
-    """Attention weights of every layer and head for `text` and `target` (default: greedy output;
-    unused by an encoder-only run)."""
+    """Every layer's and head's attention for `text` and `target` (default: the greedy output)."""
     if self.members:
       raise ValueError(f"attention: this Run is an ensemble of {len(self.members)} runs; restore "
                        "one of them to look at its attention")

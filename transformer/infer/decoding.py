@@ -1,9 +1,8 @@
 """Autoregressive decoding: greedy, temperature/top-k/top-p sampling, beam search over `kv_cache`.
 
-The search loops (`sample_search`, `beam_search`: `lax.while_loop`s that stop once every row is
-done) run a pure `step_fn(tokens [B], cache, j) -> (logits [B, V], cache)` (feed token j, get the
-logits of token j+1); `generate` wires models into them through `prefill`. Outputs include EOS,
-0-padded after it; token 0 (padding, the start token) is never generated. Scores are
+`sample_search` and `beam_search` run a pure `step_fn(tokens [B], cache, j) -> (logits [B, V],
+cache)` (feed token j, get the logits of token j+1); `generate` wires models in through `prefill`.
+Outputs include EOS, 0-padded after it (token 0, the start, is never generated); scores are
 log-probabilities under the unmodified distribution.
 """
 
@@ -27,7 +26,7 @@ _BLOCK = 128  # logits per block in `top_k_log_probs`
 
 
 class Search(NamedTuple):
-  """The decoding settings that change the compiled program (hashable: part of the jit cache key)."""
+  """The decoding settings that change the compiled program (part of the jit cache key)."""
   method: str = "greedy"  # greedy | sample | beam
   beam_size: int = 1
   length_penalty: float = 0.0  # GNMT alpha
@@ -40,8 +39,7 @@ METHODS = ("greedy", "sample", "beam")  # the values of eval.decode.method
 
 
 def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> Search:
-  """Checks eval.decode (a one-line ValueError naming the bad key; vocab_size and max_len 0 =
-  unknown) and keeps what its method uses."""
+  """eval.decode checked (one-line ValueErrors; vocab_size, max_len 0 = unknown) as a Search."""
   d = decode_cfg
   if d.max_decode_len < 0 or (max_len and d.max_decode_len > max_len):
     raise ValueError(f"eval.decode.max_decode_len={d.max_decode_len} must be in [0, model.max_len="
@@ -136,11 +134,9 @@ def length_penalty(length: jnp.ndarray, alpha: float) -> jnp.ndarray:
 
 
 def top_k_log_probs(logits: jnp.ndarray, k: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """lax.top_k(jax.nn.log_softmax(logits), k) for logits [B, V], ties included, in two reads.
-
-  The k largest logits lie in the k blocks of 128 with the largest maxima, so top_k searches only
-  those k*128 candidates (in vocabulary order: ties go to the lowest id, as in lax.top_k).
-  """
+  """lax.top_k(jax.nn.log_softmax(logits), k) for logits [B, V], ties included, in two reads: the
+  k largest lie in the k blocks of 128 with the largest maxima, searched in vocabulary order (ties
+  go to the lowest id, as in lax.top_k)."""
   logits = logits.astype(jnp.float32)
   rows, vocab = logits.shape
   num_blocks, rest = divmod(vocab, _BLOCK)
@@ -341,12 +337,10 @@ def _compiled(members: tuple, search: Search, eos_id: int, max_len: int, return_
 def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_id: int,
              max_decode_len: int, rng: jnp.ndarray | None = None, return_all_beams: bool = False,
              prefix_lm: bool | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """Decodes a batch: (tokens [b, max_decode_len] ending in EOS then 0s, scores [b]).
-
-  batch: {'inputs': [b, s]} or {'prompt': [b, p]} (decoder-only), right-padded with 0. prefix_lm:
-  attend over the prompt bidirectionally (None = the config's; an LM trained on plain text needs
-  False). `model` and `params` may be tuples: an ensemble, the mean of their probabilities.
-  """
+  """(tokens [b, max_decode_len] ending in EOS then 0s, scores [b]) of a batch {'inputs': [b, s]}
+  or {'prompt': [b, p]} (decoder-only), right-padded with 0. prefix_lm: attend over the prompt
+  bidirectionally (None = the config's; an LM trained on plain text needs False). `model` and
+  `params` may be tuples: an ensemble, the mean of their probabilities."""
   members, params = ensemble.members(model, params)
   ensemble.check_compatible([m.config for m in members])
   cfg = members[0].config
@@ -368,7 +362,6 @@ def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_
                        f"{cache_len} exceeds model.max_len={m.config.max_len}{member}")
   if prefix_lm is None:
     prefix_lm = any(bool(getattr(m.config, "prefix_lm", False)) for m in members)
-  rng = jax.random.key(0) if rng is None else rng
   fn = _compiled(members, search, int(eos_id), int(max_decode_len), bool(return_all_beams),
                  bool(prefix_lm) and cfg.arch == "decoder_only")
-  return fn(tuple(params), {key: tokens}, rng)
+  return fn(tuple(params), {key: tokens}, jax.random.key(0) if rng is None else rng)

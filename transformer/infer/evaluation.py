@@ -40,16 +40,14 @@ def source_ids(task: Any, text: str) -> list[int]:
     return list(task.encode_source(text))
   if getattr(task, "kind", "seq2seq") == "lm" or task.source_tokenizer is None:
     return list(task.target_tokenizer.encode(text))
-  tok = task.source_tokenizer
-  return list(tok.encode(text)) + [tok.eos_id]
+  return list(task.source_tokenizer.encode(text)) + [task.source_tokenizer.eos_id]
 
 
 def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[int]],
                    decode_cfg: DecodeConfig | None = None, *, eos_id: int,
                    batch_size: int = 0, rng: jax.Array | None = None,
                    prefix_lm: bool | None = None) -> tuple[list[list[int]], list[float]]:
-  """(token lists up to EOS, scores) of every encoder input or prompt in `ids`, decoded in
-  batches of one shape."""
+  """(token lists up to EOS, scores) of encoder inputs or prompts, in batches of one shape."""
   if not ids:
     return [], []
   decode_cfg = decode_cfg or cfg.eval.decode
@@ -154,8 +152,7 @@ def prediction_metrics(names: Iterable[str], predictions: Sequence[dict[str, Any
 
 def decode_metrics(cfg: Config, model: Any, params: Any, task: Any, split: str,
                    num_examples: int = 0, prefix: str = "eval/") -> dict[str, float]:
-  """Task metrics (WER/PER or BLEU) from decoding `split`, and `decoded_examples` (how many the
-  metrics cover); {} for LMs."""
+  """Task metrics from decoding `split`, and how many examples they cover; {} for LMs."""
   if getattr(task, "kind", "seq2seq") == "lm" or not getattr(task, "decodes", True):
     return {}
   predictions = decode_split(cfg, model, params, task, split, num_examples)
@@ -240,8 +237,7 @@ def _same_vocabularies(workdir: str, member: str) -> None:
 
 def read_members(workdirs: Sequence[str], overrides: dict[str, Any], step: int | str | None,
                  params: str, average_last: int) -> tuple[list[Config], list[Any]]:
-  """The configs and `restore.read_params` results of the runs in `workdirs` (the first, then its
-  ensemble), all checked before any parameters are read."""
+  """The configs and read_params results of `workdirs` (a run, then its ensemble), checked first."""
   configs = []
   for i, workdir in enumerate(workdirs):
     if os.path.normpath(workdir) in map(os.path.normpath, workdirs[:i]):
@@ -261,11 +257,8 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
              overrides: dict[str, Any] | None = None, task: Any = None,
              verbose: bool = True, params: str = "auto", average_last: int = 0,
              ensemble: Sequence[str] = (), out_dir: str | None = None) -> dict[str, Any]:
-  """Evaluates a run's checkpoint on `split`, writes the files and returns the metrics.
-
-  `params`, `average_last`: as restore.read_params. `ensemble`: further runs' workdirs, evaluated
-  with this one as the mean of their probabilities, into `out_dir`. `task`: for tests.
-  """
+  """Evaluates a run's checkpoint on `split`, writes the files and returns the metrics. `params`,
+  `average_last`: as read_params; `ensemble`: more runs, evaluated with this one into `out_dir`."""
   workdirs = [workdir, *ensemble]
   if ensemble and not out_dir:
     raise EvaluationError("an ensemble's metrics need their own directory: give --out")
@@ -286,9 +279,8 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   if average_last:
     results["averaged_steps"] = list(restored[0].steps)
   if ensemble:  # each member's own: the fields above are the first run's
-    results["ensemble"] = workdirs
-    results["ensemble_steps"] = [r.step for r in restored]
-    results["ensemble_params"] = [r.source for r in restored]
+    results |= {"ensemble": workdirs, "ensemble_steps": [r.step for r in restored],
+                "ensemble_params": [r.source for r in restored]}
     if average_last:
       results["ensemble_averaged_steps"] = [list(r.steps) for r in restored]
   scores, coverage = teacher_forced(cfg, model, params, task, split)

@@ -144,8 +144,7 @@ def _shown_token(token: str) -> str:
 
 def _predict_encoder(run: Any, args: flags.FlagValues, texts: list[str],
                      options: dict[str, Any], first: int) -> int:
-  """Answers one batch of inputs with an encoder-only run; 0, 1 if an input was bad, 2 if the
-  options are."""
+  """Answers a batch with an encoder-only run; 0, 1 if an input was bad, 2 if the options are."""
   head = run.config.model.head
   allowed = {"top_k"} if head == "mlm" else set()
   bad = next((k for k, v in options.items() if v is not None and k not in allowed), None)

@@ -66,8 +66,7 @@ def plot_attention(weights: Any, queries: Sequence[str] | None = None,
 
 def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any = None,
                              save_path: str | None = None) -> Any:
-  """The sinusoidal table [positions, d_model] (or a given `table` [positions, d]) and its
-  dot-product similarity [pos, pos]."""
+  """The sinusoidal table [positions, d_model] (or `table`) and its dot-product similarity."""
   table = np.asarray(sinusoidal_table(max_len, d_model) if table is None else table, np.float32)
   if table.ndim != 2:
     raise ValueError(f"plot_positional_encoding: table must be [positions, d], got {table.shape}")
@@ -99,8 +98,7 @@ def read_metrics(metrics_path: str) -> list[dict[str, Any]]:
 
 def plot_learning_curves(metrics_path: str, keys: Sequence[str] | None = None,
                          save_path: str | None = None) -> Any:
-  """One panel per metric (default: train/loss and every eval/* one) against the step, from a
-  workdir or its metrics.jsonl."""
+  """Each metric (default: train/loss, eval/*) against the step, from a workdir or metrics.jsonl."""
   records = read_metrics(metrics_path)
   logged = sorted({k for r in records for k, v in r.items()
                    if k != "step" and isinstance(v, (int, float))})
@@ -156,9 +154,8 @@ def plot_time_to_quality(runs: dict[str, str], key: str = "eval/wer",
 def plot_label_efficiency(results: dict[str, dict[float, float]], metric: str = "test accuracy",
                           baseline: float | None = None, save_path: str | None = None,
                           spread: dict[str, dict[float, tuple[float, float]]] | None = None) -> Any:
-  """One line per initialisation ({'from scratch': {0.01: 0.75, ...}}): `metric` against the
-  fraction of training labels (log axis); `baseline` a dashed line; `spread` ({name: {fraction:
-  (low, high)}}) draws error bars."""
+  """`metric` against the fraction of training labels per initialisation ({'from scratch': {0.01:
+  0.75, ...}}); `baseline`: a dashed line; `spread` ({name: {fraction: (low, high)}}): bars."""
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
   for name, points in results.items():
     xs = sorted(points)

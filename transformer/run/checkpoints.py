@@ -79,8 +79,7 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, data_iterator: Any = None,
            metrics: Mapping[str, Any] | None = None, force: bool = False) -> bool:
-    """Starts an async save if `step` is due (every_steps, preemption) or `force`; True if saved.
-    A step not newer than the latest saved one is skipped."""
+    """Starts an async save if `step` is due (or `force`) and newer than the latest; True if so."""
     latest = self.latest_step()
     if latest is not None and step <= latest:
       return False

@@ -1,8 +1,6 @@
-"""Checksums of a workdir's checkpoints: `<step>/digest.json` ({"algorithm", "files": {path: hex
-digest}}, written by process 0 once orbax has committed the step, removed with it), and the
-digests of the tokenizer files a step was trained with. `verify_step` fails a changed, truncated
-or missing file, or a missing digest.json of a step whose meta says it has one; a step written
-before digests existed passes unverified. Cost: benchmarks/checkpoint_digest.py.
+"""Checksums of checkpoints, `<step>/digest.json` ({"algorithm", "files": {path: hex digest}}),
+and of the tokenizer files a step was trained with. `verify_step` fails a changed or missing
+file, or a missing digest.json where the step's meta says it has one (older steps pass).
 """
 
 from __future__ import annotations
@@ -22,10 +20,8 @@ class CheckpointError(ValueError):
 
 
 DIGEST_FILE = "digest.json"
-# A step's files are checked with CRC-32 (zlib: ~4x BLAKE2b's speed on one core), as object
-# stores check uploads: it catches every flipped bit and burst of up to 32, and any truncation
-# with probability 1 - 2**-32; it is no defence against deliberate tampering. Tokenizer files
-# (small) are named by BLAKE2b-256.
+# Step files: CRC-32, as object stores check uploads (fast; catches corruption, not tampering).
+# Tokenizer files (small): BLAKE2b-256.
 DIGEST_ALGORITHM = "crc32"
 ALGORITHMS = ("crc32", "blake2b-256")
 CORRUPT_SUFFIX = ".corrupt"
@@ -56,8 +52,7 @@ def file_digest(path: str) -> str:
 def tree_digests(directory: str, names: list[str] | None = None,
                  algorithm: str = "blake2b-256") -> dict[str, str]:
   """{relative path: hex digest} of `names` (default: every file) under `directory`, hashed in
-  threads (zlib and hashlib release the GIL); crc32: one per _BLOCK bytes, joined by commas, so
-  one large file uses every core."""
+  threads; crc32: one per _BLOCK bytes, joined by commas, so one large file uses every core."""
   names = files.walk(directory) if names is None else names
   paths = [os.path.join(directory, n) for n in names]
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
@@ -82,7 +77,7 @@ def write_step_digest(step_dir: str) -> None:
 
 
 def read_step_meta(step_dir: str) -> dict[str, Any] | None:
-  """The `meta` item of a step read as plain JSON (no orbax), or None if unreadable."""
+  """The `meta` item of a step read as plain JSON, or None if unreadable."""
   try:
     meta = json.loads(files.read_text(os.path.join(step_dir, "meta", "metadata")))
   except (OSError, ValueError):
@@ -126,10 +121,9 @@ def tokenizer_digests(workdir: str) -> dict[str, str]:
 
 def check_tokenizers(workdir: str, meta: Mapping[str, Any], where: str,
                      error: type[ValueError] = CheckpointError) -> None:
-  """Raises `error` naming the first tokenizer file of `workdir` that is not the one the step
-  (`where`, its `meta`) was trained with."""
-  recorded = meta.get("tokenizers") or {}
-  for name, digest in sorted(recorded.items()):
+  """Raises `error` naming the first tokenizer file of `workdir` that step `where` (its `meta`)
+  was not trained with."""
+  for name, digest in sorted((meta.get("tokenizers") or {}).items()):
     path = os.path.join(workdir, name)
     if not files.exists(path):
       raise error(f"{path} is missing: {where} was trained with it")

@@ -1,16 +1,16 @@
 """Run reporting: metrics.jsonl, TensorBoard, config.json and provenance.json, the progress bar,
-throughput and MFU, and `maybe_profile`. Only the main process writes files or shows a bar; the
-others get a Reporter whose methods are no-ops, so the training loop calls it unconditionally.
+throughput and MFU, and `maybe_profile`. Other processes than the main one get a no-op Reporter.
 
-MFU = model FLOPs per step * steps per second / (devices * peak FLOP/s per device), model FLOPs
-being the matmuls of forward + backward (Chowdhery et al. 2022, appendix B). CPUs have no peak in
-the table: pass `measure_matmul_flops()` as `--config.peak_flops`.
+MFU = model FLOPs (the matmuls of forward + backward, Chowdhery et al. 2022, appendix B) per
+second / (devices * peak FLOP/s per device). CPUs have no peak in the table: pass
+`measure_matmul_flops()` as `--config.peak_flops`.
 """
 
 import contextlib
 import json
 import os
 import time
+import timeit
 from typing import Any, Mapping
 
 import jax
@@ -32,11 +32,7 @@ def peak_flops(device_kind: str, override: float = 0.0) -> float | None:
   """Peak FLOP/s of one device: `override` if > 0, else the table above; None if unknown (CPU)."""
   if override and override > 0:
     return float(override)
-  kind = device_kind.lower()
-  for key, value in PEAK_BF16_FLOPS:
-    if key in kind:
-      return value
-  return None
+  return next((value for key, value in PEAK_BF16_FLOPS if key in device_kind.lower()), None)
 
 
 def _attention_flops(cfg: Any, t: int, s: int) -> int:
@@ -54,12 +50,9 @@ def _ffn_flops(cfg: Any, t: int) -> int:
 
 def model_flops_per_step(model_cfg: Any, batch_size: int, source_len: int, target_len: int,
                          arch: str | None = None) -> int:
-  """Matmul FLOPs of one training step (forward + backward) on a batch of padded/packed rows.
-
-  decoder_only rows hold `target_len` tokens, encoder_only rows `source_len`. Attention counts the
-  full t x s score matrix (what the einsum path computes whatever the mask); tied shared
-  embeddings use the whole shared table. Scheduled sampling's extra decoder pass is not included.
-  """
+  """Matmul FLOPs of one training step (forward + backward) on a batch of padded/packed rows
+  (decoder_only: of `target_len` tokens, encoder_only: `source_len`). Attention counts the full
+  t x s score matrix (what the einsum path computes); scheduled sampling's extra pass is not."""
   cfg = model_cfg
   arch = arch or cfg.arch
   vocab = cfg.vocab_size
@@ -91,12 +84,8 @@ def measure_matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 5
   a = jax.numpy.ones((n, n), dtype)
   matmul = jax.jit(lambda x: x @ x)
   matmul(a).block_until_ready()  # compile
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    matmul(a).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return 2 * n**3 / best
+  return 2 * n**3 / min(timeit.repeat(lambda: matmul(a).block_until_ready(), number=1,
+                                      repeat=repeats))
 
 
 def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int,
@@ -108,8 +97,7 @@ def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int,
 
 
 def _resume_jsonl(path: str, last_step: int) -> float:
-  """Drops the rows of metrics.jsonl after `last_step` (a resumed run logs them again); returns
-  the last kept row's `time/elapsed_s` when resuming, else 0."""
+  """Drops metrics.jsonl rows after `last_step`; the last kept time/elapsed_s if resuming, or 0."""
   if not files.exists(path):
     return 0.0
   rows = [(line, json.loads(line)) for line in files.read_text(path).split("\n") if line.strip()]
@@ -130,9 +118,8 @@ class Reporter:
                show_progress: bool = True, data: Mapping[str, Any] | None = None,
                started: float | None = None):
     self.workdir = workdir
-    # time/elapsed_s of every row: seconds since `started` (when this process began training
-    # setup; default: now) plus what the run's earlier processes logged up to `start_step` (the
-    # time between a killed run's last logged row and the kill is not counted).
+    # time/elapsed_s: seconds since `started` (this process's training setup; default: now) plus
+    # what the run's earlier processes logged up to `start_step`.
     self._started = time.time() if started is None else started
     self._elapsed_before = 0.0
     self.active = is_main_process
@@ -175,9 +162,8 @@ class Reporter:
     self._window_start = time.perf_counter()
 
   def throughput(self) -> dict[str, float]:
-    """perf/{steps,tokens,nonpad_tokens}_per_sec (and perf/mfu when FLOPs and peak are known)
-    since the last call or reset, over all hosts (each loads an equal share); starts a new
-    window."""
+    """perf/{steps,tokens,nonpad_tokens}_per_sec and perf/mfu since the last call or reset, over
+    all hosts (each loads an equal share); starts a new window."""
     elapsed = time.perf_counter() - self._window_start
     if self._steps == 0 or elapsed <= 0:
       return {}
@@ -195,8 +181,7 @@ class Reporter:
     return rates
 
   def progress(self, step: int, loss: float | None = None) -> None:
-    """Moves the bar to `step`; shows the latest loss given (here or to write_scalars) and
-    tokens/s (ETA comes from tqdm)."""
+    """Moves the bar to `step`; shows the latest loss given (here or to write_scalars), tokens/s."""
     if self._bar is None:
       return
     if step > self._step:
@@ -232,10 +217,9 @@ class Reporter:
 
   def close(self) -> None:
     """Flushes and closes the TensorBoard writer and the bar."""
-    if self._writer is not None:
-      self._writer.close()
-    if self._bar is not None:
-      self._bar.close()
+    for handle in (self._writer, self._bar):
+      if handle is not None:
+        handle.close()
     self._writer = self._bar = None
 
 

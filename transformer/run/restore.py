@@ -1,8 +1,6 @@
-"""Reading a trained run back for inference: its Config (`load_run_config`, with the overrides
-of role `eval`) and one checkpoint's raw or EMA parameters, or the mean of the last N
-(`read_params`), checked against that config. Checkpoints are opened read-only, so a save in
-flight is left alone; every failure is an EvaluationError whose one line names the file, step or
-parameter.
+"""Reading a trained run back for inference: its Config (`load_run_config`) and one checkpoint's
+parameters, or the mean of the last N (`read_params`), checked against that config; read-only, so
+a save in flight is left alone. Failures are one-line EvaluationErrors naming the file or step.
 """
 
 from __future__ import annotations
@@ -103,8 +101,8 @@ def _quiet_orbax():
 
 
 def _read_state(directory: str, step: int) -> dict[str, Any]:
-  """The saved train state of `step` as nested dicts, on the first local device; its structure
-  comes from the checkpoint's metadata (not today's optimizer code)."""
+  """The saved train state of `step` as nested dicts (the checkpoint's own structure, not today's
+  optimizer's) on the first local device."""
   with _quiet_orbax():
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
                                     item_handlers={"state": ocp.StandardCheckpointHandler()})
@@ -134,9 +132,8 @@ def _check_params(cfg: Config, model: Any, params: Any, where: str) -> None:
 
 
 def run_config_difference(cfg: Config, trained: Mapping[str, Any]) -> str | None:
-  """The first model.* or data.* key whose value in `cfg` differs from the `trained` config, as
-  'key=value (trained with value)'; None if none does. Keys of role `eval` or `finetune` are not
-  compared, nor derived sizes written 0."""
+  """The first model.* or data.* key (not of role eval or finetune, nor a derived size written 0)
+  that `cfg` changes from the `trained` config, as 'key=value (trained with value)', or None."""
   try:
     theirs = config_lib.to_dict(config_lib.from_configdict(ml_collections.ConfigDict(
         dict(trained))))
@@ -156,8 +153,8 @@ def run_config_difference(cfg: Config, trained: Mapping[str, Any]) -> str | None
 
 
 def check_step(cfg: Config, workdir: str, step: int, available: list[int]) -> None:
-  """Raises EvaluationError if checkpoint `step` does not verify (naming the newest that does),
-  or its tokenizer files or config (run_config_difference) are not those it was trained with."""
+  """Raises EvaluationError if checkpoint `step` does not verify, or its tokenizer files or config
+  are not those it was trained with."""
   directory = os.path.join(workdir, "checkpoints")
   where = f"{directory}/{step}"
   reason = verify_step(where)
@@ -205,12 +202,9 @@ def _read_params(directory: str, step: int, available: list[int], which: str) ->
 
 def read_params(cfg: Config, workdir: str, step: int | str | None = None, params: str = "auto",
                 average_last: int = 0) -> RestoredParams:
-  """The parameters of the run in `workdir`, restored read-only onto the first local device.
-
-  params: 'auto' (the EMA when the run kept one, else the raw ones), 'ema' or 'raw'.
-  average_last=N > 0: their float32 mean (average_trees) over the run's N newest checkpoints
-  (step must then be None or 'latest').
-  """
+  """The parameters of the run in `workdir` on the first local device. params: 'auto' (the EMA
+  when the run kept one, else the raw ones), 'ema' or 'raw'; average_last=N > 0: their float32
+  mean over the run's N newest checkpoints (step must then be None or 'latest')."""
   if params not in PARAMS_CHOICES:
     raise EvaluationError(f"--params={params!r} is not one of {'|'.join(PARAMS_CHOICES)}")
   if isinstance(average_last, bool) or not isinstance(average_last, int) or average_last < 0:
