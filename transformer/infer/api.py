@@ -8,8 +8,6 @@
 Encoder-only runs classify, tag or fill masks instead.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import sys
 from typing import Any, Sequence
@@ -250,28 +248,24 @@ class Run:
       raise ValueError(f"attention: this Run is an ensemble of {len(self.members)} runs; restore "
                        "one of them to look at its attention")
     if self.config.model.arch == "encoder_only":
-      row = np.asarray(self._encoder_rows([text])[0])[None]
-      _, state = models.batch_logits(self.model, self.params, {"inputs": jnp.asarray(row)},
-                                     mutable=["intermediates"])
-      weights = _collect_weights(state["intermediates"]).get(("encoder", "self"), [])
-      return Attention(source_tokens=_token_labels(self.source_tokenizer, row[0]),
-                       target_tokens=[], encoder_self=[w[0] for w in weights], decoder_self=[],
-                       cross=[])
-    if target is None:
-      target = self.generate_text([text], method="greedy")[0]
-    batch = self._teacher_forced_batch([text], [target], multiple=1)  # exact lengths, no padding
-    batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "weights"}
+      batch = {"inputs": jnp.asarray(self._encoder_rows([text]))}
+    else:
+      if target is None:
+        target = self.generate_text([text], method="greedy")[0]
+      batch = self._teacher_forced_batch([text], [target], multiple=1)  # exact lengths, no padding
+      batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "weights"}
     _, state = models.batch_logits(self.model, self.params, batch, mutable=["intermediates"])
     found = _collect_weights(state["intermediates"])
-    decoder_inputs = np.asarray(models.shift_right(batch["targets"]))[0]
-    target_labels = _token_labels(self.target_tokenizer, decoder_inputs)
-    source = []
+    first = lambda key: [w[0] for w in found.get(key, [])]  # noqa: E731  (batch of one)
+    source, target_labels = [], []
     if "inputs" in batch:
       source = _token_labels(self.source_tokenizer, np.asarray(batch["inputs"])[0])
-    elif self.kind == "seq2seq":  # decoder-only prompt: the source's ids are source-tokenizer ids
-      prompt = self.encode_source(text)
-      target_labels[1:len(prompt) + 1] = _token_labels(self.source_tokenizer, prompt)
-    first = lambda key: [w[0] for w in found.get(key, [])]  # noqa: E731  (batch of one)
+    if "targets" in batch:
+      decoder_inputs = np.asarray(models.shift_right(batch["targets"]))[0]
+      target_labels = _token_labels(self.target_tokenizer, decoder_inputs)
+      if "inputs" not in batch and self.kind == "seq2seq":  # a decoder-only prompt: source ids
+        prompt = self.encode_source(text)
+        target_labels[1:len(prompt) + 1] = _token_labels(self.source_tokenizer, prompt)
     return Attention(source, target_labels, encoder_self=first(("encoder", "self")),
                      decoder_self=first(("decoder", "self")), cross=first(("decoder", "cross")))
 

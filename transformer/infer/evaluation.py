@@ -6,8 +6,6 @@ samples continuations (LMs), and writes metrics.<split>.json and predictions.<sp
 plus *_stress when references carry stress. `decode_metrics` is training's in-training evaluation.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import itertools
 import json

@@ -9,8 +9,6 @@ it arrives); encoder-only runs print, by model.head, the filled text and each --
 `error:` line on stderr; the exit status is then 1.
 """
 
-from __future__ import annotations
-
 import itertools
 import os
 import select

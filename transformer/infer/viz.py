@@ -5,8 +5,6 @@ returns a matplotlib Figure (Agg backend: headless), saved as a PNG at `save_pat
   plot_attention(att.cross[-1], queries=att.target_tokens, keys=att.source_tokens)
 """
 
-from __future__ import annotations
-
 import json
 import math
 import os

@@ -8,8 +8,6 @@ max_to_keep would keep the K best and could delete the newest, which resume need
 the newest step that verifies and moves newer failing ones aside to `<step>.corrupt`.
 """
 
-from __future__ import annotations
-
 import concurrent.futures
 import json
 import math

@@ -3,8 +3,6 @@ and of the tokenizer files a step was trained with. `verify_step` fails a change
 file, or a missing digest.json where the step's meta says it has one (older steps pass).
 """
 
-from __future__ import annotations
-
 import concurrent.futures
 import hashlib
 import json

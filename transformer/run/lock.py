@@ -4,8 +4,6 @@ file is also held with `fcntl.flock`, which the kernel drops when its process di
 lock is taken over exactly; on a bucket (gs://) the file is advisory only.
 """
 
-from __future__ import annotations
-
 import contextlib
 import datetime
 import json

@@ -3,8 +3,6 @@ parameters, or the mean of the last N (`read_params`), checked against that conf
 a save in flight is left alone. Failures are one-line EvaluationErrors naming the file or step.
 """
 
-from __future__ import annotations
-
 import concurrent.futures
 import contextlib
 import dataclasses
