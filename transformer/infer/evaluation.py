@@ -50,11 +50,9 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
     return [], []
   decode_cfg = decode_cfg or cfg.eval.decode
   b = batch_size or min(cfg.eval.batch_size or cfg.data.batch_size, 64)
-  width = max(max(len(x) for x in ids), 1)
-  if cfg.model.arch == "encoder_decoder":
-    width = max(width, cfg.data.max_source_len)
-  max_decode_len = decode_cfg.max_decode_len or cfg.data.max_target_len
   key = "inputs" if cfg.model.arch == "encoder_decoder" else "prompt"
+  width = max(*map(len, ids), 1, cfg.data.max_source_len if key == "inputs" else 0)
+  max_decode_len = decode_cfg.max_decode_len or cfg.data.max_target_len
   if key == "prompt" and not decode_cfg.max_decode_len:
     # The prompt and its continuation share the model.max_len cache: by default decode what fits.
     max_len = min(m.config.max_len for m in ensemble_lib.members(model, params)[0])

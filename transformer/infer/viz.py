@@ -48,11 +48,9 @@ def plot_attention(weights: Any, queries: Sequence[str] | None = None,
   nrows = math.ceil(heads / ncols)
   fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(
       max(2.5, 0.28 * s + 1.0) * ncols, max(2.5, 0.28 * t + 1.0) * nrows))
-  for h in range(nrows * ncols):
-    ax = axes[h // ncols][h % ncols]
-    if h >= heads:
-      ax.axis("off")
-      continue
+  for ax in axes.flat[heads:]:
+    ax.axis("off")
+  for h, ax in enumerate(axes.flat[:heads]):
     ax.imshow(w[h], vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
     ax.set_title(f"head {h}", fontsize=9)
     ax.set_xticks(range(s), keys if keys is not None else range(s), rotation=90, fontsize=7)
@@ -109,14 +107,13 @@ def plot_learning_curves(metrics_path: str, keys: Sequence[str] | None = None,
   ncols = min(3, len(keys))
   nrows = math.ceil(len(keys) / ncols)
   fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(4.2 * ncols, 3.2 * nrows))
-  for i, ax in enumerate(axes.flat):
-    if i >= len(keys):
-      ax.axis("off")
-      continue
-    points = [(r["step"], r[keys[i]]) for r in records if keys[i] in r and "step" in r]
+  for ax in axes.flat[len(keys):]:
+    ax.axis("off")
+  for key, ax in zip(keys, axes.flat):
+    points = [(r["step"], r[key]) for r in records if key in r and "step" in r]
     steps, values = zip(*points)
     ax.plot(steps, values, marker="." if len(points) < 30 else None)
-    ax.set(title=keys[i], xlabel="step")
+    ax.set(title=key, xlabel="step")
     ax.grid(alpha=0.3)
   return _finish(fig, save_path)
 

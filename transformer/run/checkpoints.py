@@ -244,8 +244,7 @@ class Checkpointer:
       raise CheckpointError(f"cannot reshard the data iterator states of {where}: {e}") from e
 
   def _step_or_latest(self, step: int | None) -> int:
-    if step is None:
-      step = self.latest_step()
+    step = self.latest_step() if step is None else step
     if step is None or step not in self._manager.all_steps():
       raise CheckpointError(f"no checkpoint for step {step} in {self.directory} "
                             f"(steps: {self.all_steps()})")

@@ -18,8 +18,7 @@ class CheckpointError(ValueError):
 
 
 DIGEST_FILE = "digest.json"
-# Step files: CRC-32, as object stores check uploads (fast; catches corruption, not tampering).
-# Tokenizer files (small): BLAKE2b-256.
+# Step files: CRC-32 (fast; catches corruption, not tampering); tokenizer files: BLAKE2b-256.
 DIGEST_ALGORITHM = "crc32"
 ALGORITHMS = ("crc32", "blake2b-256")
 CORRUPT_SUFFIX = ".corrupt"

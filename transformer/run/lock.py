@@ -70,12 +70,6 @@ def _read(path: str) -> dict[str, Any]:
   return holder if isinstance(holder, dict) else {}
 
 
-def _mine() -> dict[str, Any]:
-  return {"host": socket.gethostname(), "pid": os.getpid(),
-          "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]]}
-
-
 def _refusal(path: str, holder: dict[str, Any], why: str) -> WorkdirError:
   return WorkdirError(f"{path}: the workdir is being trained by {_describe(holder)}{why}; one "
                       "writer per workdir")
@@ -86,7 +80,9 @@ def writer_lock(workdir: str) -> Iterator[None]:
   """Holds `<workdir>/train.lock`; WorkdirError if another live writer holds it."""
   files.makedirs(workdir)
   path = os.path.join(workdir, LOCK_FILE)
-  me = _mine()
+  me = {"host": socket.gethostname(), "pid": os.getpid(),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]]}
   if files.is_local(path):
     import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only; local workdirs)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -19,8 +19,7 @@ import jax
 from transformer import files
 from transformer.data import builders
 
-# Larger splits are fingerprinted by their file sizes only: hashing gigabytes (from a bucket, at
-# every start) would cost more than the check is worth.
+# Larger splits are fingerprinted by their file sizes only: hashing them would cost too much.
 DATA_HASH_LIMIT = 1 << 30
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow-datasets",
             "numpy")

@@ -18,9 +18,8 @@ import jax
 from transformer import config as config_lib, files
 from transformer.run import provenance
 
-# Peak dense bf16 FLOP/s per chip: Google Cloud TPU system architecture docs; NVIDIA A100, H100
-# and H200 datasheets (H100's 1979/1513 assume 2:4 sparsity; H200 has H100 SXM's tensor cores).
-# The first key found in jax.devices()[0].device_kind wins.
+# Peak dense bf16 FLOP/s per chip (Google Cloud TPU docs, NVIDIA datasheets without 2:4
+# sparsity); the first key found in jax.devices()[0].device_kind wins.
 PEAK_BF16_FLOPS = (
     ("v5 lite", 197e12), ("v5e", 197e12), ("v5p", 459e12), ("tpu v5", 459e12),
     ("v6 lite", 918e12), ("v6e", 918e12), ("tpu v4", 275e12),
@@ -209,11 +208,6 @@ class Reporter:
     self._writer.flush()
     if "train/loss" in values:
       self.progress(step, values["train/loss"])
-
-  def write_text(self, step: int, tag: str, text: str) -> None:
-    """A text summary (e.g. sample predictions) in TensorBoard."""
-    if self.active:
-      self._writer.add_text(tag, text, int(step))
 
   def close(self) -> None:
     """Flushes and closes the TensorBoard writer and the bar."""

@@ -23,7 +23,6 @@ from transformer.run.checkpoints import Checkpointer
 from transformer.run.digests import check_tokenizers, read_step_meta, verify_step
 
 
-STEP_NAMES = ("latest", "best")
 PARAMS_CHOICES = ("auto", "ema", "raw")  # read_params: which parameters of a checkpoint
 
 
@@ -65,7 +64,7 @@ def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Co
 
 def resolve_step(checkpointer: Any, step: int | str | None) -> int:
   """None/'latest' -> the newest step, 'best' -> the best by checkpoint.keep_best_by, int -> it."""
-  if isinstance(step, str) and step not in STEP_NAMES:
+  if isinstance(step, str) and step not in ("latest", "best"):
     try:
       step = int(step)
     except ValueError:
@@ -253,12 +252,7 @@ def restore_params(cfg: Config, workdir: str, step: int | str | None = None,
 
 def average_trees(trees: Any) -> Any:
   """The elementwise mean of equally shaped pytrees, summed in float32, in the first's dtypes."""
-  trees = list(trees)
-  if not trees:
-    raise ValueError("average_trees needs at least one tree")
-
   def mean(*leaves):
     total = sum(jnp.asarray(x, jnp.float32) for x in leaves)
     return (total / len(leaves)).astype(jnp.asarray(leaves[0]).dtype)
-
   return jax.tree.map(mean, *trees)
