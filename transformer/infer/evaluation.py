@@ -158,8 +158,7 @@ def decode_metrics(cfg: Config, model: Any, params: Any, task: Any, split: str,
 
 def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str
                    ) -> tuple[dict[str, float], dict[str, int]]:
-  """Loss (nats/token, unsmoothed), accuracy and perplexity over eval.num_batches batches of split
-  (0 = all), and the coverage {scored_tokens, split_tokens}."""
+  """Loss, accuracy, perplexity over eval.num_batches of `split` (0 = all), and their coverage."""
   step = jax.jit(scoring.make_eval_step(model))
   totals = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0}
   split_tokens = 0.0

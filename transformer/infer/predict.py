@@ -59,8 +59,7 @@ def stdin_batches(fd: int, max_batch: int = 64) -> Iterator[list[str]]:
 
 
 def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
-  """Runs the command line on the arguments, else `stdin` (a text stream), else this process's
-  standard input; returns the exit status."""
+  """Runs the command line on the arguments, else `stdin`, else standard input; the exit status."""
   args, inputs = cli.parse_own_flags("python -m transformer.infer.predict", _define,
                                      sys.argv[1:] if argv is None else argv)
   if inputs:

@@ -34,8 +34,7 @@ def _finish(fig: Any, save_path: str | None, tight: bool = True) -> Any:
 def plot_attention(weights: Any, queries: Sequence[str] | None = None,
                    keys: Sequence[str] | None = None, title: str = "", ncols: int = 4,
                    save_path: str | None = None) -> Any:
-  """A grid of heat maps, one per head, of one layer's weights [heads, queries, keys] (or a
-  [queries, keys] array: one head); rows are queries, columns keys."""
+  """Heat maps, one per head, of one layer's weights [heads, queries, keys] (or [queries, keys])."""
   w = np.asarray(weights, np.float32)
   w = w[None] if w.ndim == 2 else w
   if w.ndim != 3:

@@ -167,8 +167,7 @@ class Checkpointer:
     return dict(self._manager.restore(self._step_or_latest(step), args=meta)["meta"])
 
   def restore(self, step: int | None, abstract_state: Any, data_iterator: Any = None) -> Any:
-    """Restores the train state of `step` (None = latest) onto `abstract_state`'s shardings
-    (ShapeDtypeStructs: any mesh), and `data_iterator`'s position in place when given."""
+    """The state of `step` (None: latest) on `abstract_state`'s shardings, and `data_iterator`'s."""
     step = self._step_or_latest(step)
     self._manager.wait_until_finished()
     items = dict(state=ocp.args.StandardRestore(abstract_state))
@@ -189,8 +188,7 @@ class Checkpointer:
 
   def restore_latest_good(self, abstract_state: Any, data_iterator: Any = None
                           ) -> tuple[int, Any]:
-    """(step, train state) of the newest step that verifies (the latest is verified while it is
-    restored), failing ones moved aside; CheckpointError if none verifies."""
+    """(step, state) of the newest step that verifies, failing ones moved aside; CheckpointError."""
     self.wait()
     latest = self.latest_step()
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:

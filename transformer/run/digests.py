@@ -83,8 +83,7 @@ def read_step_meta(step_dir: str) -> dict[str, Any] | None:
 
 
 def verify_step(step_dir: str) -> str | None:
-  """None if the step's files match its digest.json (or it predates digests), else a short
-  reason naming the first file that does not."""
+  """None if the step's files match its digest.json (or it predates digests), else why not."""
   path = os.path.join(step_dir, DIGEST_FILE)
   if not files.exists(path):
     meta = read_step_meta(step_dir)
@@ -118,8 +117,7 @@ def tokenizer_digests(workdir: str) -> dict[str, str]:
 
 def check_tokenizers(workdir: str, meta: Mapping[str, Any], where: str,
                      error: type[ValueError] = CheckpointError) -> None:
-  """Raises `error` naming the first tokenizer file of `workdir` that step `where` (its `meta`)
-  was not trained with."""
+  """Raises `error` naming a tokenizer file of `workdir` that `where` was not trained with."""
   for name, digest in sorted((meta.get("tokenizers") or {}).items()):
     path = os.path.join(workdir, name)
     if not files.exists(path):

@@ -161,8 +161,7 @@ class Reporter:
     self._window_start = time.perf_counter()
 
   def throughput(self) -> dict[str, float]:
-    """perf/{steps,tokens,nonpad_tokens}_per_sec and perf/mfu since the last call or reset, over
-    all hosts (each loads an equal share); starts a new window."""
+    """perf/* rates (over all hosts) and MFU since the last call or reset; starts a new window."""
     elapsed = time.perf_counter() - self._window_start
     if self._steps == 0 or elapsed <= 0:
       return {}

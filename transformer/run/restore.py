@@ -98,8 +98,7 @@ def _quiet_orbax():
 
 
 def _read_state(directory: str, step: int) -> dict[str, Any]:
-  """The saved train state of `step` as nested dicts (the checkpoint's own structure, not today's
-  optimizer's) on the first local device."""
+  """The train state of `step` as saved (not in today's optimizer's structure), on one device."""
   with _quiet_orbax():
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
                                     item_handlers={"state": ocp.StandardCheckpointHandler()})
@@ -150,8 +149,7 @@ def run_config_difference(cfg: Config, trained: Mapping[str, Any]) -> str | None
 
 
 def check_step(cfg: Config, workdir: str, step: int, available: list[int]) -> None:
-  """Raises EvaluationError if checkpoint `step` does not verify, or its tokenizer files or config
-  are not those it was trained with."""
+  """Raises EvaluationError unless checkpoint `step` verifies with its own tokenizers and config."""
   directory = os.path.join(workdir, "checkpoints")
   where = f"{directory}/{step}"
   reason = verify_step(where)
