@@ -2,8 +2,7 @@
 
 `sample_search` and `beam_search` run a pure `step_fn(tokens [B], cache, j) -> (logits [B, V],
 cache)` (feed token j, get the logits of token j+1); `generate` wires models in through `prefill`.
-Outputs include EOS, 0-padded after it (token 0, the start, is never generated); scores are
-log-probabilities under the unmodified distribution.
+Token 0 (the start) is never generated; scores are log-probabilities of the unmodified model.
 """
 
 from collections.abc import Callable

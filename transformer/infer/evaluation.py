@@ -1,9 +1,6 @@
-"""Evaluation of a trained run: teacher-forced metrics, decoding, task metrics, predictions.
-
-`evaluate_split` (eval.py's entry point) scores a split teacher-forced, decodes it (seq2seq) or
-samples continuations (LMs), and writes metrics.<split>.json and predictions.<split>.jsonl;
-`coverage` says how much of the split was scored and decoded. wer/per are on the no-stress track,
-plus *_stress when references carry stress. `decode_metrics` is training's in-training evaluation.
+"""Evaluation of a trained run: `evaluate_split` (eval.py's entry point) scores a split
+teacher-forced, decodes it (seq2seq) or samples continuations (LMs), and writes
+metrics.<split>.json and predictions.<split>.jsonl; `decode_metrics` is training's evaluation.
 """
 
 import dataclasses

@@ -2,10 +2,9 @@
 
 `<workdir>/checkpoints/<step>/` holds `state` (the train state; restores onto any mesh), `data`
 (one Grain iterator state per process, process_<i>-of-<n>.json), `meta` (JSON {"step", "config",
-"metrics", "tokenizers", "digest"}), orbax's `metrics` and digest.json (digests.py). A checkpoint
-is kept if among the latest `checkpoint.keep` or the single best by `keep_best_by` (orbax's
-max_to_keep would keep the K best and could delete the newest, which resume needs). Resume takes
-the newest step that verifies and moves newer failing ones aside to `<step>.corrupt`.
+"metrics", "tokenizers", "digest"}), orbax's `metrics` and digest.json (digests.py). The latest
+`checkpoint.keep` and the best by `keep_best_by` are kept (orbax's max_to_keep would keep the K
+best, perhaps not the newest that resume needs).
 """
 
 import concurrent.futures

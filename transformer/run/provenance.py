@@ -133,19 +133,10 @@ def provenance(mesh_shape: Mapping[str, int] | None = None,
       versions[name] = None
   devices = jax.devices()
   return {
-      "git_sha": sha,
-      "git_dirty": None if status is None else bool(status),
-      "code_dir": code_dir,
-      "packages": versions,
-      "python": sys.version.split()[0],
-      "platform": devices[0].platform,
-      "device_kind": devices[0].device_kind,
-      "num_devices": len(devices),
-      "num_local_devices": jax.local_device_count(),
-      "process_count": jax.process_count(),
-      "mesh_shape": dict(mesh_shape) if mesh_shape else None,
-      "hostname": socket.gethostname(),
-      "command": sys.argv,
-      "data": dict(data) if data else None,
-      "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-  }
+      "git_sha": sha, "git_dirty": None if status is None else bool(status), "code_dir": code_dir,
+      "packages": versions, "python": sys.version.split()[0],
+      "platform": devices[0].platform, "device_kind": devices[0].device_kind,
+      "num_devices": len(devices), "num_local_devices": jax.local_device_count(),
+      "process_count": jax.process_count(), "mesh_shape": dict(mesh_shape) if mesh_shape else None,
+      "hostname": socket.gethostname(), "command": sys.argv, "data": dict(data) if data else None,
+      "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

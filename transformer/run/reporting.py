@@ -1,9 +1,6 @@
 """Run reporting: metrics.jsonl, TensorBoard, config.json and provenance.json, the progress bar,
-throughput and MFU, and `maybe_profile`. Other processes than the main one get a no-op Reporter.
-
-MFU = model FLOPs (the matmuls of forward + backward, Chowdhery et al. 2022, appendix B) per
-second / (devices * peak FLOP/s per device). CPUs have no peak in the table: pass
-`measure_matmul_flops()` as `--config.peak_flops`.
+throughput and MFU (model FLOPs, Chowdhery et al. 2022, appendix B, over the devices' peak; CPUs
+have none: pass `measure_matmul_flops()` as `--config.peak_flops`), and `maybe_profile`.
 """
 
 import contextlib
@@ -133,8 +130,10 @@ class Reporter:
     if not self.active:
       return
     files.makedirs(workdir)
-    self._write_json("config.json", config_lib.to_dict(config))
-    self._write_json("provenance.json", provenance.provenance(mesh_shape, data))
+    for name, record in (("config.json", config_lib.to_dict(config)),
+                         ("provenance.json", provenance.provenance(mesh_shape, data))):
+      files.write_text_atomic(os.path.join(workdir, name),
+                              json.dumps(record, indent=2, sort_keys=True, default=str))
     self._jsonl_path = os.path.join(workdir, "metrics.jsonl")
     self._elapsed_before = _resume_jsonl(self._jsonl_path, start_step)
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (process 0 only)
@@ -144,10 +143,6 @@ class Reporter:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top  (only on a terminal)
       self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                        mininterval=1.0, smoothing=0.1)
-
-  def _write_json(self, name: str, obj: Any) -> None:
-    files.write_text_atomic(os.path.join(self.workdir, name),
-                            json.dumps(obj, indent=2, sort_keys=True, default=str))
 
   def add_tokens(self, tokens: int, nonpad_tokens: int) -> None:
     """Counts one step's tokens (all positions, and non-padding ones) of this host's batch."""
@@ -187,9 +182,7 @@ class Reporter:
       self._step = step
     if loss is not None:
       self._loss = loss
-    postfix = {}
-    if self._loss is not None:
-      postfix["loss"] = f"{self._loss:.4f}"
+    postfix = {} if self._loss is None else {"loss": f"{self._loss:.4f}"}
     if "perf/tokens_per_sec" in self._last_rates:
       postfix["tok/s"] = f"{self._last_rates['perf/tokens_per_sec']:.0f}"
     if postfix:
