@@ -152,14 +152,13 @@ class Run:
                length_penalty: float | None = None, max_decode_len: int | None = None,
                seed: int = 0) -> list[str]:
     """Decodes each text (unset options: eval.decode's); bad input is a one-line ValueError."""
-    texts = [texts] if isinstance(texts, str) else texts
     options = dict(method=method, beam_size=beam_size, temperature=temperature, top_k=top_k,
                    top_p=top_p, length_penalty=length_penalty, max_decode_len=max_decode_len)
     decode_cfg = dataclasses.replace(self.config.eval.decode,
                                      **{k: v for k, v in options.items() if v is not None})
     model_cfg = ensemble.members(self.model, self.params)[0][0].config
     search_settings(decode_cfg, model_cfg.vocab_size, model_cfg.max_len)
-    texts = inputs.checked_texts(self, texts, max_decode_len)
+    texts = inputs.checked_texts(self, [texts] if isinstance(texts, str) else texts, max_decode_len)
     ids = [self.encode_source(t) for t in texts]
     tok = self.target_tokenizer
     tokens, _ = evaluation.decode_batches(self.config, self.model, self.params, ids, decode_cfg,

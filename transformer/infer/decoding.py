@@ -66,8 +66,7 @@ def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> S
                 top_p=float(d.top_p))
 
 
-def filter_logits(logits: jnp.ndarray, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0) -> jnp.ndarray:
+def filter_logits(logits: jnp.ndarray, temperature: float, top_k: int, top_p: float) -> jnp.ndarray:
   """Scales logits [..., v] by 1/temperature, then keeps the top-k, then the top-p nucleus."""
   logits = logits.astype(jnp.float32) / temperature
   if 0 < top_k < logits.shape[-1]:

@@ -60,41 +60,37 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
   tokens_out, scores_out = [], []
   for start in range(0, len(ids), b):
     chunk = list(ids[start:start + b])
-    rows = chunk + [chunk[0]] * (b - len(chunk))
     array = np.zeros((b, width), np.int32)
-    for r, row in enumerate(rows):
+    for r, row in enumerate(chunk + [chunk[0]] * (b - len(chunk))):
       array[r, :len(row)] = row
     sub = None if rng is None else jax.random.fold_in(rng, start)
     tokens, scores = generate(model, params, {key: jnp.asarray(array)}, decode_cfg, eos_id=eos_id,
                               max_decode_len=max_decode_len, rng=sub, prefix_lm=prefix_lm)
-    tokens, scores = np.asarray(tokens), np.asarray(scores)
-    for r in range(len(chunk)):
-      row = [int(t) for t in tokens[r]]
+    for row, score in zip(np.asarray(tokens)[:len(chunk)].tolist(), np.asarray(scores)):
       tokens_out.append(row[:row.index(eos_id)] if eos_id in row else [t for t in row if t])
-      scores_out.append(float(scores[r]))
+      scores_out.append(float(score))
   return tokens_out, scores_out
 
 
 def decode_split(cfg: Config, model: Any, params: Any, task: Any, split: str,
-                 num_examples: int = 0, decode_cfg: DecodeConfig | None = None
-                 ) -> list[dict[str, Any]]:
+                 num_examples: int = 0) -> list[dict[str, Any]]:
   """Decodes (the first `num_examples` of) a seq2seq split into prediction records."""
   examples = list(task.eval_examples(split))[:num_examples or None]
   tok = task.target_tokenizer
   ids = [source_ids(task, e["source"]) for e in examples]
-  rng = jax.random.key(cfg.seed)
-  tokens, scores = decode_batches(cfg, model, params, ids, decode_cfg, eos_id=tok.eos_id, rng=rng)
+  tokens, scores = decode_batches(cfg, model, params, ids, eos_id=tok.eos_id,
+                                  rng=jax.random.key(cfg.seed))
   return [dict(source=e["source"], references=list(e["references"]), hypothesis=tok.decode(t),
                score=s) for e, t, s in zip(examples, tokens, scores)]
 
 
-def sample_continuations(cfg: Config, model: Any, params: Any, task: Any, split: str,
-                         count: int = NUM_LM_SAMPLES) -> list[dict[str, Any]]:
+def sample_continuations(cfg: Config, model: Any, params: Any, task: Any, split: str
+                         ) -> list[dict[str, Any]]:
   """LM: prompts from the first eval rows, continued with eval.decode (prediction records)."""
   tok = task.target_tokenizer
   rows = ([int(t) for t in row if t] for batch in task.eval_batches(split)
           for row in np.asarray(batch["targets"]))
-  kept = list(itertools.islice((r for r in rows if len(r) > LM_PROMPT_LEN), count))
+  kept = list(itertools.islice((r for r in rows if len(r) > LM_PROMPT_LEN), NUM_LM_SAMPLES))
   prompts, truths = [r[:LM_PROMPT_LEN] for r in kept], [r[LM_PROMPT_LEN:] for r in kept]
   decode_cfg = dataclasses.replace(cfg.eval.decode, max_decode_len=min(
       cfg.eval.decode.max_decode_len or 64, cfg.model.max_len - LM_PROMPT_LEN))
@@ -144,13 +140,13 @@ def prediction_metrics(names: Iterable[str], predictions: Sequence[dict[str, Any
 
 
 def decode_metrics(cfg: Config, model: Any, params: Any, task: Any, split: str,
-                   num_examples: int = 0, prefix: str = "eval/") -> dict[str, float]:
+                   num_examples: int = 0) -> dict[str, float]:
   """Task metrics from decoding `split`, and how many examples they cover; {} for LMs."""
   if getattr(task, "kind", "seq2seq") == "lm" or not getattr(task, "decodes", True):
     return {}
   predictions = decode_split(cfg, model, params, task, split, num_examples)
   out = prediction_metrics(metric_names(cfg, task), predictions)
-  return {prefix + k: v for k, v in (out | {"decoded_examples": len(predictions)}).items()}
+  return {"eval/" + k: v for k, v in (out | {"decoded_examples": len(predictions)}).items()}
 
 
 def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str
@@ -218,9 +214,8 @@ def _same_vocabularies(workdir: str, member: str) -> None:
     if not any(exists):
       continue  # e.g. no source tokenizer: a language model
     if not all(exists):
-      missing = theirs if exists[0] else mine
-      raise EvaluationError(f"{missing}/tokenizer.json not found: an ensemble needs every "
-                            "member's tokenizers")
+      raise EvaluationError(f"{theirs if exists[0] else mine}/tokenizer.json not found: an "
+                            "ensemble needs every member's tokenizers")
     if tokenizers.load(mine) != tokenizers.load(theirs):
       raise EvaluationError(f"ensemble member {member}: its {side} vocabulary (tokenizers/{side}) "
                             f"differs from {workdir}'s; the members of an ensemble must share the "
@@ -262,12 +257,12 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   cfg = configs[0]
   model = tuple(build_model(c.model) for c in configs)  # one run: a 1-tuple, a one-member ensemble
   params = tuple(r.params for r in restored)
-  step = restored[0].step
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
   provenance.warn_if_data_differs(workdir, task, split)
-  results: dict[str, Any] = {"split": split, "step": step, "params": restored[0].source}
+  results: dict[str, Any] = {"split": split, "step": restored[0].step,
+                             "params": restored[0].source}
   if average_last:
     results["averaged_steps"] = list(restored[0].steps)
   if ensemble:  # each member's own: the fields above are the first run's

@@ -27,9 +27,8 @@ from transformer.run.digests import CheckpointError
 
 def abstract_of(tree: Any) -> Any:
   """Replaces every array of `tree` by a jax.ShapeDtypeStruct with the same sharding."""
-  def leaf(x):
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
-  return jax.tree.map(leaf, tree)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
 class Checkpointer:

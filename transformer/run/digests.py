@@ -20,7 +20,6 @@ class CheckpointError(ValueError):
 DIGEST_FILE = "digest.json"
 # Step files: CRC-32 (fast; catches corruption, not tampering); tokenizer files: BLAKE2b-256.
 DIGEST_ALGORITHM = "crc32"
-ALGORITHMS = ("crc32", "blake2b-256")
 CORRUPT_SUFFIX = ".corrupt"
 _CHUNK = 1 << 22
 _BLOCK = 1 << 26  # crc32 digests: one CRC per 64 MiB of a file, the blocks hashed in parallel
@@ -55,12 +54,11 @@ def tree_digests(directory: str, names: list[str] | None = None,
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
     if algorithm != "crc32":
       return dict(zip(names, pool.map(file_digest, paths)))
-    blocks = [(i, b) for i, p in enumerate(paths)
+    blocks = [(n, p, b) for n, p in zip(names, paths)
               for b in range(0, max(files.size(p), 1), _BLOCK)]
-    crcs = list(pool.map(lambda ib: _crc32(paths[ib[0]], ib[1], _BLOCK), blocks))
-  out: dict[str, list[str]] = {n: [] for n in names}
-  for (i, _), crc in zip(blocks, crcs):
-    out[names[i]].append(crc)
+    out: dict[str, list[str]] = {n: [] for n in names}
+    for (n, _, _), crc in zip(blocks, pool.map(lambda nb: _crc32(nb[1], nb[2], _BLOCK), blocks)):
+      out[n].append(crc)
   return {n: ",".join(c) for n, c in out.items()}
 
 
@@ -96,7 +94,7 @@ def verify_step(step_dir: str) -> str | None:
     expected, algorithm = dict(record["files"]), record["algorithm"]
   except (OSError, ValueError, KeyError, TypeError):
     return f"{DIGEST_FILE} is unreadable"
-  if algorithm not in ALGORITHMS:
+  if algorithm not in ("crc32", "blake2b-256"):
     return f"{DIGEST_FILE} names an unknown algorithm {algorithm!r}"
   missing = [n for n in expected if not files.exists(os.path.join(step_dir, n))]
   if missing:

@@ -86,11 +86,10 @@ def writer_lock(workdir: str) -> Iterator[None]:
   if files.is_local(path):
     import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only; local workdirs)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    held = True
+    with contextlib.suppress(BlockingIOError):
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       held = False
-    except BlockingIOError:
-      held = True
     if held:  # raised outside the except block: the refusal has no OSError in its context
       os.close(fd)
       raise _refusal(path, _read(path), "")

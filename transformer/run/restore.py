@@ -137,14 +137,14 @@ def run_config_difference(cfg: Config, trained: Mapping[str, Any]) -> str | None
     return f"the checkpoint's config does not read ({_first_line(e)})"
   mine = config_lib.to_dict(cfg)
   for section in ("model", "data"):
-    for key in sorted(set(mine[section]) | set(theirs.get(section, {}))):
-      name = f"{section}.{key}"
+    for key in sorted(set(mine[section]) | set(theirs[section])):
+      name, now, then = f"{section}.{key}", mine[section].get(key), theirs[section].get(key)
       roles = schema.KEYS[name].roles if name in schema.KEYS else frozenset()
       if schema.EVAL in roles or schema.FINETUNE in roles or (
-          schema.DERIVED in roles and not (mine[section].get(key) and theirs[section].get(key))):
+          schema.DERIVED in roles and not (now and then)):
         continue
-      if mine[section].get(key) != theirs.get(section, {}).get(key):
-        return f"{name}={mine[section].get(key)!r} (trained with {theirs[section].get(key)!r})"
+      if now != then:
+        return f"{name}={now!r} (trained with {then!r})"
   return None
 
 
