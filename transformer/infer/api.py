@@ -142,8 +142,7 @@ class Run:
     batch = self._teacher_forced_batch(sources, targets)
     logits = self._forward(self.params, {k: v for k, v in batch.items() if k != "weights"})
     log_probs = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
-    tokens = batch["targets"]
-    picked = np.asarray(jnp.take_along_axis(log_probs, jnp.asarray(tokens)[..., None], -1))[..., 0]
+    picked = np.asarray(jnp.take_along_axis(log_probs, batch["targets"][..., None], -1))[..., 0]
     return (picked * batch["weights"]).sum(axis=1)
 
   def generate_text(self, texts: Sequence[str] | str, method: str | None = None,

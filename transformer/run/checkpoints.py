@@ -211,17 +211,14 @@ class Checkpointer:
     mine = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
     if not files.isdir(directory) or files.exists(os.path.join(directory, mine)):
       return None
-    saved: dict[int, dict[int, str]] = {}  # process count -> {index: file name}
-    for name in files.listdir(directory):
-      match = re.fullmatch(r"process_(\d+)-of-(\d+)\.json", name)
-      if match:
-        saved.setdefault(int(match[2]), {})[int(match[1])] = name
-    counts = sorted(saved)
-    if len(counts) != 1 or sorted(saved[counts[0]]) != list(range(counts[0])):
+    names = sorted(files.listdir(directory))
+    found = sorted((int(m[2]), int(m[1]), m[0]) for m in  # (process count, index, file name)
+                   (re.fullmatch(r"process_(\d+)-of-(\d+)\.json", n) for n in names) if m)
+    count = found[0][0] if found else 0
+    if not found or [(c, i) for c, i, _ in found] != [(count, i) for i in range(count)]:
       raise CheckpointError(f"{directory} does not hold the iterator states of every process of "
-                            f"one run (found {', '.join(sorted(files.listdir(directory)))})")
-    return [json.loads(files.read_text(os.path.join(directory, saved[counts[0]][i])))
-            for i in range(counts[0])]
+                            f"one run (found {', '.join(names)})")
+    return [json.loads(files.read_text(os.path.join(directory, name))) for _, _, name in found]
 
   def _reshard_iterator(self, data_iterator: Any, host_states: list[dict[str, Any]],
                         step: int) -> None:

@@ -54,23 +54,20 @@ def model_flops_per_step(model_cfg: Any, batch_size: int, source_len: int, targe
   vocab = cfg.vocab_size
   if vocab <= 0:
     raise ValueError("model.vocab_size is 0: fill it in from the tokenizer before counting FLOPs")
-  t = target_len
-  if arch == "encoder_decoder":
-    s = source_len
+  if arch not in ("encoder_decoder", "decoder_only", "encoder_only"):
+    raise ValueError(f"model.arch={arch!r} is not one of encoder_decoder|decoder_only|encoder_only")
+  s, t = source_len, source_len if arch == "encoder_only" else target_len
+  encoder = decoder = 0
+  if arch != "decoder_only":
+    encoder = cfg.num_encoder_layers * (_attention_flops(cfg, s, s) + _ffn_flops(cfg, s))
+  if arch != "encoder_only":
+    decoder = cfg.num_decoder_layers * (_attention_flops(cfg, t, t) + _ffn_flops(cfg, t))
+  if arch == "encoder_decoder":  # cross-attention
+    decoder += cfg.num_decoder_layers * _attention_flops(cfg, t, s)
     if cfg.tie_embeddings and cfg.share_src_tgt_embeddings:
       vocab = max(vocab, cfg.source_vocab_size)
-    encoder = cfg.num_encoder_layers * (_attention_flops(cfg, s, s) + _ffn_flops(cfg, s))
-    decoder = cfg.num_decoder_layers * (_attention_flops(cfg, t, t) + _attention_flops(cfg, t, s)
-                                        + _ffn_flops(cfg, t))
-  elif arch == "decoder_only":
-    encoder = 0
-    decoder = cfg.num_decoder_layers * (_attention_flops(cfg, t, t) + _ffn_flops(cfg, t))
-  elif arch == "encoder_only":  # rows of source_len tokens; the head's output over them
-    t, decoder = source_len, 0
-    encoder = cfg.num_encoder_layers * (_attention_flops(cfg, t, t) + _ffn_flops(cfg, t))
-    vocab = vocab if cfg.head == "mlm" else cfg.num_classes
-  else:
-    raise ValueError(f"model.arch={arch!r} is not one of encoder_decoder|decoder_only|encoder_only")
+  if arch == "encoder_only" and cfg.head != "mlm":  # the head's output: one of the classes
+    vocab = cfg.num_classes
   forward = encoder + decoder + 2 * t * cfg.d_model * vocab
   return 3 * batch_size * forward  # backward: gradients w.r.t. both operands = 2 x forward
 
