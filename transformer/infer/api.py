@@ -49,11 +49,10 @@ def _collect_weights(tree: Any) -> dict[tuple[str, str], list[np.ndarray]]:
     keys = [str(getattr(p, "key", getattr(p, "idx", ""))) for p in path]
     if "attention_weights" not in keys:
       continue
-    stack = "encoder" if "encoder" in keys else "decoder"
-    kind = "cross" if "cross_attention" in keys else "self"
     layer_keys = [k for k in keys if k.startswith("layers")]
     leaf = np.asarray(leaf, np.float32)
-    slot = found.setdefault((stack, kind), {})
+    slot = found.setdefault(("encoder" if "encoder" in keys else "decoder",  # (stack, kind)
+                             "cross" if "cross_attention" in keys else "self"), {})
     if layer_keys and layer_keys[0] == "layers":  # scan_layers: layers stacked on axis 0
       slot.update(enumerate(leaf))
     else:
@@ -274,8 +273,7 @@ def restore(workdir: str | Sequence[str], step: int | str | None = None, task: A
   `average_last` as restore.read_params) as a `Run`; a list of workdirs restores their ensemble."""
   workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
   configs, restored = evaluation.read_members(workdirs, {}, step, params, average_last)
-  if task is None:
-    task = load_task(configs[0], workdirs[0])
+  task = load_task(configs[0], workdirs[0]) if task is None else task
   if len(workdirs) == 1:
     (cfg,), (one,) = configs, restored
     return Run(cfg, models.build_model(cfg.model), one.params, task, one.step, workdirs[0],

@@ -4,9 +4,8 @@ r"""Decodes words or sentences with a trained run from the command line.
   python -m transformer.infer.predict --workdir=runs/a --ensemble=runs/b,runs/c --step=best hello
 
 Prints `input<TAB>output` per input (the arguments, else stdin lines, each answered as soon as
-it arrives); encoder-only runs print, by model.head, the filled text and each --mask marker's
-`token=probability` fillers, `label<TAB>probability`, or `token/tag` per token. A bad input is one
-`error:` line on stderr; the exit status is then 1.
+it arrives); encoder-only runs print the filled text and each --mask marker's fillers, the label
+and its probability, or `token/tag` per token. A bad input is one `error:` line, and status 1.
 """
 
 import itertools

@@ -67,12 +67,10 @@ def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any =
     raise ValueError(f"plot_positional_encoding: table must be [positions, d], got {table.shape}")
   similarity = table @ table.T  # [pos, pos]: depends (mostly) on the distance between positions
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-  image = left.imshow(table, aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
+  fig.colorbar(left.imshow(table, aspect="auto", cmap="RdBu", vmin=-1, vmax=1), ax=left)
   left.set(title="positional encoding", xlabel="dimension", ylabel="position")
-  fig.colorbar(image, ax=left)
-  image = right.imshow(similarity, cmap="viridis")
+  fig.colorbar(right.imshow(similarity, cmap="viridis"), ax=right)
   right.set(title="dot-product similarity", xlabel="position", ylabel="position")
-  fig.colorbar(image, ax=right)
   return _finish(fig, save_path)
 
 

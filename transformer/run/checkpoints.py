@@ -68,9 +68,7 @@ class Checkpointer:
         best_mode=ckpt_cfg.best_mode,
         enable_async_checkpointing=bool(ckpt_cfg.async_save),
         # A reader (evaluation, a notebook) must not delete a save that training has in flight.
-        cleanup_tmp_directories=not read_only,
-        create=not read_only,
-        read_only=read_only)
+        cleanup_tmp_directories=not read_only, create=not read_only, read_only=read_only)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def save(self, step: int, state: Any, data_iterator: Any = None,

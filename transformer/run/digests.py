@@ -65,8 +65,7 @@ def tree_digests(directory: str, names: list[str] | None = None,
 def write_step_digest(step_dir: str) -> None:
   """Writes `<step_dir>/digest.json`: the digest of every file of the committed step."""
   names = [n for n in files.walk(step_dir) if not n.startswith(DIGEST_FILE)]
-  record = {"algorithm": DIGEST_ALGORITHM,
-            "files": tree_digests(step_dir, names, DIGEST_ALGORITHM)}
+  record = {"algorithm": DIGEST_ALGORITHM, "files": tree_digests(step_dir, names, DIGEST_ALGORITHM)}
   files.write_text_atomic(os.path.join(step_dir, DIGEST_FILE),
                           json.dumps(record, indent=0, sort_keys=True))
 

@@ -111,8 +111,7 @@ class Reporter:
                show_progress: bool = True, data: Mapping[str, Any] | None = None,
                started: float | None = None):
     self.workdir = workdir
-    # time/elapsed_s: seconds since `started` (this process's training setup; default: now) plus
-    # what the run's earlier processes logged up to `start_step`.
+    # time/elapsed_s: since `started` (default: now), plus what earlier processes of the run logged.
     self._started = time.time() if started is None else started
     self._elapsed_before = 0.0
     self.active = is_main_process

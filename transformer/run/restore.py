@@ -22,7 +22,6 @@ from transformer.model import models, scoring
 from transformer.run.checkpoints import Checkpointer
 from transformer.run.digests import check_tokenizers, read_step_meta, verify_step
 
-
 PARAMS_CHOICES = ("auto", "ema", "raw")  # read_params: which parameters of a checkpoint
 
 
