@@ -176,8 +176,7 @@ class Reporter:
     if step > self._step:
       self._bar.update(step - self._step)
       self._step = step
-    if loss is not None:
-      self._loss = loss
+    self._loss = self._loss if loss is None else loss
     postfix = {} if self._loss is None else {"loss": f"{self._loss:.4f}"}
     if "perf/tokens_per_sec" in self._last_rates:
       postfix["tok/s"] = f"{self._last_rates['perf/tokens_per_sec']:.0f}"
