@@ -149,7 +149,6 @@ def test_reporter_writes_run_files(tmp_path):
                            show_progress=False)
   rep.write_scalars(1, {"train/loss": np.float32(2.5), "train/lr": 0.1})
   rep.write_scalars(2, {"train/loss": 2.0})
-  rep.write_text(2, "samples", "hello")
   rep.close()
   assert json.load(open(os.path.join(workdir, "config.json"))) == json.loads(
       json.dumps(to_dict(config)))

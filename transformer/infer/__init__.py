@@ -1,2 +1,1 @@
-"""Inference: decoding, whole-split evaluation, the notebook API (restore, Run), predict,
-attention and positional plots."""
+"""Inference: decoding, evaluation, the notebook API (restore, Run), predict, plots."""

@@ -5,11 +5,8 @@
   run.score(["hello"], ["HH AH L OW"])            # log p(target | source), summed over tokens
   att = run.attention("hello")                    # every layer and head, see `Attention`
   transformer.restore(["runs/a", "runs/b"])       # an ensemble: the mean probability
-Encoder-only runs: classify, classify_with_probability, tag, fill_mask, mask_fillers. Everything
-comes from the workdir: config.json, the checkpoint and the tokenizers training saved.
+Encoder-only runs classify, tag or fill masks instead.
 """
-
-from __future__ import annotations
 
 import dataclasses
 import sys
@@ -52,11 +49,10 @@ def _collect_weights(tree: Any) -> dict[tuple[str, str], list[np.ndarray]]:
     keys = [str(getattr(p, "key", getattr(p, "idx", ""))) for p in path]
     if "attention_weights" not in keys:
       continue
-    stack = "encoder" if "encoder" in keys else "decoder"
-    kind = "cross" if "cross_attention" in keys else "self"
     layer_keys = [k for k in keys if k.startswith("layers")]
     leaf = np.asarray(leaf, np.float32)
-    slot = found.setdefault((stack, kind), {})
+    slot = found.setdefault(("encoder" if "encoder" in keys else "decoder",  # (stack, kind)
+                             "cross" if "cross_attention" in keys else "self"), {})
     if layer_keys and layer_keys[0] == "layers":  # scan_layers: layers stacked on axis 0
       slot.update(enumerate(leaf))
     else:
@@ -69,9 +65,18 @@ def _bucket(n: int) -> int:
   return max(4, 1 << max(0, n - 1).bit_length())
 
 
+def _best_ids(logits: np.ndarray, vocab_size: int) -> np.ndarray:
+  """The argmax of [..., n] logits over the ordinary ids NUM_SPECIAL..vocab_size."""
+  return logits[..., NUM_SPECIAL:vocab_size].argmax(-1) + NUM_SPECIAL
+
+
+def _ordinary_probs(logits: np.ndarray, vocab_size: int) -> np.ndarray:
+  """The softmax of [..., n] logits over the ordinary ids (index i: id NUM_SPECIAL + i)."""
+  return np.asarray(jax.nn.softmax(jnp.asarray(logits[..., NUM_SPECIAL:vocab_size]), axis=-1))
+
+
 class Run:
-  """A restored run (config, model, params, tokenizers); an ensemble's holds tuples of models,
-  params and steps, and `members` (its workdirs)."""
+  """A restored run; an ensemble's holds tuples of models, params and steps, and `members`."""
 
   def __init__(self, config: Config, model: Any, params: Any, task: Any, step: Any, workdir: str,
                params_source: str = "raw", averaged_steps: Sequence[int] = (),
@@ -102,8 +107,7 @@ class Run:
 
   def _teacher_forced_batch(self, sources: Sequence[str], targets: Sequence[str],
                             multiple: int = 8) -> dict[str, np.ndarray]:
-    """Model inputs and loss weights for (source, target) pairs, built as training builds them
-    (one pair per row); sources truncated to data.max_source_len, targets never."""
+    """(source, target) pairs built as training builds them, one per row, sources truncated."""
     if self.kind == "seq2seq":
       examples, _ = pipeline.encode_pairs(
           list(zip(sources, targets)), self.source_tokenizer, self.target_tokenizer,
@@ -137,8 +141,7 @@ class Run:
     batch = self._teacher_forced_batch(sources, targets)
     logits = self._forward(self.params, {k: v for k, v in batch.items() if k != "weights"})
     log_probs = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
-    tokens = batch["targets"]
-    picked = np.asarray(jnp.take_along_axis(log_probs, jnp.asarray(tokens)[..., None], -1))[..., 0]
+    picked = np.asarray(jnp.take_along_axis(log_probs, batch["targets"][..., None], -1))[..., 0]
     return (picked * batch["weights"]).sum(axis=1)
 
   def generate_text(self, texts: Sequence[str] | str, method: str | None = None,
@@ -146,16 +149,14 @@ class Run:
                top_k: int | None = None, top_p: float | None = None,
                length_penalty: float | None = None, max_decode_len: int | None = None,
                seed: int = 0) -> list[str]:
-    """Decodes each text to text; unset options come from the run's eval.decode config. A bad
-    input or option is a one-line ValueError before anything compiles."""
-    texts = [texts] if isinstance(texts, str) else texts
+    """Decodes each text (unset options: eval.decode's); bad input is a one-line ValueError."""
     options = dict(method=method, beam_size=beam_size, temperature=temperature, top_k=top_k,
                    top_p=top_p, length_penalty=length_penalty, max_decode_len=max_decode_len)
     decode_cfg = dataclasses.replace(self.config.eval.decode,
                                      **{k: v for k, v in options.items() if v is not None})
     model_cfg = ensemble.members(self.model, self.params)[0][0].config
     search_settings(decode_cfg, model_cfg.vocab_size, model_cfg.max_len)
-    texts = inputs.checked_texts(self, texts, max_decode_len)
+    texts = inputs.checked_texts(self, [texts] if isinstance(texts, str) else texts, max_decode_len)
     ids = [self.encode_source(t) for t in texts]
     tok = self.target_tokenizer
     tokens, _ = evaluation.decode_batches(self.config, self.model, self.params, ids, decode_cfg,
@@ -175,30 +176,19 @@ class Run:
       array[i, :len(row)] = row
     return np.asarray(self._forward(self.params, {"inputs": array}))[:len(rows)]
 
-  def _encoder_rows(self, texts: Sequence[str]) -> list[list[int]]:
+  def _encoder_rows(self, texts: Sequence[str] | str) -> list[list[int]]:
     """BOS + ids + EOS of each text, truncated to data.max_source_len as training's rows."""
-    return labels.encoder_rows(texts, self.source_tokenizer, self.config.data.max_source_len,
+    return labels.encoder_rows([texts] if isinstance(texts, str) else list(texts),
+                               self.source_tokenizer, self.config.data.max_source_len,
                                "truncate")[0]
-
-  @staticmethod
-  def _best_ids(logits: np.ndarray, vocab_size: int) -> np.ndarray:
-    """The argmax of [..., n] logits over the ordinary ids NUM_SPECIAL..vocab_size."""
-    return logits[..., NUM_SPECIAL:vocab_size].argmax(-1) + NUM_SPECIAL
-
-  @staticmethod
-  def _ordinary_probs(logits: np.ndarray, vocab_size: int) -> np.ndarray:
-    """The softmax of [..., n] logits over the ordinary ids (index i: id NUM_SPECIAL + i)."""
-    return np.asarray(jax.nn.softmax(jnp.asarray(logits[..., NUM_SPECIAL:vocab_size]), axis=-1))
 
   def classify_with_probability(self, texts: Sequence[str] | str) -> list[tuple[str, float]]:
     """(predicted label, its probability) of each text (model.head='classify')."""
-    texts = [texts] if isinstance(texts, str) else list(texts)
     rows = self._encoder_rows(texts)
     logits = self._encoder_logits(rows, "classify")[:, 0]  # slot 0: the row's one example
-    probs = self._ordinary_probs(logits, self.target_tokenizer.vocab_size)
-    best = self._best_ids(logits, self.target_tokenizer.vocab_size)
-    return [(self.target_tokenizer.decode([int(i)]), float(p[i - NUM_SPECIAL]))
-            for i, p in zip(best, probs)]
+    tok = self.target_tokenizer
+    best, probs = _best_ids(logits, tok.vocab_size), _ordinary_probs(logits, tok.vocab_size)
+    return [(tok.decode([int(i)]), float(p[i - NUM_SPECIAL])) for i, p in zip(best, probs)]
 
   def classify(self, texts: Sequence[str] | str) -> list[str]:
     """The predicted label of each text (a classification run: model.head='classify')."""
@@ -206,9 +196,8 @@ class Run:
 
   def tag(self, texts: Sequence[str] | str) -> list[list[tuple[str, str]]]:
     """(token, predicted tag) for every source token of each text (model.head='tag')."""
-    texts = [texts] if isinstance(texts, str) else list(texts)
     rows = self._encoder_rows(texts)
-    best = self._best_ids(self._encoder_logits(rows, "tag"), self.target_tokenizer.vocab_size)
+    best = _best_ids(self._encoder_logits(rows, "tag"), self.target_tokenizer.vocab_size)
     return [[(self.source_tokenizer.decode([t]), self.target_tokenizer.decode([int(b)]))
              for t, b in zip(row[1:-1], best[r, 1:len(row) - 1])] for r, row in enumerate(rows)]
 
@@ -226,13 +215,12 @@ class Run:
 
   def mask_fillers(self, texts: Sequence[str] | str, k: int = 5, mask: str = "_"
                    ) -> list[list[list[tuple[str, float]]]]:
-    """For each text and `mask` marker, the masked LM's k most likely ordinary tokens there with
-    their probabilities, most likely first (the first is what fill_mask puts there)."""
+    """Per text and `mask` marker, the k likeliest ordinary tokens there and their probabilities."""
     if k < 1:
       raise ValueError(f"top_k={k} must be >= 1")
     tok = self.source_tokenizer
     rows, mask_id, logits = self._mask_rows(texts, mask)
-    probs = self._ordinary_probs(logits, tok.vocab_size)
+    probs = _ordinary_probs(logits, tok.vocab_size)
     out = []
     for r, row in enumerate(rows):
       at = [i for i, t in enumerate(row) if t == mask_id]
@@ -246,40 +234,35 @@ class Run:
     """Each text with every `mask` marker replaced by the masked LM's most likely token."""
     tok = self.source_tokenizer
     rows, mask_id, logits = self._mask_rows(texts, mask)
-    best = self._best_ids(logits, tok.vocab_size)
+    best = _best_ids(logits, tok.vocab_size)
     filled = [[int(best[r, i]) if t == mask_id else t for i, t in enumerate(row)]
               for r, row in enumerate(rows)]
     return [tok.decode(f[1:-1]) for f in filled]
 
   def attention(self, text: str, target: str | None = None) -> Attention:
-    """Attention weights of every layer and head for `text` and `target` (default: greedy output;
-    unused by an encoder-only run)."""
+    """Every layer's and head's attention for `text` and `target` (default: the greedy output)."""
     if self.members:
       raise ValueError(f"attention: this Run is an ensemble of {len(self.members)} runs; restore "
                        "one of them to look at its attention")
     if self.config.model.arch == "encoder_only":
-      row = np.asarray(self._encoder_rows([text])[0])[None]
-      _, state = models.batch_logits(self.model, self.params, {"inputs": jnp.asarray(row)},
-                                     mutable=["intermediates"])
-      weights = _collect_weights(state["intermediates"]).get(("encoder", "self"), [])
-      return Attention(source_tokens=_token_labels(self.source_tokenizer, row[0]),
-                       target_tokens=[], encoder_self=[w[0] for w in weights], decoder_self=[],
-                       cross=[])
-    if target is None:
-      target = self.generate_text([text], method="greedy")[0]
-    batch = self._teacher_forced_batch([text], [target], multiple=1)  # exact lengths, no padding
-    batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "weights"}
+      batch = {"inputs": jnp.asarray(self._encoder_rows([text]))}
+    else:
+      if target is None:
+        target = self.generate_text([text], method="greedy")[0]
+      batch = self._teacher_forced_batch([text], [target], multiple=1)  # exact lengths, no padding
+      batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "weights"}
     _, state = models.batch_logits(self.model, self.params, batch, mutable=["intermediates"])
     found = _collect_weights(state["intermediates"])
-    decoder_inputs = np.asarray(models.shift_right(batch["targets"]))[0]
-    target_labels = _token_labels(self.target_tokenizer, decoder_inputs)
-    source = []
+    first = lambda key: [w[0] for w in found.get(key, [])]  # noqa: E731  (batch of one)
+    source, target_labels = [], []
     if "inputs" in batch:
       source = _token_labels(self.source_tokenizer, np.asarray(batch["inputs"])[0])
-    elif self.kind == "seq2seq":  # decoder-only prompt: the source's ids are source-tokenizer ids
-      prompt = self.encode_source(text)
-      target_labels[1:len(prompt) + 1] = _token_labels(self.source_tokenizer, prompt)
-    first = lambda key: [w[0] for w in found.get(key, [])]  # noqa: E731  (batch of one)
+    if "targets" in batch:
+      decoder_inputs = np.asarray(models.shift_right(batch["targets"]))[0]
+      target_labels = _token_labels(self.target_tokenizer, decoder_inputs)
+      if "inputs" not in batch and self.kind == "seq2seq":  # a decoder-only prompt: source ids
+        prompt = self.encode_source(text)
+        target_labels[1:len(prompt) + 1] = _token_labels(self.source_tokenizer, prompt)
     return Attention(source, target_labels, encoder_self=first(("encoder", "self")),
                      decoder_self=first(("decoder", "self")), cross=first(("decoder", "cross")))
 
@@ -290,8 +273,7 @@ def restore(workdir: str | Sequence[str], step: int | str | None = None, task: A
   `average_last` as restore.read_params) as a `Run`; a list of workdirs restores their ensemble."""
   workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
   configs, restored = evaluation.read_members(workdirs, {}, step, params, average_last)
-  if task is None:
-    task = load_task(configs[0], workdirs[0])
+  task = load_task(configs[0], workdirs[0]) if task is None else task
   if len(workdirs) == 1:
     (cfg,), (one,) = configs, restored
     return Run(cfg, models.build_model(cfg.model), one.params, task, one.step, workdirs[0],

@@ -1,10 +1,8 @@
 """Autoregressive decoding: greedy, temperature/top-k/top-p sampling, beam search over `kv_cache`.
 
-The search loops (`sample_search`, `beam_search`) run a pure `step_fn(tokens [B], cache, j) ->
-(logits [B, V], cache)` (feed token j, get the logits of token j+1) and know nothing of models;
-`generate` wires models into them through `prefill`. Each loop is a `lax.while_loop` that stops
-once every row has finished. Outputs include EOS, 0-padded after it; token 0 (padding, the start
-token) is never generated. Scores are log-probabilities under the unmodified distribution.
+`sample_search` and `beam_search` run a pure `step_fn(tokens [B], cache, j) -> (logits [B, V],
+cache)` (feed token j, get the logits of token j+1); `generate` wires models in through `prefill`.
+Token 0 (the start) is never generated; scores are log-probabilities of the unmodified model.
 """
 
 from collections.abc import Callable
@@ -27,7 +25,7 @@ _BLOCK = 128  # logits per block in `top_k_log_probs`
 
 
 class Search(NamedTuple):
-  """The decoding settings that change the compiled program (hashable: part of the jit cache key)."""
+  """The decoding settings that change the compiled program (part of the jit cache key)."""
   method: str = "greedy"  # greedy | sample | beam
   beam_size: int = 1
   length_penalty: float = 0.0  # GNMT alpha
@@ -36,50 +34,39 @@ class Search(NamedTuple):
   top_p: float = 1.0  # 1.0 = off
 
 
-def _beam(decode_cfg: Any, vocab_size: int) -> Search:
-  beam, widest = decode_cfg.beam_size, min(MAX_BEAM_SIZE, vocab_size or MAX_BEAM_SIZE)
-  if not 1 <= beam <= widest:
-    what = f"the vocabulary size {vocab_size}" if widest < MAX_BEAM_SIZE else str(MAX_BEAM_SIZE)
-    raise ValueError(f"eval.decode.beam_size={beam} must be in [1, {widest}] (at most {what})")
-  if not math.isfinite(decode_cfg.length_penalty):
-    raise ValueError(f"eval.decode.length_penalty={decode_cfg.length_penalty} must be a finite "
-                     "number")
-  return Search("beam", beam_size=int(decode_cfg.beam_size),
-                length_penalty=float(decode_cfg.length_penalty))
-
-
-def _sample(decode_cfg: Any, _: int) -> Search:
-  if not (decode_cfg.temperature > 0 and math.isfinite(decode_cfg.temperature)):
-    raise ValueError(f"eval.decode.temperature={decode_cfg.temperature} must be a finite "
-                     "number > 0")
-  if decode_cfg.top_k < 0:
-    raise ValueError(f"eval.decode.top_k={decode_cfg.top_k} must be >= 0 (0 = off)")
-  if not 0.0 < decode_cfg.top_p <= 1.0:
-    raise ValueError(f"eval.decode.top_p={decode_cfg.top_p} must be in (0, 1]")
-  return Search("sample", temperature=float(decode_cfg.temperature), top_k=int(decode_cfg.top_k),
-                top_p=float(decode_cfg.top_p))
-
-
-# eval.decode.method -> the Search it takes from eval.decode (a beam is bounded by the vocabulary).
-METHODS: dict[str, Callable[[Any, int], Search]] = {
-    "greedy": lambda decode_cfg, vocab_size: Search("greedy"), "sample": _sample, "beam": _beam}
+METHODS = ("greedy", "sample", "beam")  # the values of eval.decode.method
 
 
 def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> Search:
-  """Checks eval.decode (a one-line ValueError naming the bad key; vocab_size and max_len 0 =
-  unknown) and keeps what its method uses."""
-  length = decode_cfg.max_decode_len
-  if length < 0 or (max_len and length > max_len):
-    raise ValueError(f"eval.decode.max_decode_len={length} must be in [0, model.max_len="
+  """eval.decode checked (one-line ValueErrors; vocab_size, max_len 0 = unknown) as a Search."""
+  d = decode_cfg
+  if d.max_decode_len < 0 or (max_len and d.max_decode_len > max_len):
+    raise ValueError(f"eval.decode.max_decode_len={d.max_decode_len} must be in [0, model.max_len="
                      f"{max_len or '?'}] (0 = data.max_target_len)")
-  if decode_cfg.method not in METHODS:
-    raise ValueError(f"eval.decode.method={decode_cfg.method!r} must be one of "
-                     f"{', '.join(METHODS)}")
-  return METHODS[decode_cfg.method](decode_cfg, vocab_size)
+  if d.method not in METHODS:
+    raise ValueError(f"eval.decode.method={d.method!r} must be one of {', '.join(METHODS)}")
+  if d.method == "greedy":
+    return Search("greedy")
+  if d.method == "beam":  # at most MAX_BEAM_SIZE beams, and no more than the vocabulary has
+    widest = min(MAX_BEAM_SIZE, vocab_size or MAX_BEAM_SIZE)
+    if not 1 <= d.beam_size <= widest:
+      what = f"the vocabulary size {vocab_size}" if widest < MAX_BEAM_SIZE else str(MAX_BEAM_SIZE)
+      raise ValueError(f"eval.decode.beam_size={d.beam_size} must be in [1, {widest}] (at most "
+                       f"{what})")
+    if not math.isfinite(d.length_penalty):
+      raise ValueError(f"eval.decode.length_penalty={d.length_penalty} must be a finite number")
+    return Search("beam", beam_size=int(d.beam_size), length_penalty=float(d.length_penalty))
+  if not (d.temperature > 0 and math.isfinite(d.temperature)):
+    raise ValueError(f"eval.decode.temperature={d.temperature} must be a finite number > 0")
+  if d.top_k < 0:
+    raise ValueError(f"eval.decode.top_k={d.top_k} must be >= 0 (0 = off)")
+  if not 0.0 < d.top_p <= 1.0:
+    raise ValueError(f"eval.decode.top_p={d.top_p} must be in (0, 1]")
+  return Search("sample", temperature=float(d.temperature), top_k=int(d.top_k),
+                top_p=float(d.top_p))
 
 
-def filter_logits(logits: jnp.ndarray, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0) -> jnp.ndarray:
+def filter_logits(logits: jnp.ndarray, temperature: float, top_k: int, top_p: float) -> jnp.ndarray:
   """Scales logits [..., v] by 1/temperature, then keeps the top-k, then the top-p nucleus."""
   logits = logits.astype(jnp.float32) / temperature
   if 0 < top_k < logits.shape[-1]:
@@ -145,11 +132,9 @@ def length_penalty(length: jnp.ndarray, alpha: float) -> jnp.ndarray:
 
 
 def top_k_log_probs(logits: jnp.ndarray, k: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """lax.top_k(jax.nn.log_softmax(logits), k) for logits [B, V], ties included, in two reads.
-
-  The k largest logits lie in the k blocks of 128 with the largest maxima, so top_k searches only
-  those k*128 candidates (in vocabulary order: ties go to the lowest id, as in lax.top_k).
-  """
+  """lax.top_k(jax.nn.log_softmax(logits), k) for logits [B, V], ties included, in two reads: the
+  k largest lie in the k blocks of 128 with the largest maxima, searched in vocabulary order (ties
+  go to the lowest id, as in lax.top_k)."""
   logits = logits.astype(jnp.float32)
   rows, vocab = logits.shape
   num_blocks, rest = divmod(vocab, _BLOCK)
@@ -350,12 +335,10 @@ def _compiled(members: tuple, search: Search, eos_id: int, max_len: int, return_
 def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_id: int,
              max_decode_len: int, rng: jnp.ndarray | None = None, return_all_beams: bool = False,
              prefix_lm: bool | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """Decodes a batch: (tokens [b, max_decode_len] ending in EOS then 0s, scores [b]).
-
-  batch: {'inputs': [b, s]} or {'prompt': [b, p]} (decoder-only), right-padded with 0. prefix_lm:
-  attend over the prompt bidirectionally (None = the config's; an LM trained on plain text needs
-  False). `model` and `params` may be tuples: an ensemble, the mean of their probabilities.
-  """
+  """(tokens [b, max_decode_len] ending in EOS then 0s, scores [b]) of a batch {'inputs': [b, s]}
+  or {'prompt': [b, p]} (decoder-only), right-padded with 0. prefix_lm: attend over the prompt
+  bidirectionally (None = the config's; an LM trained on plain text needs False). `model` and
+  `params` may be tuples: an ensemble, the mean of their probabilities."""
   members, params = ensemble.members(model, params)
   ensemble.check_compatible([m.config for m in members])
   cfg = members[0].config
@@ -377,7 +360,6 @@ def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_
                        f"{cache_len} exceeds model.max_len={m.config.max_len}{member}")
   if prefix_lm is None:
     prefix_lm = any(bool(getattr(m.config, "prefix_lm", False)) for m in members)
-  rng = jax.random.key(0) if rng is None else rng
   fn = _compiled(members, search, int(eos_id), int(max_decode_len), bool(return_all_beams),
                  bool(prefix_lm) and cfg.arch == "decoder_only")
-  return fn(tuple(params), {key: tokens}, rng)
+  return fn(tuple(params), {key: tokens}, jax.random.key(0) if rng is None else rng)

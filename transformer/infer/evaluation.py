@@ -1,15 +1,7 @@
-"""Evaluation of a trained run: restore, teacher-forced metrics, decoding, task metrics, predictions.
-
-`evaluate_split` (eval.py's entry point) reads the runs (`read_members`), scores the split
-teacher-forced, then decodes it (seq2seq: `decode_split` and `prediction_metrics`; LMs:
-`sample_continuations`; encoder-only and objective tasks: no decoding) and writes
-metrics.<split>.json and predictions.<split>.jsonl. WHOLE_SPLIT undoes the run's in-training
-partial eval settings; `coverage` says how much of the split was scored and decoded. Task metrics
-(eval.metrics): wer,per (G2P, on the no-stress track, plus *_stress when references carry stress),
-bleu (sacrebleu 13a), bpc (LMs). `decode_metrics` is the training loop's in-training evaluation.
+"""Evaluation of a trained run: `evaluate_split` (eval.py's entry point) scores a split
+teacher-forced, decodes it (seq2seq) or samples continuations (LMs), and writes
+metrics.<split>.json and predictions.<split>.jsonl; `decode_metrics` is training's evaluation.
 """
-
-from __future__ import annotations
 
 import dataclasses
 import itertools
@@ -43,25 +35,21 @@ def source_ids(task: Any, text: str) -> list[int]:
     return list(task.encode_source(text))
   if getattr(task, "kind", "seq2seq") == "lm" or task.source_tokenizer is None:
     return list(task.target_tokenizer.encode(text))
-  tok = task.source_tokenizer
-  return list(tok.encode(text)) + [tok.eos_id]
+  return list(task.source_tokenizer.encode(text)) + [task.source_tokenizer.eos_id]
 
 
 def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[int]],
                    decode_cfg: DecodeConfig | None = None, *, eos_id: int,
                    batch_size: int = 0, rng: jax.Array | None = None,
                    prefix_lm: bool | None = None) -> tuple[list[list[int]], list[float]]:
-  """Decodes every id list in `ids` (encoder inputs or prompts), in batches of one shape:
-  (token lists up to EOS, scores)."""
-  decode_cfg = decode_cfg or cfg.eval.decode
+  """(token lists up to EOS, scores) of encoder inputs or prompts, in batches of one shape."""
   if not ids:
     return [], []
+  decode_cfg = decode_cfg or cfg.eval.decode
   b = batch_size or min(cfg.eval.batch_size or cfg.data.batch_size, 64)
-  width = max(max(len(x) for x in ids), 1)
-  if cfg.model.arch == "encoder_decoder":
-    width = max(width, cfg.data.max_source_len)
-  max_decode_len = decode_cfg.max_decode_len or cfg.data.max_target_len
   key = "inputs" if cfg.model.arch == "encoder_decoder" else "prompt"
+  width = max(*map(len, ids), 1, cfg.data.max_source_len if key == "inputs" else 0)
+  max_decode_len = decode_cfg.max_decode_len or cfg.data.max_target_len
   if key == "prompt" and not decode_cfg.max_decode_len:
     # The prompt and its continuation share the model.max_len cache: by default decode what fits.
     max_len = min(m.config.max_len for m in ensemble_lib.members(model, params)[0])
@@ -72,41 +60,37 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
   tokens_out, scores_out = [], []
   for start in range(0, len(ids), b):
     chunk = list(ids[start:start + b])
-    rows = chunk + [chunk[0]] * (b - len(chunk))
     array = np.zeros((b, width), np.int32)
-    for r, row in enumerate(rows):
+    for r, row in enumerate(chunk + [chunk[0]] * (b - len(chunk))):
       array[r, :len(row)] = row
     sub = None if rng is None else jax.random.fold_in(rng, start)
     tokens, scores = generate(model, params, {key: jnp.asarray(array)}, decode_cfg, eos_id=eos_id,
                               max_decode_len=max_decode_len, rng=sub, prefix_lm=prefix_lm)
-    tokens, scores = np.asarray(tokens), np.asarray(scores)
-    for r in range(len(chunk)):
-      row = [int(t) for t in tokens[r]]
+    for row, score in zip(np.asarray(tokens)[:len(chunk)].tolist(), np.asarray(scores)):
       tokens_out.append(row[:row.index(eos_id)] if eos_id in row else [t for t in row if t])
-      scores_out.append(float(scores[r]))
+      scores_out.append(float(score))
   return tokens_out, scores_out
 
 
 def decode_split(cfg: Config, model: Any, params: Any, task: Any, split: str,
-                 num_examples: int = 0, decode_cfg: DecodeConfig | None = None
-                 ) -> list[dict[str, Any]]:
+                 num_examples: int = 0) -> list[dict[str, Any]]:
   """Decodes (the first `num_examples` of) a seq2seq split into prediction records."""
   examples = list(task.eval_examples(split))[:num_examples or None]
   tok = task.target_tokenizer
   ids = [source_ids(task, e["source"]) for e in examples]
-  rng = jax.random.key(cfg.seed)
-  tokens, scores = decode_batches(cfg, model, params, ids, decode_cfg, eos_id=tok.eos_id, rng=rng)
+  tokens, scores = decode_batches(cfg, model, params, ids, eos_id=tok.eos_id,
+                                  rng=jax.random.key(cfg.seed))
   return [dict(source=e["source"], references=list(e["references"]), hypothesis=tok.decode(t),
                score=s) for e, t, s in zip(examples, tokens, scores)]
 
 
-def sample_continuations(cfg: Config, model: Any, params: Any, task: Any, split: str,
-                         count: int = NUM_LM_SAMPLES) -> list[dict[str, Any]]:
+def sample_continuations(cfg: Config, model: Any, params: Any, task: Any, split: str
+                         ) -> list[dict[str, Any]]:
   """LM: prompts from the first eval rows, continued with eval.decode (prediction records)."""
   tok = task.target_tokenizer
   rows = ([int(t) for t in row if t] for batch in task.eval_batches(split)
           for row in np.asarray(batch["targets"]))
-  kept = list(itertools.islice((r for r in rows if len(r) > LM_PROMPT_LEN), count))
+  kept = list(itertools.islice((r for r in rows if len(r) > LM_PROMPT_LEN), NUM_LM_SAMPLES))
   prompts, truths = [r[:LM_PROMPT_LEN] for r in kept], [r[LM_PROMPT_LEN:] for r in kept]
   decode_cfg = dataclasses.replace(cfg.eval.decode, max_decode_len=min(
       cfg.eval.decode.max_decode_len or 64, cfg.model.max_len - LM_PROMPT_LEN))
@@ -138,41 +122,36 @@ def strip_stress(phones: str) -> str:
 def prediction_metrics(names: Iterable[str], predictions: Sequence[dict[str, Any]]
                        ) -> dict[str, float]:
   """Corpus metrics (wer/per with stress tracks, bleu) of prediction records; {} when empty."""
-  names = set(names)
-  if not predictions:
-    return {}
-  out: dict[str, float] = {}
+  names, out = set(names), {}
   hyps = [p["hypothesis"] for p in predictions]
   refs = [p["references"] for p in predictions]
-  if names & {"wer", "per"}:
-    wer, per = metrics_lib.wer_per([strip_stress(h).split() for h in hyps],
-                                   [[strip_stress(r).split() for r in rs] for rs in refs])
-    out.update({k: v for k, v in (("wer", wer), ("per", per)) if k in names})
+  if predictions and names & {"wer", "per"}:
+    tracks = {"": strip_stress}
     if any(_STRESS.search(r) for rs in refs for r in rs):
-      wer, per = metrics_lib.wer_per([h.split() for h in hyps],
-                                     [[r.split() for r in rs] for rs in refs])
-      out.update({f"{k}_stress": v for k, v in (("wer", wer), ("per", per)) if k in names})
-  if "bleu" in names:
+      tracks["_stress"] = str
+    for suffix, clean in tracks.items():
+      wer, per = metrics_lib.wer_per([clean(h).split() for h in hyps],
+                                     [[clean(r).split() for r in rs] for rs in refs])
+      out.update({k + suffix: v for k, v in (("wer", wer), ("per", per)) if k in names})
+  if predictions and "bleu" in names:
     bleu_refs = refs if len({len(rs) for rs in refs}) == 1 else [rs[0] for rs in refs]
     out["bleu"] = metrics_lib.bleu(hyps, bleu_refs)
   return out
 
 
 def decode_metrics(cfg: Config, model: Any, params: Any, task: Any, split: str,
-                   num_examples: int = 0, prefix: str = "eval/") -> dict[str, float]:
-  """Task metrics (WER/PER or BLEU) from decoding `split`, and `decoded_examples` (how many the
-  metrics cover); {} for LMs."""
+                   num_examples: int = 0) -> dict[str, float]:
+  """Task metrics from decoding `split`, and how many examples they cover; {} for LMs."""
   if getattr(task, "kind", "seq2seq") == "lm" or not getattr(task, "decodes", True):
     return {}
   predictions = decode_split(cfg, model, params, task, split, num_examples)
   out = prediction_metrics(metric_names(cfg, task), predictions)
-  return {prefix + k: v for k, v in (out | {"decoded_examples": len(predictions)}).items()}
+  return {"eval/" + k: v for k, v in (out | {"decoded_examples": len(predictions)}).items()}
 
 
 def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str
                    ) -> tuple[dict[str, float], dict[str, int]]:
-  """Loss (nats/token, unsmoothed), accuracy and perplexity over eval.num_batches batches of split
-  (0 = all), and the coverage {scored_tokens, split_tokens}."""
+  """Loss, accuracy, perplexity over eval.num_batches of `split` (0 = all), and their coverage."""
   step = jax.jit(scoring.make_eval_step(model))
   totals = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0}
   split_tokens = 0.0
@@ -235,9 +214,8 @@ def _same_vocabularies(workdir: str, member: str) -> None:
     if not any(exists):
       continue  # e.g. no source tokenizer: a language model
     if not all(exists):
-      missing = theirs if exists[0] else mine
-      raise EvaluationError(f"{missing}/tokenizer.json not found: an ensemble needs every "
-                            "member's tokenizers")
+      raise EvaluationError(f"{theirs if exists[0] else mine}/tokenizer.json not found: an "
+                            "ensemble needs every member's tokenizers")
     if tokenizers.load(mine) != tokenizers.load(theirs):
       raise EvaluationError(f"ensemble member {member}: its {side} vocabulary (tokenizers/{side}) "
                             f"differs from {workdir}'s; the members of an ensemble must share the "
@@ -246,8 +224,7 @@ def _same_vocabularies(workdir: str, member: str) -> None:
 
 def read_members(workdirs: Sequence[str], overrides: dict[str, Any], step: int | str | None,
                  params: str, average_last: int) -> tuple[list[Config], list[Any]]:
-  """The configs and `restore.read_params` results of the runs in `workdirs` (the first, then its
-  ensemble), all checked before any parameters are read."""
+  """The configs and read_params results of `workdirs` (a run, then its ensemble), checked first."""
   configs = []
   for i, workdir in enumerate(workdirs):
     if os.path.normpath(workdir) in map(os.path.normpath, workdirs[:i]):
@@ -267,11 +244,8 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
              overrides: dict[str, Any] | None = None, task: Any = None,
              verbose: bool = True, params: str = "auto", average_last: int = 0,
              ensemble: Sequence[str] = (), out_dir: str | None = None) -> dict[str, Any]:
-  """Evaluates a run's checkpoint on `split`, writes the files and returns the metrics.
-
-  `params`, `average_last`: as restore.read_params. `ensemble`: further runs' workdirs, evaluated
-  with this one as the mean of their probabilities, into `out_dir`. `task`: for tests.
-  """
+  """Evaluates a run's checkpoint on `split`, writes the files and returns the metrics. `params`,
+  `average_last`: as read_params; `ensemble`: more runs, evaluated with this one into `out_dir`."""
   workdirs = [workdir, *ensemble]
   if ensemble and not out_dir:
     raise EvaluationError("an ensemble's metrics need their own directory: give --out")
@@ -283,18 +257,17 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   cfg = configs[0]
   model = tuple(build_model(c.model) for c in configs)  # one run: a 1-tuple, a one-member ensemble
   params = tuple(r.params for r in restored)
-  step = restored[0].step
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
   provenance.warn_if_data_differs(workdir, task, split)
-  results: dict[str, Any] = {"split": split, "step": step, "params": restored[0].source}
+  results: dict[str, Any] = {"split": split, "step": restored[0].step,
+                             "params": restored[0].source}
   if average_last:
     results["averaged_steps"] = list(restored[0].steps)
   if ensemble:  # each member's own: the fields above are the first run's
-    results["ensemble"] = workdirs
-    results["ensemble_steps"] = [r.step for r in restored]
-    results["ensemble_params"] = [r.source for r in restored]
+    results |= {"ensemble": workdirs, "ensemble_steps": [r.step for r in restored],
+                "ensemble_params": [r.source for r in restored]}
     if average_last:
       results["ensemble_averaged_steps"] = [list(r.steps) for r in restored]
   scores, coverage = teacher_forced(cfg, model, params, task, split)

@@ -3,14 +3,10 @@ r"""Decodes words or sentences with a trained run from the command line.
   python -m transformer.infer.predict --workdir=runs/g2p --method=beam --beam_size=8 hello world
   python -m transformer.infer.predict --workdir=runs/a --ensemble=runs/b,runs/c --step=best hello
 
-Prints one `input<TAB>output` line per input (the arguments, else stdin lines, each answered as
-soon as it arrives). Encoder-only runs print, by model.head: mlm: the filled text, then per --mask
-marker its --top_k fillers as `token=probability`; classify: label, probability; tag: `token/tag`
-per token. A bad input gets a one-line `error:` on stderr, the others are still answered; the exit
-status is 1 if any input (or the workdir) was bad.
+Prints `input<TAB>output` per input (the arguments, else stdin lines, each answered as soon as
+it arrives); encoder-only runs print the filled text and each --mask marker's fillers, the label
+and its probability, or `token/tag` per token. A bad input is one `error:` line, and status 1.
 """
-
-from __future__ import annotations
 
 import itertools
 import os
@@ -62,8 +58,7 @@ def stdin_batches(fd: int, max_batch: int = 64) -> Iterator[list[str]]:
 
 
 def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
-  """Runs the command line; returns the exit status. Inputs: the arguments, else `stdin` (a text
-  stream), else this process's standard input."""
+  """Runs the command line on the arguments, else `stdin`, else standard input; the exit status."""
   args, inputs = cli.parse_own_flags("python -m transformer.infer.predict", _define,
                                      sys.argv[1:] if argv is None else argv)
   if inputs:
@@ -96,45 +91,35 @@ def _predict(args: flags.FlagValues, batches: Iterable[list[str]]) -> int:
   run = api.restore([args.workdir, *filter(None, args.ensemble.split(","))], step)
   options = {k: getattr(args, k) for k in ("method", "beam_size", "length_penalty", "temperature",
                                            "top_k", "top_p", "max_decode_len")}
-  answer = _predict_encoder if run.config.model.arch == "encoder_only" else _predict_decoder
+  head = run.config.model.head if run.config.model.arch == "encoder_only" else ""
+  allowed = {"top_k"} if head == "mlm" else set()
+  bad = head and next((k for k, v in options.items() if v is not None and k not in allowed), None)
+  # 0 for an LM: its continuation gets what fits after the prompt (max_target_len is the context).
+  max_decode_len = 0 if head else decode_length(run, args.max_decode_len)
+  mask = args.mask if head == "mlm" else ""
   status, first = 0, 1
   for texts in batches:
-    batch_status = answer(run, args, texts, options, first)
-    sys.stdout.flush()
-    if batch_status == 2:  # bad options: every batch would fail the same way
+    if bad:
+      print(f"error: --{bad} is a decoding option; this run is encoder-only (model.head={head!r}), "
+            "which is not decoded", file=sys.stderr)
       return 1
-    status, first = max(status, batch_status), first + len(texts)
-  return status
-
-
-def _checked(run: Any, texts: list[str], first: int, max_decode_len: int, mask: str = ""
-             ) -> tuple[list[tuple[str, str]], int]:
-  """The (input stripped, cleaned) pairs of the good inputs (numbered from `first`), each bad one
-  reported on stderr; and 1 if any was bad, else 0."""
-  good, status = [], 0
-  for n, text in enumerate(texts, start=first):
-    error, cleaned = check_input(run, text, max_decode_len, mask=mask)
-    if error:
-      print(f"error: {input_error(n, text, error)}", file=sys.stderr)
-      status = 1
-    else:
-      good.append((text.strip(), cleaned))
-  return good, status
-
-
-def _predict_decoder(run: Any, args: flags.FlagValues, texts: list[str],
-                     options: dict[str, Any], first: int) -> int:
-  """Decodes one batch of inputs; 0, 1 if an input was bad, 2 if the options are."""
-  # 0 for an LM: its continuation gets what fits after the prompt (max_target_len is the context).
-  good, status = _checked(run, texts, first, decode_length(run, args.max_decode_len))
-  if good:
+    good = []
+    for n, text in enumerate(texts, start=first):
+      error, cleaned = check_input(run, text, max_decode_len, mask=mask)
+      if error:
+        print(f"error: {input_error(n, text, error)}", file=sys.stderr)
+        status = 1
+      else:
+        good.append((text.strip(), cleaned))
+    first += len(texts)
     try:
-      outputs = run.generate_text([c for _, c in good], seed=args.seed, **options)
-    except ValueError as e:  # bad decoding options: one line naming the option
-      print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-      return 2
-    for (text, _), output in zip(good, outputs):
-      print(f"{text}\t{output}")
+      columns = _answers(run, head, args, options, [c for _, c in good]) if good else []
+    except ValueError as e:  # a bad option, named in one line: every batch would fail the same way
+      print(f"error: {'--' if head else ''}{str(e).splitlines()[0]}", file=sys.stderr)
+      return 1
+    for (text, _), cols in zip(good, columns):
+      print("\t".join([text, *cols]))
+    sys.stdout.flush()
   return status
 
 
@@ -143,38 +128,18 @@ def _shown_token(token: str) -> str:
   return token if token and not any(c.isspace() for c in token) else repr(token)
 
 
-def _predict_encoder(run: Any, args: flags.FlagValues, texts: list[str],
-                     options: dict[str, Any], first: int) -> int:
-  """An encoder-only run's lines for one batch of inputs; 0, 1 if an input was bad, 2 if the
-  options are."""
-  head = run.config.model.head
-  allowed = {"top_k"} if head == "mlm" else set()
-  bad = next((k for k, v in options.items() if v is not None and k not in allowed), None)
-  if bad:
-    print(f"error: --{bad} is a decoding option; this run is encoder-only (model.head={head!r}), "
-          "which is not decoded", file=sys.stderr)
-    return 2
-  good, status = _checked(run, texts, first, 0, mask=args.mask if head == "mlm" else "")
-  if not good:
-    return status
-  cleaned = [c for _, c in good]
-  if head == "mlm":
-    try:
-      fillers = run.mask_fillers(cleaned, k=5 if args.top_k is None else args.top_k,
-                                 mask=args.mask)
-    except ValueError as e:  # --top_k < 1
-      print(f"error: --{str(e).splitlines()[0]}", file=sys.stderr)
-      return 2
-    columns = [[f, *("  ".join(f"{_shown_token(t)}={p:.3f}" for t, p in marker)
-                     for marker in m)]
-               for f, m in zip(run.fill_mask(cleaned, mask=args.mask), fillers)]
-  elif head == "classify":
-    columns = [[label, f"{p:.4f}"] for label, p in run.classify_with_probability(cleaned)]
-  else:
-    columns = [[" ".join(f"{_shown_token(t)}/{g}" for t, g in tags)] for tags in run.tag(cleaned)]
-  for (text, _), cols in zip(good, columns):
-    print("\t".join([text, *cols]))
-  return status
+def _answers(run: Any, head: str, args: flags.FlagValues, options: dict[str, Any],
+             texts: list[str]) -> list[list[str]]:
+  """The output columns of each input: its decoding, or by an encoder-only run's model.head."""
+  if not head:
+    return [[output] for output in run.generate_text(texts, seed=args.seed, **options)]
+  if head == "mlm":  # --top_k < 1: a ValueError
+    fillers = run.mask_fillers(texts, k=5 if args.top_k is None else args.top_k, mask=args.mask)
+    return [[f, *("  ".join(f"{_shown_token(t)}={p:.3f}" for t, p in marker) for marker in m)]
+            for f, m in zip(run.fill_mask(texts, mask=args.mask), fillers)]
+  if head == "classify":
+    return [[label, f"{p:.4f}"] for label, p in run.classify_with_probability(texts)]
+  return [[" ".join(f"{_shown_token(t)}/{g}" for t, g in tags)] for tags in run.tag(texts)]
 
 
 if __name__ == "__main__":

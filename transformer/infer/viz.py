@@ -1,13 +1,9 @@
-"""Plots: attention heat maps, positional encodings, learning curves, quality against time.
-
-Every function returns a matplotlib Figure (Agg backend: headless) and saves it as a PNG at
-`save_path` when given. With the notebook API:
+"""Plots: attention heat maps, positional encodings, learning curves, quality against time. Each
+returns a matplotlib Figure (Agg backend: headless), saved as a PNG at `save_path` when given:
 
   att = transformer.restore("runs/g2p").attention("phoneme")
   plot_attention(att.cross[-1], queries=att.target_tokens, keys=att.source_tokens)
 """
-
-from __future__ import annotations
 
 import json
 import math
@@ -38,8 +34,7 @@ def _finish(fig: Any, save_path: str | None, tight: bool = True) -> Any:
 def plot_attention(weights: Any, queries: Sequence[str] | None = None,
                    keys: Sequence[str] | None = None, title: str = "", ncols: int = 4,
                    save_path: str | None = None) -> Any:
-  """A grid of heat maps, one per head, of one layer's weights [heads, queries, keys] (or a
-  [queries, keys] array: one head); rows are queries, columns keys."""
+  """Heat maps, one per head, of one layer's weights [heads, queries, keys] (or [queries, keys])."""
   w = np.asarray(weights, np.float32)
   w = w[None] if w.ndim == 2 else w
   if w.ndim != 3:
@@ -52,11 +47,9 @@ def plot_attention(weights: Any, queries: Sequence[str] | None = None,
   nrows = math.ceil(heads / ncols)
   fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(
       max(2.5, 0.28 * s + 1.0) * ncols, max(2.5, 0.28 * t + 1.0) * nrows))
-  for h in range(nrows * ncols):
-    ax = axes[h // ncols][h % ncols]
-    if h >= heads:
-      ax.axis("off")
-      continue
+  for ax in axes.flat[heads:]:
+    ax.axis("off")
+  for h, ax in enumerate(axes.flat[:heads]):
     ax.imshow(w[h], vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
     ax.set_title(f"head {h}", fontsize=9)
     ax.set_xticks(range(s), keys if keys is not None else range(s), rotation=90, fontsize=7)
@@ -68,21 +61,16 @@ def plot_attention(weights: Any, queries: Sequence[str] | None = None,
 
 def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any = None,
                              save_path: str | None = None) -> Any:
-  """The sinusoidal table [positions, d_model] (or a given `table` [positions, d]) and its
-  dot-product similarity [pos, pos]."""
-  if table is None:
-    table = sinusoidal_table(max_len, d_model)
-  table = np.asarray(table, np.float32)
+  """The sinusoidal table [positions, d_model] (or `table`) and its dot-product similarity."""
+  table = np.asarray(sinusoidal_table(max_len, d_model) if table is None else table, np.float32)
   if table.ndim != 2:
     raise ValueError(f"plot_positional_encoding: table must be [positions, d], got {table.shape}")
   similarity = table @ table.T  # [pos, pos]: depends (mostly) on the distance between positions
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-  image = left.imshow(table, aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
+  fig.colorbar(left.imshow(table, aspect="auto", cmap="RdBu", vmin=-1, vmax=1), ax=left)
   left.set(title="positional encoding", xlabel="dimension", ylabel="position")
-  fig.colorbar(image, ax=left)
-  image = right.imshow(similarity, cmap="viridis")
+  fig.colorbar(right.imshow(similarity, cmap="viridis"), ax=right)
   right.set(title="dot-product similarity", xlabel="position", ylabel="position")
-  fig.colorbar(image, ax=right)
   return _finish(fig, save_path)
 
 
@@ -103,8 +91,7 @@ def read_metrics(metrics_path: str) -> list[dict[str, Any]]:
 
 def plot_learning_curves(metrics_path: str, keys: Sequence[str] | None = None,
                          save_path: str | None = None) -> Any:
-  """One panel per metric (default: train/loss and every eval/* one) against the step, from a
-  workdir or its metrics.jsonl."""
+  """Each metric (default: train/loss, eval/*) against the step, from a workdir or metrics.jsonl."""
   records = read_metrics(metrics_path)
   logged = sorted({k for r in records for k, v in r.items()
                    if k != "step" and isinstance(v, (int, float))})
@@ -117,14 +104,13 @@ def plot_learning_curves(metrics_path: str, keys: Sequence[str] | None = None,
   ncols = min(3, len(keys))
   nrows = math.ceil(len(keys) / ncols)
   fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(4.2 * ncols, 3.2 * nrows))
-  for i, ax in enumerate(axes.flat):
-    if i >= len(keys):
-      ax.axis("off")
-      continue
-    points = [(r["step"], r[keys[i]]) for r in records if keys[i] in r and "step" in r]
+  for ax in axes.flat[len(keys):]:
+    ax.axis("off")
+  for key, ax in zip(keys, axes.flat):
+    points = [(r["step"], r[key]) for r in records if key in r and "step" in r]
     steps, values = zip(*points)
     ax.plot(steps, values, marker="." if len(points) < 30 else None)
-    ax.set(title=keys[i], xlabel="step")
+    ax.set(title=key, xlabel="step")
     ax.grid(alpha=0.3)
   return _finish(fig, save_path)
 
@@ -133,8 +119,7 @@ def plot_time_to_quality(runs: dict[str, str], key: str = "eval/wer",
                          finals: dict[str, tuple[float, float]] | None = None,
                          save_path: str | None = None) -> Any:
   """`key` against wall-clock minutes (time/elapsed_s) for `runs` (label -> workdir or its
-  metrics.jsonl). `finals`: label -> (minutes, value), drawn as a star in the run's colour.
-  Fractions in [0, 1] are drawn as percentages."""
+  metrics.jsonl), fractions as percentages; `finals` (label -> (minutes, value)): stars."""
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   curves = {}
   for label, path in runs.items():
@@ -161,9 +146,8 @@ def plot_time_to_quality(runs: dict[str, str], key: str = "eval/wer",
 def plot_label_efficiency(results: dict[str, dict[float, float]], metric: str = "test accuracy",
                           baseline: float | None = None, save_path: str | None = None,
                           spread: dict[str, dict[float, tuple[float, float]]] | None = None) -> Any:
-  """One line per initialisation ({'from scratch': {0.01: 0.75, ...}}): `metric` against the
-  fraction of training labels (log axis); `baseline` a dashed line; `spread` ({name: {fraction:
-  (low, high)}}) draws error bars."""
+  """`metric` against the fraction of training labels per initialisation ({'from scratch': {0.01:
+  0.75, ...}}); `baseline`: a dashed line; `spread` ({name: {fraction: (low, high)}}): bars."""
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
   for name, points in results.items():
     xs = sorted(points)

@@ -1,2 +1,1 @@
-"""What a run keeps in its workdir, for training to write and inference to read: the
-writer's lock, checksummed checkpoints read back, provenance and metric files."""
+"""A run's workdir: its lock, checksummed checkpoints, provenance and metric files."""

@@ -1,21 +1,11 @@
-"""Orbax checkpoints: async saves, keep latest K + best, exact resume, compatibility.
+"""Orbax checkpoints of a training run: async saves, retention, verified resume, compatibility.
 
-`<workdir>/checkpoints/<step>/` holds the items `state` (the train-state pytree; restores onto any
-mesh), `data` (the Grain iterator state, one process_<i>-of-<n>.json per process: a run with
-another process count resumes from all n), `meta` (JSON {"step", "config", "metrics",
-"tokenizers", "digest"}), `metrics` (orbax's copy, with `checkpoint.keep_best_by`) and
-digest.json (transformer/run/digests.py). Resume uses the newest step that verifies; each failing
-newer step is named in one line and moved aside to `<step>.corrupt`.
-
-Retention: orbax's max_to_keep with best_fn keeps the K *best* and may delete the newest
-checkpoint, which breaks resume; so a checkpoint is kept if it is among the latest
-`checkpoint.keep` OR the single best by `keep_best_by` (steps without that metric, or NaN, rank
-worst). A killed save's `<step>.orbax-checkpoint-tmp-*` is removed by the next writing
-Checkpointer. Reading a trained run back: transformer/run/restore.py.
+`<workdir>/checkpoints/<step>/` holds `state` (the train state; restores onto any mesh), `data`
+(one Grain iterator state per process, process_<i>-of-<n>.json), `meta` (JSON {"step", "config",
+"metrics", "tokenizers", "digest"}), orbax's `metrics` and digest.json (digests.py). The latest
+`checkpoint.keep` and the best by `keep_best_by` are kept (orbax's max_to_keep would keep the K
+best, perhaps not the newest that resume needs).
 """
-
-
-from __future__ import annotations
 
 import concurrent.futures
 import json
@@ -31,15 +21,14 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from transformer import config as config_lib, files, schema
-from transformer.run.digests import (CORRUPT_SUFFIX, DIGEST_FILE, CheckpointError, read_step_meta,
-                                     tokenizer_digests, verify_step, write_step_digest)
+from transformer.run import digests
+from transformer.run.digests import CheckpointError
 
 
 def abstract_of(tree: Any) -> Any:
   """Replaces every array of `tree` by a jax.ShapeDtypeStruct with the same sharding."""
-  def leaf(x):
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
-  return jax.tree.map(leaf, tree)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
 class Checkpointer:
@@ -79,34 +68,30 @@ class Checkpointer:
         best_mode=ckpt_cfg.best_mode,
         enable_async_checkpointing=bool(ckpt_cfg.async_save),
         # A reader (evaluation, a notebook) must not delete a save that training has in flight.
-        cleanup_tmp_directories=not read_only,
-        create=not read_only,
-        read_only=read_only)
+        cleanup_tmp_directories=not read_only, create=not read_only, read_only=read_only)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def save(self, step: int, state: Any, data_iterator: Any = None,
            metrics: Mapping[str, Any] | None = None, force: bool = False) -> bool:
-    """Starts an async save if `step` is due (every_steps, preemption) or `force`; True if saved.
-    A step not newer than the latest saved one is skipped."""
+    """Starts an async save if `step` is due (or `force`) and newer than the latest; True if so."""
     latest = self.latest_step()
     if latest is not None and step <= latest:
       return False
     self._join_digest()
     if self._tokenizers is None:
-      self._tokenizers = tokenizer_digests(self.workdir)
+      self._tokenizers = digests.tokenizer_digests(self.workdir)
     metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
     items = dict(state=ocp.args.StandardSave(state),
                  meta=ocp.args.JsonSave({"step": int(step), "config": self.config,
                                          "metrics": metrics, "tokenizers": self._tokenizers,
-                                         "digest": DIGEST_FILE}))
+                                         "digest": digests.DIGEST_FILE}))
     if data_iterator is not None:
       import grain  # pylint: disable=g-import-not-at-top  (only with a data iterator)
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
     # orbax warns on every save without metrics when it has a best_fn.
     saved = self._manager.save(step, args=ocp.args.Composite(**items),
                                metrics=metrics if self._best_key else None, force=force)
-    if saved and jax.process_index() == 0:
-      # Hashed once orbax has committed the step (an async save: in the background).
+    if saved and jax.process_index() == 0:  # hashed once orbax has committed the step
       self._digest_thread = threading.Thread(target=self._write_digest, args=(step,),
                                              name=f"checkpoint-digest-{step}", daemon=True)
       self._digest_thread.start()
@@ -115,9 +100,9 @@ class Checkpointer:
   def _write_digest(self, step: int) -> None:
     try:
       self._manager.wait_until_finished()
-      write_step_digest(os.path.join(self.directory, str(step)))
+      digests.write_step_digest(os.path.join(self.directory, str(step)))
     except Exception as e:  # pylint: disable=broad-except  (the step then fails verification)
-      logging.warning("could not write %s of %s/%d: %s", DIGEST_FILE, self.directory, step,
+      logging.warning("could not write %s of %s/%d: %s", digests.DIGEST_FILE, self.directory, step,
                       (str(e).splitlines() or [type(e).__name__])[0])
 
   def _join_digest(self) -> None:
@@ -128,7 +113,7 @@ class Checkpointer:
   def verify(self, step: int) -> str | None:
     """None if checkpoint `step` verifies (verify_step), else the reason it does not."""
     self.wait()
-    return verify_step(os.path.join(self.directory, str(step)))
+    return digests.verify_step(os.path.join(self.directory, str(step)))
 
   def latest_good_step(self, quarantine: bool = False) -> int | None:
     """The newest step that verifies, or None. Each newer step that does not is logged and, with
@@ -145,7 +130,7 @@ class Checkpointer:
       if jax.process_index() == 0:
         for step in bad:
           where = os.path.join(self.directory, str(step))
-          files.rename(where, where + CORRUPT_SUFFIX)
+          files.rename(where, where + digests.CORRUPT_SUFFIX)
       if jax.process_count() > 1:
         from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
         multihost_utils.sync_global_devices("checkpoints: corrupt steps moved aside")
@@ -173,14 +158,12 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def metadata(self, step: int | None = None) -> dict[str, Any]:
-    """The `meta` item ({"step", "config", "metrics"}) of `step` (default: the latest)."""
-    step = self._step_or_latest(step)
-    restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-    return dict(restored["meta"])
+    """The `meta` item of `step` (default: the latest)."""
+    meta = ocp.args.Composite(meta=ocp.args.JsonRestore())
+    return dict(self._manager.restore(self._step_or_latest(step), args=meta)["meta"])
 
   def restore(self, step: int | None, abstract_state: Any, data_iterator: Any = None) -> Any:
-    """Restores the train state of `step` (None = latest) onto `abstract_state`'s shardings
-    (ShapeDtypeStructs: any mesh), and `data_iterator`'s position in place when given."""
+    """The state of `step` (None: latest) on `abstract_state`'s shardings, and `data_iterator`'s."""
     step = self._step_or_latest(step)
     self._manager.wait_until_finished()
     items = dict(state=ocp.args.StandardRestore(abstract_state))
@@ -201,9 +184,7 @@ class Checkpointer:
 
   def restore_latest_good(self, abstract_state: Any, data_iterator: Any = None
                           ) -> tuple[int, Any]:
-    """(step, train state) of the newest step that verifies, for a resuming writer: the latest
-    is verified while it is restored; failing steps are moved aside (latest_good_step).
-    CheckpointError if none verifies."""
+    """(step, state) of the newest step that verifies, failing ones moved aside; CheckpointError."""
     self.wait()
     latest = self.latest_step()
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
@@ -228,17 +209,14 @@ class Checkpointer:
     mine = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
     if not files.isdir(directory) or files.exists(os.path.join(directory, mine)):
       return None
-    saved: dict[int, dict[int, str]] = {}  # process count -> {index: file name}
-    for name in files.listdir(directory):
-      match = re.fullmatch(r"process_(\d+)-of-(\d+)\.json", name)
-      if match:
-        saved.setdefault(int(match[2]), {})[int(match[1])] = name
-    counts = sorted(saved)
-    if len(counts) != 1 or sorted(saved[counts[0]]) != list(range(counts[0])):
+    names = sorted(files.listdir(directory))
+    found = sorted((int(m[2]), int(m[1]), m[0]) for m in  # (process count, index, file name)
+                   (re.fullmatch(r"process_(\d+)-of-(\d+)\.json", n) for n in names) if m)
+    count = found[0][0] if found else 0
+    if not found or [(c, i) for c, i, _ in found] != [(count, i) for i in range(count)]:
       raise CheckpointError(f"{directory} does not hold the iterator states of every process of "
-                            f"one run (found {', '.join(sorted(files.listdir(directory)))})")
-    return [json.loads(files.read_text(os.path.join(directory, saved[counts[0]][i])))
-            for i in range(counts[0])]
+                            f"one run (found {', '.join(names)})")
+    return [json.loads(files.read_text(os.path.join(directory, name))) for _, _, name in found]
 
   def _reshard_iterator(self, data_iterator: Any, host_states: list[dict[str, Any]],
                         step: int) -> None:
@@ -257,8 +235,7 @@ class Checkpointer:
       raise CheckpointError(f"cannot reshard the data iterator states of {where}: {e}") from e
 
   def _step_or_latest(self, step: int | None) -> int:
-    if step is None:
-      step = self.latest_step()
+    step = self.latest_step() if step is None else step
     if step is None or step not in self._manager.all_steps():
       raise CheckpointError(f"no checkpoint for step {step} in {self.directory} "
                             f"(steps: {self.all_steps()})")
@@ -280,7 +257,7 @@ def _saved_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
   directory = os.path.join(workdir, "checkpoints")
   if files.isdir(directory):
     for step in sorted((int(n) for n in files.listdir(directory) if n.isdigit()), reverse=True):
-      meta = read_step_meta(os.path.join(directory, str(step)))
+      meta = digests.read_step_meta(os.path.join(directory, str(step)))
       if meta and meta.get("config"):
         return meta["config"], f"{directory}/{step}"
   path = os.path.join(workdir, "config.json")

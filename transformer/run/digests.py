@@ -1,11 +1,7 @@
-"""Checksums of a workdir's checkpoints: `<step>/digest.json` ({"algorithm", "files": {path: hex
-digest}}, written by process 0 once orbax has committed the step, removed with it), and the
-digests of the tokenizer files a step was trained with. `verify_step` fails a changed, truncated
-or missing file, or a missing digest.json of a step whose meta says it has one; a step written
-before digests existed passes unverified. Cost: benchmarks/checkpoint_digest.py.
+"""Checksums of checkpoints, `<step>/digest.json` ({"algorithm", "files": {path: hex digest}}),
+and of the tokenizer files a step was trained with. `verify_step` fails a changed or missing
+file, or a missing digest.json where the step's meta says it has one (older steps pass).
 """
-
-from __future__ import annotations
 
 import concurrent.futures
 import hashlib
@@ -22,12 +18,8 @@ class CheckpointError(ValueError):
 
 
 DIGEST_FILE = "digest.json"
-# A step's files are checked with CRC-32 (zlib: ~4x BLAKE2b's speed on one core), as object
-# stores check uploads: it catches every flipped bit and burst of up to 32, and any truncation
-# with probability 1 - 2**-32; it is no defence against deliberate tampering. Tokenizer files
-# (small) are named by BLAKE2b-256.
+# Step files: CRC-32 (fast; catches corruption, not tampering); tokenizer files: BLAKE2b-256.
 DIGEST_ALGORITHM = "crc32"
-ALGORITHMS = ("crc32", "blake2b-256")
 CORRUPT_SUFFIX = ".corrupt"
 _CHUNK = 1 << 22
 _BLOCK = 1 << 26  # crc32 digests: one CRC per 64 MiB of a file, the blocks hashed in parallel
@@ -56,33 +48,30 @@ def file_digest(path: str) -> str:
 def tree_digests(directory: str, names: list[str] | None = None,
                  algorithm: str = "blake2b-256") -> dict[str, str]:
   """{relative path: hex digest} of `names` (default: every file) under `directory`, hashed in
-  threads (zlib and hashlib release the GIL); crc32: one per _BLOCK bytes, joined by commas, so
-  one large file uses every core."""
+  threads; crc32: one per _BLOCK bytes, joined by commas, so one large file uses every core."""
   names = files.walk(directory) if names is None else names
   paths = [os.path.join(directory, n) for n in names]
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
     if algorithm != "crc32":
       return dict(zip(names, pool.map(file_digest, paths)))
-    blocks = [(i, b) for i, p in enumerate(paths)
+    blocks = [(n, p, b) for n, p in zip(names, paths)
               for b in range(0, max(files.size(p), 1), _BLOCK)]
-    crcs = list(pool.map(lambda ib: _crc32(paths[ib[0]], ib[1], _BLOCK), blocks))
-  out: dict[str, list[str]] = {n: [] for n in names}
-  for (i, _), crc in zip(blocks, crcs):
-    out[names[i]].append(crc)
+    out: dict[str, list[str]] = {n: [] for n in names}
+    for (n, _, _), crc in zip(blocks, pool.map(lambda nb: _crc32(nb[1], nb[2], _BLOCK), blocks)):
+      out[n].append(crc)
   return {n: ",".join(c) for n, c in out.items()}
 
 
 def write_step_digest(step_dir: str) -> None:
   """Writes `<step_dir>/digest.json`: the digest of every file of the committed step."""
   names = [n for n in files.walk(step_dir) if not n.startswith(DIGEST_FILE)]
-  record = {"algorithm": DIGEST_ALGORITHM,
-            "files": tree_digests(step_dir, names, DIGEST_ALGORITHM)}
+  record = {"algorithm": DIGEST_ALGORITHM, "files": tree_digests(step_dir, names, DIGEST_ALGORITHM)}
   files.write_text_atomic(os.path.join(step_dir, DIGEST_FILE),
                           json.dumps(record, indent=0, sort_keys=True))
 
 
 def read_step_meta(step_dir: str) -> dict[str, Any] | None:
-  """The `meta` item of a step read as plain JSON (no orbax), or None if unreadable."""
+  """The `meta` item of a step read as plain JSON, or None if unreadable."""
   try:
     meta = json.loads(files.read_text(os.path.join(step_dir, "meta", "metadata")))
   except (OSError, ValueError):
@@ -91,8 +80,7 @@ def read_step_meta(step_dir: str) -> dict[str, Any] | None:
 
 
 def verify_step(step_dir: str) -> str | None:
-  """None if the step's files match its digest.json (or it predates digests), else a short
-  reason naming the first file that does not."""
+  """None if the step's files match its digest.json (or it predates digests), else why not."""
   path = os.path.join(step_dir, DIGEST_FILE)
   if not files.exists(path):
     meta = read_step_meta(step_dir)
@@ -105,7 +93,7 @@ def verify_step(step_dir: str) -> str | None:
     expected, algorithm = dict(record["files"]), record["algorithm"]
   except (OSError, ValueError, KeyError, TypeError):
     return f"{DIGEST_FILE} is unreadable"
-  if algorithm not in ALGORITHMS:
+  if algorithm not in ("crc32", "blake2b-256"):
     return f"{DIGEST_FILE} names an unknown algorithm {algorithm!r}"
   missing = [n for n in expected if not files.exists(os.path.join(step_dir, n))]
   if missing:
@@ -126,10 +114,8 @@ def tokenizer_digests(workdir: str) -> dict[str, str]:
 
 def check_tokenizers(workdir: str, meta: Mapping[str, Any], where: str,
                      error: type[ValueError] = CheckpointError) -> None:
-  """Raises `error` naming the first tokenizer file of `workdir` that is not the one the step
-  (`where`, its `meta`) was trained with."""
-  recorded = meta.get("tokenizers") or {}
-  for name, digest in sorted(recorded.items()):
+  """Raises `error` naming a tokenizer file of `workdir` that `where` was not trained with."""
+  for name, digest in sorted((meta.get("tokenizers") or {}).items()):
     path = os.path.join(workdir, name)
     if not files.exists(path):
       raise error(f"{path} is missing: {where} was trained with it")

@@ -1,13 +1,8 @@
 """One writer per workdir: `writer_lock` holds `<workdir>/train.lock` ({"host", "pid", "started",
-"argv"}) while training; `check_trainable` says whether a workdir may be trained in.
-
-Local workdirs: the file is also held with `fcntl.flock`, which the kernel drops when its process
-dies, so liveness is exact; a lock of a dead process is taken over with one warning, one held by
-another host is refused (delete it once no process writes there). Bucket workdirs (gs://) have
-no file locks: the file is advisory, and two writers starting within a second may both pass.
+"argv"}) while training; `check_trainable` says whether a workdir may be trained in. Locally the
+file is also held with `fcntl.flock`, which the kernel drops when its process dies, so a stale
+lock is taken over exactly; on a bucket (gs://) the file is advisory only.
 """
-
-from __future__ import annotations
 
 import contextlib
 import datetime
@@ -23,8 +18,8 @@ from transformer import files
 from transformer.config import ConfigError
 
 LOCK_FILE = "train.lock"
-# What a workdir may hold before its first run writes config.json: the sweep runner's files, the
-# lock, and the tokenizers a failed start may have copied in.
+# What a workdir may hold before its first run writes config.json (the sweep runner's files, the
+# tokenizers a failed start may have copied in).
 PRE_RUN_FILES = frozenset({LOCK_FILE, "sweep.log", "sweep_point.json", "tokenizers"})
 # A workdir holds a run when it has checkpoints, or the config.json and provenance.json that a
 # run writes together before its first checkpoint (the Reporter).
@@ -36,8 +31,8 @@ class WorkdirError(ConfigError):
 
 
 def check_trainable(workdir: str, members: Sequence[str] = ()) -> None:
-  """Raises WorkdirError if `workdir` holds files but no run (RUN_FILES), which training would
-  write among. `members`: the directories of a train.members program's runs, which it may hold."""
+  """Raises WorkdirError if `workdir` holds files but no run (RUN_FILES); it may hold `members`,
+  the directories of a train.members program's runs."""
   if not files.isdir(workdir):
     return
   names = files.listdir(workdir)
@@ -75,12 +70,6 @@ def _read(path: str) -> dict[str, Any]:
   return holder if isinstance(holder, dict) else {}
 
 
-def _mine() -> dict[str, Any]:
-  return {"host": socket.gethostname(), "pid": os.getpid(),
-          "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]]}
-
-
 def _refusal(path: str, holder: dict[str, Any], why: str) -> WorkdirError:
   return WorkdirError(f"{path}: the workdir is being trained by {_describe(holder)}{why}; one "
                       "writer per workdir")
@@ -91,15 +80,16 @@ def writer_lock(workdir: str) -> Iterator[None]:
   """Holds `<workdir>/train.lock`; WorkdirError if another live writer holds it."""
   files.makedirs(workdir)
   path = os.path.join(workdir, LOCK_FILE)
-  me = _mine()
+  me = {"host": socket.gethostname(), "pid": os.getpid(),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]]}
   if files.is_local(path):
     import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only; local workdirs)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    held = True
+    with contextlib.suppress(BlockingIOError):
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       held = False
-    except BlockingIOError:
-      held = True
     if held:  # raised outside the except block: the refusal has no OSError in its context
       os.close(fd)
       raise _refusal(path, _read(path), "")

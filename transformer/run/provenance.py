@@ -1,8 +1,5 @@
-"""provenance.json: where and with what a run was made, and the prepared data it read.
-
-`data_fingerprint(task)` records the sizes of the split files a run reads and a sha256 of their
-records; evaluation calls `warn_if_data_differs`, so evaluating on other data than training read
-(another builder version or data_dir content) is one warning line.
+"""provenance.json: where and with what a run was made, and a fingerprint of the prepared data it
+read, against which `warn_if_data_differs` checks the data an evaluation reads (one warning line).
 """
 
 import datetime
@@ -22,8 +19,7 @@ import jax
 from transformer import files
 from transformer.data import builders
 
-# A split whose files are larger than this is fingerprinted by its file sizes only: hashing
-# gigabytes (from a bucket, at every start) would cost more than the check is worth.
+# Larger splits are fingerprinted by their file sizes only: hashing them would cost too much.
 DATA_HASH_LIMIT = 1 << 30
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow-datasets",
             "numpy")
@@ -39,9 +35,8 @@ def _git(args: list[str], cwd: str) -> str | None:
 
 def data_fingerprint(task: Any, splits: Sequence[str] | None = None) -> dict[str, Any] | None:
   """The prepared data a task reads: dataset, version, directory and per split (default all) its
-  files' count, bytes and `records` + `records_sha256` (array_record shards; the same whoever
-  prepared them) or `sha256`, and `cache_sha256` of its records cache; no hash above
-  DATA_HASH_LIMIT. None when the data has no directory (mocked or in-memory tasks)."""
+  files' count and bytes, `records` + `records_sha256` (array_record shards: the same whoever
+  prepared them) or `sha256`, and `cache_sha256` of its records cache; None without a directory."""
   ds = getattr(task, "dataset", None)
   if ds is None or not files.isdir(ds.root):
     return None
@@ -64,8 +59,7 @@ def data_fingerprint(task: Any, splits: Sequence[str] | None = None) -> dict[str
           while chunk := f.read(1 << 22):
             digest.update(chunk)
       out[split]["sha256"] = digest.hexdigest()
-    # The pipeline reads the split's records cache (data/task.py) instead of its shards.
-    cache_dir = epath.Path(ds.root) / "cache"
+    cache_dir = epath.Path(ds.root) / "cache"  # what the pipeline reads instead of the shards
     caches = sorted(p for p in cache_dir.iterdir() if p.name.startswith(f"{split}-")
                     and p.name.endswith(".json")) if cache_dir.is_dir() else []
     if caches and sum(p.stat().length for p in caches) <= DATA_HASH_LIMIT:
@@ -76,17 +70,15 @@ def data_fingerprint(task: Any, splits: Sequence[str] | None = None) -> dict[str
           "dir": ds.root, "splits": out}
 
 
-# What two fingerprints of a split compare: the records when both hashed them (the bytes of the
-# same records may differ, see data_fingerprint), else what both recorded (runs written before
-# records_sha256 existed hold the files' bytes and sha256).
+# What two fingerprints of a split compare: the records when both hashed them (the same records
+# may be other bytes), else the file fields both have.
 _CONTENT = ("records", "records_sha256")
 _FILES = ("files", "bytes", "sha256")
 
 
 def data_difference(run: Mapping[str, Any] | None, now: Mapping[str, Any] | None,
                     split: str) -> str | None:
-  """How split `split` of fingerprint `now` differs from the run's, in words; None when it does
-  not, or when either side lacks it."""
+  """How split `split` of fingerprint `now` differs from the run's, in words, or None."""
   if not run or not now or split not in run["splits"] or split not in now["splits"]:
     return None
   a, b = run["splits"][split], now["splits"][split]
@@ -113,8 +105,7 @@ def _describe(fingerprint: Mapping[str, Any], split: str) -> str:
 
 
 def warn_if_data_differs(workdir: str, task: Any, split: str) -> str | None:
-  """Logs one warning line, and returns it, when the data `task` reads for `split` differs
-  from what training recorded in `<workdir>/provenance.json`."""
+  """Logs and returns a warning if `split`'s data is not what `<workdir>/provenance.json` holds."""
   path = os.path.join(workdir, "provenance.json")
   if not files.exists(path):
     return None
@@ -130,8 +121,7 @@ def warn_if_data_differs(workdir: str, task: Any, split: str) -> str | None:
 
 def provenance(mesh_shape: Mapping[str, int] | None = None,
                data: Mapping[str, Any] | None = None) -> dict[str, Any]:
-  """Where and with what a run was made: git state of this code, packages, devices, command and
-  the fingerprint of the prepared data it reads (`data_fingerprint`)."""
+  """Where and with what a run was made: git state, packages, devices, command, `data`."""
   code_dir = os.path.dirname(os.path.abspath(__file__))
   sha = _git(["rev-parse", "HEAD"], code_dir)
   status = _git(["status", "--porcelain", "--untracked-files=no"], code_dir)
@@ -143,19 +133,10 @@ def provenance(mesh_shape: Mapping[str, int] | None = None,
       versions[name] = None
   devices = jax.devices()
   return {
-      "git_sha": sha,
-      "git_dirty": None if status is None else bool(status),
-      "code_dir": code_dir,
-      "packages": versions,
-      "python": sys.version.split()[0],
-      "platform": devices[0].platform,
-      "device_kind": devices[0].device_kind,
-      "num_devices": len(devices),
-      "num_local_devices": jax.local_device_count(),
-      "process_count": jax.process_count(),
-      "mesh_shape": dict(mesh_shape) if mesh_shape else None,
-      "hostname": socket.gethostname(),
-      "command": sys.argv,
-      "data": dict(data) if data else None,
-      "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-  }
+      "git_sha": sha, "git_dirty": None if status is None else bool(status), "code_dir": code_dir,
+      "packages": versions, "python": sys.version.split()[0],
+      "platform": devices[0].platform, "device_kind": devices[0].device_kind,
+      "num_devices": len(devices), "num_local_devices": jax.local_device_count(),
+      "process_count": jax.process_count(), "mesh_shape": dict(mesh_shape) if mesh_shape else None,
+      "hostname": socket.gethostname(), "command": sys.argv, "data": dict(data) if data else None,
+      "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -1,16 +1,13 @@
 """Run reporting: metrics.jsonl, TensorBoard, config.json and provenance.json, the progress bar,
-throughput and MFU, and `maybe_profile`. Only the main process writes files or shows a bar; the
-others get a Reporter whose methods are no-ops, so the training loop calls it unconditionally.
-
-MFU = model FLOPs per step * steps per second / (devices * peak FLOP/s per device), model FLOPs
-being the matmuls of forward + backward (Chowdhery et al. 2022, appendix B). CPUs have no peak in
-the table: pass `measure_matmul_flops()` as `--config.peak_flops`.
+throughput and MFU (model FLOPs, Chowdhery et al. 2022, appendix B, over the devices' peak; CPUs
+have none: pass `measure_matmul_flops()` as `--config.peak_flops`), and `maybe_profile`.
 """
 
 import contextlib
 import json
 import os
 import time
+import timeit
 from typing import Any, Mapping
 
 import jax
@@ -18,9 +15,8 @@ import jax
 from transformer import config as config_lib, files
 from transformer.run import provenance
 
-# Peak dense bf16 FLOP/s per chip: Google Cloud TPU system architecture docs; NVIDIA A100, H100
-# and H200 datasheets (H100's 1979/1513 assume 2:4 sparsity; H200 has H100 SXM's tensor cores).
-# The first key found in jax.devices()[0].device_kind wins.
+# Peak dense bf16 FLOP/s per chip (Google Cloud TPU docs, NVIDIA datasheets without 2:4
+# sparsity); the first key found in jax.devices()[0].device_kind wins.
 PEAK_BF16_FLOPS = (
     ("v5 lite", 197e12), ("v5e", 197e12), ("v5p", 459e12), ("tpu v5", 459e12),
     ("v6 lite", 918e12), ("v6e", 918e12), ("tpu v4", 275e12),
@@ -32,11 +28,7 @@ def peak_flops(device_kind: str, override: float = 0.0) -> float | None:
   """Peak FLOP/s of one device: `override` if > 0, else the table above; None if unknown (CPU)."""
   if override and override > 0:
     return float(override)
-  kind = device_kind.lower()
-  for key, value in PEAK_BF16_FLOPS:
-    if key in kind:
-      return value
-  return None
+  return next((value for key, value in PEAK_BF16_FLOPS if key in device_kind.lower()), None)
 
 
 def _attention_flops(cfg: Any, t: int, s: int) -> int:
@@ -54,34 +46,28 @@ def _ffn_flops(cfg: Any, t: int) -> int:
 
 def model_flops_per_step(model_cfg: Any, batch_size: int, source_len: int, target_len: int,
                          arch: str | None = None) -> int:
-  """Matmul FLOPs of one training step (forward + backward) on a batch of padded/packed rows.
-
-  decoder_only rows hold `target_len` tokens, encoder_only rows `source_len`. Attention counts the
-  full t x s score matrix (what the einsum path computes whatever the mask); tied shared
-  embeddings use the whole shared table. Scheduled sampling's extra decoder pass is not included.
-  """
+  """Matmul FLOPs of one training step (forward + backward) on a batch of padded/packed rows
+  (decoder_only: of `target_len` tokens, encoder_only: `source_len`). Attention counts the full
+  t x s score matrix (what the einsum path computes); scheduled sampling's extra pass is not."""
   cfg = model_cfg
   arch = arch or cfg.arch
   vocab = cfg.vocab_size
   if vocab <= 0:
     raise ValueError("model.vocab_size is 0: fill it in from the tokenizer before counting FLOPs")
-  t = target_len
-  if arch == "encoder_decoder":
-    s = source_len
+  if arch not in ("encoder_decoder", "decoder_only", "encoder_only"):
+    raise ValueError(f"model.arch={arch!r} is not one of encoder_decoder|decoder_only|encoder_only")
+  s, t = source_len, source_len if arch == "encoder_only" else target_len
+  encoder = decoder = 0
+  if arch != "decoder_only":
+    encoder = cfg.num_encoder_layers * (_attention_flops(cfg, s, s) + _ffn_flops(cfg, s))
+  if arch != "encoder_only":
+    decoder = cfg.num_decoder_layers * (_attention_flops(cfg, t, t) + _ffn_flops(cfg, t))
+  if arch == "encoder_decoder":  # cross-attention
+    decoder += cfg.num_decoder_layers * _attention_flops(cfg, t, s)
     if cfg.tie_embeddings and cfg.share_src_tgt_embeddings:
       vocab = max(vocab, cfg.source_vocab_size)
-    encoder = cfg.num_encoder_layers * (_attention_flops(cfg, s, s) + _ffn_flops(cfg, s))
-    decoder = cfg.num_decoder_layers * (_attention_flops(cfg, t, t) + _attention_flops(cfg, t, s)
-                                        + _ffn_flops(cfg, t))
-  elif arch == "decoder_only":
-    encoder = 0
-    decoder = cfg.num_decoder_layers * (_attention_flops(cfg, t, t) + _ffn_flops(cfg, t))
-  elif arch == "encoder_only":  # rows of source_len tokens; the head's output over them
-    t, decoder = source_len, 0
-    encoder = cfg.num_encoder_layers * (_attention_flops(cfg, t, t) + _ffn_flops(cfg, t))
-    vocab = vocab if cfg.head == "mlm" else cfg.num_classes
-  else:
-    raise ValueError(f"model.arch={arch!r} is not one of encoder_decoder|decoder_only|encoder_only")
+  if arch == "encoder_only" and cfg.head != "mlm":  # the head's output: one of the classes
+    vocab = cfg.num_classes
   forward = encoder + decoder + 2 * t * cfg.d_model * vocab
   return 3 * batch_size * forward  # backward: gradients w.r.t. both operands = 2 x forward
 
@@ -91,12 +77,8 @@ def measure_matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 5
   a = jax.numpy.ones((n, n), dtype)
   matmul = jax.jit(lambda x: x @ x)
   matmul(a).block_until_ready()  # compile
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    matmul(a).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return 2 * n**3 / best
+  return 2 * n**3 / min(timeit.repeat(lambda: matmul(a).block_until_ready(), number=1,
+                                      repeat=repeats))
 
 
 def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int,
@@ -108,8 +90,7 @@ def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int,
 
 
 def _resume_jsonl(path: str, last_step: int) -> float:
-  """Drops the rows of metrics.jsonl after `last_step` (a resumed run logs them again); returns
-  the last kept row's `time/elapsed_s` when resuming, else 0."""
+  """Drops metrics.jsonl rows after `last_step`; the last kept time/elapsed_s if resuming, or 0."""
   if not files.exists(path):
     return 0.0
   rows = [(line, json.loads(line)) for line in files.read_text(path).split("\n") if line.strip()]
@@ -130,9 +111,7 @@ class Reporter:
                show_progress: bool = True, data: Mapping[str, Any] | None = None,
                started: float | None = None):
     self.workdir = workdir
-    # time/elapsed_s of every row: seconds since `started` (when this process began training
-    # setup; default: now) plus what the run's earlier processes logged up to `start_step` (the
-    # time between a killed run's last logged row and the kill is not counted).
+    # time/elapsed_s: since `started` (default: now), plus what earlier processes of the run logged.
     self._started = time.time() if started is None else started
     self._elapsed_before = 0.0
     self.active = is_main_process
@@ -147,8 +126,10 @@ class Reporter:
     if not self.active:
       return
     files.makedirs(workdir)
-    self._write_json("config.json", config_lib.to_dict(config))
-    self._write_json("provenance.json", provenance.provenance(mesh_shape, data))
+    for name, record in (("config.json", config_lib.to_dict(config)),
+                         ("provenance.json", provenance.provenance(mesh_shape, data))):
+      files.write_text_atomic(os.path.join(workdir, name),
+                              json.dumps(record, indent=2, sort_keys=True, default=str))
     self._jsonl_path = os.path.join(workdir, "metrics.jsonl")
     self._elapsed_before = _resume_jsonl(self._jsonl_path, start_step)
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (process 0 only)
@@ -158,10 +139,6 @@ class Reporter:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top  (only on a terminal)
       self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                        mininterval=1.0, smoothing=0.1)
-
-  def _write_json(self, name: str, obj: Any) -> None:
-    files.write_text_atomic(os.path.join(self.workdir, name),
-                            json.dumps(obj, indent=2, sort_keys=True, default=str))
 
   def add_tokens(self, tokens: int, nonpad_tokens: int) -> None:
     """Counts one step's tokens (all positions, and non-padding ones) of this host's batch."""
@@ -175,9 +152,7 @@ class Reporter:
     self._window_start = time.perf_counter()
 
   def throughput(self) -> dict[str, float]:
-    """perf/{steps,tokens,nonpad_tokens}_per_sec (and perf/mfu when FLOPs and peak are known)
-    since the last call or reset, over all hosts (each loads an equal share); starts a new
-    window."""
+    """perf/* rates (over all hosts) and MFU since the last call or reset; starts a new window."""
     elapsed = time.perf_counter() - self._window_start
     if self._steps == 0 or elapsed <= 0:
       return {}
@@ -195,18 +170,14 @@ class Reporter:
     return rates
 
   def progress(self, step: int, loss: float | None = None) -> None:
-    """Moves the bar to `step`; shows the latest loss given (here or to write_scalars) and
-    tokens/s (ETA comes from tqdm)."""
+    """Moves the bar to `step`; shows the latest loss given (here or to write_scalars), tokens/s."""
     if self._bar is None:
       return
     if step > self._step:
       self._bar.update(step - self._step)
       self._step = step
-    if loss is not None:
-      self._loss = loss
-    postfix = {}
-    if self._loss is not None:
-      postfix["loss"] = f"{self._loss:.4f}"
+    self._loss = self._loss if loss is None else loss
+    postfix = {} if self._loss is None else {"loss": f"{self._loss:.4f}"}
     if "perf/tokens_per_sec" in self._last_rates:
       postfix["tok/s"] = f"{self._last_rates['perf/tokens_per_sec']:.0f}"
     if postfix:
@@ -225,17 +196,11 @@ class Reporter:
     if "train/loss" in values:
       self.progress(step, values["train/loss"])
 
-  def write_text(self, step: int, tag: str, text: str) -> None:
-    """A text summary (e.g. sample predictions) in TensorBoard."""
-    if self.active:
-      self._writer.add_text(tag, text, int(step))
-
   def close(self) -> None:
     """Flushes and closes the TensorBoard writer and the bar."""
-    if self._writer is not None:
-      self._writer.close()
-    if self._bar is not None:
-      self._bar.close()
+    for handle in (self._writer, self._bar):
+      if handle is not None:
+        handle.close()
     self._writer = self._bar = None
 
 

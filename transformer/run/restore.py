@@ -1,11 +1,7 @@
-"""Reading a trained run back for inference: its Config (`load_run_config`, with the overrides
-of role `eval`) and one checkpoint's raw or EMA parameters, or the mean of the last N
-(`read_params`), checked against that config. Checkpoints are opened read-only, so a save in
-flight is left alone; every failure is an EvaluationError whose one line names the file, step or
-parameter.
+"""Reading a trained run back for inference: its Config (`load_run_config`) and one checkpoint's
+parameters, or the mean of the last N (`read_params`), checked against that config; read-only, so
+a save in flight is left alone. Failures are one-line EvaluationErrors naming the file or step.
 """
-
-from __future__ import annotations
 
 import concurrent.futures
 import contextlib
@@ -26,8 +22,6 @@ from transformer.model import models, scoring
 from transformer.run.checkpoints import Checkpointer
 from transformer.run.digests import check_tokenizers, read_step_meta, verify_step
 
-
-STEP_NAMES = ("latest", "best")
 PARAMS_CHOICES = ("auto", "ema", "raw")  # read_params: which parameters of a checkpoint
 
 
@@ -69,7 +63,7 @@ def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Co
 
 def resolve_step(checkpointer: Any, step: int | str | None) -> int:
   """None/'latest' -> the newest step, 'best' -> the best by checkpoint.keep_best_by, int -> it."""
-  if isinstance(step, str) and step not in STEP_NAMES:
+  if isinstance(step, str) and step not in ("latest", "best"):
     try:
       step = int(step)
     except ValueError:
@@ -103,8 +97,7 @@ def _quiet_orbax():
 
 
 def _read_state(directory: str, step: int) -> dict[str, Any]:
-  """The saved train state of `step` as nested dicts, on the first local device; its structure
-  comes from the checkpoint's metadata (not today's optimizer code)."""
+  """The train state of `step` as saved (not in today's optimizer's structure), on one device."""
   with _quiet_orbax():
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True),
                                     item_handlers={"state": ocp.StandardCheckpointHandler()})
@@ -134,9 +127,8 @@ def _check_params(cfg: Config, model: Any, params: Any, where: str) -> None:
 
 
 def run_config_difference(cfg: Config, trained: Mapping[str, Any]) -> str | None:
-  """The first model.* or data.* key whose value in `cfg` differs from the `trained` config, as
-  'key=value (trained with value)'; None if none does. Keys of role `eval` or `finetune` are not
-  compared, nor derived sizes written 0."""
+  """The first model.* or data.* key (not of role eval or finetune, nor a derived size written 0)
+  that `cfg` changes from the `trained` config, as 'key=value (trained with value)', or None."""
   try:
     theirs = config_lib.to_dict(config_lib.from_configdict(ml_collections.ConfigDict(
         dict(trained))))
@@ -144,20 +136,19 @@ def run_config_difference(cfg: Config, trained: Mapping[str, Any]) -> str | None
     return f"the checkpoint's config does not read ({_first_line(e)})"
   mine = config_lib.to_dict(cfg)
   for section in ("model", "data"):
-    for key in sorted(set(mine[section]) | set(theirs.get(section, {}))):
-      name = f"{section}.{key}"
+    for key in sorted(set(mine[section]) | set(theirs[section])):
+      name, now, then = f"{section}.{key}", mine[section].get(key), theirs[section].get(key)
       roles = schema.KEYS[name].roles if name in schema.KEYS else frozenset()
       if schema.EVAL in roles or schema.FINETUNE in roles or (
-          schema.DERIVED in roles and not (mine[section].get(key) and theirs[section].get(key))):
+          schema.DERIVED in roles and not (now and then)):
         continue
-      if mine[section].get(key) != theirs.get(section, {}).get(key):
-        return f"{name}={mine[section].get(key)!r} (trained with {theirs[section].get(key)!r})"
+      if now != then:
+        return f"{name}={now!r} (trained with {then!r})"
   return None
 
 
 def check_step(cfg: Config, workdir: str, step: int, available: list[int]) -> None:
-  """Raises EvaluationError if checkpoint `step` does not verify (naming the newest that does),
-  or its tokenizer files or config (run_config_difference) are not those it was trained with."""
+  """Raises EvaluationError unless checkpoint `step` verifies with its own tokenizers and config."""
   directory = os.path.join(workdir, "checkpoints")
   where = f"{directory}/{step}"
   reason = verify_step(where)
@@ -205,12 +196,9 @@ def _read_params(directory: str, step: int, available: list[int], which: str) ->
 
 def read_params(cfg: Config, workdir: str, step: int | str | None = None, params: str = "auto",
                 average_last: int = 0) -> RestoredParams:
-  """The parameters of the run in `workdir`, restored read-only onto the first local device.
-
-  params: 'auto' (the EMA when the run kept one, else the raw ones), 'ema' or 'raw'.
-  average_last=N > 0: their float32 mean (average_trees) over the run's N newest checkpoints
-  (step must then be None or 'latest').
-  """
+  """The parameters of the run in `workdir` on the first local device. params: 'auto' (the EMA
+  when the run kept one, else the raw ones), 'ema' or 'raw'; average_last=N > 0: their float32
+  mean over the run's N newest checkpoints (step must then be None or 'latest')."""
   if params not in PARAMS_CHOICES:
     raise EvaluationError(f"--params={params!r} is not one of {'|'.join(PARAMS_CHOICES)}")
   if isinstance(average_last, bool) or not isinstance(average_last, int) or average_last < 0:
@@ -261,12 +249,7 @@ def restore_params(cfg: Config, workdir: str, step: int | str | None = None,
 
 def average_trees(trees: Any) -> Any:
   """The elementwise mean of equally shaped pytrees, summed in float32, in the first's dtypes."""
-  trees = list(trees)
-  if not trees:
-    raise ValueError("average_trees needs at least one tree")
-
   def mean(*leaves):
     total = sum(jnp.asarray(x, jnp.float32) for x in leaves)
     return (total / len(leaves)).astype(jnp.asarray(leaves[0]).dtype)
-
   return jax.tree.map(mean, *trees)
