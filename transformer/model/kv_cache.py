@@ -1,13 +1,12 @@
-"""Decoding caches: everything that knows a cache layout. Attention layers and the decoder stack
-call in with themselves, and the variables live in their 'cache' collection.
+"""Decoding caches: everything that knows a cache layout, in the callers' 'cache' collection.
 
-Each attention layer keeps `cached_key` [c, k, S, h] and `cached_value` [c, k, S, hv], heads
-before slots (S: max_len for self-attention, the source length for cross-attention). The decoder
-stack keeps `cache_index` [b] and `cached_positions`, `cached_segment_ids`, `cached_prefix`,
-`cached_rows` [b, L]. Batch on axis 0 (axis 1 under scan_layers' 'layers').
-Shared beam rows: with b = r * c query rows, rows i*r .. i*r+r-1 share cache row i. A shared
-self-attention row holds r regions of L slots, region j written by query row i*r+j, and
-`cached_rows` masks each query row to its own history, so a beam reorder never moves keys/values.
+Each attention layer keeps `cached_key` [c, k, S, h] and `cached_value` [c, k, S, hv] (S: max_len
+for self-attention, the source length for cross-attention); the decoder stack keeps `cache_index`
+[b] and `cached_positions`, `cached_segment_ids`, `cached_prefix`, `cached_rows` [b, L]. Batch on
+axis 0 (axis 1 under scan_layers' 'layers'). Shared beam rows: with b = r * c query rows, rows
+i*r .. i*r+r-1 share cache row i, whose self-attention keys/values hold r regions of L slots
+(region j written by query row i*r+j); `cached_rows` masks each query row to its own history, so a
+beam reorder never moves keys/values.
 """
 
 from typing import Any, Callable, NamedTuple, Optional
@@ -162,11 +161,10 @@ def write_slots(module: nn.Module, positions: Array, segment_ids: Array, prefix:
     return Slots(DecodeStep(cache_index, new['cached_rows']), idx, idx, positions, segment_ids,
                  prefix)
   start = cache_index[0]  # all entries are equal
-  keys = {}
   for k, value in new.items():
-    keys[k] = lax.dynamic_update_slice(cached[k].value, value.astype(jnp.int32),
-                                       (jnp.int32(0), start))
-    cached[k].value = keys[k]
+    cached[k].value = lax.dynamic_update_slice(cached[k].value, value.astype(jnp.int32),
+                                               (jnp.int32(0), start))
+  keys = {k: v.value for k, v in cached.items()}
   index.value = cache_index + t
   q_idx = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)  # [b, t] slot of each query
   length = keys['cached_positions'].shape[1]
@@ -183,8 +181,8 @@ def empty(model: nn.Module, *args, **kwargs) -> Any:
 
 
 def split_cross(cache: Any) -> tuple[Any, dict[tuple[str, ...], Any]]:
-  """(the cache without cross-attention keys/values, those as a flat dict): they never change
-  after prefill, so a search loop need not carry or reorder them."""
+  """(the cache without cross-attention keys/values, those as a flat dict: a search loop need not
+  carry or reorder what never changes after prefill)."""
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(cache))
   cross = {k: v for k, v in flat.items() if 'cross_attention' in k}
   rest = {k: v for k, v in flat.items() if 'cross_attention' not in k}
@@ -205,9 +203,8 @@ def reorder(cache: Any, indices: Array, scan_layers: bool = False) -> Any:
 
 
 def tile_beams(cache: Any, beam_size: int, scan_layers: bool) -> Any:
-  """A cache of b rows -> the beam-search cache of b*k rows sharing self-attention keys/values:
-  each row's [k, L, h] becomes [k, beam_size*L, h]; the bookkeeping is repeated per beam, its
-  `cached_rows` renamed to row i*k (beam 0 of row i)."""
+  """A cache of b rows -> the beam-search cache of b*k rows sharing self-attention keys/values
+  ([k, L, h] -> [k, beam_size*L, h]); the bookkeeping is repeated, `cached_rows` made row i*k's."""
   def tile(path, leaf):
     is_kv, axis = _is_self_kv(path, scan_layers)
     if is_kv:
