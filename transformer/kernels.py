@@ -1,12 +1,8 @@
-"""Hardware-specific speed paths, chosen per backend by KERNELS: model code calls `current()` and
-reads as if only the maths existed. A `Kernels` entry gives `project` (x [b, t, *in] . kernel
-[*in, *out]), `dense_dot_general` (the expanding FFN Dense's) and `layer_norm`.
-
-'cpu' holds XLA:CPU work-arounds (docs/performance.md): a matmul whose kernel gradient is (g^T x)^T
-over the folded tokens (XLA:CPU then transposes the narrow input, not the wide output gradient),
-and a LayerNorm backward of matrix-vector products. Other backends use PLAIN, the textbook version
-(on an H100 'cpu' runs `:fast`'s step at 0.94x, docs/results/gpu_h100_g2p_step). REMAT_POLICIES
-lives here: its dot policies must also save the CPU matmul's outputs, hidden by a custom gradient.
+"""Hardware-specific speed paths, chosen per backend by KERNELS (PLAIN, the textbook version,
+elsewhere): model code calls `current()` for `project` (x [b, t, *in] . kernel [*in, *out]),
+`dense_dot_general` (the widening FFN Dense's) and `layer_norm`. 'cpu' holds XLA:CPU work-arounds
+(docs/performance.md); on an H100 it runs `:fast`'s step at 0.94x (docs/results/gpu_h100_g2p_step).
+REMAT_POLICIES lives here: its dot policies must also save the CPU matmul's named outputs.
 """
 
 from __future__ import annotations
@@ -94,8 +90,7 @@ def unsplit(logical_axes: tuple) -> bool:
 
 
 def _cpu_project(x: Array, kernel: Array, n_in: int, out_axes: tuple) -> Array:
-  """One [b, t, in] x [in, out] `matmul`; output axes a mesh splits stay unfolded (merging them
-  would make XLA reshard the kernel)."""
+  """One [b, t, in] x [in, out] `matmul`; output axes a mesh splits stay unfolded (no reshard)."""
   in_shape, out_shape = kernel.shape[:n_in], kernel.shape[n_in:]
   fold_in = math.prod(in_shape)
   out = (math.prod(out_shape),) if unsplit(out_axes) else out_shape
@@ -149,8 +144,7 @@ def current() -> Kernels:
 
 @contextlib.contextmanager
 def use(name: str):
-  """Within the block (this thread), traced models get KERNELS[name] ('plain': PLAIN) whatever the
-  backend."""
+  """Within the block (this thread), traced models get KERNELS[name] ('plain': PLAIN)."""
   if name != 'plain' and name not in KERNELS:
     raise ValueError(f"kernels {name!r}: one of plain, {', '.join(sorted(KERNELS))}")
   token = _FORCED.set(name)

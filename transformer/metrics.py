@@ -70,8 +70,7 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequenc
 
 
 def macro_f1(true_positives, predicted, references) -> float:
-  """Macro-averaged F1 from per-class counts [c]: the mean over the classes that occur (in the
-  references or the predictions) of 2 tp / (predicted + references); 0.0 when none occurs."""
+  """Macro-averaged F1 from per-class counts [c] over the classes that occur (0.0 if none does)."""
   tp, pred, ref = (np.asarray(x, np.float64) for x in (true_positives, predicted, references))
   seen = (pred + ref) > 0
   return float(np.mean(2 * tp[seen] / (pred[seen] + ref[seen]))) if seen.any() else 0.0

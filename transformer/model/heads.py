@@ -1,8 +1,5 @@
-"""Output heads on top of a stack: vocabulary logits (tied or not), pooled classification, tagging.
-
-`vocab_logits` is the one output layer of decoders and masked-LM heads. Classification works on
-packed rows: target slot i of a row pools the tokens of segment id target_segment_ids[i].
-"""
+"""Output heads on top of a stack: vocabulary logits (`vocab_logits`, the one output layer of
+decoders and masked-LM heads), classification pooled per segment of packed rows, tagging."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import excluded_ids, ModelConfig
-from transformer.model.layers import activation, dense, Embed, make_norm
+from transformer.model.layers import dense, Embed, FFNS, make_norm
 
 Array = jax.Array
 # exp underflows to exactly 0, and it stays finite, so 0 * log p never makes NaNs.
@@ -56,7 +53,7 @@ def vocab_logits(cfg: ModelConfig, embed: Embed, x: Array) -> Array:
   model.excluded_ids get EXCLUDED_LOGIT, so every consumer gives them probability exactly 0."""
   if cfg.head_transform:
     x = dense(cfg.d_model, ('embed', 'mlp'), cfg, 'transform')(x)
-    x = make_norm(cfg, 'transform_norm')(activation(cfg)(x))
+    x = make_norm(cfg, 'transform_norm')(FFNS[cfg.ffn].activation(x))
   if cfg.tie_embeddings:
     logits = embed.attend(x)[..., :cfg.vocab_size]
   else:

@@ -23,16 +23,14 @@ Attend = Callable[..., tuple[Array, Optional[Array]]]
 
 
 class DecodeStep(NamedTuple):
-  """What a decode call tells its attention layers: the slot of its first token, all rows equal
-  (`index` [b] int32), and the query row that wrote each slot (`slot_rows` [b, L], shared rows)."""
+  """A decode call's first slot (`index` [b], rows equal) and each slot's writer (`slot_rows`)."""
   index: Optional[Array] = None
   slot_rows: Optional[Array] = None
 
 
 def attend_self(module: nn.Module, query: Array, key: Array, value: Array, mask: Optional[Array],
                 bias: Optional[Array], step: DecodeStep, attend: Attend):
-  """Writes the new keys/values [b, t, k, *] at slot step.index[0], then attends over the cache
-  (the init call creates it zero-filled, max_len = t, and attends over its own keys/values)."""
+  """Writes keys/values [b, t, k, *] at slot step.index[0]; attends over the cache (init: t)."""
   initialized = module.has_variable('cache', 'cached_key')
   key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [b, k, t, *]: new tokens only
   cached_key = module.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
@@ -66,8 +64,7 @@ def attend_cross(module: nn.Module, query: Array, key: Optional[Array], value: O
 
 def attend_rows(attend: Attend, query: Array, key: Array, value: Array, mask: Optional[Array],
                 bias: Optional[Array]):
-  """Queries [b, t, n, h] over cache rows [c, k, S, *] (c divides b, see the module docstring)
-  -> (out [b, t, n, hv], weights [b, n, t, S] or None)."""
+  """Queries [b, t, n, h] over cache rows [c, k, S, *], c dividing b -> (out, weights or None)."""
   (b, t, n, h), c = query.shape, key.shape[0]
   if c == 0 or b % c:
     raise ValueError(f'attention: {b} query rows cannot share {c} key/value rows '
@@ -86,8 +83,7 @@ def attend_rows(attend: Attend, query: Array, key: Array, value: Array, mask: Op
 
 
 def _write(cache: Array, new: Array, index: Array) -> Array:
-  """cache [c, k, r*L, *] with new [b, k, t, *] written at slot index[0]: query row i*r+j -> row i,
-  slots j*L + index[0] ..."""
+  """cache [c, k, r*L, *] with new [b, k, t, *] at slot index[0] of query row i*r+j's region."""
   (c, k, slots, _), (b, _, t, _) = cache.shape, new.shape
   if c == 0 or b % c or slots % (b // c):
     raise ValueError(f'decode call with {b} rows cannot share a self-attention cache of {c} rows '
@@ -117,8 +113,7 @@ def _own_slots(mask, bias, slot_rows, b, c, slots):
 
 
 def _fold_rows(x: Optional[Array], b: int, t: int, rows: int) -> Optional[Array]:
-  """A mask or bias [b|1, c, t|1, s] for b query rows -> [rows, c, (b // rows) * t, s]: the
-  queries of each group of b // rows consecutive rows become one row."""
+  """A mask or bias [b|1, c, t|1, s] -> [rows, c, b // rows * t, s]: row groups become one row."""
   if x is None:
     return None
   x = jnp.broadcast_to(x, (b, x.shape[1], t, x.shape[3]))
@@ -128,8 +123,7 @@ def _fold_rows(x: Optional[Array], b: int, t: int, rows: int) -> Optional[Array]
 
 
 class Slots(NamedTuple):
-  """One decode call's view of the stack cache: its step, the slot of each query [b, t], and per
-  key slot [b, L] its index, position, segment id and prefix flag."""
+  """A decode call's step, query slots [b, t], and per key slot [b, L] its index and bookkeeping."""
   step: DecodeStep
   q_idx: Array
   k_idx: Array
@@ -181,8 +175,7 @@ def empty(model: nn.Module, *args, **kwargs) -> Any:
 
 
 def split_cross(cache: Any) -> tuple[Any, dict[tuple[str, ...], Any]]:
-  """(the cache without cross-attention keys/values, those as a flat dict: a search loop need not
-  carry or reorder what never changes after prefill)."""
+  """(the cache without cross-attention keys/values, those flat): fixed after prefill."""
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(cache))
   cross = {k: v for k, v in flat.items() if 'cross_attention' in k}
   rest = {k: v for k, v in flat.items() if 'cross_attention' not in k}
@@ -217,8 +210,7 @@ def tile_beams(cache: Any, beam_size: int, scan_layers: bool) -> Any:
 
 
 def reorder_beams(cache: Any, indices: Array, scan_layers: bool) -> Any:
-  """reorder for a `tile_beams` cache: indices [b*k] stay within each row's k beams, so the shared
-  self-attention keys/values stay put and only the small bookkeeping is gathered."""
+  """`reorder` of a `tile_beams` cache: only the bookkeeping moves, shared keys/values stay."""
   def gather(path, leaf):
     is_kv, axis = _is_self_kv(path, scan_layers)
     if is_kv and leaf.shape[axis] != indices.shape[0]:

@@ -82,11 +82,6 @@ FFNS: dict[str, FFN] = {
 }
 
 
-def activation(cfg: ModelConfig) -> Callable[[Array], Array]:
-  """model.ffn's activation (of the gate, for a gated FFN): also the MLM head's transform's."""
-  return FFNS[cfg.ffn].activation
-
-
 def dropout(x: Array, rate: float | Array, rng: Array, bits: int = 8) -> Array:
   """x with each element zeroed with probability `rate` and the rest scaled to keep the mean.
 

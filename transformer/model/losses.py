@@ -59,8 +59,7 @@ def chunked_cross_entropy(hidden: Array, project, targets: Array, weights: Array
                           chunk_tokens: int = 8192, excluded: Sequence[int] = ()
                           ) -> tuple[Array, Array, Array]:
   """cross_entropy(project(hidden), ...) for hidden [b, t, d], chunk_tokens // b positions at a
-  time (lax.map, jax.checkpoint): the batch's float32 logits never exist. Equal up to float
-  summation order, gradients included."""
+  time (lax.map, jax.checkpoint): equal up to summation order, without the batch's logits."""
   if hidden.ndim != 3 or hidden.shape[:2] != targets.shape:
     raise ValueError(f"chunked_cross_entropy: hidden {hidden.shape} does not match targets "
                      f"{targets.shape}")

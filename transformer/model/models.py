@@ -1,8 +1,5 @@
 """Transformer blocks and stacks, the three architectures, and the batch-level entry points.
-
-One `Block` serves every stack: its masks make it bidirectional or causal, and it has
-cross-attention in the encoder-decoder's decoder. Residuals are post-LN or pre-LN.
-"""
+One post- or pre-LN `Block` serves every stack, bidirectional or causal by its masks."""
 
 from __future__ import annotations
 
@@ -47,8 +44,7 @@ def _residual(cfg: ModelConfig, x: Array, sublayer, norm: nn.Module, determinist
 
 
 class Block(nn.Module):
-  """Self-attention (bidirectional or causal by its mask), cross-attention (if `cross_attention`),
-  feed-forward. `scanned` makes it return (x, None) for nn.scan."""
+  """Self-attention, cross-attention (if `cross_attention`), feed-forward; `scanned`: (x, None)."""
   config: ModelConfig
   cross_attention: bool = False
   deterministic: bool = True
@@ -251,8 +247,7 @@ class DecoderOnly(nn.Module):
                targets_segment_ids: Array | None = None, prefix_mask: Array | None = None,
                deterministic: bool = True) -> Array:
     """Teacher-forced logits [b, t, vocab] float32; prefix_mask: see `decoder_prefix`. With
-    model.causal_kernel, unsegmented rows without a prefix get no padding mask (no token sees
-    the padding that ends its row)."""
+    model.causal_kernel, unsegmented rows without a prefix get no padding mask."""
     plain_causal = self.config.causal_kernel and prefix_mask is None
     if targets_segment_ids is None and not plain_causal:
       targets_segment_ids = default_segment_ids(targets)

@@ -70,8 +70,7 @@ class LearnedPositions(nn.Module):
 
 
 def apply_rope(x: Array, positions: Array, base: float = 10000.0) -> Array:
-  """RoPE: rotates [b, t, n, h] queries or keys by their [b, t] positions ("rotate half", as
-  GPT-NeoX/LLaMA): feature i pairs with i + h/2, rotated by position * base^(-2i/h)."""
+  """RoPE ("rotate half", as GPT-NeoX/LLaMA) of [b, t, n, h] queries or keys by [b, t] positions."""
   h = x.shape[-1]
   if h % 2:
     raise ValueError(f'RoPE needs an even head dimension, got head_dim={h}')
