@@ -65,8 +65,7 @@ def vocab_logits(cfg: ModelConfig, embed: Embed, x: Array) -> Array:
     if excluded[-1] >= cfg.vocab_size:
       raise ValueError(f"model.excluded_ids={cfg.excluded_ids!r} names id {excluded[-1]}, outside "
                        f"model.vocab_size={cfg.vocab_size}")
-    keep = np.ones(cfg.vocab_size, bool)
-    keep[list(excluded)] = False
+    keep = ~np.isin(np.arange(cfg.vocab_size), list(excluded))
     logits = jnp.where(keep, logits, EXCLUDED_LOGIT)
   return logits
 

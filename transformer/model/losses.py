@@ -38,8 +38,7 @@ def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
   nll = -(confidence - low) * target_log_p
   if not isinstance(low, float) or low:  # a traced rate (vmapped members) is never known 0
     if excluded:
-      kept = np.ones(logits.shape[-1], bool)
-      kept[list(excluded)] = False
+      kept = ~np.isin(np.arange(logits.shape[-1]), list(excluded))
       log_p = jnp.where(kept, log_p, 0.0)
     nll = nll - low * jnp.sum(log_p, axis=-1)
   # Entropy of the smoothed target (xlogy(0, 0) = 0), a constant.
