@@ -148,8 +148,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv] ->
   out [b, t, n, hv] (and float32 weights [b, n, t, s] if return_weights); a fully masked row
   gives zeros. scale_logits=False drops the 1/sqrt(h) (T5). impl='fused' falls back to einsum for
-  weights or dropout. causal=True (t == s) adds key j <= query i to `mask` (fused: by its flag).
-  """
+  weights or dropout. causal=True (t == s) adds key j <= query i to `mask` (fused: by its flag)."""
   _check_shapes(q, k, v, mask, bias)
   if impl not in IMPLEMENTATIONS:
     raise ValueError(f"attention impl={impl!r} is not one of {'|'.join(IMPLEMENTATIONS)}")

@@ -83,12 +83,9 @@ FFNS: dict[str, FFN] = {
 
 
 def dropout(x: Array, rate: float | Array, rng: Array, bits: int = 8) -> Array:
-  """x with each element zeroed with probability `rate` and the rest scaled to keep the mean.
-
-  bits=32 is nn.Dropout bit for bit. bits=8 drops element i when random byte i < round(256 *
-  rate), scaling kept ones by 256 / (256 - threshold). An array `rate` (vmapped members) draws
-  the same bits and keeps the same elements.
-  """
+  """x with each element zeroed with probability `rate`, the rest scaled to keep the mean: bits=32
+  is nn.Dropout bit for bit, bits=8 drops element i when random byte i < round(256 * rate). An
+  array `rate` (vmapped members) draws the same bits and keeps the same elements."""
   if not is_static(rate):
     return _dropout_traced(x, rate, rng, bits)
   if rate >= 1.0:

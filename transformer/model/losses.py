@@ -15,8 +15,7 @@ Array = jax.Array
 def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
                   label_smoothing: float | Array = 0.0, z_loss: float = 0.0,
                   excluded: Sequence[int] = ()) -> tuple[Array, Array, Array]:
-  """Summed smoothed cross-entropy: (loss_sum incl. z-loss, z_loss_sum, weight_sum), float32.
-
+  """Summed smoothed cross-entropy (loss_sum incl. z-loss, z_loss_sum, weight_sum), float32, of
   logits [b, t, v], targets [b, t] int, weights [b, t] (None = ones). The smoothed target puts
   1 - label_smoothing on the true class, the rest evenly on the others but the `excluded` ids;
   its entropy is subtracted (a perfect prediction scores 0). z-loss: z_loss * logsumexp**2."""

@@ -159,8 +159,7 @@ def alibi_bias(q_positions: Array, k_positions: Array, slopes: Any) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class Encoding:
-  """One encoding: `kind` and `fn` (module docstring), `keys` (the config keys it reads beyond
-  d_model, num_heads, max_len), `check(cfg)` (a one-line problem with a ModelConfig, or None)."""
+  """One entry: the config `keys` it reads (but d_model, num_heads, max_len), a config `check`."""
   kind: str
   fn: Optional[Callable[..., Array]] = None
   keys: tuple[str, ...] = ()
