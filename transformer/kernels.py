@@ -1,13 +1,8 @@
-"""Hardware-specific speed paths, chosen per backend by KERNELS; the model code calls
-`current()` and reads as if only the maths existed. A `Kernels` entry gives `project` (x [b, t,
-*in] . kernel [*in, *out]), `dense_dot_general` (the expanding FFN Dense's) and `layer_norm`.
-
-PLAIN is the textbook version; 'cpu' holds XLA:CPU work-arounds (docs/performance.md, Kernel
-changes): a matmul whose kernel gradient is (g^T x)^T over the folded tokens, so XLA:CPU transposes
-the narrow input rather than the wide output gradient, and a LayerNorm backward written with
-matrix-vector products instead of a [tokens, d] broadcast of the scale. Other backends use PLAIN:
-on an H100 the 'cpu' entry runs `:fast`'s step at 0.94x (docs/results/gpu_h100_g2p_step). REMAT_POLICIES (model.remat) lives here
-because its dot policies must also save the CPU matmul's outputs, hidden by its custom gradient.
+"""Hardware-specific speed paths, chosen per backend by KERNELS (PLAIN, the textbook version,
+elsewhere): model code calls `current()` for `project` (x [b, t, *in] . kernel [*in, *out]),
+`dense_dot_general` (the widening FFN Dense's) and `layer_norm`. 'cpu' holds XLA:CPU work-arounds
+(docs/performance.md); on an H100 it runs `:fast`'s step at 0.94x (docs/results/gpu_h100_g2p_step).
+REMAT_POLICIES lives here: its dot policies must also save the CPU matmul's named outputs.
 """
 
 from __future__ import annotations
@@ -73,8 +68,7 @@ MATMUL_NAME = 'matmul'
 
 
 def matmul(x: Array, kernel: Array) -> Array:
-  """x [..., d] @ kernel [d, *out] -> [..., *out] whose kernel gradient is (g^T x)^T over the
-  tokens folded into one axis; the output is named MATMUL_NAME for remat policies."""
+  """x [..., d] @ kernel [d, *out] -> [..., *out], `_matmul_bwd`'s gradient, named MATMUL_NAME."""
   return checkpoint_name(_matmul(x, kernel), MATMUL_NAME)
 
 
@@ -91,16 +85,12 @@ def unsplit(logical_axes: tuple) -> bool:
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return True
-  for entry in nn.logical_to_mesh_axes(logical_axes):
-    names = entry if isinstance(entry, tuple) else (entry,)
-    if any(name is not None and mesh.shape[name] > 1 for name in names):
-      return False
-  return True
+  entries = [e if isinstance(e, tuple) else (e,) for e in nn.logical_to_mesh_axes(logical_axes)]
+  return all(name is None or mesh.shape[name] == 1 for names in entries for name in names)
 
 
 def _cpu_project(x: Array, kernel: Array, n_in: int, out_axes: tuple) -> Array:
-  """One [b, t, in] x [in, out] `matmul`; output axes a mesh splits stay unfolded (merging them
-  would make XLA reshard the kernel)."""
+  """One [b, t, in] x [in, out] `matmul`; output axes a mesh splits stay unfolded (no reshard)."""
   in_shape, out_shape = kernel.shape[:n_in], kernel.shape[n_in:]
   fold_in = math.prod(in_shape)
   out = (math.prod(out_shape),) if unsplit(out_axes) else out_shape
@@ -154,8 +144,7 @@ def current() -> Kernels:
 
 @contextlib.contextmanager
 def use(name: str):
-  """Within the block (this thread), traced models get KERNELS[name] ('plain': PLAIN) whatever the
-  backend."""
+  """Within the block (this thread), traced models get KERNELS[name] ('plain': PLAIN)."""
   if name != 'plain' and name not in KERNELS:
     raise ValueError(f"kernels {name!r}: one of plain, {', '.join(sorted(KERNELS))}")
   token = _FORCED.set(name)

@@ -34,11 +34,10 @@ def edit_distance(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
 
 def wer_per(hypotheses: Sequence[Sequence[str]],
             references: Sequence[Sequence[Sequence[str]]]) -> tuple[float, float]:
-  """(WER, PER) as fractions for G2P: hypotheses[i] is word i's predicted phoneme list,
-  references[i] its accepted pronunciations (phoneme lists). WER: the share of words whose
-  hypothesis equals none of its references. PER: the summed edit distances to each word's closest
-  reference (on a tie the shorter, then the earlier: the rule that never lowers PER) over the
-  summed lengths of those references."""
+  """(WER, PER) as fractions for G2P: hypotheses[i] is word i's phoneme list, references[i] its
+  accepted pronunciations. WER: the share of words matching none. PER: the summed edit distances
+  to each word's closest reference (on a tie the shorter, which never lowers PER) over the summed
+  lengths of those references."""
   if len(hypotheses) != len(references):
     raise ValueError(f"wer_per: {len(hypotheses)} hypotheses but {len(references)} references")
   if not hypotheses:
@@ -71,8 +70,7 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequenc
 
 
 def macro_f1(true_positives, predicted, references) -> float:
-  """Macro-averaged F1 from per-class counts [c]: the mean over the classes that occur (in the
-  references or the predictions) of 2 tp / (predicted + references); 0.0 when none occurs."""
+  """Macro-averaged F1 from per-class counts [c] over the classes that occur (0.0 if none does)."""
   tp, pred, ref = (np.asarray(x, np.float64) for x in (true_positives, predicted, references))
   seen = (pred + ref) > 0
   return float(np.mean(2 * tp[seen] / (pred[seen] + ref[seen]))) if seen.any() else 0.0

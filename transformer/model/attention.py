@@ -1,12 +1,11 @@
 """Attention masks, scaled dot-product attention (einsum or fused) and MultiHeadAttention.
-
 Masks are boolean, broadcastable to [b, 1|n, t, s], True = "may attend". Grouped-query attention
-splits the query heads into [k, g] in the einsums: query head i uses kv head i // g, as
-jax.nn.dot_product_attention does, and keys/values are never repeated.
+splits the query heads into [k, g]: query head i uses kv head i // g, keys/values never repeated.
 """
 
 import functools
 import math
+import operator
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -35,12 +34,7 @@ def causal_mask(length: int) -> Array:
 def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
   """Logical and of the given masks (broadcasting); None entries are ignored; all None -> None."""
   masks = [m for m in masks if m is not None]
-  if not masks:
-    return None
-  out = masks[0].astype(bool)
-  for m in masks[1:]:
-    out = out & m.astype(bool)
-  return out
+  return functools.reduce(operator.and_, (m.astype(bool) for m in masks)) if masks else None
 
 
 def segment_mask(q_segment_ids: Array, k_segment_ids: Array) -> Array:
@@ -115,13 +109,12 @@ def _fused_implementation(dtype) -> Optional[str]:
 
 def _fused_attention(q, k, v, mask, bias, scale, causal=False):
   """jax.nn.dot_product_attention (is_causal=causal) with d_qk != d_v and zeroed masked rows."""
-  h, hv = q.shape[-1], v.shape[-1]
-  width = max(h, hv)
+  hv = v.shape[-1]
+  width = max(q.shape[-1], hv)
   # The fused kernel needs equal key and value head sizes; zero padding is exact (scale is given).
   pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])
   qp, kp, vp = pad(q), pad(k), pad(v)
-  if bias is not None:
-    bias = bias.astype(jnp.float32)
+  bias = None if bias is None else bias.astype(jnp.float32)
   kwargs = dict(bias=bias, mask=mask, scale=scale, is_causal=causal)
   impl = _fused_implementation(q.dtype)
   try:
@@ -153,12 +146,9 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
                           deterministic: bool = True, impl: str = 'einsum', return_weights: bool = False,
                           scale_logits: bool = True, causal: bool = False):
   """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv] ->
-  out [b, t, n, hv] (and float32 weights [b, n, t, s] if return_weights).
-
-  scale_logits=False drops the 1/sqrt(h) (T5). A fully masked row gives zeros, never NaN.
-  impl='fused' (jax.nn.dot_product_attention) falls back to einsum for weights or dropout.
-  causal=True (t == s) adds key j <= query i to `mask`, by the fused kernel's own flag.
-  """
+  out [b, t, n, hv] (and float32 weights [b, n, t, s] if return_weights); a fully masked row
+  gives zeros. scale_logits=False drops the 1/sqrt(h) (T5). impl='fused' falls back to einsum for
+  weights or dropout. causal=True (t == s) adds key j <= query i to `mask` (fused: by its flag)."""
   _check_shapes(q, k, v, mask, bias)
   if impl not in IMPLEMENTATIONS:
     raise ValueError(f"attention impl={impl!r} is not one of {'|'.join(IMPLEMENTATIONS)}")
@@ -179,12 +169,6 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   return (out, weights) if return_weights else out
 
 
-def _dense_init(num_in_axes: int, ndim: int):
-  """lecun_normal over the first `num_in_axes` axes, so the scale never depends on fusion."""
-  return nn.initializers.lecun_normal(in_axis=tuple(range(num_in_axes)),
-                                      out_axis=tuple(range(num_in_axes, ndim)))
-
-
 class Projection(nn.Module):
   """y = x . kernel + bias contracting x's last `len(in_shape)` axes; params 'kernel', 'bias'."""
   in_shape: tuple
@@ -196,10 +180,12 @@ class Projection(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    """x [b, t, *in_shape] -> [b, t, *out_shape]."""
     n_in, shape = len(self.in_shape), (*self.in_shape, *self.out_shape)
-    kernel = self.param('kernel', nn.with_logical_partitioning(_dense_init(n_in, len(shape)),
-                                                               self.axes), shape, self.param_dtype)
+    # lecun_normal over all the input axes, so the scale never depends on fusion.
+    init = nn.initializers.lecun_normal(in_axis=tuple(range(n_in)),
+                                        out_axis=tuple(range(n_in, len(shape))))
+    kernel = self.param('kernel', nn.with_logical_partitioning(init, self.axes), shape,
+                        self.param_dtype)
     y = kernels.current().project(x.astype(self.dtype), jnp.asarray(kernel, self.dtype), n_in,
                                   self.axes[n_in:])
     if self.use_bias:
@@ -215,7 +201,6 @@ class MultiHeadAttention(nn.Module):
 
   Projections: `qkv` [d, 3, n, h] (self-attention, k == n, h == hv), else `query` [d, n, h] and
   `kv` [d, 2, k, h] (h == hv) or `key` [d, k, h] + `value` [d, k, hv]; `out` [n, hv, d].
-  In decode mode (a `kv_cache.DecodeStep`) kv_cache owns the cached keys/values.
   """
   config: ModelConfig
   cross: bool = False
@@ -237,7 +222,6 @@ class MultiHeadAttention(nn.Module):
           raise ValueError('decode-mode self-attention with a rotary encoding needs positions')
         positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
       query, key = encoding.fn(cfg, query, positions), encoding.fn(cfg, key, positions)
-
     if causal and (self.cross or decode is not None):
       raise ValueError('causal=True is for self-attention without a decode step')
     attend = functools.partial(self._attend, deterministic=deterministic, causal=causal)
@@ -258,18 +242,17 @@ class MultiHeadAttention(nn.Module):
   def _project_qkv(self, x, kv):
     """-> query [b, t, n, h], keys [b, s, k, h], values [b, s, k, hv] (None: cross, kv None)."""
     cfg = self.config
-    n, k_, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    if self.cross:
-      query = self._project(x, 'query', (n, h), ('heads', 'head_dim'))
-      if kv is None:
-        return query, None, None
-      return (query, *self._key_value(kv.astype(jnp.dtype(cfg.dtype))))
-    if kv is not None:
-      raise ValueError('self-attention (cross=False) takes no kv input')
-    if n == k_ and h == cfg.v_head_dim:
-      qkv = self._project(x, 'qkv', (3, n, h), (None, 'heads', 'head_dim'))
-      return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    return (self._project(x, 'query', (n, h), ('heads', 'head_dim')), *self._key_value(x))
+    n, h = cfg.num_heads, cfg.head_dim
+    if not self.cross:
+      if kv is not None:
+        raise ValueError('self-attention (cross=False) takes no kv input')
+      if n == cfg.num_kv_heads and h == cfg.v_head_dim:
+        qkv = self._project(x, 'qkv', (3, n, h), (None, 'heads', 'head_dim'))
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    query = self._project(x, 'query', (n, h), ('heads', 'head_dim'))
+    if self.cross and kv is None:
+      return query, None, None
+    return (query, *self._key_value(x if kv is None else kv.astype(jnp.dtype(cfg.dtype))))
 
   def _key_value(self, kv):
     """kv [b, s, d] -> keys [b, s, k, h], values [b, s, k, hv] (no positional treatment)."""
@@ -283,9 +266,8 @@ class MultiHeadAttention(nn.Module):
     return key, value
 
   def _project(self, x, name, out_shape, out_axes):
-    """x [b, t, d] -> [b, t, *out_shape] through the projection `name`."""
     cfg = self.config
-    return Projection((cfg.d_model,), tuple(out_shape), ('embed', *out_axes), cfg.use_bias,
+    return Projection((cfg.d_model,), out_shape, ('embed', *out_axes), cfg.use_bias,
                       jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype), name=name)(x)
 
   def _attend(self, query, key, value, mask, bias, *, deterministic, causal=False):

@@ -1,7 +1,5 @@
 """Ensembles: several models read as one distribution, p(y | x) = (1/N) sum_i p_i(y | x), for
-scoring and decoding. "models" is one module or a tuple, "params" one tree or a tuple; a single
-model's logits pass through unchanged, bit for bit.
-"""
+scoring and decoding. "models" is one module or a tuple, "params" one tree or a tuple."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ def members(models: Any, params: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]
 
 
 def check_compatible(configs: Sequence[Any], names: Sequence[str] | None = None) -> None:
-  """ValueError (naming the member) unless the configs share architecture, head, vocabularies and
-  number of classes."""
+  """ValueError (naming the member) unless the configs share arch, head, vocabularies, classes."""
   if not configs:
     raise ValueError("an ensemble needs at least one model")
   names = list(names) if names else [f"member {i}" for i in range(len(configs))]

@@ -1,10 +1,5 @@
-"""Output heads on top of a stack: vocabulary logits (tied or not), pooled classification, tagging.
-
-`vocab_logits` is the one definition of hidden states -> float32 vocabulary logits (decoder output
-layer and masked-LM head); it gives model.excluded_ids EXCLUDED_LOGIT, so every consumer gives
-them probability exactly 0. Classification works on packed rows: target slot i of a row is the
-example with segment id target_segment_ids[i], pooled over its own tokens only.
-"""
+"""Output heads on top of a stack: vocabulary logits (`vocab_logits`, the one output layer of
+decoders and masked-LM heads), classification pooled per segment of packed rows, tagging."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import excluded_ids, ModelConfig
-from transformer.model.layers import activation, dense, Embed, make_norm
+from transformer.model.layers import dense, Embed, FFNS, make_norm
 
 Array = jax.Array
 # exp underflows to exactly 0, and it stays finite, so 0 * log p never makes NaNs.
@@ -30,8 +25,7 @@ def output_dense(cfg: ModelConfig, features: int, axes: tuple[str, str], name: s
 
 
 def pool(x: Array, segment_ids: Array, target_segment_ids: Array, pooling: str) -> Array:
-  """x [b, s, d] -> [b, t, d]: each target slot's example's first token or token mean (the
-  positions of the slot's segment id; a slot of segment 0 pools nothing: zeros)."""
+  """x [b, s, d] -> [b, t, d]: the first token or token mean of each slot's segment (0: zeros)."""
   member = ((segment_ids[:, None, :] == target_segment_ids[:, :, None])
             & (target_segment_ids[:, :, None] != 0))  # [b, t, s]
   if pooling == 'first':
@@ -50,18 +44,16 @@ class LogitsBias(nn.Module):
 
   @nn.compact
   def __call__(self, logits: Array) -> Array:
-    bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros_init(),
-                                                           ('vocab',)),
-                      (self.vocab_size,), jnp.float32)
-    return logits + bias
+    init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('vocab',))
+    return logits + self.param('bias', init, (self.vocab_size,), jnp.float32)
 
 
 def vocab_logits(cfg: ModelConfig, embed: Embed, x: Array) -> Array:
-  """Hidden states [b, t, d] -> float32 logits [b, t, vocab] inside the caller's compact method:
-  optional Norm(act(Dense(x))) transform, tied table or 'logits_dense', optional bias."""
+  """Hidden states [b, t, d] -> float32 logits [b, t, vocab] inside the caller's compact method;
+  model.excluded_ids get EXCLUDED_LOGIT, so every consumer gives them probability exactly 0."""
   if cfg.head_transform:
     x = dense(cfg.d_model, ('embed', 'mlp'), cfg, 'transform')(x)
-    x = make_norm(cfg, 'transform_norm')(activation(cfg)(x))
+    x = make_norm(cfg, 'transform_norm')(FFNS[cfg.ffn].activation(x))
   if cfg.tie_embeddings:
     logits = embed.attend(x)[..., :cfg.vocab_size]
   else:
@@ -73,8 +65,7 @@ def vocab_logits(cfg: ModelConfig, embed: Embed, x: Array) -> Array:
     if excluded[-1] >= cfg.vocab_size:
       raise ValueError(f"model.excluded_ids={cfg.excluded_ids!r} names id {excluded[-1]}, outside "
                        f"model.vocab_size={cfg.vocab_size}")
-    keep = np.ones(cfg.vocab_size, bool)
-    keep[list(excluded)] = False
+    keep = ~np.isin(np.arange(cfg.vocab_size), list(excluded))
     logits = jnp.where(keep, logits, EXCLUDED_LOGIT)
   return logits
 
@@ -84,13 +75,11 @@ VOCAB_HEAD_PARAMS = ('transform', 'transform_norm', 'logits_dense', 'logits_bias
 
 
 class VocabHead(nn.Module):
-  """vocab_logits as a module of its own (VOCAB_HEAD_PARAMS and 'embed'): a stack's output layer
-  applied apart from the stack (models.vocab_projection)."""
+  """vocab_logits as a module of its own (VOCAB_HEAD_PARAMS and 'embed'), apart from its stack."""
   config: ModelConfig
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    """x [b, t, d] -> float32 logits [b, t, vocab]."""
     return vocab_logits(self.config, Embed(self.config, self.config.vocab_size, name='embed'), x)
 
 

@@ -1,13 +1,12 @@
-"""Decoding caches: everything that knows a cache layout. Attention layers and the decoder stack
-call in with themselves, and the variables live in their 'cache' collection.
+"""Decoding caches: everything that knows a cache layout, in the callers' 'cache' collection.
 
-Each attention layer keeps `cached_key` [c, k, S, h] and `cached_value` [c, k, S, hv], heads
-before slots (S: max_len for self-attention, the source length for cross-attention). The decoder
-stack keeps `cache_index` [b] and `cached_positions`, `cached_segment_ids`, `cached_prefix`,
-`cached_rows` [b, L]. Batch on axis 0 (axis 1 under scan_layers' 'layers').
-Shared beam rows: with b = r * c query rows, rows i*r .. i*r+r-1 share cache row i. A shared
-self-attention row holds r regions of L slots, region j written by query row i*r+j, and
-`cached_rows` masks each query row to its own history, so a beam reorder never moves keys/values.
+Each attention layer keeps `cached_key` [c, k, S, h] and `cached_value` [c, k, S, hv] (S: max_len
+for self-attention, the source length for cross-attention); the decoder stack keeps `cache_index`
+[b] and `cached_positions`, `cached_segment_ids`, `cached_prefix`, `cached_rows` [b, L]. Batch on
+axis 0 (axis 1 under scan_layers' 'layers'). Shared beam rows: with b = r * c query rows, rows
+i*r .. i*r+r-1 share cache row i, whose self-attention keys/values hold r regions of L slots
+(region j written by query row i*r+j); `cached_rows` masks each query row to its own history, so a
+beam reorder never moves keys/values.
 """
 
 from typing import Any, Callable, NamedTuple, Optional
@@ -24,16 +23,14 @@ Attend = Callable[..., tuple[Array, Optional[Array]]]
 
 
 class DecodeStep(NamedTuple):
-  """What a decode call tells its attention layers: the slot of its first token, all rows equal
-  (`index` [b] int32), and the query row that wrote each slot (`slot_rows` [b, L], shared rows)."""
+  """A decode call's first slot (`index` [b], rows equal) and each slot's writer (`slot_rows`)."""
   index: Optional[Array] = None
   slot_rows: Optional[Array] = None
 
 
 def attend_self(module: nn.Module, query: Array, key: Array, value: Array, mask: Optional[Array],
                 bias: Optional[Array], step: DecodeStep, attend: Attend):
-  """Writes the new keys/values [b, t, k, *] at slot step.index[0], then attends over the cache
-  (the init call creates it zero-filled, max_len = t, and attends over its own keys/values)."""
+  """Writes keys/values [b, t, k, *] at slot step.index[0]; attends over the cache (init: t)."""
   initialized = module.has_variable('cache', 'cached_key')
   key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [b, k, t, *]: new tokens only
   cached_key = module.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
@@ -67,8 +64,7 @@ def attend_cross(module: nn.Module, query: Array, key: Optional[Array], value: O
 
 def attend_rows(attend: Attend, query: Array, key: Array, value: Array, mask: Optional[Array],
                 bias: Optional[Array]):
-  """Queries [b, t, n, h] over cache rows [c, k, S, *] (c divides b, see the module docstring)
-  -> (out [b, t, n, hv], weights [b, n, t, S] or None)."""
+  """Queries [b, t, n, h] over cache rows [c, k, S, *], c dividing b -> (out, weights or None)."""
   (b, t, n, h), c = query.shape, key.shape[0]
   if c == 0 or b % c:
     raise ValueError(f'attention: {b} query rows cannot share {c} key/value rows '
@@ -87,8 +83,7 @@ def attend_rows(attend: Attend, query: Array, key: Array, value: Array, mask: Op
 
 
 def _write(cache: Array, new: Array, index: Array) -> Array:
-  """cache [c, k, r*L, *] with new [b, k, t, *] written at slot index[0]: query row i*r+j -> row i,
-  slots j*L + index[0] ..."""
+  """cache [c, k, r*L, *] with new [b, k, t, *] at slot index[0] of query row i*r+j's region."""
   (c, k, slots, _), (b, _, t, _) = cache.shape, new.shape
   if c == 0 or b % c or slots % (b // c):
     raise ValueError(f'decode call with {b} rows cannot share a self-attention cache of {c} rows '
@@ -118,8 +113,7 @@ def _own_slots(mask, bias, slot_rows, b, c, slots):
 
 
 def _fold_rows(x: Optional[Array], b: int, t: int, rows: int) -> Optional[Array]:
-  """A mask or bias [b|1, c, t|1, s] for b query rows -> [rows, c, (b // rows) * t, s]: the
-  queries of each group of b // rows consecutive rows become one row."""
+  """A mask or bias [b|1, c, t|1, s] -> [rows, c, b // rows * t, s]: row groups become one row."""
   if x is None:
     return None
   x = jnp.broadcast_to(x, (b, x.shape[1], t, x.shape[3]))
@@ -129,8 +123,7 @@ def _fold_rows(x: Optional[Array], b: int, t: int, rows: int) -> Optional[Array]
 
 
 class Slots(NamedTuple):
-  """One decode call's view of the stack cache: its step, the slot of each query [b, t], and per
-  key slot [b, L] its index, position, segment id and prefix flag."""
+  """A decode call's step, query slots [b, t], and per key slot [b, L] its index and bookkeeping."""
   step: DecodeStep
   q_idx: Array
   k_idx: Array
@@ -162,11 +155,10 @@ def write_slots(module: nn.Module, positions: Array, segment_ids: Array, prefix:
     return Slots(DecodeStep(cache_index, new['cached_rows']), idx, idx, positions, segment_ids,
                  prefix)
   start = cache_index[0]  # all entries are equal
-  keys = {}
   for k, value in new.items():
-    keys[k] = lax.dynamic_update_slice(cached[k].value, value.astype(jnp.int32),
-                                       (jnp.int32(0), start))
-    cached[k].value = keys[k]
+    cached[k].value = lax.dynamic_update_slice(cached[k].value, value.astype(jnp.int32),
+                                               (jnp.int32(0), start))
+  keys = {k: v.value for k, v in cached.items()}
   index.value = cache_index + t
   q_idx = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)  # [b, t] slot of each query
   length = keys['cached_positions'].shape[1]
@@ -183,8 +175,7 @@ def empty(model: nn.Module, *args, **kwargs) -> Any:
 
 
 def split_cross(cache: Any) -> tuple[Any, dict[tuple[str, ...], Any]]:
-  """(the cache without cross-attention keys/values, those as a flat dict): they never change
-  after prefill, so a search loop need not carry or reorder them."""
+  """(the cache without cross-attention keys/values, those flat): fixed after prefill."""
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(cache))
   cross = {k: v for k, v in flat.items() if 'cross_attention' in k}
   rest = {k: v for k, v in flat.items() if 'cross_attention' not in k}
@@ -205,9 +196,8 @@ def reorder(cache: Any, indices: Array, scan_layers: bool = False) -> Any:
 
 
 def tile_beams(cache: Any, beam_size: int, scan_layers: bool) -> Any:
-  """A cache of b rows -> the beam-search cache of b*k rows sharing self-attention keys/values:
-  each row's [k, L, h] becomes [k, beam_size*L, h]; the bookkeeping is repeated per beam, its
-  `cached_rows` renamed to row i*k (beam 0 of row i)."""
+  """A cache of b rows -> the beam-search cache of b*k rows sharing self-attention keys/values
+  ([k, L, h] -> [k, beam_size*L, h]); the bookkeeping is repeated, `cached_rows` made row i*k's."""
   def tile(path, leaf):
     is_kv, axis = _is_self_kv(path, scan_layers)
     if is_kv:
@@ -220,8 +210,7 @@ def tile_beams(cache: Any, beam_size: int, scan_layers: bool) -> Any:
 
 
 def reorder_beams(cache: Any, indices: Array, scan_layers: bool) -> Any:
-  """reorder for a `tile_beams` cache: indices [b*k] stay within each row's k beams, so the shared
-  self-attention keys/values stay put and only the small bookkeeping is gathered."""
+  """`reorder` of a `tile_beams` cache: only the bookkeeping moves, shared keys/values stay."""
   def gather(path, leaf):
     is_kv, axis = _is_self_kv(path, scan_layers)
     if is_kv and leaf.shape[axis] != indices.shape[0]:

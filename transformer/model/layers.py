@@ -30,18 +30,15 @@ def dense(features: int, axes: tuple[str, str], cfg: ModelConfig, name: str,
 
 
 class Embed(nn.Module):
-  """Token embedding [vocab, d_model], stddev d_model**-0.5 (times sqrt(d_model) on lookup with
-  config.scale_embeddings, as the paper); `attend` gives logits against the same table (tying)."""
+  """Token embedding [vocab, d_model], stddev d_model**-0.5; `attend`: logits against it (tying)."""
   config: ModelConfig
   num_embeddings: int
 
   def setup(self):
     cfg = self.config
-    self.embedding = self.param(
-        'embedding',
-        nn.with_logical_partitioning(
-            nn.initializers.normal(stddev=cfg.d_model**-0.5), ('vocab', 'embed')),
-        (self.num_embeddings, cfg.d_model), jnp.dtype(cfg.param_dtype))
+    init = nn.initializers.normal(stddev=cfg.d_model**-0.5)
+    self.embedding = self.param('embedding', nn.with_logical_partitioning(init, ('vocab', 'embed')),
+                                (self.num_embeddings, cfg.d_model), jnp.dtype(cfg.param_dtype))
 
   def __call__(self, tokens: Array) -> Array:
     """[b, t] int -> [b, t, d] in the compute dtype."""
@@ -52,15 +49,13 @@ class Embed(nn.Module):
     return x
 
   def attend(self, x: Array) -> Array:
-    """[b, t, d] -> logits [b, t, vocab], float32 whatever the compute dtype (as T5X: bfloat16
-    logits round the log-softmax and can make training collapse, flax issue #677)."""
+    """[b, t, d] -> float32 logits [b, t, vocab] (bfloat16 can collapse training, flax #677)."""
     table = jnp.asarray(self.embedding, jnp.float32)
     return jnp.einsum('btd,vd->btv', x.astype(jnp.float32), table)
 
 
 def _gelu_erf(x: Array) -> Array:
-  """The exact GELU x (1 + erf(x / sqrt 2)) / 2, as PyTorch's 'gelu' (nn.gelu's erfc form costs
-  XLA:CPU much more, docs/performance.md)."""
+  """The exact GELU, as PyTorch's 'gelu' (nn.gelu's erfc form costs XLA:CPU much more)."""
   return x * 0.5 * (1.0 + jax.lax.erf(x * (0.5**0.5)))
 
 
@@ -87,19 +82,10 @@ FFNS: dict[str, FFN] = {
 }
 
 
-def activation(cfg: ModelConfig) -> Callable[[Array], Array]:
-  """model.ffn's activation (of the gate, for a gated FFN): also the MLM head's transform's."""
-  return FFNS[cfg.ffn].activation
-
-
 def dropout(x: Array, rate: float | Array, rng: Array, bits: int = 8) -> Array:
-  """x with each element zeroed with probability `rate` and the rest scaled to keep the mean.
-
-  bits=32 is nn.Dropout bit for bit. bits=8 splits each random 32-bit word into four bytes and
-  drops element i when byte i < round(256 * rate) (the rate rounded to a multiple of 1/256),
-  scaling kept ones by 256 / (256 - threshold): a quarter of the random bits. An array `rate`
-  (vmapped members) draws the same bits and keeps the same elements.
-  """
+  """x with each element zeroed with probability `rate`, the rest scaled to keep the mean: bits=32
+  is nn.Dropout bit for bit, bits=8 drops element i when random byte i < round(256 * rate). An
+  array `rate` (vmapped members) draws the same bits and keeps the same elements."""
   if not is_static(rate):
     return _dropout_traced(x, rate, rng, bits)
   if rate >= 1.0:
@@ -125,7 +111,7 @@ def _byte_draws(shape: tuple[int, ...], rng: Array) -> Array:
 
 
 def is_static(rate: Any) -> bool:
-  """True for a rate given as a Python number; False for an array (a vmapped member's)."""
+  """True for a rate given as a Python number, False for an array (a vmapped member's)."""
   return isinstance(rate, (int, float))
 
 
@@ -165,7 +151,6 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
-    """[b, t, d] -> [b, t, d]."""
     cfg = self.config
     ffn = FFNS[cfg.ffn]
     widen = functools.partial(dense, cfg.mlp_dim, ('embed', 'mlp'), cfg,
@@ -179,20 +164,19 @@ class FeedForward(nn.Module):
 
 
 class LayerNorm(nn.Module):
-  """nn.LayerNorm's parameters and values through kernels.layer_norm; output in `dtype` (None:
-  x's, where flax would promote with the parameters')."""
+  """nn.LayerNorm's parameters and values through kernels.layer_norm."""
   epsilon: float = 1e-6
   dtype: Any = None
   param_dtype: Any = jnp.float32
   scale_init: Callable = nn.initializers.ones_init()
-  bias_init: Callable = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',))
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    """[..., d] -> [..., d] in `dtype` (x's dtype if None)."""
+    """[..., d] -> [..., d] in `dtype` (None: x's, where flax would promote with the params')."""
     d = x.shape[-1]
     scale = self.param('scale', self.scale_init, (d,), self.param_dtype)
-    bias = self.param('bias', self.bias_init, (d,), self.param_dtype)
+    bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',)),
+                      (d,), self.param_dtype)
     y = kernels.current().layer_norm(x, jnp.asarray(scale), jnp.asarray(bias), self.epsilon)
     return y.astype(self.dtype or x.dtype)
 

@@ -15,13 +15,10 @@ Array = jax.Array
 def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
                   label_smoothing: float | Array = 0.0, z_loss: float = 0.0,
                   excluded: Sequence[int] = ()) -> tuple[Array, Array, Array]:
-  """Summed smoothed cross-entropy: (loss_sum incl. z-loss, z_loss_sum, weight_sum), float32.
-
+  """Summed smoothed cross-entropy (loss_sum incl. z-loss, z_loss_sum, weight_sum), float32, of
   logits [b, t, v], targets [b, t] int, weights [b, t] (None = ones). The smoothed target puts
-  1 - label_smoothing on the true class and the rest evenly on the others less the `excluded`
-  ids; its entropy is subtracted, so a perfect prediction scores 0. z-loss: z_loss *
-  logsumexp(logits)**2 per token (Chowdhery et al. 2022). Weight-0 positions contribute nothing.
-  """
+  1 - label_smoothing on the true class, the rest evenly on the others but the `excluded` ids;
+  its entropy is subtracted (a perfect prediction scores 0). z-loss: z_loss * logsumexp**2."""
   if logits.ndim != targets.ndim + 1 or logits.shape[:-1] != targets.shape:
     raise ValueError(f"cross_entropy: logits {logits.shape} do not match targets {targets.shape}")
   if weights is not None and weights.shape != targets.shape:
@@ -40,8 +37,7 @@ def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
   nll = -(confidence - low) * target_log_p
   if not isinstance(low, float) or low:  # a traced rate (vmapped members) is never known 0
     if excluded:
-      kept = np.ones(logits.shape[-1], bool)
-      kept[list(excluded)] = False
+      kept = ~np.isin(np.arange(logits.shape[-1]), list(excluded))
       log_p = jnp.where(kept, log_p, 0.0)
     nll = nll - low * jnp.sum(log_p, axis=-1)
   # Entropy of the smoothed target (xlogy(0, 0) = 0), a constant.
@@ -49,9 +45,7 @@ def cross_entropy(logits: Array, targets: Array, weights: Array | None = None,
               + (vocab - 1) * jax.scipy.special.xlogy(low, low))
   z = z_loss * jnp.square(log_z)
   loss = nll - entropy + z
-  if weights is None:
-    weights = jnp.ones(targets.shape, jnp.float32)
-  weights = weights.astype(jnp.float32)
+  weights = jnp.ones(targets.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
   keep = weights != 0
   loss_sum = jnp.sum(jnp.where(keep, loss * weights, 0.0))
   z_sum = jnp.sum(jnp.where(keep, z * weights, 0.0))
@@ -62,10 +56,8 @@ def chunked_cross_entropy(hidden: Array, project, targets: Array, weights: Array
                           label_smoothing: float = 0.0, z_loss: float = 0.0,
                           chunk_tokens: int = 8192, excluded: Sequence[int] = ()
                           ) -> tuple[Array, Array, Array]:
-  """cross_entropy(project(hidden), ...) for hidden [b, t, d], L = chunk_tokens // b positions
-  at a time (lax.map with jax.checkpoint), so the whole batch's float32 logits never exist.
-  Equal to the plain path up to float summation order, gradients included.
-  """
+  """cross_entropy(project(hidden), ...) for hidden [b, t, d], chunk_tokens // b positions at a
+  time (lax.map, jax.checkpoint): equal up to summation order, without the batch's logits."""
   if hidden.ndim != 3 or hidden.shape[:2] != targets.shape:
     raise ValueError(f"chunked_cross_entropy: hidden {hidden.shape} does not match targets "
                      f"{targets.shape}")

@@ -1,9 +1,5 @@
 """Transformer blocks and stacks, the three architectures, and the batch-level entry points.
-
-One `Block` serves every stack: its masks make it bidirectional or causal, and it has
-cross-attention in the encoder-decoder's decoder. Residuals are post-LN or pre-LN (final norm
-per stack). Positional encodings enter by kind (positional.py); decode-mode caches are kv_cache's.
-"""
+One post- or pre-LN `Block` serves every stack, bidirectional or causal by its masks."""
 
 from __future__ import annotations
 
@@ -33,9 +29,8 @@ def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
 
 
 def decoder_prefix(prefix_mask: Array, segment_ids: Array) -> Array:
-  """The decoder inputs [b, t] (bool) in the prefix-LM's bidirectional prefix, from the
-  target-space prefix_mask [b, t]: start token + prompt + separator, as decoding prefills it, so
-  the first scored target sees the whole source. Input i is in it if target i-1 or i is."""
+  """The decoder inputs [b, t] (bool) in the prefix-LM's bidirectional prefix (start token, prompt,
+  separator, as decoding prefills it): input i is if target i-1 or i is in prefix_mask [b, t]."""
   prefix_mask = prefix_mask.astype(jnp.int32)
   return (prefix_mask + shift_right(prefix_mask, segment_ids)) > 0
 
@@ -49,9 +44,7 @@ def _residual(cfg: ModelConfig, x: Array, sublayer, norm: nn.Module, determinist
 
 
 class Block(nn.Module):
-  """Self-attention (bidirectional or causal by its mask), cross-attention (if `cross_attention`),
-  feed-forward. In decode mode cross-attention caches its keys/values when `encoded` is given,
-  else reuses them. `scanned` makes it return (x, None) for nn.scan."""
+  """Self-attention, cross-attention (if `cross_attention`), feed-forward; `scanned`: (x, None)."""
   config: ModelConfig
   cross_attention: bool = False
   deterministic: bool = True
@@ -80,8 +73,8 @@ class Block(nn.Module):
 
 def _run_layers(cfg: ModelConfig, num_layers: int, x: Array, args: tuple[Any, ...],
                 remat_allowed: bool = True, **fields) -> Array:
-  """Applies `num_layers` Blocks (layers_i, or one nn.scan 'layers') to x; `args` go to every
-  layer, `fields` are the block's attributes. Decode calls have no backward pass: no remat."""
+  """Applies `num_layers` Blocks (layers_i, or one nn.scan 'layers') to x, then a pre-LN stack's
+  final norm; `args` go to every layer, `fields` are the block's attributes. Decode: no remat."""
   cls = Block
   if cfg.remat != 'none' and remat_allowed:
     cls = nn.remat(cls, policy=kernels.REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
@@ -91,10 +84,10 @@ def _run_layers(cfg: ModelConfig, num_layers: int, x: Array, args: tuple[Any, ..
         split_rngs={'params': True, 'dropout': True}, in_axes=(nn.broadcast,) * len(args),
         length=num_layers, metadata_params={nn.PARTITION_NAME: 'layers'})
     x, _ = scanned(cfg, scanned=True, name='layers', **fields)(x, *args)
-    return x
-  for i in range(num_layers):
-    x = cls(cfg, name=f'layers_{i}', **fields)(x, *args)
-  return x
+  else:
+    for i in range(num_layers):
+      x = cls(cfg, name=f'layers_{i}', **fields)(x, *args)
+  return make_norm(cfg, 'final_norm')(x) if cfg.norm_position == 'pre' else x
 
 
 def _embed(cfg: ModelConfig, embed: Embed, tokens: Array, positions: Array,
@@ -122,7 +115,7 @@ def _default_positions(tokens: Array) -> Array:
 
 
 class Encoder(nn.Module):
-  """Embedding + bidirectional Blocks (+ final norm for pre-LN)."""
+  """Embedding + bidirectional Blocks."""
   config: ModelConfig
   embed: Embed
 
@@ -133,21 +126,16 @@ class Encoder(nn.Module):
     cfg = self.config
     if positions is None:
       positions = _default_positions(tokens)
-    if segment_ids is None:
-      segment_ids = default_segment_ids(tokens)
+    segment_ids = default_segment_ids(tokens, segment_ids)
     x = _embed(cfg, self.embed, tokens, positions, deterministic)
     mask = attn.segment_mask(segment_ids, segment_ids)  # same nonzero segment
     bias, rotary_positions = _position_inputs(cfg, positions, positions, bidirectional=True)
     args = (None, mask, None, bias, rotary_positions, None)
-    x = _run_layers(cfg, cfg.num_encoder_layers, x, args, deterministic=deterministic)
-    if cfg.norm_position == 'pre':
-      x = make_norm(cfg, 'final_norm')(x)
-    return x
+    return _run_layers(cfg, cfg.num_encoder_layers, x, args, deterministic=deterministic)
 
 
 class Decoder(nn.Module):
-  """Embedding + causal Blocks (+ final norm for pre-LN) + float32 logits; `hidden_only`
-  stops before the output layer (vocab_projection applies it)."""
+  """Embedding + causal Blocks + float32 logits; `hidden_only` stops before the output layer."""
   config: ModelConfig
   embed: Embed
   cross_attention: bool = False
@@ -164,11 +152,9 @@ class Decoder(nn.Module):
     # model.causal_kernel: the kernel's causal flag, only the segments stay a dense mask.
     causal_kernel = cfg.causal_kernel and not decode and prefix is None
     unsegmented = segment_ids is None
-    if segment_ids is None:
+    if unsegmented:
       segment_ids = jnp.ones(tokens.shape, jnp.int32)
-    if prefix is None:
-      prefix = jnp.zeros(tokens.shape, bool)
-    prefix = prefix.astype(bool)
+    prefix = jnp.zeros(tokens.shape, bool) if prefix is None else prefix.astype(bool)
     if decode and positions is None:
       positions = kv_cache.next_positions(self, tokens.shape[1])
     if positions is None:
@@ -180,7 +166,6 @@ class Decoder(nn.Module):
       q_idx = k_idx = _default_positions(tokens)
       step, k_pos, k_seg, k_prefix = None, positions, segment_ids, prefix
     x = _embed(cfg, self.embed, tokens, positions, deterministic)
-    # Same nonzero segment, and causal by slot/index or both positions in the prefix.
     self_mask = attn.prefix_lm_mask_from_positions(q_idx, k_idx, prefix, k_prefix, segment_ids,
                                                    k_seg)
     if causal_kernel:
@@ -193,8 +178,6 @@ class Decoder(nn.Module):
                     (encoded, self_mask, cross_mask, bias, rotary_positions, step),
                     remat_allowed=not decode, cross_attention=self.cross_attention,
                     deterministic=deterministic, causal_kernel=causal_kernel)
-    if cfg.norm_position == 'pre':
-      x = make_norm(cfg, 'final_norm')(x)
     if cfg.scale_decoder_output:  # T5 1.0 (tied head): the logits' input times d_model**-0.5
       x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
     if self.hidden_only:
@@ -236,10 +219,8 @@ class EncoderDecoder(nn.Module):
                inputs_segment_ids: Array | None = None, targets_positions: Array | None = None,
                targets_segment_ids: Array | None = None, deterministic: bool = True) -> Array:
     """Teacher-forced logits [b, t, vocab] float32 for inputs [b, s] and targets [b, t]."""
-    if inputs_segment_ids is None:
-      inputs_segment_ids = default_segment_ids(inputs)
-    if targets_segment_ids is None:
-      targets_segment_ids = default_segment_ids(targets)
+    inputs_segment_ids = default_segment_ids(inputs, inputs_segment_ids)
+    targets_segment_ids = default_segment_ids(targets, targets_segment_ids)
     encoded = self.encode(inputs, inputs_positions, inputs_segment_ids, deterministic)
     return self.decode(encoded, shift_right(targets, targets_segment_ids), inputs_segment_ids,
                        targets_positions, targets_segment_ids, deterministic)
@@ -266,8 +247,7 @@ class DecoderOnly(nn.Module):
                targets_segment_ids: Array | None = None, prefix_mask: Array | None = None,
                deterministic: bool = True) -> Array:
     """Teacher-forced logits [b, t, vocab] float32; prefix_mask: see `decoder_prefix`. With
-    model.causal_kernel, unsegmented rows without a prefix get no padding mask (no token sees
-    the padding that ends its row)."""
+    model.causal_kernel, unsegmented rows without a prefix get no padding mask."""
     plain_causal = self.config.causal_kernel and prefix_mask is None
     if targets_segment_ids is None and not plain_causal:
       targets_segment_ids = default_segment_ids(targets)
@@ -290,8 +270,7 @@ class EncoderOnly(nn.Module):
                inputs_segment_ids: Array | None = None, targets_segment_ids: Array | None = None,
                deterministic: bool = True) -> Array:
     """Head logits for inputs [b, s]; targets_segment_ids [b, t]: each classification slot's."""
-    if inputs_segment_ids is None:
-      inputs_segment_ids = default_segment_ids(inputs)
+    inputs_segment_ids = default_segment_ids(inputs, inputs_segment_ids)
     encoded = self.encoder(inputs, inputs_positions, inputs_segment_ids, deterministic)
     return self.head(encoded, inputs_segment_ids, targets_segment_ids)
 
@@ -313,15 +292,14 @@ def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly | Enc
 # The batch-level entry points: a pipeline batch in, logits out, for every architecture.
 
 
-def default_segment_ids(tokens: Array) -> Array:
-  """Segment ids of unpacked rows [b, t]: 1 on tokens, 0 on padding (id 0)."""
-  return (tokens != 0).astype(jnp.int32)
+def default_segment_ids(tokens: Array, segment_ids: Array | None = None) -> Array:
+  """`segment_ids`, or those of unpacked rows [b, t]: 1 on tokens, 0 on padding (id 0)."""
+  return (tokens != 0).astype(jnp.int32) if segment_ids is None else segment_ids
 
 
 def batch_segment_ids(batch: dict[str, Any], feature: str) -> Array:
   """The batch's `<feature>_segment_ids`, or default_segment_ids of the feature's tokens."""
-  seg = batch.get(f'{feature}_segment_ids')
-  return default_segment_ids(batch[feature]) if seg is None else seg
+  return default_segment_ids(batch[feature], batch.get(f'{feature}_segment_ids'))
 
 
 def _call_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:

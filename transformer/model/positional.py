@@ -6,8 +6,7 @@ The kind says where an encoding enters the model, and so the function's signatur
               float32, computed once per stack and added to every layer's attention logits;
 - 'rotary':   fn(cfg, x [b, t, n, h], positions [b, t]) -> queries and keys rotated;
 - 'none':     nothing (the causal mask alone carries order).
-Functions run inside a module's compact method (they may create parameters) and take explicit
-positions, so packed rows and cached decoding need no special cases.
+Functions run inside a compact method (they may create parameters) on explicit positions.
 """
 
 import dataclasses
@@ -22,9 +21,8 @@ import numpy as np
 Array = jax.Array
 
 
-# Sinusoidal (Vaswani et al. 2017, section 3.5).
 def sinusoidal_table(length: int, d: int, max_timescale: float = 10000.0) -> Array:
-  """[length, d] float32: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos (the paper's)."""
+  """Vaswani et al.'s [length, d] float32: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos."""
   half = -(-d // 2)  # column j has frequency j // 2; an odd d ends with a sin column
   inv_freq = max_timescale ** (-(2.0 * jnp.arange(half)) / d)  # [ceil(d/2)]
   angles = jnp.arange(length)[None].astype(jnp.float32)[..., None] * inv_freq.astype(jnp.float32)
@@ -33,8 +31,7 @@ def sinusoidal_table(length: int, d: int, max_timescale: float = 10000.0) -> Arr
 
 
 def _check_concrete_positions(positions: Array, rows: int, max_len: int, kind: str) -> None:
-  """A ValueError naming model.max_len if concrete positions (an eager call) reach past a table of
-  `rows` rows; under jit they cannot be inspected, and the lookups clip."""
+  """ValueError naming model.max_len if concrete positions reach past `rows` (traced ones clip)."""
   if not isinstance(positions, jax.core.Tracer):
     hi = int(np.max(np.asarray(positions), initial=0))
     if hi >= rows:
@@ -49,37 +46,31 @@ def _sinusoidal_constant(length: int, d: int) -> np.ndarray:
 
 
 def sinusoidal_lookup(positions: Array, max_len: int, d: int) -> Array:
-  """[b, t] int positions -> [b, t, d]: rows of a constant table of max(max_len, t) rows (a
-  gather is cheaper than a sine per element); a concrete position beyond it raises ValueError."""
+  """[b, t] int positions -> [b, t, d]: rows of a constant table (cheaper than a sine each)."""
   rows = max(max_len, positions.shape[-1])
   _check_concrete_positions(positions, rows, max_len, 'sinusoidal')
   return jnp.take(_sinusoidal_constant(rows, d), positions, axis=0, mode='clip')
 
 
-# Learned absolute positions.
 class LearnedPositions(nn.Module):
-  """A learned [max_len, features] table looked up by position (logical axes 'length', 'embed');
-  concrete positions >= max_len raise ValueError, traced ones are clipped."""
+  """A learned [max_len, features] table looked up by (checked, or clipped if traced) position."""
   max_len: int
   features: int
   param_dtype: Any = jnp.float32
   dtype: Any = jnp.float32
-  embedding_init: Any = nn.initializers.normal(stddev=0.02)
 
   @nn.compact
   def __call__(self, positions: Array) -> Array:
     """[b, t] int positions -> [b, t, features]."""
-    table = self.param('embedding',
-                       nn.with_logical_partitioning(self.embedding_init, ('length', 'embed')),
+    table = self.param('embedding', nn.with_logical_partitioning(
+                           nn.initializers.normal(stddev=0.02), ('length', 'embed')),
                        (self.max_len, self.features), self.param_dtype)
     _check_concrete_positions(positions, self.max_len, self.max_len, 'learned')
     return jnp.take(jnp.asarray(table, self.dtype), positions, axis=0, mode='clip')
 
 
-# Rotary position embedding (Su et al. 2021).
 def apply_rope(x: Array, positions: Array, base: float = 10000.0) -> Array:
-  """Rotates [b, t, n, h] queries or keys by their [b, t] positions ("rotate half", as
-  GPT-NeoX/LLaMA): feature i pairs with i + h/2, rotated by position * base^(-2i/h)."""
+  """RoPE ("rotate half", as GPT-NeoX/LLaMA) of [b, t, n, h] queries or keys by [b, t] positions."""
   h = x.shape[-1]
   if h % 2:
     raise ValueError(f'RoPE needs an even head dimension, got head_dim={h}')
@@ -93,7 +84,6 @@ def apply_rope(x: Array, positions: Array, base: float = 10000.0) -> Array:
   return out.astype(x.dtype)
 
 
-# T5 relative position buckets (Raffel et al. 2020).
 def max_distance_bound(num_buckets: int, bidirectional: bool) -> int:
   """max_exact, the offsets with their own bucket: max_distance must exceed it (and it be >= 1)."""
   return (num_buckets // 2 if bidirectional else num_buckets) // 2
@@ -101,10 +91,8 @@ def max_distance_bound(num_buckets: int, bidirectional: bool) -> int:
 
 def relative_position_bucket(relative_position: Array, bidirectional: bool = True,
                              num_buckets: int = 32, max_distance: int = 128) -> Array:
-  """Maps relative_position = key_pos - query_pos to a bucket in [0, num_buckets) (int32), as T5:
-  (per direction when bidirectional) exact buckets for small offsets, then log-spaced ones up to
-  max_distance; causal buckets fold future keys into bucket 0. Needs max_distance > max_exact
-  >= 1 (`max_distance_bound`)."""
+  """T5's int32 bucket in [0, num_buckets) of key_pos - query_pos: (per direction if bidirectional)
+  exact for small offsets, then log-spaced up to max_distance; causal: future keys -> 0."""
   exact = max_distance_bound(num_buckets, bidirectional)
   if exact < 1:
     raise ValueError(f'relative position buckets: num_buckets={num_buckets} must be >= '
@@ -131,20 +119,18 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool = Tru
 
 
 class RelativePositionBias(nn.Module):
-  """T5-style learned scalar bias per (relative-position bucket, head); table logical axes
-  ('relpos_buckets', 'heads'). Returns [b, n, t, s] float32 to add to attention logits."""
+  """T5's learned scalar bias per (relative-position bucket, head): [b, n, t, s] float32."""
   num_buckets: int
   max_distance: int
   num_heads: int
   bidirectional: bool = True
   param_dtype: Any = jnp.float32
-  embedding_init: Any = nn.initializers.normal(stddev=0.02)
 
   @nn.compact
   def __call__(self, q_positions: Array, k_positions: Array) -> Array:
     """q_positions [b, t], k_positions [b, s] -> bias [b, n, t, s]."""
-    table = self.param('rel_embedding',
-                       nn.with_logical_partitioning(self.embedding_init, ('relpos_buckets', 'heads')),
+    table = self.param('rel_embedding', nn.with_logical_partitioning(
+                           nn.initializers.normal(stddev=0.02), ('relpos_buckets', 'heads')),
                        (self.num_buckets, self.num_heads), self.param_dtype)
     rel = k_positions[:, None, :] - q_positions[:, :, None]  # [b, t, s]
     buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
@@ -152,20 +138,15 @@ class RelativePositionBias(nn.Module):
     return jnp.transpose(values, (0, 3, 1, 2))
 
 
-# ALiBi (Press et al. 2022).
 def alibi_slopes(num_heads: int) -> np.ndarray:
-  """The paper's head slopes [n] float32: 2^(-8i/n) for i = 1..n when n is a power of two; else
+  """ALiBi's head slopes [n] float32: 2^(-8i/n) for i = 1..n when n is a power of two; else
   those of the closest smaller power of two p, then every other slope of the 2p sequence."""
   if num_heads < 1:
     raise ValueError(f'alibi_slopes needs num_heads >= 1, got {num_heads}')
-
-  def power_of_two(n):
-    return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
-
   p = 2 ** int(np.floor(np.log2(num_heads)))
-  slopes = power_of_two(p)
+  slopes = [2.0 ** (-8.0 * i / p) for i in range(1, p + 1)]
   if p < num_heads:
-    slopes += power_of_two(2 * p)[0::2][:num_heads - p]
+    slopes += [2.0 ** (-8.0 * i / (2 * p)) for i in range(1, 2 * p + 1, 2)][:num_heads - p]
   return np.asarray(slopes, np.float32)
 
 
@@ -176,11 +157,9 @@ def alibi_bias(q_positions: Array, k_positions: Array, slopes: Any) -> Array:
   return -slopes[None, :, None, None] * dist[:, None]
 
 
-# The table.
 @dataclasses.dataclass(frozen=True)
 class Encoding:
-  """One encoding: `kind` and `fn` (module docstring), `keys` (the config keys it reads beyond
-  d_model, num_heads, max_len), `check(cfg)` (a one-line problem with a ModelConfig, or None)."""
+  """One entry: the config `keys` it reads (but d_model, num_heads, max_len), a config `check`."""
   kind: str
   fn: Optional[Callable[..., Array]] = None
   keys: tuple[str, ...] = ()
@@ -195,7 +174,6 @@ def _learned(cfg, positions):
 def _check_rope(cfg):
   if cfg.head_dim % 2:
     return f"model.head_dim={cfg.head_dim} must be even with model.positional='rope'"
-  return None
 
 
 def _relative(cfg, q_positions, k_positions, bidirectional):
@@ -213,13 +191,11 @@ def _check_relative(cfg):
   if cfg.relative_max_distance <= max_distance_bound(cfg.relative_num_buckets, False):
     return (f"model.relative_max_distance={cfg.relative_max_distance} must be > "
             f"model.relative_num_buckets // 2 = {cfg.relative_num_buckets // 2}")
-  return None
 
 
 def _shaw(cfg, q_positions, k_positions, bidirectional):
   """Shaw et al. 2018 as T5 simplified it: a learned scalar per head for each relative distance
-  k_pos - q_pos clipped to [-K, K] (K = model.relative_max_distance), a [2K+1, n] table added to
-  the logits as a bias (the paper's per-key vectors would need the queries, inside attention)."""
+  k_pos - q_pos clipped to [-K, K] (K = model.relative_max_distance), added as a bias."""
   del bidirectional  # both directions have their own entries; a causal mask hides the future
   clip = cfg.relative_max_distance
   table = nn.Embed(2 * clip + 1, cfg.num_heads, param_dtype=jnp.dtype(cfg.param_dtype),
@@ -238,7 +214,6 @@ ENCODINGS: dict[str, Encoding] = {
                      keys=('rope_base',), check=_check_rope),
     'relative': Encoding('bias', _relative, keys=('relative_num_buckets', 'relative_max_distance'),
                          check=_check_relative),
-    # ALiBi is symmetric: under a causal mask only past keys count anyway.
     'alibi': Encoding('bias', lambda cfg, q_pos, k_pos, bidirectional: alibi_bias(
         q_pos, k_pos, alibi_slopes(cfg.num_heads))),
     'none': Encoding('none'),
