@@ -1,10 +1,6 @@
-"""A sweep's results: one row per point from its run files, as CSV, Markdown and PNG plots.
-
-A row holds the swept values, the parameter count (traced from config.json), the final step, the
-last in-training evaluation (`dev/*`), eval.py's metrics (`test/*`), the median training
-throughput (without the first window, which includes compilation) and the runner's training wall
-time. Written into the sweep's workdir: results.csv, results.md, results.png (the chosen metric
-per point) and curves.png (learning curves of every point, overlaid).
+"""A sweep's results: one row per point from its run files, written into the sweep's workdir as
+results.csv, results.md, results.png (the chosen metric per point) and curves.png (every point's
+learning curves, overlaid).
 """
 
 from __future__ import annotations
@@ -12,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 import statistics
 from typing import Any, Sequence
@@ -31,14 +28,13 @@ def count_params(workdir: str) -> int | None:
     return None
   try:
     import jax  # pylint: disable=g-import-not-at-top  (JAX only to count parameters: sweep.py starts fast)
-    import numpy as np  # pylint: disable=g-import-not-at-top  (as jax)
     from transformer.model import models, scoring  # pylint: disable=g-import-not-at-top  (as jax)
     from transformer.run import restore  # pylint: disable=g-import-not-at-top  (as jax)
     cfg = restore.load_run_config(workdir)
     model = models.build_model(cfg.model)
     shapes = jax.eval_shape(lambda r: scoring.init_params(model, r, models.example_batch(cfg.model)),
                             jax.random.PRNGKey(0))
-    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
   except Exception as e:  # pylint: disable=broad-except
     logging.warning("cannot count the parameters of %s: %s", workdir, str(e).splitlines()[:1])
     return None
@@ -62,7 +58,9 @@ def _sort_metrics(keys: Sequence[str]) -> list[str]:
 
 
 def collect(points: Sequence[spec.Point], eval_split: str = "test") -> list[dict[str, Any]]:
-  """One row per point: point, swept values, params, steps, dev/*, test/*, tokens/s, wall, status."""
+  """One row per point: point, swept values, params (traced from config.json), steps, dev/* (the
+  last in-training evaluation), test/* (eval.py's), median tokens/s after the first window (which
+  includes compilation), training wall seconds, status."""
   label = spec.labels([p.overrides for p in points])
   rows = []
   for p in points:

@@ -1,10 +1,8 @@
 """Running a sweep's points: their state on disk, one process per stage, records, dry runs.
 
-A point's workdir holds what train.py and eval.py write, plus `sweep.log` (the output of the
-processes started for it) and `sweep_point.json` (its complete overrides, every attempt, the
-summed train/eval seconds). A point is trained when train_done.json says so and finished when
-`metrics.<split>.json` is also there for that step; `run()` starts only what is missing, so a
-rerun resumes from checkpoints, and refuses a workdir that ran other overrides (`check_same_runs`).
+A point's workdir holds what train.py and eval.py write, plus LOG and RECORD. A point is trained
+when train_done.json says so and finished when `metrics.<split>.json` is there for that step;
+`run()` starts only what is missing, and refuses a workdir that ran other overrides.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from transformer.sweeps.spec import apply_overrides, Commands, Point, SweepError
 
 RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
 LOG = "sweep.log"  # per point: the output of its processes
-DONE = "train_done.json"  # = transformer.train.loop.DONE_FILE (not imported: it would pull in jax)
+DONE = "train_done.json"  # = transformer.train.loop.DONE_FILE (importing it pulls in jax)
 
 
 def read_json(path: str) -> Any:
@@ -43,7 +41,7 @@ def read_json(path: str) -> Any:
 
 
 def trained_step(point: Point) -> int | None:
-  """The final step if train_done.json says training reached num_steps or stopped early."""
+  """The final step if train_done.json says training ended normally, else None."""
   done = read_json(os.path.join(point.workdir, DONE))
   if not isinstance(done, dict) or not isinstance(done.get("step"), int):
     return None
@@ -78,8 +76,8 @@ def point_run(point: Point, commands: Commands) -> dict[str, Any]:
 
 
 def _recorded_run(point: Point, manifest: Mapping[str, Any] | None) -> dict[str, Any] | None:
-  """The run a point's workdir holds: its record's `run`, else (an older record) its overrides
-  with the previous manifest's config and sweep-wide overrides; None if unknown."""
+  """The run a point's workdir holds: its record's `run`, else (a record without one) its
+  overrides with the manifest's config and sweep-wide overrides; None if unknown."""
   record = read_record(point)
   if isinstance(record.get("run"), dict):
     return record["run"]
@@ -91,8 +89,7 @@ def _recorded_run(point: Point, manifest: Mapping[str, Any] | None) -> dict[str,
 
 def check_same_runs(points: Sequence[Point], commands: Commands,
                     sweep_workdir: str | None = None) -> None:
-  """SweepError naming the first point whose workdir ran another config or other overrides
-  (`sweep_workdir`'s sweep.json stands in for records without `run`)."""
+  """SweepError naming the first point whose workdir ran another config or other overrides."""
   manifest = read_json(os.path.join(sweep_workdir, "sweep.json")) if sweep_workdir else None
   for p in points:
     old, new = _recorded_run(p, manifest), point_run(p, commands)
@@ -110,7 +107,7 @@ def check_same_runs(points: Sequence[Point], commands: Commands,
 
 
 def read_record(point: Point) -> dict[str, Any]:
-  """The point's sweep_point.json (overrides, attempts, train/eval wall seconds), or {}."""
+  """The point's RECORD (overrides, attempts, train/eval wall seconds), or {}."""
   record = read_json(os.path.join(point.workdir, RECORD))
   return record if isinstance(record, dict) else {}
 
@@ -139,11 +136,9 @@ _stop_signal: int | None = None  # set by stop_running: no new process starts af
 
 
 def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> int:
-  """Runs one process with its output appended to `log_path`; returns its exit code.
-
-  The child gets its own session, so a terminal's Ctrl-C reaches only the sweep, which forwards
-  it. After stop_running() nothing starts and the code is minus the stopping signal.
-  """
+  """Runs one process with its output appended to `log_path`; returns its exit code (after
+  stop_running(): minus the signal, starting nothing). The child gets its own session, so a
+  terminal's Ctrl-C reaches only the sweep, which forwards it."""
   with open(log_path, "a") as log:
     log.write(f"$ {shlex.join(argv)}\n")
     log.flush()
@@ -166,8 +161,7 @@ def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> in
 
 
 def stop_running(sig: int = signal.SIGTERM) -> None:
-  """Starts no new process and sends `sig` to every running child (train.py saves and exits on
-  SIGTERM or a first SIGINT; a second SIGINT ends it at once)."""
+  """Starts no new process and sends `sig` to every running child."""
   global _stop_signal
   with _running_lock:
     if _stop_signal is None:
@@ -208,8 +202,8 @@ def _forwarding_signals():
 
 
 def latest_checkpoint(point: Point) -> int | None:
-  """The newest committed checkpoint step in the point's local workdir, or None (read from the
-  directory names: orbax would pull JAX into the sweep process)."""
+  """The newest checkpoint step in the point's local workdir, or None (from the directory
+  names: orbax would pull JAX into the sweep process)."""
   directory = os.path.join(point.workdir, "checkpoints")
   steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
   return max(steps, default=None)
@@ -259,11 +253,9 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
 
 def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
         launch: Launch = launch_subprocess, echo: Callable[[str], None] = print) -> list[Point]:
-  """Runs every unfinished point, `parallel` at a time; returns the points that failed.
-
-  SIGINT, SIGTERM or SIGHUP (main thread only) stop the sweep: the running points get the
-  signal, this waits for them, prints where each stopped and raises KeyboardInterrupt.
-  """
+  """Runs every unfinished point, `parallel` at a time; returns the points that failed. SIGINT,
+  SIGTERM or SIGHUP stop it: the running points get the signal, this waits for them, prints
+  where each stopped and raises KeyboardInterrupt."""
   global _stop_signal
   _stop_signal = None
   check_same_runs(points, commands)
@@ -305,7 +297,7 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
 
 def prepare_data(config: ml_collections.ConfigDict, points: Sequence[Point],
                  echo: Callable[[str], None] = print) -> None:
-  """Prepares each distinct `data` section of the points once, here: concurrent first-time
+  """Prepares each distinct `data` section of the points once, here: concurrent first
   preparations of one TFDS directory would race."""
   from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS: sweeps without data need none)
   seen = set()
@@ -335,11 +327,8 @@ def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """`python -m transformer.sweeps.runner is_done WORKDIR --num_steps=N [--split=S]`.
-
-  Exit status 0 if the run in WORKDIR is done as `status` sees it, else 1 (an error too, so the
-  point then runs); spec.tpu_vm_command's commands start with it to skip finished points.
-  """
+  """`python -m transformer.sweeps.runner is_done WORKDIR --num_steps=N [--split=S]`: exit 0 if
+  the run in WORKDIR is done, else 1 (errors too); tpu_vm_command's commands start with it."""
   def define(f: flags.FlagValues) -> None:
     flags.DEFINE_integer("num_steps", None, "the run's training steps", flag_values=f)
     flags.mark_flag_as_required("num_steps", flag_values=f)

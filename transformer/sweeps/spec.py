@@ -1,10 +1,8 @@
 """Sweeps: a sweep file's override dicts -> validated, named points -> commands (local or TPU VM).
 
 A sweep file (configs/sweeps/*.py) has `get_sweep()` return override dicts keyed like
-`--config.*`. `plan()` checks every key and every point's full config (a one-line SweepError or
-ConfigError) and names each point's workdir from its overrides (`positional=rope,lr=0.0003`).
-`Commands` turns a point into its train.py and eval.py argv, `tpu_vm_command()` into one gcloud
-ssh command. No JAX here: planning, dry runs and TPU commands are instant.
+`--config.*`; `plan()` checks them and names each point's workdir from its overrides. No JAX
+here: planning, dry runs and TPU commands are instant.
 """
 
 from __future__ import annotations
@@ -90,7 +88,7 @@ def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, A
 
 def check_keys(points: Sequence[Mapping[str, Any]], config: ml_collections.ConfigDict,
                sweep_path: str, config_arg: str) -> None:
-  """Every key is in configs/base.py and in the chosen config; every value a scalar."""
+  """Raises SweepError unless every key is in base.py and the config, every value a scalar."""
   known, chosen = flat_items(get_config()), flat_items(config)
   for i, point in enumerate(points):
     for key, value in point.items():
@@ -126,10 +124,8 @@ def apply_overrides(config: ml_collections.ConfigDict,
 def format_value(value: Any) -> str:
   """A value as `--config.key=` text (and in names): floats by repr, bools lower-case."""
   if isinstance(value, bool):
-    return "true" if value else "false"
-  if isinstance(value, float):
-    return repr(value)
-  return str(value)
+    return str(value).lower()
+  return repr(value) if isinstance(value, float) else str(value)
 
 
 def labels(points: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -225,12 +221,9 @@ def _double_quote(text: str) -> str:
 def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, bucket: str,
                    remote_dir: str = "~/transformer", python: str = "python3",
                    project: str = "") -> tuple[list[str], str]:
-  """(argv, printable line) of one gcloud ssh that trains and evaluates `point` on every worker.
-
-  The workdir is `<bucket>/<the local workdir path>`, data.data_dir `<bucket>/tensorflow_datasets`
-  unless the sweep sets it; `remote_dir` is unquoted so that `~` expands there. The command runs
-  only if `transformer.sweeps.runner is_done` says the point is not done.
-  """
+  """(argv, printable line) of one gcloud ssh that trains and evaluates `point` on every worker,
+  unless `runner is_done`: workdir `<bucket>/<local workdir>`, data.data_dir
+  `<bucket>/tensorflow_datasets` unless set; `remote_dir` unquoted, so that `~` expands there."""
   if not bucket.startswith("gs://"):
     raise SweepError(f"--bucket={bucket!r} must be a gs:// path")
   bucket = bucket.rstrip("/")

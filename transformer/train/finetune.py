@@ -1,11 +1,10 @@
-"""Fine-tuning's start (`train.py --init_from=RUN`): the config and parameters a run begins with
-when it starts from another run's workdir (a trained run, or one transformer/convert wrote).
+"""Fine-tuning's start (`train.py --init_from=RUN`): the config and parameters of a run that starts
+from another run's workdir (trained, or written by transformer/convert).
 
-A decoder-only or encoder-decoder config takes the run's whole model, tokenizers and parameters.
-An encoder-only config takes the run's encoder, embeddings and the tokenizer its encoder read: a
-new head (classify, tag, or mlm on an encoder-decoder run) keeps the config's head keys (schema
-roles `head`, `vocab_head`) and label tokenizer and starts its parameters afresh; head mlm on an
-encoder-only mlm run (e.g. a converted BERT) continues the run's own head. Keys of role
+Decoder-only and encoder-decoder configs take the run's whole model, tokenizers and parameters.
+Encoder-only ones take its encoder, embeddings and input tokenizer; a new head keeps the config's
+head keys (schema roles `head`, `vocab_head`) and starts afresh, except head mlm on an
+encoder-only mlm run (e.g. a converted BERT), which continues the run's. Keys of role
 `run_tokenizer` always come from the run, model keys of role `finetune` from the new config.
 """
 
@@ -37,8 +36,7 @@ def _run_config(init_from: str) -> Config:
 
 
 def init_from_config(cfg: Config, init_from: str) -> Config:
-  """`cfg` with the model section and tokenizer keys of the run in `init_from`, as the module doc
-  says; raises ConfigError naming --init_from."""
+  """`cfg` with the model and tokenizer keys of the run in `init_from` (see the module doc)."""
   run = _run_config(init_from)
   keep = schema.with_role(schema.FINETUNE, "model")
   data = dataclasses.replace(cfg.data, **{

@@ -29,8 +29,7 @@ from transformer.train import finetune, members, optim, parallel, preemption, pr
 from transformer.train import runs as runs_lib
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
-# In train_and_evaluate's metrics when the workdir held a finished run: nothing was trained.
-FINISHED_BEFORE = "finished_before"
+FINISHED_BEFORE = "finished_before"  # a metric: the workdir held a finished run, nothing trained
 
 
 class TrainingDiverged(RuntimeError):
@@ -102,9 +101,7 @@ def _host_tokens(batch: dict[str, Any]) -> tuple[int, int]:
 
 def eval_sums(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, Any]:
   """The teacher-forced eval-step sums over `eval.num_batches` batches of the eval split ({} for
-  none; a members' run_eval gives each with a leading member axis). `run_eval` evaluates
-  steps.eval_params: the EMA when there is one, which in-training metrics, early stopping and the
-  best checkpoint then follow."""
+  none; members' with a leading member axis), of steps.eval_params (the EMA if there is one)."""
   totals: dict[str, Any] = {}
   batches = task.eval_batches(cfg.data.eval_split, batch_size=cfg.eval.batch_size or None)
   for i, batch in enumerate(batches):
@@ -132,16 +129,12 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   """Trains `config` (a ConfigDict or Config) in `workdir`, resuming from the newest checkpoint
   that verifies; returns the final metrics (the last evaluation, train/loss, step).
 
-  `init_from` (fine-tuning, finetune.py): another run's workdir, whose model config, tokenizers
-  and latest parameters replace the config's and the random init. `task` overrides
-  `transformer.data.load_task`. Errors are one-line ConfigError, CheckpointError or
-  TrainingDiverged; a workdir another live process trains is a ConfigError (run/lock.py). A
-  finished workdir trains nothing and returns its saved metrics with FINISHED_BEFORE = 1.0. A run
-  that reaches train.num_steps or stops early leaves DONE_FILE (write_done_marker); training
-  further removes it first. SIGTERM or a first SIGINT saves at the current step and returns with
-  `preempted` or `interrupted` = 1.0; a second SIGINT raises KeyboardInterrupt. With
-  train.members every member trains in one program, each in `<workdir>/<name>` as its own run
-  would, and the metrics are each member's as '<name>/<key>'.
+  `init_from` (finetune.py): another run's workdir whose model, tokenizers and parameters the run
+  starts from; `task` overrides `transformer.data.load_task`. Errors are one-line ConfigError
+  (also: a workdir another live process trains), CheckpointError or TrainingDiverged. A finished
+  workdir returns its saved metrics with FINISHED_BEFORE = 1.0; a run that ends normally leaves
+  DONE_FILE. SIGTERM or a first SIGINT saves and returns with `preempted` or `interrupted` = 1.0.
+  With train.members the metrics are each member's as '<name>/<key>'.
   """
   started = time.time()
   cfg = config if isinstance(config, Config) else from_configdict(config)
@@ -278,12 +271,16 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   # dispatch before it (a one-dispatch lag keeps the device busy)
   step, pending, window = start, None, []
 
-  def check(entry):
-    s, metrics = entry  # s: the step count after the dispatch
+  def settle():  # checks the pending dispatch once, however many points below ask for it
+    nonlocal pending
+    if pending is None:
+      return
+    s, metrics = pending  # s: the step count after the dispatch
+    pending = None
     # One small transfer per dispatch (the flags); the rest only to word a divergence.
-    flags = {"finite": jax.device_get(metrics["finite"])}
-    for r in runs:  # metrics scalars, or [K] for K steps (a member: its slice)
-      finite = np.ravel(r.metrics(flags)["finite"])
+    flags = jax.device_get(metrics["finite"])
+    for r in runs:  # scalars, or [K] for K steps (a member: its slice)
+      finite = np.ravel(r.metrics(flags))
       if not finite.all():
         m = r.metrics(jax.device_get(metrics))
         for other in runs:
@@ -297,12 +294,6 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
             + (f"all {len(runs)} members " if r.index is not None else "")
             + f"(last checkpoint that verifies: step {r.ckpt.latest_good_step()} in "
             f"{r.ckpt.directory})")
-
-  def settle():  # checks the pending dispatch once, however many points below ask for it
-    nonlocal pending
-    if pending is not None:
-      check(pending)
-      pending = None
 
   try:
     stop_reason = ""
@@ -348,7 +339,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
           r.last_eval |= evaluation.decode_metrics(
               r.cfg, model, steps.eval_params(r.item(fetched_state)), task, cfg.data.eval_split,
               cfg.eval.num_decode_examples)
-        for r in runs:
+        for r in runs:  # after every decode: a throughput window counts no evaluation
           r.reporter.write_scalars(step, r.last_eval)
           r.reporter.reset_throughput()
           if r.early.update(r.last_eval):
@@ -387,8 +378,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
 
 
 def _close_all(closers: list[Any]) -> None:
-  """Calls every closer, even when one fails (the first error is raised after the rest); a
-  KeyboardInterrupt stops at once."""
+  """Calls every closer, raising the first error after the rest; a KeyboardInterrupt stops."""
   error = None
   for close in closers:
     try:

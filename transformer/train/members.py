@@ -1,14 +1,12 @@
 """Many members in one program (`train.members`): N runs that differ only in their seed or in
 MEMBER_KEYS hyperparameters, trained by one vmapped train step.
 
-train.members: members separated by ';', each comma-separated key=value overrides, e.g.
-"seed=0;seed=1;train.learning_rate=1e-3,model.dropout_rate=0", or "seeds:N" (seeds cfg.seed ..
-cfg.seed + N - 1). Member i is the run of the config with its overrides, in `<workdir>/<name>`
-(name: its overrides as written), which holds what that plain run's workdir would. The state is
+train.members is ';'-separated members of ','-separated key=value overrides (e.g.
+"seed=0;train.learning_rate=1e-3,model.dropout_rate=0"), or "seeds:N" (seeds cfg.seed ..
+cfg.seed + N - 1). Member i trains in `<workdir>/<name>` as its plain run would: the state is
 stacked on a leading member axis, every member reads the same batches, and the TRACED_KEYS that
-differ reach the vmapped step as [N] values traced per member (a traced dropout rate of 0 keeps
-every element exactly), the shared ones as the plain step's Python values: each member equals
-its separate run up to float rounding (tests/test_members.py).
+differ enter the step as [N] traced values, so each member equals its separate run up to float
+rounding (tests/test_members.py).
 """
 
 from __future__ import annotations
@@ -152,21 +150,10 @@ def make_train_step(configs: list[Config], build: Callable[[Config], tuple[Any, 
 
 
 def make_eval_step(eval_step: Callable) -> Callable:
-  """`eval_step(params, batch) -> sums` -> `(stacked state, batch) -> sums [N, ...]` (each
-  member's steps.eval_params)."""
+  """`eval_step(params, batch) -> sums` -> `(stacked state, batch) -> sums [N, ...]`."""
   return jax.vmap(lambda s, b: eval_step(steps.eval_params(s), b), in_axes=(0, None))
 
 
 def stacked_shardings(shardings: Any) -> Any:
   """A state's NamedShardings with a leading, unsharded member axis."""
   return jax.tree.map(lambda s: NamedSharding(s.mesh, P(None, *s.spec)), shardings)
-
-
-def take(tree: Any, i: int) -> Any:
-  """Member i's slice of a stacked pytree (state, or eval sums): every leaf's [i]."""
-  return jax.tree.map(lambda x: x[i], tree)
-
-
-def stack(trees: list[Any]) -> Any:
-  """The members' pytrees stacked on a new leading axis (host arrays)."""
-  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)

@@ -11,15 +11,12 @@ import jax
 
 
 class PreemptionHandler:
-  """Turns SIGTERM (cloud preemption) and SIGINT (Ctrl-C) into a stop `should_stop(step)` reports.
+  """Turns SIGTERM (cloud preemption) and SIGINT (Ctrl-C) into a stop `should_stop(step)` reports;
+  a second SIGINT, or a SIGINT after SIGTERM, raises KeyboardInterrupt at once.
 
-  A second SIGINT, or a SIGINT after SIGTERM, raises KeyboardInterrupt at once, saving nothing
-  more. One process: Python handlers set `.requested`. Many processes with jax's preemption
-  service: jax catches SIGTERM and the hosts agree on a step through
-  `multihost_utils.reached_preemption_sync_point`, which every host calls at every step; SIGINT
-  joins by sending this process SIGTERM, so one Ctrl-C stops all hosts at one step. Many
-  processes without the service: no handler, since the hosts could not agree on a step (one
-  host saving while the others train would deadlock).
+  Many processes with jax's preemption service agree on the step through
+  `reached_preemption_sync_point` (SIGINT joins by sending this process SIGTERM); without the
+  service nothing is installed, since one host saving while the others train would deadlock.
   """
 
   def __init__(self):
@@ -73,6 +70,4 @@ class PreemptionHandler:
     self._previous = {}
 
 
-def install_preemption_handler() -> PreemptionHandler:
-  """Installs the SIGTERM/SIGINT handlers; the loop checks `.should_stop(step)` every step."""
-  return PreemptionHandler()
+install_preemption_handler = PreemptionHandler  # the loop checks `.should_stop(step)` every step

@@ -37,7 +37,7 @@ class Run:
 
   def item(self, tree: Any) -> Any:
     """This run's state (or eval sums) of the loop's: a member's slice of the leading axis."""
-    return tree if self.index is None else members.take(tree, self.index)
+    return tree if self.index is None else jax.tree.map(lambda x: x[self.index], tree)
 
   def metrics(self, metrics: Any) -> Any:
     """This run's train metrics of a dispatch's ([N] or [K, N] per member: the last axis)."""
@@ -126,4 +126,6 @@ def restore(runs: list[Run], abstract: Any, train_iter: Any) -> Any:
     raise checkpoints.CheckpointError(
         "train.members: the members' newest checkpoints that verify differ in step; resume the "
         "members alone, or remove the newer checkpoints")
-  return states[0] if runs[0].index is None else members.stack(jax.device_get(states))
+  if runs[0].index is None:
+    return states[0]
+  return jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(states))  # on host

@@ -31,12 +31,9 @@ def teacher_forcing_prob(ss_cfg: Any, step: Array) -> Array:
 
 def two_pass_logits(model: nn.Module, arch: str, params: Any, batch: dict[str, Any],
                     tf_prob: Array, rng: Array, deterministic: bool) -> Array:
-  """Scheduled sampling's second-pass logits [b, t, v].
-
-  Pass 1 decodes the gold decoder inputs (under stop_gradient); each input token is then replaced
-  by pass 1's argmax prediction of it with probability 1 - tf_prob, and pass 2 decodes the
-  mixture. Padding and a decoder-only prompt (`decoder_prefix`) are given, never replaced.
-  """
+  """Scheduled sampling's second-pass logits [b, t, v]: pass 1 decodes the gold inputs (under
+  stop_gradient), each input token is replaced by pass 1's argmax with probability 1 - tf_prob
+  (never padding or a decoder-only prompt), and pass 2 decodes the mixture."""
   drop1, drop2, coin = jax.random.split(rng, 3)
   variables = {"params": params}
   targets, positions = batch["targets"], batch.get("targets_positions")

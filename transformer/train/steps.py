@@ -39,11 +39,9 @@ class TrainState:
     return dataclasses.replace(self, **changes)
 
 
-_STATE_FIELDS = ("step", "params", "opt_state", "rng")
-
-
 def _state_fields(state: TrainState) -> tuple[str, ...]:
-  return _STATE_FIELDS + (("ema_params",) if state.ema_params is not None else ())
+  ema = ("ema_params",) if state.ema_params is not None else ()
+  return ("step", "params", "opt_state", "rng") + ema
 
 
 jax.tree_util.register_pytree_with_keys(
@@ -61,12 +59,9 @@ def key_data(key: Array) -> Array:
 
 
 def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformation) -> Callable:
-  """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)`.
-
-  axis_name: pmap's device axis, over which the loss, weight and gradient sums are `psum`med
-  before normalising (None under jit). `rng` overrides state.rng. Metrics stay on device: loss,
-  weight_sum, grad_norm, learning_rate, teacher_forcing, finite.
-  """
+  """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)`: `rng`
+  overrides state.rng; the sums are `psum`med over pmap's `axis_name` before normalising. Metrics
+  stay on device: loss, weight_sum, grad_norm, learning_rate, teacher_forcing, finite."""
   arch, tc = cfg.model.arch, cfg.train
   lr_fn = optim.make_schedule(tc, d_model=cfg.model.d_model)
   use_ss = tc.scheduled_sampling.schedule != "none"
@@ -140,9 +135,8 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
 
 
 def scan_steps(train_step: Callable) -> Callable:
-  """Returns `multi_step(state, batches, rng=None, axis_name=None) -> (state, metrics [K])`:
-  `train_step` over the leading axis of `batches` in one `lax.scan` (train.steps_per_dispatch),
-  exactly as K dispatches of one step."""
+  """`train_step` over the leading axis of `batches` in one `lax.scan` (train.steps_per_dispatch),
+  exactly as K dispatches of one step; metrics get a leading [K] axis."""
 
   def multi_step(state: TrainState, batches: dict[str, Any], rng: Array | None = None,
                  axis_name: str | None = None):
@@ -161,9 +155,8 @@ def eval_params(state: TrainState) -> PyTree:
 def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch: dict[str, Any],
                        tx: optax.GradientTransformation | None = None,
                        unbox: bool = True) -> TrainState:
-  """A fresh TrainState at step 0 with the run key `rng` (as its uint32 data) and, with
-  train.ema_decay > 0, an EMA equal to the params. unbox=False keeps flax's logical-axis boxes on
-  the params and their moments (what `jax.eval_shape` should see to derive shardings)."""
+  """A fresh TrainState at step 0 with the run key `rng` and, with train.ema_decay, an EMA equal to
+  the params. unbox=False keeps flax's logical-axis boxes (for deriving shardings)."""
   tx = tx or optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
   batch = {k: jnp.asarray(v) for k, v in example_batch.items() if v is not None}
 
