@@ -76,8 +76,7 @@ def point_run(point: Point, commands: Commands) -> dict[str, Any]:
 
 
 def _recorded_run(point: Point, manifest: Mapping[str, Any] | None) -> dict[str, Any] | None:
-  """The run a point's workdir holds: its record's `run`, else (a record without one) its
-  overrides with the manifest's config and sweep-wide overrides; None if unknown."""
+  """The run a point's workdir holds (from its record, else the manifest), or None."""
   record = read_record(point)
   if isinstance(record.get("run"), dict):
     return record["run"]
@@ -182,8 +181,7 @@ FORWARDED = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
 
 @contextlib.contextmanager
 def _forwarding_signals():
-  """Forwards SIGINT/SIGTERM/SIGHUP to the children (FORWARDED); the first also raises
-  KeyboardInterrupt here, so that the sweep starts nothing new and waits."""
+  """Forwards FORWARDED to the children; the first also raises KeyboardInterrupt here."""
   def forward(signum, frame):
     del frame
     first = _stop_signal is None
@@ -202,8 +200,7 @@ def _forwarding_signals():
 
 
 def latest_checkpoint(point: Point) -> int | None:
-  """The newest checkpoint step in the point's local workdir, or None (from the directory
-  names: orbax would pull JAX into the sweep process)."""
+  """The newest checkpoint step in the point's workdir, or None (no orbax: it pulls in JAX)."""
   directory = os.path.join(point.workdir, "checkpoints")
   steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
   return max(steps, default=None)
@@ -297,8 +294,7 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
 
 def prepare_data(config: ml_collections.ConfigDict, points: Sequence[Point],
                  echo: Callable[[str], None] = print) -> None:
-  """Prepares each distinct `data` section of the points once, here: concurrent first
-  preparations of one TFDS directory would race."""
+  """Prepares each distinct data section once, here: concurrent first preparations would race."""
   from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS: sweeps without data need none)
   seen = set()
   for p in points:

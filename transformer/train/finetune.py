@@ -63,8 +63,8 @@ def init_from_config(cfg: Config, init_from: str) -> Config:
 
 
 def init_params(init_from: str, fresh: Any = None, head: str = "") -> Any:
-  """The latest parameters (its EMA when it kept one) of the run in `init_from`; with `fresh`
-  (a new encoder-only model's parameters) and its `head`, shared_params of the two."""
+  """The latest parameters (or EMA) of the run in `init_from`; with an encoder-only model's
+  `fresh` parameters and `head`, shared_params of the two."""
   run = _run_config(init_from)
   try:
     params = restore.restore_params(run, init_from)[0]
@@ -82,8 +82,7 @@ def _leaves(tree: Any) -> dict[str, Any]:
 
 def shared_params(pretrained: Any, fresh: Any, init_from: str, keep_head: bool = False) -> Any:
   """`fresh` with every parameter outside its HEAD subtree (inside too if `keep_head`) taken from
-  `pretrained`'s encoder and token (or source) embedding; parameters missing on either side or
-  of another shape are a ConfigError naming them all."""
+  `pretrained`; a mismatch in names or shapes is a ConfigError naming them."""
   source = dict(pretrained)
   if "token_embed" not in source:  # an encoder-decoder run with separate tables
     source["token_embed"] = source.get("source_embed", {})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -104,9 +105,7 @@ def eval_sums(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, An
   none; members' with a leading member axis), of steps.eval_params (the EMA if there is one)."""
   totals: dict[str, Any] = {}
   batches = task.eval_batches(cfg.data.eval_split, batch_size=cfg.eval.batch_size or None)
-  for i, batch in enumerate(batches):
-    if cfg.eval.num_batches and i >= cfg.eval.num_batches:
-      break
+  for batch in itertools.islice(batches, cfg.eval.num_batches or None):
     sums = jax.device_get(run_eval.step(state, run_eval.prepare_batch(batch)))
     for k, v in sums.items():  # per-class counts are arrays
       totals[k] = totals.get(k, 0.0) + np.asarray(v, np.float64)
@@ -115,13 +114,12 @@ def eval_sums(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, An
 
 def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, float],
                       wall_seconds: float) -> None:
-  """Writes `<workdir>/train_done.json` atomically: {step, reason ('num_steps' or 'early_stop'),
-  metrics, wall_seconds (of the train_and_evaluate call that finished the run)}."""
-  path = os.path.join(workdir, DONE_FILE)
+  """Writes DONE_FILE atomically: step, reason (num_steps|early_stop), metrics, wall_seconds."""
   record = {"step": int(step), "reason": reason, "wall_seconds": round(wall_seconds, 3),
             "metrics": {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                         for k, v in metrics.items()}}
-  files.write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=float))
+  files.write_text_atomic(os.path.join(workdir, DONE_FILE),
+                          json.dumps(record, indent=1, sort_keys=True, default=float))
 
 
 def train_and_evaluate(config: Any, workdir: str, task: Any = None,
@@ -154,10 +152,10 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
       lock.check_trainable(os.path.join(workdir, name))
   # One writer per workdir (transformer/run/lock.py): held until this call returns or raises.
   with lock.writer_lock(workdir) if main else contextlib.nullcontext():
-    return _train(cfg, workdir, task, init_from, started)
+    return _train(cfg, workdir, task, init_from, started, main)
 
 
-def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
+def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float, main: bool
            ) -> dict[str, float]:
   """train_and_evaluate's work, once the config is read and the workdir's lock is held."""
   if task is None:
@@ -200,7 +198,6 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
 
   for r in runs:
     r.ckpt = checkpoints.Checkpointer(r.workdir, cfg.checkpoint, config=r.config_dict)
-  ckpt = runs[0].ckpt
   train_iter = task.train_iterator()
   if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
     train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
@@ -223,7 +220,6 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
         state = state.replace(ema_params=jax.device_put(jax.tree.map(
             lambda p: jnp.array(p, jnp.float32, copy=True), state.params), shardings.ema_params))
   start = int(np.ravel(jax.device_get(state.step))[0])
-  main = parallel.is_main_process()
   if start >= tc.num_steps or saved.get("train/stopped_early"):
     for r in runs:
       r.ckpt.close()
@@ -348,7 +344,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       asked = [preempt.should_stop(s) for s in range(step - n + 1, step + 1)]
       if any(asked) and not stop_reason and step < tc.num_steps:
         stop_reason = preempt.reason  # 'interrupted' (SIGINT) or 'preempted' (SIGTERM)
-      if stop_reason or step == tc.num_steps or ckpt.should_save(step):
+      if stop_reason or step == tc.num_steps or runs[0].ckpt.should_save(step):
         settle()
         extra = {"train/stopped_early": 1.0} if stop_reason == "early_stop" else {}
         fetched_state = run.fetch_state(state)

@@ -85,8 +85,7 @@ def member_name(overrides: dict[str, Any]) -> str:
 
 
 def members_of(cfg: Config) -> list[Member]:
-  """The members of cfg's train.members ([] when it is ""), each config validated on its own;
-  a bad spec, a duplicate or a setting the members cannot share is a one-line ConfigError."""
+  """The members of cfg's train.members ([] for ""), each config validated; raises ConfigError."""
   if not cfg.train.members.strip():
     return []
   if cfg.parallel.mode != "mesh":
@@ -129,9 +128,8 @@ def with_values(cfg: Config, values: dict[str, Any]) -> Config:
 
 
 def make_train_step(configs: list[Config], build: Callable[[Config], tuple[Any, Any]]) -> Callable:
-  """Returns `train_step(state, batch) -> (state, metrics [N])` over a stacked state:
-  steps.make_train_step of the first member's config with the differing keys traced per member,
-  vmapped over the state, the batch shared. `build(cfg) -> (model, tx)` of a (traced) config."""
+  """Returns `train_step(state, batch) -> (state, metrics [N])`: steps.make_train_step vmapped over
+  a stacked state and the varying keys, the batch shared; `build(cfg) -> (model, tx)`."""
   cfg, hyper = configs[0], hyperparameters(configs)
 
   def one(state: steps.TrainState, values: dict[str, Any], batch: dict[str, Any]) -> Any:

@@ -130,8 +130,7 @@ def memory_bytes() -> int | None:
 
 
 def check_fits(abstract_state: Any, model_cfg: Any) -> None:
-  """Raises ConfigError naming the model's size when the train state alone (by shapes) is larger
-  than this process's device memory, before anything is allocated."""
+  """Raises ConfigError when the train state alone is larger than this process's device memory."""
   leaves = jax.tree.leaves(abstract_state)
   need = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
   have = memory_bytes()
@@ -277,8 +276,7 @@ class CompiledStep:
 
 def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
                   returns_state: bool, stacked: bool = False) -> CompiledStep:
-  """jit over the mesh, a train step's state donated. stacked: prepare_batch takes a list of K
-  host batches, stacked on a leading steps axis."""
+  """jit over the mesh; stacked: prepare_batch takes a list of K host batches (scan_steps)."""
   rep = NamedSharding(mesh, P())
   batch = NamedSharding(mesh, P(None, BATCH_AXES) if stacked else P(BATCH_AXES))
   jitted = jax.jit(step_fn, in_shardings=(state_sharding, batch),
@@ -301,8 +299,7 @@ def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
 
 
 def _compile_pmap(step_fn: Callable[..., Any], returns_state: bool) -> CompiledStep:
-  """pmap over all processes' devices (so the psum is global), each process feeding its local
-  ones; an eval step's sums are added up over the devices."""
+  """pmap over all processes' devices (a global psum), each process feeding its local ones."""
   devices = jax.local_devices()
   fn = (functools.partial(step_fn, axis_name=PMAP_AXIS) if returns_state
         else lambda *args: jax.lax.psum(step_fn(*args), PMAP_AXIS))

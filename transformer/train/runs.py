@@ -21,8 +21,7 @@ from transformer.train import members
 
 @dataclasses.dataclass
 class Run:
-  """One run's bookkeeping: a plain run (index None), or member `index`, whose slice of the
-  stacked state and of the metrics is its own."""
+  """One run's bookkeeping: a plain run (index None), or member `index` of a stacked state."""
   name: str  # "" for a plain run
   workdir: str
   cfg: Config
@@ -71,8 +70,7 @@ class EarlyStopping:
 
 
 def runs_of(cfg: Config, workdir: str) -> list[Run]:
-  """cfg's plain run in `workdir`, or each train.members member in `<workdir>/<name>`, each
-  workdir checked against its config; a member's gets a copy of the program's tokenizers."""
+  """cfg's plain run in `workdir`, or each train.members member in `<workdir>/<name>`."""
   group = members.members_of(cfg)
   runs = [Run(m.name, os.path.join(workdir, m.name), m.cfg, to_dict(m.cfg), i)
           for i, m in enumerate(group)] or [Run("", workdir, cfg, to_dict(cfg))]

@@ -135,8 +135,7 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
 
 
 def scan_steps(train_step: Callable) -> Callable:
-  """`train_step` over the leading axis of `batches` in one `lax.scan` (train.steps_per_dispatch),
-  exactly as K dispatches of one step; metrics get a leading [K] axis."""
+  """`train_step` over the leading axis of `batches` in one `lax.scan`, exactly as K steps."""
 
   def multi_step(state: TrainState, batches: dict[str, Any], rng: Array | None = None,
                  axis_name: str | None = None):
