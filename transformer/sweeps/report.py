@@ -3,8 +3,6 @@ results.csv, results.md, results.png (the chosen metric per point) and curves.pn
 learning curves, overlaid).
 """
 
-from __future__ import annotations
-
 import csv
 import json
 import logging

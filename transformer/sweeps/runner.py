@@ -5,8 +5,6 @@ when train_done.json says so and finished when `metrics.<split>.json` is there f
 `run()` starts only what is missing, and refuses a workdir that ran other overrides.
 """
 
-from __future__ import annotations
-
 import concurrent.futures
 import contextlib
 import dataclasses

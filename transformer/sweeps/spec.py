@@ -5,8 +5,6 @@ A sweep file (configs/sweeps/*.py) has `get_sweep()` return override dicts keyed
 here: planning, dry runs and TPU commands are instant.
 """
 
-from __future__ import annotations
-
 import copy
 import dataclasses
 import difflib

@@ -8,8 +8,6 @@ encoder-only mlm run (e.g. a converted BERT), which continues the run's. Keys of
 `run_tokenizer` always come from the run, model keys of role `finetune` from the new config.
 """
 
-from __future__ import annotations
-
 import dataclasses
 from typing import Any
 

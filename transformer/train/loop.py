@@ -4,8 +4,6 @@ The compiled steps and the train state are steps.py's, the runs a program trains
 Read top to bottom: config checks, the in-training evaluation, then `train_and_evaluate`.
 """
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import itertools

@@ -9,8 +9,6 @@ differ enter the step as [N] traced values, so each member equals its separate r
 rounding (tests/test_members.py).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import re
 from typing import Any, Callable

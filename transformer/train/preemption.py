@@ -1,8 +1,6 @@
 """Preemption and Ctrl-C: a signal becomes a stop the training loop polls at every step, saving
 a checkpoint at the step where `should_stop(step)` first returns True."""
 
-from __future__ import annotations
-
 import os
 import signal
 

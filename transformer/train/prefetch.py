@@ -5,8 +5,6 @@ after the last batch the loop *took*: a resumed run reads exactly the batches of
 prefetching. An error in the thread is raised by the `next()` that would have returned its batch.
 """
 
-from __future__ import annotations
-
 import queue
 import threading
 from typing import Any, Sequence

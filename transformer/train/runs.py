@@ -2,8 +2,6 @@
 train.members (members.py) in `<workdir>/<name>`; each has its own config, workdir, checkpoints,
 reporter, early stopping (EarlyStopping) and metrics, and resumes from its own checkpoints."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import os

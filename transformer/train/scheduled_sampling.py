@@ -1,8 +1,6 @@
 """Scheduled sampling for transformers (Mihaylova & Martins 2019), the two-pass method: the
 teacher-forcing schedules and the second pass's logits."""
 
-from __future__ import annotations
-
 from typing import Any, Callable
 
 import flax.linen as nn

@@ -5,8 +5,6 @@ uninterrupted one. Losses stay sums over tokens until the end of the step, so gr
 accumulation and data parallelism give exactly the large batch's mean. The eval step is
 model/scoring.py's, the loop loop.py's.
 """
-from __future__ import annotations
-
 import dataclasses
 from typing import Any, Callable
 
