@@ -175,7 +175,6 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
   tc, mode = cfg.train, cfg.parallel.mode
   stacked = runs[0].index is not None  # a train.members program: states stacked [N, ...]
 
-  # ---- model, optimizer, mesh and the (abstract) train state
   model = build_model(cfg.model)
   tx = optim.make_optimizer(tc, d_model=cfg.model.d_model)
   example = {k: np.asarray(v)[:1] for k, v in next(iter(task.train_iterator())).items()
@@ -312,16 +311,14 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
       runs[0].reporter.progress(step, first)
       if step % tc.log_every_steps == 0 or step == tc.num_steps:
         settle()
-        all_fetched = jax.device_get(window)
-        window = []
+        all_fetched, window = jax.device_get(window), []
+        last = ["learning_rate"] + (["teacher_forcing"] if tc.scheduled_sampling.schedule != "none"
+                                    else [])
         for r in runs:
           fetched = [r.metrics(m) for m in all_fetched]
           scalars = {f"train/{k}": float(np.mean(np.concatenate([np.ravel(m[k]) for m in fetched])))
                      for k in ("loss", "grad_norm")}
-          last = lambda k: float(np.ravel(fetched[-1][k])[-1])  # pylint: disable=cell-var-from-loop
-          scalars["train/learning_rate"] = last("learning_rate")
-          if tc.scheduled_sampling.schedule != "none":
-            scalars["train/teacher_forcing"] = last("teacher_forcing")
+          scalars |= {f"train/{k}": float(np.ravel(fetched[-1][k])[-1]) for k in last}
           r.reporter.write_scalars(step, scalars | r.reporter.throughput())
           r.final |= scalars
       evaluated = step % cfg.eval.every_steps == 0 or step == tc.num_steps

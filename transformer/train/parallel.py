@@ -30,22 +30,12 @@ PMAP_AXIS = "batch"
 # tensor splits the wide side of each projection (Megatron), so a block's in/out matmul pair needs
 # one all-reduce. A dimension a mesh axis does not divide is replicated.
 LOGICAL_AXIS_RULES = (
-    ("batch", BATCH_AXES),
-    ("embed", "fsdp"),
-    ("mlp", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("vocab", "tensor"),
-    ("classes", None),  # classification/tagging outputs: a handful
-    ("head_dim", None),
-    ("layers", None),
-    ("length", None),
-    ("relpos_buckets", None),
-    ("norm", None),
+    ("batch", BATCH_AXES), ("embed", "fsdp"),
+    ("mlp", "tensor"), ("heads", "tensor"), ("kv_heads", "tensor"), ("vocab", "tensor"),
+    ("classes", None), ("head_dim", None), ("layers", None), ("length", None),
+    ("relpos_buckets", None), ("norm", None),
 )
 
-
-# ---------------------------------------------------------------- processes and the mesh
 
 def _environment_asks_for_distributed() -> bool:
   """True when a launcher set up a multi-process job that jax.distributed can detect by itself."""
@@ -142,8 +132,6 @@ def check_fits(abstract_state: Any, model_cfg: Any) -> None:
         f"{have / 2**30:,.1f} GiB of memory here; make the model smaller")
 
 
-# ---------------------------------------------------------------- shardings
-
 def _fit_spec(spec: Sequence[Any], shape: Sequence[int], mesh: Mesh) -> P:
   """Drops mesh axes that do not divide their dimension (keeps the longest dividing prefix)."""
   fitted = []
@@ -229,8 +217,6 @@ def shard_batch(local_batch: dict[str, Any], mesh: Mesh, stacked: bool = False
   return out
 
 
-# ---------------------------------------------------------------- pmap mode
-
 def replicate(tree: Any, devices: Sequence[Any]) -> Any:
   """Puts a copy of every leaf on each of `devices`, stacked on a new leading axis (pmap layout)."""
   sharding = NamedSharding(Mesh(np.asarray(devices, dtype=object), (PMAP_AXIS,)), P(PMAP_AXIS))
@@ -260,8 +246,6 @@ def split_for_pmap(local_batch: dict[str, Any], n: int) -> dict[str, Any]:
     out[key] = value.reshape((n, value.shape[0] // n) + value.shape[1:])
   return out
 
-
-# ---------------------------------------------------------------- compiled steps
 
 @dataclasses.dataclass(frozen=True)
 class CompiledStep:
