@@ -1,7 +1,5 @@
-"""A sweep's results: one row per point from its run files, written into the sweep's workdir as
-results.csv, results.md, results.png (the chosen metric per point) and curves.png (every point's
-learning curves, overlaid).
-"""
+"""A sweep's results, one row per point, as results.csv, results.md, results.png (the chosen
+metric per point) and curves.png (every point's learning curves) in the sweep's workdir."""
 
 import csv
 import json
@@ -102,13 +100,6 @@ def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
   return head + dev + [k for k in metrics if k not in dev] + [k for k in tail if k in seen]
 
 
-def choose_metric(rows: Sequence[dict[str, Any]], metric: str = "auto") -> str | None:
-  """`metric` itself, or for 'auto' the first of AUTO_METRICS that some row has."""
-  if metric != "auto":
-    return metric
-  return next((m for m in AUTO_METRICS if any(r.get(m) is not None for r in rows)), None)
-
-
 def _fmt(key: str, value: Any) -> str:
   if value is None or value == "":
     return ""
@@ -193,7 +184,8 @@ def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto
   """Writes results.csv, results.md, results.png and curves.png; returns {'rows', 'metric', paths}."""
   os.makedirs(workdir, exist_ok=True)
   rows = collect(points, eval_split or "test")
-  chosen = choose_metric(rows, metric)
+  chosen = metric if metric != "auto" else next(
+      (m for m in AUTO_METRICS if any(r.get(m) is not None for r in rows)), None)
   out = {"rows": rows, "metric": chosen, "csv": os.path.join(workdir, "results.csv"),
          "md": os.path.join(workdir, "results.md")}
   write_csv(rows, out["csv"])

@@ -1,8 +1,7 @@
 """Running a sweep's points: their state on disk, one process per stage, records, dry runs.
 
-A point's workdir holds what train.py and eval.py write, plus LOG and RECORD. A point is trained
-when train_done.json says so and finished when `metrics.<split>.json` is there for that step;
-`run()` starts only what is missing, and refuses a workdir that ran other overrides.
+A point is trained when DONE says so and finished when `metrics.<split>.json` is there for that
+step; `run()` starts only what is missing, and refuses a workdir that ran other overrides.
 """
 
 import concurrent.futures
@@ -275,18 +274,18 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
       if not ok:
         failed.append(p)
 
-  with _forwarding_signals():
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-      futures = [pool.submit(one, p) for p in todo]
-      try:
-        for future in futures:
-          future.result()
-      except BaseException:  # a signal (forwarded already) or an error: stop, wait for children
-        for future in futures:
-          future.cancel()
-        if _stop_signal is None:
-          stop_running()
-        raise
+  pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel))
+  with _forwarding_signals(), pool:
+    futures = [pool.submit(one, p) for p in todo]
+    try:
+      for future in futures:
+        future.result()
+    except BaseException:  # a signal (forwarded already) or an error: stop, wait for children
+      for future in futures:
+        future.cancel()
+      if _stop_signal is None:
+        stop_running()
+      raise
   return sorted(failed, key=lambda p: p.index)
 
 

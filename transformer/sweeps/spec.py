@@ -1,8 +1,7 @@
 """Sweeps: a sweep file's override dicts -> validated, named points -> commands (local or TPU VM).
 
 A sweep file (configs/sweeps/*.py) has `get_sweep()` return override dicts keyed like
-`--config.*`; `plan()` checks them and names each point's workdir from its overrides. No JAX
-here: planning, dry runs and TPU commands are instant.
+`--config.*`. No JAX here: planning, dry runs and TPU commands are instant.
 """
 
 import copy
@@ -161,10 +160,9 @@ def plan(config: ml_collections.ConfigDict, config_arg: str, sweep_path: str,
   check_keys(overrides, config, sweep_path, config_arg)
   seen: dict[str, int] = {}
   for i, point in enumerate(overrides):
-    text = json.dumps(point, sort_keys=True, default=str)
-    if text in seen:
-      raise SweepError(f"{sweep_path}: points {seen[text]} and {i} are the same run {point}")
-    seen[text] = i
+    first = seen.setdefault(json.dumps(point, sort_keys=True, default=str), i)
+    if first != i:
+      raise SweepError(f"{sweep_path}: points {first} and {i} are the same run {point}")
   points = []
   for i, (point, name) in enumerate(zip(overrides, point_names(overrides))):
     try:
@@ -211,11 +209,6 @@ class Commands:
         os.path.join(self.cwd or os.getcwd(), self.eval_script))
 
 
-def _double_quote(text: str) -> str:
-  """`text` inside double quotes for a POSIX shell."""
-  return '"' + re.sub(r'(["\\$`])', r"\\\1", text) + '"'
-
-
 def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, bucket: str,
                    remote_dir: str = "~/transformer", python: str = "python3",
                    project: str = "") -> tuple[list[str], str]:
@@ -241,4 +234,5 @@ def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, b
   argv = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu_name, f"--zone={zone}"]
   argv += [f"--project={project}"] if project else []
   argv += ["--worker=all"]
-  return argv + [f"--command={remote}"], f"{shlex.join(argv)} --command={_double_quote(remote)}"
+  quoted = '"' + re.sub(r'(["\\$`])', r"\\\1", remote) + '"'  # for a POSIX shell
+  return argv + [f"--command={remote}"], f"{shlex.join(argv)} --command={quoted}"

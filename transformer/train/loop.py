@@ -1,8 +1,5 @@
-"""Training: the loop behind `train.py`, data -> steps -> eval -> checkpoints -> reporting.
-
-The compiled steps and the train state are steps.py's, the runs a program trains runs.py's.
-Read top to bottom: config checks, the in-training evaluation, then `train_and_evaluate`.
-"""
+"""Training: the loop behind `train.py`, data -> steps -> eval -> checkpoints -> reporting (the
+steps are steps.py's, the runs runs.py's). Read top to bottom, ending in `train_and_evaluate`."""
 
 import contextlib
 import dataclasses
@@ -89,13 +86,6 @@ def dispatch_size(cfg: Config, step: int) -> int:
     return 1
   every = (tc.log_every_steps, cfg.eval.every_steps, cfg.checkpoint.every_steps)
   return min([tc.steps_per_dispatch, tc.num_steps - step] + [e - step % e for e in every])
-
-
-def _host_tokens(batch: dict[str, Any]) -> tuple[int, int]:
-  """(all, non-padding) token positions of a host batch, counted on the host."""
-  keys = [k for k in ("inputs", "targets") if batch.get(k) is not None]
-  return (sum(int(np.size(batch[k])) for k in keys),
-          sum(int(np.count_nonzero(batch[k])) for k in keys))
 
 
 def eval_sums(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, Any]:
@@ -293,9 +283,11 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
     while step < tc.num_steps:
       n = dispatch_size(cfg, step)
       batches = [next(train_iter) for _ in range(n)]
-      for batch in batches:
+      for batch in batches:  # (all, non-padding) token positions, counted on the host
+        seqs = [batch[k] for k in ("inputs", "targets") if batch.get(k) is not None]
+        tokens = (sum(int(np.size(x)) for x in seqs), sum(int(np.count_nonzero(x)) for x in seqs))
         for r in runs:
-          r.reporter.add_tokens(*_host_tokens(batch))
+          r.reporter.add_tokens(*tokens)
       with reporting.maybe_profile(step, tc, workdir):
         if n == 1:
           state, metrics = run.step(state, run.prepare_batch(batches[0]))

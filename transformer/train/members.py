@@ -1,12 +1,10 @@
 """Many members in one program (`train.members`): N runs that differ only in their seed or in
 MEMBER_KEYS hyperparameters, trained by one vmapped train step.
 
-train.members is ';'-separated members of ','-separated key=value overrides (e.g.
-"seed=0;train.learning_rate=1e-3,model.dropout_rate=0"), or "seeds:N" (seeds cfg.seed ..
-cfg.seed + N - 1). Member i trains in `<workdir>/<name>` as its plain run would: the state is
-stacked on a leading member axis, every member reads the same batches, and the TRACED_KEYS that
-differ enter the step as [N] traced values, so each member equals its separate run up to float
-rounding (tests/test_members.py).
+train.members: ';'-separated members of ','-separated key=value overrides (e.g.
+"seed=0;train.learning_rate=1e-3,model.dropout_rate=0"), or "seeds:N" (seeds cfg.seed ..). Member
+i trains in `<workdir>/<name>` as its plain run would, on the same batches, its state stacked on a
+leading axis and its TRACED_KEYS traced: it equals its separate run up to float rounding.
 """
 
 import dataclasses
@@ -37,14 +35,6 @@ class Member:
   cfg: Config
 
 
-def _parse_value(key: str, text: str, where: str) -> Any:
-  kind = MEMBER_KEYS[key]
-  try:
-    return kind(text)
-  except ValueError:
-    raise ConfigError(f"train.members: {where}: {key}={text!r} is not a {kind.__name__}") from None
-
-
 def parse(spec: str, seed: int) -> list[dict[str, Any]]:
   """The members' overrides of a train.members string (see the module doc); raises ConfigError."""
   spec = spec.strip()
@@ -55,19 +45,22 @@ def parse(spec: str, seed: int) -> list[dict[str, Any]]:
     return [{"seed": seed + i} for i in range(int(count))]
   members = []
   for i, text in enumerate(part.strip() for part in spec.split(";")):
-    where = f"member {i + 1} ({text!r})"
+    where = f"train.members: member {i + 1} ({text!r})"
     overrides: dict[str, Any] = {}
     for item in (t.strip() for t in text.split(",") if t.strip()):
-      key, eq, value = item.partition("=")
-      key = key.strip()
+      key, eq, value = (part.strip() for part in item.partition("="))
       if not eq:
-        raise ConfigError(f"train.members: {where}: {item!r} is not key=value")
+        raise ConfigError(f"{where}: {item!r} is not key=value")
       if key not in MEMBER_KEYS:
-        raise ConfigError(f"train.members: {where}: {key} cannot differ between members (only "
+        raise ConfigError(f"{where}: {key} cannot differ between members (only "
                           f"{', '.join(MEMBER_KEYS)})")
       if key in overrides:
-        raise ConfigError(f"train.members: {where}: {key} is given twice")
-      overrides[key] = _parse_value(key, value.strip(), where)
+        raise ConfigError(f"{where}: {key} is given twice")
+      kind = MEMBER_KEYS[key]
+      try:
+        overrides[key] = kind(value)
+      except ValueError:
+        raise ConfigError(f"{where}: {key}={value!r} is not a {kind.__name__}") from None
     members.append(overrides)
   if len(members) < 2:
     raise ConfigError(f"train.members={spec!r} needs at least 2 members (one run needs no "

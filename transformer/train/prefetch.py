@@ -1,8 +1,6 @@
-"""Batches made ahead of the training loop on a thread (data.prefetch), checkpointed as if not.
-
-Each queued batch carries the inner iterator's state right after it, so `get_state()` is the state
-after the last batch the loop *took*: a resumed run reads exactly the batches of one without
-prefetching. An error in the thread is raised by the `next()` that would have returned its batch.
+"""Batches made ahead of the training loop on a thread (data.prefetch), checkpointed as if not:
+each queued batch carries the inner iterator's state after it, so `get_state()` is the state after
+the last batch the loop took. A thread's error is raised by the `next()` that meets it.
 """
 
 import queue

@@ -1,6 +1,5 @@
-"""The runs one training program trains, for the loop (loop.py): a plain run, or each member of
-train.members (members.py) in `<workdir>/<name>`; each has its own config, workdir, checkpoints,
-reporter, early stopping (EarlyStopping) and metrics, and resumes from its own checkpoints."""
+"""The runs one training program trains (loop.py): a plain run, or each train.members member,
+each with its own config, workdir, checkpoints, reporter, early stopping and metrics."""
 
 import dataclasses
 import math

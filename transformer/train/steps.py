@@ -2,8 +2,7 @@
 
 The step's key is `fold_in(state.rng, state.step)`, so a resumed run draws the same numbers as an
 uninterrupted one. Losses stay sums over tokens until the end of the step, so gradient
-accumulation and data parallelism give exactly the large batch's mean. The eval step is
-model/scoring.py's, the loop loop.py's.
+accumulation and data parallelism give exactly the large batch's mean.
 """
 import dataclasses
 from typing import Any, Callable
