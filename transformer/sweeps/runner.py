@@ -325,8 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   def define(f: flags.FlagValues) -> None:
     flags.DEFINE_integer("num_steps", None, "the run's training steps", flag_values=f)
     flags.mark_flag_as_required("num_steps", flag_values=f)
-    flags.DEFINE_string("split", "", "the split it must be evaluated on ('' = none)",
-                        flag_values=f)
+    flags.DEFINE_string("split", "", "the split it must be evaluated on ('' = none)", flag_values=f)
 
   args, rest = cli.parse_own_flags("python -m transformer.sweeps.runner is_done WORKDIR", define,
                                    sys.argv[1:] if argv is None else list(argv))

@@ -352,12 +352,12 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
   # not an end.
   reason = "early_stop" if stop_reason == "early_stop" else (
       "num_steps" if step >= tc.num_steps else "")
+  stopped = {stop_reason: 1.0} if stop_reason else {}
   for r in runs:
-    r.final = (r.final | r.last_eval | {"step": step}
-               | ({stop_reason: 1.0} if stop_reason else {}))
+    r.final = r.final | r.last_eval | {"step": step} | stopped
     if main and reason:
       write_done_marker(r.workdir, step, reason, r.final, time.time() - started)
-  return runs_lib.result(runs, step) | ({stop_reason: 1.0} if stop_reason else {})
+  return runs_lib.result(runs, step) | stopped
 
 
 def _close_all(closers: list[Any]) -> None:

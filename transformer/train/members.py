@@ -82,8 +82,7 @@ def members_of(cfg: Config) -> list[Member]:
   if cfg.parallel.mode != "mesh":
     raise ConfigError(f"train.members needs parallel.mode=mesh (got {cfg.parallel.mode!r})")
   if cfg.train.early_stop_patience:
-    raise ConfigError("train.members cannot stop members early: set "
-                      "train.early_stop_patience=0")
+    raise ConfigError("train.members cannot stop members early: set train.early_stop_patience=0")
   base = with_values(cfg, {"train.members": ""})
   members, names = [], set()
   for overrides in parse(cfg.train.members, cfg.seed):

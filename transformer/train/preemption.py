@@ -1,6 +1,7 @@
 """Preemption and Ctrl-C: a signal becomes a stop the training loop polls at every step, saving
 a checkpoint at the step where `should_stop(step)` first returns True."""
 
+import contextlib
 import os
 import signal
 
@@ -26,10 +27,8 @@ class PreemptionHandler:
     if jax.process_count() > 1 and not self._sync:
       return
     for sig in (signal.SIGINT,) if self._sync else (signal.SIGTERM, signal.SIGINT):
-      try:
+      with contextlib.suppress(ValueError):  # not the main thread (some notebook kernels)
         self._previous[sig] = signal.signal(sig, self._handle)
-      except ValueError:  # not the main thread (e.g. some notebook kernels): flag stays False
-        pass
 
   @property
   def reason(self) -> str:
@@ -55,10 +54,8 @@ class PreemptionHandler:
     """True once a stop was requested (all hosts agree on the step when multi-host)."""
     if self._sync and not self.requested:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      try:
+      with contextlib.suppress(RuntimeError):  # the preemption service is off after all
         self.requested = bool(multihost_utils.reached_preemption_sync_point(step))
-      except RuntimeError:  # the preemption service is off after all
-        pass
     return self.requested
 
   def uninstall(self) -> None:

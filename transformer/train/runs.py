@@ -107,8 +107,7 @@ def restore(runs: list[Run], abstract: Any, train_iter: Any) -> Any:
   states = []
   for i, r in enumerate(runs):
     # Each newer checkpoint that fails to verify is named in a line and moved aside.
-    good, state = r.ckpt.restore_latest_good(abstract,
-                                             data_iterator=train_iter if i == 0 else None)
+    good, state = r.ckpt.restore_latest_good(abstract, train_iter if i == 0 else None)
     if good != latest[i]:
       logging.warning("Resuming from step %d, the newest checkpoint that verifies (the newer "
                       "ones are kept as <step>%s in %s).", good, digests.CORRUPT_SUFFIX,
