@@ -1,6 +1,7 @@
 """A sweep's results, one row per point, as results.csv, results.md, results.png (the chosen
 metric per point) and curves.png (every point's learning curves) in the sweep's workdir."""
 
+import contextlib
 import csv
 import json
 import logging
@@ -41,10 +42,8 @@ def _metrics_jsonl(workdir: str) -> list[dict[str, Any]]:
   records = []
   if files.exists(path):
     for line in files.read_text(path).split("\n"):
-      try:
+      with contextlib.suppress(ValueError):  # a line cut by a kill (or the empty end)
         records.append(json.loads(line))
-      except ValueError:
-        continue  # a line cut by a kill (or the empty end); the rest is still good
   return records
 
 
@@ -54,9 +53,8 @@ def _sort_metrics(keys: Sequence[str]) -> list[str]:
 
 
 def collect(points: Sequence[spec.Point], eval_split: str = "test") -> list[dict[str, Any]]:
-  """One row per point: point, swept values, params (traced from config.json), steps, dev/* (the
-  last in-training evaluation), test/* (eval.py's), median tokens/s after the first window (which
-  includes compilation), training wall seconds, status."""
+  """One row per point: swept values, params, steps, dev/* (the last in-training evaluation),
+  test/* (eval.py's), median tokens/s after the first (compiling) window, wall seconds, status."""
   label = spec.labels([p.overrides for p in points])
   rows = []
   for p in points:

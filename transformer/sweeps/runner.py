@@ -132,9 +132,8 @@ _stop_signal: int | None = None  # set by stop_running: no new process starts af
 
 
 def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> int:
-  """Runs one process with its output appended to `log_path`; returns its exit code (after
-  stop_running(): minus the signal, starting nothing). The child gets its own session, so a
-  terminal's Ctrl-C reaches only the sweep, which forwards it."""
+  """Runs one process in its own session (a terminal's Ctrl-C reaches only the sweep), its output
+  appended to `log_path`; returns its exit code (after stop_running(): minus the signal)."""
   with open(log_path, "a") as log:
     log.write(f"$ {shlex.join(argv)}\n")
     log.flush()
@@ -247,9 +246,8 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
 
 def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
         launch: Launch = launch_subprocess, echo: Callable[[str], None] = print) -> list[Point]:
-  """Runs every unfinished point, `parallel` at a time; returns the points that failed. SIGINT,
-  SIGTERM or SIGHUP stop it: the running points get the signal, this waits for them, prints
-  where each stopped and raises KeyboardInterrupt."""
+  """Runs every unfinished point, `parallel` at a time; returns the points that failed. A signal
+  (FORWARDED) reaches the running points; this waits for them and raises KeyboardInterrupt."""
   global _stop_signal
   _stop_signal = None
   check_same_runs(points, commands)

@@ -196,11 +196,8 @@ class Commands:
     return [python or self.python, self.train_script, f"--config={self.config_arg}",
             f"--workdir={workdir or point.workdir}", *flags]
 
-  def eval(self, point: Point, workdir: str | None = None,
-           python: str | None = None) -> list[str] | None:
-    """The argv that evaluates `point` on eval_split, or None when there is no eval step."""
-    if not self.eval_split:
-      return None
+  def eval(self, point: Point, workdir: str | None = None, python: str | None = None) -> list[str]:
+    """The argv that evaluates `point` on eval_split."""
     return [python or self.python, self.eval_script, f"--workdir={workdir or point.workdir}",
             f"--split={self.eval_split}"]
 

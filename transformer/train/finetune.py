@@ -1,11 +1,8 @@
 """Fine-tuning's start (`train.py --init_from=RUN`): the config and parameters of a run that starts
-from another run's workdir (trained, or written by transformer/convert).
-
-Decoder-only and encoder-decoder configs take the run's whole model, tokenizers and parameters.
-Encoder-only ones take its encoder, embeddings and input tokenizer; a new head keeps the config's
-head keys (schema roles `head`, `vocab_head`) and starts afresh, except head mlm on an
-encoder-only mlm run (e.g. a converted BERT), which continues the run's. Keys of role
-`run_tokenizer` always come from the run, model keys of role `finetune` from the new config.
+from another run's workdir. Decoder-only and encoder-decoder configs take its whole model,
+tokenizers and parameters; encoder-only ones its encoder, embeddings and input tokenizer, with a
+fresh head of the config's `head`/`vocab_head` keys (head mlm on an encoder-only mlm run continues
+the run's). Keys of role `run_tokenizer` come from the run, model keys of role `finetune` not.
 """
 
 import dataclasses

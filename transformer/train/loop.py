@@ -79,8 +79,7 @@ def fill_vocab_sizes(cfg: Config, task: Any) -> Config:
 
 
 def dispatch_size(cfg: Config, step: int) -> int:
-  """Steps the next dispatch runs from `step`: train.steps_per_dispatch, cut short at the next step
-  that logs, evaluates, checkpoints or ends the run, so those happen at the same steps as with 1."""
+  """train.steps_per_dispatch, cut short at the next step that logs, evaluates, saves or ends."""
   tc = cfg.train
   if tc.steps_per_dispatch == 1:
     return 1
@@ -89,8 +88,7 @@ def dispatch_size(cfg: Config, step: int) -> int:
 
 
 def eval_sums(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, Any]:
-  """The teacher-forced eval-step sums over `eval.num_batches` batches of the eval split ({} for
-  none; members' with a leading member axis), of steps.eval_params (the EMA if there is one)."""
+  """The eval-step sums (of steps.eval_params) over `eval.num_batches` eval batches; {} for none."""
   totals: dict[str, Any] = {}
   batches = task.eval_batches(cfg.data.eval_split, batch_size=cfg.eval.batch_size or None)
   for batch in itertools.islice(batches, cfg.eval.num_batches or None):
@@ -113,15 +111,11 @@ def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, f
 def train_and_evaluate(config: Any, workdir: str, task: Any = None,
                        init_from: str = "") -> dict[str, float]:
   """Trains `config` (a ConfigDict or Config) in `workdir`, resuming from the newest checkpoint
-  that verifies; returns the final metrics (the last evaluation, train/loss, step).
-
-  `init_from` (finetune.py): another run's workdir whose model, tokenizers and parameters the run
-  starts from; `task` overrides `transformer.data.load_task`. Errors are one-line ConfigError
-  (also: a workdir another live process trains), CheckpointError or TrainingDiverged. A finished
-  workdir returns its saved metrics with FINISHED_BEFORE = 1.0; a run that ends normally leaves
-  DONE_FILE. SIGTERM or a first SIGINT saves and returns with `preempted` or `interrupted` = 1.0.
-  With train.members the metrics are each member's as '<name>/<key>'.
-  """
+  that verifies; returns the final metrics (members': '<name>/<key>'). `init_from`: a run to
+  fine-tune (finetune.py); `task` overrides `transformer.data.load_task`. Errors are one-line
+  ConfigError, CheckpointError or TrainingDiverged. A finished workdir returns its saved metrics
+  with FINISHED_BEFORE = 1.0; SIGTERM or a first SIGINT saves and returns with `preempted` or
+  `interrupted` = 1.0."""
   started = time.time()
   cfg = config if isinstance(config, Config) else from_configdict(config)
   if init_from:
@@ -348,8 +342,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
       preempt.uninstall()
       if isinstance(train_iter, prefetch.Prefetch):
         train_iter.close()
-  # Only now, with the last checkpoints committed (close waits); a stop before the last step is
-  # not an end.
+  # Only now, with the last checkpoints committed; a stop before the last step is no end.
   reason = "early_stop" if stop_reason == "early_stop" else (
       "num_steps" if step >= tc.num_steps else "")
   stopped = {stop_reason: 1.0} if stop_reason else {}

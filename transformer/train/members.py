@@ -86,7 +86,6 @@ def members_of(cfg: Config) -> list[Member]:
   base = with_values(cfg, {"train.members": ""})
   members, names = [], set()
   for overrides in parse(cfg.train.members, cfg.seed):
-    # Every value checked as a plain run's would be.
     member = from_configdict(to_dict(with_values(base, overrides)))
     name = member_name(overrides)
     if name in names:

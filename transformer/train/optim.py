@@ -125,8 +125,7 @@ def split_micro_batches(batch: Any, num_micro: int) -> Any:
 
 def accumulate_gradients(loss_and_grad_fn: Callable, params: Any, micro_batches: Any):
   """(loss_sum, weight_sum, grads) of `loss_and_grad_fn(params, mb) -> ((loss_sum, weight_sum),
-  grads)` summed over the leading axis of `micro_batches` in one `lax.scan` (one micro-batch's
-  memory); sums, not means, so that dividing by the total weight gives the large batch's mean."""
+  grads)` summed over the leading axis of `micro_batches` in one `lax.scan`."""
   def body(carry, mb):
     (loss_sum, weight_sum), grads = loss_and_grad_fn(params, mb)
     acc_loss, acc_weight, acc_grads = carry

@@ -40,12 +40,10 @@ LOGICAL_AXIS_RULES = (
 def _environment_asks_for_distributed() -> bool:
   """True when a launcher set up a multi-process job that jax.distributed can detect by itself."""
   env = os.environ
-  if env.get("JAX_COORDINATOR_ADDRESS"):
-    return True
   slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
-  if all(k in env for k in slurm) and int(env["SLURM_NTASKS"]) > 1:
-    return True
-  if "OMPI_MCA_orte_hnp_uri" in env and int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+  if (env.get("JAX_COORDINATOR_ADDRESS")
+      or (all(k in env for k in slurm) and int(env["SLURM_NTASKS"]) > 1)
+      or ("OMPI_MCA_orte_hnp_uri" in env and int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1)):
     return True
   try:  # jax sets this flag at import when libtpu and TPU chips are present (a Cloud TPU VM).
     from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top  (private; may be absent)

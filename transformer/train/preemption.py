@@ -10,13 +10,10 @@ import jax
 
 
 class PreemptionHandler:
-  """Turns SIGTERM (cloud preemption) and SIGINT (Ctrl-C) into a stop `should_stop(step)` reports;
-  a second SIGINT, or a SIGINT after SIGTERM, raises KeyboardInterrupt at once.
-
-  Many processes with jax's preemption service agree on the step through
-  `reached_preemption_sync_point` (SIGINT joins by sending this process SIGTERM); without the
-  service nothing is installed, since one host saving while the others train would deadlock.
-  """
+  """Turns SIGTERM (preemption) and SIGINT (Ctrl-C) into a stop `should_stop(step)` reports; a
+  second SIGINT raises KeyboardInterrupt. Many processes agree on the step through jax's
+  preemption service (SIGINT sends this process SIGTERM); without it nothing is installed, since
+  one host saving while the others train would deadlock."""
 
   def __init__(self):
     self.requested = False  # stop at this step (on every host)

@@ -74,23 +74,19 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
 
   def loss_sums(params, micro):
     batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
-    weights = scoring.target_weights(batch)
+    weights, rngs = scoring.target_weights(batch), {"dropout": key}
+    kw = dict(label_smoothing=tc.label_smoothing, z_loss=tc.z_loss, excluded=excluded)
     if tc.loss_chunk_tokens:  # the output layer and the loss a chunk of tokens at a time
-      hidden = models.batch_hidden(model, params, batch, deterministic=deterministic,
-                                   rngs={"dropout": key})
+      hidden = models.batch_hidden(model, params, batch, deterministic=deterministic, rngs=rngs)
       loss_sum, _, weight_sum = chunked_cross_entropy(
           hidden, models.vocab_projection(model, params), batch["targets"], weights,
-          label_smoothing=tc.label_smoothing, z_loss=tc.z_loss, chunk_tokens=tc.loss_chunk_tokens,
-          excluded=excluded)
-      return loss_sum, weight_sum
-    if use_ss:
-      logits = two_pass_logits(model, arch, params, batch, tf_prob, key, deterministic)
+          chunk_tokens=tc.loss_chunk_tokens, **kw)
     else:
-      logits = models.batch_logits(model, params, batch, deterministic=deterministic,
-                                   rngs={"dropout": key})
-    loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights,
-                                            label_smoothing=tc.label_smoothing, z_loss=tc.z_loss,
-                                            excluded=excluded)
+      if use_ss:
+        logits = two_pass_logits(model, arch, params, batch, tf_prob, key, deterministic)
+      else:
+        logits = models.batch_logits(model, params, batch, deterministic=deterministic, rngs=rngs)
+      loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights, **kw)
     return loss_sum, weight_sum
 
   grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
