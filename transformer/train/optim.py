@@ -1,20 +1,18 @@
 """Optimizers, learning-rate schedules, gradient accumulation and the parameter EMA (optax).
 
-Schedules are written in the paper's step s = count + 1 (optax counts updates from 0), so the first
-update has a non-zero rate and warmup ends at s = warmup_steps. With peak = train.learning_rate
-and min = train.min_learning_rate_ratio * peak:
+Schedules run on the paper's step s = count + 1 (optax counts from 0), so warmup ends at s = warmup.
+With peak = train.learning_rate, min = train.min_learning_rate_ratio * peak and
+p = (s - warmup) / (num_steps - warmup) clipped to [0, 1]:
   rsqrt (Vaswani et al. 2017, eq. 3): peak * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
-  warmup_cosine: peak * s / warmup while s < warmup, then
-      min + (peak - min) * (1 + cos(pi * p)) / 2,  p = (s - warmup) / (num_steps - warmup) in [0, 1]
+  warmup_cosine: peak * s / warmup while s < warmup, then min + (peak - min) * (1 + cos(pi p)) / 2
   warmup_linear: the same warmup, then peak + (min - peak) * p
   constant: peak * min(1, s / warmup)
 Optimizers chain clip -> [L2] -> preconditioner -> [decay] -> -lr: adam's weight decay is L2 on
-the gradient, the others' decoupled (optax.adamw's). The decay mask goes by names, never rank
-(scanned layers carry a leading axis): norm scales and biases (a leaf 'scale' or 'bias', a module
-name with 'norm') and embeddings (a name with 'embed') decay only if train.weight_decay_* says so.
-EMA (train.ema_decay = d > 0), float32, after update n = 1, 2, ...:
-    ema <- d_n * ema + (1 - d_n) * params,   d_n = min(d, (1 + n) / (10 + n))
-(TensorFlow's warmup: without it d = 0.999 keeps the average near the init for thousands of steps).
+the gradient, the others' decoupled. The decay mask goes by names, never rank (scanned layers
+carry a leading axis): norm scales and biases (a leaf 'scale' or 'bias', a module name with 'norm')
+and embeddings (a name with 'embed') decay only if train.weight_decay_* says so. The float32 EMA
+(train.ema_decay = d > 0) after update n = 1, 2, ... is ema <- d_n * ema + (1 - d_n) * params,
+d_n = min(d, (1 + n) / (10 + n)) (TensorFlow's warmup, so the average soon leaves the init).
 """
 
 from typing import Any, Callable

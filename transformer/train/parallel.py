@@ -155,10 +155,7 @@ def _box_sharding(box: Any, mesh: Mesh) -> NamedSharding:
 
 
 def _key_name(k: Any) -> Any:
-  for attr in ("key", "name", "idx"):
-    if hasattr(k, attr):
-      return getattr(k, attr)
-  return str(k)
+  return next((getattr(k, a) for a in ("key", "name", "idx") if hasattr(k, a)), str(k))
 
 
 def _is_box(x: Any) -> bool:
@@ -289,10 +286,8 @@ def _compile_pmap(step_fn: Callable[..., Any], returns_state: bool) -> CompiledS
                      donate_argnums=(0,) if returns_state else ())
 
   def step(state: Any, batch: Any) -> Any:
-    out = pmapped(state, batch)
-    if returns_state:  # Metrics were psum'ed, so every device holds the same values.
-      return out[0], unreplicate(out[1])
-    return unreplicate(out)
+    out = pmapped(state, batch)  # metrics and sums were psum'ed: every device holds the same
+    return (out[0], unreplicate(out[1])) if returns_state else unreplicate(out)
 
   return CompiledStep(step=step, prepare_batch=lambda b: split_for_pmap(b, len(devices)),
                       prepare_state=lambda s: replicate(s, devices), fetch_state=unreplicate)
@@ -301,9 +296,8 @@ def _compile_pmap(step_fn: Callable[..., Any], returns_state: bool) -> CompiledS
 def compile_train_step(step_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
                        state_sharding: Any) -> CompiledStep:
   """Compiles `step_fn(state, batch, axis_name=None) -> (state, metrics)` for `mode`."""
-  if mode == "pmap":
-    return _compile_pmap(step_fn, returns_state=True)
-  return _compile_mesh(step_fn, mesh, state_sharding, returns_state=True)
+  return (_compile_pmap(step_fn, returns_state=True) if mode == "pmap"
+          else _compile_mesh(step_fn, mesh, state_sharding, returns_state=True))
 
 
 def compile_multi_step(multi_step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any
@@ -315,6 +309,5 @@ def compile_multi_step(multi_step_fn: Callable[..., Any], mesh: Mesh, state_shar
 def compile_eval_step(eval_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
                       state_sharding: Any) -> CompiledStep:
   """Compiles `eval_fn(state, batch) -> pytree of sums`; pmap mode adds up the devices'."""
-  if mode == "pmap":
-    return _compile_pmap(eval_fn, returns_state=False)
-  return _compile_mesh(eval_fn, mesh, state_sharding, returns_state=False)
+  return (_compile_pmap(eval_fn, returns_state=False) if mode == "pmap"
+          else _compile_mesh(eval_fn, mesh, state_sharding, returns_state=False))

@@ -50,9 +50,8 @@ jax.tree_util.register_pytree_with_keys(
 
 def key_data(key: Array) -> Array:
   """The raw uint32 data of a typed (jax.random.key) or legacy (jax.random.PRNGKey) key."""
-  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    return jax.random.key_data(key)
-  return jnp.asarray(key, jnp.uint32)
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  return jax.random.key_data(key) if typed else jnp.asarray(key, jnp.uint32)
 
 
 def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformation) -> Callable:
