@@ -118,17 +118,15 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=cols, restval="")
     writer.writeheader()
-    for row in rows:
-      writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in cols})
+    writer.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in cols} for row in rows)
 
 
 def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
   """A Markdown table of the rows; the best value of `metric` in bold."""
   cols = columns(rows)
-  best = None
   values = [r.get(metric) for r in rows if isinstance(r.get(metric), (int, float))]
-  if metric and values:
-    best = (max if any(h in metric for h in HIGHER_IS_BETTER) else min)(values)
+  better = max if metric and any(h in metric for h in HIGHER_IS_BETTER) else min
+  best = better(values) if metric and values else None
   lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
   for row in rows:
     cells = [_fmt(k, row.get(k)) for k in cols]
@@ -179,7 +177,7 @@ def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> 
 
 def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto",
                  eval_split: str = "test", title: str = "") -> dict[str, Any]:
-  """Writes results.csv, results.md, results.png and curves.png; returns {'rows', 'metric', paths}."""
+  """Writes results.csv, .md, .png and curves.png; returns {'rows', 'metric', and the paths}."""
   os.makedirs(workdir, exist_ok=True)
   rows = collect(points, eval_split or "test")
   chosen = metric if metric != "auto" else next(

@@ -109,7 +109,6 @@ def read_record(point: Point) -> dict[str, Any]:
 
 
 def write_record(point: Point, record: Mapping[str, Any]) -> None:
-  """Replaces the point's sweep_point.json atomically."""
   files.write_text_atomic(os.path.join(point.workdir, RECORD),
                           json.dumps(record, indent=1, sort_keys=True, default=str))
 
@@ -178,8 +177,7 @@ FORWARDED = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
 @contextlib.contextmanager
 def _forwarding_signals():
   """Forwards FORWARDED to the children; the first also raises KeyboardInterrupt here."""
-  def forward(signum, frame):
-    del frame
+  def forward(signum, _frame):
     first = _stop_signal is None
     stop_running(FORWARDED[signum])
     if first:

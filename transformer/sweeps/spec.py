@@ -215,9 +215,7 @@ def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, b
   if not bucket.startswith("gs://"):
     raise SweepError(f"--bucket={bucket!r} must be a gs:// path")
   bucket = bucket.rstrip("/")
-  local = os.path.normpath(point.workdir).lstrip("/")
-  while local.startswith("../"):
-    local = local[3:]
+  local = re.sub(r"^(\.\./)+", "", os.path.normpath(point.workdir).lstrip("/"))
   workdir = f"{bucket}/{local}"
   extra = {} if "data.data_dir" in commands.overrides(point) else {
       "data.data_dir": f"{bucket}/tensorflow_datasets"}
@@ -228,8 +226,7 @@ def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, b
     parts.append(shlex.join(commands.eval(point, workdir, python)))
     check.append(f"--split={commands.eval_split}")
   remote = f"cd {remote_dir} && if ! {shlex.join(check)}; then {' && '.join(parts)}; fi"
-  argv = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu_name, f"--zone={zone}"]
-  argv += [f"--project={project}"] if project else []
-  argv += ["--worker=all"]
+  argv = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu_name, f"--zone={zone}",
+          *([f"--project={project}"] if project else []), "--worker=all"]
   quoted = '"' + re.sub(r'(["\\$`])', r"\\\1", remote) + '"'  # for a POSIX shell
   return argv + [f"--command={remote}"], f"{shlex.join(argv)} --command={quoted}"

@@ -139,7 +139,6 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
 
 def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float, main: bool
            ) -> dict[str, float]:
-  """train_and_evaluate's work, once the config is read and the workdir's lock is held."""
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
@@ -175,7 +174,8 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
                           jax.eval_shape(init, rng), shardings)
   parallel.check_fits(abstract, cfg.model)
   if stacked:  # one state per member on a leading, unsharded axis
-    shardings = members.stacked_shardings(shardings)
+    shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(
+        s.mesh, jax.sharding.PartitionSpec(None, *s.spec)), shardings)
 
   for r in runs:
     r.ckpt = checkpoints.Checkpointer(r.workdir, cfg.checkpoint, config=r.config_dict)
@@ -228,9 +228,10 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
   multi = (parallel.compile_multi_step(steps.scan_steps(train_step), mesh, shardings)
            if tc.steps_per_dispatch > 1 else None)
   eval_step = scoring.make_eval_step(model)
-  run_eval = parallel.compile_eval_step(
-      members.make_eval_step(eval_step) if stacked
-      else lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh, shardings)
+  def eval_fn(s, b):
+    return eval_step(steps.eval_params(s), b)
+  run_eval = parallel.compile_eval_step(  # members: each one's sums, [N, ...]
+      jax.vmap(eval_fn, in_axes=(0, None)) if stacked else eval_fn, mode, mesh, shardings)
   state = run.prepare_state(state)
   fingerprint = provenance.data_fingerprint(task) if main else None
   for i, r in enumerate(runs):  # one progress bar, the first run's
@@ -246,7 +247,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
 
   # ---- the loop: dispatch steps s (one, or train.steps_per_dispatch in one scan), then check the
   # dispatch before it (a one-dispatch lag keeps the device busy)
-  step, pending, window = start, None, []
+  step, pending, window, stop_reason = start, None, [], ""
 
   def settle():  # checks the pending dispatch once, however many points below ask for it
     nonlocal pending
@@ -264,16 +265,13 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
           other.ckpt.wait()  # the last good checkpoints stay; this state is never saved
         i = int(np.argmin(finite))
         loss, grad_norm = (float(np.ravel(m[k])[i]) for k in ("loss", "grad_norm"))
+        who, whom = (f"member {r.name}: ", f"all {len(runs)} members ") if stacked else ("", "")
         raise TrainingDiverged(
-            (f"member {r.name}: " if r.index is not None else "")
-            + f"non-finite training loss={loss} grad_norm={grad_norm} at step "
-            f"{s - finite.size + i + 1}; stopped "
-            + (f"all {len(runs)} members " if r.index is not None else "")
-            + f"(last checkpoint that verifies: step {r.ckpt.latest_good_step()} in "
-            f"{r.ckpt.directory})")
+            f"{who}non-finite training loss={loss} grad_norm={grad_norm} at step "
+            f"{s - finite.size + i + 1}; stopped {whom}(last checkpoint that verifies: step "
+            f"{r.ckpt.latest_good_step()} in {r.ckpt.directory})")
 
   try:
-    stop_reason = ""
     while step < tc.num_steps:
       n = dispatch_size(cfg, step)
       batches = [next(train_iter) for _ in range(n)]

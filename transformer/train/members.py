@@ -14,8 +14,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from transformer import schema
 from transformer.config import Config, ConfigError, from_configdict, to_dict
@@ -84,13 +82,12 @@ def members_of(cfg: Config) -> list[Member]:
   if cfg.train.early_stop_patience:
     raise ConfigError("train.members cannot stop members early: set train.early_stop_patience=0")
   base = with_values(cfg, {"train.members": ""})
-  members, names = [], set()
+  members: list[Member] = []
   for overrides in parse(cfg.train.members, cfg.seed):
     member = from_configdict(to_dict(with_values(base, overrides)))
     name = member_name(overrides)
-    if name in names:
+    if any(m.name == name for m in members):
       raise ConfigError(f"train.members: two members are named {name!r} (the same overrides)")
-    names.add(name)
     members.append(Member(name, member))
   return members
 
@@ -123,8 +120,7 @@ def make_train_step(configs: list[Config], build: Callable[[Config], tuple[Any, 
 
   def one(state: steps.TrainState, values: dict[str, Any], batch: dict[str, Any]) -> Any:
     member_cfg = with_values(cfg, values)
-    model, tx = build(member_cfg)
-    return steps.make_train_step(member_cfg, model, tx)(state, batch)
+    return steps.make_train_step(member_cfg, *build(member_cfg))(state, batch)
 
   def train_step(state: steps.TrainState, batch: dict[str, Any], rng: Any = None,
                  axis_name: str | None = None) -> Any:
@@ -134,13 +130,3 @@ def make_train_step(configs: list[Config], build: Callable[[Config], tuple[Any, 
     return jax.vmap(one, in_axes=(0, 0, None))(state, values, batch)
 
   return train_step
-
-
-def make_eval_step(eval_step: Callable) -> Callable:
-  """`eval_step(params, batch) -> sums` -> `(stacked state, batch) -> sums [N, ...]`."""
-  return jax.vmap(lambda s, b: eval_step(steps.eval_params(s), b), in_axes=(0, None))
-
-
-def stacked_shardings(shardings: Any) -> Any:
-  """A state's NamedShardings with a leading, unsharded member axis."""
-  return jax.tree.map(lambda s: NamedSharding(s.mesh, P(None, *s.spec)), shardings)

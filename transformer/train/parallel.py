@@ -1,9 +1,8 @@
 """Device mesh, logical partition rules, jit shardings, pmap mode, multi-host setup, memory check.
 
-A step function computes *sums* over its batch and, given `axis_name`, `psum`s them over that axis
-before normalising (steps.py). mode='mesh' jits it with NamedShardings over a ('data', 'fsdp',
-'tensor') mesh, the batch split over data*fsdp and the state by its logical axis names, donated;
-mode='pmap' pmaps it over all devices with the state replicated. `CompiledStep` hides which.
+A step computes sums over its batch, `psum`med over `axis_name` if given (steps.py). mode='mesh'
+jits it over a ('data', 'fsdp', 'tensor') mesh, the batch split over data*fsdp, the state sharded
+by its logical axis names and donated; mode='pmap' pmaps it, the state replicated.
 """
 
 import dataclasses
@@ -147,7 +146,6 @@ def _fit_spec(spec: Sequence[Any], shape: Sequence[int], mesh: Mesh) -> P:
 
 
 def _box_sharding(box: Any, mesh: Mesh) -> NamedSharding:
-  """The NamedSharding of one boxed (flax AxisMetadata) variable."""
   spec = P()
   if isinstance(box, nn.LogicallyPartitioned):
     spec = nn.logical_to_mesh_axes(box.names, box.rules or LOGICAL_AXIS_RULES)
@@ -224,7 +222,6 @@ def replicate(tree: Any, devices: Sequence[Any]) -> Any:
 
 
 def unreplicate(tree: Any) -> Any:
-  """The first device's copy of every leaf of a replicated tree."""
   return jax.tree.map(lambda x: x[0], tree)
 
 

@@ -19,8 +19,7 @@ class PreemptionHandler:
     self.requested = False  # stop at this step (on every host)
     self.signum = None  # the first signal received here
     self._previous = {}
-    self._sync = (jax.distributed.is_initialized()
-                  and bool(jax.config.jax_enable_preemption_service))
+    self._sync = jax.distributed.is_initialized() and bool(jax.config.jax_enable_preemption_service)
     if jax.process_count() > 1 and not self._sync:
       return
     for sig in (signal.SIGINT,) if self._sync else (signal.SIGTERM, signal.SIGINT):
@@ -56,7 +55,6 @@ class PreemptionHandler:
     return self.requested
 
   def uninstall(self) -> None:
-    """Restores the previous signal handlers."""
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
     self._previous = {}

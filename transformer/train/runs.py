@@ -68,9 +68,8 @@ class EarlyStopping:
 
 def runs_of(cfg: Config, workdir: str) -> list[Run]:
   """cfg's plain run in `workdir`, or each train.members member in `<workdir>/<name>`."""
-  group = members.members_of(cfg)
   runs = [Run(m.name, os.path.join(workdir, m.name), m.cfg, to_dict(m.cfg), i)
-          for i, m in enumerate(group)] or [Run("", workdir, cfg, to_dict(cfg))]
+          for i, m in enumerate(members.members_of(cfg))] or [Run("", workdir, cfg, to_dict(cfg))]
   for r in runs:
     checkpoints.check_compatible(r.workdir, r.config_dict)
     if r.index is not None and files.exists(os.path.join(workdir, "tokenizers")) and not (

@@ -11,8 +11,7 @@ from transformer.model.models import batch_segment_ids, decoder_prefix, shift_ri
 
 Array = jax.Array
 
-# The teacher-forcing schedules (train.scheduled_sampling.schedule): name -> p(step, k, c) before
-# the floor min_teacher_forcing; 'none' always feeds the gold token.
+# train.scheduled_sampling.schedule: name -> p(step, k, c) before the min_teacher_forcing floor.
 SCHEDULES: dict[str, Callable[[Array, float, float], Array]] = {
     "none": lambda step, k, c: jnp.ones((), jnp.float32),
     "linear": lambda step, k, c: k - c * step,
