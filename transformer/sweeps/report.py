@@ -1,17 +1,11 @@
-"""A sweep's results: one row per point from its run files, as CSV, Markdown and PNG plots.
+"""A sweep's results, one row per point, as results.csv, results.md, results.png (the chosen
+metric per point) and curves.png (every point's learning curves) in the sweep's workdir."""
 
-A row holds the swept values, the parameter count (traced from config.json), the final step, the
-last in-training evaluation (`dev/*`), eval.py's metrics (`test/*`), the median training
-throughput (without the first window, which includes compilation) and the runner's training wall
-time. Written into the sweep's workdir: results.csv, results.md, results.png (the chosen metric
-per point) and curves.png (learning curves of every point, overlaid).
-"""
-
-from __future__ import annotations
-
+import contextlib
 import csv
 import json
 import logging
+import math
 import os
 import statistics
 from typing import Any, Sequence
@@ -31,14 +25,13 @@ def count_params(workdir: str) -> int | None:
     return None
   try:
     import jax  # pylint: disable=g-import-not-at-top  (JAX only to count parameters: sweep.py starts fast)
-    import numpy as np  # pylint: disable=g-import-not-at-top  (as jax)
     from transformer.model import models, scoring  # pylint: disable=g-import-not-at-top  (as jax)
     from transformer.run import restore  # pylint: disable=g-import-not-at-top  (as jax)
     cfg = restore.load_run_config(workdir)
     model = models.build_model(cfg.model)
     shapes = jax.eval_shape(lambda r: scoring.init_params(model, r, models.example_batch(cfg.model)),
                             jax.random.PRNGKey(0))
-    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
   except Exception as e:  # pylint: disable=broad-except
     logging.warning("cannot count the parameters of %s: %s", workdir, str(e).splitlines()[:1])
     return None
@@ -49,10 +42,8 @@ def _metrics_jsonl(workdir: str) -> list[dict[str, Any]]:
   records = []
   if files.exists(path):
     for line in files.read_text(path).split("\n"):
-      try:
+      with contextlib.suppress(ValueError):  # a line cut by a kill (or the empty end)
         records.append(json.loads(line))
-      except ValueError:
-        continue  # a line cut by a kill (or the empty end); the rest is still good
   return records
 
 
@@ -62,7 +53,8 @@ def _sort_metrics(keys: Sequence[str]) -> list[str]:
 
 
 def collect(points: Sequence[spec.Point], eval_split: str = "test") -> list[dict[str, Any]]:
-  """One row per point: point, swept values, params, steps, dev/*, test/*, tokens/s, wall, status."""
+  """One row per point: swept values, params, steps, dev/* (the last in-training evaluation),
+  test/* (eval.py's), median tokens/s after the first (compiling) window, wall seconds, status."""
   label = spec.labels([p.overrides for p in points])
   rows = []
   for p in points:
@@ -106,13 +98,6 @@ def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
   return head + dev + [k for k in metrics if k not in dev] + [k for k in tail if k in seen]
 
 
-def choose_metric(rows: Sequence[dict[str, Any]], metric: str = "auto") -> str | None:
-  """`metric` itself, or for 'auto' the first of AUTO_METRICS that some row has."""
-  if metric != "auto":
-    return metric
-  return next((m for m in AUTO_METRICS if any(r.get(m) is not None for r in rows)), None)
-
-
 def _fmt(key: str, value: Any) -> str:
   if value is None or value == "":
     return ""
@@ -133,17 +118,15 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=cols, restval="")
     writer.writeheader()
-    for row in rows:
-      writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in cols})
+    writer.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in cols} for row in rows)
 
 
 def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
   """A Markdown table of the rows; the best value of `metric` in bold."""
   cols = columns(rows)
-  best = None
   values = [r.get(metric) for r in rows if isinstance(r.get(metric), (int, float))]
-  if metric and values:
-    best = (max if any(h in metric for h in HIGHER_IS_BETTER) else min)(values)
+  better = max if metric and any(h in metric for h in HIGHER_IS_BETTER) else min
+  best = better(values) if metric and values else None
   lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
   for row in rows:
     cells = [_fmt(k, row.get(k)) for k in cols]
@@ -194,10 +177,11 @@ def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> 
 
 def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto",
                  eval_split: str = "test", title: str = "") -> dict[str, Any]:
-  """Writes results.csv, results.md, results.png and curves.png; returns {'rows', 'metric', paths}."""
+  """Writes results.csv, .md, .png and curves.png; returns {'rows', 'metric', and the paths}."""
   os.makedirs(workdir, exist_ok=True)
   rows = collect(points, eval_split or "test")
-  chosen = choose_metric(rows, metric)
+  chosen = metric if metric != "auto" else next(
+      (m for m in AUTO_METRICS if any(r.get(m) is not None for r in rows)), None)
   out = {"rows": rows, "metric": chosen, "csv": os.path.join(workdir, "results.csv"),
          "md": os.path.join(workdir, "results.md")}
   write_csv(rows, out["csv"])

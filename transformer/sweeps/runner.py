@@ -1,13 +1,8 @@
 """Running a sweep's points: their state on disk, one process per stage, records, dry runs.
 
-A point's workdir holds what train.py and eval.py write, plus `sweep.log` (the output of the
-processes started for it) and `sweep_point.json` (its complete overrides, every attempt, the
-summed train/eval seconds). A point is trained when train_done.json says so and finished when
-`metrics.<split>.json` is also there for that step; `run()` starts only what is missing, so a
-rerun resumes from checkpoints, and refuses a workdir that ran other overrides (`check_same_runs`).
+A point is trained when DONE says so and finished when `metrics.<split>.json` is there for that
+step; `run()` starts only what is missing, and refuses a workdir that ran other overrides.
 """
-
-from __future__ import annotations
 
 import concurrent.futures
 import contextlib
@@ -31,7 +26,7 @@ from transformer.sweeps.spec import apply_overrides, Commands, Point, SweepError
 
 RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
 LOG = "sweep.log"  # per point: the output of its processes
-DONE = "train_done.json"  # = transformer.train.loop.DONE_FILE (not imported: it would pull in jax)
+DONE = "train_done.json"  # = transformer.train.loop.DONE_FILE (importing it pulls in jax)
 
 
 def read_json(path: str) -> Any:
@@ -43,7 +38,7 @@ def read_json(path: str) -> Any:
 
 
 def trained_step(point: Point) -> int | None:
-  """The final step if train_done.json says training reached num_steps or stopped early."""
+  """The final step if train_done.json says training ended normally, else None."""
   done = read_json(os.path.join(point.workdir, DONE))
   if not isinstance(done, dict) or not isinstance(done.get("step"), int):
     return None
@@ -78,8 +73,7 @@ def point_run(point: Point, commands: Commands) -> dict[str, Any]:
 
 
 def _recorded_run(point: Point, manifest: Mapping[str, Any] | None) -> dict[str, Any] | None:
-  """The run a point's workdir holds: its record's `run`, else (an older record) its overrides
-  with the previous manifest's config and sweep-wide overrides; None if unknown."""
+  """The run a point's workdir holds (from its record, else the manifest), or None."""
   record = read_record(point)
   if isinstance(record.get("run"), dict):
     return record["run"]
@@ -91,8 +85,7 @@ def _recorded_run(point: Point, manifest: Mapping[str, Any] | None) -> dict[str,
 
 def check_same_runs(points: Sequence[Point], commands: Commands,
                     sweep_workdir: str | None = None) -> None:
-  """SweepError naming the first point whose workdir ran another config or other overrides
-  (`sweep_workdir`'s sweep.json stands in for records without `run`)."""
+  """SweepError naming the first point whose workdir ran another config or other overrides."""
   manifest = read_json(os.path.join(sweep_workdir, "sweep.json")) if sweep_workdir else None
   for p in points:
     old, new = _recorded_run(p, manifest), point_run(p, commands)
@@ -110,13 +103,12 @@ def check_same_runs(points: Sequence[Point], commands: Commands,
 
 
 def read_record(point: Point) -> dict[str, Any]:
-  """The point's sweep_point.json (overrides, attempts, train/eval wall seconds), or {}."""
+  """The point's RECORD (overrides, attempts, train/eval wall seconds), or {}."""
   record = read_json(os.path.join(point.workdir, RECORD))
   return record if isinstance(record, dict) else {}
 
 
 def write_record(point: Point, record: Mapping[str, Any]) -> None:
-  """Replaces the point's sweep_point.json atomically."""
   files.write_text_atomic(os.path.join(point.workdir, RECORD),
                           json.dumps(record, indent=1, sort_keys=True, default=str))
 
@@ -139,11 +131,8 @@ _stop_signal: int | None = None  # set by stop_running: no new process starts af
 
 
 def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> int:
-  """Runs one process with its output appended to `log_path`; returns its exit code.
-
-  The child gets its own session, so a terminal's Ctrl-C reaches only the sweep, which forwards
-  it. After stop_running() nothing starts and the code is minus the stopping signal.
-  """
+  """Runs one process in its own session (a terminal's Ctrl-C reaches only the sweep), its output
+  appended to `log_path`; returns its exit code (after stop_running(): minus the signal)."""
   with open(log_path, "a") as log:
     log.write(f"$ {shlex.join(argv)}\n")
     log.flush()
@@ -166,8 +155,7 @@ def launch_subprocess(argv: Sequence[str], log_path: str, cwd: str | None) -> in
 
 
 def stop_running(sig: int = signal.SIGTERM) -> None:
-  """Starts no new process and sends `sig` to every running child (train.py saves and exits on
-  SIGTERM or a first SIGINT; a second SIGINT ends it at once)."""
+  """Starts no new process and sends `sig` to every running child."""
   global _stop_signal
   with _running_lock:
     if _stop_signal is None:
@@ -188,10 +176,8 @@ FORWARDED = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
 
 @contextlib.contextmanager
 def _forwarding_signals():
-  """Forwards SIGINT/SIGTERM/SIGHUP to the children (FORWARDED); the first also raises
-  KeyboardInterrupt here, so that the sweep starts nothing new and waits."""
-  def forward(signum, frame):
-    del frame
+  """Forwards FORWARDED to the children; the first also raises KeyboardInterrupt here."""
+  def forward(signum, _frame):
     first = _stop_signal is None
     stop_running(FORWARDED[signum])
     if first:
@@ -208,8 +194,7 @@ def _forwarding_signals():
 
 
 def latest_checkpoint(point: Point) -> int | None:
-  """The newest committed checkpoint step in the point's local workdir, or None (read from the
-  directory names: orbax would pull JAX into the sweep process)."""
+  """The newest checkpoint step in the point's workdir, or None (no orbax: it pulls in JAX)."""
   directory = os.path.join(point.workdir, "checkpoints")
   steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
   return max(steps, default=None)
@@ -259,11 +244,8 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
 
 def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
         launch: Launch = launch_subprocess, echo: Callable[[str], None] = print) -> list[Point]:
-  """Runs every unfinished point, `parallel` at a time; returns the points that failed.
-
-  SIGINT, SIGTERM or SIGHUP (main thread only) stop the sweep: the running points get the
-  signal, this waits for them, prints where each stopped and raises KeyboardInterrupt.
-  """
+  """Runs every unfinished point, `parallel` at a time; returns the points that failed. A signal
+  (FORWARDED) reaches the running points; this waits for them and raises KeyboardInterrupt."""
   global _stop_signal
   _stop_signal = None
   check_same_runs(points, commands)
@@ -288,25 +270,24 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
       if not ok:
         failed.append(p)
 
-  with _forwarding_signals():
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-      futures = [pool.submit(one, p) for p in todo]
-      try:
-        for future in futures:
-          future.result()
-      except BaseException:  # a signal (forwarded already) or an error: stop, wait for children
-        for future in futures:
-          future.cancel()
-        if _stop_signal is None:
-          stop_running()
-        raise
+  pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel))
+  with _forwarding_signals(), pool:
+    futures = [pool.submit(one, p) for p in todo]
+    try:
+      for future in futures:
+        future.result()
+    except BaseException:  # a signal (forwarded already) or an error: stop, wait for children
+      for future in futures:
+        future.cancel()
+      if _stop_signal is None:
+        stop_running()
+      raise
   return sorted(failed, key=lambda p: p.index)
 
 
 def prepare_data(config: ml_collections.ConfigDict, points: Sequence[Point],
                  echo: Callable[[str], None] = print) -> None:
-  """Prepares each distinct `data` section of the points once, here: concurrent first-time
-  preparations of one TFDS directory would race."""
+  """Prepares each distinct data section once, here: concurrent first preparations would race."""
   from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS: sweeps without data need none)
   seen = set()
   for p in points:
@@ -335,16 +316,12 @@ def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """`python -m transformer.sweeps.runner is_done WORKDIR --num_steps=N [--split=S]`.
-
-  Exit status 0 if the run in WORKDIR is done as `status` sees it, else 1 (an error too, so the
-  point then runs); spec.tpu_vm_command's commands start with it to skip finished points.
-  """
+  """`python -m transformer.sweeps.runner is_done WORKDIR --num_steps=N [--split=S]`: exit 0 if
+  the run in WORKDIR is done, else 1 (errors too); tpu_vm_command's commands start with it."""
   def define(f: flags.FlagValues) -> None:
     flags.DEFINE_integer("num_steps", None, "the run's training steps", flag_values=f)
     flags.mark_flag_as_required("num_steps", flag_values=f)
-    flags.DEFINE_string("split", "", "the split it must be evaluated on ('' = none)",
-                        flag_values=f)
+    flags.DEFINE_string("split", "", "the split it must be evaluated on ('' = none)", flag_values=f)
 
   args, rest = cli.parse_own_flags("python -m transformer.sweeps.runner is_done WORKDIR", define,
                                    sys.argv[1:] if argv is None else list(argv))

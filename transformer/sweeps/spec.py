@@ -1,13 +1,8 @@
 """Sweeps: a sweep file's override dicts -> validated, named points -> commands (local or TPU VM).
 
 A sweep file (configs/sweeps/*.py) has `get_sweep()` return override dicts keyed like
-`--config.*`. `plan()` checks every key and every point's full config (a one-line SweepError or
-ConfigError) and names each point's workdir from its overrides (`positional=rope,lr=0.0003`).
-`Commands` turns a point into its train.py and eval.py argv, `tpu_vm_command()` into one gcloud
-ssh command. No JAX here: planning, dry runs and TPU commands are instant.
+`--config.*`. No JAX here: planning, dry runs and TPU commands are instant.
 """
-
-from __future__ import annotations
 
 import copy
 import dataclasses
@@ -90,7 +85,7 @@ def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, A
 
 def check_keys(points: Sequence[Mapping[str, Any]], config: ml_collections.ConfigDict,
                sweep_path: str, config_arg: str) -> None:
-  """Every key is in configs/base.py and in the chosen config; every value a scalar."""
+  """Raises SweepError unless every key is in base.py and the config, every value a scalar."""
   known, chosen = flat_items(get_config()), flat_items(config)
   for i, point in enumerate(points):
     for key, value in point.items():
@@ -126,10 +121,8 @@ def apply_overrides(config: ml_collections.ConfigDict,
 def format_value(value: Any) -> str:
   """A value as `--config.key=` text (and in names): floats by repr, bools lower-case."""
   if isinstance(value, bool):
-    return "true" if value else "false"
-  if isinstance(value, float):
-    return repr(value)
-  return str(value)
+    return str(value).lower()
+  return repr(value) if isinstance(value, float) else str(value)
 
 
 def labels(points: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -167,10 +160,9 @@ def plan(config: ml_collections.ConfigDict, config_arg: str, sweep_path: str,
   check_keys(overrides, config, sweep_path, config_arg)
   seen: dict[str, int] = {}
   for i, point in enumerate(overrides):
-    text = json.dumps(point, sort_keys=True, default=str)
-    if text in seen:
-      raise SweepError(f"{sweep_path}: points {seen[text]} and {i} are the same run {point}")
-    seen[text] = i
+    first = seen.setdefault(json.dumps(point, sort_keys=True, default=str), i)
+    if first != i:
+      raise SweepError(f"{sweep_path}: points {first} and {i} are the same run {point}")
   points = []
   for i, (point, name) in enumerate(zip(overrides, point_names(overrides))):
     try:
@@ -204,11 +196,8 @@ class Commands:
     return [python or self.python, self.train_script, f"--config={self.config_arg}",
             f"--workdir={workdir or point.workdir}", *flags]
 
-  def eval(self, point: Point, workdir: str | None = None,
-           python: str | None = None) -> list[str] | None:
-    """The argv that evaluates `point` on eval_split, or None when there is no eval step."""
-    if not self.eval_split:
-      return None
+  def eval(self, point: Point, workdir: str | None = None, python: str | None = None) -> list[str]:
+    """The argv that evaluates `point` on eval_split."""
     return [python or self.python, self.eval_script, f"--workdir={workdir or point.workdir}",
             f"--split={self.eval_split}"]
 
@@ -217,26 +206,16 @@ class Commands:
         os.path.join(self.cwd or os.getcwd(), self.eval_script))
 
 
-def _double_quote(text: str) -> str:
-  """`text` inside double quotes for a POSIX shell."""
-  return '"' + re.sub(r'(["\\$`])', r"\\\1", text) + '"'
-
-
 def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, bucket: str,
                    remote_dir: str = "~/transformer", python: str = "python3",
                    project: str = "") -> tuple[list[str], str]:
-  """(argv, printable line) of one gcloud ssh that trains and evaluates `point` on every worker.
-
-  The workdir is `<bucket>/<the local workdir path>`, data.data_dir `<bucket>/tensorflow_datasets`
-  unless the sweep sets it; `remote_dir` is unquoted so that `~` expands there. The command runs
-  only if `transformer.sweeps.runner is_done` says the point is not done.
-  """
+  """(argv, printable line) of one gcloud ssh that trains and evaluates `point` on every worker,
+  unless `runner is_done`: workdir `<bucket>/<local workdir>`, data.data_dir
+  `<bucket>/tensorflow_datasets` unless set; `remote_dir` unquoted, so that `~` expands there."""
   if not bucket.startswith("gs://"):
     raise SweepError(f"--bucket={bucket!r} must be a gs:// path")
   bucket = bucket.rstrip("/")
-  local = os.path.normpath(point.workdir).lstrip("/")
-  while local.startswith("../"):
-    local = local[3:]
+  local = re.sub(r"^(\.\./)+", "", os.path.normpath(point.workdir).lstrip("/"))
   workdir = f"{bucket}/{local}"
   extra = {} if "data.data_dir" in commands.overrides(point) else {
       "data.data_dir": f"{bucket}/tensorflow_datasets"}
@@ -247,7 +226,7 @@ def tpu_vm_command(point: Point, commands: Commands, tpu_name: str, zone: str, b
     parts.append(shlex.join(commands.eval(point, workdir, python)))
     check.append(f"--split={commands.eval_split}")
   remote = f"cd {remote_dir} && if ! {shlex.join(check)}; then {' && '.join(parts)}; fi"
-  argv = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu_name, f"--zone={zone}"]
-  argv += [f"--project={project}"] if project else []
-  argv += ["--worker=all"]
-  return argv + [f"--command={remote}"], f"{shlex.join(argv)} --command={_double_quote(remote)}"
+  argv = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu_name, f"--zone={zone}",
+          *([f"--project={project}"] if project else []), "--worker=all"]
+  quoted = '"' + re.sub(r'(["\\$`])', r"\\\1", remote) + '"'  # for a POSIX shell
+  return argv + [f"--command={remote}"], f"{shlex.join(argv)} --command={quoted}"

@@ -1,2 +1,1 @@
-"""Training: optimizers and schedules, the train state and steps, the loop and its runs, checkpoint
-writing, preemption, parallelism, fine-tuning's start, vmapped members."""
+"""Training: optimizers, steps, the loop and its runs, preemption, parallelism, fine-tuning."""

@@ -1,15 +1,9 @@
-"""Fine-tuning's start (`train.py --init_from=RUN`): the config and parameters a run begins with
-when it starts from another run's workdir (a trained run, or one transformer/convert wrote).
-
-A decoder-only or encoder-decoder config takes the run's whole model, tokenizers and parameters.
-An encoder-only config takes the run's encoder, embeddings and the tokenizer its encoder read: a
-new head (classify, tag, or mlm on an encoder-decoder run) keeps the config's head keys (schema
-roles `head`, `vocab_head`) and label tokenizer and starts its parameters afresh; head mlm on an
-encoder-only mlm run (e.g. a converted BERT) continues the run's own head. Keys of role
-`run_tokenizer` always come from the run, model keys of role `finetune` from the new config.
+"""Fine-tuning's start (`train.py --init_from=RUN`): the config and parameters of a run that starts
+from another run's workdir. Decoder-only and encoder-decoder configs take its whole model,
+tokenizers and parameters; encoder-only ones its encoder, embeddings and input tokenizer, with a
+fresh head of the config's `head`/`vocab_head` keys (head mlm on an encoder-only mlm run continues
+the run's). Keys of role `run_tokenizer` come from the run, model keys of role `finetune` not.
 """
-
-from __future__ import annotations
 
 import dataclasses
 from typing import Any
@@ -37,8 +31,7 @@ def _run_config(init_from: str) -> Config:
 
 
 def init_from_config(cfg: Config, init_from: str) -> Config:
-  """`cfg` with the model section and tokenizer keys of the run in `init_from`, as the module doc
-  says; raises ConfigError naming --init_from."""
+  """`cfg` with the model and tokenizer keys of the run in `init_from` (see the module doc)."""
   run = _run_config(init_from)
   keep = schema.with_role(schema.FINETUNE, "model")
   data = dataclasses.replace(cfg.data, **{
@@ -65,8 +58,8 @@ def init_from_config(cfg: Config, init_from: str) -> Config:
 
 
 def init_params(init_from: str, fresh: Any = None, head: str = "") -> Any:
-  """The latest parameters (its EMA when it kept one) of the run in `init_from`; with `fresh`
-  (a new encoder-only model's parameters) and its `head`, shared_params of the two."""
+  """The latest parameters (or EMA) of the run in `init_from`; with an encoder-only model's
+  `fresh` parameters and `head`, shared_params of the two."""
   run = _run_config(init_from)
   try:
     params = restore.restore_params(run, init_from)[0]
@@ -84,8 +77,7 @@ def _leaves(tree: Any) -> dict[str, Any]:
 
 def shared_params(pretrained: Any, fresh: Any, init_from: str, keep_head: bool = False) -> Any:
   """`fresh` with every parameter outside its HEAD subtree (inside too if `keep_head`) taken from
-  `pretrained`'s encoder and token (or source) embedding; parameters missing on either side or
-  of another shape are a ConfigError naming them all."""
+  `pretrained`; a mismatch in names or shapes is a ConfigError naming them."""
   source = dict(pretrained)
   if "token_embed" not in source:  # an encoder-decoder run with separate tables
     source["token_embed"] = source.get("source_embed", {})

@@ -1,13 +1,9 @@
-"""Training: the loop behind `train.py`, data -> steps -> eval -> checkpoints -> reporting.
-
-The compiled steps and the train state are steps.py's, the runs a program trains runs.py's.
-Read top to bottom: config checks, the in-training evaluation, then `train_and_evaluate`.
-"""
-
-from __future__ import annotations
+"""Training: the loop behind `train.py`, data -> steps -> eval -> checkpoints -> reporting (the
+steps are steps.py's, the runs runs.py's). Read top to bottom, ending in `train_and_evaluate`."""
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -29,8 +25,7 @@ from transformer.train import finetune, members, optim, parallel, preemption, pr
 from transformer.train import runs as runs_lib
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
-# In train_and_evaluate's metrics when the workdir held a finished run: nothing was trained.
-FINISHED_BEFORE = "finished_before"
+FINISHED_BEFORE = "finished_before"  # a metric: the workdir held a finished run, nothing trained
 
 
 class TrainingDiverged(RuntimeError):
@@ -84,8 +79,7 @@ def fill_vocab_sizes(cfg: Config, task: Any) -> Config:
 
 
 def dispatch_size(cfg: Config, step: int) -> int:
-  """Steps the next dispatch runs from `step`: train.steps_per_dispatch, cut short at the next step
-  that logs, evaluates, checkpoints or ends the run, so those happen at the same steps as with 1."""
+  """train.steps_per_dispatch, cut short at the next step that logs, evaluates, saves or ends."""
   tc = cfg.train
   if tc.steps_per_dispatch == 1:
     return 1
@@ -93,23 +87,11 @@ def dispatch_size(cfg: Config, step: int) -> int:
   return min([tc.steps_per_dispatch, tc.num_steps - step] + [e - step % e for e in every])
 
 
-def _host_tokens(batch: dict[str, Any]) -> tuple[int, int]:
-  """(all, non-padding) token positions of a host batch, counted on the host."""
-  keys = [k for k in ("inputs", "targets") if batch.get(k) is not None]
-  return (sum(int(np.size(batch[k])) for k in keys),
-          sum(int(np.count_nonzero(batch[k])) for k in keys))
-
-
 def eval_sums(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, Any]:
-  """The teacher-forced eval-step sums over `eval.num_batches` batches of the eval split ({} for
-  none; a members' run_eval gives each with a leading member axis). `run_eval` evaluates
-  steps.eval_params: the EMA when there is one, which in-training metrics, early stopping and the
-  best checkpoint then follow."""
+  """The eval-step sums (of steps.eval_params) over `eval.num_batches` eval batches; {} for none."""
   totals: dict[str, Any] = {}
   batches = task.eval_batches(cfg.data.eval_split, batch_size=cfg.eval.batch_size or None)
-  for i, batch in enumerate(batches):
-    if cfg.eval.num_batches and i >= cfg.eval.num_batches:
-      break
+  for batch in itertools.islice(batches, cfg.eval.num_batches or None):
     sums = jax.device_get(run_eval.step(state, run_eval.prepare_batch(batch)))
     for k, v in sums.items():  # per-class counts are arrays
       totals[k] = totals.get(k, 0.0) + np.asarray(v, np.float64)
@@ -118,31 +100,22 @@ def eval_sums(cfg: Config, run_eval: Any, state: Any, task: Any) -> dict[str, An
 
 def write_done_marker(workdir: str, step: int, reason: str, metrics: dict[str, float],
                       wall_seconds: float) -> None:
-  """Writes `<workdir>/train_done.json` atomically: {step, reason ('num_steps' or 'early_stop'),
-  metrics, wall_seconds (of the train_and_evaluate call that finished the run)}."""
-  path = os.path.join(workdir, DONE_FILE)
+  """Writes DONE_FILE atomically: step, reason (num_steps|early_stop), metrics, wall_seconds."""
   record = {"step": int(step), "reason": reason, "wall_seconds": round(wall_seconds, 3),
             "metrics": {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                         for k, v in metrics.items()}}
-  files.write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=float))
+  files.write_text_atomic(os.path.join(workdir, DONE_FILE),
+                          json.dumps(record, indent=1, sort_keys=True, default=float))
 
 
 def train_and_evaluate(config: Any, workdir: str, task: Any = None,
                        init_from: str = "") -> dict[str, float]:
   """Trains `config` (a ConfigDict or Config) in `workdir`, resuming from the newest checkpoint
-  that verifies; returns the final metrics (the last evaluation, train/loss, step).
-
-  `init_from` (fine-tuning, finetune.py): another run's workdir, whose model config, tokenizers
-  and latest parameters replace the config's and the random init. `task` overrides
-  `transformer.data.load_task`. Errors are one-line ConfigError, CheckpointError or
-  TrainingDiverged; a workdir another live process trains is a ConfigError (run/lock.py). A
-  finished workdir trains nothing and returns its saved metrics with FINISHED_BEFORE = 1.0. A run
-  that reaches train.num_steps or stops early leaves DONE_FILE (write_done_marker); training
-  further removes it first. SIGTERM or a first SIGINT saves at the current step and returns with
-  `preempted` or `interrupted` = 1.0; a second SIGINT raises KeyboardInterrupt. With
-  train.members every member trains in one program, each in `<workdir>/<name>` as its own run
-  would, and the metrics are each member's as '<name>/<key>'.
-  """
+  that verifies; returns the final metrics (members': '<name>/<key>'). `init_from`: a run to
+  fine-tune (finetune.py); `task` overrides `transformer.data.load_task`. Errors are one-line
+  ConfigError, CheckpointError or TrainingDiverged. A finished workdir returns its saved metrics
+  with FINISHED_BEFORE = 1.0; SIGTERM or a first SIGINT saves and returns with `preempted` or
+  `interrupted` = 1.0."""
   started = time.time()
   cfg = config if isinstance(config, Config) else from_configdict(config)
   if init_from:
@@ -161,12 +134,11 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
       lock.check_trainable(os.path.join(workdir, name))
   # One writer per workdir (transformer/run/lock.py): held until this call returns or raises.
   with lock.writer_lock(workdir) if main else contextlib.nullcontext():
-    return _train(cfg, workdir, task, init_from, started)
+    return _train(cfg, workdir, task, init_from, started, main)
 
 
-def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
+def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float, main: bool
            ) -> dict[str, float]:
-  """train_and_evaluate's work, once the config is read and the workdir's lock is held."""
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
@@ -186,7 +158,6 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   tc, mode = cfg.train, cfg.parallel.mode
   stacked = runs[0].index is not None  # a train.members program: states stacked [N, ...]
 
-  # ---- model, optimizer, mesh and the (abstract) train state
   model = build_model(cfg.model)
   tx = optim.make_optimizer(tc, d_model=cfg.model.d_model)
   example = {k: np.asarray(v)[:1] for k, v in next(iter(task.train_iterator())).items()
@@ -203,11 +174,11 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
                           jax.eval_shape(init, rng), shardings)
   parallel.check_fits(abstract, cfg.model)
   if stacked:  # one state per member on a leading, unsharded axis
-    shardings = members.stacked_shardings(shardings)
+    shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(
+        s.mesh, jax.sharding.PartitionSpec(None, *s.spec)), shardings)
 
   for r in runs:
     r.ckpt = checkpoints.Checkpointer(r.workdir, cfg.checkpoint, config=r.config_dict)
-  ckpt = runs[0].ckpt
   train_iter = task.train_iterator()
   if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
     train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
@@ -230,7 +201,6 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
         state = state.replace(ema_params=jax.device_put(jax.tree.map(
             lambda p: jnp.array(p, jnp.float32, copy=True), state.params), shardings.ema_params))
   start = int(np.ravel(jax.device_get(state.step))[0])
-  main = parallel.is_main_process()
   if start >= tc.num_steps or saved.get("train/stopped_early"):
     for r in runs:
       r.ckpt.close()
@@ -258,9 +228,10 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
   multi = (parallel.compile_multi_step(steps.scan_steps(train_step), mesh, shardings)
            if tc.steps_per_dispatch > 1 else None)
   eval_step = scoring.make_eval_step(model)
-  run_eval = parallel.compile_eval_step(
-      members.make_eval_step(eval_step) if stacked
-      else lambda s, b: eval_step(steps.eval_params(s), b), mode, mesh, shardings)
+  def eval_fn(s, b):
+    return eval_step(steps.eval_params(s), b)
+  run_eval = parallel.compile_eval_step(  # members: each one's sums, [N, ...]
+      jax.vmap(eval_fn, in_axes=(0, None)) if stacked else eval_fn, mode, mesh, shardings)
   state = run.prepare_state(state)
   fingerprint = provenance.data_fingerprint(task) if main else None
   for i, r in enumerate(runs):  # one progress bar, the first run's
@@ -276,42 +247,39 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
 
   # ---- the loop: dispatch steps s (one, or train.steps_per_dispatch in one scan), then check the
   # dispatch before it (a one-dispatch lag keeps the device busy)
-  step, pending, window = start, None, []
+  step, pending, window, stop_reason = start, None, [], ""
 
-  def check(entry):
-    s, metrics = entry  # s: the step count after the dispatch
+  def settle():  # checks the pending dispatch once, however many points below ask for it
+    nonlocal pending
+    if pending is None:
+      return
+    s, metrics = pending  # s: the step count after the dispatch
+    pending = None
     # One small transfer per dispatch (the flags); the rest only to word a divergence.
-    flags = {"finite": jax.device_get(metrics["finite"])}
-    for r in runs:  # metrics scalars, or [K] for K steps (a member: its slice)
-      finite = np.ravel(r.metrics(flags)["finite"])
+    flags = jax.device_get(metrics["finite"])
+    for r in runs:  # scalars, or [K] for K steps (a member: its slice)
+      finite = np.ravel(r.metrics(flags))
       if not finite.all():
         m = r.metrics(jax.device_get(metrics))
         for other in runs:
           other.ckpt.wait()  # the last good checkpoints stay; this state is never saved
         i = int(np.argmin(finite))
         loss, grad_norm = (float(np.ravel(m[k])[i]) for k in ("loss", "grad_norm"))
+        who, whom = (f"member {r.name}: ", f"all {len(runs)} members ") if stacked else ("", "")
         raise TrainingDiverged(
-            (f"member {r.name}: " if r.index is not None else "")
-            + f"non-finite training loss={loss} grad_norm={grad_norm} at step "
-            f"{s - finite.size + i + 1}; stopped "
-            + (f"all {len(runs)} members " if r.index is not None else "")
-            + f"(last checkpoint that verifies: step {r.ckpt.latest_good_step()} in "
-            f"{r.ckpt.directory})")
-
-  def settle():  # checks the pending dispatch once, however many points below ask for it
-    nonlocal pending
-    if pending is not None:
-      check(pending)
-      pending = None
+            f"{who}non-finite training loss={loss} grad_norm={grad_norm} at step "
+            f"{s - finite.size + i + 1}; stopped {whom}(last checkpoint that verifies: step "
+            f"{r.ckpt.latest_good_step()} in {r.ckpt.directory})")
 
   try:
-    stop_reason = ""
     while step < tc.num_steps:
       n = dispatch_size(cfg, step)
       batches = [next(train_iter) for _ in range(n)]
-      for batch in batches:
+      for batch in batches:  # (all, non-padding) token positions, counted on the host
+        seqs = [batch[k] for k in ("inputs", "targets") if batch.get(k) is not None]
+        tokens = (sum(int(np.size(x)) for x in seqs), sum(int(np.count_nonzero(x)) for x in seqs))
         for r in runs:
-          r.reporter.add_tokens(*_host_tokens(batch))
+          r.reporter.add_tokens(*tokens)
       with reporting.maybe_profile(step, tc, workdir):
         if n == 1:
           state, metrics = run.step(state, run.prepare_batch(batches[0]))
@@ -327,16 +295,14 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       runs[0].reporter.progress(step, first)
       if step % tc.log_every_steps == 0 or step == tc.num_steps:
         settle()
-        all_fetched = jax.device_get(window)
-        window = []
+        all_fetched, window = jax.device_get(window), []
+        last = ["learning_rate"] + (["teacher_forcing"] if tc.scheduled_sampling.schedule != "none"
+                                    else [])
         for r in runs:
           fetched = [r.metrics(m) for m in all_fetched]
           scalars = {f"train/{k}": float(np.mean(np.concatenate([np.ravel(m[k]) for m in fetched])))
                      for k in ("loss", "grad_norm")}
-          last = lambda k: float(np.ravel(fetched[-1][k])[-1])  # pylint: disable=cell-var-from-loop
-          scalars["train/learning_rate"] = last("learning_rate")
-          if tc.scheduled_sampling.schedule != "none":
-            scalars["train/teacher_forcing"] = last("teacher_forcing")
+          scalars |= {f"train/{k}": float(np.ravel(fetched[-1][k])[-1]) for k in last}
           r.reporter.write_scalars(step, scalars | r.reporter.throughput())
           r.final |= scalars
       evaluated = step % cfg.eval.every_steps == 0 or step == tc.num_steps
@@ -348,7 +314,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
           r.last_eval |= evaluation.decode_metrics(
               r.cfg, model, steps.eval_params(r.item(fetched_state)), task, cfg.data.eval_split,
               cfg.eval.num_decode_examples)
-        for r in runs:
+        for r in runs:  # after every decode: a throughput window counts no evaluation
           r.reporter.write_scalars(step, r.last_eval)
           r.reporter.reset_throughput()
           if r.early.update(r.last_eval):
@@ -357,7 +323,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       asked = [preempt.should_stop(s) for s in range(step - n + 1, step + 1)]
       if any(asked) and not stop_reason and step < tc.num_steps:
         stop_reason = preempt.reason  # 'interrupted' (SIGINT) or 'preempted' (SIGTERM)
-      if stop_reason or step == tc.num_steps or ckpt.should_save(step):
+      if stop_reason or step == tc.num_steps or runs[0].ckpt.should_save(step):
         settle()
         extra = {"train/stopped_early": 1.0} if stop_reason == "early_stop" else {}
         fetched_state = run.fetch_state(state)
@@ -374,21 +340,19 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float
       preempt.uninstall()
       if isinstance(train_iter, prefetch.Prefetch):
         train_iter.close()
-  # Only now, with the last checkpoints committed (close waits); a stop before the last step is
-  # not an end.
+  # Only now, with the last checkpoints committed; a stop before the last step is no end.
   reason = "early_stop" if stop_reason == "early_stop" else (
       "num_steps" if step >= tc.num_steps else "")
+  stopped = {stop_reason: 1.0} if stop_reason else {}
   for r in runs:
-    r.final = (r.final | r.last_eval | {"step": step}
-               | ({stop_reason: 1.0} if stop_reason else {}))
+    r.final = r.final | r.last_eval | {"step": step} | stopped
     if main and reason:
       write_done_marker(r.workdir, step, reason, r.final, time.time() - started)
-  return runs_lib.result(runs, step) | ({stop_reason: 1.0} if stop_reason else {})
+  return runs_lib.result(runs, step) | stopped
 
 
 def _close_all(closers: list[Any]) -> None:
-  """Calls every closer, even when one fails (the first error is raised after the rest); a
-  KeyboardInterrupt stops at once."""
+  """Calls every closer, raising the first error after the rest; a KeyboardInterrupt stops."""
   error = None
   for close in closers:
     try:

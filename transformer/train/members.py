@@ -1,17 +1,11 @@
 """Many members in one program (`train.members`): N runs that differ only in their seed or in
 MEMBER_KEYS hyperparameters, trained by one vmapped train step.
 
-train.members: members separated by ';', each comma-separated key=value overrides, e.g.
-"seed=0;seed=1;train.learning_rate=1e-3,model.dropout_rate=0", or "seeds:N" (seeds cfg.seed ..
-cfg.seed + N - 1). Member i is the run of the config with its overrides, in `<workdir>/<name>`
-(name: its overrides as written), which holds what that plain run's workdir would. The state is
-stacked on a leading member axis, every member reads the same batches, and the TRACED_KEYS that
-differ reach the vmapped step as [N] values traced per member (a traced dropout rate of 0 keeps
-every element exactly), the shared ones as the plain step's Python values: each member equals
-its separate run up to float rounding (tests/test_members.py).
+train.members: ';'-separated members of ','-separated key=value overrides (e.g.
+"seed=0;train.learning_rate=1e-3,model.dropout_rate=0"), or "seeds:N" (seeds cfg.seed ..). Member
+i trains in `<workdir>/<name>` as its plain run would, on the same batches, its state stacked on a
+leading axis and its TRACED_KEYS traced: it equals its separate run up to float rounding.
 """
-
-from __future__ import annotations
 
 import dataclasses
 import re
@@ -20,8 +14,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from transformer import schema
 from transformer.config import Config, ConfigError, from_configdict, to_dict
@@ -41,14 +33,6 @@ class Member:
   cfg: Config
 
 
-def _parse_value(key: str, text: str, where: str) -> Any:
-  kind = MEMBER_KEYS[key]
-  try:
-    return kind(text)
-  except ValueError:
-    raise ConfigError(f"train.members: {where}: {key}={text!r} is not a {kind.__name__}") from None
-
-
 def parse(spec: str, seed: int) -> list[dict[str, Any]]:
   """The members' overrides of a train.members string (see the module doc); raises ConfigError."""
   spec = spec.strip()
@@ -59,19 +43,22 @@ def parse(spec: str, seed: int) -> list[dict[str, Any]]:
     return [{"seed": seed + i} for i in range(int(count))]
   members = []
   for i, text in enumerate(part.strip() for part in spec.split(";")):
-    where = f"member {i + 1} ({text!r})"
+    where = f"train.members: member {i + 1} ({text!r})"
     overrides: dict[str, Any] = {}
     for item in (t.strip() for t in text.split(",") if t.strip()):
-      key, eq, value = item.partition("=")
-      key = key.strip()
+      key, eq, value = (part.strip() for part in item.partition("="))
       if not eq:
-        raise ConfigError(f"train.members: {where}: {item!r} is not key=value")
+        raise ConfigError(f"{where}: {item!r} is not key=value")
       if key not in MEMBER_KEYS:
-        raise ConfigError(f"train.members: {where}: {key} cannot differ between members (only "
+        raise ConfigError(f"{where}: {key} cannot differ between members (only "
                           f"{', '.join(MEMBER_KEYS)})")
       if key in overrides:
-        raise ConfigError(f"train.members: {where}: {key} is given twice")
-      overrides[key] = _parse_value(key, value.strip(), where)
+        raise ConfigError(f"{where}: {key} is given twice")
+      kind = MEMBER_KEYS[key]
+      try:
+        overrides[key] = kind(value)
+      except ValueError:
+        raise ConfigError(f"{where}: {key}={value!r} is not a {kind.__name__}") from None
     members.append(overrides)
   if len(members) < 2:
     raise ConfigError(f"train.members={spec!r} needs at least 2 members (one run needs no "
@@ -87,24 +74,20 @@ def member_name(overrides: dict[str, Any]) -> str:
 
 
 def members_of(cfg: Config) -> list[Member]:
-  """The members of cfg's train.members ([] when it is ""), each config validated on its own;
-  a bad spec, a duplicate or a setting the members cannot share is a one-line ConfigError."""
+  """The members of cfg's train.members ([] for ""), each config validated; raises ConfigError."""
   if not cfg.train.members.strip():
     return []
   if cfg.parallel.mode != "mesh":
     raise ConfigError(f"train.members needs parallel.mode=mesh (got {cfg.parallel.mode!r})")
   if cfg.train.early_stop_patience:
-    raise ConfigError("train.members cannot stop members early: set "
-                      "train.early_stop_patience=0")
+    raise ConfigError("train.members cannot stop members early: set train.early_stop_patience=0")
   base = with_values(cfg, {"train.members": ""})
-  members, names = [], set()
+  members: list[Member] = []
   for overrides in parse(cfg.train.members, cfg.seed):
-    # Every value checked as a plain run's would be.
     member = from_configdict(to_dict(with_values(base, overrides)))
     name = member_name(overrides)
-    if name in names:
+    if any(m.name == name for m in members):
       raise ConfigError(f"train.members: two members are named {name!r} (the same overrides)")
-    names.add(name)
     members.append(Member(name, member))
   return members
 
@@ -131,15 +114,13 @@ def with_values(cfg: Config, values: dict[str, Any]) -> Config:
 
 
 def make_train_step(configs: list[Config], build: Callable[[Config], tuple[Any, Any]]) -> Callable:
-  """Returns `train_step(state, batch) -> (state, metrics [N])` over a stacked state:
-  steps.make_train_step of the first member's config with the differing keys traced per member,
-  vmapped over the state, the batch shared. `build(cfg) -> (model, tx)` of a (traced) config."""
+  """Returns `train_step(state, batch) -> (state, metrics [N])`: steps.make_train_step vmapped over
+  a stacked state and the varying keys, the batch shared; `build(cfg) -> (model, tx)`."""
   cfg, hyper = configs[0], hyperparameters(configs)
 
   def one(state: steps.TrainState, values: dict[str, Any], batch: dict[str, Any]) -> Any:
     member_cfg = with_values(cfg, values)
-    model, tx = build(member_cfg)
-    return steps.make_train_step(member_cfg, model, tx)(state, batch)
+    return steps.make_train_step(member_cfg, *build(member_cfg))(state, batch)
 
   def train_step(state: steps.TrainState, batch: dict[str, Any], rng: Any = None,
                  axis_name: str | None = None) -> Any:
@@ -149,24 +130,3 @@ def make_train_step(configs: list[Config], build: Callable[[Config], tuple[Any, 
     return jax.vmap(one, in_axes=(0, 0, None))(state, values, batch)
 
   return train_step
-
-
-def make_eval_step(eval_step: Callable) -> Callable:
-  """`eval_step(params, batch) -> sums` -> `(stacked state, batch) -> sums [N, ...]` (each
-  member's steps.eval_params)."""
-  return jax.vmap(lambda s, b: eval_step(steps.eval_params(s), b), in_axes=(0, None))
-
-
-def stacked_shardings(shardings: Any) -> Any:
-  """A state's NamedShardings with a leading, unsharded member axis."""
-  return jax.tree.map(lambda s: NamedSharding(s.mesh, P(None, *s.spec)), shardings)
-
-
-def take(tree: Any, i: int) -> Any:
-  """Member i's slice of a stacked pytree (state, or eval sums): every leaf's [i]."""
-  return jax.tree.map(lambda x: x[i], tree)
-
-
-def stack(trees: list[Any]) -> Any:
-  """The members' pytrees stacked on a new leading axis (host arrays)."""
-  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)

@@ -1,22 +1,18 @@
 """Optimizers, learning-rate schedules, gradient accumulation and the parameter EMA (optax).
 
-Schedules are written in the paper's step s = count + 1 (optax counts updates from 0), so the first
-update has a non-zero rate and warmup ends at s = warmup_steps. With peak = train.learning_rate
-and min = train.min_learning_rate_ratio * peak:
+Schedules run on the paper's step s = count + 1 (optax counts from 0), so warmup ends at s = warmup.
+With peak = train.learning_rate, min = train.min_learning_rate_ratio * peak and
+p = (s - warmup) / (num_steps - warmup) clipped to [0, 1]:
   rsqrt (Vaswani et al. 2017, eq. 3): peak * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
-  warmup_cosine: peak * s / warmup while s < warmup, then
-      min + (peak - min) * (1 + cos(pi * p)) / 2,  p = (s - warmup) / (num_steps - warmup) in [0, 1]
+  warmup_cosine: peak * s / warmup while s < warmup, then min + (peak - min) * (1 + cos(pi p)) / 2
   warmup_linear: the same warmup, then peak + (min - peak) * p
   constant: peak * min(1, s / warmup)
-Optimizers chain clip -> [L2] -> preconditioner -> [decay] -> -lr; adam's weight decay is L2 on
-the gradient, the others' decoupled (optax.adamw's convention). The weight-decay mask goes by
-parameter names, never rank (scanned layers carry a leading axis): norm scales and biases (a leaf
-'scale' or 'bias', or a module name containing 'norm') and embeddings (any name containing
-'embed'; tied logits follow) are decayed only when their train.weight_decay_* flag says so.
-EMA (train.ema_decay = d > 0): a float32 copy of the parameters, after update n = 1, 2, ...
-    ema <- d_n * ema + (1 - d_n) * params,   d_n = min(d, (1 + n) / (10 + n))
-(TensorFlow's warmup, without which d = 0.999 would keep the average near the init for thousands
-of steps).
+Optimizers chain clip -> [L2] -> preconditioner -> [decay] -> -lr: adam's weight decay is L2 on
+the gradient, the others' decoupled. The decay mask goes by names, never rank (scanned layers
+carry a leading axis): norm scales and biases (a leaf 'scale' or 'bias', a module name with 'norm')
+and embeddings (a name with 'embed') decay only if train.weight_decay_* says so. The float32 EMA
+(train.ema_decay = d > 0) after update n = 1, 2, ... is ema <- d_n * ema + (1 - d_n) * params,
+d_n = min(d, (1 + n) / (10 + n)) (TensorFlow's warmup, so the average soon leaves the init).
 """
 
 from typing import Any, Callable
@@ -85,8 +81,7 @@ def weight_decay_mask(train_cfg: Any) -> Callable[[Any], Any]:
   return lambda params: jax.tree_util.tree_map_with_path(decide, params)
 
 
-# The optimizers (train.optimizer): name -> (train config, weight decay) -> the transforms between
-# clipping and the learning rate; L2 (adam) goes before the preconditioner, decoupled decay after.
+# train.optimizer: name -> (train config, weight decay) -> the transforms between clip and lr.
 OPTIMIZERS: dict[str, Callable[[Any, optax.GradientTransformation],
                                list[optax.GradientTransformation]]] = {
     "adam": lambda tc, decay: [decay, optax.scale_by_adam(b1=tc.b1, b2=tc.b2, eps=tc.eps)],
@@ -128,9 +123,7 @@ def split_micro_batches(batch: Any, num_micro: int) -> Any:
 
 def accumulate_gradients(loss_and_grad_fn: Callable, params: Any, micro_batches: Any):
   """(loss_sum, weight_sum, grads) of `loss_and_grad_fn(params, mb) -> ((loss_sum, weight_sum),
-  grads)` summed over the leading axis of `micro_batches`, in one `lax.scan` (the memory of one
-  micro-batch). Sums over tokens, not means, so the totals over the total weight are exactly the
-  large batch's mean, whatever each micro-batch's padding."""
+  grads)` summed over the leading axis of `micro_batches` in one `lax.scan`."""
   def body(carry, mb):
     (loss_sum, weight_sum), grads = loss_and_grad_fn(params, mb)
     acc_loss, acc_weight, acc_grads = carry
@@ -144,8 +137,7 @@ def accumulate_gradients(loss_and_grad_fn: Callable, params: Any, micro_batches:
 
 
 def update_ema(ema: Any, params: Any, decay: float, num_updates: Any) -> Any:
-  """One EMA update after update number `num_updates` (from 1; the module doc's d_n); `ema` and
-  the result are float32."""
+  """One float32 EMA update after update number `num_updates` (from 1; the module doc's d_n)."""
   n = jnp.asarray(num_updates, jnp.float32)
   d = jnp.minimum(jnp.float32(decay), (1.0 + n) / (10.0 + n))
   return jax.tree.map(lambda e, p: d * e + (1.0 - d) * p.astype(jnp.float32), ema, params)

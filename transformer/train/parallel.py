@@ -1,13 +1,8 @@
 """Device mesh, logical partition rules, jit shardings, pmap mode, multi-host setup, memory check.
 
-One step function serves both parallel modes: `step_fn(state, batch, axis_name=None) -> (state,
-metrics)` computes *sums* over its batch and, given `axis_name`, `lax.psum`s them over that axis
-before normalising (steps.py), so the update is the same on one device as split over many.
-mode='mesh': `jax.jit` with NamedShardings over a ('data', 'fsdp', 'tensor') mesh, the batch split
-over data*fsdp, the state by its logical axis names (LOGICAL_AXIS_RULES), its buffers donated.
-mode='pmap': `jax.pmap(step_fn(axis_name='batch'))` over all devices (each process feeds its local
-ones), the state replicated on a leading device axis. `compile_train_step` and
-`compile_eval_step` hide the difference behind one CompiledStep.
+A step computes sums over its batch, `psum`med over `axis_name` if given (steps.py). mode='mesh'
+jits it over a ('data', 'fsdp', 'tensor') mesh, the batch split over data*fsdp, the state sharded
+by its logical axis names and donated; mode='pmap' pmaps it, the state replicated.
 """
 
 import dataclasses
@@ -29,43 +24,25 @@ MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 PMAP_AXIS = "batch"
 
-# Logical axis name -> mesh axes; earlier rules win when two names of one array want the same mesh
-# axis (flax gives the later name None). The choices:
-# - 'batch' over data *and* fsdp: fsdp devices are data-parallel too (ZeRO-3 style), they only
-#   additionally split the weights.
-# - 'embed' over fsdp: every weight matrix has a d_model side, so this splits all of them; XLA
-#   all-gathers a weight just before its matmul and reduce-scatters its gradient.
-# - 'mlp', 'heads', 'kv_heads', 'vocab' over tensor (Megatron style): the wide side of each
-#   projection, so a block's in/out matmul pair needs one all-reduce.
-# - the rest unsplit: head_dim (heads is), layers (scanned in sequence), length (no sequence
-#   parallelism), tiny ones. A dimension a mesh axis does not divide is replicated.
+# Logical axis name -> mesh axes; earlier rules win when two names of one array want one mesh
+# axis. fsdp devices are data-parallel too (ZeRO-3) and split every weight on its d_model side;
+# tensor splits the wide side of each projection (Megatron), so a block's in/out matmul pair needs
+# one all-reduce. A dimension a mesh axis does not divide is replicated.
 LOGICAL_AXIS_RULES = (
-    ("batch", BATCH_AXES),
-    ("embed", "fsdp"),
-    ("mlp", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("vocab", "tensor"),
-    ("classes", None),  # classification/tagging outputs: a handful
-    ("head_dim", None),
-    ("layers", None),
-    ("length", None),
-    ("relpos_buckets", None),
-    ("norm", None),
+    ("batch", BATCH_AXES), ("embed", "fsdp"),
+    ("mlp", "tensor"), ("heads", "tensor"), ("kv_heads", "tensor"), ("vocab", "tensor"),
+    ("classes", None), ("head_dim", None), ("layers", None), ("length", None),
+    ("relpos_buckets", None), ("norm", None),
 )
 
-
-# ---------------------------------------------------------------- processes and the mesh
 
 def _environment_asks_for_distributed() -> bool:
   """True when a launcher set up a multi-process job that jax.distributed can detect by itself."""
   env = os.environ
-  if env.get("JAX_COORDINATOR_ADDRESS"):
-    return True
   slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
-  if all(k in env for k in slurm) and int(env["SLURM_NTASKS"]) > 1:
-    return True
-  if "OMPI_MCA_orte_hnp_uri" in env and int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+  if (env.get("JAX_COORDINATOR_ADDRESS")
+      or (all(k in env for k in slurm) and int(env["SLURM_NTASKS"]) > 1)
+      or ("OMPI_MCA_orte_hnp_uri" in env and int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1)):
     return True
   try:  # jax sets this flag at import when libtpu and TPU chips are present (a Cloud TPU VM).
     from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top  (private; may be absent)
@@ -140,8 +117,7 @@ def memory_bytes() -> int | None:
 
 
 def check_fits(abstract_state: Any, model_cfg: Any) -> None:
-  """Raises ConfigError naming the model's size when the train state alone (by shapes) is larger
-  than this process's device memory, before anything is allocated."""
+  """Raises ConfigError when the train state alone is larger than this process's device memory."""
   leaves = jax.tree.leaves(abstract_state)
   need = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
   have = memory_bytes()
@@ -152,8 +128,6 @@ def check_fits(abstract_state: Any, model_cfg: Any) -> None:
         f"{params:,} parameters and its train state needs {need / 2**30:,.1f} GiB, more than the "
         f"{have / 2**30:,.1f} GiB of memory here; make the model smaller")
 
-
-# ---------------------------------------------------------------- shardings
 
 def _fit_spec(spec: Sequence[Any], shape: Sequence[int], mesh: Mesh) -> P:
   """Drops mesh axes that do not divide their dimension (keeps the longest dividing prefix)."""
@@ -172,25 +146,14 @@ def _fit_spec(spec: Sequence[Any], shape: Sequence[int], mesh: Mesh) -> P:
 
 
 def _box_sharding(box: Any, mesh: Mesh) -> NamedSharding:
-  """The NamedSharding of one boxed (flax AxisMetadata) variable."""
+  spec = P()
   if isinstance(box, nn.LogicallyPartitioned):
     spec = nn.logical_to_mesh_axes(box.names, box.rules or LOGICAL_AXIS_RULES)
-  elif isinstance(box, meta.Partitioned):
-    spec = P(*box.names)
-  else:
-    spec = P()
-  return NamedSharding(mesh, _fit_spec(spec, _shape(box.unbox()), mesh))
-
-
-def _shape(x: Any) -> tuple[int, ...]:
-  return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+  return NamedSharding(mesh, _fit_spec(spec, np.shape(box.unbox()), mesh))
 
 
 def _key_name(k: Any) -> Any:
-  for attr in ("key", "name", "idx"):
-    if hasattr(k, attr):
-      return getattr(k, attr)
-  return str(k)
+  return next((getattr(k, a) for a in ("key", "name", "idx") if hasattr(k, a)), str(k))
 
 
 def _is_box(x: Any) -> bool:
@@ -198,14 +161,9 @@ def _is_box(x: Any) -> bool:
 
 
 def state_shardings(abstract_state: Any, mesh: Mesh, boxed_params: Any = None) -> Any:
-  """A pytree of NamedSharding for an abstract train state, from the params' logical axis names.
-
-  The names come from the flax boxes (`nn.LogicallyPartitioned`) in the state, or in
-  `boxed_params` when the state's params are unboxed. Every leaf whose path ends with a param's
-  path (below the params root) and has its shape gets that param's sharding (optimizer moments,
-  EMAs, the params); everything else (steps, keys, factored moments) is replicated. The result
-  mirrors the unboxed state.
-  """
+  """A pytree of NamedSharding mirroring the unboxed `abstract_state`, from the flax boxes' logical
+  axis names (in the state, or in `boxed_params`). A leaf whose path ends with a param's path and
+  has its shape (params, moments, EMAs) gets that param's sharding; the rest is replicated."""
   source = abstract_state if boxed_params is None else boxed_params
   boxed = [(tuple(_key_name(k) for k in path), box) for path, box in
            jax.tree_util.tree_flatten_with_path(source, is_leaf=_is_box)[0] if _is_box(box)]
@@ -225,7 +183,7 @@ def state_shardings(abstract_state: Any, mesh: Mesh, boxed_params: Any = None) -
     names = tuple(_key_name(k) for k in path)
     for n in lengths:
       hit = by_suffix.get(names[len(names) - n:]) if 0 < n <= len(names) else None
-      if hit is not None and _shape(x) == _shape(hit[0].unbox()):
+      if hit is not None and np.shape(x) == np.shape(hit[0].unbox()):
         return hit[1]
     return NamedSharding(mesh, P())
 
@@ -252,8 +210,6 @@ def shard_batch(local_batch: dict[str, Any], mesh: Mesh, stacked: bool = False
   return out
 
 
-# ---------------------------------------------------------------- pmap mode
-
 def replicate(tree: Any, devices: Sequence[Any]) -> Any:
   """Puts a copy of every leaf on each of `devices`, stacked on a new leading axis (pmap layout)."""
   sharding = NamedSharding(Mesh(np.asarray(devices, dtype=object), (PMAP_AXIS,)), P(PMAP_AXIS))
@@ -266,7 +222,6 @@ def replicate(tree: Any, devices: Sequence[Any]) -> Any:
 
 
 def unreplicate(tree: Any) -> Any:
-  """The first device's copy of every leaf of a replicated tree."""
   return jax.tree.map(lambda x: x[0], tree)
 
 
@@ -284,16 +239,11 @@ def split_for_pmap(local_batch: dict[str, Any], n: int) -> dict[str, Any]:
   return out
 
 
-# ---------------------------------------------------------------- compiled steps
-
 @dataclasses.dataclass(frozen=True)
 class CompiledStep:
-  """A step function compiled for one parallel mode, with the matching data movers.
-
-  step(state, batch) -> (state, metrics) for train steps, sums for eval steps; either comes back
-  unreplicated in both modes. prepare_state's result may share buffers with its input, which a
-  donating step frees: do not use the input state afterwards. fetch_state undoes prepare_state.
-  """
+  """A step compiled for one parallel mode, with its data movers. step(state, batch) returns
+  (state, metrics) or eval sums, unreplicated in both modes. prepare_state's result may share
+  buffers with its input, which a donating step frees; fetch_state undoes prepare_state."""
   step: Callable[[Any, Any], Any]
   prepare_batch: Callable[[Any], dict[str, Any]]
   prepare_state: Callable[[Any], Any]
@@ -302,8 +252,7 @@ class CompiledStep:
 
 def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
                   returns_state: bool, stacked: bool = False) -> CompiledStep:
-  """jit with in/out shardings over the mesh, a train step's state donated. stacked: the batch is
-  K host batches (prepare_batch takes a list) with a leading steps axis."""
+  """jit over the mesh; stacked: prepare_batch takes a list of K host batches (scan_steps)."""
   rep = NamedSharding(mesh, P())
   batch = NamedSharding(mesh, P(None, BATCH_AXES) if stacked else P(BATCH_AXES))
   jitted = jax.jit(step_fn, in_shardings=(state_sharding, batch),
@@ -316,7 +265,7 @@ def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
       return jitted(state, batch)
 
   def prepare(b: Any) -> dict[str, jax.Array]:
-    if stacked:  # K host batches -> one batch of [K, batch, ...] arrays
+    if stacked:
       b = {k: np.stack([np.asarray(x[k]) for x in b]) for k, v in b[0].items() if v is not None}
     return shard_batch(b, mesh, stacked)
 
@@ -326,53 +275,36 @@ def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
 
 
 def _compile_pmap(step_fn: Callable[..., Any], returns_state: bool) -> CompiledStep:
-  """pmap with axis_name=PMAP_AXIS over all processes' devices (so the psum is global), each
-  process feeding its local ones; an eval step's sums are added up over the devices."""
+  """pmap over all processes' devices (a global psum), each process feeding its local ones."""
   devices = jax.local_devices()
-
-  def summed(*args: Any) -> Any:
-    return jax.lax.psum(step_fn(*args), PMAP_AXIS)
-
-  fn = functools.partial(step_fn, axis_name=PMAP_AXIS) if returns_state else summed
+  fn = (functools.partial(step_fn, axis_name=PMAP_AXIS) if returns_state
+        else lambda *args: jax.lax.psum(step_fn(*args), PMAP_AXIS))
   pmapped = jax.pmap(fn, axis_name=PMAP_AXIS, in_axes=(0, 0),
                      donate_argnums=(0,) if returns_state else ())
 
   def step(state: Any, batch: Any) -> Any:
-    out = pmapped(state, batch)
-    if returns_state:  # Metrics were psum'ed, so every device holds the same values.
-      return out[0], unreplicate(out[1])
-    return unreplicate(out)
+    out = pmapped(state, batch)  # metrics and sums were psum'ed: every device holds the same
+    return (out[0], unreplicate(out[1])) if returns_state else unreplicate(out)
 
   return CompiledStep(step=step, prepare_batch=lambda b: split_for_pmap(b, len(devices)),
                       prepare_state=lambda s: replicate(s, devices), fetch_state=unreplicate)
 
 
-def _compile(fn: Callable[..., Any], mode: str, mesh: Mesh | None, state_sharding: Any,
-             returns_state: bool) -> CompiledStep:
-  """Dispatches to the pmap or mesh compiler; a bad mode or a missing mesh is a ConfigError."""
-  if mode == "pmap":
-    return _compile_pmap(fn, returns_state)
-  if mode != "mesh":
-    raise ConfigError(f"parallel.mode={mode!r} is not one of mesh|pmap")
-  if mesh is None:
-    raise ConfigError("parallel.mode=mesh needs a mesh (parallel.make_mesh)")
-  return _compile_mesh(fn, mesh, state_sharding, returns_state)
-
-
 def compile_train_step(step_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
                        state_sharding: Any) -> CompiledStep:
   """Compiles `step_fn(state, batch, axis_name=None) -> (state, metrics)` for `mode`."""
-  return _compile(step_fn, mode, mesh, state_sharding, returns_state=True)
+  return (_compile_pmap(step_fn, returns_state=True) if mode == "pmap"
+          else _compile_mesh(step_fn, mesh, state_sharding, returns_state=True))
 
 
 def compile_multi_step(multi_step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any
                        ) -> CompiledStep:
-  """Compiles `multi_step_fn(state, batches) -> (state, stacked metrics)` (steps.scan_steps) over
-  the mesh; its prepare_batch takes a list of K host batches (mesh mode only)."""
+  """Compiles steps.scan_steps' `multi_step_fn` over the mesh (mesh mode only)."""
   return _compile_mesh(multi_step_fn, mesh, state_sharding, returns_state=True, stacked=True)
 
 
 def compile_eval_step(eval_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
                       state_sharding: Any) -> CompiledStep:
   """Compiles `eval_fn(state, batch) -> pytree of sums`; pmap mode adds up the devices'."""
-  return _compile(eval_fn, mode, mesh, state_sharding, returns_state=False)
+  return (_compile_pmap(eval_fn, returns_state=False) if mode == "pmap"
+          else _compile_mesh(eval_fn, mesh, state_sharding, returns_state=False))

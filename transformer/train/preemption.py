@@ -1,8 +1,7 @@
 """Preemption and Ctrl-C: a signal becomes a stop the training loop polls at every step, saving
 a checkpoint at the step where `should_stop(step)` first returns True."""
 
-from __future__ import annotations
-
+import contextlib
 import os
 import signal
 
@@ -11,30 +10,21 @@ import jax
 
 
 class PreemptionHandler:
-  """Turns SIGTERM (cloud preemption) and SIGINT (Ctrl-C) into a stop `should_stop(step)` reports.
-
-  A second SIGINT, or a SIGINT after SIGTERM, raises KeyboardInterrupt at once, saving nothing
-  more. One process: Python handlers set `.requested`. Many processes with jax's preemption
-  service: jax catches SIGTERM and the hosts agree on a step through
-  `multihost_utils.reached_preemption_sync_point`, which every host calls at every step; SIGINT
-  joins by sending this process SIGTERM, so one Ctrl-C stops all hosts at one step. Many
-  processes without the service: no handler, since the hosts could not agree on a step (one
-  host saving while the others train would deadlock).
-  """
+  """Turns SIGTERM (preemption) and SIGINT (Ctrl-C) into a stop `should_stop(step)` reports; a
+  second SIGINT raises KeyboardInterrupt. Many processes agree on the step through jax's
+  preemption service (SIGINT sends this process SIGTERM); without it nothing is installed, since
+  one host saving while the others train would deadlock."""
 
   def __init__(self):
     self.requested = False  # stop at this step (on every host)
     self.signum = None  # the first signal received here
     self._previous = {}
-    self._sync = (jax.distributed.is_initialized()
-                  and bool(jax.config.jax_enable_preemption_service))
+    self._sync = jax.distributed.is_initialized() and bool(jax.config.jax_enable_preemption_service)
     if jax.process_count() > 1 and not self._sync:
       return
     for sig in (signal.SIGINT,) if self._sync else (signal.SIGTERM, signal.SIGINT):
-      try:
+      with contextlib.suppress(ValueError):  # not the main thread (some notebook kernels)
         self._previous[sig] = signal.signal(sig, self._handle)
-      except ValueError:  # not the main thread (e.g. some notebook kernels): flag stays False
-        pass
 
   @property
   def reason(self) -> str:
@@ -60,19 +50,14 @@ class PreemptionHandler:
     """True once a stop was requested (all hosts agree on the step when multi-host)."""
     if self._sync and not self.requested:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      try:
+      with contextlib.suppress(RuntimeError):  # the preemption service is off after all
         self.requested = bool(multihost_utils.reached_preemption_sync_point(step))
-      except RuntimeError:  # the preemption service is off after all
-        pass
     return self.requested
 
   def uninstall(self) -> None:
-    """Restores the previous signal handlers."""
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
     self._previous = {}
 
 
-def install_preemption_handler() -> PreemptionHandler:
-  """Installs the SIGTERM/SIGINT handlers; the loop checks `.should_stop(step)` every step."""
-  return PreemptionHandler()
+install_preemption_handler = PreemptionHandler  # the loop checks `.should_stop(step)` every step

@@ -1,12 +1,9 @@
-"""Batches made ahead of the training loop on a thread (data.prefetch), checkpointed as if not.
-
-Each queued batch carries the inner iterator's state right after it, so `get_state()` is the state
-after the last batch the loop *took*: a resumed run reads exactly the batches of one without
-prefetching. An error in the thread is raised by the `next()` that would have returned its batch.
+"""Batches made ahead of the training loop on a thread (data.prefetch), checkpointed as if not:
+each queued batch carries the inner iterator's state after it, so `get_state()` is the state after
+the last batch the loop took. A thread's error is raised by the `next()` that meets it.
 """
 
-from __future__ import annotations
-
+import contextlib
 import queue
 import threading
 from typing import Any, Sequence
@@ -41,11 +38,9 @@ class Prefetch(grain.DatasetIterator):
       while not stop.is_set():
         item = (next(self._inner), self._inner.get_state())
         while not stop.is_set():
-          try:
+          with contextlib.suppress(queue.Full):
             q.put(item, timeout=0.1)
             break
-          except queue.Full:
-            continue
     except BaseException as e:  # pylint: disable=broad-except  (re-raised by __next__)
       self._error = e
       q.put(_END)
@@ -63,10 +58,8 @@ class Prefetch(grain.DatasetIterator):
       return
     self._stop.set()
     while self._thread.is_alive():
-      try:  # unblock a put waiting on a full queue
+      with contextlib.suppress(queue.Empty):  # unblock a put waiting on a full queue
         self._queue.get_nowait()
-      except queue.Empty:
-        pass
       self._thread.join(timeout=0.05)
     self._thread = None
 

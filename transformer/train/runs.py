@@ -1,8 +1,5 @@
-"""The runs one training program trains, for the loop (loop.py): a plain run, or each member of
-train.members (members.py) in `<workdir>/<name>`; each has its own config, workdir, checkpoints,
-reporter, early stopping (EarlyStopping) and metrics, and resumes from its own checkpoints."""
-
-from __future__ import annotations
+"""The runs one training program trains (loop.py): a plain run, or each train.members member,
+each with its own config, workdir, checkpoints, reporter, early stopping and metrics."""
 
 import dataclasses
 import math
@@ -21,8 +18,7 @@ from transformer.train import members
 
 @dataclasses.dataclass
 class Run:
-  """One run's bookkeeping: a plain run (index None), or member `index`, whose slice of the
-  stacked state and of the metrics is its own."""
+  """One run's bookkeeping: a plain run (index None), or member `index` of a stacked state."""
   name: str  # "" for a plain run
   workdir: str
   cfg: Config
@@ -37,7 +33,7 @@ class Run:
 
   def item(self, tree: Any) -> Any:
     """This run's state (or eval sums) of the loop's: a member's slice of the leading axis."""
-    return tree if self.index is None else members.take(tree, self.index)
+    return tree if self.index is None else jax.tree.map(lambda x: x[self.index], tree)
 
   def metrics(self, metrics: Any) -> Any:
     """This run's train metrics of a dispatch's ([N] or [K, N] per member: the last axis)."""
@@ -71,11 +67,9 @@ class EarlyStopping:
 
 
 def runs_of(cfg: Config, workdir: str) -> list[Run]:
-  """cfg's plain run in `workdir`, or each train.members member in `<workdir>/<name>`, each
-  workdir checked against its config; a member's gets a copy of the program's tokenizers."""
-  group = members.members_of(cfg)
+  """cfg's plain run in `workdir`, or each train.members member in `<workdir>/<name>`."""
   runs = [Run(m.name, os.path.join(workdir, m.name), m.cfg, to_dict(m.cfg), i)
-          for i, m in enumerate(group)] or [Run("", workdir, cfg, to_dict(cfg))]
+          for i, m in enumerate(members.members_of(cfg))] or [Run("", workdir, cfg, to_dict(cfg))]
   for r in runs:
     checkpoints.check_compatible(r.workdir, r.config_dict)
     if r.index is not None and files.exists(os.path.join(workdir, "tokenizers")) and not (
@@ -112,8 +106,7 @@ def restore(runs: list[Run], abstract: Any, train_iter: Any) -> Any:
   states = []
   for i, r in enumerate(runs):
     # Each newer checkpoint that fails to verify is named in a line and moved aside.
-    good, state = r.ckpt.restore_latest_good(abstract,
-                                             data_iterator=train_iter if i == 0 else None)
+    good, state = r.ckpt.restore_latest_good(abstract, train_iter if i == 0 else None)
     if good != latest[i]:
       logging.warning("Resuming from step %d, the newest checkpoint that verifies (the newer "
                       "ones are kept as <step>%s in %s).", good, digests.CORRUPT_SUFFIX,
@@ -126,4 +119,6 @@ def restore(runs: list[Run], abstract: Any, train_iter: Any) -> Any:
     raise checkpoints.CheckpointError(
         "train.members: the members' newest checkpoints that verify differ in step; resume the "
         "members alone, or remove the newer checkpoints")
-  return states[0] if runs[0].index is None else members.stack(jax.device_get(states))
+  if runs[0].index is None:
+    return states[0]
+  return jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(states))  # on host

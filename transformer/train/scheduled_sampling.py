@@ -1,8 +1,6 @@
 """Scheduled sampling for transformers (Mihaylova & Martins 2019), the two-pass method: the
 teacher-forcing schedules and the second pass's logits."""
 
-from __future__ import annotations
-
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -13,8 +11,7 @@ from transformer.model.models import batch_segment_ids, decoder_prefix, shift_ri
 
 Array = jax.Array
 
-# The teacher-forcing schedules (train.scheduled_sampling.schedule): name -> p(step, k, c) before
-# the floor min_teacher_forcing; 'none' always feeds the gold token.
+# train.scheduled_sampling.schedule: name -> p(step, k, c) before the min_teacher_forcing floor.
 SCHEDULES: dict[str, Callable[[Array, float, float], Array]] = {
     "none": lambda step, k, c: jnp.ones((), jnp.float32),
     "linear": lambda step, k, c: k - c * step,
@@ -31,12 +28,9 @@ def teacher_forcing_prob(ss_cfg: Any, step: Array) -> Array:
 
 def two_pass_logits(model: nn.Module, arch: str, params: Any, batch: dict[str, Any],
                     tf_prob: Array, rng: Array, deterministic: bool) -> Array:
-  """Scheduled sampling's second-pass logits [b, t, v].
-
-  Pass 1 decodes the gold decoder inputs (under stop_gradient); each input token is then replaced
-  by pass 1's argmax prediction of it with probability 1 - tf_prob, and pass 2 decodes the
-  mixture. Padding and a decoder-only prompt (`decoder_prefix`) are given, never replaced.
-  """
+  """Scheduled sampling's second-pass logits [b, t, v]: pass 1 decodes the gold inputs (under
+  stop_gradient), each input token is replaced by pass 1's argmax with probability 1 - tf_prob
+  (never padding or a decoder-only prompt), and pass 2 decodes the mixture."""
   drop1, drop2, coin = jax.random.split(rng, 3)
   variables = {"params": params}
   targets, positions = batch["targets"], batch.get("targets_positions")

@@ -2,11 +2,8 @@
 
 The step's key is `fold_in(state.rng, state.step)`, so a resumed run draws the same numbers as an
 uninterrupted one. Losses stay sums over tokens until the end of the step, so gradient
-accumulation and data parallelism give exactly the large batch's mean. The eval step is
-model/scoring.py's, the loop loop.py's.
+accumulation and data parallelism give exactly the large batch's mean.
 """
-from __future__ import annotations
-
 import dataclasses
 from typing import Any, Callable
 
@@ -39,11 +36,9 @@ class TrainState:
     return dataclasses.replace(self, **changes)
 
 
-_STATE_FIELDS = ("step", "params", "opt_state", "rng")
-
-
 def _state_fields(state: TrainState) -> tuple[str, ...]:
-  return _STATE_FIELDS + (("ema_params",) if state.ema_params is not None else ())
+  ema = ("ema_params",) if state.ema_params is not None else ()
+  return ("step", "params", "opt_state", "rng") + ema
 
 
 jax.tree_util.register_pytree_with_keys(
@@ -55,18 +50,14 @@ jax.tree_util.register_pytree_with_keys(
 
 def key_data(key: Array) -> Array:
   """The raw uint32 data of a typed (jax.random.key) or legacy (jax.random.PRNGKey) key."""
-  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    return jax.random.key_data(key)
-  return jnp.asarray(key, jnp.uint32)
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  return jax.random.key_data(key) if typed else jnp.asarray(key, jnp.uint32)
 
 
 def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformation) -> Callable:
-  """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)`.
-
-  axis_name: pmap's device axis, over which the loss, weight and gradient sums are `psum`med
-  before normalising (None under jit). `rng` overrides state.rng. Metrics stay on device: loss,
-  weight_sum, grad_norm, learning_rate, teacher_forcing, finite.
-  """
+  """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)`: `rng`
+  overrides state.rng; the sums are `psum`med over pmap's `axis_name` before normalising. Metrics
+  stay on device: loss, weight_sum, grad_norm, learning_rate, teacher_forcing, finite."""
   arch, tc = cfg.model.arch, cfg.train
   lr_fn = optim.make_schedule(tc, d_model=cfg.model.d_model)
   use_ss = tc.scheduled_sampling.schedule != "none"
@@ -82,23 +73,19 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
 
   def loss_sums(params, micro):
     batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
-    weights = scoring.target_weights(batch)
+    weights, rngs = scoring.target_weights(batch), {"dropout": key}
+    kw = dict(label_smoothing=tc.label_smoothing, z_loss=tc.z_loss, excluded=excluded)
     if tc.loss_chunk_tokens:  # the output layer and the loss a chunk of tokens at a time
-      hidden = models.batch_hidden(model, params, batch, deterministic=deterministic,
-                                   rngs={"dropout": key})
+      hidden = models.batch_hidden(model, params, batch, deterministic=deterministic, rngs=rngs)
       loss_sum, _, weight_sum = chunked_cross_entropy(
           hidden, models.vocab_projection(model, params), batch["targets"], weights,
-          label_smoothing=tc.label_smoothing, z_loss=tc.z_loss, chunk_tokens=tc.loss_chunk_tokens,
-          excluded=excluded)
-      return loss_sum, weight_sum
-    if use_ss:
-      logits = two_pass_logits(model, arch, params, batch, tf_prob, key, deterministic)
+          chunk_tokens=tc.loss_chunk_tokens, **kw)
     else:
-      logits = models.batch_logits(model, params, batch, deterministic=deterministic,
-                                   rngs={"dropout": key})
-    loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights,
-                                            label_smoothing=tc.label_smoothing, z_loss=tc.z_loss,
-                                            excluded=excluded)
+      if use_ss:
+        logits = two_pass_logits(model, arch, params, batch, tf_prob, key, deterministic)
+      else:
+        logits = models.batch_logits(model, params, batch, deterministic=deterministic, rngs=rngs)
+      loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights, **kw)
     return loss_sum, weight_sum
 
   grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
@@ -140,9 +127,7 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
 
 
 def scan_steps(train_step: Callable) -> Callable:
-  """Returns `multi_step(state, batches, rng=None, axis_name=None) -> (state, metrics [K])`:
-  `train_step` over the leading axis of `batches` in one `lax.scan` (train.steps_per_dispatch),
-  exactly as K dispatches of one step."""
+  """`train_step` over the leading axis of `batches` in one `lax.scan`, exactly as K steps."""
 
   def multi_step(state: TrainState, batches: dict[str, Any], rng: Array | None = None,
                  axis_name: str | None = None):
@@ -161,9 +146,8 @@ def eval_params(state: TrainState) -> PyTree:
 def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch: dict[str, Any],
                        tx: optax.GradientTransformation | None = None,
                        unbox: bool = True) -> TrainState:
-  """A fresh TrainState at step 0 with the run key `rng` (as its uint32 data) and, with
-  train.ema_decay > 0, an EMA equal to the params. unbox=False keeps flax's logical-axis boxes on
-  the params and their moments (what `jax.eval_shape` should see to derive shardings)."""
+  """A fresh TrainState at step 0 with the run key `rng` and, with train.ema_decay, an EMA equal to
+  the params. unbox=False keeps flax's logical-axis boxes (for deriving shardings)."""
   tx = tx or optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
   batch = {k: jnp.asarray(v) for k, v in example_batch.items() if v is not None}
 
