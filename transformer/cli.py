@@ -6,8 +6,6 @@ failures of the machine or of files (`environment_error`), and lets a bug keep i
 Importing this module does not import JAX, so `--help` stays fast.
 """
 
-from __future__ import annotations
-
 import asyncio
 import contextlib
 import difflib

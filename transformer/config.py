@@ -2,8 +2,6 @@
 (hashable: jit static arguments) dataclasses made from transformer/schema.py. Each problem is one
 `ConfigError` line naming the key, e.g. `model.num_heads=6 must divide model.d_model=256`."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 from typing import Any, Mapping

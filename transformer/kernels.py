@@ -5,8 +5,6 @@ elsewhere): model code calls `current()` for `project` (x [b, t, *in] . kernel [
 REMAT_POLICIES lives here: its dot policies must also save the CPU matmul's named outputs.
 """
 
-from __future__ import annotations
-
 import contextlib
 import contextvars
 import dataclasses

@@ -4,8 +4,6 @@ range, roles). The default ConfigDict (`get_config`), the typed views and valida
 transformer.schema > docs/config.md`, checked by a test) all derive from it. Defaults are the base
 Transformer of Vaswani et al. (2017); sizes written 0 (role `derived`) are derived."""
 
-from __future__ import annotations
-
 import dataclasses
 import importlib
 from typing import Any, Callable, Mapping

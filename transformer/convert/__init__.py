@@ -10,8 +10,6 @@ no Hugging Face id's place are `model.excluded_ids` (logit -1e30), so every cons
 logits sees the original's distribution, id for id.
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os

@@ -9,8 +9,6 @@ the objective's [MASK] and sentinels after the vocabulary (data/objectives.py) t
 these ids are `model.excluded_ids`, and export drops their rows again.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np

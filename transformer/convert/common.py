@@ -2,8 +2,6 @@
 vocabulary map, the converted workdir's config, and the weight tables: a family lists its
 parameters as `Weight`s once, and `params_of` / `state_of` read that list in either direction."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 import functools
 import operator

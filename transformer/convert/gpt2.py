@@ -8,8 +8,6 @@ in no GPT-2 id's place are `model.excluded_ids`; their embedding rows copy <|end
 start token 0 reads as what GPT-2 saw before every document.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np

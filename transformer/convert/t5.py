@@ -8,8 +8,6 @@ tied (transformers 5 writes tie_word_embeddings=true for every T5). Ids: ours ar
 eos 1; T5's <unk> is our BOS and our UNK its "▁", neither of which our pipelines emit).
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np

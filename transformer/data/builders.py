@@ -4,8 +4,6 @@ builders are prepared offline on first use into `data.data_dir`; catalog dataset
 `wmt14_translate/de-en`, ...) must already be prepared there.
 """
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import errno

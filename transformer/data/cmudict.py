@@ -7,8 +7,6 @@ stress digits and merges the duplicates). Split by word: sha256(SALT + word) int
 test, 2 validation, 3-19 train. One record per (word: `source`, phones: `target`) pair.
 """
 
-from __future__ import annotations
-
 import collections
 import hashlib
 import importlib.metadata

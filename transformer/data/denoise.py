@@ -7,8 +7,6 @@ evaluation (pipeline.EVAL_EPOCH) always scores the same draw. `lengths` gives th
 before drawing, which packing needs.
 """
 
-from __future__ import annotations
-
 import json
 
 import numpy as np

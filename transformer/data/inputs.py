@@ -3,8 +3,6 @@
 that makes every character known); `input_error` is the one line both report. No JAX here.
 """
 
-from __future__ import annotations
-
 from typing import Any, Sequence
 
 

@@ -4,8 +4,6 @@ Encoder-only rows are BERT's: BOS (the [CLS] that pooling reads) + the text's id
 example, see transformer/model/heads.py) or one tag per token (tag; 0, unscored, under BOS/EOS).
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 
 import numpy as np

@@ -4,8 +4,6 @@ and epoch). Their extra ids follow the tokenizer's (`ExtraIds`): [MASK] is `voca
 i is `vocab_size + 1 + i` (T5 counts down from its top instead).
 """
 
-from __future__ import annotations
-
 import dataclasses
 
 import numpy as np

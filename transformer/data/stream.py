@@ -7,8 +7,6 @@ examples already consumed, and the rest of `perm_e` is split over the new hosts.
 epoch each example is consumed exactly once, whatever the host counts were.
 """
 
-from __future__ import annotations
-
 import base64
 from collections.abc import Sequence
 from typing import Any

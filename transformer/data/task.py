@@ -1,7 +1,5 @@
 """`load_task(cfg, workdir)`: dataset + tokenizers + pipelines behind one small `Task` object."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import math

@@ -1,8 +1,6 @@
 """Ensembles: several models read as one distribution, p(y | x) = (1/N) sum_i p_i(y | x), for
 scoring and decoding. "models" is one module or a tuple, "params" one tree or a tuple."""
 
-from __future__ import annotations
-
 from typing import Any, Sequence
 
 import jax

@@ -1,8 +1,6 @@
 """Output heads on top of a stack: vocabulary logits (`vocab_logits`, the one output layer of
 decoders and masked-LM heads), classification pooled per segment of packed rows, tagging."""
 
-from __future__ import annotations
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp

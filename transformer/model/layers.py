@@ -1,8 +1,6 @@
 """Building blocks: token embedding (with tied output logits), dropout, feed-forward, norms.
 Parameters carry logical axis names ('vocab', 'embed', 'mlp', 'norm') for sharding."""
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import math

@@ -1,8 +1,6 @@
 """Token-level cross-entropy with label smoothing, weights and z-loss, plain or chunked over the
 output layer. Sums, never means: divide by the summed weights once, at the end."""
 
-from __future__ import annotations
-
 from typing import Sequence
 
 import jax

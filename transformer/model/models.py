@@ -1,8 +1,6 @@
 """Transformer blocks and stacks, the three architectures, and the batch-level entry points.
 One post- or pre-LN `Block` serves every stack, bidirectional or causal by its masks."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 from typing import Any

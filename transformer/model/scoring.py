@@ -1,8 +1,6 @@
 """Teacher-forced scores, as training and evaluation both report them (`make_eval_step`,
 `teacher_forced_metrics`), and a model's initial parameters (`init_params`)."""
 
-from __future__ import annotations
-
 from typing import Any, Callable
 
 import flax.linen as nn
