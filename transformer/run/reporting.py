@@ -1,13 +1,12 @@
 """Run reporting: metrics.jsonl, TensorBoard, config.json and provenance.json, the progress bar,
 throughput and MFU (model FLOPs, Chowdhery et al. 2022, appendix B, over the devices' peak; CPUs
-have none: pass `measure_matmul_flops()` as `--config.peak_flops`), and `maybe_profile`.
+have none: pass one as `--config.peak_flops`), and `maybe_profile`.
 """
 
 import contextlib
 import json
 import os
 import time
-import timeit
 from typing import Any, Mapping
 
 import jax
@@ -70,15 +69,6 @@ def model_flops_per_step(model_cfg: Any, batch_size: int, source_len: int, targe
     vocab = cfg.num_classes
   forward = encoder + decoder + 2 * t * cfg.d_model * vocab
   return 3 * batch_size * forward  # backward: gradients w.r.t. both operands = 2 x forward
-
-
-def measure_matmul_flops(n: int = 1024, dtype: str = "float32", repeats: int = 5) -> float:
-  """FLOP/s of one jitted n x n matmul on the default device, best of `repeats` (a CPU "peak")."""
-  a = jax.numpy.ones((n, n), dtype)
-  matmul = jax.jit(lambda x: x @ x)
-  matmul(a).block_until_ready()  # compile
-  return 2 * n**3 / min(timeit.repeat(lambda: matmul(a).block_until_ready(), number=1,
-                                      repeat=repeats))
 
 
 def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int,
