@@ -74,9 +74,9 @@ def test_verify_step_names_the_damaged_file(tmp_path, damage):
   reader.close()
 
 
-def test_a_step_written_before_digests_passes_unverified(tmp_path):
-  """A step without digest.json whose meta has no "digest" key (written before digests existed)
-  verifies, so older runs stay readable."""
+def test_a_step_written_before_digests_fails_verification(tmp_path):
+  """A step without digest.json whose meta has no "digest" key (a format written before digests)
+  fails verification in one line."""
   ckpt = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(every_steps=1), config=config_dict())
   ckpt.save(1, toy_state())
   ckpt.close()
@@ -86,7 +86,7 @@ def test_a_step_written_before_digests_passes_unverified(tmp_path):
   meta = json.load(open(meta_path))
   del meta["digest"]
   json.dump(meta, open(meta_path, "w"))
-  assert digests.verify_step(step_dir) is None
+  assert digests.verify_step(step_dir) == "no digest.json"
 
 
 # ----------------------------------------------------------------------------- resume

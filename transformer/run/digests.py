@@ -1,6 +1,6 @@
 """Checksums of checkpoints, `<step>/digest.json` ({"algorithm", "files": {path: hex digest}}),
 and of the tokenizer files a step was trained with. `verify_step` fails a changed or missing
-file, or a missing digest.json where the step's meta says it has one (older steps pass).
+file, or a missing digest.json.
 """
 
 import concurrent.futures
@@ -80,14 +80,10 @@ def read_step_meta(step_dir: str) -> dict[str, Any] | None:
 
 
 def verify_step(step_dir: str) -> str | None:
-  """None if the step's files match its digest.json (or it predates digests), else why not."""
+  """None if the step's files match its digest.json, else why not."""
   path = os.path.join(step_dir, DIGEST_FILE)
   if not files.exists(path):
-    meta = read_step_meta(step_dir)
-    if meta is None:
-      return "meta/metadata is unreadable and there is no digest.json"
-    return f"no {DIGEST_FILE} (its meta says it was written with one)" if meta.get(
-        "digest") else None
+    return f"no {DIGEST_FILE}"
   try:
     record = json.loads(files.read_text(path))
     expected, algorithm = dict(record["files"]), record["algorithm"]
