@@ -112,7 +112,7 @@ def run_sweep() -> None:
     return
 
   try:  # a point's workdir holding a run of other overrides: refused, never counted as done
-    runner.check_same_runs(points, commands, f.workdir)
+    runner.check_same_runs(points, commands)
   except spec.SweepError as e:
     cli.fail(str(e))
   if f.dry_run:

@@ -72,23 +72,14 @@ def point_run(point: Point, commands: Commands) -> dict[str, Any]:
   return _run_of(commands.config_arg, commands.overrides(point))
 
 
-def _recorded_run(point: Point, manifest: Mapping[str, Any] | None) -> dict[str, Any] | None:
-  """The run a point's workdir holds (from its record, else the manifest), or None."""
-  record = read_record(point)
-  if isinstance(record.get("run"), dict):
-    return record["run"]
-  if "overrides" in record and isinstance(manifest, dict) and "config" in manifest:
-    return _run_of(manifest["config"], {**(manifest.get("base_overrides") or {}),
-                                        **record["overrides"]})
-  return None
-
-
-def check_same_runs(points: Sequence[Point], commands: Commands,
-                    sweep_workdir: str | None = None) -> None:
+def check_same_runs(points: Sequence[Point], commands: Commands) -> None:
   """SweepError naming the first point whose workdir ran another config or other overrides."""
-  manifest = read_json(os.path.join(sweep_workdir, "sweep.json")) if sweep_workdir else None
   for p in points:
-    old, new = _recorded_run(p, manifest), point_run(p, commands)
+    record = read_record(p)
+    old, new = record.get("run"), point_run(p, commands)
+    if "overrides" in record and not isinstance(old, dict):
+      raise SweepError(f"{p.workdir}/{RECORD} records no run (an older sweep runner's format); "
+                       "give another --workdir, or remove that point's directory")
     if old is None or old == new:
       continue
     if old.get("config") != new["config"]:
