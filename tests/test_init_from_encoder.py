@@ -29,10 +29,10 @@ def _flat(tree):
 
 @pytest.fixture(scope="module")
 def mlm_run(tmp_path_factory):
+  """(a directory of this module's own, the 4-step MLM run's workdir: shared with
+  tests/test_predict_encoder.py, read only)."""
   root = tmp_path_factory.mktemp("mlm")
-  workdir = str(root / "mlm")
-  train_and_evaluate(encoder_fixtures.config(str(root / "data"), "mlm", num_steps=4), workdir)
-  return root, workdir
+  return root, encoder_fixtures.trained_mlm_run(tmp_path_factory)
 
 
 def test_fine_tuning_loads_exactly_the_shared_weights(mlm_run, tuned_run):
