@@ -17,9 +17,7 @@ import re
 import tensorflow_datasets as tfds
 
 SALT = "cmudict_g2p/v1:"
-NUM_BUCKETS = 20
-TEST_BUCKETS = (0, 1)
-VALIDATION_BUCKETS = (2,)
+NUM_BUCKETS = 20  # 0-1 test, 2 validation, the rest train
 
 # The cmudict release the prepared data depends on: another one stops preparation.
 PACKAGE_VERSION = "1.1.3"
@@ -68,8 +66,7 @@ def hash_bucket(salt: str, word: str, num_buckets: int) -> int:
 def split_of(word: str) -> str:
   """The split of a word."""
   bucket = hash_bucket(SALT, word, NUM_BUCKETS)
-  return ("test" if bucket in TEST_BUCKETS else
-          "validation" if bucket in VALIDATION_BUCKETS else "train")
+  return "test" if bucket < 2 else "validation" if bucket == 2 else "train"
 
 
 def load_splits(stress: bool, path: str | None = None) -> dict[str, dict[str, list[str]]]:
