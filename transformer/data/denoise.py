@@ -1,9 +1,9 @@
 """The self-supervised objectives (MaskedLM, SpanCorruption) as pipeline transforms.
 
 A transform turns the raw ids (feature `inputs`) of the examples a batch takes into the features
-the model trains on, drawing with `example_rng(seed, epoch, index)`: a resumed or re-sharded
-iterator masks as an uninterrupted one, every epoch masks afresh (RoBERTa's dynamic masking), and
-evaluation (pipeline.EVAL_EPOCH) always scores the same draw. `lengths` gives the output lengths
+the model trains on, drawing from a generator seeded by (seed, SALT, epoch, example index): a
+resumed or re-sharded iterator masks as an uninterrupted one, every epoch masks afresh (RoBERTa's
+dynamic masking), and evaluation (pipeline.EVAL_EPOCH) always scores the same draw. `lengths` gives the output lengths
 before drawing, which packing needs.
 """
 
@@ -16,11 +16,6 @@ from transformer.data.pipeline import Examples
 from transformer.data.tokenizers import NUM_SPECIAL
 
 SALT = 0x6D61736B  # keeps the objective's streams apart from the shuffling's
-
-
-def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-  """The generator of one example's draw in one epoch."""
-  return np.random.default_rng([seed, SALT, int(epoch), int(index)])
 
 
 def word_starts_fn(tokenizer):
@@ -62,7 +57,8 @@ class _Transform:
   def __call__(self, ex: Examples, idx: np.ndarray, epochs: np.ndarray) -> Examples:
     starts, lengths = ex.starts["inputs"], ex.lengths["inputs"]
     pairs = [self.apply(ex.tokens["inputs"][starts[i]:starts[i] + lengths[i]],
-                        example_rng(self.seed, e, i)) for i, e in zip(idx, epochs)]
+                        np.random.default_rng([self.seed, SALT, int(e), int(i)]))
+             for i, e in zip(idx, epochs)]
     return Examples.from_lists({"inputs": [p[0] for p in pairs], "targets": [p[1] for p in pairs]})
 
 

@@ -83,18 +83,15 @@ def encode_pairs(pairs: Sequence[tuple[str, str]], source_tok, target_tok, max_s
   """Tokenizes (source, target) pairs -> (Examples, counts of kept/dropped/truncated pairs):
   `inputs` = source + EOS, `targets` = target + EOS; decoder-only, `targets` = prompt (source +
   EOS) + target + EOS with the prompt as the prefix (prefix_lm_examples)."""
-  inputs, targets = [], []
-  dropped = truncated = 0
+  inputs, targets, truncated = [], [], 0
   for source, target in pairs:
     s, t = source_tok.encode(source), target_tok.encode(target)
     fs, ft = fit_length(s, max_source_len, too_long), fit_length(t, max_target_len, too_long)
-    if fs is None or ft is None:
-      dropped += 1
-      continue
-    truncated += len(fs) <= len(s) or len(ft) <= len(t)
-    inputs.append(fs)
-    targets.append(ft)
-  counts = {"examples": len(targets), "dropped": dropped, "truncated": int(truncated)}
+    if fs is not None and ft is not None:
+      truncated += len(fs) <= len(s) or len(ft) <= len(t)
+      inputs.append(fs)
+      targets.append(ft)
+  counts = {"examples": len(targets), "dropped": len(pairs) - len(targets), "truncated": truncated}
   if decoder_only:
     return prefix_lm_examples(inputs, targets), counts
   return Examples.from_lists({"inputs": inputs, "targets": targets}), counts
