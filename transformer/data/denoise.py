@@ -3,8 +3,8 @@
 A transform turns the raw ids (feature `inputs`) of the examples a batch takes into the features
 the model trains on, drawing from a generator seeded by (seed, SALT, epoch, example index): a
 resumed or re-sharded iterator masks as an uninterrupted one, every epoch masks afresh (RoBERTa's
-dynamic masking), and evaluation (pipeline.EVAL_EPOCH) always scores the same draw. `lengths` gives the output lengths
-before drawing, which packing needs.
+dynamic masking), and evaluation (pipeline.EVAL_EPOCH) always scores the same draw. `lengths`
+gives the output lengths before drawing, which packing needs.
 """
 
 import json
@@ -30,22 +30,22 @@ def word_starts_fn(tokenizer):
       sp = space[ids]
       return ~sp & np.concatenate([[True], sp[:-1]])
     return starts
+  model = (json.loads(tokenizer.tokenizer_json).get("model") or {}) if kind == "hf" else {}
   if kind == "sentencepiece":
     sp = tokenizer._sp  # pylint: disable=protected-access
     begins = np.array([i >= NUM_SPECIAL and sp.id_to_piece(i).startswith("\u2581")
                        for i in range(tokenizer.vocab_size)])
-    return lambda ids: begins[ids]
-  model = (json.loads(tokenizer.tokenizer_json).get("model") or {}) if kind == "hf" else {}
-  if model.get("type") == "WordPiece":  # BERT's: a word's later pieces carry the prefix "##"
+  elif model.get("type") == "WordPiece":  # BERT's: a word's later pieces carry the prefix "##"
     prefix, offset = model.get("continuing_subword_prefix") or "##", tokenizer.offset
     hf = tokenizer._tok  # pylint: disable=protected-access
     begins = np.array([i >= max(offset, NUM_SPECIAL)
                        and not (hf.id_to_token(i - offset) or "").startswith(prefix)
                        for i in range(tokenizer.vocab_size)])
-    return lambda ids: begins[ids]
-  raise ValueError(f"data.whole_word_masking=True needs a char, byte, sentencepiece or WordPiece "
-                   f"('hf', BERT's) tokenizer (word boundaries); this one is {kind!r}"
-                   f"{' (' + repr(model.get('type')) + ')' if model else ''}")
+  else:
+    raise ValueError(f"data.whole_word_masking=True needs a char, byte, sentencepiece or "
+                     f"WordPiece ('hf', BERT's) tokenizer (word boundaries); this one is {kind!r}"
+                     f"{' (' + repr(model.get('type')) + ')' if model else ''}")
+  return lambda ids: begins[ids]
 
 
 class _Transform:

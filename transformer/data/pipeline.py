@@ -144,9 +144,8 @@ def one_per_row(ex: Examples, idx: np.ndarray, row_len: dict[str, int], rows: in
                 ) -> dict[str, np.ndarray]:
   """Examples `idx` one per row (row i: idx[i], segment 1, offset 0); further rows are padding."""
   k = len(idx)
-  zeros = np.zeros(k, np.int64)
-  return assemble(ex, idx, np.arange(k), {n: zeros for n in row_len}, np.ones(k, np.int32),
-                  row_len, rows)
+  return assemble(ex, idx, np.arange(k), {n: np.zeros(k, np.int64) for n in row_len},
+                  np.ones(k, np.int32), row_len, rows)
 
 
 def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):

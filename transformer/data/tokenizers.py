@@ -224,8 +224,7 @@ class HFTokenizer(Tokenizer):
     self.unk_id = (UNK_ID if offset else -1) if unk_hf is None else unk_hf + offset
 
   def token_id(self, token: str) -> int | None:
-    """The tokenizer's own id (without our offset) of `token`, e.g. BERT's "[MASK]"; None if it
-    has no such token."""
+    """The tokenizer's own id (without our offset) of `token`, e.g. BERT's "[MASK]", or None."""
     return self._tok.token_to_id(token)
 
   def encode(self, text: str) -> list[int]:
