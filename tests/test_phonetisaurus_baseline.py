@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from bench_loader import load_benchmark
+import cmudict_data
 from transformer.data import cmudict
 
 baseline = load_benchmark("g2p_phonetisaurus")
@@ -22,7 +23,7 @@ def test_lexicon_is_the_training_split_with_every_variant(tmp_path):
     word, pron = line.split("\t")
     read.setdefault(word, []).append(pron)
   assert read == splits["train"]  # every word, every pronunciation, in CMU's variant order
-  assert lines == cmudict.MANIFEST["counts"]["no_stress"]["train"][1]
+  assert lines == cmudict_data.COUNTS["no_stress"]["train"][1]
   held_out = set(splits["validation"]) | set(splits["test"])
   assert not held_out & set(read)
 

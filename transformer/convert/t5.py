@@ -32,12 +32,6 @@ HF_FIXED = dict(pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id
 _MAX_LEN = 512  # T5 has no position table; our decoding cache needs a length
 
 
-def head_is_tied(state: dict[str, np.ndarray]) -> bool:
-  """No lm_head.weight, or one equal to shared.weight (a pytorch_model.bin stores both)."""
-  head = state.get("lm_head.weight")
-  return head is None or np.array_equal(head, _shared(state))
-
-
 def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = None
                     ) -> dict[str, Any]:
   """Our model config keys for a T5 config.json dict (and its weights, which say whether the
@@ -46,9 +40,11 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
   positive_ints(hf, ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"))
   ffn = hf_choice(hf, "feed_forward_proj", "relu", _FFN)
   # Without weights (read_hf checks the config before loading any), the config says; older
-  # config.jsons said by it whether the output is scaled.
+  # config.jsons said by it whether the output is scaled. Tied: no lm_head.weight, or one equal
+  # to shared.weight (a pytorch_model.bin stores both).
   said_tied = hf.get("tie_word_embeddings", True) is not False
-  tied = said_tied if state is None else head_is_tied(state)
+  head = None if state is None else state.get("lm_head.weight")
+  tied = said_tied if state is None else head is None or np.array_equal(head, _shared(state))
   rate = float(hf.get("dropout_rate", 0.1))
   return CONVERTED | FIXED | dict(
       vocab_size=hf["vocab_size"], source_vocab_size=hf["vocab_size"], excluded_ids="",

@@ -247,8 +247,7 @@ class _CheckedSource:
 
 
 def _prepare(builder: tfds.core.DatasetBuilder) -> None:
-  """Prepares a local builder offline (array_record) unless it is there, saying so in one line on
-  stderr instead of TFDS's progress bars and stdout lines."""
+  """Prepares a local builder offline (array_record) unless it is there, with one stderr line."""
   from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
   if builder.is_prepared():
     return

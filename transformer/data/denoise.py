@@ -1,10 +1,10 @@
 """The self-supervised objectives (MaskedLM, SpanCorruption) as pipeline transforms.
 
 A transform turns the raw ids (feature `inputs`) of the examples a batch takes into the features
-the model trains on, drawing with `example_rng(seed, epoch, index)`: a resumed or re-sharded
-iterator masks as an uninterrupted one, every epoch masks afresh (RoBERTa's dynamic masking), and
-evaluation (pipeline.EVAL_EPOCH) always scores the same draw. `lengths` gives the output lengths
-before drawing, which packing needs.
+the model trains on, drawing from a generator seeded by (seed, SALT, epoch, example index): a
+resumed or re-sharded iterator masks as an uninterrupted one, every epoch masks afresh (RoBERTa's
+dynamic masking), and evaluation (pipeline.EVAL_EPOCH) always scores the same draw. `lengths`
+gives the output lengths before drawing, which packing needs.
 """
 
 import json
@@ -16,11 +16,6 @@ from transformer.data.pipeline import Examples
 from transformer.data.tokenizers import NUM_SPECIAL
 
 SALT = 0x6D61736B  # keeps the objective's streams apart from the shuffling's
-
-
-def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-  """The generator of one example's draw in one epoch."""
-  return np.random.default_rng([seed, SALT, int(epoch), int(index)])
 
 
 def word_starts_fn(tokenizer):
@@ -35,22 +30,22 @@ def word_starts_fn(tokenizer):
       sp = space[ids]
       return ~sp & np.concatenate([[True], sp[:-1]])
     return starts
+  model = (json.loads(tokenizer.tokenizer_json).get("model") or {}) if kind == "hf" else {}
   if kind == "sentencepiece":
     sp = tokenizer._sp  # pylint: disable=protected-access
     begins = np.array([i >= NUM_SPECIAL and sp.id_to_piece(i).startswith("\u2581")
                        for i in range(tokenizer.vocab_size)])
-    return lambda ids: begins[ids]
-  model = (json.loads(tokenizer.tokenizer_json).get("model") or {}) if kind == "hf" else {}
-  if model.get("type") == "WordPiece":  # BERT's: a word's later pieces carry the prefix "##"
+  elif model.get("type") == "WordPiece":  # BERT's: a word's later pieces carry the prefix "##"
     prefix, offset = model.get("continuing_subword_prefix") or "##", tokenizer.offset
     hf = tokenizer._tok  # pylint: disable=protected-access
     begins = np.array([i >= max(offset, NUM_SPECIAL)
                        and not (hf.id_to_token(i - offset) or "").startswith(prefix)
                        for i in range(tokenizer.vocab_size)])
-    return lambda ids: begins[ids]
-  raise ValueError(f"data.whole_word_masking=True needs a char, byte, sentencepiece or WordPiece "
-                   f"('hf', BERT's) tokenizer (word boundaries); this one is {kind!r}"
-                   f"{' (' + repr(model.get('type')) + ')' if model else ''}")
+  else:
+    raise ValueError(f"data.whole_word_masking=True needs a char, byte, sentencepiece or "
+                     f"WordPiece ('hf', BERT's) tokenizer (word boundaries); this one is {kind!r}"
+                     f"{' (' + repr(model.get('type')) + ')' if model else ''}")
+  return lambda ids: begins[ids]
 
 
 class _Transform:
@@ -62,7 +57,8 @@ class _Transform:
   def __call__(self, ex: Examples, idx: np.ndarray, epochs: np.ndarray) -> Examples:
     starts, lengths = ex.starts["inputs"], ex.lengths["inputs"]
     pairs = [self.apply(ex.tokens["inputs"][starts[i]:starts[i] + lengths[i]],
-                        example_rng(self.seed, e, i)) for i, e in zip(idx, epochs)]
+                        np.random.default_rng([self.seed, SALT, int(e), int(i)]))
+             for i, e in zip(idx, epochs)]
     return Examples.from_lists({"inputs": [p[0] for p in pairs], "targets": [p[1] for p in pairs]})
 
 

@@ -40,24 +40,20 @@ def check_input(run: Any, text: str, max_decode_len: int, mask: str = ""
   if unknown:
     units = " ".join(repr(u) for u in dict.fromkeys(unknown[:10]))
     return f"has characters outside the model's vocabulary: {units}", text
-  cfg = run.config
+  cfg, tokens = run.config, "tokens"
   if cfg.model.arch == "encoder_only":  # BOS + ids + EOS, as long as training's rows at most
     length = sum(len(tokenizer.encode(p)) for p in pieces) + len(pieces) - 1 + 2
-    limit = cfg.data.max_source_len
-    if length > limit:
-      return (f"is too long: {length} tokens with BOS and EOS, the model takes at most {limit} "
-              "(data.max_source_len)"), text
-    return None, text
-  # The raw length: encode_source truncates to data.max_source_len, as the data pipeline does.
-  length = len(tokenizer.encode(text)) + (run.kind != "lm")
-  if cfg.model.arch == "encoder_decoder":
-    limit, key = cfg.data.max_source_len, "data.max_source_len"
-  elif max_decode_len:
-    limit, key = cfg.model.max_len - max_decode_len, "model.max_len - max_decode_len"
-  else:  # unset: the continuation gets what fits after the prompt (evaluation.decode_batches)
-    limit, key = cfg.model.max_len - 1, "model.max_len - 1"
+    limit, key, tokens = cfg.data.max_source_len, "data.max_source_len", "tokens with BOS and EOS"
+  else:  # the raw length: encode_source truncates to data.max_source_len, as the pipeline does
+    length = len(tokenizer.encode(text)) + (run.kind != "lm")
+    if cfg.model.arch == "encoder_decoder":
+      limit, key = cfg.data.max_source_len, "data.max_source_len"
+    elif max_decode_len:
+      limit, key = cfg.model.max_len - max_decode_len, "model.max_len - max_decode_len"
+    else:  # unset: the continuation gets what fits after the prompt (evaluation.decode_batches)
+      limit, key = cfg.model.max_len - 1, "model.max_len - 1"
   if length > limit:
-    return f"is too long: {length} tokens, the model takes at most {limit} ({key})", text
+    return f"is too long: {length} {tokens}, the model takes at most {limit} ({key})", text
   return None, text
 
 

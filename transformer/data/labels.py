@@ -28,11 +28,10 @@ def label_of(phones: str, label: str) -> str:
 def word_labels(records: Sequence[tuple[str, str]], label: str) -> list[tuple[str, str]]:
   """(word, label) per distinct word, from its first pronunciation (CMU's order); records without
   any stress digit (no_stress data) are a ValueError."""
-  out, seen = [], set()
+  first: dict[str, str] = {}
   for word, phones in records:
-    if word not in seen:
-      seen.add(word)
-      out.append((word, label_of(phones, label)))
+    first.setdefault(word, phones)
+  out = [(word, label_of(phones, label)) for word, phones in first.items()]
   if records and not any(p[-1:].isdigit() for _, phones in records for p in phones.split()):
     raise ValueError(f"data.label={label!r}: the pronunciations carry no stress digits; use "
                      f"data.dataset='cmudict_g2p/stress'")

@@ -18,7 +18,6 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from absl import logging
 import grain
 import numpy as np
 
@@ -84,18 +83,15 @@ def encode_pairs(pairs: Sequence[tuple[str, str]], source_tok, target_tok, max_s
   """Tokenizes (source, target) pairs -> (Examples, counts of kept/dropped/truncated pairs):
   `inputs` = source + EOS, `targets` = target + EOS; decoder-only, `targets` = prompt (source +
   EOS) + target + EOS with the prompt as the prefix (prefix_lm_examples)."""
-  inputs, targets = [], []
-  dropped = truncated = 0
+  inputs, targets, truncated = [], [], 0
   for source, target in pairs:
     s, t = source_tok.encode(source), target_tok.encode(target)
     fs, ft = fit_length(s, max_source_len, too_long), fit_length(t, max_target_len, too_long)
-    if fs is None or ft is None:
-      dropped += 1
-      continue
-    truncated += len(fs) <= len(s) or len(ft) <= len(t)
-    inputs.append(fs)
-    targets.append(ft)
-  counts = {"examples": len(targets), "dropped": dropped, "truncated": int(truncated)}
+    if fs is not None and ft is not None:
+      truncated += len(fs) <= len(s) or len(ft) <= len(t)
+      inputs.append(fs)
+      targets.append(ft)
+  counts = {"examples": len(targets), "dropped": len(pairs) - len(targets), "truncated": truncated}
   if decoder_only:
     return prefix_lm_examples(inputs, targets), counts
   return Examples.from_lists({"inputs": inputs, "targets": targets}), counts
@@ -148,9 +144,8 @@ def one_per_row(ex: Examples, idx: np.ndarray, row_len: dict[str, int], rows: in
                 ) -> dict[str, np.ndarray]:
   """Examples `idx` one per row (row i: idx[i], segment 1, offset 0); further rows are padding."""
   k = len(idx)
-  zeros = np.zeros(k, np.int64)
-  return assemble(ex, idx, np.arange(k), {n: zeros for n in row_len}, np.ones(k, np.int32),
-                  row_len, rows)
+  return assemble(ex, idx, np.arange(k), {n: np.zeros(k, np.int64) for n in row_len},
+                  np.ones(k, np.int32), row_len, rows)
 
 
 def first_fit(lens: np.ndarray, rows: int, caps: np.ndarray, max_skipped: int):
@@ -238,13 +233,11 @@ class BatchIterator(grain.DatasetIterator):
     epochs = self._stream.locate(positions)[0]
     return self._ds.transform(self._ds.examples, idx, epochs), np.arange(len(idx))
 
-  def _lookahead(self) -> int:
-    return self._ds.rows * int(self._caps.max())  # more examples than could ever fit
-
   def _next_pack(self) -> dict[str, np.ndarray]:
     rows = self._ds.rows
+    lookahead = rows * int(self._caps.max())  # more examples than could ever fit
     positions = np.concatenate([np.asarray(self._deferred, np.int64),
-                                np.arange(self._pos, self._pos + self._lookahead())])
+                                np.arange(self._pos, self._pos + lookahead)])
     idx = self._stream.ids(positions)
     seen, placed, row, off, seg, skipped = first_fit(self._lens(idx), rows, self._caps,
                                                      max_skipped=max(1, rows // PACK_SKIP_DIVISOR))
@@ -289,10 +282,6 @@ class BatchIterator(grain.DatasetIterator):
         self._emitted, self._window = 0, None
     return one_per_row(*self._materialize(self._last), row_len, ds.rows)
 
-  def last_batch_examples(self) -> tuple[np.ndarray, np.ndarray]:
-    """(epoch, example index) of every example in the last batch (a debugging and test hook)."""
-    return self._stream.locate(self._last)[0], self._stream.ids(self._last)
-
   def get_state(self) -> dict[str, Any]:
     return {"pos": int(self._pos), "emitted": int(self._emitted),
             "deferred_pos": list(self._deferred), "rows": self._ds.rows,
@@ -300,24 +289,20 @@ class BatchIterator(grain.DatasetIterator):
 
   def set_state(self, state: dict[str, Any]) -> None:
     ds = self._ds
-    saved = (int(state.get("host", ds.host)), int(state.get("hosts", ds.hosts)))
+    missing = sorted({"deferred_pos", "rows", "host", "hosts"} - state.keys())
+    if missing:
+      raise ValueError(f"the iterator state lacks {', '.join(missing)}: it was written by an "
+                       "older version of this codebase, which this one cannot resume")
+    saved = (int(state["host"]), int(state["hosts"]))
     if saved != (ds.host, ds.hosts):
       raise ValueError(f"the iterator state of host {saved[0]} of {saved[1]} cannot resume host "
                        f"{ds.host} of {ds.hosts} (use set_state_from_hosts with every host's state)")
     base, skip = Stream.plan_from_state(state, len(ds.examples))
     self._stream = Stream(len(ds.examples), ds.seed, ds.host, ds.hosts, base, skip)
     self._pos, self._emitted, self._window = int(state["pos"]), int(state["emitted"]), None
-    if "deferred_pos" in state:
-      self._deferred = [int(p) for p in state["deferred_pos"]]
-    else:  # a state written before positions were: examples of the last batch's lookahead
-      window = np.arange(max(0, self._pos - self._lookahead()), self._pos)
-      ids = self._stream.ids(window)
-      self._deferred = [int(window[np.flatnonzero(ids == i)[-1]]) for i in state["deferred"]]
+    self._deferred = [int(p) for p in state["deferred_pos"]]
     if ds.mode == "bucket" and self._emitted:
       self._window = self._bucket_window()
-    if "hosts" not in state and ds.hosts > 1:
-      logging.warning("Resuming a %d-host iterator state written before hosts shared one order "
-                      "per epoch: the rest of this epoch may repeat or skip examples.", ds.hosts)
 
   def set_state_from_hosts(self, states: Sequence[dict[str, Any]]) -> None:
     """Resumes this host from the states of all hosts of a run with another host count: what
@@ -325,7 +310,7 @@ class BatchIterator(grain.DatasetIterator):
     ds, count = self._ds, len(states)
     old = []
     for h, state in enumerate(states):
-      rows = int(state.get("rows", ds.rows * ds.hosts // count))
+      rows = int(state.get("rows", ds.rows))  # a state without rows fails in set_state
       it = BatchIterator(BatchDataset(ds.examples, rows=rows, row_len=ds.row_len, mode=ds.mode,
                                       seed=ds.seed, host=h, hosts=count,
                                       transform=ds.transform))

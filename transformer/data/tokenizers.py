@@ -35,9 +35,6 @@ class Tokenizer:
   pad_id, eos_id, bos_id, unk_id = PAD_ID, EOS_ID, BOS_ID, UNK_ID
   vocab_size: int  # number of ids, specials included
 
-  def __init__(self):
-    self.num_unknown = 0  # unknown characters / symbols / pieces seen by `encode`
-
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, without BOS/EOS."""
     raise NotImplementedError
@@ -50,7 +47,7 @@ class Tokenizer:
   @classmethod
   def new(cls, texts: Iterable[str], **options: Any) -> Tokenizer:
     """A new tokenizer whose vocabulary comes from `texts` (this default: a fixed vocabulary);
-    `options`: `build`'s keywords."""
+    `options`: `build`'s, each kind reading its own."""
     return cls()
 
   @classmethod
@@ -86,7 +83,6 @@ class _VocabTokenizer(Tokenizer):
   _separator = ""
 
   def __init__(self, units: Sequence[str]):
-    super().__init__()
     self.units = list(units)
     self._ids = {u: i + NUM_SPECIAL for i, u in enumerate(self.units)}
     if len(self._ids) != len(self.units):
@@ -102,9 +98,7 @@ class _VocabTokenizer(Tokenizer):
     return cls(sorted(set().union(*map(cls._split, texts))))
 
   def encode(self, text: str) -> list[int]:
-    ids = [self._ids.get(u, UNK_ID) for u in self._split(text)]
-    self.num_unknown += ids.count(UNK_ID)
-    return ids
+    return [self._ids.get(u, UNK_ID) for u in self._split(text)]
 
   def _decode_ids(self, ids: list[int]) -> str:
     return self._separator.join(self.units[i - NUM_SPECIAL] if NUM_SPECIAL <= i < self.vocab_size
@@ -148,7 +142,6 @@ class SentencePieceTokenizer(Tokenizer):
   kind = "sentencepiece"
 
   def __init__(self, model_proto: bytes):
-    super().__init__()
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (optional: BPE only)
     self.model_proto = model_proto
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
@@ -159,9 +152,7 @@ class SentencePieceTokenizer(Tokenizer):
     self.vocab_size = self._sp.get_piece_size()
 
   def encode(self, text: str) -> list[int]:
-    ids = self._sp.encode(text)
-    self.num_unknown += ids.count(UNK_ID)
-    return ids
+    return self._sp.encode(text)
 
   def _decode_ids(self, ids: list[int]) -> str:
     return self._sp.decode(ids)
@@ -204,9 +195,6 @@ class SentencePieceTokenizer(Tokenizer):
     return self.model_proto
 
 
-HF_ID_OFFSETS = (NUM_SPECIAL, 0)
-
-
 class HFTokenizer(Tokenizer):
   """A Hugging Face `tokenizers` tokenizer (its tokenizer.json text); its id i is our i + `offset`.
   Its own special tokens (GPT-2's <|endoftext|>) are ordinary ids here. offset=0 needs its ids 0
@@ -216,11 +204,9 @@ class HFTokenizer(Tokenizer):
   kind = "hf"
 
   def __init__(self, tokenizer_json: str, offset: int = NUM_SPECIAL):
-    super().__init__()
     from tokenizers import Tokenizer as _HF  # pylint: disable=g-import-not-at-top  (optional)
-    if offset not in HF_ID_OFFSETS:
-      raise ValueError(f"data.hf_id_offset={offset} is not one of "
-                       f"{'|'.join(map(str, HF_ID_OFFSETS))}")
+    if offset not in (NUM_SPECIAL, 0):
+      raise ValueError(f"data.hf_id_offset={offset} is not one of {NUM_SPECIAL}|0")
     self.tokenizer_json, self.offset = tokenizer_json, offset
     self._tok = _HF.from_str(tokenizer_json)
     self.vocab_size = offset + self._tok.get_vocab_size(with_added_tokens=True)
@@ -238,14 +224,11 @@ class HFTokenizer(Tokenizer):
     self.unk_id = (UNK_ID if offset else -1) if unk_hf is None else unk_hf + offset
 
   def token_id(self, token: str) -> int | None:
-    """The tokenizer's own id (without our offset) of `token`, e.g. BERT's "[MASK]"; None if it
-    has no such token."""
+    """The tokenizer's own id (without our offset) of `token`, e.g. BERT's "[MASK]", or None."""
     return self._tok.token_to_id(token)
 
   def encode(self, text: str) -> list[int]:
-    ids = [i + self.offset for i in self._tok.encode(text, add_special_tokens=False).ids]
-    self.num_unknown += ids.count(self.unk_id)
-    return ids
+    return [i + self.offset for i in self._tok.encode(text, add_special_tokens=False).ids]
 
   def _decode_ids(self, ids: list[int]) -> str:
     return self._tok.decode([i - self.offset for i in ids if i >= self.offset],
@@ -293,13 +276,9 @@ class OffsetTokenizer(Tokenizer):
   outside the target's range to <unk>. Saving writes the inner tokenizer: the offset is derived
   again from the source vocabulary when a task is loaded."""
 
-  def __init__(self, inner: Tokenizer, offset: int):  # pylint: disable=super-init-not-called
-    self.inner, self.offset, self.kind = inner, offset, inner.kind  # num_unknown: the inner's
+  def __init__(self, inner: Tokenizer, offset: int):
+    self.inner, self.offset, self.kind = inner, offset, inner.kind
     self.vocab_size = inner.vocab_size + offset
-
-  @property
-  def num_unknown(self) -> int:
-    return self.inner.num_unknown
 
   def encode(self, text: str) -> list[int]:
     return [i + self.offset if i >= NUM_SPECIAL else i for i in self.inner.encode(text)]
@@ -327,15 +306,13 @@ TOKENIZERS: dict[str, type[Tokenizer]] = {
 SOURCE_TOKENIZERS: dict[str, type[Tokenizer] | None] = {"": None, **TOKENIZERS}
 
 
-def build(kind: str, texts: Iterable[str], *, spm_vocab_size: int = 8000,
-          spm_model_type: str = "bpe", hf_tokenizer: str = "",
-          hf_id_offset: int = NUM_SPECIAL) -> Tokenizer:
+def build(kind: str, texts: Iterable[str], **options: Any) -> Tokenizer:
   """A new tokenizer of `kind` whose vocabulary comes from `texts` (the training split); kind 'hf'
-  reads the tokenizer.json `hf_tokenizer` instead."""
+  reads the tokenizer.json `hf_tokenizer` instead. `options`: the data.spm_* and data.hf_* keys
+  of the kinds that read them (`new`'s keywords)."""
   if kind not in TOKENIZERS:
     raise ValueError(f"data.tokenizer={kind!r} is not one of {'|'.join(TOKENIZERS)}")
-  return TOKENIZERS[kind].new(texts, spm_vocab_size=spm_vocab_size, spm_model_type=spm_model_type,
-                              hf_tokenizer=hf_tokenizer, hf_id_offset=hf_id_offset)
+  return TOKENIZERS[kind].new(texts, **options)
 
 
 def load(directory: str) -> Tokenizer:
