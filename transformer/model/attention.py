@@ -1,7 +1,6 @@
 """Attention masks, scaled dot-product attention (einsum or fused) and MultiHeadAttention.
 Masks are boolean, broadcastable to [b, 1|n, t, s], True = "may attend". Grouped-query attention
-splits the query heads into [k, g]: query head i uses kv head i // g, keys/values never repeated.
-"""
+splits the query heads into [k, g]: query head i uses kv head i // g, keys/values never repeated."""
 
 import functools
 import math
