@@ -1,10 +1,6 @@
-"""What the entry points share: every failure they expect is one line, `error: ...`, exit 1.
-
-`parse_flags` (`parse_own_flags` for tools with flags of their own) reports a bad flag, config key
-or config file in one line; `one_line_errors` does so for the library's one-line errors and
-failures of the machine or of files (`environment_error`), and lets a bug keep its traceback.
-Importing this module does not import JAX, so `--help` stays fast.
-"""
+"""What the entry points share: every failure they expect is one line, `error: ...`, exit 1
+(`parse_flags` / `parse_own_flags` for flags and config files, `one_line_errors` for the library's
+errors and failures of the machine or of files); a bug keeps its traceback. No JAX import here."""
 
 import asyncio
 import contextlib
@@ -119,8 +115,7 @@ def _file_failure(error: BaseException) -> tuple[int, str, str] | None:
   for e in _environment_chain(error):
     if isinstance(e, OSError) and e.errno:
       return e.errno, os.fspath(e.filename or ""), e.strerror or os.strerror(e.errno)
-    found = _OS_ERROR_CODE.search(str(e))
-    if found:
+    if found := _OS_ERROR_CODE.search(str(e)):
       code, paths = int(found.group(1)), _QUOTED_PATH.findall(str(e))
       return code, paths[0] if paths else "", os.strerror(code)
   return None
@@ -132,8 +127,7 @@ def environment_error(error: BaseException, model_config: Callable[[], Any] | No
   failed file operation (naming file, reason, what to do), out of memory (with the size of the
   model `model_config()` returns, when given) or corrupt prepared data."""
   texts = [str(e) for e in _environment_chain(error)]
-  oom = next((t for t in texts if "RESOURCE_EXHAUSTED" in t), None)
-  if oom is not None:
+  if (oom := next((t for t in texts if "RESOURCE_EXHAUSTED" in t), None)) is not None:
     size = ""
     if model_config is not None:
       try:
@@ -145,13 +139,11 @@ def environment_error(error: BaseException, model_config: Callable[[], Any] | No
     first = oom.strip().splitlines()[0][:300]
     return (f"out of memory: {first}{size}; make the model (model.d_model, model.mlp_dim, "
             "layers) or data.batch_size smaller")
-  failed = _file_failure(error)
-  if failed is not None:
+  if (failed := _file_failure(error)) is not None:
     code, path, reason = failed
     hint = _ERRNO_HINTS.get(code)
     return f"{path or 'a file'}: {reason}" + (f"; {hint}" if hint else "")
-  riegeli = next((t for t in texts if "Riegeli" in t), None)
-  if riegeli is not None:
+  if (riegeli := next((t for t in texts if "Riegeli" in t), None)) is not None:
     return (f"corrupt prepared data ({riegeli.strip().splitlines()[0][:200]}); delete the "
             "prepared dataset's directory under data.data_dir and rerun to prepare it again")
   return None
@@ -212,8 +204,7 @@ def _config_file_message(error: BaseException, path: str) -> str | None:
   wrapped = [i for i, e in enumerate(chain[:-1]) if str(e).startswith(_WRAPPED)]
   chain = chain[wrapped[0] + 1:] if wrapped else chain
   for e in reversed(chain):  # the innermost exception raised inside the config file
-    line = _line_in(e, path)
-    if line is not None:
+    if (line := _line_in(e, path)) is not None:
       msg = (getattr(e, "msg", None) if isinstance(e, SyntaxError) else None) or str(e)
       msg = (msg.strip().splitlines() or [type(e).__name__])[0]
       if path in msg or os.path.basename(path) in msg:  # it names its file already

@@ -2,8 +2,7 @@
 elsewhere): model code calls `current()` for `project` (x [b, t, *in] . kernel [*in, *out]),
 `dense_dot_general` (the widening FFN Dense's) and `layer_norm`. 'cpu' holds XLA:CPU work-arounds
 (docs/performance.md); on an H100 it runs `:fast`'s step at 0.94x (docs/results/gpu_h100_g2p_step).
-REMAT_POLICIES lives here: its dot policies must also save the CPU matmul's named outputs.
-"""
+REMAT_POLICIES lives here: its dot policies must also save the CPU matmul's named outputs."""
 
 import contextlib
 import contextvars

@@ -1,7 +1,6 @@
 """Attention masks, scaled dot-product attention (einsum or fused) and MultiHeadAttention.
 Masks are boolean, broadcastable to [b, 1|n, t, s], True = "may attend". Grouped-query attention
-splits the query heads into [k, g]: query head i uses kv head i // g, keys/values never repeated.
-"""
+splits the query heads into [k, g]: query head i uses kv head i // g, keys/values never repeated."""
 
 import functools
 import math
@@ -252,18 +251,14 @@ class MultiHeadAttention(nn.Module):
     query = self._project(x, 'query', (n, h), ('heads', 'head_dim'))
     if self.cross and kv is None:
       return query, None, None
-    return (query, *self._key_value(x if kv is None else kv.astype(jnp.dtype(cfg.dtype))))
-
-  def _key_value(self, kv):
-    """kv [b, s, d] -> keys [b, s, k, h], values [b, s, k, hv] (no positional treatment)."""
-    cfg = self.config
-    k_, h, hv = cfg.num_kv_heads, cfg.head_dim, cfg.v_head_dim
+    kv = x if kv is None else kv.astype(jnp.dtype(cfg.dtype))
+    k_, hv = cfg.num_kv_heads, cfg.v_head_dim
     if h == hv:
       both = self._project(kv, 'kv', (2, k_, h), (None, 'kv_heads', 'head_dim'))
-      return both[:, :, 0], both[:, :, 1]
+      return query, both[:, :, 0], both[:, :, 1]
     key = self._project(kv, 'key', (k_, h), ('kv_heads', 'head_dim'))
     value = self._project(kv, 'value', (k_, hv), ('kv_heads', 'head_dim'))
-    return key, value
+    return query, key, value
 
   def _project(self, x, name, out_shape, out_axes):
     cfg = self.config

@@ -1,6 +1,8 @@
 """Output heads on top of a stack: vocabulary logits (`vocab_logits`, the one output layer of
 decoders and masked-LM heads), classification pooled per segment of packed rows, tagging."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -16,10 +18,7 @@ EXCLUDED_LOGIT = -1e30
 
 def output_dense(cfg: ModelConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
   """A bias-free Dense computed in float32 whatever cfg.dtype (as Embed.attend)."""
-  return nn.Dense(features, use_bias=False, dtype=jnp.float32,
-                  param_dtype=jnp.dtype(cfg.param_dtype),
-                  kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
-                  name=name)
+  return dense(features, axes, dataclasses.replace(cfg, use_bias=False, dtype="float32"), name)
 
 
 def pool(x: Array, segment_ids: Array, target_segment_ids: Array, pooling: str) -> Array:

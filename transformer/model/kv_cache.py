@@ -6,8 +6,7 @@ for self-attention, the source length for cross-attention); the decoder stack ke
 axis 0 (axis 1 under scan_layers' 'layers'). Shared beam rows: with b = r * c query rows, rows
 i*r .. i*r+r-1 share cache row i, whose self-attention keys/values hold r regions of L slots
 (region j written by query row i*r+j); `cached_rows` masks each query row to its own history, so a
-beam reorder never moves keys/values.
-"""
+beam reorder never moves keys/values."""
 
 from typing import Any, Callable, NamedTuple, Optional
 

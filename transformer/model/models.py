@@ -276,11 +276,10 @@ class EncoderOnly(nn.Module):
 def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly | EncoderOnly:
   """The model named by `model_config.arch`; vocabulary sizes must be filled in (not 0)."""
   cfg = model_config
-  if cfg.vocab_size <= 0:
-    raise ConfigError(f"model.vocab_size={cfg.vocab_size} must be set (> 0) before build_model")
-  if cfg.arch == 'encoder_decoder' and cfg.source_vocab_size <= 0:
-    raise ConfigError(
-        f"model.source_vocab_size={cfg.source_vocab_size} must be set (> 0) before build_model")
+  sizes = ('vocab_size', 'source_vocab_size') if cfg.arch == 'encoder_decoder' else ('vocab_size',)
+  for key in sizes:
+    if getattr(cfg, key) <= 0:
+      raise ConfigError(f"model.{key}={getattr(cfg, key)} must be set (> 0) before build_model")
   archs = dict(encoder_decoder=EncoderDecoder, decoder_only=DecoderOnly, encoder_only=EncoderOnly)
   if cfg.arch not in archs:
     raise ConfigError(f"model.arch={cfg.arch!r} is not one of {'|'.join(archs)}")
@@ -342,9 +341,8 @@ def batch_init(model: nn.Module, rngs: dict[str, Array], batch: dict[str, Any]) 
 def example_batch(model_config: ModelConfig, length: int = 8) -> dict[str, np.ndarray]:
   """A one-row batch with the features the architecture reads (for init and shapes)."""
   ones = np.ones((1, length), np.int32)
-  if model_config.arch == 'decoder_only':
-    return dict(targets=ones)
-  return dict(inputs=ones, targets=ones)
+  has_inputs = model_config.arch != 'decoder_only'
+  return dict(inputs=ones, targets=ones) if has_inputs else dict(targets=ones)
 
 
 def parameter_count(model_config: ModelConfig) -> int:

@@ -1,4 +1,4 @@
-"""Positional encodings in one table, `ENCODINGS`: name -> kind, function, config keys, check.
+"""Positional encodings in one table, `ENCODINGS`: name -> kind, function, config check.
 
 The kind says where an encoding enters the model, and so the function's signature:
 - 'absolute': fn(cfg, positions [b, t]) -> [b, t, d], added to the token embeddings;
@@ -6,8 +6,7 @@ The kind says where an encoding enters the model, and so the function's signatur
               float32, computed once per stack and added to every layer's attention logits;
 - 'rotary':   fn(cfg, x [b, t, n, h], positions [b, t]) -> queries and keys rotated;
 - 'none':     nothing (the causal mask alone carries order).
-Functions run inside a compact method (they may create parameters) on explicit positions.
-"""
+Functions run inside a compact method (they may create parameters) on explicit positions."""
 
 import dataclasses
 import functools
@@ -159,10 +158,9 @@ def alibi_bias(q_positions: Array, k_positions: Array, slopes: Any) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class Encoding:
-  """One entry: the config `keys` it reads (but d_model, num_heads, max_len), a config `check`."""
+  """One entry: its kind, its function and a `check` of the ModelConfig (a message or None)."""
   kind: str
   fn: Optional[Callable[..., Array]] = None
-  keys: tuple[str, ...] = ()
   check: Optional[Callable[[Any], Optional[str]]] = None
 
 
@@ -211,15 +209,13 @@ ENCODINGS: dict[str, Encoding] = {
                                                                           cfg.d_model)),
     'learned': Encoding('absolute', _learned),
     'rope': Encoding('rotary', lambda cfg, x, pos: apply_rope(x, pos, cfg.rope_base),
-                     keys=('rope_base',), check=_check_rope),
-    'relative': Encoding('bias', _relative, keys=('relative_num_buckets', 'relative_max_distance'),
-                         check=_check_relative),
+                     check=_check_rope),
+    'relative': Encoding('bias', _relative, check=_check_relative),
     'alibi': Encoding('bias', lambda cfg, q_pos, k_pos, bidirectional: alibi_bias(
         q_pos, k_pos, alibi_slopes(cfg.num_heads))),
     'none': Encoding('none'),
-    'shaw': Encoding('bias', _shaw, keys=('relative_max_distance',)),
+    'shaw': Encoding('bias', _shaw),
 }
-KINDS = ('absolute', 'bias', 'rotary', 'none')
 
 
 def encoding(cfg: Any) -> Encoding:
