@@ -12,8 +12,6 @@ decoder-only seq2seq, `prefix_mask` (1 on the prompt, which has weight 0). A `tr
 (denoise.py) maps the examples a batch takes to its features given their (index, epoch).
 """
 
-from __future__ import annotations
-
 import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -40,7 +38,7 @@ class Examples:
 
   @classmethod
   def from_lists(cls, features: dict[str, Sequence[Sequence[int]]],
-                 prefix_len: Sequence[int] | None = None) -> Examples:
+                 prefix_len: Sequence[int] | None = None) -> "Examples":
     """Builds the flat arrays from per-example id lists."""
     tokens, starts, lengths = {}, {}, {}
     for name, seqs in features.items():
@@ -53,13 +51,13 @@ class Examples:
   def __len__(self) -> int:
     return len(next(iter(self.lengths.values())))
 
-  def select(self, keep: np.ndarray) -> Examples:
+  def select(self, keep: np.ndarray) -> "Examples":
     """The examples `keep` (indices), in that order."""
     return Examples(self.tokens, {k: v[keep] for k, v in self.starts.items()},
                     {k: v[keep] for k, v in self.lengths.items()},
                     None if self.prefix_len is None else self.prefix_len[keep])
 
-  def shard(self, index: int, count: int) -> Examples:
+  def shard(self, index: int, count: int) -> "Examples":
     """Examples index, index + count, ... (this host's share)."""
     return self.select(np.arange(index, len(self), count))
 
@@ -200,7 +198,7 @@ class BatchDataset(grain.IterDataset):
     self.lengths = transform.lengths(examples) if transform is not None else examples.lengths
     Stream(len(examples), seed, host, hosts)  # fails now, not at the first batch, if n < hosts
 
-  def __iter__(self) -> BatchIterator:
+  def __iter__(self) -> "BatchIterator":
     return BatchIterator(self)
 
   def __str__(self) -> str:

@@ -8,8 +8,6 @@ tokenizer's id i is our id i + `data.hf_id_offset`: NUM_SPECIAL (GPT-2), or 0 fo
 and 1 are pad and end-of-sequence as ours are (T5); transformer/convert/ maps weights the same way.
 """
 
-from __future__ import annotations
-
 import io
 import itertools
 import json
@@ -45,13 +43,13 @@ class Tokenizer:
     return self._decode_ids([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
   @classmethod
-  def new(cls, texts: Iterable[str], **options: Any) -> Tokenizer:
+  def new(cls, texts: Iterable[str], **options: Any) -> "Tokenizer":
     """A new tokenizer whose vocabulary comes from `texts` (this default: a fixed vocabulary);
     `options`: `build`'s, each kind reading its own."""
     return cls()
 
   @classmethod
-  def read(cls, spec: dict[str, Any], directory: str) -> Tokenizer:
+  def read(cls, spec: dict[str, Any], directory: str) -> "Tokenizer":
     """The tokenizer saved in `directory`, whose tokenizer.json holds `spec`."""
     del directory  # the units are in `spec`
     return cls(**{k: v for k, v in spec.items() if k != "type"})
