@@ -5,7 +5,6 @@ import contextlib
 import csv
 import json
 import logging
-import math
 import os
 import statistics
 from typing import Any, Sequence
@@ -24,14 +23,9 @@ def count_params(workdir: str) -> int | None:
   if not files.exists(os.path.join(workdir, "config.json")):
     return None
   try:
-    import jax  # pylint: disable=g-import-not-at-top  (JAX only to count parameters: sweep.py starts fast)
-    from transformer.model import models, scoring  # pylint: disable=g-import-not-at-top  (as jax)
-    from transformer.run import restore  # pylint: disable=g-import-not-at-top  (as jax)
-    cfg = restore.load_run_config(workdir)
-    model = models.build_model(cfg.model)
-    shapes = jax.eval_shape(lambda r: scoring.init_params(model, r, models.example_batch(cfg.model)),
-                            jax.random.PRNGKey(0))
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+    from transformer.model import models  # pylint: disable=g-import-not-at-top  (JAX, only here)
+    from transformer.run import restore  # pylint: disable=g-import-not-at-top  (as models)
+    return models.parameter_count(restore.load_run_config(workdir).model)
   except Exception as e:  # pylint: disable=broad-except
     logging.warning("cannot count the parameters of %s: %s", workdir, str(e).splitlines()[:1])
     return None

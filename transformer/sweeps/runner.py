@@ -63,13 +63,10 @@ def status(point: Point, commands: Commands) -> str:
   return "resume" if started else "new"
 
 
-def _run_of(config: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-  return json.loads(json.dumps({"config": config, "overrides": overrides}, default=str))
-
-
 def point_run(point: Point, commands: Commands) -> dict[str, Any]:
   """What a point's results are of: the config argument and its complete overrides, as JSON."""
-  return _run_of(commands.config_arg, commands.overrides(point))
+  run = {"config": commands.config_arg, "overrides": commands.overrides(point)}
+  return json.loads(json.dumps(run, default=str))
 
 
 def check_same_runs(points: Sequence[Point], commands: Commands) -> None:
