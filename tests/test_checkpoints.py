@@ -18,7 +18,7 @@ import pytest
 
 from configs import base
 from transformer import config as config_lib
-from transformer.config import from_configdict, to_dict
+from transformer.config import ConfigError, from_configdict, to_dict
 from transformer.run import checkpoints, restore
 from transformer.train import preemption
 
@@ -196,7 +196,7 @@ def test_restore_into_wrong_structure_is_one_line_error(tmp_path):
   with pytest.raises(checkpoints.CheckpointError, match="no checkpoint for step 5"):
     ckpt.restore(5, {"w": jax.ShapeDtypeStruct((4, 3), jnp.float32)})
   ckpt.close()
-  with pytest.raises(checkpoints.CheckpointError, match=r"checkpoint\.keep=0"):
+  with pytest.raises(ConfigError, match=r"checkpoint\.keep=0 must be > 0"):
     checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(keep=0))
 
 

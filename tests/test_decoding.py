@@ -240,6 +240,9 @@ def test_search_settings_errors():
   with pytest.raises(ValueError, match="eval.decode.beam_size=0"):
     decoding.search_settings(cfg)
   cfg.beam_size = 3
+  with pytest.raises(ValueError, match="eval.decode.temperature=0.0"):  # as the config: any method
+    decoding.search_settings(cfg)
+  cfg.temperature = 1.0
   assert decoding.search_settings(cfg) == Search("beam", beam_size=3, length_penalty=0.6)
 
 

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from transformer.schema import get_config, Key, KEYS, RANGES, SCHEMA
+from transformer.schema import get_config, KEYS, RANGES, SCHEMA
 
 # A saved config.json carries FORMAT; a run saved in another format is refused in one line.
 FORMAT = 1
@@ -44,8 +44,9 @@ for _section in sorted(_CLASS_NAMES, key=lambda s: -s.count(".") - bool(s)):  # 
  CheckpointConfig, ParallelConfig, MeshShape) = (_CLASSES[s] for s in _CLASS_NAMES)
 
 
-def _check_value(key: Key, v: Any) -> Any:
-  """`v` checked against the key's type, allowed values and range (ints widen to floats)."""
+def check_value(name: str, v: Any) -> Any:
+  """`v` checked against key `name`'s type, allowed values and range (ints widen to floats)."""
+  key = KEYS[name]
   if v is None:
     raise ConfigError(f"config key {key.name} is unset (a placeholder with no value)")
   kind = type(key.default)
@@ -81,7 +82,7 @@ def _convert(section: str, value: Any) -> Any:
     if name not in items:
       raise ConfigError(f"config key {path}{name} is missing")
     kwargs[name] = (_convert(path + name, items[name]) if dataclasses.is_dataclass(kind)
-                    else _check_value(KEYS[path + name], items[name]))
+                    else check_value(path + name, items[name]))
   return _CLASSES[section](**kwargs)
 
 

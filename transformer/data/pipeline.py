@@ -19,6 +19,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from transformer.config import check_value
 from transformer.data.stream import remaining_plan, Stream
 from transformer.data.tokenizers import EOS_ID
 
@@ -190,8 +191,7 @@ class BatchDataset(grain.IterDataset):
   def __init__(self, examples: Examples, *, rows: int, row_len: dict[str, int], mode: str,
                seed: int, host: int = 0, hosts: int = 1, transform: Any = None):
     super().__init__()
-    if mode not in ("pack", "bucket", "pad"):
-      raise ValueError(f"data.batching={mode!r} is not one of pack|bucket|pad")
+    check_value("data.batching", mode)
     self.examples, self.rows, self.row_len, self.mode, self.seed = (
         examples, rows, dict(row_len), mode, seed)
     self.host, self.hosts, self.transform = host, hosts, transform

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from transformer import files
+from transformer.config import check_value
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 NUM_SPECIAL = 4
@@ -163,8 +164,7 @@ class SentencePieceTokenizer(Tokenizer):
           **options: Any) -> Tokenizer:
     """Trains SentencePiece on `texts` deterministically (one thread, no sampling shuffle)."""
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (optional: BPE only)
-    if spm_model_type not in ("bpe", "unigram"):
-      raise ValueError(f"data.spm_model_type={spm_model_type!r} is not one of bpe|unigram")
+    check_value("data.spm_model_type", spm_model_type)
     max_sentences = 1_000_000
     lines = (line for text in itertools.islice(texts, max_sentences)
              for line in text.splitlines() if line.strip())
@@ -203,8 +203,7 @@ class HFTokenizer(Tokenizer):
 
   def __init__(self, tokenizer_json: str, offset: int = NUM_SPECIAL):
     from tokenizers import Tokenizer as _HF  # pylint: disable=g-import-not-at-top  (optional)
-    if offset not in (NUM_SPECIAL, 0):
-      raise ValueError(f"data.hf_id_offset={offset} is not one of {NUM_SPECIAL}|0")
+    check_value("data.hf_id_offset", offset)
     self.tokenizer_json, self.offset = tokenizer_json, offset
     self._tok = _HF.from_str(tokenizer_json)
     self.vocab_size = offset + self._tok.get_vocab_size(with_added_tokens=True)

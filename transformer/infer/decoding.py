@@ -7,14 +7,13 @@ Token 0 (the start) is never generated; scores are log-probabilities of the unmo
 
 from collections.abc import Callable
 import functools
-import math
 from typing import Any, NamedTuple
 
 import jax
 from jax import lax
 import jax.numpy as jnp
 
-from transformer.config import MAX_BEAM_SIZE
+from transformer.config import check_value, ConfigError, MAX_BEAM_SIZE
 from transformer.model import ensemble, kv_cache, models
 
 StepFn = Callable[[jnp.ndarray, Any, jnp.ndarray], tuple[jnp.ndarray, Any]]
@@ -38,30 +37,23 @@ METHODS = ("greedy", "sample", "beam")  # the values of eval.decode.method
 
 
 def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> Search:
-  """eval.decode checked (one-line ValueErrors; vocab_size, max_len 0 = unknown) as a Search."""
+  """eval.decode checked as the config is (the schema's ranges), against the vocabulary and
+  max_len too (0 = unknown), as a Search: one-line ConfigErrors (ValueErrors)."""
   d = decode_cfg
+  for name in Search._fields:
+    check_value(f"eval.decode.{name}", getattr(d, name))
   if d.max_decode_len < 0 or (max_len and d.max_decode_len > max_len):
-    raise ValueError(f"eval.decode.max_decode_len={d.max_decode_len} must be in [0, model.max_len="
-                     f"{max_len or '?'}] (0 = data.max_target_len)")
-  if d.method not in METHODS:
-    raise ValueError(f"eval.decode.method={d.method!r} must be one of {', '.join(METHODS)}")
+    raise ConfigError(f"eval.decode.max_decode_len={d.max_decode_len} must be in [0, "
+                      f"model.max_len={max_len or '?'}] (0 = data.max_target_len)")
+  widest = min(MAX_BEAM_SIZE, vocab_size or MAX_BEAM_SIZE)  # no more beams than the vocabulary
+  if d.method == "beam" and d.beam_size > widest:
+    what = f"the vocabulary size {vocab_size}" if widest < MAX_BEAM_SIZE else str(MAX_BEAM_SIZE)
+    raise ConfigError(f"eval.decode.beam_size={d.beam_size} must be in [1, {widest}] (at most "
+                      f"{what})")
   if d.method == "greedy":
     return Search("greedy")
-  if d.method == "beam":  # at most MAX_BEAM_SIZE beams, and no more than the vocabulary has
-    widest = min(MAX_BEAM_SIZE, vocab_size or MAX_BEAM_SIZE)
-    if not 1 <= d.beam_size <= widest:
-      what = f"the vocabulary size {vocab_size}" if widest < MAX_BEAM_SIZE else str(MAX_BEAM_SIZE)
-      raise ValueError(f"eval.decode.beam_size={d.beam_size} must be in [1, {widest}] (at most "
-                       f"{what})")
-    if not math.isfinite(d.length_penalty):
-      raise ValueError(f"eval.decode.length_penalty={d.length_penalty} must be a finite number")
+  if d.method == "beam":
     return Search("beam", beam_size=int(d.beam_size), length_penalty=float(d.length_penalty))
-  if not (d.temperature > 0 and math.isfinite(d.temperature)):
-    raise ValueError(f"eval.decode.temperature={d.temperature} must be a finite number > 0")
-  if d.top_k < 0:
-    raise ValueError(f"eval.decode.top_k={d.top_k} must be >= 0 (0 = off)")
-  if not 0.0 < d.top_p <= 1.0:
-    raise ValueError(f"eval.decode.top_p={d.top_p} must be in (0, 1]")
   return Search("sample", temperature=float(d.temperature), top_k=int(d.top_k),
                 top_p=float(d.top_p))
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.config import excluded_ids, ModelConfig
+from transformer.config import check_value, excluded_ids, ModelConfig
 from transformer.model.layers import dense, Embed, FFNS, make_norm
 
 Array = jax.Array
@@ -25,13 +25,11 @@ def pool(x: Array, segment_ids: Array, target_segment_ids: Array, pooling: str) 
   """x [b, s, d] -> [b, t, d]: the first token or token mean of each slot's segment (0: zeros)."""
   member = ((segment_ids[:, None, :] == target_segment_ids[:, :, None])
             & (target_segment_ids[:, :, None] != 0))  # [b, t, s]
-  if pooling == 'first':
+  if check_value('model.pooling', pooling) == 'first':
     first = jnp.argmax(member, axis=-1)  # [b, t]
     weights = jax.nn.one_hot(first, x.shape[1]) * member.any(-1, keepdims=True)
-  elif pooling == 'mean':
-    weights = member / jnp.maximum(member.sum(-1, keepdims=True), 1)
   else:
-    raise ValueError(f"model.pooling={pooling!r} is not one of first|mean")
+    weights = member / jnp.maximum(member.sum(-1, keepdims=True), 1)
   return jnp.einsum('bts,bsd->btd', weights.astype(x.dtype), x)
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import kernels
-from transformer.config import ConfigError, ModelConfig
+from transformer.config import check_value, ConfigError, ModelConfig
 from transformer.model import attention as attn, heads, kv_cache, positional
 from transformer.model.layers import Dropout, Embed, FeedForward, make_norm
 
@@ -281,9 +281,7 @@ def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly | Enc
     if getattr(cfg, key) <= 0:
       raise ConfigError(f"model.{key}={getattr(cfg, key)} must be set (> 0) before build_model")
   archs = dict(encoder_decoder=EncoderDecoder, decoder_only=DecoderOnly, encoder_only=EncoderOnly)
-  if cfg.arch not in archs:
-    raise ConfigError(f"model.arch={cfg.arch!r} is not one of {'|'.join(archs)}")
-  return archs[cfg.arch](cfg)
+  return archs[check_value('model.arch', cfg.arch)](cfg)
 
 
 # The batch-level entry points: a pipeline batch in, logits out, for every architecture.

@@ -43,11 +43,8 @@ class Checkpointer:
       self.directory = os.path.abspath(self.directory)
     self.config = config_lib.to_dict(config)
     self._best_key = ckpt_cfg.keep_best_by
-    if ckpt_cfg.keep < 1:
-      raise CheckpointError(f"checkpoint.keep={ckpt_cfg.keep} must be >= 1 (the latest is needed "
-                            "to resume)")
-    if ckpt_cfg.best_mode not in ("min", "max"):
-      raise CheckpointError(f"checkpoint.best_mode={ckpt_cfg.best_mode!r} is not min or max")
+    config_lib.check_value("checkpoint.keep", ckpt_cfg.keep)  # the latest is needed to resume
+    config_lib.check_value("checkpoint.best_mode", ckpt_cfg.best_mode)
     worst = math.inf if ckpt_cfg.best_mode == "min" else -math.inf
 
     def metric(metrics):  # missing (no eval at that step) or NaN/inf never ranks as the best

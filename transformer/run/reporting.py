@@ -53,8 +53,7 @@ def model_flops_per_step(model_cfg: Any, batch_size: int, source_len: int, targe
   vocab = cfg.vocab_size
   if vocab <= 0:
     raise ValueError("model.vocab_size is 0: fill it in from the tokenizer before counting FLOPs")
-  if arch not in ("encoder_decoder", "decoder_only", "encoder_only"):
-    raise ValueError(f"model.arch={arch!r} is not one of encoder_decoder|decoder_only|encoder_only")
+  config_lib.check_value("model.arch", arch)
   s, t = source_len, source_len if arch == "encoder_only" else target_len
   encoder = decoder = 0
   if arch != "decoder_only":
