@@ -14,6 +14,8 @@ import os
 from configs import base
 from transformer.data import cmudict
 
+from shared_dirs import shared_dir
+
 MAX_LEN = 16
 
 
@@ -54,19 +56,8 @@ def config(directory: str, head: str = "mlm", num_steps: int = 20, **overrides):
 
 def trained_mlm_run(tmp_path_factory, num_steps: int = 4) -> str:
   """The workdir of `config(<shared dir>/data, 'mlm', num_steps)` trained by train_and_evaluate,
-  once per pytest invocation, and shared by the test files that ask for it (and pytest-xdist
-  workers: a file lock in the directory they share, as tests/synthetic_task.py does). Read it,
-  never change it."""
-  import fcntl  # pylint: disable=g-import-not-at-top
+  once per pytest invocation, shared by the test files that ask for it (tests/shared_dirs.py)."""
   from transformer.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
-  basetemp = tmp_path_factory.getbasetemp()
-  shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
-  root = shared / f"encoder_mlm_{num_steps}"
-  root.mkdir(exist_ok=True)
-  workdir, done = root / "workdir", root / "done"
-  with open(root / "lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if not done.exists():
-      train_and_evaluate(config(str(root / "data"), "mlm", num_steps=num_steps), str(workdir))
-      done.write_text("ok")
-  return str(workdir)
+  root = shared_dir(tmp_path_factory, f"encoder_mlm_{num_steps}", lambda root: train_and_evaluate(
+      config(str(root / "data"), "mlm", num_steps=num_steps), str(root / "workdir")))
+  return str(root / "workdir")

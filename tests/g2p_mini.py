@@ -16,6 +16,8 @@ import os
 from configs import base
 from transformer.data import cmudict
 
+from shared_dirs import shared_dir
+
 MAX_LEN = 12  # source and target rows (word/phones + EOS)
 
 
@@ -53,22 +55,9 @@ def config(directory: str, num_steps: int = 60, **overrides):
 
 
 def trained_run(tmp_path_factory) -> str:
-  """The workdir of one trained mini G2P run, shared by every test (and pytest-xdist worker).
-
-  Trained once per pytest invocation with `train_and_evaluate` under a file lock in the directory
-  of this invocation that all workers share (the session's basetemp, or its parent under xdist,
-  whose workers get popen-gwN subdirectories); later callers just reuse it.
-  """
-  import fcntl  # pylint: disable=g-import-not-at-top
+  """The workdir of one trained mini G2P run, trained once per pytest invocation with
+  `train_and_evaluate` and shared by every test (tests/shared_dirs.py)."""
   from transformer.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
-  basetemp = tmp_path_factory.getbasetemp()
-  shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
-  root = shared / "g2p_mini_run"
-  root.mkdir(exist_ok=True)
-  workdir, done = root / "workdir", root / "done"
-  with open(root / "lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if not done.exists():
-      train_and_evaluate(config(str(root / "data")), str(workdir))
-      done.write_text("ok")
-  return str(workdir)
+  root = shared_dir(tmp_path_factory, "g2p_mini_run", lambda root: train_and_evaluate(
+      config(str(root / "data")), str(root / "workdir")))
+  return str(root / "workdir")

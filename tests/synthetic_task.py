@@ -5,12 +5,13 @@ from a checkpointable Grain iterator, each batch a pure function of its index.
 """
 
 import dataclasses
-import os
 
 import grain
 import numpy as np
 
 from configs import base
+
+from shared_dirs import shared_dir
 
 VOCAB = 12  # 0 pad, 1 eos, 2..11 the symbols
 EOS = 1
@@ -97,18 +98,8 @@ def config(**overrides):
 
 def trained_run(tmp_path_factory, name: str, **overrides) -> str:
   """The workdir of a run of `config(**overrides)` on ReverseTask, trained once per pytest
-  invocation under `name` and shared by the test files that ask for it (and pytest-xdist workers:
-  a file lock in the directory they share, as tests/g2p_mini.py does). Read it, never change it."""
-  import fcntl  # pylint: disable=g-import-not-at-top
+  invocation under `name` and shared by the test files that ask for it (tests/shared_dirs.py)."""
   from transformer.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
-  basetemp = tmp_path_factory.getbasetemp()
-  shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
-  root = shared / f"synthetic_{name}"
-  root.mkdir(exist_ok=True)
-  workdir, done = root / "workdir", root / "done"
-  with open(root / "lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if not done.exists():
-      train_and_evaluate(config(**overrides), str(workdir), task=ReverseTask())
-      done.write_text("ok")
-  return str(workdir)
+  root = shared_dir(tmp_path_factory, f"synthetic_{name}", lambda root: train_and_evaluate(
+      config(**overrides), str(root / "workdir"), task=ReverseTask()))
+  return str(root / "workdir")
