@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from absl import logging
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,13 +166,15 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
   rng = jax.random.PRNGKey(cfg.seed)
   init = lambda r, unbox=True: steps.create_train_state(cfg, model, r, example, tx, unbox)  # pylint: disable=unnecessary-lambda-assignment
   mesh = parallel.make_mesh(cfg.parallel) if mode == "mesh" else None
-  if mesh is not None:
-    shardings = parallel.state_shardings(jax.eval_shape(lambda r: init(r, False), rng), mesh)
+  if mesh is not None:  # the init traced once: boxed for the shardings, unboxed for the shapes
+    boxed = jax.eval_shape(lambda r: init(r, False), rng)
+    shapes, shardings = nn.meta.unbox(boxed), parallel.state_shardings(boxed, mesh)
   else:  # pmap: the state lives on one device until prepare_state replicates it
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    shardings = jax.tree.map(lambda _: device, jax.eval_shape(init, rng))
+    shapes = jax.eval_shape(init, rng)
+    shardings = jax.tree.map(lambda _: device, shapes)
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          jax.eval_shape(init, rng), shardings)
+                          shapes, shardings)
   parallel.check_fits(abstract, cfg.model)
   if stacked:  # one state per member on a leading, unsharded axis
     shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(
