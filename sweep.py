@@ -79,6 +79,8 @@ def main(argv):
 def run_sweep() -> None:
   """Plans the sweep, runs (or prints) its points and writes the report."""
   from transformer.sweeps import runner, spec  # pylint: disable=g-import-not-at-top
+  # Every component table registered, so that validation checks each choice before anything runs.
+  from transformer import components  # noqa: F401  pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
   config_arg = config_flags.get_config_filename(f["config"])

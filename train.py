@@ -40,6 +40,8 @@ def main(argv):
   cli.quiet_logging()
   # Imported here so that --help and flag errors do not pay for importing JAX.
   from transformer.train import loop, runs  # pylint: disable=g-import-not-at-top
+  # Every component table registered, so that validation checks each choice before anything runs.
+  from transformer import components  # noqa: F401  pylint: disable=g-import-not-at-top
   from transformer.run.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
   workdir = flags.FLAGS.workdir

@@ -1,9 +1,10 @@
-"""The complete default configuration; every other config starts from it.
+"""The default configuration, the one every other config starts from: the base Transformer of
+Vaswani et al. (2017). Not a runnable experiment; configs/g2p.py is the offline default.
 
-Each key, its default and its meaning are declared once, in transformer/schema.py's SCHEMA (the
-library needs them too, and configs import the library, never the reverse); docs/config.md lists
-them. Defaults follow the base Transformer of Vaswani et al. (2017). This file is not a runnable
-experiment; see configs/g2p.py for the offline default.
+Every key, its default and its meaning are declared once, one line each, in the typed config
+classes of transformer/schema.py (ModelConfig, DataConfig, TrainConfig, ...; the library needs
+them too, and configs import the library, never the reverse). docs/config.md lists them in one
+table and `python train.py --help_keys` prints them.
 """
 
 import ml_collections

@@ -3,8 +3,12 @@
 convert; infer never imports train, model code never imports data, training or I/O code.
 
 Every module's imports are read with `ast`, function-level ones included, into a graph of
-`transformer.*` modules; the tests fail on any cycle, on an arrow between sub-packages that
-PACKAGE_MAY_IMPORT does not allow, and on the library importing the top-level `configs` package.
+`transformer.*` modules; `importlib.import_module("transformer.x")` and `__import__(...)` with a
+literal name (or an f-string's literal head, `f"transformer.x.{name}"`) count as imports too. The
+one exception is the package facade transformer/__init__.py, whose lazy `_EXPORTS` table names
+modules of every part: it is the top of the house. The tests fail on any cycle, on an arrow
+between sub-packages that PACKAGE_MAY_IMPORT does not allow, and on the library importing the
+top-level `configs` package.
 """
 
 import ast
@@ -32,6 +36,11 @@ PACKAGE_MAY_IMPORT["transformer.sweeps"] = PACKAGE_MAY_IMPORT["transformer.train
     "transformer.train"}
 PACKAGE_MAY_IMPORT["transformer.convert"] = PACKAGE_MAY_IMPORT["transformer.sweeps"] - {
     "transformer.infer"}
+# The one module that loads every registered component table (docs/config.md): the top.
+PACKAGE_MAY_IMPORT["transformer.components"] = PACKAGE_MAY_IMPORT["transformer.sweeps"] | {
+    "transformer.sweeps", "transformer.convert"}
+# Whose string imports are not arrows: the package facade's lazy _EXPORTS (it is the top).
+STRING_IMPORTS_ALLOWED = {"transformer"}
 
 
 def part(module: str) -> str:
@@ -46,14 +55,35 @@ def module_name(path: pathlib.Path) -> str:
   return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def string_import(node: ast.AST) -> str | None:
+  """The module a call `importlib.import_module("a.b")`, `import_module(...)` or `__import__(...)`
+  names by a literal string (an f-string: its literal head up to the last dot), else None."""
+  if not isinstance(node, ast.Call) or not node.args:
+    return None
+  func = node.func
+  called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+  if called not in ("import_module", "__import__"):
+    return None
+  arg = node.args[0]
+  if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+    return arg.value
+  if (isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant)
+      and "." in arg.values[0].value):
+    return arg.values[0].value.rpartition(".")[0]
+  return None
+
+
 def imported_modules(path: pathlib.Path, modules: frozenset[str] = frozenset()) -> set[str]:
   """Every module `path` imports, at any depth (function-level imports too), as dotted names;
-  `from a import b` counts as a.b when a.b is in `modules`, else as a."""
+  `from a import b` counts as a.b when a.b is in `modules`, else as a; string imports
+  (`string_import`) count except in STRING_IMPORTS_ALLOWED."""
   name = module_name(path)
   package = name if path.name == "__init__.py" else name.rpartition(".")[0]
   found = set()
   for node in ast.walk(ast.parse(path.read_text(), str(path))):
-    if isinstance(node, ast.Import):
+    if (target := string_import(node)) and name not in STRING_IMPORTS_ALLOWED:
+      found.add(target)
+    elif isinstance(node, ast.Import):
       found |= {alias.name for alias in node.names}
     elif isinstance(node, ast.ImportFrom):
       base = node.module or ""
@@ -130,6 +160,17 @@ def test_library_never_imports_the_configs_package():
   offenders = {m for m, p in ((module_name(p), p) for p in PACKAGE.rglob("*.py"))
                if any(d == "configs" or d.startswith("configs.") for d in imported_modules(p))}
   assert not offenders, f"take the defaults from transformer.schema.get_config instead: {offenders}"
+
+
+def test_string_imports_are_read(tmp_path, monkeypatch):
+  """importlib.import_module / __import__ of a literal name, or of an f-string's literal package,
+  is an arrow like an import statement."""
+  monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path)
+  (tmp_path / "a.py").write_text(
+      "import importlib\nfrom importlib import import_module\n"
+      "def f(x):\n  importlib.import_module('tmp.b')\n  import_module(f'tmp.c.{x}')\n"
+      "  __import__('tmp.d')\n  importlib.import_module(x)\n")
+  assert imported_modules(tmp_path / "a.py") == {"importlib", "tmp.b", "tmp.c", "tmp.d"}
 
 
 def test_sub_packages_import_only_downward():

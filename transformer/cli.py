@@ -290,7 +290,8 @@ def _help(argv: Sequence[str]) -> None:
   args = argv[1:]
   script = os.path.basename(argv[0])
   if "--help_keys" in args:
-    print("Every config key and its default (configs/base.py); what each means: docs/config.md.")
+    print("Every config key, its default and meaning (declared in transformer/schema.py; a table: "
+          "docs/config.md).")
     print("\n".join(key_lines(schema.get_config())))
     sys.exit(0)
   if any(a in ("--help", "-h", "-?", "--helpshort") for a in args):

@@ -1,6 +1,8 @@
-"""`from_configdict`: an ml_collections ConfigDict validated, before anything compiles, into frozen
-(hashable: jit static arguments) dataclasses made from transformer/schema.py. Each problem is one
-`ConfigError` line naming the key, e.g. `model.num_heads=6 must divide model.d_model=256`."""
+"""`from_configdict`: an ml_collections ConfigDict validated, before anything compiles, into the
+frozen (hashable: jit static arguments) config classes declared in transformer/schema.py, which
+this module re-exports (`transformer.config.ModelConfig` is `transformer.schema.ModelConfig`).
+Each problem is one `ConfigError` line naming the key, e.g. `model.num_heads=6 must divide
+model.d_model=256`."""
 
 import dataclasses
 import math
@@ -8,40 +10,14 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from transformer.schema import get_config, KEYS, RANGES, SCHEMA
+from transformer import schema
+# The config classes and ConfigError, declared in schema.py, are imported from here by the library.
+from transformer.schema import (  # noqa: F401
+    CheckpointConfig, Config, ConfigError, DataConfig, DecodeConfig, EvalConfig, get_config, KEYS,
+    MeshShape, ModelConfig, ParallelConfig, RANGES, ScheduledSamplingConfig, TrainConfig)
 
 # A saved config.json carries FORMAT; a run saved in another format is refused in one line.
 FORMAT = 1
-
-
-class ConfigError(ValueError):
-  """An invalid configuration; the message is one line naming the key."""
-
-
-_CLASS_NAMES = {
-    "": "Config", "model": "ModelConfig", "data": "DataConfig", "train": "TrainConfig",
-    "train.scheduled_sampling": "ScheduledSamplingConfig", "eval": "EvalConfig",
-    "eval.decode": "DecodeConfig", "checkpoint": "CheckpointConfig", "parallel": "ParallelConfig",
-    "parallel.mesh_shape": "MeshShape"}
-
-
-def _fields(section: str) -> list[tuple[str, Any]]:
-  """The (name, type) fields of a section in SCHEMA order; a sub-section is one field."""
-  prefix, out = section + "." if section else "", {}
-  for key in SCHEMA:
-    if key.name.startswith(prefix):
-      name = key.name[len(prefix):].split(".")[0]
-      out.setdefault(name, _CLASSES.get(prefix + name) or type(key.default))
-  return list(out.items())
-
-
-_CLASSES: dict[str, type] = {}
-for _section in sorted(_CLASS_NAMES, key=lambda s: -s.count(".") - bool(s)):  # innermost first
-  _CLASSES[_section] = dataclasses.make_dataclass(_CLASS_NAMES[_section], _fields(_section),
-                                                  frozen=True)
-  _CLASSES[_section].__module__ = __name__  # picklable as transformer.config.<name>
-(Config, ModelConfig, DataConfig, TrainConfig, ScheduledSamplingConfig, EvalConfig, DecodeConfig,
- CheckpointConfig, ParallelConfig, MeshShape) = (_CLASSES[s] for s in _CLASS_NAMES)
 
 
 def check_value(name: str, v: Any) -> Any:
@@ -58,22 +34,22 @@ def check_value(name: str, v: Any) -> Any:
     if not math.isfinite(v):
       raise ConfigError(f"{key.name}={v} must be a finite number")
   if (options := key.choices()) and v not in options:
-    raise ConfigError(f"{key.name}={v!r} is not one of "
-                      f"{'|'.join(str(o) if o != '' else repr(o) for o in options)}")
+    raise schema.not_one_of(key.name, v, options)
   if key.range and not RANGES[key.range](v):
     raise ConfigError(f"{key.name}={v!r} must be {key.range}")
   return v
 
 
-def _convert(section: str, value: Any) -> Any:
-  """Builds the dataclass of `section` from a mapping, checking keys and leaves."""
+def _convert(cls: type, section: str, value: Any) -> Any:
+  """Builds config class `cls` (of `section`, "" for Config) from a mapping, checking keys and
+  leaves."""
   path = section + "." if section else ""
   if not isinstance(value, (Mapping, ml_collections.ConfigDict)):
     raise ConfigError(f"{section or 'config'} must be a section (dict), got {value!r}")
   items = dict(value.items())
   if not section and (fmt := items.pop("format", FORMAT)) != FORMAT:
     raise ConfigError(f"config format {fmt!r} is not this code's format {FORMAT}")
-  fields = dict(_fields(section))
+  fields = {f.name: f.type for f in dataclasses.fields(cls)}
   for name in items:
     if name not in fields:
       raise ConfigError(f"unknown config key {path}{name} (known: {', '.join(fields)})")
@@ -81,9 +57,9 @@ def _convert(section: str, value: Any) -> Any:
   for name, kind in fields.items():
     if name not in items:
       raise ConfigError(f"config key {path}{name} is missing")
-    kwargs[name] = (_convert(path + name, items[name]) if dataclasses.is_dataclass(kind)
+    kwargs[name] = (_convert(kind, path + name, items[name]) if dataclasses.is_dataclass(kind)
                     else check_value(path + name, items[name]))
-  return _CLASSES[section](**kwargs)
+  return cls(**kwargs)
 
 
 def _resolve_model(m: ModelConfig) -> ModelConfig:
@@ -98,7 +74,10 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
   head_dim = m.head_dim or m.d_model // m.num_heads
   resolved = dataclasses.replace(m, num_kv_heads=kv_heads, head_dim=head_dim,
                                  v_head_dim=m.v_head_dim or head_dim)
-  check = KEYS['model.positional'].allowed.entries()[resolved.positional].check
+  # An encoding's own check of the sizes (rope's even head_dim, ...), once its table is registered;
+  # without it, positional.encoding runs the same check where the model looks the encoding up.
+  encodings = schema.registered("model.positional")
+  check = encodings[resolved.positional].check if encodings else None
   if check and (problem := check(resolved)):
     raise ConfigError(problem)
   if m.arch != "decoder_only" and not m.num_encoder_layers:
@@ -165,7 +144,7 @@ def _validate(cfg: Config) -> Config:
 
 def from_configdict(cd: ml_collections.ConfigDict | Mapping[str, Any]) -> Config:
   """Validates a ConfigDict (or a plain nested dict) into a frozen Config; raises ConfigError."""
-  return _validate(_convert("", cd))
+  return _validate(_convert(Config, "", cd))
 
 
 def format_problem(saved: Mapping[str, Any], source: str) -> str | None:

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from transformer import schema
+
 Array = jax.Array
 
 
@@ -153,11 +155,11 @@ def use(name: str):
 
 _SAVE_MATMULS = jax.checkpoint_policies.save_only_these_names(MATMUL_NAME)
 # The remat policies (model.remat): name -> nn.remat's policy ('none': no remat).
-REMAT_POLICIES: dict[str, Any] = {
+REMAT_POLICIES: schema.Table[Any] = schema.registry('model.remat', {
     'none': None,
     'full': None,  # save nothing: recompute the whole block in the backward pass
     'dots': jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.checkpoint_dots, _SAVE_MATMULS),
     'dots_no_batch': jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims, _SAVE_MATMULS),
-}
+})

@@ -1,12 +1,19 @@
-"""The config schema: every key declared once in SCHEMA (default, meaning, allowed values or
-range, roles). The default ConfigDict (`get_config`), the typed views and validation
-(transformer/config.py), checkpoint compatibility (`with_role`) and docs/config.md (`python -m
-transformer.schema > docs/config.md`, checked by a test) all derive from it. Defaults are the base
-Transformer of Vaswani et al. (2017); sizes written 0 (role `derived`) are derived."""
+"""The config schema: every key declared once, as a field of the typed config classes below, with
+its default, meaning, allowed values or range, and roles (`cfg.model.d_model` is
+`ModelConfig.d_model`: go to its definition to read what it means). SCHEMA (one Key per field,
+walked from `Config`), the default ConfigDict (`get_config`), validation (transformer/config.py),
+checkpoint compatibility (`with_role`) and docs/config.md (`python -m transformer.components >
+docs/config.md`, checked by a test) all derive from them. Defaults are the base Transformer of
+Vaswani et al. (2017); sizes written 0 (role `derived`) are derived.
+
+A key marked REGISTERED takes the names of a component table (model.ffn, train.optimizer, ...):
+the module that holds the table registers it here (`FFNS = schema.registry('model.ffn', {...})`),
+so the arrow points down and this module names no other. Validation checks a value against the
+table once it is registered, and the table itself refuses a name it lacks with the same one-line
+ConfigError wherever it is looked up."""
 
 import dataclasses
-import importlib
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 import ml_collections
 
@@ -36,14 +43,18 @@ RANGES: dict[str, Callable[[Any], bool]] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Registry:
-  """Allowed values: the names in module.table, imported lazily (that module imports this one)."""
-  module: str
-  table: str
+class ConfigError(ValueError):
+  """An invalid configuration; the message is one line naming the key."""
 
-  def entries(self) -> Mapping[str, Any]:
-    return getattr(importlib.import_module(self.module), self.table)
+
+class Registered:
+  """The allowed values of a key that are the names of a registered component table."""
+
+  def __repr__(self) -> str:
+    return "REGISTERED"
+
+
+REGISTERED = Registered()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,236 +63,367 @@ class Key:
   name: str
   default: Any
   meaning: str
-  allowed: tuple[Any, ...] | Registry = ()
+  allowed: tuple[Any, ...] | Registered = ()
   range: str = ""
   roles: frozenset[str] = frozenset()
 
   def choices(self) -> tuple[Any, ...]:
-    """The allowed values (empty: any value of the type)."""
-    return tuple(self.allowed.entries()) if isinstance(self.allowed, Registry) else self.allowed
+    """The allowed values (empty: any value of the type, or a table not registered yet)."""
+    if isinstance(self.allowed, Registered):
+      return tuple(_TABLES.get(self.name, ()))
+    return self.allowed
 
 
-def _k(name: str, default: Any, meaning: str, check: tuple[Any, ...] | Registry | str = (),
-       roles: tuple[str, ...] = ()) -> Key:
-  """A Key; `check` is its allowed values (a tuple or a Registry) or its range (a RANGES key)."""
+def key(default: Any, meaning: str, check: tuple[Any, ...] | Registered | str = (),
+        roles: tuple[str, ...] = ()) -> Any:
+  """A config key as a field of its section's class; `check` is its allowed values (a tuple, or
+  REGISTERED) or its range (a RANGES key). The field's metadata carries the rest of its Key."""
   range_ = check if isinstance(check, str) else ""
-  return Key(name, default, meaning, () if range_ else check, range_, frozenset(roles))
+  return dataclasses.field(default=default, metadata={
+      "meaning": meaning, "allowed": () if range_ else check, "range": range_,
+      "roles": frozenset(roles)})
 
 
-# Role sets, abbreviated for the table.
+def section(cls: type) -> Any:
+  """A sub-section field: an instance of its class, at the class's defaults."""
+  return dataclasses.field(default_factory=cls)
+
+
+# Role sets, abbreviated for the declarations.
 F, D, E, FT, T = (FIXED,), (FIXED, DERIVED), (EVAL,), (FINETUNE,), (RUN_TOKENIZER,)
 FH, FV, EF = F + (HEAD,), F + (VOCAB_HEAD,), E + FT
 DTYPES = ("float32", "bfloat16", "float16")
 
-SCHEMA: tuple[Key, ...] = (
-    _k("seed", 0, "seed of initialisation, dropout and data order", roles=E),
-    _k("peak_flops", 0.0, "FLOP/s per device for MFU; 0 = look the device kind up in a table",
-       ">= 0"),
-    _k("model.arch", "encoder_decoder", "the architecture (encoder_only: BERT-style)",
-       ("encoder_decoder", "decoder_only", "encoder_only"), FH),
-    _k("model.vocab_size", 0, "target (or shared) vocabulary; 0 = from the tokenizer", ">= 0", D),
-    _k("model.source_vocab_size", 0, "encoder vocabulary; 0 = from the source tokenizer (or "
-       "vocab_size)", ">= 0", D),
-    _k("model.d_model", 512, "width of the residual stream", "> 0", F),
-    _k("model.num_heads", 8, "query heads", "> 0", F),
-    _k("model.num_kv_heads", 0, "key/value heads: 0 = num_heads (MHA); 1 = MQA; a divisor of "
-       "num_heads = GQA", ">= 0", D),
-    _k("model.head_dim", 0, "query/key size per head; 0 = d_model // num_heads (which must then "
-       "divide)", ">= 0", D),
-    _k("model.v_head_dim", 0, "value size per head; 0 = head_dim", ">= 0", D),
-    _k("model.mlp_dim", 2048, "hidden size of the feed-forward layers", "> 0", F),
-    _k("model.num_encoder_layers", 6, "encoder blocks", ">= 0", F),
-    _k("model.num_decoder_layers", 6, "decoder blocks", ">= 0", F),
-    _k("model.positional", "sinusoidal",
-       "the positional encoding (transformer/model/positional.py)",
-       Registry("transformer.model.positional", "ENCODINGS"), F),
-    _k("model.rope_base", 10000.0, "positional=rope: the base of the rotation frequencies", "> 0"),
-    _k("model.relative_num_buckets", 32, "positional=relative: T5's buckets", "> 0", F),
-    _k("model.relative_max_distance", 128, "positional=relative|shaw: the largest distance told "
-       "apart", "> 0", F),
-    _k("model.norm", "layernorm", "the norm", Registry("transformer.model.layers", "NORMS"), F),
-    _k("model.norm_position", "post", "post (the paper's LayerNorm(x + Sublayer(x))) | pre",
-       ("post", "pre"), F),
-    _k("model.norm_eps", 1e-6, "the norms' epsilon", "> 0"),
-    _k("model.ffn", "relu", "the feed-forward variant (transformer/model/layers.py)",
-       Registry("transformer.model.layers", "FFNS"), F),
-    _k("model.use_bias", True, "biases in attention projections and the feed-forward layers",
-       roles=F),
-    _k("model.scale_attention_logits", True, "q.k / sqrt(head_dim); False: unscaled (T5: folded in "
-       "its init)", roles=F),
-    _k("model.scale_decoder_output", False, "decoder output * d_model**-0.5 before the logits "
-       "(original T5)", roles=F),
-    _k("model.dropout_rate", 0.1, "dropout of the embeddings and residual branches",
-       "in [0, 1]", FT),
-    _k("model.attention_dropout_rate", 0.0, "dropout of the attention weights", "in [0, 1]", FT),
-    _k("model.ffn_dropout_rate", 0.0, "dropout of the feed-forward hidden layer", "in [0, 1]", FT),
-    _k("model.dropout_bits", 8, "random bits per dropout decision: 8 (one threefry word decides "
-       "four elements; rates rounded to 1/256) | 32 (Flax's nn.Dropout, bit for bit)", (8, 32), F),
-    _k("model.tie_embeddings", True, "output logits from the target embedding matrix", roles=FV),
-    _k("model.share_src_tgt_embeddings", True, "one embedding table for encoder and decoder",
-       roles=F),
-    _k("model.scale_embeddings", True, "multiply embeddings by sqrt(d_model), as in the paper",
-       roles=F),
-    _k("model.embedding_norm", False, "a norm (model.norm) on the embeddings before the first "
-       "layer (BERT)", roles=F),
-    _k("model.head_transform", False, "vocabulary logits from Norm(act(Dense(x))) instead of x "
-       "(BERT's MLM)", roles=FV),
-    _k("model.logits_bias", False, "a learned bias over the vocabulary added to the logits (BERT's "
-       "MLM)", roles=FV),
-    _k("model.excluded_ids", "", "ids the vocabulary head never predicts (logit -1e30): ids and "
-       "ranges, e.g. '0,2-3,54'; set by transformer/convert", roles=FV),
-    _k("model.prefix_lm", True, "decoder_only on a seq2seq task: bidirectional attention over the "
-       "prefix"),
-    _k("model.head", "mlm", "encoder_only: mlm (masked LM, tied per tie_embeddings) | classify | "
-       "tag", ("mlm", "classify", "tag"), FH),
-    _k("model.pooling", "mean", "head=classify: first (the first token, BOS) | mean (its tokens)",
-       ("first", "mean"), FH),
-    _k("model.num_classes", 0, "head=classify|tag outputs; 0 = the label tokenizer's vocabulary",
-       ">= 0", FH),
-    _k("model.attention_impl", "einsum", "einsum | fused (jax.nn.dot_product_attention; cuDNN on "
-       "GPU)", Registry("transformer.model.attention", "IMPLEMENTATIONS"), EF),
-    _k("model.causal_kernel", False, "decoder self-attention outside decoding and the prefix-LM "
-       "passes the fused kernel its own causal flag (segments stay a dense mask)", roles=FT),
-    _k("model.scan_layers", False, "nn.scan over layers: compile time flat in depth", roles=F),
-    _k("model.remat", "none", "nn.remat policy of each block (dots*: save every matmul)",
-       Registry("transformer.kernels", "REMAT_POLICIES"), FT),
-    _k("model.dtype", "float32", "compute dtype", DTYPES, EF),
-    _k("model.param_dtype", "float32", "parameter storage dtype", DTYPES, F),
-    _k("model.max_len", 512, "longest sequence: learned/sinusoidal tables and the decoding cache",
-       "> 0", F),
-    _k("data.dataset", "cmudict_g2p", "a TFDS name (with /config), or text_files | tsv_pairs"),
-    _k("data.data_dir", "", "TFDS directory; \"\" = TFDS_DATA_DIR or ~/tensorflow_datasets",
-       roles=E),
-    _k("data.train_split", "train", "the training split"),
-    _k("data.eval_split", "validation", "the split evaluated during training", roles=E),
-    _k("data.source_key", "", "source feature of a catalog dataset; \"\" = the builder's default"),
-    _k("data.target_key", "", "target feature of a catalog dataset; \"\" = the builder's default"),
-    _k("data.train_file", "", "tsv_pairs: WORD<TAB>PH1 PH2 ... (or source<TAB>target) training "
-       "file"),
-    _k("data.dev_file", "", "tsv_pairs: the development file"),
-    _k("data.test_file", "", "tsv_pairs: the test file"),
-    _k("data.text_file", "", "text_files: a path or a glob"),
-    _k("data.text_split", "fraction", "text_files: fraction (the first train_fraction is train) | "
-       "document", ("fraction", "document")),
-    _k("data.train_fraction", 0.9, "text_files: the training fraction", "in [0, 1]"),
-    _k("data.label_fraction", 1.0, "fraction of the training examples used (a fixed nested subset)",
-       "in (0, 1]"),
-    _k("data.label", "none", "cmudict_g2p/stress as classification",
-       ("none", "primary_stress", "syllables")),
-    _k("data.objective", "none", "none | mlm (BERT; encoder_only) | span (T5; encoder_decoder)",
-       ("none", "mlm", "span")),
-    _k("data.mask_rate", 0.15, "mlm: fraction of each example's tokens selected (80/10/10 "
-       "replaced)", "in [0, 1]"),
-    _k("data.whole_word_masking", False, "mlm: select whole words (char, byte, sentencepiece, "
-       "WordPiece hf)"),
-    _k("data.noise_density", 0.15, "span: fraction of tokens corrupted", "in [0, 1]"),
-    _k("data.mean_span_length", 3.0, "span: mean length of a corrupted span", ">= 1"),
-    _k("data.tokenizer", "symbol", "target (or shared) tokenizer",
-       Registry("transformer.data.tokenizers", "TOKENIZERS"), T),
-    _k("data.source_tokenizer", "char", "source tokenizer; \"\" = the same as the target",
-       Registry("transformer.data.tokenizers", "SOURCE_TOKENIZERS"), T),
-    _k("data.spm_model_type", "bpe", "sentencepiece: the model type", ("bpe", "unigram"), T),
-    _k("data.spm_vocab_size", 8000, "sentencepiece: the vocabulary size", "> 0", T),
-    _k("data.hf_tokenizer", "", "tokenizer=hf: a Hugging Face tokenizer.json (or its directory)",
-       roles=T),
-    _k("data.hf_id_offset", 4, "our id = HF id + this: 4 (our 0-3 first: GPT-2) | 0 (T5's pad 0, "
-       "eos 1 = ours)", (4, 0), T),
-    _k("data.max_source_len", 64, "longest source, in tokens", "> 0"),
-    _k("data.max_target_len", 64, "longest target, in tokens", "> 0"),
-    _k("data.too_long", "drop", "what happens to a longer example", ("drop", "truncate")),
-    _k("data.batching", "pack", "pack | bucket | pad", ("pack", "bucket", "pad")),
-    _k("data.batch_size", 128, "global, in rows of max_*_len tokens", "> 0", E),
-    _k("data.shuffle_seed", 0, "seed of the data order"),
-    _k("data.prefetch", 2, "training batches made ahead on a background thread; 0 = in the loop",
-       ">= 0"),
-    _k("train.num_steps", 100_000, "training steps", "> 0"),
-    _k("train.optimizer", "adam", "the optimizer (transformer/train/optim.py)",
-       Registry("transformer.train.optim", "OPTIMIZERS"), F),
-    _k("train.learning_rate", 1.0, "peak value; for schedule=rsqrt a multiplier of the paper's "
-       "formula", "> 0"),
-    _k("train.schedule", "rsqrt", "the learning-rate schedule (transformer/train/optim.py)",
-       Registry("transformer.train.optim", "SCHEDULES")),
-    _k("train.warmup_steps", 4000, "steps of learning-rate warmup", ">= 0"),
-    _k("train.min_learning_rate_ratio", 0.0, "end of cosine/linear decay, as a fraction of the "
-       "peak", "in [0, 1]"),
-    _k("train.b1", 0.9, "Adam's beta1"),
-    _k("train.b2", 0.98, "Adam's beta2"),
-    _k("train.eps", 1e-9, "Adam's epsilon"),
-    _k("train.momentum", 0.9, "sgd: heavy-ball momentum (0 = plain SGD)"),
-    _k("train.weight_decay", 0.0, "adam: L2 on the gradient; others: decoupled decay", ">= 0"),
-    _k("train.weight_decay_norms_and_biases", False, "decay norm scales and biases too"),
-    _k("train.weight_decay_embeddings", False, "decay embeddings too"),
-    _k("train.grad_clip", 0.0, "global-norm clipping; 0 = off", ">= 0"),
-    _k("train.grad_accum_steps", 1, "micro-batches per update", "> 0"),
-    _k("train.steps_per_dispatch", 1, "train steps per host dispatch (one lax.scan); the same "
-       "results as 1", "> 0"),
-    _k("train.loss_chunk_tokens", 0, "tokens per chunk of a chunked training loss (the output "
-       "layer and cross-entropy a chunk at a time, never the whole batch's logits); 0 = off",
-       ">= 0"),
-    _k("train.members", "", "N runs in one vmapped program, each in <workdir>/<name>: members "
-       "split by ';', each key=value overrides of seed, train.learning_rate, train.label_smoothing "
-       "and the dropout rates; or seeds:N; '' = one run"),
-    _k("train.label_smoothing", 0.1, "label smoothing of the cross-entropy", "in [0, 1)"),
-    _k("train.z_loss", 0.0, "weight of log(Z)^2 (PaLM's z-loss)", ">= 0"),
-    _k("train.ema_decay", 0.0, "EMA of the parameters, used by evaluation and best-checkpoint "
-       "choice; 0 = off", "in [0, 1)", (ON_OFF,)),
-    _k("train.scheduled_sampling.schedule", "none", "teacher-forcing schedule (Mihaylova & Martins "
-       "2019)", Registry("transformer.train.scheduled_sampling", "SCHEDULES")),
-    _k("train.scheduled_sampling.k", 1.0, "linear: start teacher-forcing prob; exponential: base; "
-       "inverse_sigmoid: k"),
-    _k("train.scheduled_sampling.c", 0.0, "linear: decrease per step"),
-    _k("train.scheduled_sampling.min_teacher_forcing", 0.0, "floor of the teacher-forcing "
-       "probability", "in [0, 1]"),
-    _k("train.early_stop_patience", 0, "evaluations without improvement before stopping; 0 = off",
-       ">= 0"),
-    _k("train.early_stop_metric", "eval/loss", "the metric early stopping watches"),
-    _k("train.early_stop_mode", "min", "min | max", ("min", "max")),
-    _k("train.log_every_steps", 50, "steps between logged training metrics", "> 0"),
-    _k("train.profile_start_step", 0, "jax.profiler trace of a step range; 0 = off"),
-    _k("train.profile_num_steps", 0, "steps traced"),
-    _k("eval.every_steps", 1000, "steps between evaluations", "> 0", E),
-    _k("eval.num_batches", 0, "teacher-forced batches per evaluation; 0 = the whole split",
-       ">= 0", E),
-    _k("eval.batch_size", 0, "0 = data.batch_size", ">= 0", E),
-    _k("eval.num_decode_examples", 0, "examples decoded per in-training evaluation; 0 = the whole "
-       "split", ">= 0", E),
-    _k("eval.metrics", "auto", "auto (by task) or a comma list: wer,per,bleu,bpc", roles=E),
-    _k("eval.decode.method", "beam", "the decoding method",
-       Registry("transformer.infer.decoding", "METHODS"), E),
-    _k("eval.decode.beam_size", 4, "beams", "> 0", E),
-    _k("eval.decode.length_penalty", 0.6, "GNMT alpha", roles=E),
-    _k("eval.decode.temperature", 1.0, "sample: softmax temperature", "> 0", E),
-    _k("eval.decode.top_k", 0, "sample: keep the k likeliest; 0 = off", ">= 0", E),
-    _k("eval.decode.top_p", 1.0, "sample: nucleus mass; 1.0 = off", "in (0, 1]", E),
-    _k("eval.decode.max_decode_len", 0, "0 = data.max_target_len", ">= 0", E),
-    _k("checkpoint.every_steps", 1000, "steps between saves", "> 0"),
-    _k("checkpoint.keep", 3, "latest checkpoints kept", "> 0"),
-    _k("checkpoint.keep_best_by", "eval/loss", "metric of the kept best checkpoint; \"\" = none"),
-    _k("checkpoint.best_mode", "min", "min | max", ("min", "max")),
-    _k("checkpoint.async_save", True, "save in the background"),
-    _k("parallel.mode", "mesh", "mesh (jit over a device mesh) | pmap", ("mesh", "pmap")),
-    _k("parallel.mesh_shape.data", -1, "data-parallel axis; -1 = the rest", "> 0 or -1"),
-    _k("parallel.mesh_shape.fsdp", 1, "parameter-sharding axis; -1 = the rest", "> 0 or -1"),
-    _k("parallel.mesh_shape.tensor", 1, "tensor-parallel axis; -1 = the rest", "> 0 or -1"),
-    _k("parallel.distributed", "auto", "jax.distributed.initialize: auto | on | off",
-       ("auto", "on", "off")),
-    _k("parallel.coordinator_address", "", "multi-process: the coordinator's host:port"),
-    _k("parallel.num_processes", 0, "multi-process: the process count; 0 = auto"),
-    _k("parallel.process_id", -1, "multi-process: this process; -1 = auto"),
-)
+# The config classes: frozen (hashable: jit static arguments); a validated one comes from
+# transformer.config.from_configdict, which also fills the sizes written 0.
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The model: its architecture, sizes and parts (`cfg.model`)."""
+  arch: str = key("encoder_decoder", "the architecture (encoder_only: BERT-style)",
+                  ("encoder_decoder", "decoder_only", "encoder_only"), FH)
+  vocab_size: int = key(0, "target (or shared) vocabulary; 0 = from the tokenizer", ">= 0", D)
+  source_vocab_size: int = key(0, "encoder vocabulary; 0 = from the source tokenizer (or "
+                               "vocab_size)", ">= 0", D)
+  d_model: int = key(512, "width of the residual stream", "> 0", F)
+  num_heads: int = key(8, "query heads", "> 0", F)
+  num_kv_heads: int = key(0, "key/value heads: 0 = num_heads (MHA); 1 = MQA; a divisor of "
+                          "num_heads = GQA", ">= 0", D)
+  head_dim: int = key(0, "query/key size per head; 0 = d_model // num_heads (which must then "
+                      "divide)", ">= 0", D)
+  v_head_dim: int = key(0, "value size per head; 0 = head_dim", ">= 0", D)
+  mlp_dim: int = key(2048, "hidden size of the feed-forward layers", "> 0", F)
+  num_encoder_layers: int = key(6, "encoder blocks", ">= 0", F)
+  num_decoder_layers: int = key(6, "decoder blocks", ">= 0", F)
+  positional: str = key("sinusoidal", "the positional encoding (transformer/model/positional.py)",
+                        REGISTERED, F)
+  rope_base: float = key(10000.0, "positional=rope: the base of the rotation frequencies", "> 0")
+  relative_num_buckets: int = key(32, "positional=relative: T5's buckets", "> 0", F)
+  relative_max_distance: int = key(128, "positional=relative|shaw: the largest distance told apart",
+                                   "> 0", F)
+  norm: str = key("layernorm", "the norm", REGISTERED, F)
+  norm_position: str = key("post", "post (the paper's LayerNorm(x + Sublayer(x))) | pre",
+                           ("post", "pre"), F)
+  norm_eps: float = key(1e-6, "the norms' epsilon", "> 0")
+  ffn: str = key("relu", "the feed-forward variant (transformer/model/layers.py)", REGISTERED, F)
+  use_bias: bool = key(True, "biases in attention projections and the feed-forward layers", roles=F)
+  scale_attention_logits: bool = key(True, "q.k / sqrt(head_dim); False: unscaled (T5: folded in "
+                                     "its init)", roles=F)
+  scale_decoder_output: bool = key(False, "decoder output * d_model**-0.5 before the logits "
+                                   "(original T5)", roles=F)
+  dropout_rate: float = key(0.1, "dropout of the embeddings and residual branches", "in [0, 1]", FT)
+  attention_dropout_rate: float = key(0.0, "dropout of the attention weights", "in [0, 1]", FT)
+  ffn_dropout_rate: float = key(0.0, "dropout of the feed-forward hidden layer", "in [0, 1]", FT)
+  dropout_bits: int = key(8, "random bits per dropout decision: 8 (one threefry word decides four "
+                          "elements; rates rounded to 1/256) | 32 (Flax's nn.Dropout, bit for bit)",
+                          (8, 32), F)
+  tie_embeddings: bool = key(True, "output logits from the target embedding matrix", roles=FV)
+  share_src_tgt_embeddings: bool = key(True, "one embedding table for encoder and decoder", roles=F)
+  scale_embeddings: bool = key(True, "multiply embeddings by sqrt(d_model), as in the paper",
+                               roles=F)
+  embedding_norm: bool = key(False, "a norm (model.norm) on the embeddings before the first layer "
+                             "(BERT)", roles=F)
+  head_transform: bool = key(False, "vocabulary logits from Norm(act(Dense(x))) instead of x "
+                             "(BERT's MLM)", roles=FV)
+  logits_bias: bool = key(False, "a learned bias over the vocabulary added to the logits (BERT's "
+                          "MLM)", roles=FV)
+  excluded_ids: str = key("", "ids the vocabulary head never predicts (logit -1e30): ids and "
+                          "ranges, e.g. '0,2-3,54'; set by transformer/convert", roles=FV)
+  prefix_lm: bool = key(True, "decoder_only on a seq2seq task: bidirectional attention over the "
+                        "prefix")
+  head: str = key("mlm", "encoder_only: mlm (masked LM, tied per tie_embeddings) | classify | tag",
+                  ("mlm", "classify", "tag"), FH)
+  pooling: str = key("mean", "head=classify: first (the first token, BOS) | mean (its tokens)",
+                     ("first", "mean"), FH)
+  num_classes: int = key(0, "head=classify|tag outputs; 0 = the label tokenizer's vocabulary",
+                         ">= 0", FH)
+  attention_impl: str = key("einsum", "einsum | fused (jax.nn.dot_product_attention; cuDNN on GPU)",
+                            REGISTERED, EF)
+  causal_kernel: bool = key(False, "decoder self-attention outside decoding and the prefix-LM "
+                            "passes the fused kernel its own causal flag (segments stay a dense "
+                            "mask)", roles=FT)
+  scan_layers: bool = key(False, "nn.scan over layers: compile time flat in depth", roles=F)
+  remat: str = key("none", "nn.remat policy of each block (dots*: save every matmul)",
+                   REGISTERED, FT)
+  dtype: str = key("float32", "compute dtype", DTYPES, EF)
+  param_dtype: str = key("float32", "parameter storage dtype", DTYPES, F)
+  max_len: int = key(512, "longest sequence: learned/sinusoidal tables and the decoding cache",
+                     "> 0", F)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """The task's data: dataset, tokenizers, lengths and batching (`cfg.data`)."""
+  dataset: str = key("cmudict_g2p", "a TFDS name (with /config), or text_files | tsv_pairs")
+  data_dir: str = key("", "TFDS directory; \"\" = TFDS_DATA_DIR or ~/tensorflow_datasets", roles=E)
+  train_split: str = key("train", "the training split")
+  eval_split: str = key("validation", "the split evaluated during training", roles=E)
+  source_key: str = key("", "source feature of a catalog dataset; \"\" = the builder's default")
+  target_key: str = key("", "target feature of a catalog dataset; \"\" = the builder's default")
+  train_file: str = key("", "tsv_pairs: WORD<TAB>PH1 PH2 ... (or source<TAB>target) training file")
+  dev_file: str = key("", "tsv_pairs: the development file")
+  test_file: str = key("", "tsv_pairs: the test file")
+  text_file: str = key("", "text_files: a path or a glob")
+  text_split: str = key("fraction", "text_files: fraction (the first train_fraction is train) | "
+                        "document", ("fraction", "document"))
+  train_fraction: float = key(0.9, "text_files: the training fraction", "in [0, 1]")
+  label_fraction: float = key(1.0, "fraction of the training examples used (a fixed nested subset)",
+                              "in (0, 1]")
+  label: str = key("none", "cmudict_g2p/stress as classification",
+                   ("none", "primary_stress", "syllables"))
+  objective: str = key("none", "none | mlm (BERT; encoder_only) | span (T5; encoder_decoder)",
+                       ("none", "mlm", "span"))
+  mask_rate: float = key(0.15, "mlm: fraction of each example's tokens selected (80/10/10 "
+                         "replaced)", "in [0, 1]")
+  whole_word_masking: bool = key(False, "mlm: select whole words (char, byte, sentencepiece, "
+                                 "WordPiece hf)")
+  noise_density: float = key(0.15, "span: fraction of tokens corrupted", "in [0, 1]")
+  mean_span_length: float = key(3.0, "span: mean length of a corrupted span", ">= 1")
+  tokenizer: str = key("symbol", "target (or shared) tokenizer", REGISTERED, T)
+  source_tokenizer: str = key("char", "source tokenizer; \"\" = the same as the target",
+                              REGISTERED, T)
+  spm_model_type: str = key("bpe", "sentencepiece: the model type", ("bpe", "unigram"), T)
+  spm_vocab_size: int = key(8000, "sentencepiece: the vocabulary size", "> 0", T)
+  hf_tokenizer: str = key("", "tokenizer=hf: a Hugging Face tokenizer.json (or its directory)",
+                          roles=T)
+  hf_id_offset: int = key(4, "our id = HF id + this: 4 (our 0-3 first: GPT-2) | 0 (T5's pad 0, eos "
+                          "1 = ours)", (4, 0), T)
+  max_source_len: int = key(64, "longest source, in tokens", "> 0")
+  max_target_len: int = key(64, "longest target, in tokens", "> 0")
+  too_long: str = key("drop", "what happens to a longer example", ("drop", "truncate"))
+  batching: str = key("pack", "pack | bucket | pad", ("pack", "bucket", "pad"))
+  batch_size: int = key(128, "global, in rows of max_*_len tokens", "> 0", E)
+  shuffle_seed: int = key(0, "seed of the data order")
+  prefetch: int = key(2, "training batches made ahead on a background thread; 0 = in the loop",
+                      ">= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledSamplingConfig:
+  """Scheduled sampling's teacher-forcing schedule (`cfg.train.scheduled_sampling`)."""
+  schedule: str = key("none", "teacher-forcing schedule (Mihaylova & Martins 2019)", REGISTERED)
+  k: float = key(1.0, "linear: start teacher-forcing prob; exponential: base; inverse_sigmoid: k")
+  c: float = key(0.0, "linear: decrease per step")
+  min_teacher_forcing: float = key(0.0, "floor of the teacher-forcing probability", "in [0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The optimizer, schedule, loss and loop of training (`cfg.train`)."""
+  num_steps: int = key(100_000, "training steps", "> 0")
+  optimizer: str = key("adam", "the optimizer (transformer/train/optim.py)", REGISTERED, F)
+  learning_rate: float = key(1.0, "peak value; for schedule=rsqrt a multiplier of the paper's "
+                             "formula", "> 0")
+  schedule: str = key("rsqrt", "the learning-rate schedule (transformer/train/optim.py)",
+                      REGISTERED)
+  warmup_steps: int = key(4000, "steps of learning-rate warmup", ">= 0")
+  min_learning_rate_ratio: float = key(0.0, "end of cosine/linear decay, as a fraction of the peak",
+                                       "in [0, 1]")
+  b1: float = key(0.9, "Adam's beta1")
+  b2: float = key(0.98, "Adam's beta2")
+  eps: float = key(1e-9, "Adam's epsilon")
+  momentum: float = key(0.9, "sgd: heavy-ball momentum (0 = plain SGD)")
+  weight_decay: float = key(0.0, "adam: L2 on the gradient; others: decoupled decay", ">= 0")
+  weight_decay_norms_and_biases: bool = key(False, "decay norm scales and biases too")
+  weight_decay_embeddings: bool = key(False, "decay embeddings too")
+  grad_clip: float = key(0.0, "global-norm clipping; 0 = off", ">= 0")
+  grad_accum_steps: int = key(1, "micro-batches per update", "> 0")
+  steps_per_dispatch: int = key(1, "train steps per host dispatch (one lax.scan); the same results "
+                                "as 1", "> 0")
+  loss_chunk_tokens: int = key(0, "tokens per chunk of a chunked training loss (the output layer "
+                               "and cross-entropy a chunk at a time, never the whole batch's "
+                               "logits); 0 = off", ">= 0")
+  members: str = key("", "N runs in one vmapped program, each in <workdir>/<name>: members split "
+                     "by ';', each key=value overrides of seed, train.learning_rate, "
+                     "train.label_smoothing and the dropout rates; or seeds:N; '' = one run")
+  label_smoothing: float = key(0.1, "label smoothing of the cross-entropy", "in [0, 1)")
+  z_loss: float = key(0.0, "weight of log(Z)^2 (PaLM's z-loss)", ">= 0")
+  ema_decay: float = key(0.0, "EMA of the parameters, used by evaluation and best-checkpoint "
+                         "choice; 0 = off", "in [0, 1)", (ON_OFF,))
+  scheduled_sampling: ScheduledSamplingConfig = section(ScheduledSamplingConfig)
+  early_stop_patience: int = key(0, "evaluations without improvement before stopping; 0 = off",
+                                 ">= 0")
+  early_stop_metric: str = key("eval/loss", "the metric early stopping watches")
+  early_stop_mode: str = key("min", "min | max", ("min", "max"))
+  log_every_steps: int = key(50, "steps between logged training metrics", "> 0")
+  profile_start_step: int = key(0, "jax.profiler trace of a step range; 0 = off")
+  profile_num_steps: int = key(0, "steps traced")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  """Decoding: the method and its settings (`cfg.eval.decode`)."""
+  method: str = key("beam", "the decoding method", REGISTERED, E)
+  beam_size: int = key(4, "beams", "> 0", E)
+  length_penalty: float = key(0.6, "GNMT alpha", roles=E)
+  temperature: float = key(1.0, "sample: softmax temperature", "> 0", E)
+  top_k: int = key(0, "sample: keep the k likeliest; 0 = off", ">= 0", E)
+  top_p: float = key(1.0, "sample: nucleus mass; 1.0 = off", "in (0, 1]", E)
+  max_decode_len: int = key(0, "0 = data.max_target_len", ">= 0", E)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """Evaluation during training (`cfg.eval`)."""
+  every_steps: int = key(1000, "steps between evaluations", "> 0", E)
+  num_batches: int = key(0, "teacher-forced batches per evaluation; 0 = the whole split", ">= 0", E)
+  batch_size: int = key(0, "0 = data.batch_size", ">= 0", E)
+  num_decode_examples: int = key(0, "examples decoded per in-training evaluation; 0 = the whole "
+                                 "split", ">= 0", E)
+  metrics: str = key("auto", "auto (by task) or a comma list: wer,per,bleu,bpc", roles=E)
+  decode: DecodeConfig = section(DecodeConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """Checkpoint saving (`cfg.checkpoint`)."""
+  every_steps: int = key(1000, "steps between saves", "> 0")
+  keep: int = key(3, "latest checkpoints kept", "> 0")
+  keep_best_by: str = key("eval/loss", "metric of the kept best checkpoint; \"\" = none")
+  best_mode: str = key("min", "min | max", ("min", "max"))
+  async_save: bool = key(True, "save in the background")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+  """The device mesh's axis sizes (`cfg.parallel.mesh_shape`)."""
+  data: int = key(-1, "data-parallel axis; -1 = the rest", "> 0 or -1")
+  fsdp: int = key(1, "parameter-sharding axis; -1 = the rest", "> 0 or -1")
+  tensor: int = key(1, "tensor-parallel axis; -1 = the rest", "> 0 or -1")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+  """How the program spreads over devices and processes (`cfg.parallel`)."""
+  mode: str = key("mesh", "mesh (jit over a device mesh) | pmap", ("mesh", "pmap"))
+  mesh_shape: MeshShape = section(MeshShape)
+  distributed: str = key("auto", "jax.distributed.initialize: auto | on | off",
+                         ("auto", "on", "off"))
+  coordinator_address: str = key("", "multi-process: the coordinator's host:port")
+  num_processes: int = key(0, "multi-process: the process count; 0 = auto")
+  process_id: int = key(-1, "multi-process: this process; -1 = auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """A whole configuration: two top-level keys and a section per part (`cfg`)."""
+  seed: int = key(0, "seed of initialisation, dropout and data order", roles=E)
+  peak_flops: float = key(0.0, "FLOP/s per device for MFU; 0 = look the device kind up in a table",
+                          ">= 0")
+  model: ModelConfig = section(ModelConfig)
+  data: DataConfig = section(DataConfig)
+  train: TrainConfig = section(TrainConfig)
+  eval: EvalConfig = section(EvalConfig)
+  checkpoint: CheckpointConfig = section(CheckpointConfig)
+  parallel: ParallelConfig = section(ParallelConfig)
+
+
+def _walk(cls: type, prefix: str = "") -> Iterator[Key]:
+  """The Keys of a config class's fields in declaration order, sub-sections in place."""
+  for f in dataclasses.fields(cls):
+    if dataclasses.is_dataclass(f.type):
+      yield from _walk(f.type, f"{prefix}{f.name}.")
+      continue
+    if f.type is not type(f.default):
+      raise TypeError(f"{prefix}{f.name}: annotated {f.type}, default {f.default!r}")
+    m = f.metadata
+    yield Key(prefix + f.name, f.default, m["meaning"], m["allowed"], m["range"], m["roles"])
+
+
+SCHEMA: tuple[Key, ...] = tuple(_walk(Config))
 KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
 
+V = TypeVar("V")
 
-def with_role(role: str, section: str = "") -> tuple[str, ...]:
-  """The keys with `role` (within `section`, e.g. 'model', names without the section)."""
-  prefix = section + "." if section else ""
+
+def not_one_of(name: str, value: Any, options: Any) -> ConfigError:
+  """The one-line error of a value of key `name` outside its allowed `options`."""
+  shown = "|".join(str(o) if o != "" else repr(o) for o in options)
+  return ConfigError(f"{name}={value!r} is not one of {shown}")
+
+
+class Table(Mapping[str, V], Generic[V]):
+  """A component table registered for a config key: a read-only mapping whose lookup of a name it
+  lacks raises the key's one-line ConfigError, the one validation gives for the same value."""
+
+  def __init__(self, name: str, entries: Mapping[str, V]):
+    self.name, self._entries = name, dict(entries)
+
+  def __getitem__(self, entry: str) -> V:
+    try:
+      return self._entries[entry]
+    except (KeyError, TypeError):  # TypeError: an unhashable value
+      raise not_one_of(self.name, entry, self._entries) from None
+
+  def __contains__(self, entry: object) -> bool:
+    try:
+      return entry in self._entries
+    except TypeError:
+      return False
+
+  def get(self, entry: str, default: Any = None) -> Any:
+    return self._entries[entry] if entry in self else default
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._entries)
+
+  def __len__(self) -> int:
+    return len(self._entries)
+
+  def __repr__(self) -> str:
+    return f"Table({self.name!r}, {self._entries!r})"
+
+
+_TABLES: dict[str, Table] = {}
+
+
+def registry(name: str, entries: Mapping[str, V]) -> Table[V]:
+  """Registers the component table of REGISTERED key `name` (its allowed values are the table's
+  names) and returns it as a Table; the module holding the table calls this."""
+  if name not in KEYS or not isinstance(KEYS[name].allowed, Registered):
+    raise ValueError(f"{name} is not a config key marked REGISTERED")
+  if KEYS[name].default not in entries:
+    raise ValueError(f"the table of {name} lacks its default {KEYS[name].default!r}")
+  _TABLES[name] = Table(name, entries)
+  return _TABLES[name]
+
+
+def registered(name: str) -> Table | None:
+  """The table registered for key `name`, or None (its module is not imported yet)."""
+  return _TABLES.get(name)
+
+
+def with_role(role: str, section_name: str = "") -> tuple[str, ...]:
+  """The keys with `role` (within `section_name`, e.g. 'model', names without the section)."""
+  prefix = section_name + "." if section_name else ""
   return tuple(k.name[len(prefix):] for k in SCHEMA
                if role in k.roles and k.name.startswith(prefix))
 
 
-def lookup(tree: Any, key: str) -> Any:
-  """The value of dotted `key` in a nested dict or dataclass (None where a part is missing)."""
-  for part in key.split("."):
+def lookup(tree: Any, name: str) -> Any:
+  """The value of dotted key `name` in a nested dict or dataclass (None where a part is missing)."""
+  for part in name.split("."):
     tree = tree.get(part) if isinstance(tree, Mapping) else getattr(tree, part, None)
     if tree is None:
       return None
@@ -290,43 +432,32 @@ def lookup(tree: Any, key: str) -> Any:
 
 def get_config() -> ml_collections.ConfigDict:
   """A fresh ConfigDict of every key at its default; every config starts from it."""
-  root: dict[str, Any] = {}
-  for key in SCHEMA:
-    *sections, name = key.name.split(".")
-    node = root
-    for section in sections:
-      node = node.setdefault(section, {})
-    node[name] = key.default
-  return ml_collections.ConfigDict(root)
+  return ml_collections.ConfigDict(dataclasses.asdict(Config()))
 
 
 def flat_items(cd: Any, prefix: str = "") -> dict[str, Any]:
   """{'model.d_model': 512, ...}: the leaves of a (nested) ConfigDict by dotted key."""
   out = {}
-  for key, value in cd.items():
+  for name, value in cd.items():
     if isinstance(value, (ml_collections.ConfigDict, dict)):
-      out |= flat_items(value, f"{prefix}{key}.")
+      out |= flat_items(value, f"{prefix}{name}.")
     else:
-      out[f"{prefix}{key}"] = value
+      out[f"{prefix}{name}"] = value
   return out
 
 
 def markdown() -> str:
-  """The key reference docs/config.md: one table row per key of SCHEMA."""
+  """The key reference docs/config.md: one table row per key of SCHEMA (a REGISTERED key's
+  names are those of its table; transformer/components.py registers every table first)."""
   lines = ["# Config keys", "",
-           "Generated from `transformer/schema.py` by `python -m transformer.schema > "
+           "Generated from `transformer/schema.py` by `python -m transformer.components > "
            "docs/config.md`; every key is declared there once.", "",
            "Roles:", "", *(f"- `{r}`: {meaning}" for r, meaning in ROLES.items()), "",
            "| key | type | default | allowed | roles | meaning |", "|---|---|---|---|---|---|"]
   for k in SCHEMA:
-    allowed = (f"a name in `{k.allowed.module}.{k.allowed.table}`"
-               if isinstance(k.allowed, Registry)
-               else " \\| ".join(repr(o) for o in k.allowed) or k.range)
+    allowed = (" \\| ".join(repr(o) for o in k.choices()) or k.range
+               or ("a registered name" if isinstance(k.allowed, Registered) else ""))
     roles = ", ".join(r for r in ROLES if r in k.roles)
     lines.append(f"| `{k.name}` | {type(k.default).__name__} | `{k.default!r}` | {allowed} | "
                  f"{roles} | {k.meaning.replace('|', '&#124;')} |")
   return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-  print(markdown(), end="")

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from transformer import files
+from transformer import files, schema
 from transformer.config import check_value
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
@@ -292,23 +292,22 @@ class OffsetTokenizer(Tokenizer):
     self.inner.save(directory)
 
 
-TOKENIZERS: dict[str, type[Tokenizer]] = {
+TOKENIZERS: schema.Table[type[Tokenizer]] = schema.registry("data.tokenizer", {
     "char": CharTokenizer,
     "byte": ByteTokenizer,
     "symbol": SymbolTokenizer,
     "sentencepiece": SentencePieceTokenizer,
     "hf": HFTokenizer,
-}
+})
 # The values of data.source_tokenizer: "" is the target's own tokenizer.
-SOURCE_TOKENIZERS: dict[str, type[Tokenizer] | None] = {"": None, **TOKENIZERS}
+SOURCE_TOKENIZERS: schema.Table[type[Tokenizer] | None] = schema.registry(
+    "data.source_tokenizer", {"": None, **TOKENIZERS})
 
 
 def build(kind: str, texts: Iterable[str], **options: Any) -> Tokenizer:
   """A new tokenizer of `kind` whose vocabulary comes from `texts` (the training split); kind 'hf'
   reads the tokenizer.json `hf_tokenizer` instead. `options`: the data.spm_* and data.hf_* keys
   of the kinds that read them (`new`'s keywords)."""
-  if kind not in TOKENIZERS:
-    raise ValueError(f"data.tokenizer={kind!r} is not one of {'|'.join(TOKENIZERS)}")
   return TOKENIZERS[kind].new(texts, **options)
 
 

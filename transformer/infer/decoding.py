@@ -13,6 +13,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from transformer import schema
 from transformer.config import check_value, ConfigError, MAX_BEAM_SIZE
 from transformer.model import ensemble, kv_cache, models
 
@@ -33,7 +34,14 @@ class Search(NamedTuple):
   top_p: float = 1.0  # 1.0 = off
 
 
-METHODS = ("greedy", "sample", "beam")  # the values of eval.decode.method
+# The decoding methods (eval.decode.method): name -> its Search from the eval.decode section.
+METHODS: schema.Table[Callable[[Any], Search]] = schema.registry("eval.decode.method", {
+    "greedy": lambda d: Search("greedy"),
+    "sample": lambda d: Search("sample", temperature=float(d.temperature), top_k=int(d.top_k),
+                               top_p=float(d.top_p)),
+    "beam": lambda d: Search("beam", beam_size=int(d.beam_size),
+                             length_penalty=float(d.length_penalty)),
+})
 
 
 def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> Search:
@@ -50,12 +58,7 @@ def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> S
     what = f"the vocabulary size {vocab_size}" if widest < MAX_BEAM_SIZE else str(MAX_BEAM_SIZE)
     raise ConfigError(f"eval.decode.beam_size={d.beam_size} must be in [1, {widest}] (at most "
                       f"{what})")
-  if d.method == "greedy":
-    return Search("greedy")
-  if d.method == "beam":
-    return Search("beam", beam_size=int(d.beam_size), length_penalty=float(d.length_penalty))
-  return Search("sample", temperature=float(d.temperature), top_k=int(d.top_k),
-                top_p=float(d.top_p))
+  return METHODS[d.method](d)
 
 
 def filter_logits(logits: jnp.ndarray, temperature: float, top_k: int, top_p: float) -> jnp.ndarray:

@@ -27,8 +27,8 @@ def _define(f: flags.FlagValues) -> None:
   flags.DEFINE_string("ensemble", "", "other runs' workdirs, comma-separated: decode with the "
                       "ensemble of these and --workdir's (the mean of their probabilities; each "
                       "at --step)", flag_values=f)
-  flags.DEFINE_enum("method", None, ["greedy", "beam", "sample"],
-                    "default: the run's eval.decode.method", flag_values=f)
+  flags.DEFINE_string("method", None, "a decoding method, a name of eval.decode.method's table "
+                      "(docs/config.md); default: the run's eval.decode.method", flag_values=f)
   flags.DEFINE_integer("beam_size", None, "beams", flag_values=f)
   flags.DEFINE_float("length_penalty", None, "GNMT alpha", flag_values=f)
   flags.DEFINE_float("temperature", None, "sampling temperature", flag_values=f)
@@ -86,7 +86,12 @@ def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
 
 def _predict(args: flags.FlagValues, batches: Iterable[list[str]]) -> int:
   """Restores the run, then answers each batch of inputs; the exit status."""
-  from transformer.infer import api  # pylint: disable=g-import-not-at-top  (after --help: JAX is slow)
+  # After --help: importing JAX is slow.
+  from transformer.infer import api, decoding  # pylint: disable=g-import-not-at-top
+  if args.method is not None and args.method not in decoding.METHODS:  # before the restore
+    print(f"error: --method={args.method!r} is not one of {'|'.join(decoding.METHODS)}",
+          file=sys.stderr)
+    return 1
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
   run = api.restore([args.workdir, *filter(None, args.ensemble.split(","))], step)
   options = {k: getattr(args, k) for k in ("method", "beam_size", "length_penalty", "temperature",

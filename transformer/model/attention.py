@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import kernels
+from transformer import kernels, schema
 from transformer.config import ModelConfig
 from transformer.model import kv_cache, layers, positional
 
@@ -136,7 +136,8 @@ def _einsum_output(q, k, v, mask, bias, scale):
 
 
 # model.attention_impl: name -> out(q, k, v, mask, bias, scale), without dropout or weights.
-IMPLEMENTATIONS = {'einsum': _einsum_output, 'fused': _fused_attention}
+IMPLEMENTATIONS = schema.registry('model.attention_impl',
+                                 {'einsum': _einsum_output, 'fused': _fused_attention})
 
 
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
@@ -149,8 +150,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   gives zeros. scale_logits=False drops the 1/sqrt(h) (T5). impl='fused' falls back to einsum for
   weights or dropout. causal=True (t == s) adds key j <= query i to `mask` (fused: by its flag)."""
   _check_shapes(q, k, v, mask, bias)
-  if impl not in IMPLEMENTATIONS:
-    raise ValueError(f"attention impl={impl!r} is not one of {'|'.join(IMPLEMENTATIONS)}")
+  output = IMPLEMENTATIONS[impl]  # an unknown impl: model.attention_impl's one-line ConfigError
   dropout_active = not deterministic and not layers.is_off(dropout_rate)
   if dropout_active and dropout_rng is None:
     raise ValueError('attention dropout needs dropout_rng when deterministic=False')
@@ -162,7 +162,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   if causal:
     mask = combine_masks(mask, causal_mask(q.shape[1]))
   if not return_weights and not dropout_active:
-    return IMPLEMENTATIONS[impl](q, k, v, mask, bias, scale)
+    return output(q, k, v, mask, bias, scale)
   out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits,
                                    deterministic, scale)
   return (out, weights) if return_weights else out

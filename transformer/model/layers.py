@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import kernels
+from transformer import kernels, schema
 from transformer.config import ModelConfig
 
 Array = jax.Array
@@ -69,7 +69,7 @@ class FFN:
 
 
 # The feed-forward variants (model.ffn): name -> activation and whether it gates.
-FFNS: dict[str, FFN] = {
+FFNS: schema.Table[FFN] = schema.registry('model.ffn', {
     'relu': FFN(nn.relu),
     'gelu': FFN(_gelu_erf),
     'gelu_tanh': FFN(_gelu_tanh),
@@ -77,7 +77,7 @@ FFNS: dict[str, FFN] = {
     'geglu': FFN(_gelu_erf, gated=True),
     'geglu_tanh': FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
     'squared_relu': FFN(lambda x: jnp.square(nn.relu(x))),  # Primer (So et al. 2021)
-}
+})
 
 
 def dropout(x: Array, rate: float | Array, rng: Array, bits: int = 8) -> Array:
@@ -180,7 +180,8 @@ class LayerNorm(nn.Module):
 
 
 # The norms (model.norm): name -> a module maker taking flax's norm keyword arguments.
-NORMS: dict[str, Callable[..., nn.Module]] = {'layernorm': LayerNorm, 'rmsnorm': nn.RMSNorm}
+NORMS: schema.Table[Callable[..., nn.Module]] = schema.registry(
+    'model.norm', {'layernorm': LayerNorm, 'rmsnorm': nn.RMSNorm})
 
 
 def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:

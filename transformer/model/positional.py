@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer import schema
+
 Array = jax.Array
 
 
@@ -204,7 +206,7 @@ def _shaw(cfg, q_positions, k_positions, bidirectional):
   return jnp.transpose(table(distance + clip).astype(jnp.float32), (0, 3, 1, 2))
 
 
-ENCODINGS: dict[str, Encoding] = {
+ENCODINGS: schema.Table[Encoding] = schema.registry('model.positional', {
     'sinusoidal': Encoding('absolute', lambda cfg, pos: sinusoidal_lookup(pos, cfg.max_len,
                                                                           cfg.d_model)),
     'learned': Encoding('absolute', _learned),
@@ -215,9 +217,13 @@ ENCODINGS: dict[str, Encoding] = {
         q_pos, k_pos, alibi_slopes(cfg.num_heads))),
     'none': Encoding('none'),
     'shaw': Encoding('bias', _shaw),
-}
+})
 
 
 def encoding(cfg: Any) -> Encoding:
-  """The table entry of a ModelConfig's `positional`."""
-  return ENCODINGS[cfg.positional]
+  """The table entry of a ModelConfig's `positional`, whose check the config must pass (a
+  one-line ConfigError, as validation gives once this table is registered)."""
+  entry = ENCODINGS[cfg.positional]
+  if entry.check and (problem := entry.check(cfg)):
+    raise schema.ConfigError(problem)
+  return entry

@@ -1,7 +1,9 @@
 """Sweeps: a sweep file's override dicts -> validated, named points -> commands (local or TPU VM).
 
 A sweep file (configs/sweeps/*.py) has `get_sweep()` return override dicts keyed like
-`--config.*`. No JAX here: planning, dry runs and TPU commands are instant.
+`--config.*`. No JAX here: planning, dry runs and TPU commands are instant. A point's choice of a
+component (model.ffn, train.optimizer, ...) is checked against its table once the table is
+registered: sweep.py loads every table (transformer.components) before planning.
 """
 
 import copy

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from transformer import schema
+
 
 def _peak(tc: Any) -> Any:
   """train.learning_rate: a Python float, or an array (vmapped members' rates, members.py)."""
@@ -51,19 +53,18 @@ def _warmup_then(decay: Callable[[jax.Array, float, float], jax.Array]):
 
 
 # The learning-rate schedules (train.schedule): name -> lr(s, train config, d_model), s from 1.
-SCHEDULES: dict[str, Callable[[jax.Array, Any, int], jax.Array]] = {
+Schedule = Callable[[jax.Array, Any, int], jax.Array]
+SCHEDULES: schema.Table[Schedule] = schema.registry("train.schedule", {
     "rsqrt": _rsqrt,
     "warmup_cosine": _warmup_then(
         lambda p, peak, low: low + (peak - low) * 0.5 * (1.0 + jnp.cos(jnp.pi * p))),
     "warmup_linear": _warmup_then(lambda p, peak, low: peak + (low - peak) * p),
     "constant": lambda s, tc, d_model: _peak(tc) * _warmup(s, int(tc.warmup_steps)),
-}
+})
 
 
 def make_schedule(train_cfg: Any, d_model: int) -> optax.Schedule:
   """Returns the learning-rate schedule `count -> lr` named by `train.schedule` (see module doc)."""
-  if train_cfg.schedule not in SCHEDULES:
-    raise ValueError(f"train.schedule={train_cfg.schedule!r} is not one of {', '.join(SCHEDULES)}")
   fn = SCHEDULES[train_cfg.schedule]
   return lambda count: fn(jnp.asarray(count, jnp.float32) + 1.0, train_cfg, d_model)
 
@@ -82,8 +83,8 @@ def weight_decay_mask(train_cfg: Any) -> Callable[[Any], Any]:
 
 
 # train.optimizer: name -> (train config, weight decay) -> the transforms between clip and lr.
-OPTIMIZERS: dict[str, Callable[[Any, optax.GradientTransformation],
-                               list[optax.GradientTransformation]]] = {
+Optimizer = Callable[[Any, optax.GradientTransformation], list[optax.GradientTransformation]]
+OPTIMIZERS: schema.Table[Optimizer] = schema.registry("train.optimizer", {
     "adam": lambda tc, decay: [decay, optax.scale_by_adam(b1=tc.b1, b2=tc.b2, eps=tc.eps)],
     "adamw": lambda tc, decay: [optax.scale_by_adam(b1=tc.b1, b2=tc.b2, eps=tc.eps), decay],
     "adafactor": lambda tc, decay: [optax.scale_by_factored_rms(), optax.clip_by_block_rms(1.0),
@@ -91,14 +92,12 @@ OPTIMIZERS: dict[str, Callable[[Any, optax.GradientTransformation],
     "sgd": lambda tc, decay: (
         [optax.trace(decay=float(tc.momentum))] if tc.momentum > 0 else []) + [decay],
     "lion": lambda tc, decay: [optax.scale_by_lion(b1=tc.b1, b2=tc.b2), decay],  # Chen et al. 2023
-}
+})
 
 
 def make_optimizer(train_cfg: Any, d_model: int) -> optax.GradientTransformation:
   """Returns the optax optimizer named by `train.optimizer` with clipping, decay and schedule."""
-  name = train_cfg.optimizer
-  if name not in OPTIMIZERS:
-    raise ValueError(f"train.optimizer={name!r} is not one of {', '.join(OPTIMIZERS)}")
+  transforms = OPTIMIZERS[train_cfg.optimizer]  # an unknown name: a one-line ConfigError
   wd = float(train_cfg.weight_decay)
   # Off switches are stateless placeholders with the same (empty) state as the real transform,
   # so a run may resume with another grad_clip or weight_decay (the optimizer-state tree of a
@@ -107,7 +106,7 @@ def make_optimizer(train_cfg: Any, d_model: int) -> optax.GradientTransformation
                        weight_decay_mask(train_cfg))
   clip = train_cfg.grad_clip
   return optax.chain(optax.clip_by_global_norm(float(clip)) if clip > 0 else optax.identity(),
-                     *OPTIMIZERS[name](train_cfg, decay),
+                     *transforms(train_cfg, decay),
                      optax.scale_by_learning_rate(make_schedule(train_cfg, d_model)))
 
 
