@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import kernels
 from transformer.config import model_config
-from transformer.model import attention, kv_cache
+from transformer.model import attention, kernels, kv_cache
 from transformer.model.kv_cache import DecodeStep
 import masks
 

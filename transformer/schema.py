@@ -144,7 +144,7 @@ SCHEMA: tuple[Key, ...] = (
        "passes the fused kernel its own causal flag (segments stay a dense mask)", roles=FT),
     _k("model.scan_layers", False, "nn.scan over layers: compile time flat in depth", roles=F),
     _k("model.remat", "none", "nn.remat policy of each block (dots*: save every matmul)",
-       Registry("transformer.kernels", "REMAT_POLICIES"), FT),
+       Registry("transformer.model.kernels", "REMAT_POLICIES"), FT),
     _k("model.dtype", "float32", "compute dtype", DTYPES, EF),
     _k("model.param_dtype", "float32", "parameter storage dtype", DTYPES, F),
     _k("model.max_len", 512, "longest sequence: learned/sinusoidal tables and the decoding cache",

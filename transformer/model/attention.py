@@ -11,9 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import kernels
 from transformer.config import ModelConfig
-from transformer.model import kv_cache, layers, positional
+from transformer.model import kernels, kv_cache, layers, positional
 
 Array = jax.Array
 # Replaces masked logits (not added to them), so logits + bias can never overflow to -inf.

@@ -10,8 +10,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import kernels
 from transformer.config import ModelConfig
+from transformer.model import kernels
 
 Array = jax.Array
 

@@ -10,9 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import kernels
 from transformer.config import check_value, ConfigError, ModelConfig
-from transformer.model import attention as attn, heads, kv_cache, positional
+from transformer.model import attention as attn, heads, kernels, kv_cache, positional
 from transformer.model.layers import Dropout, Embed, FeedForward, make_norm
 
 Array = jax.Array
