@@ -337,11 +337,18 @@ def _call_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def batch_logits(model: nn.Module, params: Any, batch: dict[str, Any], *,
-                 deterministic: bool = True, rngs: dict[str, Array] | None = None,
-                 mutable: Any = False) -> Any:
-  """Teacher-forced logits [b, t, vocab] float32 of a batch (with mutable: (logits, state))."""
+                 deterministic: bool = True, rngs: dict[str, Array] | None = None) -> Array:
+  """Teacher-forced logits [b, t, vocab] float32 of a batch."""
   return model.apply({'params': params}, **_call_kwargs(model.config.arch, batch),
-                     deterministic=deterministic, rngs=rngs, mutable=mutable)
+                     deterministic=deterministic, rngs=rngs)
+
+
+def batch_intermediates(model: nn.Module, params: Any, batch: dict[str, Any]) -> Any:
+  """The 'intermediates' collection of a batch's deterministic teacher-forced pass: every
+  attention layer's sown `attention_weights` [b, n, t, s], by module path."""
+  _, state = model.apply({'params': params}, **_call_kwargs(model.config.arch, batch),
+                         deterministic=True, mutable=['intermediates'])
+  return state['intermediates']
 
 
 def batch_hidden(model: nn.Module, params: Any, batch: dict[str, Any], *,
