@@ -200,7 +200,7 @@ class Decoder(nn.Module):
       x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
     if self.hidden_only:
       return x
-    return heads.vocab_logits(cfg, self.embed, x)
+    return heads.VocabHead(cfg, self.embed, name='vocab').in_scope_of(self)(x)
 
 
 class EncoderDecoder(nn.Module):
@@ -365,7 +365,8 @@ def vocab_projection(model: nn.Module, params: Any):
   embed = params['token_embed'] if 'token_embed' in params else params['target_embed']
   head = {k: v for k, v in params['decoder'].items() if k in heads.VOCAB_HEAD_PARAMS}
   variables = {'params': {**head, 'embed': embed}}
-  return lambda x: heads.VocabHead(model.config).apply(variables, x)
+  head = heads.VocabHead(model.config, Embed(model.config, model.config.vocab_size))
+  return lambda x: head.apply(variables, x)
 
 
 def batch_init(model: nn.Module, rngs: dict[str, Array], batch: dict[str, Any]) -> Any:
