@@ -249,9 +249,13 @@ class MultiHeadAttention(nn.Module):
         raise ValueError('cross-attention needs kv, or keys/values cached by a decode step')
       out, weights = attend(query, key, value, mask, bias)
     elif self.cross:
-      out, weights = kv_cache.attend_cross(self, query, key, value, mask, bias, attend)
+      cache = kv_cache.CrossAttentionCache(name='cache')
+      nn.share_scope(self, cache)  # its keys/values sit beside this layer's parameters
+      out, weights = cache(query, key, value, mask, bias, attend)
     else:
-      out, weights = kv_cache.attend_self(self, query, key, value, mask, bias, decode, attend)
+      cache = kv_cache.SelfAttentionCache(name='cache')
+      nn.share_scope(self, cache)
+      out, weights = cache(query, key, value, mask, bias, decode, attend)
     if weights is not None:
       self.sow('intermediates', 'attention_weights', weights)
     return Projection((cfg.num_heads, cfg.v_head_dim), (cfg.d_model,),

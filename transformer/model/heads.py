@@ -51,15 +51,10 @@ class VocabHead(nn.Module):
   """Hidden states [b, t, d] -> float32 logits [b, t, vocab], against `embed` if tied; the
   model.excluded_ids get EXCLUDED_LOGIT, so every consumer gives them probability exactly 0.
 
-  A stack shares its scope with the head (`in_scope_of`): the head's parameters sit beside the
-  stack's own. Alone, an unbound `embed` becomes its child 'embed'."""
+  A decoder stack shares its scope with the head (nn.share_scope): the head's parameters sit
+  beside the stack's own. Alone, an unbound `embed` becomes its child 'embed'."""
   config: ModelConfig
   embed: Embed
-
-  def in_scope_of(self, owner: nn.Module) -> 'VocabHead':
-    """This head (made in `owner`'s compact method) with its parameters in `owner`'s scope."""
-    nn.share_scope(owner, self)
-    return self
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -95,7 +90,9 @@ class OutputHead(nn.Module):
                target_segment_ids: Array | None = None) -> Array:
     cfg = self.config
     if self.kind == 'lm':
-      return VocabHead(cfg, self.embed, name='vocab').in_scope_of(self)(x)
+      head = VocabHead(cfg, self.embed, name='vocab')
+      nn.share_scope(self, head)  # its parameters sit beside this head's own
+      return head(x)
     if cfg.num_classes <= 0:
       raise ValueError(f"model.num_classes={cfg.num_classes} must be set (> 0) for "
                        f"model.head={cfg.head!r}")

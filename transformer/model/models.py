@@ -172,13 +172,15 @@ class Decoder(nn.Module):
     if unsegmented:
       segment_ids = jnp.ones(tokens.shape, jnp.int32)
     prefix = jnp.zeros(tokens.shape, bool) if prefix is None else prefix.astype(bool)
-    if decode and positions is None:
-      positions = kv_cache.next_positions(self, tokens.shape[1])
+    if decode:
+      stack_cache = kv_cache.StackCache(name='stack_cache')
+      nn.share_scope(self, stack_cache)  # its bookkeeping sits beside the stack's parameters
+      if positions is None:
+        positions = stack_cache.next_positions(tokens.shape[1])
     if positions is None:
       positions = _default_positions(tokens)
     if decode:
-      step, q_idx, k_idx, k_pos, k_seg, k_prefix = kv_cache.write_slots(self, positions,
-                                                                         segment_ids, prefix)
+      step, q_idx, k_idx, k_pos, k_seg, k_prefix = stack_cache(positions, segment_ids, prefix)
     else:
       q_idx = k_idx = _default_positions(tokens)
       step, k_pos, k_seg, k_prefix = None, positions, segment_ids, prefix
@@ -200,7 +202,9 @@ class Decoder(nn.Module):
       x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
     if self.hidden_only:
       return x
-    return heads.VocabHead(cfg, self.embed, name='vocab').in_scope_of(self)(x)
+    head = heads.VocabHead(cfg, self.embed, name='vocab')
+    nn.share_scope(self, head)  # its parameters sit beside the stack's own
+    return head(x)
 
 
 class EncoderDecoder(nn.Module):
