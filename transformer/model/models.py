@@ -107,24 +107,32 @@ def _run_layers(cfg: ModelConfig, num_layers: int, x: Array, inputs: BlockInputs
   return make_norm(cfg, 'final_norm')(x) if cfg.norm_position == 'pre' else x
 
 
-def _embed(cfg: ModelConfig, embed: Embed, tokens: Array, positions: Array,
+def _embed(stack: 'Encoder | Decoder', tokens: Array, positions: Array,
            deterministic: bool) -> Array:
-  """Token embeddings + absolute positional encoding, embedding norm (if configured), dropout."""
-  x = embed(tokens)  # [b, t, d]
-  encoding = positional.encoding(cfg)
-  if encoding.kind == 'absolute':
-    x = x + encoding.fn(cfg, positions).astype(x.dtype)
+  """Token embeddings + absolute positional encoding, embedding norm (if configured), dropout;
+  inside `stack`'s compact method."""
+  cfg = stack.config
+  x = stack.embed(tokens)  # [b, t, d]
+  if positional.encoding(cfg).kind == 'absolute':
+    absolute = positional.AbsoluteEncoding(cfg, name='absolute_encoding')
+    nn.share_scope(stack, absolute)  # a learned table sits in the stack's scope
+    x = x + absolute(positions).astype(x.dtype)
   if cfg.embedding_norm:
     x = make_norm(cfg, 'embedding_norm')(x)
   return Dropout(cfg.dropout_rate, cfg.dropout_bits)(x, deterministic=deterministic)
 
 
-def _position_inputs(cfg: ModelConfig, q_pos: Array, k_pos: Array,
+def _position_inputs(stack: 'Encoder | Decoder', q_pos: Array, k_pos: Array,
                      bidirectional: bool) -> tuple[Array | None, Array | None]:
-  """(the stack's positional bias [b, n, t, s], the positions attention rotates by) or Nones."""
-  encoding = positional.encoding(cfg)
-  bias = encoding.fn(cfg, q_pos, k_pos, bidirectional) if encoding.kind == 'bias' else None
-  return bias, q_pos if encoding.kind == 'rotary' else None
+  """(the stack's positional bias [b, n, t, s], the positions attention rotates by) or Nones;
+  inside `stack`'s compact method."""
+  kind = positional.encoding(stack.config).kind
+  bias = None
+  if kind == 'bias':
+    encoding = positional.BiasEncoding(stack.config, bidirectional, name='bias_encoding')
+    nn.share_scope(stack, encoding)  # a learned table sits in the stack's scope
+    bias = encoding(q_pos, k_pos)
+  return bias, q_pos if kind == 'rotary' else None
 
 
 def _default_positions(tokens: Array) -> Array:
@@ -144,9 +152,9 @@ class Encoder(nn.Module):
     if positions is None:
       positions = _default_positions(tokens)
     segment_ids = default_segment_ids(tokens, segment_ids)
-    x = _embed(cfg, self.embed, tokens, positions, deterministic)
+    x = _embed(self, tokens, positions, deterministic)
     mask = attn.segment_mask(segment_ids, segment_ids)  # same nonzero segment
-    bias, rotary_positions = _position_inputs(cfg, positions, positions, bidirectional=True)
+    bias, rotary_positions = _position_inputs(self, positions, positions, bidirectional=True)
     inputs = BlockInputs(self_mask=mask, bias=bias, positions=rotary_positions)
     return _run_layers(cfg, cfg.num_encoder_layers, x, inputs, deterministic=deterministic)
 
@@ -184,7 +192,7 @@ class Decoder(nn.Module):
     else:
       q_idx = k_idx = _default_positions(tokens)
       step, k_pos, k_seg, k_prefix = None, positions, segment_ids, prefix
-    x = _embed(cfg, self.embed, tokens, positions, deterministic)
+    x = _embed(self, tokens, positions, deterministic)
     self_mask = attn.prefix_lm_mask_from_positions(q_idx, k_idx, prefix, k_prefix, segment_ids,
                                                    k_seg)
     if causal_kernel:
@@ -192,7 +200,7 @@ class Decoder(nn.Module):
     cross_mask = None
     if self.cross_attention and encoder_segment_ids is not None:
       cross_mask = attn.segment_mask(segment_ids, encoder_segment_ids)
-    bias, rotary_positions = _position_inputs(cfg, positions, k_pos, bidirectional=False)
+    bias, rotary_positions = _position_inputs(self, positions, k_pos, bidirectional=False)
     inputs = BlockInputs(encoded=encoded, self_mask=self_mask, cross_mask=cross_mask, bias=bias,
                          positions=rotary_positions, step=step)
     x = _run_layers(cfg, cfg.num_decoder_layers, x, inputs,
