@@ -124,10 +124,10 @@ def test_position_masks_for_cache_slots():
 @pytest.mark.parametrize('n,k,h,hv', [(4, 4, 8, 8), (4, 2, 8, 8), (4, 1, 6, 10), (2, 2, 8, 4)])
 @pytest.mark.parametrize('with_bias', [False, True])
 def test_attention_matches_naive_loops(kind, n, k, h, hv, with_bias):
-  """dot_product_attention_weights (einsum) equals explicit loops over batch, heads and positions with the
-  mask applied by hand, for MHA, GQA (k=2), MQA (k=1) with d_qk != d_v, and an additive bias;
-  its weights equal the reference softmax (zeros on masked pairs). The same holds with keys and
-  values in the KV-cache layout [b, k, s, *] (kv_cache.attend_rows)."""
+  """dot_product_attention_weights (einsum) equals explicit loops over batch, heads and positions
+  with the mask applied by hand, for MHA, GQA (k=2), MQA (k=1) with d_qk != d_v, and an additive
+  bias; its weights equal the reference softmax (zeros on masked pairs). The same holds with keys
+  and values in the KV-cache layout [b, k, s, *] (kv_cache.attend_rows)."""
   q, kk, v = random_qkv(B, T, T, n, k, h, hv)
   bias = RNG.normal(size=(1 if kind == 'causal' else B, n, T, T)).astype(np.float32) if with_bias \
       else None

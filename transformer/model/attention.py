@@ -144,7 +144,8 @@ def _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal) -> 
   if dropout_active and dropout_rng is None:
     raise ValueError('attention dropout needs dropout_rng when deterministic=False')
   if causal and q.shape[1] != k.shape[1]:
-    raise ValueError(f'causal attention needs as many queries as keys, got q {q.shape}, k {k.shape}')
+    raise ValueError(f'causal attention needs as many queries as keys, got q {q.shape}, '
+                     f'k {k.shape}')
   return dropout_active
 
 
