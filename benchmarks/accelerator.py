@@ -27,7 +27,7 @@ every one timed in the same alternating rounds, its ratio against the first vari
   steps_per_dispatch=K    K train steps in one lax.scan per call (steps.scan_steps); ms per step
   causal_kernel=true      model.causal_kernel (the attention kernel's own causal flag)
   loss_chunk_tokens=N     train.loss_chunk_tokens (chunked cross-entropy, no whole-batch logits)
-  kernels=NAME            the model traced with transformer/kernels.py's KERNELS[NAME] ('plain':
+  kernels=NAME            the model traced with transformer/model/kernels.py's KERNELS[NAME] ('plain':
                           the textbook PLAIN) instead of the backend's own entry
   remat=dots, param_dtype=bfloat16, any other model.* or train.* key (model first; or spelled
   model.KEY / train.KEY)
@@ -72,7 +72,7 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 import train_step  # pylint: disable=g-import-not-at-top,wrong-import-position  (benchmarks/)
 from configs import lm  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer import kernels  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer.model import kernels  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.run import reporting
 
 SIZES = ("gpt2s", "gpt2m", "g2pfast", "lmtiny")

@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import kernels
 from transformer.config import model_config
-from transformer.model import attention, kv_cache
+from transformer.model import attention, kernels, kv_cache
 from transformer.model.kv_cache import DecodeStep
 import masks
 
@@ -125,17 +124,17 @@ def test_position_masks_for_cache_slots():
 @pytest.mark.parametrize('n,k,h,hv', [(4, 4, 8, 8), (4, 2, 8, 8), (4, 1, 6, 10), (2, 2, 8, 4)])
 @pytest.mark.parametrize('with_bias', [False, True])
 def test_attention_matches_naive_loops(kind, n, k, h, hv, with_bias):
-  """dot_product_attention (einsum) equals explicit loops over batch, heads and positions with the
-  mask applied by hand, for MHA, GQA (k=2), MQA (k=1) with d_qk != d_v, and an additive bias;
-  its weights equal the reference softmax (zeros on masked pairs). The same holds with keys and
-  values in the KV-cache layout [b, k, s, *] (kv_cache.attend_rows)."""
+  """dot_product_attention_weights (einsum) equals explicit loops over batch, heads and positions
+  with the mask applied by hand, for MHA, GQA (k=2), MQA (k=1) with d_qk != d_v, and an additive
+  bias; its weights equal the reference softmax (zeros on masked pairs). The same holds with keys
+  and values in the KV-cache layout [b, k, s, *] (kv_cache.attend_rows)."""
   q, kk, v = random_qkv(B, T, T, n, k, h, hv)
   bias = RNG.normal(size=(1 if kind == 'causal' else B, n, T, T)).astype(np.float32) if with_bias \
       else None
   want, want_w = naive_attention(q, kk, v, allowed_pairs(kind, B, T, VALID, SEGMENTS, PREFIX), bias)
   heads_major = lambda a: jnp.asarray(a).transpose(0, 2, 1, 3)
-  attend = lambda q, k, v, mask, bias: attention.dot_product_attention(
-      q, k, v, mask=mask, bias=bias, return_weights=True)
+  attend = lambda q, k, v, mask, bias: attention.dot_product_attention_weights(
+      q, k, v, mask=mask, bias=bias)
   for layout, keys, values in (('bskh', jnp.asarray(kk), jnp.asarray(v)),
                                ('bksh', heads_major(kk), heads_major(v))):
     run = attend if layout == 'bskh' else functools.partial(kv_cache.attend_rows, attend)
@@ -195,14 +194,15 @@ def test_attention_dropout_keeps_expectation_and_needs_rng():
   """Attention dropout zeroes about `rate` of the weights and rescales the rest (weights sum to 1
   in expectation), is off when deterministic, and without an rng fails with a clear error."""
   q, kk, v = map(jnp.asarray, random_qkv(2, 16, 64, 2, 2, 4, 4))
-  _, w = attention.dot_product_attention(q, kk, v, dropout_rate=0.5, deterministic=False,
-                                         dropout_rng=jax.random.PRNGKey(1), return_weights=True)
+  _, w = attention.dot_product_attention_weights(q, kk, v, dropout_rate=0.5, deterministic=False,
+                                                 dropout_rng=jax.random.PRNGKey(1))
   assert 0.4 < float(jnp.mean(w == 0)) < 0.6
   np.testing.assert_allclose(float(jnp.mean(jnp.sum(w, -1))), 1.0, atol=0.05)
-  _, w = attention.dot_product_attention(q, kk, v, dropout_rate=0.5, return_weights=True)
+  _, w = attention.dot_product_attention_weights(q, kk, v, dropout_rate=0.5)
   np.testing.assert_allclose(jnp.sum(w, -1), 1.0, atol=1e-5)
-  with pytest.raises(ValueError, match='dropout_rng'):
-    attention.dot_product_attention(q, kk, v, dropout_rate=0.5, deterministic=False)
+  for attend in (attention.dot_product_attention, attention.dot_product_attention_weights):
+    with pytest.raises(ValueError, match='dropout_rng'):
+      attend(q, kk, v, dropout_rate=0.5, deterministic=False)
 
 
 def test_bad_shapes_are_clear_errors():

@@ -1,5 +1,5 @@
 """The `transformer` package's imports point one way (the README's Layout): the shared modules
-(schema, config, kernels, metrics, files) -> model -> data -> run -> infer -> train -> sweeps and
+(schema, config, metrics, files) -> model -> data -> run -> infer -> train -> sweeps and
 convert; infer never imports train, model code never imports data, training or I/O code.
 
 Every module's imports are read with `ast`, function-level ones included, into a graph of
@@ -19,7 +19,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "transformer"
 # What each part of the package may import besides itself: a top-level module is its own part
 # (transformer.cli's lazy import of the model sizes an out-of-memory message).
-SHARED = {"transformer.schema", "transformer.config", "transformer.kernels", "transformer.metrics"}
+SHARED = {"transformer.schema", "transformer.config", "transformer.metrics"}
 PACKAGE_MAY_IMPORT = {
     "shared": SHARED,
     "transformer.files": set(),

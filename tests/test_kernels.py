@@ -1,5 +1,5 @@
-"""transformer/kernels.py: each backend's speed paths compute what the plain ones compute (values
-and autodiff gradients), and the table picks the CPU's on a CPU."""
+"""transformer/model/kernels.py: each backend's speed paths compute what the plain ones compute
+(values and autodiff gradients), and the table picks the CPU's on a CPU."""
 
 import threading
 
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import kernels
+from transformer.model import kernels
 
 RNG = np.random.default_rng(0)
 

@@ -27,19 +27,22 @@ def naive_attend(q, k, v, mask, bias):
 class ToyAttention(nn.Module):
   @nn.compact
   def __call__(self, q, k, v, mask, step):
-    return kv_cache.attend_self(self, q, k, v, mask, None, step, naive_attend)[0]
+    cache = kv_cache.SelfAttentionCache(name='cache')
+    nn.share_scope(self, cache)
+    return cache(q, k, v, mask, None, step, naive_attend)[0]
 
 
 class ToyDecoder(nn.Module):
-  """Stack bookkeeping (kv_cache.write_slots) + one causal self-attention layer over the cache."""
+  """Stack bookkeeping (kv_cache.StackCache) + one causal self-attention layer over the cache."""
   @nn.compact
   def __call__(self, q, k, v):
     b, t = q.shape[:2]
-    positions = kv_cache.next_positions(self, t)
+    stack_cache = kv_cache.StackCache(name='stack_cache')
+    nn.share_scope(self, stack_cache)
+    positions = stack_cache.next_positions(t)
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-    slots = kv_cache.write_slots(self, positions, jnp.ones((b, t), jnp.int32),
-                                 jnp.zeros((b, t), bool))
+    slots = stack_cache(positions, jnp.ones((b, t), jnp.int32), jnp.zeros((b, t), bool))
     mask = attention.causal_mask_from_positions(slots.q_idx, slots.k_idx)
     return ToyAttention(name='self_attention')(q, k, v, mask, slots.step)
 

@@ -6,10 +6,10 @@ top of the house and may import every part; nothing in the library imports it.
 `python -m transformer.components > docs/config.md` writes the key reference (checked by a test).
 """
 
-from transformer import kernels, schema
+from transformer import schema
 from transformer.data import tokenizers
 from transformer.infer import decoding
-from transformer.model import attention, layers, positional
+from transformer.model import attention, kernels, layers, positional
 from transformer.train import optim, scheduled_sampling
 
 # The modules holding a registered table (a new table's module is added here).

@@ -251,8 +251,7 @@ class Run:
         target = self.generate_text([text], method="greedy")[0]
       batch = self._teacher_forced_batch([text], [target], multiple=1)  # exact lengths, no padding
       batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "weights"}
-    _, state = models.batch_logits(self.model, self.params, batch, mutable=["intermediates"])
-    found = _collect_weights(state["intermediates"])
+    found = _collect_weights(models.batch_intermediates(self.model, self.params, batch))
     first = lambda key: [w[0] for w in found.get(key, [])]  # noqa: E731  (batch of one)
     source, target_labels = [], []
     if "inputs" in batch:

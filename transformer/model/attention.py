@@ -11,9 +11,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import kernels, schema
+from transformer import schema
 from transformer.config import ModelConfig
-from transformer.model import kv_cache, layers, positional
+from transformer.model import kernels, kv_cache, layers, positional
 
 Array = jax.Array
 # Replaces masked logits (not added to them), so logits + bias can never overflow to -inf.
@@ -140,32 +140,54 @@ IMPLEMENTATIONS = schema.registry('model.attention_impl',
                                  {'einsum': _einsum_output, 'fused': _fused_attention})
 
 
-def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
-                          bias: Optional[Array] = None, dropout_rate: float = 0.0,
-                          dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
-                          deterministic: bool = True, impl: str = 'einsum', return_weights: bool = False,
-                          scale_logits: bool = True, causal: bool = False):
-  """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv] ->
-  out [b, t, n, hv] (and float32 weights [b, n, t, s] if return_weights); a fully masked row
-  gives zeros. scale_logits=False drops the 1/sqrt(h) (T5). impl='fused' falls back to einsum for
-  weights or dropout. causal=True (t == s) adds key j <= query i to `mask` (fused: by its flag)."""
-  _check_shapes(q, k, v, mask, bias)
-  output = IMPLEMENTATIONS[impl]  # an unknown impl: model.attention_impl's one-line ConfigError
+def _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal) -> bool:
+  """ValueError for a missing dropout rng or a non-square causal call; -> whether dropout acts."""
   dropout_active = not deterministic and not layers.is_off(dropout_rate)
   if dropout_active and dropout_rng is None:
     raise ValueError('attention dropout needs dropout_rng when deterministic=False')
   if causal and q.shape[1] != k.shape[1]:
-    raise ValueError(f'causal attention needs as many queries as keys, got q {q.shape}, k {k.shape}')
+    raise ValueError(f'causal attention needs as many queries as keys, got q {q.shape}, '
+                     f'k {k.shape}')
+  return dropout_active
+
+
+def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
+                          bias: Optional[Array] = None, dropout_rate: float = 0.0,
+                          dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
+                          deterministic: bool = True, impl: str = 'einsum',
+                          scale_logits: bool = True, causal: bool = False) -> Array:
+  """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv] ->
+  out [b, t, n, hv]; a fully masked row gives zeros. scale_logits=False drops the 1/sqrt(h) (T5).
+  impl='fused' falls back to einsum for dropout. causal=True (t == s) adds key j <= query i to
+  `mask` (fused: by its flag). `dot_product_attention_weights` also gives the weights."""
+  _check_shapes(q, k, v, mask, bias)
+  output = IMPLEMENTATIONS[impl]  # an unknown impl: model.attention_impl's one-line ConfigError
+  dropout_active = _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal)
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
-  if impl == 'fused' and causal and not return_weights and not dropout_active:
+  if impl == 'fused' and causal and not dropout_active:
     return _fused_attention(q, k, v, mask, bias, scale, causal)  # the kernel's own causal flag
   if causal:
     mask = combine_masks(mask, causal_mask(q.shape[1]))
-  if not return_weights and not dropout_active:
+  if not dropout_active:
     return output(q, k, v, mask, bias, scale)
-  out, weights = _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits,
-                                   deterministic, scale)
-  return (out, weights) if return_weights else out
+  return _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits,
+                           deterministic, scale)[0]
+
+
+def dot_product_attention_weights(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
+                                  bias: Optional[Array] = None, dropout_rate: float = 0.0,
+                                  dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
+                                  deterministic: bool = True, scale_logits: bool = True,
+                                  causal: bool = False) -> tuple[Array, Array]:
+  """dot_product_attention's out [b, t, n, hv] and its float32 weights [b, n, t, s] (after
+  dropout; zeros on masked pairs), both from the einsum path."""
+  _check_shapes(q, k, v, mask, bias)
+  _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal)
+  scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
+  if causal:
+    mask = combine_masks(mask, causal_mask(q.shape[1]))
+  return _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits,
+                           deterministic, scale)
 
 
 class Projection(nn.Module):
@@ -229,9 +251,13 @@ class MultiHeadAttention(nn.Module):
         raise ValueError('cross-attention needs kv, or keys/values cached by a decode step')
       out, weights = attend(query, key, value, mask, bias)
     elif self.cross:
-      out, weights = kv_cache.attend_cross(self, query, key, value, mask, bias, attend)
+      cache = kv_cache.CrossAttentionCache(name='cache')
+      nn.share_scope(self, cache)  # its keys/values sit beside this layer's parameters
+      out, weights = cache(query, key, value, mask, bias, attend)
     else:
-      out, weights = kv_cache.attend_self(self, query, key, value, mask, bias, decode, attend)
+      cache = kv_cache.SelfAttentionCache(name='cache')
+      nn.share_scope(self, cache)
+      out, weights = cache(query, key, value, mask, bias, decode, attend)
     if weights is not None:
       self.sow('intermediates', 'attention_weights', weights)
     return Projection((cfg.num_heads, cfg.v_head_dim), (cfg.d_model,),
@@ -268,11 +294,11 @@ class MultiHeadAttention(nn.Module):
   def _attend(self, query, key, value, mask, bias, *, deterministic, causal=False):
     """dot_product_attention with this layer's settings -> (out, weights if sown, else None)."""
     cfg = self.config
-    want_weights = self.is_mutable_collection('intermediates')
     dropout_active = not deterministic and not layers.is_off(cfg.attention_dropout_rate)
-    result = dot_product_attention(
-        query, key, value, mask=mask, bias=bias, dropout_rate=cfg.attention_dropout_rate,
-        dropout_rng=self.make_rng('dropout') if dropout_active else None,
-        dropout_bits=cfg.dropout_bits, deterministic=deterministic, impl=cfg.attention_impl, return_weights=want_weights,
-        scale_logits=cfg.scale_attention_logits, causal=causal)
-    return result if want_weights else (result, None)
+    settings = dict(mask=mask, bias=bias, dropout_rate=cfg.attention_dropout_rate,
+                    dropout_rng=self.make_rng('dropout') if dropout_active else None,
+                    dropout_bits=cfg.dropout_bits, deterministic=deterministic,
+                    scale_logits=cfg.scale_attention_logits, causal=causal)
+    if self.is_mutable_collection('intermediates'):
+      return dot_product_attention_weights(query, key, value, **settings)
+    return dot_product_attention(query, key, value, impl=cfg.attention_impl, **settings), None

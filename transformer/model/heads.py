@@ -1,4 +1,4 @@
-"""Output heads on top of a stack: vocabulary logits (`vocab_logits`, the one output layer of
+"""Output heads on top of a stack: vocabulary logits (`VocabHead`, the one output layer of
 decoders and masked-LM heads), classification pooled per segment of packed rows, tagging."""
 
 import dataclasses
@@ -43,39 +43,39 @@ class LogitsBias(nn.Module):
     return logits + self.param('bias', init, (self.vocab_size,), jnp.float32)
 
 
-def vocab_logits(cfg: ModelConfig, embed: Embed, x: Array) -> Array:
-  """Hidden states [b, t, d] -> float32 logits [b, t, vocab] inside the caller's compact method;
-  model.excluded_ids get EXCLUDED_LOGIT, so every consumer gives them probability exactly 0."""
-  if cfg.head_transform:
-    x = dense(cfg.d_model, ('embed', 'mlp'), cfg, 'transform')(x)
-    x = make_norm(cfg, 'transform_norm')(FFNS[cfg.ffn].activation(x))
-  if cfg.tie_embeddings:
-    logits = embed.attend(x)[..., :cfg.vocab_size]
-  else:
-    logits = output_dense(cfg, cfg.vocab_size, ('embed', 'vocab'), 'logits_dense')(x)
-  if cfg.logits_bias:
-    logits = LogitsBias(cfg.vocab_size, name='logits_bias')(logits)
-  excluded = excluded_ids(cfg)
-  if excluded:
-    if excluded[-1] >= cfg.vocab_size:
-      raise ValueError(f"model.excluded_ids={cfg.excluded_ids!r} names id {excluded[-1]}, outside "
-                       f"model.vocab_size={cfg.vocab_size}")
-    keep = ~np.isin(np.arange(cfg.vocab_size), list(excluded))
-    logits = jnp.where(keep, logits, EXCLUDED_LOGIT)
-  return logits
-
-
-# The submodules vocab_logits may create in its caller's scope (their parameter subtrees).
+# The submodules of VocabHead (their parameter subtrees), beside the stack's own in its scope.
 VOCAB_HEAD_PARAMS = ('transform', 'transform_norm', 'logits_dense', 'logits_bias')
 
 
 class VocabHead(nn.Module):
-  """vocab_logits as a module of its own (VOCAB_HEAD_PARAMS and 'embed'), apart from its stack."""
+  """Hidden states [b, t, d] -> float32 logits [b, t, vocab], against `embed` if tied; the
+  model.excluded_ids get EXCLUDED_LOGIT, so every consumer gives them probability exactly 0.
+
+  A decoder stack shares its scope with the head (nn.share_scope): the head's parameters sit
+  beside the stack's own. Alone, an unbound `embed` becomes its child 'embed'."""
   config: ModelConfig
+  embed: Embed
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    return vocab_logits(self.config, Embed(self.config, self.config.vocab_size, name='embed'), x)
+    cfg = self.config
+    if cfg.head_transform:
+      x = dense(cfg.d_model, ('embed', 'mlp'), cfg, 'transform')(x)
+      x = make_norm(cfg, 'transform_norm')(FFNS[cfg.ffn].activation(x))
+    if cfg.tie_embeddings:
+      logits = self.embed.attend(x)[..., :cfg.vocab_size]
+    else:
+      logits = output_dense(cfg, cfg.vocab_size, ('embed', 'vocab'), 'logits_dense')(x)
+    if cfg.logits_bias:
+      logits = LogitsBias(cfg.vocab_size, name='logits_bias')(logits)
+    excluded = excluded_ids(cfg)
+    if excluded:
+      if excluded[-1] >= cfg.vocab_size:
+        raise ValueError(f"model.excluded_ids={cfg.excluded_ids!r} names id {excluded[-1]}, "
+                         f"outside model.vocab_size={cfg.vocab_size}")
+      keep = ~np.isin(np.arange(cfg.vocab_size), list(excluded))
+      logits = jnp.where(keep, logits, EXCLUDED_LOGIT)
+    return logits
 
 
 class OutputHead(nn.Module):
@@ -90,7 +90,9 @@ class OutputHead(nn.Module):
                target_segment_ids: Array | None = None) -> Array:
     cfg = self.config
     if self.kind == 'lm':
-      return vocab_logits(cfg, self.embed, x)
+      head = VocabHead(cfg, self.embed, name='vocab')
+      nn.share_scope(self, head)  # its parameters sit beside this head's own
+      return head(x)
     if cfg.num_classes <= 0:
       raise ValueError(f"model.num_classes={cfg.num_classes} must be set (> 0) for "
                        f"model.head={cfg.head!r}")

@@ -1,4 +1,5 @@
-"""Decoding caches: everything that knows a cache layout, in the callers' 'cache' collection.
+"""Decoding caches: everything that knows a cache layout. Its modules keep their 'cache'
+variables in the scope of the layer or stack that shares its scope with them (nn.share_scope).
 
 Each attention layer keeps `cached_key` [c, k, S, h] and `cached_value` [c, k, S, hv] (S: max_len
 for self-attention, the source length for cross-attention); the decoder stack keeps `cache_index`
@@ -27,38 +28,47 @@ class DecodeStep(NamedTuple):
   slot_rows: Optional[Array] = None
 
 
-def attend_self(module: nn.Module, query: Array, key: Array, value: Array, mask: Optional[Array],
-                bias: Optional[Array], step: DecodeStep, attend: Attend):
-  """Writes keys/values [b, t, k, *] at slot step.index[0]; attends over the cache (init: t)."""
-  initialized = module.has_variable('cache', 'cached_key')
-  key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [b, k, t, *]: new tokens only
-  cached_key = module.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
-  cached_value = module.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
-  if initialized:
-    if step.index is None:
-      raise ValueError('decode-mode self-attention needs cache_index (DecodeStep.index, [b] int32)')
-    cached_key.value = _write(cached_key.value, key, step.index)
-    cached_value.value = _write(cached_value.value, value, step.index)
-    key, value = cached_key.value, cached_value.value
-    b, c = query.shape[0], key.shape[0]
-    if c != b:
-      mask, bias = _own_slots(mask, bias, step.slot_rows, b, c, key.shape[2])
-  return attend_rows(attend, query, key, value, mask, bias)
+class SelfAttentionCache(nn.Module):
+  """A self-attention layer's `cached_key` [c, k, S, h] and `cached_value` [c, k, S, hv]."""
+
+  @nn.compact
+  def __call__(self, query: Array, key: Array, value: Array, mask: Optional[Array],
+               bias: Optional[Array], step: DecodeStep, attend: Attend):
+    """Writes keys/values [b, t, k, *] at slot step.index[0]; attends over the cache (init: t)."""
+    initialized = self.has_variable('cache', 'cached_key')
+    key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [b, k, t, *]: new tokens
+    cached_key = self.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
+    if initialized:
+      if step.index is None:
+        raise ValueError('decode-mode self-attention needs cache_index (DecodeStep.index, [b] '
+                         'int32)')
+      cached_key.value = _write(cached_key.value, key, step.index)
+      cached_value.value = _write(cached_value.value, value, step.index)
+      key, value = cached_key.value, cached_value.value
+      b, c = query.shape[0], key.shape[0]
+      if c != b:
+        mask, bias = _own_slots(mask, bias, step.slot_rows, b, c, key.shape[2])
+    return attend_rows(attend, query, key, value, mask, bias)
 
 
-def attend_cross(module: nn.Module, query: Array, key: Optional[Array], value: Optional[Array],
-                 mask: Optional[Array], bias: Optional[Array], attend: Attend):
-  """Caches the source keys/values when given ([c, s, k, *]); else reads those cached. Attends."""
-  if key is not None:
-    key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
-    module.variable('cache', 'cached_key', lambda: key).value = key
-    module.variable('cache', 'cached_value', lambda: value).value = value
-  elif module.has_variable('cache', 'cached_key'):
-    key = module.get_variable('cache', 'cached_key')
-    value = module.get_variable('cache', 'cached_value')
-  else:
-    raise ValueError('cross-attention needs kv, or keys/values cached by a decode step')
-  return attend_rows(attend, query, key, value, mask, bias)
+class CrossAttentionCache(nn.Module):
+  """A cross-attention layer's source `cached_key` [c, k, s, h] and `cached_value` [c, k, s, hv]."""
+
+  @nn.compact
+  def __call__(self, query: Array, key: Optional[Array], value: Optional[Array],
+               mask: Optional[Array], bias: Optional[Array], attend: Attend):
+    """Caches the source keys/values when given ([c, s, k, *]); else reads those cached. Attends."""
+    if key is not None:
+      key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
+      self.variable('cache', 'cached_key', lambda: key).value = key
+      self.variable('cache', 'cached_value', lambda: value).value = value
+    elif self.has_variable('cache', 'cached_key'):
+      key = self.get_variable('cache', 'cached_key')
+      value = self.get_variable('cache', 'cached_value')
+    else:
+      raise ValueError('cross-attention needs kv, or keys/values cached by a decode step')
+    return attend_rows(attend, query, key, value, mask, bias)
 
 
 def attend_rows(attend: Attend, query: Array, key: Array, value: Array, mask: Optional[Array],
@@ -131,39 +141,43 @@ class Slots(NamedTuple):
   k_prefix: Array
 
 
-def next_positions(module: nn.Module, length: int) -> Optional[Array]:
-  """[b, length] positions continuing the cache (its next slots); None before the cache exists."""
-  if not module.has_variable('cache', 'cache_index'):
-    return None
-  index = module.get_variable('cache', 'cache_index')
-  return index[:, None] + jnp.arange(length, dtype=jnp.int32)
+class StackCache(nn.Module):
+  """A decoder stack's bookkeeping: `cache_index` [b] and, per slot [b, L], `cached_positions`,
+  `cached_segment_ids`, `cached_prefix` and `cached_rows` (the query row that wrote it)."""
 
+  def next_positions(self, length: int) -> Optional[Array]:
+    """[b, length] positions continuing the cache (its next slots); None before it exists."""
+    if not self.has_variable('cache', 'cache_index'):
+      return None
+    index = self.get_variable('cache', 'cache_index')
+    return index[:, None] + jnp.arange(length, dtype=jnp.int32)
 
-def write_slots(module: nn.Module, positions: Array, segment_ids: Array, prefix: Array) -> Slots:
-  """Writes this call's tokens' [b, t] bookkeeping into `module`'s cache at its cache_index."""
-  b, t = segment_ids.shape
-  initialized = module.has_variable('cache', 'cache_index')
-  index = module.variable('cache', 'cache_index', jnp.zeros, (b,), jnp.int32)
-  new = {'cached_positions': positions, 'cached_segment_ids': segment_ids,
-         'cached_prefix': prefix.astype(jnp.int32),
-         'cached_rows': jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))}
-  cached = {k: module.variable('cache', k, jnp.zeros, (b, t), jnp.int32) for k in new}
-  cache_index = index.value
-  if not initialized:  # init: the cache is created empty; compute as a plain forward pass.
-    idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    return Slots(DecodeStep(cache_index, new['cached_rows']), idx, idx, positions, segment_ids,
-                 prefix)
-  start = cache_index[0]  # all entries are equal
-  for k, value in new.items():
-    cached[k].value = lax.dynamic_update_slice(cached[k].value, value.astype(jnp.int32),
-                                               (jnp.int32(0), start))
-  keys = {k: v.value for k, v in cached.items()}
-  index.value = cache_index + t
-  q_idx = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)  # [b, t] slot of each query
-  length = keys['cached_positions'].shape[1]
-  k_idx = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [b, L]
-  return Slots(DecodeStep(cache_index, keys['cached_rows']), q_idx, k_idx,
-               keys['cached_positions'], keys['cached_segment_ids'], keys['cached_prefix'] != 0)
+  @nn.compact
+  def __call__(self, positions: Array, segment_ids: Array, prefix: Array) -> Slots:
+    """Writes this call's tokens' [b, t] bookkeeping at cache_index -> the call's Slots."""
+    b, t = segment_ids.shape
+    initialized = self.has_variable('cache', 'cache_index')
+    index = self.variable('cache', 'cache_index', jnp.zeros, (b,), jnp.int32)
+    new = {'cached_positions': positions, 'cached_segment_ids': segment_ids,
+           'cached_prefix': prefix.astype(jnp.int32),
+           'cached_rows': jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))}
+    cached = {k: self.variable('cache', k, jnp.zeros, (b, t), jnp.int32) for k in new}
+    cache_index = index.value
+    if not initialized:  # init: the cache is created empty; compute as a plain forward pass.
+      idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+      return Slots(DecodeStep(cache_index, new['cached_rows']), idx, idx, positions, segment_ids,
+                   prefix)
+    start = cache_index[0]  # all entries are equal
+    for k, value in new.items():
+      cached[k].value = lax.dynamic_update_slice(cached[k].value, value.astype(jnp.int32),
+                                                 (jnp.int32(0), start))
+    keys = {k: v.value for k, v in cached.items()}
+    index.value = cache_index + t
+    q_idx = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)  # [b, t] slot of each query
+    length = keys['cached_positions'].shape[1]
+    k_idx = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [b, L]
+    return Slots(DecodeStep(cache_index, keys['cached_rows']), q_idx, k_idx,
+                 keys['cached_positions'], keys['cached_segment_ids'], keys['cached_prefix'] != 0)
 
 
 def empty(model: nn.Module, *args, **kwargs) -> Any:

@@ -10,8 +10,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import kernels, schema
+from transformer import schema
 from transformer.config import ModelConfig
+from transformer.model import kernels
 
 Array = jax.Array
 

@@ -5,14 +5,14 @@ import dataclasses
 import math
 from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import kernels
 from transformer.config import check_value, ConfigError, ModelConfig
-from transformer.model import attention as attn, heads, kv_cache, positional
+from transformer.model import attention as attn, heads, kernels, kv_cache, positional
 from transformer.model.layers import Dropout, Embed, FeedForward, make_norm
 
 Array = jax.Array
@@ -41,71 +41,98 @@ def _residual(cfg: ModelConfig, x: Array, sublayer, norm: nn.Module, determinist
   return norm(x + drop(sublayer(x), deterministic=deterministic))
 
 
+@flax.struct.dataclass
+class BlockInputs:
+  """What every Block of a stack reads besides x (None: not used), a pytree that nn.scan
+  broadcasts to every layer: encoded [b, s, d] (cross-attention's source), self_mask
+  [b, 1, t, L] and cross_mask [b, 1, t, s], bias [b, n, t, L] (a 'bias' positional encoding's),
+  positions [b, t] (a rotary encoding's), step (a decode call's cache slots)."""
+  encoded: Array | None = None
+  self_mask: Array | None = None
+  cross_mask: Array | None = None
+  bias: Array | None = None
+  positions: Array | None = None
+  step: kv_cache.DecodeStep | None = None
+
+
 class Block(nn.Module):
-  """Self-attention, cross-attention (if `cross_attention`), feed-forward; `scanned`: (x, None)."""
+  """Self-attention, cross-attention (if `cross_attention`), feed-forward: x [b, t, d] -> same."""
   config: ModelConfig
   cross_attention: bool = False
   deterministic: bool = True
-  scanned: bool = False
   causal_kernel: bool = False  # self_mask omits the causal part: the kernel's own flag adds it
 
   @nn.compact
-  def __call__(self, x: Array, encoded: Array | None, self_mask: Array | None,
-               cross_mask: Array | None, bias: Array | None, positions: Array | None,
-               step: kv_cache.DecodeStep | None) -> Any:
-    """x [b, t, d]; encoded [b, s, d]; masks [b, 1, t, L|s]; bias [b, n, t, L]; positions [b, t]."""
+  def __call__(self, x: Array, inputs: BlockInputs) -> Array:
+    """x [b, t, d] through the block's sublayers, reading `inputs` by name."""
     cfg, det = self.config, self.deterministic
     self_attention = attn.MultiHeadAttention(cfg, name='self_attention')
     x = _residual(cfg, x, lambda y: self_attention(
-        y, mask=self_mask, bias=bias, positions=positions, deterministic=det, decode=step,
-        causal=self.causal_kernel), make_norm(cfg, 'attention_norm'), det)
+        y, mask=inputs.self_mask, bias=inputs.bias, positions=inputs.positions,
+        deterministic=det, decode=inputs.step, causal=self.causal_kernel),
+                  make_norm(cfg, 'attention_norm'), det)
     if self.cross_attention:
       cross = attn.MultiHeadAttention(cfg, cross=True, name='cross_attention')
       x = _residual(cfg, x, lambda y: cross(
-          y, encoded, mask=cross_mask, deterministic=det, decode=step),
+          y, inputs.encoded, mask=inputs.cross_mask, deterministic=det, decode=inputs.step),
                     make_norm(cfg, 'cross_attention_norm'), det)
     ffn = FeedForward(cfg, name='ffn')
     x = _residual(cfg, x, lambda y: ffn(y, deterministic=det), make_norm(cfg, 'ffn_norm'), det)
-    return (x, None) if self.scanned else x
+    return x
 
 
-def _run_layers(cfg: ModelConfig, num_layers: int, x: Array, args: tuple[Any, ...],
+class ScanBlock(Block):
+  """A Block as nn.scan's body: (carry, per-layer output) = (x, None); the same parameters."""
+
+  def __call__(self, x: Array, inputs: BlockInputs) -> tuple[Array, None]:
+    return super().__call__(x, inputs), None
+
+
+def _run_layers(cfg: ModelConfig, num_layers: int, x: Array, inputs: BlockInputs,
                 remat_allowed: bool = True, **fields) -> Array:
   """Applies `num_layers` Blocks (layers_i, or one nn.scan 'layers') to x, then a pre-LN stack's
-  final norm; `args` go to every layer, `fields` are the block's attributes. Decode: no remat."""
-  cls = Block
+  final norm; `inputs` go to every layer, `fields` are the block's attributes. Decode: no remat."""
+  cls = ScanBlock if cfg.scan_layers else Block
   if cfg.remat != 'none' and remat_allowed:
     cls = nn.remat(cls, policy=kernels.REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
     scanned = nn.scan(
         cls, variable_axes={'params': 0, 'cache': 0, 'intermediates': 0},
-        split_rngs={'params': True, 'dropout': True}, in_axes=(nn.broadcast,) * len(args),
+        split_rngs={'params': True, 'dropout': True}, in_axes=nn.broadcast,
         length=num_layers, metadata_params={nn.PARTITION_NAME: 'layers'})
-    x, _ = scanned(cfg, scanned=True, name='layers', **fields)(x, *args)
+    x, _ = scanned(cfg, name='layers', **fields)(x, inputs)
   else:
     for i in range(num_layers):
-      x = cls(cfg, name=f'layers_{i}', **fields)(x, *args)
+      x = cls(cfg, name=f'layers_{i}', **fields)(x, inputs)
   return make_norm(cfg, 'final_norm')(x) if cfg.norm_position == 'pre' else x
 
 
-def _embed(cfg: ModelConfig, embed: Embed, tokens: Array, positions: Array,
+def _embed(stack: 'Encoder | Decoder', tokens: Array, positions: Array,
            deterministic: bool) -> Array:
-  """Token embeddings + absolute positional encoding, embedding norm (if configured), dropout."""
-  x = embed(tokens)  # [b, t, d]
-  encoding = positional.encoding(cfg)
-  if encoding.kind == 'absolute':
-    x = x + encoding.fn(cfg, positions).astype(x.dtype)
+  """Token embeddings + absolute positional encoding, embedding norm (if configured), dropout;
+  inside `stack`'s compact method."""
+  cfg = stack.config
+  x = stack.embed(tokens)  # [b, t, d]
+  if positional.encoding(cfg).kind == 'absolute':
+    absolute = positional.AbsoluteEncoding(cfg, name='absolute_encoding')
+    nn.share_scope(stack, absolute)  # a learned table sits in the stack's scope
+    x = x + absolute(positions).astype(x.dtype)
   if cfg.embedding_norm:
     x = make_norm(cfg, 'embedding_norm')(x)
   return Dropout(cfg.dropout_rate, cfg.dropout_bits)(x, deterministic=deterministic)
 
 
-def _position_inputs(cfg: ModelConfig, q_pos: Array, k_pos: Array,
+def _position_inputs(stack: 'Encoder | Decoder', q_pos: Array, k_pos: Array,
                      bidirectional: bool) -> tuple[Array | None, Array | None]:
-  """(the stack's positional bias [b, n, t, s], the positions attention rotates by) or Nones."""
-  encoding = positional.encoding(cfg)
-  bias = encoding.fn(cfg, q_pos, k_pos, bidirectional) if encoding.kind == 'bias' else None
-  return bias, q_pos if encoding.kind == 'rotary' else None
+  """(the stack's positional bias [b, n, t, s], the positions attention rotates by) or Nones;
+  inside `stack`'s compact method."""
+  kind = positional.encoding(stack.config).kind
+  bias = None
+  if kind == 'bias':
+    encoding = positional.BiasEncoding(stack.config, bidirectional, name='bias_encoding')
+    nn.share_scope(stack, encoding)  # a learned table sits in the stack's scope
+    bias = encoding(q_pos, k_pos)
+  return bias, q_pos if kind == 'rotary' else None
 
 
 def _default_positions(tokens: Array) -> Array:
@@ -118,18 +145,18 @@ class Encoder(nn.Module):
   embed: Embed
 
   @nn.compact
-  def __call__(self, tokens: Array, positions: Array | None = None,
+  def __call__(self, tokens: Array, *, positions: Array | None = None,
                segment_ids: Array | None = None, deterministic: bool = True) -> Array:
     """tokens [b, s] -> encoded [b, s, d]; segment ids default to (tokens != 0)."""
     cfg = self.config
     if positions is None:
       positions = _default_positions(tokens)
     segment_ids = default_segment_ids(tokens, segment_ids)
-    x = _embed(cfg, self.embed, tokens, positions, deterministic)
+    x = _embed(self, tokens, positions, deterministic)
     mask = attn.segment_mask(segment_ids, segment_ids)  # same nonzero segment
-    bias, rotary_positions = _position_inputs(cfg, positions, positions, bidirectional=True)
-    args = (None, mask, None, bias, rotary_positions, None)
-    return _run_layers(cfg, cfg.num_encoder_layers, x, args, deterministic=deterministic)
+    bias, rotary_positions = _position_inputs(self, positions, positions, bidirectional=True)
+    inputs = BlockInputs(self_mask=mask, bias=bias, positions=rotary_positions)
+    return _run_layers(cfg, cfg.num_encoder_layers, x, inputs, deterministic=deterministic)
 
 
 class Decoder(nn.Module):
@@ -140,7 +167,7 @@ class Decoder(nn.Module):
   hidden_only: bool = False
 
   @nn.compact
-  def __call__(self, tokens: Array, positions: Array | None = None,
+  def __call__(self, tokens: Array, *, positions: Array | None = None,
                segment_ids: Array | None = None, prefix: Array | None = None,
                encoded: Array | None = None, encoder_segment_ids: Array | None = None,
                deterministic: bool = True, decode: bool = False) -> Array:
@@ -153,17 +180,19 @@ class Decoder(nn.Module):
     if unsegmented:
       segment_ids = jnp.ones(tokens.shape, jnp.int32)
     prefix = jnp.zeros(tokens.shape, bool) if prefix is None else prefix.astype(bool)
-    if decode and positions is None:
-      positions = kv_cache.next_positions(self, tokens.shape[1])
+    if decode:
+      stack_cache = kv_cache.StackCache(name='stack_cache')
+      nn.share_scope(self, stack_cache)  # its bookkeeping sits beside the stack's parameters
+      if positions is None:
+        positions = stack_cache.next_positions(tokens.shape[1])
     if positions is None:
       positions = _default_positions(tokens)
     if decode:
-      step, q_idx, k_idx, k_pos, k_seg, k_prefix = kv_cache.write_slots(self, positions,
-                                                                         segment_ids, prefix)
+      step, q_idx, k_idx, k_pos, k_seg, k_prefix = stack_cache(positions, segment_ids, prefix)
     else:
       q_idx = k_idx = _default_positions(tokens)
       step, k_pos, k_seg, k_prefix = None, positions, segment_ids, prefix
-    x = _embed(cfg, self.embed, tokens, positions, deterministic)
+    x = _embed(self, tokens, positions, deterministic)
     self_mask = attn.prefix_lm_mask_from_positions(q_idx, k_idx, prefix, k_prefix, segment_ids,
                                                    k_seg)
     if causal_kernel:
@@ -171,16 +200,19 @@ class Decoder(nn.Module):
     cross_mask = None
     if self.cross_attention and encoder_segment_ids is not None:
       cross_mask = attn.segment_mask(segment_ids, encoder_segment_ids)
-    bias, rotary_positions = _position_inputs(cfg, positions, k_pos, bidirectional=False)
-    x = _run_layers(cfg, cfg.num_decoder_layers, x,
-                    (encoded, self_mask, cross_mask, bias, rotary_positions, step),
+    bias, rotary_positions = _position_inputs(self, positions, k_pos, bidirectional=False)
+    inputs = BlockInputs(encoded=encoded, self_mask=self_mask, cross_mask=cross_mask, bias=bias,
+                         positions=rotary_positions, step=step)
+    x = _run_layers(cfg, cfg.num_decoder_layers, x, inputs,
                     remat_allowed=not decode, cross_attention=self.cross_attention,
                     deterministic=deterministic, causal_kernel=causal_kernel)
     if cfg.scale_decoder_output:  # T5 1.0 (tied head): the logits' input times d_model**-0.5
       x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
     if self.hidden_only:
       return x
-    return heads.vocab_logits(cfg, self.embed, x)
+    head = heads.VocabHead(cfg, self.embed, name='vocab')
+    nn.share_scope(self, head)  # its parameters sit beside the stack's own
+    return head(x)
 
 
 class EncoderDecoder(nn.Module):
@@ -203,15 +235,18 @@ class EncoderDecoder(nn.Module):
   def encode(self, inputs: Array, inputs_positions: Array | None = None,
              inputs_segment_ids: Array | None = None, deterministic: bool = True) -> Array:
     """inputs [b, s] -> encoded [b, s, d]."""
-    return self.encoder(inputs, inputs_positions, inputs_segment_ids, deterministic)
+    return self.encoder(inputs, positions=inputs_positions, segment_ids=inputs_segment_ids,
+                        deterministic=deterministic)
 
   def decode(self, encoded: Array | None, decoder_input_tokens: Array,
              encoder_segment_ids: Array | None = None, decoder_positions: Array | None = None,
              decoder_segment_ids: Array | None = None, deterministic: bool = True,
              decode: bool = False) -> Array:
     """Decoder logits [b, t, vocab]; in decode mode encoded=None reuses the cached keys/values."""
-    return self.decoder(decoder_input_tokens, decoder_positions, decoder_segment_ids, None,
-                        encoded, encoder_segment_ids, deterministic, decode)
+    return self.decoder(decoder_input_tokens, positions=decoder_positions,
+                        segment_ids=decoder_segment_ids, encoded=encoded,
+                        encoder_segment_ids=encoder_segment_ids, deterministic=deterministic,
+                        decode=decode)
 
   def __call__(self, inputs: Array, targets: Array, inputs_positions: Array | None = None,
                inputs_segment_ids: Array | None = None, targets_positions: Array | None = None,
@@ -219,9 +254,12 @@ class EncoderDecoder(nn.Module):
     """Teacher-forced logits [b, t, vocab] float32 for inputs [b, s] and targets [b, t]."""
     inputs_segment_ids = default_segment_ids(inputs, inputs_segment_ids)
     targets_segment_ids = default_segment_ids(targets, targets_segment_ids)
-    encoded = self.encode(inputs, inputs_positions, inputs_segment_ids, deterministic)
-    return self.decode(encoded, shift_right(targets, targets_segment_ids), inputs_segment_ids,
-                       targets_positions, targets_segment_ids, deterministic)
+    encoded = self.encode(inputs, inputs_positions=inputs_positions,
+                          inputs_segment_ids=inputs_segment_ids, deterministic=deterministic)
+    return self.decode(encoded, shift_right(targets, targets_segment_ids),
+                       encoder_segment_ids=inputs_segment_ids,
+                       decoder_positions=targets_positions,
+                       decoder_segment_ids=targets_segment_ids, deterministic=deterministic)
 
 
 class DecoderOnly(nn.Module):
@@ -238,8 +276,9 @@ class DecoderOnly(nn.Module):
              deterministic: bool = True, decode: bool = False) -> Array:
     """Logits [b, t, vocab] float32 for already-shifted decoder inputs."""
     prefix = decoder_prefix_mask if self.config.prefix_lm else None
-    return self.decoder(decoder_input_tokens, decoder_positions, decoder_segment_ids, prefix,
-                        None, None, deterministic, decode)
+    return self.decoder(decoder_input_tokens, positions=decoder_positions,
+                        segment_ids=decoder_segment_ids, prefix=prefix, deterministic=deterministic,
+                        decode=decode)
 
   def __call__(self, targets: Array, targets_positions: Array | None = None,
                targets_segment_ids: Array | None = None, prefix_mask: Array | None = None,
@@ -250,8 +289,10 @@ class DecoderOnly(nn.Module):
     if targets_segment_ids is None and not plain_causal:
       targets_segment_ids = default_segment_ids(targets)
     prefix = None if prefix_mask is None else decoder_prefix(prefix_mask, targets_segment_ids)
-    return self.decode(shift_right(targets, targets_segment_ids), targets_positions,
-                       targets_segment_ids, prefix, deterministic)
+    return self.decode(shift_right(targets, targets_segment_ids),
+                       decoder_positions=targets_positions,
+                       decoder_segment_ids=targets_segment_ids, decoder_prefix_mask=prefix,
+                       deterministic=deterministic)
 
 
 class EncoderOnly(nn.Module):
@@ -269,7 +310,8 @@ class EncoderOnly(nn.Module):
                deterministic: bool = True) -> Array:
     """Head logits for inputs [b, s]; targets_segment_ids [b, t]: each classification slot's."""
     inputs_segment_ids = default_segment_ids(inputs, inputs_segment_ids)
-    encoded = self.encoder(inputs, inputs_positions, inputs_segment_ids, deterministic)
+    encoded = self.encoder(inputs, positions=inputs_positions, segment_ids=inputs_segment_ids,
+                           deterministic=deterministic)
     return self.head(encoded, inputs_segment_ids, targets_segment_ids)
 
 
@@ -307,11 +349,18 @@ def _call_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def batch_logits(model: nn.Module, params: Any, batch: dict[str, Any], *,
-                 deterministic: bool = True, rngs: dict[str, Array] | None = None,
-                 mutable: Any = False) -> Any:
-  """Teacher-forced logits [b, t, vocab] float32 of a batch (with mutable: (logits, state))."""
+                 deterministic: bool = True, rngs: dict[str, Array] | None = None) -> Array:
+  """Teacher-forced logits [b, t, vocab] float32 of a batch."""
   return model.apply({'params': params}, **_call_kwargs(model.config.arch, batch),
-                     deterministic=deterministic, rngs=rngs, mutable=mutable)
+                     deterministic=deterministic, rngs=rngs)
+
+
+def batch_intermediates(model: nn.Module, params: Any, batch: dict[str, Any]) -> Any:
+  """The 'intermediates' collection of a batch's deterministic teacher-forced pass: every
+  attention layer's sown `attention_weights` [b, n, t, s], by module path."""
+  _, state = model.apply({'params': params}, **_call_kwargs(model.config.arch, batch),
+                         deterministic=True, mutable=['intermediates'])
+  return state['intermediates']
 
 
 def batch_hidden(model: nn.Module, params: Any, batch: dict[str, Any], *,
@@ -328,7 +377,8 @@ def vocab_projection(model: nn.Module, params: Any):
   embed = params['token_embed'] if 'token_embed' in params else params['target_embed']
   head = {k: v for k, v in params['decoder'].items() if k in heads.VOCAB_HEAD_PARAMS}
   variables = {'params': {**head, 'embed': embed}}
-  return lambda x: heads.VocabHead(model.config).apply(variables, x)
+  head = heads.VocabHead(model.config, Embed(model.config, model.config.vocab_size))
+  return lambda x: head.apply(variables, x)
 
 
 def batch_init(model: nn.Module, rngs: dict[str, Array], batch: dict[str, Any]) -> Any:

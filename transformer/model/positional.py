@@ -6,7 +6,8 @@ The kind says where an encoding enters the model, and so the function's signatur
               float32, computed once per stack and added to every layer's attention logits;
 - 'rotary':   fn(cfg, x [b, t, n, h], positions [b, t]) -> queries and keys rotated;
 - 'none':     nothing (the causal mask alone carries order).
-Functions run inside a compact method (they may create parameters) on explicit positions."""
+Absolute and bias functions run inside `AbsoluteEncoding` and `BiasEncoding`, modules that share
+their stack's scope, so a learned table ('position_embed', 'relative_bias') is the stack's."""
 
 import dataclasses
 import functools
@@ -227,3 +228,22 @@ def encoding(cfg: Any) -> Encoding:
   if entry.check and (problem := entry.check(cfg)):
     raise schema.ConfigError(problem)
   return entry
+
+
+class AbsoluteEncoding(nn.Module):
+  """An 'absolute' entry of the table: [b, t] positions -> [b, t, d] for the token embeddings."""
+  config: Any
+
+  @nn.compact
+  def __call__(self, positions: Array) -> Array:
+    return encoding(self.config).fn(self.config, positions)
+
+
+class BiasEncoding(nn.Module):
+  """A 'bias' entry of the table: q [b, t] and k [b, s] positions -> [b, n, t, s] float32."""
+  config: Any
+  bidirectional: bool
+
+  @nn.compact
+  def __call__(self, q_positions: Array, k_positions: Array) -> Array:
+    return encoding(self.config).fn(self.config, q_positions, k_positions, self.bidirectional)
