@@ -171,7 +171,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
       n = dispatch_size(cfg, step)
       state, metrics = _dispatch(s, compiled, state, step, n)
       step += n
-      pending.check()
+      pending.check()  # the dispatch before, while the device runs this one
       pending.hold(step, metrics)
       window.append(metrics)
       _progress(s.runs, metrics, step, first=step - n == start)
