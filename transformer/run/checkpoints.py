@@ -38,13 +38,18 @@ _WRITES_IN_FLIGHT_SECONDS = 60.0
 
 
 async def _with_writes_finished(coro: Any) -> Any:
-  """Awaits `coro`, then (even when it raised) the other tasks of its event loop."""
+  """Awaits `coro`, then (even when it raised) the other tasks of its event loop; their errors
+  are the failed save's, which `coro` raises, so they are read here and dropped."""
   try:
     return await coro
   finally:
+    # all_tasks retries while another thread's loop changes asyncio's task set.
     others = asyncio.all_tasks() - {asyncio.current_task()}
     if others:
-      await asyncio.wait(others, timeout=_WRITES_IN_FLIGHT_SECONDS)
+      done, _ = await asyncio.wait(others, timeout=_WRITES_IN_FLIGHT_SECONDS)
+      for task in done:
+        if not task.cancelled():
+          task.exception()  # read: asyncio logs no 'Task exception was never retrieved'
 
 
 def _finish_writes_first() -> None:
