@@ -2,7 +2,6 @@
 (`parse_flags` / `parse_own_flags` for flags and config files, `one_line_errors` for the library's
 errors and failures of the machine or of files); a bug keeps its traceback. No JAX import here."""
 
-import asyncio
 import contextlib
 import difflib
 import errno
@@ -62,26 +61,9 @@ def quiet_logging() -> None:
 
   logging.get_absl_handler().addFilter(keep)
   quiet_backends()
-  _drop_calls_into_closed_loops()
   # The coroutines of a failed background write that its closed loop never ran: Python names
   # each at exit, after the one line that reported the failure.
   warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-
-
-def _drop_calls_into_closed_loops() -> None:
-  """Drops calls into a closed event loop: after a failed save orbax has closed its loop, and
-  each tensorstore write completing later would print an 'Event loop is closed' traceback."""
-  if getattr(asyncio.BaseEventLoop.call_soon_threadsafe, "drops_when_closed", False):
-    return
-  original = asyncio.BaseEventLoop.call_soon_threadsafe
-
-  def call_soon_threadsafe(self, callback, *args, context=None):
-    if self.is_closed():
-      return None
-    return original(self, callback, *args, context=context)
-
-  call_soon_threadsafe.drops_when_closed = True
-  asyncio.BaseEventLoop.call_soon_threadsafe = call_soon_threadsafe
 
 
 # Hints for a failed file operation, by errno: what to do about it.

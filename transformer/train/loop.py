@@ -1,20 +1,25 @@
 """Training: the loop behind `train.py`, data -> steps -> eval -> checkpoints -> reporting (the
-steps are steps.py's, the runs runs.py's). Read top to bottom, ending in `train_and_evaluate`."""
+steps are steps.py's, the runs runs.py's). Read top to bottom: the helpers the entry points share,
+`train_and_evaluate`, then `_train`, the loop in named phases, and each phase in the order `_train`
+calls it (set-up, the state to start from, compiled steps and reporters, the loop's steps, the
+end)."""
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from transformer import files
 from transformer.config import Config, ConfigError, from_configdict
@@ -140,34 +145,140 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
 
 def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float, main: bool
            ) -> dict[str, float]:
+  """The loop in named phases: set-up, the state to start from, compile, then dispatches of
+  steps, each followed by the points that log, evaluate, save or stop; the cleanup; the finish."""
   if task is None:
-    from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
-    from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
-    try:
-      if init_from and not files.exists(os.path.join(workdir, "tokenizers")):
-        copy_tokenizers(init_from, workdir, only_source=cfg.model.arch == "encoder_only",
-                        also_target=cfg.data.objective != "none")
-      task = load_task(cfg, workdir)
-    except (ValueError, OSError) as e:  # a missing file, an unprepared dataset, a bad size
-      raise ConfigError(f"data: {str(e).strip().splitlines()[0]}") from e
+    task = _load_task(cfg, workdir, init_from)
+  cfg = _sized_config(cfg, task, init_from)
+  s = _setup(cfg, workdir, task, main, started)
+  state = _initial_state(s, init_from)
+  start = int(np.ravel(jax.device_get(state.step))[0])
+  tc = cfg.train
+  if start >= tc.num_steps or s.runs[0].saved.get("train/stopped_early"):
+    return _finished_before(s, start)
+  _clear_done_markers(s)
+  _log_start(s, start)
+  compiled = _compile(s)
+  state = compiled.train.prepare_state(state)
+  _reporters(s, start)
+  preempt = preemption.install_preemption_handler()
+
+  # ---- the loop: dispatch steps (one, or train.steps_per_dispatch in one scan), then check the
+  # dispatch before it (a one-dispatch lag keeps the device busy)
+  step, stop_reason, window, pending = start, "", [], _Pending(s.runs)
+  try:
+    while step < tc.num_steps:
+      n = dispatch_size(cfg, step)
+      state, metrics = _dispatch(s, compiled, state, step, n)
+      step += n
+      pending.check()  # the dispatch before, while the device runs this one
+      pending.hold(step, metrics)
+      window.append(metrics)
+      _progress(s.runs, metrics, step, first=step - n == start)
+      if step % tc.log_every_steps == 0 or step == tc.num_steps:
+        pending.check()
+        _log(s, step, window)
+        window = []
+      evaluated = step % cfg.eval.every_steps == 0 or step == tc.num_steps
+      if evaluated:
+        pending.check()
+        if _evaluate(s, compiled, state, step):
+          stop_reason = "early_stop"
+      # Asked for every step (multi-host: all hosts agree on the step); at num_steps it is no stop.
+      asked = [preempt.should_stop(i) for i in range(step - n + 1, step + 1)]
+      if any(asked) and not stop_reason and step < tc.num_steps:
+        stop_reason = preempt.reason  # 'interrupted' (SIGINT) or 'preempted' (SIGTERM)
+      if stop_reason or step == tc.num_steps or s.runs[0].ckpt.should_save(step):
+        pending.check()
+        _save(s, compiled, state, step, stop_reason, evaluated)
+      if stop_reason:
+        break
+  finally:
+    _close(s, preempt)
+  return _finish(s, step, stop_reason)
+
+
+# ---- set-up
+
+
+def _load_task(cfg: Config, workdir: str, init_from: str) -> Any:
+  """transformer.data's task for `cfg` (fine-tuning: the run's tokenizers copied first); a data
+  problem is one ConfigError line."""
+  from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
+  from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
+  try:
+    if init_from and not files.exists(os.path.join(workdir, "tokenizers")):
+      copy_tokenizers(init_from, workdir, only_source=cfg.model.arch == "encoder_only",
+                      also_target=cfg.data.objective != "none")
+    return load_task(cfg, workdir)
+  except (ValueError, OSError) as e:  # a missing file, an unprepared dataset, a bad size
+    raise ConfigError(f"data: {str(e).strip().splitlines()[0]}") from e
+
+
+def _sized_config(cfg: Config, task: Any, init_from: str) -> Config:
+  """`cfg` with the vocabulary sizes of `task`'s tokenizers; a fine-tuned model's table must hold
+  the tokenizer's ids."""
   cfg = fill_vocab_sizes(cfg, task)
   input_tok = task.source_tokenizer if cfg.model.arch == "encoder_only" else task.target_tokenizer
   if init_from and input_tok.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"--init_from={init_from}: its model.vocab_size={cfg.model.vocab_size} is "
                       f"smaller than the tokenizer's {input_tok.vocab_size}")
-  runs = runs_lib.runs_of(cfg, workdir)
-  tc, mode = cfg.train, cfg.parallel.mode
-  stacked = runs[0].index is not None  # a train.members program: states stacked [N, ...]
+  return cfg
 
+
+@dataclasses.dataclass
+class _Setup:
+  """What set-up gives the rest of the loop: one program training `runs` (a plain run, or the
+  train.members members with their states stacked on a leading axis)."""
+  cfg: Config
+  workdir: str
+  task: Any
+  main: bool  # this process writes the runs' files
+  started: float  # time.time() when train_and_evaluate was called
+  runs: list[runs_lib.Run]  # each with its checkpointer (reporters come with _reporters)
+  model: nn.Module
+  tx: optax.GradientTransformation
+  init: Callable[..., steps.TrainState]  # (rng, unbox=True) -> a fresh state of one run
+  mesh: jax.sharding.Mesh | None  # None in pmap mode
+  shardings: Any  # the train state's (members: the stacked state's)
+  abstract: Any  # one run's state as jax.ShapeDtypeStructs on its shardings: restore's target
+  train_iter: Any  # the training batches (a prefetch.Prefetch with data.prefetch)
+
+  @property
+  def stacked(self) -> bool:
+    """True for a train.members program: states stacked [N, ...]."""
+    return self.runs[0].index is not None
+
+
+def _setup(cfg: Config, workdir: str, task: Any, main: bool, started: float) -> _Setup:
+  """The runs, model and optimizer, the mesh, the state's shardings and shapes (checked against
+  the memory here), each run's checkpointer and the training batches."""
+  runs = runs_lib.runs_of(cfg, workdir)
   model = build_model(cfg.model)
-  tx = optim.make_optimizer(tc, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
   example = {k: np.asarray(v)[:1] for k, v in next(iter(task.train_iterator())).items()
              if v is not None}
-  rng = jax.random.PRNGKey(cfg.seed)
-  init = lambda r, unbox=True: steps.create_train_state(cfg, model, r, example, tx, unbox)  # pylint: disable=unnecessary-lambda-assignment
-  mesh = parallel.make_mesh(cfg.parallel) if mode == "mesh" else None
+  init = functools.partial(steps.create_train_state, cfg, model, example_batch=example, tx=tx)
+  mesh = parallel.make_mesh(cfg.parallel) if cfg.parallel.mode == "mesh" else None
+  shardings, abstract = _abstract_state(init, jax.random.PRNGKey(cfg.seed), mesh)
+  parallel.check_fits(abstract, cfg.model)
+  if runs[0].index is not None:  # one state per member on a leading, unsharded axis
+    shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(
+        s.mesh, jax.sharding.PartitionSpec(None, *s.spec)), shardings)
+  for r in runs:
+    r.ckpt = checkpoints.Checkpointer(r.workdir, cfg.checkpoint, config=r.config_dict)
+  train_iter = task.train_iterator()
+  if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
+    train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
+  return _Setup(cfg, workdir, task, main, started, runs, model, tx, init, mesh, shardings,
+                abstract, train_iter)
+
+
+def _abstract_state(init: Callable[..., steps.TrainState], rng: jax.Array,
+                    mesh: jax.sharding.Mesh | None) -> tuple[Any, Any]:
+  """(shardings, abstract state) of one run's train state, traced without allocating it."""
   if mesh is not None:  # the init traced once: boxed for the shardings, unboxed for the shapes
-    boxed = jax.eval_shape(lambda r: init(r, False), rng)
+    boxed = jax.eval_shape(lambda r: init(r, unbox=False), rng)
     shapes, shardings = nn.meta.unbox(boxed), parallel.state_shardings(boxed, mesh)
   else:  # pmap: the state lives on one device until prepare_state replicates it
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -175,183 +286,236 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
     shardings = jax.tree.map(lambda _: device, shapes)
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           shapes, shardings)
-  parallel.check_fits(abstract, cfg.model)
-  if stacked:  # one state per member on a leading, unsharded axis
-    shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(
-        s.mesh, jax.sharding.PartitionSpec(None, *s.spec)), shardings)
+  return shardings, abstract
 
-  for r in runs:
-    r.ckpt = checkpoints.Checkpointer(r.workdir, cfg.checkpoint, config=r.config_dict)
-  train_iter = task.train_iterator()
-  if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
-    train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
-  state = runs_lib.restore(runs, abstract, train_iter)
-  saved = runs[0].saved
+
+# ---- the state to start from
+
+
+def _initial_state(s: _Setup, init_from: str) -> steps.TrainState:
+  """The newest checkpoints that verify (with the data position), else a fresh state: each
+  member's from its own seed, a plain run's from cfg.seed (fine-tuning: the run's parameters)."""
+  state = runs_lib.restore(s.runs, s.abstract, s.train_iter)
   if state is not None:
-    state = jax.device_put(state, shardings) if stacked else state
-  elif stacked:  # each member's initial state is its separate run's: its seed's
-    seeds = jnp.stack([jax.random.PRNGKey(r.cfg.seed) for r in runs])
-    state = jax.jit(jax.vmap(init), out_shardings=shardings)(seeds)
-  else:
-    state = jax.jit(init, out_shardings=shardings)(rng)
-    if init_from:
-      logging.info("Fine-tuning: parameters from %s.", init_from)
-      fresh = jax.device_get(state.params) if cfg.model.arch == "encoder_only" else None
-      params = finetune.init_params(init_from, fresh, cfg.model.head)
-      state = state.replace(params=jax.device_put(params, shardings.params))
-      if state.ema_params is not None:  # the average starts where training starts; copies:
-        # float32 params cast to float32 are the same buffers, which the donating step rejects
-        state = state.replace(ema_params=jax.device_put(jax.tree.map(
-            lambda p: jnp.array(p, jnp.float32, copy=True), state.params), shardings.ema_params))
-  start = int(np.ravel(jax.device_get(state.step))[0])
-  if start >= tc.num_steps or saved.get("train/stopped_early"):
-    for r in runs:
-      r.ckpt.close()
-      r.final = ({k: v for k, v in r.saved.items() if not k.startswith("early_stop/")}
-                 | {"step": start})
-      if main and not files.exists(os.path.join(r.workdir, DONE_FILE)):  # finished before markers
-        write_done_marker(r.workdir, start, "early_stop" if saved.get("train/stopped_early")
-                          else "num_steps", r.final, time.time() - started)
-    return runs_lib.result(runs, start) | {FINISHED_BEFORE: 1.0}
-  for r in runs:
-    if main and files.exists(os.path.join(r.workdir, DONE_FILE)):  # trained further: not finished
+    return jax.device_put(state, s.shardings) if s.stacked else state
+  if s.stacked:  # each member's initial state is its separate run's: its seed's
+    seeds = jnp.stack([jax.random.PRNGKey(r.cfg.seed) for r in s.runs])
+    return jax.jit(jax.vmap(s.init), out_shardings=s.shardings)(seeds)
+  state = jax.jit(s.init, out_shardings=s.shardings)(jax.random.PRNGKey(s.cfg.seed))
+  return _fine_tune_start(s, state, init_from) if init_from else state
+
+
+def _fine_tune_start(s: _Setup, state: steps.TrainState, init_from: str) -> steps.TrainState:
+  """`state` with the parameters of the run in `init_from` (finetune.init_params)."""
+  logging.info("Fine-tuning: parameters from %s.", init_from)
+  fresh = jax.device_get(state.params) if s.cfg.model.arch == "encoder_only" else None
+  params = finetune.init_params(init_from, fresh, s.cfg.model.head)
+  state = state.replace(params=jax.device_put(params, s.shardings.params))
+  if state.ema_params is not None:  # the average starts where training starts; copies:
+    # float32 params cast to float32 are the same buffers, which the donating step rejects
+    state = state.replace(ema_params=jax.device_put(jax.tree.map(
+        lambda p: jnp.array(p, jnp.float32, copy=True), state.params), s.shardings.ema_params))
+  return state
+
+
+def _finished_before(s: _Setup, start: int) -> dict[str, float]:
+  """A workdir whose run had ended: its saved metrics, its done markers written if missing."""
+  stopped_early = s.runs[0].saved.get("train/stopped_early")
+  for r in s.runs:
+    r.ckpt.close()
+    r.final = ({k: v for k, v in r.saved.items() if not k.startswith("early_stop/")}
+               | {"step": start})
+    if s.main and not files.exists(os.path.join(r.workdir, DONE_FILE)):  # finished before markers
+      write_done_marker(r.workdir, start, "early_stop" if stopped_early else "num_steps", r.final,
+                        time.time() - s.started)
+  return runs_lib.result(s.runs, start) | {FINISHED_BEFORE: 1.0}
+
+
+def _clear_done_markers(s: _Setup) -> None:
+  """A run trained further is not finished: its DONE_FILE goes."""
+  for r in s.runs:
+    if s.main and files.exists(os.path.join(r.workdir, DONE_FILE)):
       files.remove(os.path.join(r.workdir, DONE_FILE))
 
+
+def _log_start(s: _Setup, start: int) -> None:
+  """Logs a resume and a schedule that never decays."""
   if start:
-    logging.info("Resuming from the checkpoint of step %d in %s.", start, workdir)
-  if warning := schedule_warning(cfg):
+    logging.info("Resuming from the checkpoint of step %d in %s.", start, s.workdir)
+  if warning := schedule_warning(s.cfg):
     logging.warning(warning)
-  if stacked:  # members' hyperparameters traced per member; each builds its model and optimizer
+
+
+# ---- compiled steps and reporters
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+  """The loop's compiled steps, each with its data movers (parallel.CompiledStep)."""
+  train: parallel.CompiledStep  # one train step a dispatch
+  multi: parallel.CompiledStep | None  # train.steps_per_dispatch steps in one scan, if > 1
+  eval: parallel.CompiledStep  # the eval sums (members: each one's, [N, ...])
+
+
+def _compile(s: _Setup) -> _Compiled:
+  """The train step (members: vmapped, each member's hyperparameters traced), K of them in one
+  scan, and the eval step, compiled for the parallel mode."""
+  mode = s.cfg.parallel.mode
+  if s.stacked:  # each member builds its model and optimizer
     train_step = members.make_train_step(
-        [r.cfg for r in runs],
+        [r.cfg for r in s.runs],
         lambda c: (build_model(c.model), optim.make_optimizer(c.train, d_model=c.model.d_model)))
   else:
-    train_step = steps.make_train_step(cfg, model, tx)
-  run = parallel.compile_train_step(train_step, mode, mesh, shardings)
-  multi = (parallel.compile_multi_step(steps.scan_steps(train_step), mesh, shardings)
-           if tc.steps_per_dispatch > 1 else None)
-  eval_step = scoring.make_eval_step(model)
-  def eval_fn(s, b):
-    return eval_step(steps.eval_params(s), b)
-  run_eval = parallel.compile_eval_step(  # members: each one's sums, [N, ...]
-      jax.vmap(eval_fn, in_axes=(0, None)) if stacked else eval_fn, mode, mesh, shardings)
-  state = run.prepare_state(state)
-  fingerprint = provenance.data_fingerprint(task) if main else None
-  for i, r in enumerate(runs):  # one progress bar, the first run's
+    train_step = steps.make_train_step(s.cfg, s.model, s.tx)
+  run = parallel.compile_train_step(train_step, mode, s.mesh, s.shardings)
+  multi = (parallel.compile_multi_step(steps.scan_steps(train_step), s.mesh, s.shardings)
+           if s.cfg.train.steps_per_dispatch > 1 else None)
+  eval_step = scoring.make_eval_step(s.model)
+
+  def eval_fn(state, batch):
+    return eval_step(steps.eval_params(state), batch)
+
+  run_eval = parallel.compile_eval_step(
+      jax.vmap(eval_fn, in_axes=(0, None)) if s.stacked else eval_fn, mode, s.mesh, s.shardings)
+  return _Compiled(run, multi, run_eval)
+
+
+def _reporters(s: _Setup, start: int) -> None:
+  """Gives each run its reporter (one progress bar, the first run's) and its early stopping."""
+  cfg = s.cfg
+  fingerprint = provenance.data_fingerprint(s.task) if s.main else None
+  for i, r in enumerate(s.runs):
     r.reporter = reporting.Reporter(
-        r.workdir, r.config_dict, main, total_steps=tc.num_steps,
-        start_step=start, mesh_shape=dict(mesh.shape) if mesh is not None else None,
+        r.workdir, r.config_dict, s.main, total_steps=cfg.train.num_steps,
+        start_step=start, mesh_shape=dict(s.mesh.shape) if s.mesh is not None else None,
         flops_per_step=reporting.model_flops_per_step(
             cfg.model, cfg.data.batch_size, cfg.data.max_source_len, cfg.data.max_target_len),
         peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),
-        show_progress=i == 0, data=fingerprint, started=started)
-    r.early = runs_lib.EarlyStopping(tc, r.saved)
-  preempt = preemption.install_preemption_handler()
+        show_progress=i == 0, data=fingerprint, started=s.started)
+    r.early = runs_lib.EarlyStopping(cfg.train, r.saved)
 
-  # ---- the loop: dispatch steps s (one, or train.steps_per_dispatch in one scan), then check the
-  # dispatch before it (a one-dispatch lag keeps the device busy)
-  step, pending, window, stop_reason = start, None, [], ""
 
-  def settle():  # checks the pending dispatch once, however many points below ask for it
-    nonlocal pending
-    if pending is None:
+# ---- the loop's steps
+
+
+def _dispatch(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int, n: int
+              ) -> tuple[steps.TrainState, dict[str, Any]]:
+  """Runs steps step+1..step+n on the next n batches: (state, metrics still on device)."""
+  batches = [next(s.train_iter) for _ in range(n)]
+  for batch in batches:  # (all, non-padding) token positions, counted on the host
+    seqs = [batch[k] for k in ("inputs", "targets") if batch.get(k) is not None]
+    tokens = (sum(int(np.size(x)) for x in seqs), sum(int(np.count_nonzero(x)) for x in seqs))
+    for r in s.runs:
+      r.reporter.add_tokens(*tokens)
+  with reporting.maybe_profile(step, s.cfg.train, s.workdir):
+    if n == 1:
+      return compiled.train.step(state, compiled.train.prepare_batch(batches[0]))
+    return compiled.multi.step(state, compiled.multi.prepare_batch(batches))
+
+
+class _Pending:
+  """The newest dispatch, checked for a divergence one dispatch late (the device runs the next
+  meanwhile): one small transfer per dispatch, the finite flags; the rest only to word one."""
+
+  def __init__(self, runs: list[runs_lib.Run]):
+    self.runs = runs
+    self.held: tuple[int, dict[str, Any]] | None = None  # (the step after it, its metrics)
+
+  def hold(self, step: int, metrics: dict[str, Any]) -> None:
+    """Holds the dispatch that ended at `step` until the next check."""
+    self.held = (step, metrics)
+
+  def check(self) -> None:
+    """Raises TrainingDiverged if the held dispatch's loss or grad norm is not finite; checks it
+    once, however many points of the loop ask."""
+    if self.held is None:
       return
-    s, metrics = pending  # s: the step count after the dispatch
-    pending = None
-    # One small transfer per dispatch (the flags); the rest only to word a divergence.
+    step, metrics = self.held
+    self.held = None
     flags = jax.device_get(metrics["finite"])
-    for r in runs:  # scalars, or [K] for K steps (a member: its slice)
+    for r in self.runs:  # scalars, or [K] for K steps (a member: its slice)
       finite = np.ravel(r.metrics(flags))
       if not finite.all():
-        m = r.metrics(jax.device_get(metrics))
-        for other in runs:
-          other.ckpt.wait()  # the last good checkpoints stay; this state is never saved
-        i = int(np.argmin(finite))
-        loss, grad_norm = (float(np.ravel(m[k])[i]) for k in ("loss", "grad_norm"))
-        who, whom = (f"member {r.name}: ", f"all {len(runs)} members ") if stacked else ("", "")
-        raise TrainingDiverged(
-            f"{who}non-finite training loss={loss} grad_norm={grad_norm} at step "
-            f"{s - finite.size + i + 1}; stopped {whom}(last checkpoint that verifies: step "
-            f"{r.ckpt.latest_good_step()} in {r.ckpt.directory})")
+        raise self._diverged(r, step, finite, r.metrics(jax.device_get(metrics)))
 
-  try:
-    while step < tc.num_steps:
-      n = dispatch_size(cfg, step)
-      batches = [next(train_iter) for _ in range(n)]
-      for batch in batches:  # (all, non-padding) token positions, counted on the host
-        seqs = [batch[k] for k in ("inputs", "targets") if batch.get(k) is not None]
-        tokens = (sum(int(np.size(x)) for x in seqs), sum(int(np.count_nonzero(x)) for x in seqs))
-        for r in runs:
-          r.reporter.add_tokens(*tokens)
-      with reporting.maybe_profile(step, tc, workdir):
-        if n == 1:
-          state, metrics = run.step(state, run.prepare_batch(batches[0]))
-        else:
-          state, metrics = multi.step(state, multi.prepare_batch(batches))
-      step += n
-      settle()
-      pending = (step, metrics)
-      window.append(metrics)
-      # The bar shows the loss from this process's first dispatch on (then every logged step's).
-      first = (float(np.mean(runs[0].metrics(jax.device_get(metrics["loss"]))))
-               if step - n == start else None)
-      runs[0].reporter.progress(step, first)
-      if step % tc.log_every_steps == 0 or step == tc.num_steps:
-        settle()
-        all_fetched, window = jax.device_get(window), []
-        last = ["learning_rate"] + (["teacher_forcing"] if tc.scheduled_sampling.schedule != "none"
-                                    else [])
-        for r in runs:
-          fetched = [r.metrics(m) for m in all_fetched]
-          scalars = {f"train/{k}": float(np.mean(np.concatenate([np.ravel(m[k]) for m in fetched])))
-                     for k in ("loss", "grad_norm")}
-          scalars |= {f"train/{k}": float(np.ravel(fetched[-1][k])[-1]) for k in last}
-          r.reporter.write_scalars(step, scalars | r.reporter.throughput())
-          r.final |= scalars
-      evaluated = step % cfg.eval.every_steps == 0 or step == tc.num_steps
-      if evaluated:
-        settle()
-        sums, fetched_state = eval_sums(cfg, run_eval, state, task), run.fetch_state(state)
-        for r in runs:
-          r.last_eval = scoring.teacher_forced_metrics(r.item(sums), prefix="eval/") if sums else {}
-          r.last_eval |= evaluation.decode_metrics(
-              r.cfg, model, steps.eval_params(r.item(fetched_state)), task, cfg.data.eval_split,
-              cfg.eval.num_decode_examples)
-        for r in runs:  # after every decode: a throughput window counts no evaluation
-          r.reporter.write_scalars(step, r.last_eval)
-          r.reporter.reset_throughput()
-          if r.early.update(r.last_eval):
-            stop_reason = "early_stop"
-      # Asked for every step (multi-host: all hosts agree on the step); at num_steps it is no stop.
-      asked = [preempt.should_stop(s) for s in range(step - n + 1, step + 1)]
-      if any(asked) and not stop_reason and step < tc.num_steps:
-        stop_reason = preempt.reason  # 'interrupted' (SIGINT) or 'preempted' (SIGTERM)
-      if stop_reason or step == tc.num_steps or runs[0].ckpt.should_save(step):
-        settle()
-        extra = {"train/stopped_early": 1.0} if stop_reason == "early_stop" else {}
-        fetched_state = run.fetch_state(state)
-        for r in runs:
-          r.ckpt.save(step, r.item(fetched_state), train_iter,
-                      (r.last_eval if evaluated else {}) | r.early.state() | extra, force=True)
-      if stop_reason:
-        break
+  def _diverged(self, r: runs_lib.Run, step: int, finite: np.ndarray, m: dict[str, Any]
+                ) -> TrainingDiverged:
+    for other in self.runs:
+      other.ckpt.wait()  # the last good checkpoints stay; this state is never saved
+    i = int(np.argmin(finite))
+    loss, grad_norm = (float(np.ravel(m[k])[i]) for k in ("loss", "grad_norm"))
+    stacked = r.index is not None
+    who, whom = (f"member {r.name}: ", f"all {len(self.runs)} members ") if stacked else ("", "")
+    return TrainingDiverged(
+        f"{who}non-finite training loss={loss} grad_norm={grad_norm} at step "
+        f"{step - finite.size + i + 1}; stopped {whom}(last checkpoint that verifies: step "
+        f"{r.ckpt.latest_good_step()} in {r.ckpt.directory})")
+
+
+def _progress(runs: list[runs_lib.Run], metrics: dict[str, Any], step: int, first: bool) -> None:
+  """Moves the progress bar; it shows the loss from this process's first dispatch on (then every
+  logged step's)."""
+  loss = float(np.mean(runs[0].metrics(jax.device_get(metrics["loss"])))) if first else None
+  runs[0].reporter.progress(step, loss)
+
+
+def _log(s: _Setup, step: int, window: list[dict[str, Any]]) -> None:
+  """Writes the train scalars of the dispatches in `window` (one transfer): the mean loss and
+  grad norm, the last learning rate (and teacher forcing), the throughput."""
+  all_fetched = jax.device_get(window)
+  last = ["learning_rate"] + (["teacher_forcing"]
+                              if s.cfg.train.scheduled_sampling.schedule != "none" else [])
+  for r in s.runs:
+    fetched = [r.metrics(m) for m in all_fetched]
+    scalars = {f"train/{k}": float(np.mean(np.concatenate([np.ravel(m[k]) for m in fetched])))
+               for k in ("loss", "grad_norm")}
+    scalars |= {f"train/{k}": float(np.ravel(fetched[-1][k])[-1]) for k in last}
+    r.reporter.write_scalars(step, scalars | r.reporter.throughput())
+    r.final |= scalars
+
+
+def _evaluate(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int) -> bool:
+  """Evaluates every run (teacher-forced sums, then decoding) and writes its metrics; True when
+  early stopping asks to stop."""
+  cfg = s.cfg
+  sums = eval_sums(cfg, compiled.eval, state, s.task)
+  fetched_state = compiled.train.fetch_state(state)
+  for r in s.runs:
+    r.last_eval = scoring.teacher_forced_metrics(r.item(sums), prefix="eval/") if sums else {}
+    r.last_eval |= evaluation.decode_metrics(
+        r.cfg, s.model, steps.eval_params(r.item(fetched_state)), s.task, cfg.data.eval_split,
+        cfg.eval.num_decode_examples)
+  stop = False
+  for r in s.runs:  # after every decode: a throughput window counts no evaluation
+    r.reporter.write_scalars(step, r.last_eval)
+    r.reporter.reset_throughput()
+    stop = r.early.update(r.last_eval) or stop
+  return stop
+
+
+def _save(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int, stop_reason: str,
+          evaluated: bool) -> None:
+  """Starts each run's async save of `step` with its data position and metrics."""
+  extra = {"train/stopped_early": 1.0} if stop_reason == "early_stop" else {}
+  fetched_state = compiled.train.fetch_state(state)
+  for r in s.runs:
+    r.ckpt.save(step, r.item(fetched_state), s.train_iter,
+                (r.last_eval if evaluated else {}) | r.early.state() | extra, force=True)
+
+
+# ---- the end
+
+
+def _close(s: _Setup, preempt: preemption.PreemptionHandler) -> None:
+  """However the loop ended: the checkpoints committed, then the reporters closed, the signal
+  handlers restored and the prefetch thread stopped."""
+  try:  # a Ctrl-C during this wait stops it: the save in flight is then never committed
+    _close_all([r.ckpt.close for r in s.runs])
   finally:
-    try:  # a Ctrl-C during this wait stops it: the save in flight is then never committed
-      _close_all([r.ckpt.close for r in runs])
-    finally:
-      _close_all([r.reporter.close for r in runs])
-      preempt.uninstall()
-      if isinstance(train_iter, prefetch.Prefetch):
-        train_iter.close()
-  # Only now, with the last checkpoints committed; a stop before the last step is no end.
-  reason = "early_stop" if stop_reason == "early_stop" else (
-      "num_steps" if step >= tc.num_steps else "")
-  stopped = {stop_reason: 1.0} if stop_reason else {}
-  for r in runs:
-    r.final = r.final | r.last_eval | {"step": step} | stopped
-    if main and reason:
-      write_done_marker(r.workdir, step, reason, r.final, time.time() - started)
-  return runs_lib.result(runs, step) | stopped
+    _close_all([r.reporter.close for r in s.runs])
+    preempt.uninstall()
+    if isinstance(s.train_iter, prefetch.Prefetch):
+      s.train_iter.close()
 
 
 def _close_all(closers: list[Any]) -> None:
@@ -364,3 +528,16 @@ def _close_all(closers: list[Any]) -> None:
       error = error or e
   if error is not None:
     raise error
+
+
+def _finish(s: _Setup, step: int, stop_reason: str) -> dict[str, float]:
+  """The runs' final metrics; the done markers only now, with the last checkpoints committed (a
+  stop before the last step is no end)."""
+  reason = "early_stop" if stop_reason == "early_stop" else (
+      "num_steps" if step >= s.cfg.train.num_steps else "")
+  stopped = {stop_reason: 1.0} if stop_reason else {}
+  for r in s.runs:
+    r.final = r.final | r.last_eval | {"step": step} | stopped
+    if s.main and reason:
+      write_done_marker(r.workdir, step, reason, r.final, time.time() - s.started)
+  return runs_lib.result(s.runs, step) | stopped

@@ -54,12 +54,10 @@ def key_data(key: Array) -> Array:
   return jax.random.key_data(key) if typed else jnp.asarray(key, jnp.uint32)
 
 
-def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformation) -> Callable:
-  """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)`: `rng`
-  overrides state.rng; the sums are `psum`med over pmap's `axis_name` before normalising. Metrics
-  stay on device: loss, weight_sum, grad_norm, learning_rate, teacher_forcing, finite."""
+def _make_loss_sums(cfg: Config, model: nn.Module) -> Callable:
+  """Returns `loss_sums(params, micro) -> (loss_sum, weight_sum)` of one micro-batch: `micro`
+  holds its batch, dropout key and teacher-forcing probability."""
   arch, tc = cfg.model.arch, cfg.train
-  lr_fn = optim.make_schedule(tc, d_model=cfg.model.d_model)
   use_ss = tc.scheduled_sampling.schedule != "none"
   m = cfg.model  # a rate may be an array here (transformer/train/members.py), which is never off
   deterministic = all(layers.is_off(r) for r in (m.dropout_rate, m.attention_dropout_rate,
@@ -88,7 +86,16 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
       loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights, **kw)
     return loss_sum, weight_sum
 
-  grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
+  return loss_sums
+
+
+def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformation) -> Callable:
+  """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)`: `rng`
+  overrides state.rng; the sums are `psum`med over pmap's `axis_name` before normalising. Metrics
+  stay on device: loss, weight_sum, grad_norm, learning_rate, teacher_forcing, finite."""
+  tc = cfg.train
+  lr_fn = optim.make_schedule(tc, d_model=cfg.model.d_model)
+  grad_fn = jax.value_and_grad(_make_loss_sums(cfg, model), has_aux=True)
 
   def train_step(state: TrainState, batch: dict[str, Any], rng: Array | None = None,
                  axis_name: str | None = None):
