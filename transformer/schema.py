@@ -13,6 +13,7 @@ table once it is registered, and the table itself refuses a name it lacks with t
 ConfigError wherever it is looked up."""
 
 import dataclasses
+import difflib
 from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 import ml_collections
@@ -357,10 +358,18 @@ KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
 V = TypeVar("V")
 
 
+def one_of_message(name: str, value: Any, options: Any) -> str:
+  """`name=value is not one of a|b|c`, with `; did you mean 'b'?` when an option is close."""
+  options = list(options)
+  shown = "|".join(str(o) if o != "" else repr(o) for o in options)
+  close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1)
+  hint = f"; did you mean {options[[str(o) for o in options].index(close[0])]!r}?" if close else ""
+  return f"{name}={value!r} is not one of {shown}{hint}"
+
+
 def not_one_of(name: str, value: Any, options: Any) -> ConfigError:
   """The one-line error of a value of key `name` outside its allowed `options`."""
-  shown = "|".join(str(o) if o != "" else repr(o) for o in options)
-  return ConfigError(f"{name}={value!r} is not one of {shown}")
+  return ConfigError(one_of_message(name, value, options))
 
 
 class Table(Mapping[str, V], Generic[V]):
