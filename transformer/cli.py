@@ -288,8 +288,9 @@ def key_lines(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def _help(argv: Sequence[str], load_tables: Callable[[], Any] | None = None) -> None:
-  """Answers --help (one screen) or --help_keys (every config key; `load_tables()` registers the
-  component tables whose names it lists) and exits 0; else returns."""
+  """Answers --help (one screen), --helpfull (absl's list) or --help_keys (every config key;
+  `load_tables()` registers the component tables whose names it lists) and exits 0; else
+  returns."""
   args = argv[1:]
   script = os.path.basename(argv[0])
   if "--help_keys" in args:
@@ -298,6 +299,9 @@ def _help(argv: Sequence[str], load_tables: Callable[[], Any] | None = None) -> 
     print("Every config key, its default, meaning and allowed values (declared in "
           "transformer/schema.py; a table: docs/config.md).")
     print("\n".join(key_lines(schema.get_config())))
+    sys.exit(0)
+  if "--helpfull" in args:  # absl's list: every module's flags, absl's own included
+    print(flags.FLAGS.get_help())
     sys.exit(0)
   if any(a in ("--help", "-h", "-?", "--helpshort") for a in args):
     main = sys.modules.get("__main__")
