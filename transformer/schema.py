@@ -268,6 +268,10 @@ class TrainConfig:
   early_stop_metric: str = key("eval/loss", "the metric early stopping watches")
   early_stop_mode: str = key("min", "min | max", ("min", "max"))
   log_every_steps: int = key(50, "steps between logged training metrics", "> 0")
+  wandb_project: str = key("", "Weights & Biases project that also gets the run's config, "
+                           "provenance and metrics (pip install -e '.[wandb]'); \"\" = off")
+  wandb_mode: str = key("", "W&B's mode; \"\" = W&B's default (WANDB_MODE, else online)",
+                        ("", "online", "offline", "disabled"))
   profile_start_step: int = key(0, "jax.profiler trace of a step range; 0 = off")
   profile_num_steps: int = key(0, "steps traced")
 
