@@ -313,9 +313,9 @@ def _help(argv: Sequence[str], load_tables: Callable[[], Any] | None = None) -> 
 def own_help_text(prog: str, doc: str, flag_values: flags.FlagValues) -> str:
   """The --help screen of a command with flags of its own: usage, `doc` (what it does, examples),
   its flags, one line each."""
-  own = [f for name, f in sorted(flag_values.flags_by_module_dict().items())
-         if name != "absl.flags" for f in f]
-  lines = [line for f in sorted(set(own), key=lambda f: f.name) for line in _flag_lines(f)]
+  own = {f for module, defined in flag_values.flags_by_module_dict().items()
+         if module != "absl.flags" for f in defined}  # absl.flags: --flagfile, --undefok
+  lines = [line for f in sorted(own, key=lambda f: f.name) for line in _flag_lines(f)]
   return "\n".join([f"usage: {prog} [--flag=value ...] [args]", "", (doc or "").strip(), "",
                     "flags:", *lines, "", "(--helpfull: absl's own flags too.)"])
 
