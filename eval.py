@@ -15,7 +15,6 @@ examples: the README's "Evaluation and decoding".
 
 import sys
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
@@ -62,5 +61,10 @@ def main(argv):
                               ensemble=flags.FLAGS.ensemble, out_dir=flags.FLAGS.out)
 
 
+def load_tables() -> None:
+  """Registers every component table (imports JAX): --help_keys lists each choice's names."""
+  from transformer import components  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
+
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main, load_tables)

@@ -145,5 +145,10 @@ def report_flags() -> list[str]:
   return [a for a in sys.argv[1:] if a.split("=", 1)[0].startswith(keep)]
 
 
+def load_tables() -> None:
+  """Registers every component table (imports JAX): --help_keys lists each choice's names."""
+  from transformer import components  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
+
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main, load_tables)

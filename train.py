@@ -21,7 +21,6 @@ import shutil
 import signal
 import sys
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
@@ -105,5 +104,10 @@ def next_steps(workdir: str) -> list[str]:
           f"  tensorboard --logdir={w}"]
 
 
+def load_tables() -> None:
+  """Registers every component table (imports JAX): --help_keys lists each choice's names."""
+  from transformer import components  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
+
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main, load_tables)

@@ -1,6 +1,7 @@
 """What the entry points share: every failure they expect is one line, `error: ...`, exit 1
 (`parse_flags` / `parse_own_flags` for flags and config files, `one_line_errors` for the library's
-errors and failures of the machine or of files); a bug keeps its traceback. No JAX import here."""
+errors and failures of the machine or of files); a bug keeps its traceback. `run` is app.run with
+these, and ends quietly when the output pipe closes early (`... | head`). No JAX import here."""
 
 import contextlib
 import difflib
@@ -15,6 +16,7 @@ import traceback
 import warnings
 from typing import Any, Callable, Iterator, NoReturn, Sequence
 
+from absl import app
 from absl import flags
 from absl import logging
 import ml_collections
@@ -30,6 +32,8 @@ _QUIET_BELOW = {"orbax": pylogging.WARNING, "xla_bridge": pylogging.WARNING,
 # this machine, but ..."); a backend that is installed and fails to start still warns.
 _BACKEND_GUESS = "may be present on this machine"
 HELP_LINES = 60  # --help fits a screen
+# The status of a program ended by a closed output pipe: that of one killed by SIGPIPE in a shell.
+CLOSED_PIPE_STATUS = 128 + 13
 _BACKGROUND_WRITERS = ("orbax", "asyncio")  # whose logged exceptions also reach the caller
 
 
@@ -134,7 +138,10 @@ def environment_error(error: BaseException, model_config: Callable[[], Any] | No
 def error_line(error: BaseException, ours: tuple[type[BaseException], ...] = (),
                model_config: Callable[[], Any] | None = None) -> str | None:
   """The one line reporting `error` (environment_error's, else the first line of one of `ours`,
-  the library's one-line errors), or None: a bug, whose traceback is wanted."""
+  the library's one-line errors), or None: a bug, whose traceback is wanted, or a closed output
+  pipe, which `closed_pipe_is_quiet` ends."""
+  if isinstance(error, BrokenPipeError):  # the output pipe closed: `closed_pipe_is_quiet`'s
+    return None
   line = environment_error(error, model_config)
   if line is None and isinstance(error, ours):
     line = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -247,15 +254,27 @@ def help_text(script: str, doc: str, main_flags: Sequence[flags.Flag]) -> str:
     lines.append("  --config.KEY=VALUE: override one config key, e.g. "
                  "--config.eval.decode.beam_size=4")
   tail = ["", "Every config key is documented in docs/config.md;",
-          f"`python {script} --help_keys` lists them all with their defaults."]
+          f"`python {script} --help_keys` lists them all with their defaults and allowed values",
+          "(--helpfull: absl's own flags too)."]
   text = (doc or "").strip()
   if len(text.splitlines()) + len(lines) + len(tail) + 2 > HELP_LINES:
     text = text.split("\n\n")[0] + f"\n(More in the docstring of {script}.)"
   return "\n".join([text, "", "flags:", *lines, *tail])
 
 
+def _allowed(key: str) -> str:
+  """` (one of a|b|c)` or ` (> 0)`: what key `key` accepts, when the schema limits it."""
+  if key not in schema.KEYS:
+    return ""
+  declared = schema.KEYS[key]
+  if choices := declared.choices():
+    return " (one of " + "|".join(str(c) if c != "" else repr(c) for c in choices) + ")"
+  return f" ({declared.range})" if declared.range else ""
+
+
 def key_lines(config: ml_collections.ConfigDict) -> list[str]:
-  """Every key of `config` with its default and meaning, one per line, under its section."""
+  """Every key of `config` with its default, meaning and allowed values or range, one per line,
+  under its section (a REGISTERED key's names once its table is registered)."""
   out, section = [], None
   for key, value in sorted(schema.flat_items(config).items(), key=lambda kv: kv[0].rpartition(".")[::2]):
     head, _, name = key.rpartition(".")
@@ -263,18 +282,26 @@ def key_lines(config: ml_collections.ConfigDict) -> list[str]:
       out.append(f"{head}:" if head else "(top level):")
       section = head
     meaning = schema.KEYS[key].meaning if key in schema.KEYS else ""
-    out.append(f"  {name} = {value!r}" + (f"  # {meaning}" if meaning else ""))
+    meaning += _allowed(key)
+    out.append(f"  {name} = {value!r}" + (f"  # {meaning.strip()}" if meaning else ""))
   return out
 
 
-def _help(argv: Sequence[str]) -> None:
-  """Answers --help (one screen) or --help_keys (every config key) and exits 0; else returns."""
+def _help(argv: Sequence[str], load_tables: Callable[[], Any] | None = None) -> None:
+  """Answers --help (one screen), --helpfull (absl's list) or --help_keys (every config key;
+  `load_tables()` registers the component tables whose names it lists) and exits 0; else
+  returns."""
   args = argv[1:]
   script = os.path.basename(argv[0])
   if "--help_keys" in args:
-    print("Every config key, its default and meaning (declared in transformer/schema.py; a table: "
-          "docs/config.md).")
+    if load_tables is not None:
+      load_tables()
+    print("Every config key, its default, meaning and allowed values (declared in "
+          "transformer/schema.py; a table: docs/config.md).")
     print("\n".join(key_lines(schema.get_config())))
+    sys.exit(0)
+  if "--helpfull" in args:  # absl's list: every module's flags, absl's own included
+    print(flags.FLAGS.get_help())
     sys.exit(0)
   if any(a in ("--help", "-h", "-?", "--helpshort") for a in args):
     main = sys.modules.get("__main__")
@@ -283,14 +310,28 @@ def _help(argv: Sequence[str]) -> None:
     sys.exit(0)
 
 
+def own_help_text(prog: str, doc: str, flag_values: flags.FlagValues) -> str:
+  """The --help screen of a command with flags of its own: usage, `doc` (what it does, examples),
+  its flags, one line each."""
+  own = {f for module, defined in flag_values.flags_by_module_dict().items()
+         if module != "absl.flags" for f in defined}  # absl.flags: --flagfile, --undefok
+  lines = [line for f in sorted(own, key=lambda f: f.name) for line in _flag_lines(f)]
+  return "\n".join([f"usage: {prog} [--flag=value ...] [args]", "", (doc or "").strip(), "",
+                    "flags:", *lines, "", "(--helpfull: absl's own flags too.)"])
+
+
 def parse_own_flags(prog: str, define: Callable[[flags.FlagValues], None],
-                    argv: Sequence[str]) -> tuple[flags.FlagValues, list[str]]:
+                    argv: Sequence[str], doc: str = "") -> tuple[flags.FlagValues, list[str]]:
   """(the flags `define(flag_values)` declares, parsed from `argv` into a FlagValues of their own
-  so that `main(argv)` can run again, the positional arguments); a bad flag exits 2."""
+  so that `main(argv)` can run again, the positional arguments); a bad flag exits 2. --help
+  prints `own_help_text` (with `doc`), --helpfull absl's list; both exit 0."""
   flag_values = flags.FlagValues()
   define(flag_values)
-  if "--help" in argv or "-h" in argv:
+  if "--helpfull" in argv:
     print(f"usage: {prog} [--flag=value ...] [args]\n{flag_values.get_help()}")
+    sys.exit(0)
+  if "--help" in argv or "-h" in argv:
+    print(own_help_text(prog, doc, flag_values))
     sys.exit(0)
   try:
     rest = flag_values([prog, *argv])
@@ -301,9 +342,10 @@ def parse_own_flags(prog: str, define: Callable[[flags.FlagValues], None],
   return flag_values, rest[1:]
 
 
-def parse_flags(argv: Sequence[str]) -> list[str]:
-  """app.run's `flags_parser`: a bad flag or argument is one line, exit 1; --help* exit 0."""
-  _help(argv)
+def parse_flags(argv: Sequence[str], load_tables: Callable[[], Any] | None = None) -> list[str]:
+  """app.run's `flags_parser`: a bad flag or argument is one line, exit 1; --help* exit 0
+  (`load_tables`: as `_help`'s)."""
+  _help(argv, load_tables)
   path = _config_path(argv[1:])
   if path and not os.path.isfile(path):
     fail(f"--config file {path} not found")
@@ -318,3 +360,30 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   if len(rest) > 1:
     fail(f"unexpected arguments: {' '.join(rest[1:])} (flags are --name=value)")
   return rest
+
+
+def _stdout_to_devnull() -> None:
+  """Points standard output at /dev/null, so that Python's final flush has nowhere to fail."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stdout.fileno())
+
+
+@contextlib.contextmanager
+def closed_pipe_is_quiet() -> Iterator[None]:
+  """A program's body: when its output pipe closes early (`... | head -1`), it ends with status
+  CLOSED_PIPE_STATUS and no traceback (Python ignores SIGPIPE, so a write raises
+  BrokenPipeError; see the note on SIGPIPE in the docs of Python's `signal` module)."""
+  try:
+    try:
+      yield
+    finally:  # what is still buffered fails here, not in Python's flush at exit
+      sys.stdout.flush()
+  except BrokenPipeError:
+    _stdout_to_devnull()
+    sys.exit(CLOSED_PIPE_STATUS)
+
+
+def run(main: Callable[[list[str]], Any], load_tables: Callable[[], Any] | None = None) -> None:
+  """app.run(main) with `parse_flags` (`load_tables`: as `_help`'s), quiet on a closed pipe."""
+  with closed_pipe_is_quiet():
+    app.run(main, flags_parser=lambda argv: parse_flags(argv, load_tables))

@@ -13,6 +13,7 @@ table once it is registered, and the table itself refuses a name it lacks with t
 ConfigError wherever it is looked up."""
 
 import dataclasses
+import difflib
 from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 import ml_collections
@@ -267,6 +268,10 @@ class TrainConfig:
   early_stop_metric: str = key("eval/loss", "the metric early stopping watches")
   early_stop_mode: str = key("min", "min | max", ("min", "max"))
   log_every_steps: int = key(50, "steps between logged training metrics", "> 0")
+  wandb_project: str = key("", "Weights & Biases project that also gets the run's config, "
+                           "provenance and metrics (pip install -e '.[wandb]'); \"\" = off")
+  wandb_mode: str = key("", "W&B's mode; \"\" = W&B's default (WANDB_MODE, else online)",
+                        ("", "online", "offline", "disabled"))
   profile_start_step: int = key(0, "jax.profiler trace of a step range; 0 = off")
   profile_num_steps: int = key(0, "steps traced")
 
@@ -357,10 +362,18 @@ KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
 V = TypeVar("V")
 
 
+def one_of_message(name: str, value: Any, options: Any) -> str:
+  """`name=value is not one of a|b|c`, with `; did you mean 'b'?` when an option is close."""
+  options = list(options)
+  shown = "|".join(str(o) if o != "" else repr(o) for o in options)
+  close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1)
+  hint = f"; did you mean {options[[str(o) for o in options].index(close[0])]!r}?" if close else ""
+  return f"{name}={value!r} is not one of {shown}{hint}"
+
+
 def not_one_of(name: str, value: Any, options: Any) -> ConfigError:
   """The one-line error of a value of key `name` outside its allowed `options`."""
-  shown = "|".join(str(o) if o != "" else repr(o) for o in options)
-  return ConfigError(f"{name}={value!r} is not one of {shown}")
+  return ConfigError(one_of_message(name, value, options))
 
 
 class Table(Mapping[str, V], Generic[V]):

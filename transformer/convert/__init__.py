@@ -185,7 +185,7 @@ def _define(f: flags.FlagValues) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
   """Runs the command line; returns the exit status (errors are one line on stderr)."""
   args, rest = cli.parse_own_flags("python -m transformer.convert", _define,
-                                   sys.argv[1:] if argv is None else list(argv))
+                                   sys.argv[1:] if argv is None else list(argv), __doc__)
   if rest or bool(args.from_hf) == bool(args.to_hf):
     print("error: give exactly one of --from_hf and --to_hf, and no arguments (see --help)",
           file=sys.stderr)

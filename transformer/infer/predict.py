@@ -4,8 +4,9 @@ r"""Decodes words or sentences with a trained run from the command line.
   python -m transformer.infer.predict --workdir=runs/a --ensemble=runs/b,runs/c --step=best hello
 
 Prints `input<TAB>output` per input (the arguments, else stdin lines, each answered as soon as
-it arrives); encoder-only runs print the filled text and each --mask marker's fillers, the label
-and its probability, or `token/tag` per token. A bad input is one `error:` line, and status 1.
+it arrives; on a terminal it prompts for each); encoder-only runs print the filled text and each
+--mask marker's fillers, the label and its probability, or `token/tag` per token. A bad input is
+one `error:` line, and status 1; no input at all is one line saying what it expects, status 2.
 """
 
 import itertools
@@ -16,7 +17,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from absl import flags
 
-from transformer import cli
+from transformer import cli, schema
 from transformer.data.inputs import check_input, decode_length, input_error
 
 
@@ -40,10 +41,11 @@ def _define(f: flags.FlagValues) -> None:
                       "[MASK]); --top_k fillers are printed per marker (default 5)", flag_values=f)
 
 
-def stdin_batches(fd: int, max_batch: int = 64) -> Iterator[list[str]]:
-  """The lines of file descriptor `fd` in batches of at most `max_batch` of those already there:
-  a batch never waits for more lines once it has one. Undecodable bytes become surrogates."""
-  buffer, eof = b"", False
+def stdin_batches(fd: int, max_batch: int = 64, first: bytes = b"") -> Iterator[list[str]]:
+  """The lines of file descriptor `fd` (after the bytes `first`, read from it before) in batches
+  of at most `max_batch` of those already there: a batch never waits for more lines once it has
+  one. Undecodable bytes become surrogates."""
+  buffer, eof = first, False
   while not eof:
     while not eof and (b"\n" not in buffer or (buffer.count(b"\n") < max_batch
                                                and select.select([fd], [], [], 0)[0])):
@@ -57,23 +59,53 @@ def stdin_batches(fd: int, max_batch: int = 64) -> Iterator[list[str]]:
       yield texts[i:i + max_batch]
 
 
+PROG = "python -m transformer.infer.predict"
+PROMPT = "input> "  # on a terminal, before each line read
+NO_INPUT = ("no input: give the inputs as arguments (`{prog} --workdir=W hello world`) or one per "
+            "line on standard input")
+
+
+def prompted_lines(stream: Any, prompt: str = PROMPT) -> Iterator[list[str]]:
+  """The lines a person types at a terminal, one batch each, after `prompt` on stderr (stdout
+  stays for the answers); Ctrl-D ends them."""
+  while True:
+    print(prompt, end="", file=sys.stderr, flush=True)
+    line = stream.readline()
+    if not line:
+      print(file=sys.stderr)  # the shell's prompt on a line of its own
+      return
+    yield [line.rstrip("\n")]
+
+
 def main(argv: Sequence[str] | None = None, stdin: Any = None) -> int:
   """Runs the command line on the arguments, else `stdin`, else standard input; the exit status."""
-  args, inputs = cli.parse_own_flags("python -m transformer.infer.predict", _define,
-                                     sys.argv[1:] if argv is None else argv)
+  args, inputs = cli.parse_own_flags(PROG, _define, sys.argv[1:] if argv is None else argv,
+                                     __doc__)
   if inputs:
     batches: Iterable[list[str]] = [inputs]
   elif stdin is not None:
     lines = (line.rstrip("\n") for line in stdin)
     batches = iter(lambda: list(itertools.islice(lines, 64)), [])
+  elif sys.stdin.isatty():
+    print("one input per line; Ctrl-D ends", file=sys.stderr)
+    batches = prompted_lines(sys.stdin)
   else:
-    batches = stdin_batches(sys.stdin.fileno())
+    fd = sys.stdin.fileno()
+    # Input already at its end (`< /dev/null`, an empty pipe) is told before the restore.
+    first = os.read(fd, 1 << 16) if select.select([fd], [], [], 0)[0] else None
+    if first == b"":
+      print(f"error: {NO_INPUT.format(prog=PROG)}", file=sys.stderr)
+      return 2
+    batches = stdin_batches(fd, first=first or b"")
   from absl import logging  # pylint: disable=g-import-not-at-top  (after --help, as api)
   cli.quiet_backends()
   verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.ERROR)  # keep stderr for our one-line messages (TFDS is chatty)
   try:
     return _predict(args, batches)
+  except KeyboardInterrupt:  # Ctrl-C at the prompt (or while decoding): out, as a shell expects
+    print(file=sys.stderr)
+    return 130
   except Exception as e:  # pylint: disable=broad-except  (cli.error_line decides)
     line = cli.error_line(e, (ValueError, OSError))
     if line is None:
@@ -89,7 +121,7 @@ def _predict(args: flags.FlagValues, batches: Iterable[list[str]]) -> int:
   # After --help: importing JAX is slow.
   from transformer.infer import api, decoding  # pylint: disable=g-import-not-at-top
   if args.method is not None and args.method not in decoding.METHODS:  # before the restore
-    print(f"error: --method={args.method!r} is not one of {'|'.join(decoding.METHODS)}",
+    print(f"error: {schema.one_of_message('--method', args.method, decoding.METHODS)}",
           file=sys.stderr)
     return 1
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
@@ -125,6 +157,9 @@ def _predict(args: flags.FlagValues, batches: Iterable[list[str]]) -> int:
     for (text, _), cols in zip(good, columns):
       print("\t".join([text, *cols]))
     sys.stdout.flush()
+  if first == 1:  # not one input, not even an empty line
+    print(f"error: {NO_INPUT.format(prog=PROG)}", file=sys.stderr)
+    return 2
   return status
 
 
@@ -148,4 +183,5 @@ def _answers(run: Any, head: str, args: flags.FlagValues, options: dict[str, Any
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  with cli.closed_pipe_is_quiet():
+    sys.exit(main())

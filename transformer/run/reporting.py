@@ -1,12 +1,15 @@
-"""Run reporting: metrics.jsonl, TensorBoard, config.json and provenance.json, the progress bar,
-throughput and MFU (model FLOPs, Chowdhery et al. 2022, appendix B, over the devices' peak; CPUs
-have none: pass one as `--config.peak_flops`), and `maybe_profile`.
+"""Run reporting: metrics.jsonl, TensorBoard, config.json and provenance.json, optionally a
+Weights & Biases run (train.wandb_project), the progress bar, throughput and MFU (model FLOPs,
+Chowdhery et al. 2022, appendix B, over the devices' peak; CPUs have none: pass one as
+`--config.peak_flops`), and `maybe_profile`.
 """
 
 import contextlib
+import importlib.util
 import json
 import os
 import time
+import uuid
 from typing import Any, Mapping
 
 import jax
@@ -78,6 +81,41 @@ def mfu(flops_per_step: float, seconds_per_step: float, num_devices: int,
   return flops_per_step / seconds_per_step / (num_devices * peak_flops_per_device)
 
 
+WANDB_RUN_ID = "wandb_run_id"  # in the workdir: the W&B run that a resumed run continues
+
+
+def check_wandb(project: str) -> None:
+  """Raises a one-line ConfigError when train.wandb_project (`project`) is set and the wandb
+  package is not installed."""
+  if project and importlib.util.find_spec("wandb") is None:
+    raise config_lib.ConfigError(f"train.wandb_project={project!r} needs the wandb package: "
+                                 "pip install -e '.[wandb]'")
+
+
+def _wandb_run(workdir: str, config: Mapping[str, Any], record: Mapping[str, Any]) -> Any:
+  """The W&B run logging beside TensorBoard when config's train.wandb_project is set, else None:
+  the config with the provenance `record` as its config, named after the workdir, continued
+  when the workdir names one already (WANDB_RUN_ID)."""
+  train = config.get("train") or {}
+  if not train.get("wandb_project"):
+    return None
+  check_wandb(train["wandb_project"])
+  import wandb  # pylint: disable=g-import-not-at-top  (an optional extra)
+  id_path = os.path.join(workdir, WANDB_RUN_ID)
+  run_id = files.read_text(id_path).strip() if files.exists(id_path) else uuid.uuid4().hex[:8]
+  local = "://" not in workdir  # W&B writes its files to a local directory only
+  run = wandb.init(project=train["wandb_project"], mode=train.get("wandb_mode") or None,
+                   dir=workdir if local else None,
+                   name=os.path.basename(os.path.normpath(workdir)), id=run_id, resume="allow",
+                   config={**config, "provenance": dict(record)},
+                   reinit="create_new")  # train.members: one W&B run per member, side by side
+  files.write_text_atomic(id_path, run_id)
+  # The x-axis is our step: a resumed run logs again from its checkpoint, below W&B's own step.
+  run.define_metric("step")
+  run.define_metric("*", step_metric="step")
+  return run
+
+
 def _resume_jsonl(path: str, last_step: int) -> float:
   """Drops metrics.jsonl rows after `last_step`; the last kept time/elapsed_s if resuming, or 0."""
   if not files.exists(path):
@@ -111,14 +149,17 @@ class Reporter:
     self._last_rates: dict[str, float] = {}
     self._loss: float | None = None  # the latest training loss, shown on the bar
     self.reset_throughput()
-    self._writer = self._bar = None
+    self._writer = self._bar = self._wandb = None
     if not self.active:
       return
     files.makedirs(workdir)
-    for name, record in (("config.json", config_lib.to_dict(config)),
-                         ("provenance.json", provenance.provenance(mesh_shape, data))):
+    records = {"config.json": config_lib.to_dict(config),
+               "provenance.json": provenance.provenance(mesh_shape, data)}
+    for name, record in records.items():
       files.write_text_atomic(os.path.join(workdir, name),
                               json.dumps(record, indent=2, sort_keys=True, default=str))
+    self._wandb = _wandb_run(workdir, records["config.json"], json.loads(
+        json.dumps(records["provenance.json"], default=str)))
     self._jsonl_path = os.path.join(workdir, "metrics.jsonl")
     self._elapsed_before = _resume_jsonl(self._jsonl_path, start_step)
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (process 0 only)
@@ -182,15 +223,19 @@ class Reporter:
     for key, value in values.items():
       self._writer.add_scalar(key, value, int(step))
     self._writer.flush()
+    if self._wandb is not None:
+      self._wandb.log({"step": int(step), **values})
     if "train/loss" in values:
       self.progress(step, values["train/loss"])
 
   def close(self) -> None:
-    """Flushes and closes the TensorBoard writer and the bar."""
+    """Flushes and closes the TensorBoard writer, the bar and the W&B run."""
     for handle in (self._writer, self._bar):
       if handle is not None:
         handle.close()
-    self._writer = self._bar = None
+    if self._wandb is not None:
+      self._wandb.finish()
+    self._writer = self._bar = self._wandb = None
 
 
 _tracing = False  # whether maybe_profile has a jax.profiler trace running

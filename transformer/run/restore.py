@@ -200,7 +200,7 @@ def read_params(cfg: Config, workdir: str, step: int | str | None = None, params
   when the run kept one, else the raw ones), 'ema' or 'raw'; average_last=N > 0: their float32
   mean over the run's N newest checkpoints (step must then be None or 'latest')."""
   if params not in PARAMS_CHOICES:
-    raise EvaluationError(f"--params={params!r} is not one of {'|'.join(PARAMS_CHOICES)}")
+    raise EvaluationError(schema.one_of_message("--params", params, PARAMS_CHOICES))
   if isinstance(average_last, bool) or not isinstance(average_last, int) or average_last < 0:
     raise EvaluationError(f"--average_last={average_last!r} must be an integer >= 0 (0 = off)")
   if average_last and step not in (None, "latest"):

@@ -52,6 +52,7 @@ def check_loop_config(cfg: Config) -> None:
   if cfg.model.arch == "encoder_only" and cfg.model.head == "mlm" and cfg.data.objective != "mlm":
     raise ConfigError(f"model.head='mlm' trains on masked inputs: set data.objective='mlm' (got "
                       f"{cfg.data.objective!r})")
+  reporting.check_wandb(tc.wandb_project)  # before any data loads, not at the first log
   for key, value in (("train.early_stop_metric", tc.early_stop_metric),
                      ("checkpoint.keep_best_by", cfg.checkpoint.keep_best_by)):
     if value and not value.startswith("eval/"):
