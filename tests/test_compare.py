@@ -207,7 +207,8 @@ def test_command_line_prints_warnings_above_the_table_and_plots(tmp_path):
                        env=dict(os.environ, PYTHONPATH=ROOT), check=False)
   assert out.returncode == 0, out.stderr[-2000:]
   lines = out.stdout.splitlines()
-  assert lines[0] == f"warning: steps differ: 1000 ({a}), 200 ({b}); compare runs trained equally long"
+  assert lines[0] == (f"warning: steps differ: 1000 ({a}), 200 ({b}); compare runs trained "
+                      "equally long")
   header = lines[2].split(" | ")
   assert header[:3] == ["| run", "model.positional", "train.num_steps"] and "test/wer |" in lines[2]
   assert lines[4].startswith(f"| {a} | sinusoidal | 1000 | 1000 |") and " 0.4 |" in lines[4]

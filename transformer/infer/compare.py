@@ -28,7 +28,6 @@ from typing import Any, Iterable, Mapping, Sequence
 from absl import flags
 
 from transformer import cli, files
-from transformer.infer import viz
 from transformer.run import provenance
 
 # The keys of one seed of a run; runs that differ only in these are one group.
@@ -121,6 +120,8 @@ class Comparison:
   def plot(self, save_path: str | None = None) -> Any:
     """The learning curves overlaid (viz.plot_compared_curves: a seed group is its mean and
     range), one panel per metric logged by two rows or more; None where no metric is."""
+    # matplotlib and Flax (viz's tables) load only for a plot: the table needs neither.
+    from transformer.infer import viz  # pylint: disable=g-import-not-at-top
     curves = {_label(row): [self.runs[i].logged for i in group]
               for row, group in zip(self.rows, self.groups)}
     return viz.plot_compared_curves(curves, save_path=save_path)

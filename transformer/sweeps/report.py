@@ -7,7 +7,7 @@ import os
 from typing import Any, Sequence
 
 from transformer import files
-from transformer.infer import compare, viz
+from transformer.infer import compare
 from transformer.sweeps import runner, spec
 
 # Metrics tried in order by metric='auto'; the first one that some point has is plotted.
@@ -99,7 +99,7 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None,
 
 def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
   """Horizontal bars: `metric` per point (points without it are left out)."""
-  plt = viz.plt
+  from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
   have = [r for r in rows if isinstance(r.get(metric), (int, float))]
   fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(have), 2) + 1.2))
   ax.barh([r["point"] for r in have], [r[metric] for r in have], color="tab:blue")
@@ -116,6 +116,7 @@ def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
 def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> bool:
   """train/loss, eval/loss and the metric's eval/ curve of every point against the step, each
   panel only where two points logged it; False if none did (nothing written)."""
+  from transformer.infer import viz  # pylint: disable=g-import-not-at-top  (Agg; plots only)
   keys = ["train/loss", "eval/loss"]
   if metric and "/" in metric and metric.split("/", 1)[1] != "loss":
     keys.append("eval/" + metric.split("/", 1)[1])
