@@ -149,6 +149,11 @@ def test_seed_groups_show_mean_spread_and_n(tmp_path):
   assert f"| {np.mean(wers):.4g} ± {np.std(wers, ddof=1):.4g} |" in text
   assert result.columns[:4] == ["run", "n", "seed", "model.positional"]
   assert len(compare.compare([str(tmp_path / "members"), other], group=False).rows) == 4
+  # A spread in its column's unit; a config value as written.
+  assert compare.format_cell("wall_seconds", compare.Spread.of([600, 720])) == "11.0 min ± 1.4 min"
+  assert compare.format_cell("best step", compare.Spread.of([5000, 5000, 6000])) == "5333 ± 577.4"
+  assert compare.format_cell("steps", compare.Spread.of([200, 200])) == "200"
+  assert compare.format_cell("data.label_fraction", 1.0) == "1.0"
 
 
 def test_globs_keep_workdirs_once_and_bad_paths_are_one_line(tmp_path, capsys):

@@ -385,26 +385,35 @@ def _column_order(columns: Sequence[str], keys: Sequence[str]) -> list[str]:
   return sorted(columns, key=rank)  # stable: first-seen order within a rank
 
 
+def _number(key: str, x: float, like: float | None = None) -> str:
+  """A number of column `key` in the unit its size (or `like`'s) calls for: M tokens or
+  parameters, minutes or seconds, thousands separated rates, else 4 digits."""
+  size = x if like is None else like
+  if key in ("params", "tokens"):
+    return f"{x / 1e6:.2f}M" if size >= 1e5 else f"{x:,.0f}"
+  if key == "wall_seconds":
+    return f"{x / 60:.1f} min" if size >= 120 else f"{x:.0f} s"
+  if key == "tokens_per_sec":
+    return f"{x:,.0f}"
+  return str(x) if isinstance(x, int) else f"{x:.4g}"
+
+
 def format_cell(key: str, value: Any) -> str:
-  """A value as a table cell: sizes and durations readable, floats to 4 digits, a Spread as
-  'mean ± std' ('mean' alone when its values are equal)."""
+  """A value as a table cell: sizes and durations readable, metrics to 4 digits, config values
+  as written, a Spread as 'mean ± std' ('mean' alone when its values are equal)."""
   if isinstance(value, Spread):
+    mean = int(value.mean) if value.mean.is_integer() else value.mean
     if value.n < 2 or value.std == 0:
-      return format_cell(key, int(value.mean) if value.mean.is_integer() else value.mean)
-    return f"{format_cell(key, value.mean)} ± {format_cell(key, value.std)}"
+      return _number(key, mean)
+    return f"{_number(key, mean)} ± {_number(key, value.std, like=value.mean)}"
   if value is None or value == "":
     return ""
-  if key in ("params", "tokens") and is_number(value):
-    return f"{value / 1e6:.2f}M" if value >= 1e5 else f"{value:,.0f}"
-  if key == "wall_seconds" and is_number(value):
-    return f"{value / 60:.1f} min" if value >= 120 else f"{value:.0f} s"
-  if key == "tokens_per_sec" and is_number(value):
-    return f"{value:,.0f}"
-  if isinstance(value, float):  # a metric to 4 digits, a config value as written
-    return f"{value:.4g}" if "/" in key else repr(value)
+  if is_number(value) and (key in ("params", "tokens", "wall_seconds", "tokens_per_sec")
+                           or isinstance(value, float) and "/" in key):
+    return _number(key, value)
   if isinstance(value, (list, dict)):
     return json.dumps(value)
-  return str(value).replace("|", "\\|")
+  return (repr(value) if isinstance(value, float) else str(value)).replace("|", "\\|")
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str],
