@@ -133,7 +133,7 @@ def run_sweep() -> None:
   from transformer.sweeps import report  # pylint: disable=g-import-not-at-top
   title = f"`python sweep.py {shlex.join(report_flags())}`"
   out = report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)
-  print(report.markdown(out["rows"], out["metric"]))
+  print(out["markdown"])
   print("wrote " + ", ".join(out[k] for k in ("csv", "md", "plot", "curves") if k in out))
   if failed:
     cli.fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")

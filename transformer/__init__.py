@@ -13,6 +13,7 @@ _EXPORTS = {
     "transformer.train.loop": ("train_and_evaluate",),
     "transformer.infer.evaluation": ("evaluate_split",),
     "transformer.infer.api": ("restore", "Run", "Attention"),
+    "transformer.infer.compare": ("compare", "Comparison"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

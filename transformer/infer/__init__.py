@@ -1,1 +1,1 @@
-"""Inference: decoding, evaluation, the notebook API (restore, Run), predict, plots."""
+"""Inference: decoding, evaluation, the notebook API (restore, Run), predict, plots, compare."""

@@ -115,6 +115,55 @@ def plot_learning_curves(metrics_path: str, keys: Sequence[str] | None = None,
   return _finish(fig, save_path)
 
 
+def _curve(records: Sequence[dict[str, Any]], key: str) -> dict[int, float]:
+  """{step: value} of `key` in one run's metrics.jsonl records (a later record of a step wins)."""
+  return {r["step"]: r[key] for r in records
+          if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), int)}
+
+
+def plot_compared_curves(runs: dict[str, Sequence[Sequence[dict[str, Any]]]],
+                         keys: Sequence[str] | None = None, save_path: str | None = None) -> Any:
+  """Learning curves of several runs overlaid, one panel per metric (default: train/loss and
+  every eval/* but the counts), only panels two runs (the one run, if one) have data for; `runs`:
+  label -> the metrics.jsonl records of each of its seeds (several: their mean over the steps
+  all logged, in a band from min to max). None when no panel has enough data."""
+  if keys is None:
+    logged = {k for seeds in runs.values() for records in seeds for r in records for k in r}
+    counts = ("decoded_examples", "scored_tokens")
+    keys = ["train/loss"] + sorted(k for k in logged if k.startswith("eval/")
+                                   and k.split("/", 1)[1] not in counts)
+  curves = {key: {} for key in keys}
+  for key in keys:
+    for label, seeds in runs.items():
+      per_seed = [c for c in (_curve(records, key) for records in seeds) if c]
+      steps = sorted(set.intersection(*(set(c) for c in per_seed))) if per_seed else []
+      if steps:
+        curves[key][label] = (steps, np.array([[c[s] for s in steps] for c in per_seed]))
+  panels = [k for k in keys if len(curves[k]) >= min(2, len(runs))]
+  if not panels:
+    return None
+  ncols = min(3, len(panels))
+  nrows = math.ceil(len(panels) / ncols)
+  fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(4.5 * ncols, 3.4 * nrows))
+  for ax in axes.flat[len(panels):]:
+    ax.remove()
+  colors = {label: f"C{i % 10}" for i, label in enumerate(runs)}
+  for key, ax in zip(panels, axes.flat):
+    for label, (steps, values) in curves[key].items():
+      n = len(values)
+      ax.plot(steps, values.mean(axis=0), color=colors[label], marker="." if len(steps) < 30
+              else None, label=label if n == 1 else f"{label} (n={n})")
+      if n > 1:
+        ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=colors[label],
+                        alpha=0.2, linewidth=0)
+    ax.set(title=key, xlabel="step")
+    ax.grid(alpha=0.3)
+  handles = {h.get_label(): h for ax in fig.axes for h in ax.get_legend_handles_labels()[0]}
+  fig.legend(list(handles.values()), list(handles), loc="lower center", fontsize=8,
+             ncol=min(3, len(handles)), bbox_to_anchor=(0.5, 1.0))
+  return _finish(fig, save_path)
+
+
 def plot_time_to_quality(runs: dict[str, str], key: str = "eval/wer",
                          finals: dict[str, tuple[float, float]] | None = None,
                          save_path: str | None = None) -> Any:

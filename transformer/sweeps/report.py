@@ -1,21 +1,21 @@
 """A sweep's results, one row per point, as results.csv, results.md, results.png (the chosen
 metric per point) and curves.png (every point's learning curves) in the sweep's workdir."""
 
-import contextlib
 import csv
-import json
 import logging
 import os
-import statistics
 from typing import Any, Sequence
 
 from transformer import files
+from transformer.infer import compare
 from transformer.sweeps import runner, spec
 
 # Metrics tried in order by metric='auto'; the first one that some point has is plotted.
 AUTO_METRICS = ("test/wer", "test/bleu", "test/bits_per_char", "test/bits_per_byte",
                 "test/bits_per_token", "test/loss", "dev/wer", "dev/bleu", "dev/loss")
 HIGHER_IS_BETTER = ("bleu", "accuracy")
+# Columns results.md shows even when every point has the same value (others are left out).
+KEPT = ("point", "params", "steps", "status")
 
 
 def count_params(workdir: str) -> int | None:
@@ -29,21 +29,6 @@ def count_params(workdir: str) -> int | None:
   except Exception as e:  # pylint: disable=broad-except
     logging.warning("cannot count the parameters of %s: %s", workdir, str(e).splitlines()[:1])
     return None
-
-
-def _metrics_jsonl(workdir: str) -> list[dict[str, Any]]:
-  path = os.path.join(workdir, "metrics.jsonl")
-  records = []
-  if files.exists(path):
-    for line in files.read_text(path).split("\n"):
-      with contextlib.suppress(ValueError):  # a line cut by a kill (or the empty end)
-        records.append(json.loads(line))
-  return records
-
-
-def _sort_metrics(keys: Sequence[str]) -> list[str]:
-  first = ("loss", "accuracy", "perplexity")
-  return sorted(keys, key=lambda k: (first.index(k) if k in first else len(first), k))
 
 
 def collect(points: Sequence[spec.Point], eval_split: str = "test") -> list[dict[str, Any]]:
@@ -61,19 +46,11 @@ def collect(points: Sequence[spec.Point], eval_split: str = "test") -> list[dict
       if record["params"] is not None:
         runner.write_record(p, record)
     row["params"] = record.get("params")
-    logged = _metrics_jsonl(p.workdir)
-    row["steps"] = max((r.get("step", 0) for r in logged), default=None)
-    evals = [r for r in logged if any(k.startswith("eval/") for k in r)]
-    if evals:
-      dev = {k[len("eval/"):]: v for k, v in evals[-1].items() if k.startswith("eval/")}
-      row |= {f"dev/{k}": dev[k] for k in _sort_metrics(list(dev))}
-    test = runner.read_json(os.path.join(p.workdir, f"metrics.{eval_split}.json"))
-    if isinstance(test, dict):
-      names = [k for k, v in test.items() if k != "step"
-               and isinstance(v, (int, float)) and not isinstance(v, bool)]
-      row |= {f"{eval_split}/{k}": test[k] for k in _sort_metrics(names)}
-    rates = [r["perf/tokens_per_sec"] for r in logged if "perf/tokens_per_sec" in r]
-    row["tokens_per_sec"] = statistics.median(rates[1:] or rates) if rates else None
+    run = compare.read_run(p.workdir, strict=False)
+    logged = run.logged
+    row["steps"] = run.steps
+    row |= compare.last_eval(logged) | compare.split_metrics(run, eval_split)
+    row["tokens_per_sec"] = compare.median_rate(logged)
     row["wall_seconds"] = record.get("train_seconds")
     # Results copied without checkpoints (e.g. from a bucket) count as done by their metrics.
     finished = runner.trained_step(p) is not None or (row["steps"] or 0) >= p.num_steps
@@ -92,20 +69,6 @@ def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
   return head + dev + [k for k in metrics if k not in dev] + [k for k in tail if k in seen]
 
 
-def _fmt(key: str, value: Any) -> str:
-  if value is None or value == "":
-    return ""
-  if key == "params" and isinstance(value, (int, float)):
-    return f"{value / 1e6:.2f}M" if value >= 1e5 else f"{value:,}"
-  if key == "wall_seconds" and isinstance(value, (int, float)):
-    return f"{value / 60:.1f} min" if value >= 120 else f"{value:.0f} s"
-  if key == "tokens_per_sec" and isinstance(value, (int, float)):
-    return f"{value:,.0f}"
-  if isinstance(value, float):
-    return f"{value:.4g}"
-  return str(value)
-
-
 def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
   """results.csv: every column, raw values, blank where a point has none."""
   cols = columns(rows)
@@ -115,19 +78,23 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
     writer.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in cols} for row in rows)
 
 
-def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
-  """A Markdown table of the rows; the best value of `metric` in bold."""
-  cols = columns(rows)
-  values = [r.get(metric) for r in rows if isinstance(r.get(metric), (int, float))]
+def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None,
+             groups: Sequence[Sequence[int]] = ()) -> str:
+  """A Markdown table of the rows, the best value of `metric` in bold, columns equal in every
+  row left out (but KEPT and results); `groups` (compare.seed_groups of the points' overrides):
+  where one has n > 1 points, a second table with one row per group, mean ± std."""
+  cols = compare.shown_columns(rows, columns(rows), keep=KEPT)
+  values = [r.get(metric) for r in rows if compare.is_number(r.get(metric))]
   better = max if metric and any(h in metric for h in HIGHER_IS_BETTER) else min
   best = better(values) if metric and values else None
-  lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-  for row in rows:
-    cells = [_fmt(k, row.get(k)) for k in cols]
-    if best is not None and row.get(metric) == best:
-      cells[cols.index(metric)] = f"**{cells[cols.index(metric)]}**"
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines) + "\n"
+  text = compare.markdown_table(rows, cols, bold=None if best is None else (metric, best))
+  if any(len(g) > 1 for g in groups):
+    grouped = [compare.group_row([rows[i] for i in g], (), name="point") for g in groups]
+    cols = [c for c in compare.shown_columns(grouped, columns(grouped), keep=("n", *KEPT))
+            if c != "point"]  # the swept values name each group
+    text += ("\nPoints that differ only in their seeds, n of them: mean ± sample standard "
+             "deviation.\n\n" + compare.markdown_table(grouped, cols))
+  return text
 
 
 def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
@@ -146,32 +113,24 @@ def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
   plt.close(fig)
 
 
-def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> None:
-  """train/loss, eval/loss and the metric's eval/ curve of every point against the step."""
-  from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
+def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> bool:
+  """train/loss, eval/loss and the metric's eval/ curve of every point against the step, each
+  panel only where two points logged it; False if none did (nothing written)."""
+  from transformer.infer import viz  # pylint: disable=g-import-not-at-top  (Agg; plots only)
   keys = ["train/loss", "eval/loss"]
   if metric and "/" in metric and metric.split("/", 1)[1] != "loss":
     keys.append("eval/" + metric.split("/", 1)[1])
-  fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.6), squeeze=False)
-  for key, ax in zip(keys, axes[0]):
-    for p in points:
-      xy = [(r["step"], r[key]) for r in _metrics_jsonl(p.workdir) if key in r and "step" in r]
-      if xy:
-        ax.plot(*zip(*xy), marker="." if len(xy) < 30 else None, label=p.name)
-    ax.set(title=key, xlabel="step")
-    ax.grid(alpha=0.3)
-  handles, names = axes[0][0].get_legend_handles_labels()
-  if handles:
-    fig.legend(handles, names, loc="lower center", ncol=min(3, len(names)), fontsize=8,
-               bbox_to_anchor=(0.5, -0.02 - 0.05 * ((len(names) - 1) // 3)))
-  fig.tight_layout(rect=(0, 0.08 + 0.05 * ((len(names) - 1) // 3) if handles else 0, 1, 1))
-  fig.savefig(path, dpi=100, bbox_inches="tight")
-  plt.close(fig)
+  fig = viz.plot_compared_curves({p.name: [compare.read_logged(p.workdir)] for p in points}, keys,
+                                 save_path=path)
+  if fig is not None:
+    viz.plt.close(fig)
+  return fig is not None
 
 
 def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto",
                  eval_split: str = "test", title: str = "") -> dict[str, Any]:
-  """Writes results.csv, .md, .png and curves.png; returns {'rows', 'metric', and the paths}."""
+  """Writes results.csv, .md, .png and curves.png; returns {'rows', 'metric', 'markdown' (the
+  tables of results.md) and the paths}."""
   os.makedirs(workdir, exist_ok=True)
   rows = collect(points, eval_split or "test")
   chosen = metric if metric != "auto" else next(
@@ -179,12 +138,12 @@ def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto
   out = {"rows": rows, "metric": chosen, "csv": os.path.join(workdir, "results.csv"),
          "md": os.path.join(workdir, "results.md")}
   write_csv(rows, out["csv"])
+  out["markdown"] = markdown(rows, chosen, compare.seed_groups([p.overrides for p in points]))
   with open(out["md"], "w") as f:
-    f.write((f"{title}\n\n" if title else "") + markdown(rows, chosen))
+    f.write((f"{title}\n\n" if title else "") + out["markdown"])
   if chosen and any(isinstance(r.get(chosen), (int, float)) for r in rows):
     out["plot"] = os.path.join(workdir, "results.png")
     plot_metric(rows, chosen, out["plot"])
-  if any(_metrics_jsonl(p.workdir) for p in points):
+  if plot_curves(points, chosen, os.path.join(workdir, "curves.png")):
     out["curves"] = os.path.join(workdir, "curves.png")
-    plot_curves(points, chosen, out["curves"])
   return out
