@@ -115,13 +115,30 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
     writer.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in cols} for row in rows)
 
 
+def constant_columns(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> dict[str, Any]:
+  """{column: value} of the columns (but `point`) whose value is the same in every row, of two
+  rows or more; a column empty in every row maps to None."""
+  if len(rows) < 2:
+    return {}
+  out = {}
+  for k in cols:
+    values = [None if r.get(k) == "" else r.get(k) for r in rows]
+    if k != "point" and all(v == values[0] for v in values):
+      out[k] = values[0]
+  return out
+
+
 def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
-  """A Markdown table of the rows; the best value of `metric` in bold."""
-  cols = columns(rows)
+  """A Markdown table of the rows without the columns the same for every point (their values
+  stated once above it); the best value of `metric` in bold."""
+  constant = constant_columns(rows, columns(rows))
+  cols = [k for k in columns(rows) if k not in constant]
   values = [r.get(metric) for r in rows if isinstance(r.get(metric), (int, float))]
   better = max if metric and any(h in metric for h in HIGHER_IS_BETTER) else min
-  best = better(values) if metric and values else None
-  lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+  best = better(values) if metric in cols and values else None
+  same = [f"{k} {_fmt(k, v)}" for k, v in constant.items() if v is not None]
+  lines = [f"Every point: {', '.join(same)}.", ""] if same else []
+  lines += ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
   for row in rows:
     cells = [_fmt(k, row.get(k)) for k in cols]
     if best is not None and row.get(metric) == best:
@@ -130,10 +147,12 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
-  """Horizontal bars: `metric` per point (points without it are left out)."""
+def metric_figure(rows: Sequence[dict[str, Any]], metric: str) -> Any:
+  """Horizontal bars: `metric` per point that has it; None for fewer than two (no comparison)."""
   from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
   have = [r for r in rows if isinstance(r.get(metric), (int, float))]
+  if len(have) < 2:
+    return None
   fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(have), 2) + 1.2))
   ax.barh([r["point"] for r in have], [r[metric] for r in have], color="tab:blue")
   ax.invert_yaxis()  # the sweep's order, top to bottom
@@ -142,16 +161,26 @@ def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
   ax.set(xlabel=metric, title=f"{metric} per point")
   ax.grid(axis="x", alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  return fig
 
 
-def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> None:
-  """train/loss, eval/loss and the metric's eval/ curve of every point against the step."""
-  from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
+def curve_panels(points: Sequence[spec.Point], metric: str | None) -> list[str]:
+  """The curves worth a panel: train/loss, eval/loss and the metric's eval/ key, each only where
+  some point logged it at two steps or more (one evaluation is a value, not a curve)."""
   keys = ["train/loss", "eval/loss"]
   if metric and "/" in metric and metric.split("/", 1)[1] != "loss":
     keys.append("eval/" + metric.split("/", 1)[1])
+  logged = [_metrics_jsonl(p.workdir) for p in points]
+  return [k for k in keys if any(len({r["step"] for r in rows if k in r and "step" in r}) >= 2
+                                 for rows in logged)]
+
+
+def curves_figure(points: Sequence[spec.Point], metric: str | None) -> Any:
+  """curve_panels' curves of every point against the step; None when there is none."""
+  from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
+  keys = curve_panels(points, metric)
+  if not keys:
+    return None
   fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.6), squeeze=False)
   for key, ax in zip(keys, axes[0]):
     for p in points:
@@ -165,13 +194,19 @@ def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> 
     fig.legend(handles, names, loc="lower center", ncol=min(3, len(names)), fontsize=8,
                bbox_to_anchor=(0.5, -0.02 - 0.05 * ((len(names) - 1) // 3)))
   fig.tight_layout(rect=(0, 0.08 + 0.05 * ((len(names) - 1) // 3) if handles else 0, 1, 1))
+  return fig
+
+
+def _save(fig: Any, path: str) -> None:
+  from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
   fig.savefig(path, dpi=100, bbox_inches="tight")
   plt.close(fig)
 
 
 def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto",
                  eval_split: str = "test", title: str = "") -> dict[str, Any]:
-  """Writes results.csv, .md, .png and curves.png; returns {'rows', 'metric', and the paths}."""
+  """Writes results.csv (every column), .md (constant columns stated above the table), .png and
+  curves.png (where they have something to compare); returns {'rows', 'metric', and the paths}."""
   os.makedirs(workdir, exist_ok=True)
   rows = collect(points, eval_split or "test")
   chosen = metric if metric != "auto" else next(
@@ -181,10 +216,9 @@ def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto
   write_csv(rows, out["csv"])
   with open(out["md"], "w") as f:
     f.write((f"{title}\n\n" if title else "") + markdown(rows, chosen))
-  if chosen and any(isinstance(r.get(chosen), (int, float)) for r in rows):
-    out["plot"] = os.path.join(workdir, "results.png")
-    plot_metric(rows, chosen, out["plot"])
-  if any(_metrics_jsonl(p.workdir) for p in points):
-    out["curves"] = os.path.join(workdir, "curves.png")
-    plot_curves(points, chosen, out["curves"])
+  for key, name, fig in (("plot", "results.png", chosen and metric_figure(rows, chosen)),
+                         ("curves", "curves.png", curves_figure(points, chosen))):
+    if fig is not None:
+      out[key] = os.path.join(workdir, name)
+      _save(fig, out[key])
   return out
