@@ -23,7 +23,7 @@ from transformer.model.models import build_model
 from transformer.run import provenance, reporting
 from transformer.run.restore import EvaluationError, load_run_config, read_params
 
-Progress = Callable[[int, int], None]  # (examples done, examples in all): at 0, after each batch
+Progress = Callable[[int, int], None]  # (done, in all; 0 when not known), called after each batch
 WHOLE_SPLIT = {"eval.num_batches": 0, "eval.num_decode_examples": 0}  # evaluate_split's defaults
 _STRESS = re.compile(r"\d")
 NUM_LM_SAMPLES = 4  # continuations sampled for a language model
