@@ -106,7 +106,8 @@ def test_running_points_print_status_lines_then_their_result(fake, tmp_path):
 
 def test_terminal_status_lines_are_redrawn_in_place(tmp_path):
   """On a terminal the status lines sit below the other lines: a refresh moves up over them and
-  clears before drawing the new ones; a line said meanwhile goes above them."""
+  clears before drawing the new ones; a line said meanwhile goes above them; an ended point's
+  line is drawn no more."""
   point = spec.Point(0, {}, "p", str(tmp_path / "p"), 10)
   _write_rows(point.workdir, [{"step": 4, "train/loss": 1.5, "time/elapsed_s": 1.0}])
   out = io.StringIO()
@@ -116,9 +117,11 @@ def test_terminal_status_lines_are_redrawn_in_place(tmp_path):
   assert out.getvalue() == "p: step 4/10  loss 1.5000\n"
   console.say("q: finished")
   assert out.getvalue().endswith("\x1b[1F\x1b[Jq: finished\np: step 4/10  loss 1.5000\n")
-  console.ended(point)
+  console.ended(point)  # the line that says so erases its status line for good
+  console.say("p: finished")
+  assert out.getvalue().endswith("p: step 4/10  loss 1.5000\n\x1b[1F\x1b[Jp: finished\n")
   console.refresh()
-  assert out.getvalue().endswith("p: step 4/10  loss 1.5000\n\x1b[1F\x1b[J")
+  assert out.getvalue().endswith("p: finished\n")
 
 
 def test_sweep_py_names_a_failed_points_log(tmp_path):

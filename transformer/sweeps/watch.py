@@ -145,7 +145,7 @@ class Console:
     self._running: dict[str, tuple[spec.Point, str]] = {}  # name -> (point, stage)
     self._shown: dict[str, Any] = {}  # plain lines: name -> the step its last line showed
     self._drawn = 0  # status lines on the terminal below the rest
-    self._last: list[str] = []  # the status lines drawn last
+    self._last: list[tuple[str, str]] = []  # the (name, status line) pairs drawn last
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
 
@@ -196,7 +196,7 @@ class Console:
     with self._lock:
       if self.stream is not None:
         self._erase()
-        self._draw([line for _, line in lines])
+        self._draw(lines)
         return
       for name, line in lines:
         seen = line.split("  ", 1)[0]  # '<name>: step S/N', or the whole line before a step
@@ -213,11 +213,13 @@ class Console:
       self.stream.write(f"\x1b[{self._drawn}F\x1b[J")
       self._drawn = 0
 
-  def _draw(self, lines: Sequence[str] | None = None) -> None:
-    lines = self._last if lines is None else lines
-    self._last = list(lines)
+  def _draw(self, lines: Sequence[tuple[str, str]] | None = None) -> None:
+    """Draws (name, status line) pairs: `lines`, else the last ones of points still running."""
+    lines = [(n, line) for n, line in (self._last if lines is None else lines)
+             if n in self._running]
+    self._last = lines
     width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would miscount
-    for line in lines:
+    for _, line in lines:
       self.stream.write(line[:width] + "\n")
     self._drawn = len(lines)
     self.stream.flush()
