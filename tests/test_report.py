@@ -28,8 +28,8 @@ def test_constant_columns_are_stated_once_above_the_table(tmp_path):
       "params": 12345, "steps": 300, "dev/decoded_examples": 16.0, "dev/scored_tokens": 410.0,
       "wall_seconds": None, "status": "done"}
   assert report.markdown(rows, "test/wer").splitlines() == [
-      "Every point: params 12,345, steps 300, dev/decoded_examples 16, dev/scored_tokens 410, "
-      "status done.",
+      "Same for every point: params 12,345, steps 300, dev/decoded_examples 16, "
+      "dev/scored_tokens 410, status done.",
       "",
       "| point | lr | dev/loss | test/wer |",
       "|---|---|---|---|",

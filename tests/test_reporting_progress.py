@@ -90,8 +90,9 @@ def test_evaluations_show_their_progress_then_their_result(tmp_path, capsys):
   results = evaluation.evaluate_split(workdir, split="test")
   out = capsys.readouterr()
   n = results["coverage"]["split_examples"]
-  assert out.err.splitlines()[:2] == ["evaluating (scoring the test split)", out.err.splitlines()[1]]
-  assert re.fullmatch(r"  \d+ batches in 0:\d\d", out.err.splitlines()[1])
-  assert out.err.splitlines()[2] == f"evaluating (decoding {n} examples)"
-  assert re.fullmatch(rf"  {n} examples in \d+:\d\d", out.err.splitlines()[3])
+  lines = out.err.splitlines()
+  assert lines[0] == "evaluating (scoring the test split)", lines
+  assert re.fullmatch(r"  \d+ batches in 0:\d\d", lines[1])
+  assert lines[2] == f"evaluating (decoding {n} examples)"
+  assert re.fullmatch(rf"  {n} examples in \d+:\d\d", lines[3])
   assert out.out.startswith("split") and os.path.exists(os.path.join(workdir, "metrics.test.json"))

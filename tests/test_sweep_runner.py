@@ -91,7 +91,7 @@ def test_report_lists_every_point_with_its_metrics(fake, tmp_path):
   shutil.rmtree(os.path.join(points[0].workdir, "checkpoints"))  # as collected from a bucket
   assert report.collect(points)[0]["status"] == "done"
   md = open(out["md"]).read()
-  assert md.startswith("t\n\nEvery point: steps 3, tokens_per_sec 250, status done.\n\n"
+  assert md.startswith("t\n\nSame for every point: steps 3, tokens_per_sec 250, status done.\n\n"
                        "| point | lr | dev/loss | dev/wer | test/loss | test/wer | wall_seconds |")
   assert "| **0.1** |" in md and md.count("**") == 2
   for key in ("plot", "curves"):

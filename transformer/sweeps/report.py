@@ -137,7 +137,7 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str:
   better = max if metric and any(h in metric for h in HIGHER_IS_BETTER) else min
   best = better(values) if metric in cols and values else None
   same = [f"{k} {_fmt(k, v)}" for k, v in constant.items() if v is not None]
-  lines = [f"Every point: {', '.join(same)}.", ""] if same else []
+  lines = [f"Same for every point: {', '.join(same)}.", ""] if same else []
   lines += ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
   for row in rows:
     cells = [_fmt(k, row.get(k)) for k in cols]
