@@ -5,7 +5,10 @@ Every point of the sweep file (configs/sweeps/*.py: `get_sweep()` -> list of ove
 as its own `python train.py` process, then `python eval.py --split=test`, in its own workdir
 `<workdir>/<name from its overrides>` (e.g. `runs/sweep_pos/positional=rope`). `--config.*` flags
 given here apply to every point. All keys and every point's config are validated before anything
-runs. At the end (or with --report_only) it writes `<workdir>/results.csv`, `results.md`,
+runs. While points run, the console shows a line per running point (step, loss, in-training
+metric, ETA; redrawn every 2 s on a terminal, else a line every 30 s when its step moved), and a
+line when a point finishes or fails (its exit code, its sweep.log, that log's last error line).
+At the end (or with --report_only) it writes `<workdir>/results.csv`, `results.md`,
 `results.png` (--metric per point) and `curves.png` (learning curves overlaid).
 
 Ctrl-C, SIGTERM or SIGHUP stops it: nothing new starts, the running points (each in its own
@@ -22,6 +25,7 @@ writes the report; `--execute` also runs the points, one after the other. Each p
 skips it when it is done, as a local rerun does.
 """
 
+import functools
 import os
 import shlex
 import signal
@@ -129,7 +133,11 @@ def run_sweep() -> None:
         runner.prepare_data(f.config, pending)
       except (ValueError, OSError) as e:  # ConfigError is a ValueError
         cli.fail(f"preparing the data: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    failed = runner.run(points, commands, parallel=f.parallel)
+    from transformer.sweeps import watch  # pylint: disable=g-import-not-at-top
+    terminal = sys.stdout.isatty()  # status lines redrawn in place; in a log, plain lines
+    console = watch.Console(functools.partial(print, flush=True), every=2.0 if terminal else 30.0,
+                            stream=sys.stdout if terminal else None)
+    failed = runner.run(points, commands, parallel=f.parallel, console=console)
   from transformer.sweeps import report  # pylint: disable=g-import-not-at-top
   title = f"`python sweep.py {shlex.join(report_flags())}`"
   out = report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)

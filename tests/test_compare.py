@@ -222,7 +222,7 @@ def test_command_line_prints_warnings_above_the_table_and_plots(tmp_path):
 
 def test_the_sweep_report_leaves_out_constant_columns_and_groups_seeds(tmp_path):
   """report.markdown (compare's functions): a swept key and counts equal in every point are left
-  out, params/steps/status kept; points that differ only in their seeds get a second table."""
+  out (their values stated once above the table), params/steps/status kept; points that differ only in their seeds get a second table."""
   rows = [{"point": f"seed={s},lr={lr}", "seed": str(s), "lr": str(lr), "opt": "adam",
            "params": 1000, "steps": 3, "dev/decoded_examples": 5, "dev/wer": w,
            "status": "done"}
@@ -230,7 +230,8 @@ def test_the_sweep_report_leaves_out_constant_columns_and_groups_seeds(tmp_path)
   overrides = [{"seed": s, "train.learning_rate": lr} for s, lr in [(0, 1.0), (1, 1.0), (0, 2.0),
                                                                     (1, 2.0)]]
   text = report.markdown(rows, "dev/wer", compare.seed_groups(overrides))
-  lines = text.splitlines()
+  same, lines = text.splitlines()[:2], text.splitlines()[2:]
+  assert same == ["Same for every point: opt adam, dev/decoded_examples 5.", ""]
   assert lines[0] == "| point | seed | lr | params | steps | dev/wer | status |"
   assert lines[2] == "| seed=0,lr=1.0 | 0 | 1.0 | 1,000 | 3 | **0.1** | done |"
   assert lines[9] == "| n | lr | params | steps | dev/wer | status |"  # seeds 0,1 in both

@@ -72,8 +72,9 @@ def test_runner_parallel_failure_rerun_skips_and_resumes(fake):
 def test_report_lists_every_point_with_its_metrics(fake, tmp_path):
   """results.csv has one row per point with the swept value, steps, the last dev evaluation, the
   test metrics, the median tokens/s of the logged windows after the first, the measured wall
-  time and status (done also without checkpoints, by the logged steps); results.md bolds the best
-  (lowest) test/wer; both PNGs are written."""
+  time and status (done also without checkpoints, by the logged steps); results.md states the
+  columns the same for every point once above its table and bolds the best (lowest) test/wer;
+  both PNGs are written."""
   points, commands = fake
   assert runner.run(points, commands, parallel=2, echo=lambda _: None) == []
   out = report.write_report(points, str(tmp_path / "w"), title="t")
@@ -90,7 +91,8 @@ def test_report_lists_every_point_with_its_metrics(fake, tmp_path):
   shutil.rmtree(os.path.join(points[0].workdir, "checkpoints"))  # as collected from a bucket
   assert report.collect(points)[0]["status"] == "done"
   md = open(out["md"]).read()
-  assert md.startswith("t\n\n| point | lr | params | steps | dev/loss |")
+  assert md.startswith("t\n\nSame for every point: tokens_per_sec 250, wall_seconds 1 s.\n\n"
+                       "| point | lr | params | steps | dev/loss | dev/wer | test/loss | test/wer |")
   assert "| **0.1** |" in md and md.count("**") == 2
   for key in ("plot", "curves"):
     with open(out[key], "rb") as f:

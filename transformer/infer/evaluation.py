@@ -9,7 +9,7 @@ import json
 import math
 import os
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +20,10 @@ from transformer.config import Config, ConfigError, DecodeConfig
 from transformer.infer.decoding import generate
 from transformer.model import ensemble as ensemble_lib, scoring
 from transformer.model.models import build_model
-from transformer.run import provenance
+from transformer.run import provenance, reporting
 from transformer.run.restore import EvaluationError, load_run_config, read_params
 
+Progress = Callable[[int, int], None]  # (done, in all; 0 when not known), called after each batch
 WHOLE_SPLIT = {"eval.num_batches": 0, "eval.num_decode_examples": 0}  # evaluate_split's defaults
 _STRESS = re.compile(r"\d")
 NUM_LM_SAMPLES = 4  # continuations sampled for a language model
@@ -41,8 +42,10 @@ def source_ids(task: Any, text: str) -> list[int]:
 def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[int]],
                    decode_cfg: DecodeConfig | None = None, *, eos_id: int,
                    batch_size: int = 0, rng: jax.Array | None = None,
-                   prefix_lm: bool | None = None) -> tuple[list[list[int]], list[float]]:
-  """(token lists up to EOS, scores) of encoder inputs or prompts, in batches of one shape."""
+                   prefix_lm: bool | None = None, progress: Progress | None = None
+                   ) -> tuple[list[list[int]], list[float]]:
+  """(token lists up to EOS, scores) of encoder inputs or prompts, in batches of one shape;
+  `progress(done, total)` is called before the first batch and after each."""
   if not ids:
     return [], []
   decode_cfg = decode_cfg or cfg.eval.decode
@@ -58,6 +61,8 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
       raise EvaluationError(f"a prompt of {width} tokens leaves no room to decode within "
                             f"model.max_len={max_len}")
   tokens_out, scores_out = [], []
+  if progress is not None:
+    progress(0, len(ids))
   for start in range(0, len(ids), b):
     chunk = list(ids[start:start + b])
     array = np.zeros((b, width), np.int32)
@@ -69,17 +74,21 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
     for row, score in zip(np.asarray(tokens)[:len(chunk)].tolist(), np.asarray(scores)):
       tokens_out.append(row[:row.index(eos_id)] if eos_id in row else [t for t in row if t])
       scores_out.append(float(score))
+    if progress is not None:
+      progress(len(tokens_out), len(ids))
   return tokens_out, scores_out
 
 
 def decode_split(cfg: Config, model: Any, params: Any, task: Any, split: str,
-                 num_examples: int = 0) -> list[dict[str, Any]]:
-  """Decodes (the first `num_examples` of) a seq2seq split into prediction records."""
+                 num_examples: int = 0, progress: Progress | None = None
+                 ) -> list[dict[str, Any]]:
+  """Decodes (the first `num_examples` of) a seq2seq split into prediction records; `progress`
+  as decode_batches'."""
   examples = list(task.eval_examples(split))[:num_examples or None]
   tok = task.target_tokenizer
   ids = [source_ids(task, e["source"]) for e in examples]
   tokens, scores = decode_batches(cfg, model, params, ids, eos_id=tok.eos_id,
-                                  rng=jax.random.key(cfg.seed))
+                                  rng=jax.random.key(cfg.seed), progress=progress)
   return [dict(source=e["source"], references=list(e["references"]), hypothesis=tok.decode(t),
                score=s) for e, t, s in zip(examples, tokens, scores)]
 
@@ -140,18 +149,20 @@ def prediction_metrics(names: Iterable[str], predictions: Sequence[dict[str, Any
 
 
 def decode_metrics(cfg: Config, model: Any, params: Any, task: Any, split: str,
-                   num_examples: int = 0) -> dict[str, float]:
-  """Task metrics from decoding `split`, and how many examples they cover; {} for LMs."""
+                   num_examples: int = 0, progress: Progress | None = None) -> dict[str, float]:
+  """Task metrics from decoding `split`, and how many examples they cover; {} for LMs.
+  `progress(done, total)`: as decode_batches'."""
   if getattr(task, "kind", "seq2seq") == "lm" or not getattr(task, "decodes", True):
     return {}
-  predictions = decode_split(cfg, model, params, task, split, num_examples)
+  predictions = decode_split(cfg, model, params, task, split, num_examples, progress)
   out = prediction_metrics(metric_names(cfg, task), predictions)
   return {"eval/" + k: v for k, v in (out | {"decoded_examples": len(predictions)}).items()}
 
 
-def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str
-                   ) -> tuple[dict[str, float], dict[str, int]]:
-  """Loss, accuracy, perplexity over eval.num_batches of `split` (0 = all), and their coverage."""
+def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str,
+                   progress: Progress | None = None) -> tuple[dict[str, float], dict[str, int]]:
+  """Loss, accuracy, perplexity over eval.num_batches of `split` (0 = all), and their coverage;
+  `progress(batches done, 0)` after each batch."""
   step = jax.jit(scoring.make_eval_step(model))
   totals = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0}
   split_tokens = 0.0
@@ -162,6 +173,8 @@ def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str
       continue
     for k, v in jax.device_get(step(params, batch)).items():  # per-class counts are arrays
       totals[k] = totals.get(k, 0.0) + np.asarray(v, np.float64)
+    if progress is not None:
+      progress(i + 1, 0)
   if not totals["weight_sum"]:
     raise EvaluationError(f"split {split!r} has no target tokens to evaluate")
   scores = scoring.teacher_forced_metrics(totals)
@@ -240,6 +253,16 @@ def read_members(workdirs: Sequence[str], overrides: dict[str, Any], step: int |
                    for c, w in zip(configs, workdirs)]
 
 
+def _console_progress(split: str, verbose: bool
+                      ) -> tuple[reporting.TaskProgress, reporting.TaskProgress]:
+  """evaluate_split's progress on stderr: scoring the split's batches, then decoding (silent
+  unless `verbose`)."""
+  return (reporting.TaskProgress(lambda _: f"evaluating (scoring the {split} split)", "batches",
+                                 enabled=verbose),
+          reporting.TaskProgress(lambda n: f"evaluating (decoding {n} examples)", "examples",
+                                 enabled=verbose))
+
+
 def evaluate_split(workdir: str, split: str = "test", step: int | str | None = None,
              overrides: dict[str, Any] | None = None, task: Any = None,
              verbose: bool = True, params: str = "auto", average_last: int = 0,
@@ -270,7 +293,9 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
                 "ensemble_params": [r.source for r in restored]}
     if average_last:
       results["ensemble_averaged_steps"] = [list(r.steps) for r in restored]
-  scores, coverage = teacher_forced(cfg, model, params, task, split)
+  scoring_progress, decoding_progress = _console_progress(split, verbose)
+  scores, coverage = teacher_forced(cfg, model, params, task, split, scoring_progress)
+  scoring_progress.close()
   results |= scores
   names = metric_names(cfg, task)
   if cfg.model.arch == "encoder_only" or cfg.data.objective != "none":
@@ -282,7 +307,9 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
       results[f"bits_per_{unit}"] = metrics_lib.bits_per_unit(results["loss"])
     predictions = sample_continuations(cfg, model, params, task, split)
   else:
-    predictions = decode_split(cfg, model, params, task, split, cfg.eval.num_decode_examples)
+    predictions = decode_split(cfg, model, params, task, split, cfg.eval.num_decode_examples,
+                               decoding_progress)
+    decoding_progress.close()
     results |= prediction_metrics(names, predictions)
     coverage = {"decoded_examples": len(predictions),
                 "split_examples": len(task.eval_examples(split))} | coverage

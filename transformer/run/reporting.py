@@ -1,16 +1,19 @@
 """Run reporting: metrics.jsonl, TensorBoard, config.json and provenance.json, optionally a
-Weights & Biases run (train.wandb_project), the progress bar, throughput and MFU (model FLOPs,
-Chowdhery et al. 2022, appendix B, over the devices' peak; CPUs have none: pass one as
-`--config.peak_flops`), and `maybe_profile`.
+Weights & Biases run (train.wandb_project), the progress bar (its ETA from training's own step
+rate: 'compiling' until the first step ends, evaluations not counted; an evaluation's progress,
+then its result line), `TaskProgress` for eval.py, throughput and MFU (model FLOPs, Chowdhery et
+al. 2022, appendix B, over the devices' peak; CPUs have none: pass one as `--config.peak_flops`),
+and `maybe_profile`.
 """
 
 import contextlib
 import importlib.util
 import json
 import os
+import sys
 import time
 import uuid
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TextIO
 
 import jax
 
@@ -128,6 +131,41 @@ def _resume_jsonl(path: str, last_step: int) -> float:
   return float(elapsed[-1]) if elapsed and last_step else 0.0
 
 
+def duration(seconds: float) -> str:
+  """'m:ss', or 'h:mm:ss' from an hour on."""
+  minutes, secs = divmod(int(round(max(seconds, 0.0))), 60)
+  hours, minutes = divmod(minutes, 60)
+  return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class StepTimer:
+  """Training's step rate: measured from the first step's completion after a compile (the time
+  before it is compilation's), and paused during evaluations."""
+
+  def __init__(self):
+    self.steps, self.seconds = 0, 0.0  # counted so far, over the closed and the open interval
+    self._mark: tuple[int, float] | None = None  # (step, time) the open interval starts at
+    self.compiling = True  # until the first tick
+
+  def tick(self, step: int, now: float) -> None:
+    """A step ended (or was dispatched, one step behind the device) at `now`."""
+    if self._mark is not None and step > self._mark[0]:
+      self.steps += step - self._mark[0]
+      self.seconds += now - self._mark[1]
+    self._mark = (step, now)
+    self.compiling = False
+
+  def pause(self) -> None:
+    """The time until the next tick is not training's (an evaluation, a save)."""
+    self._mark = None
+
+  def eta(self, step: int, total: int | None) -> float | None:
+    """Seconds until `total` at the measured rate; None before two ticks or without a total."""
+    if not total or not self.steps or self.seconds <= 0:
+      return None
+    return max(total - step, 0) * self.seconds / self.steps
+
+
 class Reporter:
   """Writes a run's files and shows progress; a no-op unless `is_main_process`."""
 
@@ -146,8 +184,12 @@ class Reporter:
     self.peak_flops_per_device = peak_flops_per_device
     self.num_devices = num_devices or jax.device_count()
     self._step = start_step
+    self._total = total_steps
     self._last_rates: dict[str, float] = {}
     self._loss: float | None = None  # the latest training loss, shown on the bar
+    self.timer = StepTimer()  # the ETA's step rate
+    self._eval_started: float | None = None  # perf_counter() when the running evaluation began
+    self._shown = 0.0  # perf_counter() of the bar's last refresh during an evaluation
     self.reset_throughput()
     self._writer = self._bar = self._wandb = None
     if not self.active:
@@ -167,8 +209,10 @@ class Reporter:
     self._writer = SummaryWriter(workdir, purge_step=start_step + 1 if start_step else None)
     if show_progress:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top  (only on a terminal)
+      # tqdm's own rate and remaining time would count compilation and evaluations: ours instead.
       self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
-                       mininterval=1.0, smoothing=0.1)
+                       mininterval=1.0, postfix="compiling",
+                       bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
 
   def add_tokens(self, tokens: int, nonpad_tokens: int) -> None:
     """Counts one step's tokens (all positions, and non-padding ones) of this host's batch."""
@@ -199,19 +243,61 @@ class Reporter:
     self.reset_throughput()
     return rates
 
-  def progress(self, step: int, loss: float | None = None) -> None:
-    """Moves the bar to `step`; shows the latest loss given (here or to write_scalars), tokens/s."""
-    if self._bar is None:
-      return
-    if step > self._step:
-      self._bar.update(step - self._step)
-      self._step = step
-    self._loss = self._loss if loss is None else loss
-    postfix = {} if self._loss is None else {"loss": f"{self._loss:.4f}"}
+  def status(self) -> str:
+    """The bar's postfix: 'compiling' until the first step ends, then the ETA (once a step rate
+    is measured), the latest loss and tokens/s."""
+    if self.timer.compiling:
+      return "compiling"
+    eta = self.timer.eta(self._step, self._total)
+    parts = [] if eta is None else [f"ETA {duration(eta)}"]
+    if self._loss is not None:
+      parts.append(f"loss={self._loss:.4f}")
     if "perf/tokens_per_sec" in self._last_rates:
-      postfix["tok/s"] = f"{self._last_rates['perf/tokens_per_sec']:.0f}"
-    if postfix:
-      self._bar.set_postfix(postfix, refresh=False)
+      parts.append(f"tok/s={self._last_rates['perf/tokens_per_sec']:.0f}")
+    return ", ".join(parts)
+
+  def progress(self, step: int, loss: float | None = None) -> None:
+    """Times `step` (StepTimer.tick) and moves the bar to it; shows the ETA, the latest loss given
+    (here or to write_scalars) and tokens/s."""
+    self.timer.tick(step, time.perf_counter())
+    self._show(step, loss)
+
+  def _show(self, step: int, loss: float | None = None) -> None:
+    self._loss = self._loss if loss is None else loss
+    moved, self._step = step - self._step, max(step, self._step)
+    if self._bar is not None:
+      self._bar.set_postfix_str(self.status(), refresh=False)
+      if moved > 0:
+        self._bar.update(moved)
+
+  def evaluating(self, done: int = 0, total: int = 0) -> None:
+    """An evaluation runs (its time not training's): the bar says so, with `done` of `total`
+    decoded examples once decoding has begun (a decode_split progress callback)."""
+    if self._eval_started is None:
+      self.timer.pause()
+      self._eval_started = time.perf_counter()
+    now = time.perf_counter()
+    if self._bar is None or (0 < done < total and now - self._shown < 0.5):
+      return
+    self._shown = now
+    what = f"decoding {total} examples) {done}/{total}" if total else "scoring)"
+    self._bar.set_postfix_str(f"evaluating ({what}", refresh=True)
+
+  def evaluated(self, step: int, metrics: Mapping[str, Any], name: str = "") -> None:
+    """Prints the evaluation's result line above the bar: its loss and task metrics, its time."""
+    seconds = time.perf_counter() - (self._eval_started or time.perf_counter())
+    if self._bar is not None:
+      shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float))
+               and k.split("/")[-1] not in ("scored_tokens", "decoded_examples", "perplexity")}
+      values = ", ".join(f"{k} {v:.4f}" for k, v in shown.items())
+      who = f"{name}: " if name else ""
+      self._bar.set_postfix_str(self.status(), refresh=False)
+      self._bar.write(f"{who}step {step}: {values or 'evaluated'} ({duration(seconds)})",
+                      file=sys.stderr)
+
+  def evaluation_done(self) -> None:
+    """Training resumes: the step rate goes on from the next step."""
+    self._eval_started = None
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Appends {"step", **scalars} to metrics.jsonl and writes each scalar to TensorBoard."""
@@ -226,7 +312,7 @@ class Reporter:
     if self._wandb is not None:
       self._wandb.log({"step": int(step), **values})
     if "train/loss" in values:
-      self.progress(step, values["train/loss"])
+      self._show(step, values["train/loss"])
 
   def close(self) -> None:
     """Flushes and closes the TensorBoard writer, the bar and the W&B run."""
@@ -236,6 +322,47 @@ class Reporter:
     if self._wandb is not None:
       self._wandb.finish()
     self._writer = self._bar = self._wandb = None
+
+
+class TaskProgress:
+  """A task's progress on the console (stderr), as a (done, total) callback: a tqdm bar on a
+  terminal; elsewhere (a log file) a line when it starts and one when it ends."""
+
+  def __init__(self, describe: Callable[[int], str], unit: str, stream: TextIO | None = None,
+               enabled: bool = True):
+    self.describe, self.unit = describe, unit  # describe(total) -> 'evaluating (...)'
+    self.stream = stream or sys.stderr
+    self.enabled = enabled
+    self._bar = None
+    self._started: float | None = None
+    self._done = 0
+
+  def __call__(self, done: int, total: int = 0) -> None:
+    """`done` of `total` (0: not known) are done."""
+    if not self.enabled:
+      return
+    if self._started is None:
+      self._started = time.perf_counter()
+      if self.stream.isatty():
+        from tqdm import tqdm  # pylint: disable=g-import-not-at-top  (as Reporter's)
+        self._bar = tqdm(total=total or None, desc=self.describe(total), unit=self.unit,
+                         file=self.stream, leave=False, mininterval=0.5)
+      else:
+        print(self.describe(total), file=self.stream, flush=True)
+    if self._bar is not None:
+      self._bar.update(done - self._done)
+    self._done = done
+
+  def close(self) -> None:
+    """Ends the bar; off a terminal, prints what was done and how long it took."""
+    if self._started is None:
+      return
+    seconds = time.perf_counter() - self._started
+    if self._bar is not None:
+      self._bar.close()
+    else:
+      print(f"  {self._done} {self.unit} in {duration(seconds)}", file=self.stream, flush=True)
+    self._started, self._bar, self._done = None, None, 0
 
 
 _tracing = False  # whether maybe_profile has a jax.profiler trace running

@@ -80,14 +80,18 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
 
 def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None,
              groups: Sequence[Sequence[int]] = ()) -> str:
-  """A Markdown table of the rows, the best value of `metric` in bold, columns equal in every
-  row left out (but KEPT and results); `groups` (compare.seed_groups of the points' overrides):
-  where one has n > 1 points, a second table with one row per group, mean ± std."""
+  """A Markdown table of the rows, the best value of `metric` in bold; the columns equal in every
+  row (but KEPT and results) left out and their values stated once above it. `groups`
+  (compare.seed_groups of the points' overrides): where one has n > 1 points, a second table with
+  one row per group, mean ± std."""
   cols = compare.shown_columns(rows, columns(rows), keep=KEPT)
+  same = [f"{c} {compare.format_cell(c, rows[0].get(c))}" for c in columns(rows)
+          if c not in cols and rows[0].get(c) not in (None, "")]
   values = [r.get(metric) for r in rows if compare.is_number(r.get(metric))]
   better = max if metric and any(h in metric for h in HIGHER_IS_BETTER) else min
   best = better(values) if metric and values else None
-  text = compare.markdown_table(rows, cols, bold=None if best is None else (metric, best))
+  text = f"Same for every point: {', '.join(same)}.\n\n" if same else ""
+  text += compare.markdown_table(rows, cols, bold=None if best is None else (metric, best))
   if any(len(g) > 1 for g in groups):
     grouped = [compare.group_row([rows[i] for i in g], (), name="point") for g in groups]
     cols = [c for c in compare.shown_columns(grouped, columns(grouped), keep=("n", *KEPT))
@@ -97,10 +101,12 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None,
   return text
 
 
-def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
-  """Horizontal bars: `metric` per point (points without it are left out)."""
+def metric_figure(rows: Sequence[dict[str, Any]], metric: str) -> Any:
+  """Horizontal bars: `metric` per point that has it; None for fewer than two (no comparison)."""
   from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
-  have = [r for r in rows if isinstance(r.get(metric), (int, float))]
+  have = [r for r in rows if compare.is_number(r.get(metric))]
+  if len(have) < 2:
+    return None
   fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(have), 2) + 1.2))
   ax.barh([r["point"] for r in have], [r[metric] for r in have], color="tab:blue")
   ax.invert_yaxis()  # the sweep's order, top to bottom
@@ -109,8 +115,7 @@ def plot_metric(rows: Sequence[dict[str, Any]], metric: str, path: str) -> None:
   ax.set(xlabel=metric, title=f"{metric} per point")
   ax.grid(axis="x", alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  return fig
 
 
 def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> bool:
@@ -127,9 +132,16 @@ def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> 
   return fig is not None
 
 
+def _save(fig: Any, path: str) -> None:
+  from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+
+
 def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto",
                  eval_split: str = "test", title: str = "") -> dict[str, Any]:
-  """Writes results.csv, .md, .png and curves.png; returns {'rows', 'metric', 'markdown' (the
+  """Writes results.csv (every column), .md (constant columns stated above the table), .png and
+  curves.png (where they have something to compare); returns {'rows', 'metric', 'markdown' (the
   tables of results.md) and the paths}."""
   os.makedirs(workdir, exist_ok=True)
   rows = collect(points, eval_split or "test")
@@ -141,9 +153,9 @@ def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto
   out["markdown"] = markdown(rows, chosen, compare.seed_groups([p.overrides for p in points]))
   with open(out["md"], "w") as f:
     f.write((f"{title}\n\n" if title else "") + out["markdown"])
-  if chosen and any(isinstance(r.get(chosen), (int, float)) for r in rows):
+  if chosen and (fig := metric_figure(rows, chosen)) is not None:
     out["plot"] = os.path.join(workdir, "results.png")
-    plot_metric(rows, chosen, out["plot"])
+    _save(fig, out["plot"])
   if plot_curves(points, chosen, os.path.join(workdir, "curves.png")):
     out["curves"] = os.path.join(workdir, "curves.png")
   return out

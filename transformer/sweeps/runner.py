@@ -22,6 +22,7 @@ import ml_collections
 
 from transformer import cli, files
 from transformer.config import from_configdict
+from transformer.sweeps import watch
 from transformer.sweeps.spec import apply_overrides, Commands, Point, SweepError
 
 RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
@@ -200,8 +201,10 @@ def pending_commands(point: Point, commands: Commands) -> list[tuple[str, list[s
   return todo
 
 
-def run_point(point: Point, commands: Commands, launch: Launch = launch_subprocess) -> bool:
-  """Runs what `point` still needs; records wall time per stage; True if it succeeded."""
+def run_point(point: Point, commands: Commands, launch: Launch = launch_subprocess,
+              on_stage: Callable[[str], None] = lambda stage: None) -> bool:
+  """Runs what `point` still needs (calling `on_stage` with 'train' or 'eval' as each starts);
+  records wall time per stage; True if it succeeded."""
   os.makedirs(point.workdir, exist_ok=True)
   record = read_record(point) | {"name": point.name, "overrides": point.overrides,
                                  "run": point_run(point, commands)}
@@ -212,6 +215,7 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
       return False
     if stage == "eval" and evaluated(point, commands.eval_split, trained_step(point)):
       continue  # training had already finished (it only wrote its marker): evaluated before
+    on_stage(stage)
     start = time.time()
     code = launch(argv, log_path, commands.cwd)
     seconds = time.time() - start
@@ -231,35 +235,46 @@ def run_point(point: Point, commands: Commands, launch: Launch = launch_subproce
 
 
 def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
-        launch: Launch = launch_subprocess, echo: Callable[[str], None] = print) -> list[Point]:
-  """Runs every unfinished point, `parallel` at a time; returns the points that failed. A signal
-  (FORWARDED) reaches the running points; this waits for them and raises KeyboardInterrupt."""
+        launch: Launch = launch_subprocess, echo: Callable[[str], None] = print,
+        console: watch.Console | None = None) -> list[Point]:
+  """Runs every unfinished point, `parallel` at a time; returns the points that failed. Lines go
+  to `echo`, or through `console` (which also shows the running points' status lines): a line
+  when a point fails (its exit code and log) or finishes (its result). A signal (FORWARDED)
+  reaches the running points; this waits for them and raises KeyboardInterrupt."""
   global _stop_signal
   _stop_signal = None
   check_same_runs(points, commands)
+  console = console or watch.Console(echo)
   todo = []
   for p in points:
     state = status(p, commands)
     skipped = " (skipped)" if state == "done" else ""
-    echo(f"[{p.index + 1}/{len(points)}] {p.name}: {state}{skipped}")
+    console.say(f"[{p.index + 1}/{len(points)}] {p.name}: {state}{skipped}")
     if not skipped:
       todo.append(p)
   lock, failed = threading.Lock(), []
 
   def one(p: Point) -> None:
-    ok = run_point(p, commands, launch)
+    start = time.time()
+    try:
+      ok = run_point(p, commands, launch, on_stage=lambda stage: console.running(p, stage))
+    finally:
+      console.ended(p)
     with lock:
       if _stop_signal is not None and not ok:
         step = latest_checkpoint(p)
-        echo(f"{p.name}: stopped; " + ("no checkpoint yet" if step is None else
-                                       f"its latest checkpoint is step {step}"))
+        console.say(f"{p.name}: stopped; " + ("no checkpoint yet" if step is None else
+                                              f"its latest checkpoint is step {step}"))
+      elif ok:
+        console.say(watch.finished_line(p, commands.eval_split, time.time() - start))
       else:
-        echo(f"{p.name}: {'finished' if ok else 'FAILED, see ' + os.path.join(p.workdir, LOG)}")
+        attempts = read_record(p).get("attempts") or [{}]
+        console.say(watch.failed_line(p, attempts[-1], os.path.join(p.workdir, LOG)))
       if not ok:
         failed.append(p)
 
   pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel))
-  with _forwarding_signals(), pool:
+  with _forwarding_signals(), console, pool:
     futures = [pool.submit(one, p) for p in todo]
     try:
       for future in futures:

@@ -478,21 +478,24 @@ def _log(s: _Setup, step: int, window: list[dict[str, Any]]) -> None:
 
 
 def _evaluate(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int) -> bool:
-  """Evaluates every run (teacher-forced sums, then decoding) and writes its metrics; True when
-  early stopping asks to stop."""
-  cfg = s.cfg
+  """Evaluates every run (teacher-forced sums, then decoding, its progress on the bar) and writes
+  its metrics; True when early stopping asks to stop."""
+  cfg, bar = s.cfg, s.runs[0].reporter  # the one progress bar; its ETA does not count this
+  bar.evaluating()
   sums = eval_sums(cfg, compiled.eval, state, s.task)
   fetched_state = compiled.train.fetch_state(state)
   for r in s.runs:
     r.last_eval = scoring.teacher_forced_metrics(r.item(sums), prefix="eval/") if sums else {}
     r.last_eval |= evaluation.decode_metrics(
         r.cfg, s.model, steps.eval_params(r.item(fetched_state)), s.task, cfg.data.eval_split,
-        cfg.eval.num_decode_examples)
+        cfg.eval.num_decode_examples, progress=bar.evaluating)
   stop = False
   for r in s.runs:  # after every decode: a throughput window counts no evaluation
     r.reporter.write_scalars(step, r.last_eval)
     r.reporter.reset_throughput()
+    bar.evaluated(step, r.last_eval, r.name)
     stop = r.early.update(r.last_eval) or stop
+  bar.evaluation_done()
   return stop
 
 
