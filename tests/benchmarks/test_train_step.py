@@ -37,6 +37,9 @@ def test_a_bad_variant_is_one_line_naming_it(text, message, monkeypatch):
     train_step.variants(args, ["g2pfast"])
 
 
+# ~14 s: builds and runs the benchmark's g2p train step twice. What the default suite keeps: the
+# flag's parsing and its errors above; the train step itself in tests/train/test_steps.py.
+@pytest.mark.slow
 def test_rows_resizes_the_batch_and_nothing_else():
   """rows=N times the size's step on N rows of the same lengths: the tokens and FLOPs scale by
   N / rows, the model is the same (its parameter count in the FLOPs), and the step runs."""

@@ -13,6 +13,7 @@ is always Hugging Face's own forward pass or generate, never our code.
 
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -143,11 +144,17 @@ def hf_logits(model, inputs, inputs_mask, targets):
   return out.logits.numpy()
 
 
+@functools.cache
+def _jit_apply(model):
+  """model.apply compiled once per model (op-by-op dispatch compiles every op of the forward)."""
+  return jax.jit(model.apply)
+
+
 def our_logits(run, inputs, targets, params=None):
   """Our teacher-forced logits (EncoderDecoder.__call__: padding is id 0 on both sides)."""
   params = run.params if params is None else params
-  return np.asarray(run.model.apply({"params": params}, np.asarray(inputs, np.int32),
-                                    np.asarray(targets, np.int32)))
+  return np.asarray(_jit_apply(run.model)({"params": params}, np.asarray(inputs, np.int32),
+                                          np.asarray(targets, np.int32)))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import g2p_mini
-from decoding_fixtures import (_decode_cfg, _full_forward_log_probs, _length, _tiny_model,
-                               random_params)
+from decoding_fixtures import (_decode_cfg, _full_forward_log_probs, _jit_apply, _length,
+                               _tiny_model, random_params)
 from transformer.config import model_config
 from transformer.infer import decoding, evaluation
 from transformer.metrics import wer_per
@@ -72,7 +72,11 @@ def _two_members(arch):
   return (m1, m2), (p1, random_params(m2, init_args, seed=1)), src
 
 
-@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+# Each search once per architecture in the default suite (greedy encoder-decoder, beam
+# decoder-only); the other two pairs (~30 s each: two members' decoders compiled) under -m slow.
+# Each architecture's own cache under greedy and beam: tests/infer/test_decoding.py.
+@pytest.mark.parametrize("arch", ["encoder_decoder",
+                                  pytest.param("decoder_only", marks=pytest.mark.slow)])
 def test_ensemble_greedy_equals_mean_of_full_forward_probabilities(arch):
   """Cached ensemble greedy decoding picks at every step the argmax of the mean of the members'
   probabilities from uncached full forward passes, and its score is the log of that mean summed
@@ -96,7 +100,8 @@ def test_ensemble_greedy_equals_mean_of_full_forward_probabilities(arch):
     np.testing.assert_allclose(scores[r], mean[r, np.arange(n), gen[r, :n]].sum(), rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
+@pytest.mark.parametrize("arch", [pytest.param("encoder_decoder", marks=pytest.mark.slow),
+                                  "decoder_only"])
 def test_ensemble_beam_scores_are_the_mean_probability(arch):
   """Every beam's score is the length-penalised log of the members' mean probability of its
   tokens under uncached forward passes (each member's cache reordered with the beams), best first."""
@@ -153,7 +158,7 @@ def test_ensemble_eval_step_scores_the_mean_probability():
   targets = np.array([[3, 4, 5, 0], [6, 5, 0, 0], [7, 8, 9, 5]], np.int32)
   batch = {"inputs": jnp.asarray(src), "targets": jnp.asarray(targets)}
   sums = jax.device_get(jax.jit(scoring.make_eval_step(models))(params, batch))
-  mean = _np_log_mean_probs(*[jax.nn.log_softmax(m.apply({"params": p}, src, targets))
+  mean = _np_log_mean_probs(*[jax.nn.log_softmax(_jit_apply(m)({"params": p}, src, targets))
                               for m, p in zip(models, params)])
   weights = targets != 0
   nll = -np.take_along_axis(mean, targets[..., None], -1)[..., 0]

@@ -112,7 +112,13 @@ KNOBS = [  # between them: every positional kind, both norms and placements, gat
 ]
 
 
-@pytest.mark.parametrize("knobs,head", list(zip(KNOBS, ["mlm", "classify", "tag"])),
+# The first knob set in the default suite, the other two (~20-30 s each) under -m slow: the
+# encoder-only model is the encoder stack with a head, and that stack's positional kinds, norms,
+# FFNs, head dims, fused attention and scan/remat equality are the encoder-decoder's, tested in
+# tests/model/test_models_*.py and test_positional.py, test_layers.py, test_attention.py.
+@pytest.mark.parametrize("knobs,head", [
+    pytest.param(knobs, head, marks=[pytest.mark.slow] if i else [])
+    for i, (knobs, head) in enumerate(zip(KNOBS, ["mlm", "classify", "tag"]))],
                          ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items())
                          if isinstance(k, dict) else k)
 def test_every_encoder_knob_works_and_scan_remat_match_unrolled(knobs, head):
