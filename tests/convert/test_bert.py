@@ -89,7 +89,8 @@ def hf_logits(model, ids, mask):
 def our_logits(cfg, params, ids, mask):
   """Our logits on BERT's ids: ids + 4, padding our id 0; BERT's columns only."""
   ours = np.where(mask == 1, ids + bert.ID_OFFSET, 0).astype(np.int32)
-  logits = build_model(cfg.model).apply({"params": params}, inputs=ours)
+  # jitted: op by op, the forward pass would compile each of its operations on its own
+  logits = jax.jit(build_model(cfg.model).apply)({"params": params}, inputs=ours)
   vocab = cfg.model.vocab_size - bert.ID_OFFSET - bert.OBJECTIVE_IDS
   return np.asarray(logits)[..., bert.ID_OFFSET:bert.ID_OFFSET + vocab]
 

@@ -8,6 +8,7 @@ always Hugging Face's own forward pass or generate, never our code.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -131,8 +132,9 @@ def our_logits(run, ids, mask, positions, hf_config):
   """
   places = gpt2.our_ids(hf_config.to_dict())
   ours = np.where(mask, places[np.asarray(ids)], 0)
-  logits = run.model.apply({"params": run.params}, ours, np.asarray(positions),
-                           np.asarray(mask, np.int32), method="decode")
+  # jitted: op by op, the forward pass would compile each of its operations on its own
+  decode = jax.jit(functools.partial(run.model.apply, method="decode"))
+  logits = decode({"params": run.params}, ours, np.asarray(positions), np.asarray(mask, np.int32))
   return np.asarray(logits)[..., places]
 
 
