@@ -4,7 +4,7 @@ log-probabilities of `--from_hf` workdirs against Hugging Face's own, per family
   python benchmarks/hf_probabilities.py --out=docs/results/hf_probabilities
 
 For GPT-2, T5 and BERT, a tiny model is built offline from transformers' config class (every
-weight perturbed, as tests/test_convert*.py do) with a tokenizer trained here, once as it is
+weight perturbed, as tests/convert/*.py do) with a tokenizer trained here, once as it is
 ("random") and once after TRAIN_STEPS Adam steps in torch on a small corpus ("trained":
 non-degenerate, non-symmetric weights), saved, converted with `convert.from_hf`, and restored with
 `transformer.restore`. Our log-probabilities are the log-softmax over our whole vocabulary of the
@@ -108,7 +108,7 @@ def hf_model(family: str, tok) -> torch.nn.Module:
         intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0, pad_token_id=0))
   with torch.no_grad():
-    if family == "t5":  # as tests/test_convert_t5.py: T5's own init scales its unscaled attention
+    if family == "t5":  # as tests/convert/test_t5.py: T5's own init scales its unscaled attention
       for name, p in model.named_parameters():
         if "layer_norm" in name:
           p.mul_(1 + 0.3 * torch.randn_like(p))

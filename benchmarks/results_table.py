@@ -7,7 +7,7 @@ r"""The README's results table, generated from the records in docs/results/<name
 ROWS names the records shown, in order, and the metrics each row shows. A record holds one
 result (its command, hardware, wall clock and metrics; the schema is `load_record`'s); the table
 sits in README.md between the lines `<!-- results:begin -->` and `<!-- results:end -->`, and
-tests/test_results_table.py fails when it differs from what this script generates.
+tests/docs/test_results_table.py fails when it differs from what this script generates.
 """
 
 from __future__ import annotations

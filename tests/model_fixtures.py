@@ -1,4 +1,4 @@
-"""Shared fixtures of the model tests (tests/test_models_*.py): tiny configs, cached params.
+"""Shared fixtures of the model tests (tests/model/test_models_*.py): tiny configs, cached params.
 
 Tiny models (d_model 32, 4 heads sharing 2 kv heads (GQA), 2 layers, vocab 13) run eagerly, and
 every test uses the same few array shapes (batch 8, lengths 8, 4 and 1) so that XLA compiles each
