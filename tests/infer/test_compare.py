@@ -16,7 +16,7 @@ from transformer import config as config_lib, schema
 from transformer.infer import compare
 from transformer.sweeps import report
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def fingerprint(train_sha="aaa", dev_sha="bbb"):

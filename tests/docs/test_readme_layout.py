@@ -4,7 +4,7 @@ transformer/ is named there, and every file or folder it names exists."""
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def layout_block() -> str:
