@@ -1,6 +1,6 @@
-"""The `transformer` package's imports point one way (the README's Layout): the shared modules
-(schema, config, metrics, files) -> model -> data -> run -> infer -> train -> sweeps and
-convert; infer never imports train, model code never imports data, training or I/O code.
+"""The `transformer` package's imports point one way (the README's Layout; an arrow is an import):
+sweeps -> train -> infer -> run -> data, model -> the shared modules (schema, config, metrics);
+convert -> train; infer never imports train, model code never imports data, training or I/O code.
 
 Every module's imports are read with `ast`, function-level ones included, into a graph of
 `transformer.*` modules; `importlib.import_module("transformer.x")` and `__import__(...)` with a

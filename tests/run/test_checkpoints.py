@@ -207,7 +207,7 @@ def test_restore_from_8_devices_onto_1(tmp_path):
       jax.config.update("jax_num_cpu_devices", 8)
       from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
       from transformer.run import checkpoints
-      from tests.test_checkpoints import ckpt_cfg
+      from tests.run.test_checkpoints import ckpt_cfg
       mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "tensor"))
       state = {{"w": jax.device_put(jnp.arange(64.0).reshape(8, 8),
                                      NamedSharding(mesh, P("data", "tensor"))),
@@ -254,7 +254,7 @@ def test_sigkill_during_async_saves_leaves_a_restorable_latest(tmp_path):
   script = textwrap.dedent(f"""
       import sys, jax.numpy as jnp
       from transformer.run import checkpoints
-      from tests.test_checkpoints import ckpt_cfg
+      from tests.run.test_checkpoints import ckpt_cfg
       ckpt = checkpoints.Checkpointer({str(tmp_path)!r}, ckpt_cfg(every_steps=1, keep=2))
       for step in range(1, 10_000):
         ckpt.save(step, {{"w": jnp.full((100_000,), step, jnp.float32)}})

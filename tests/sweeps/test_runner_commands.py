@@ -61,26 +61,26 @@ def test_tpu_vm_commands_are_exact_and_never_executed(tmp_path):
   assert bad.returncode == 1 and bad.stderr == "error: --launcher=tpu_vm needs --zone, --bucket\n"
 
 
-def _readme_block_after(marker: str) -> str:
-  """The first fenced block after `marker` in README.md, `\\`-continued lines joined."""
-  with open(os.path.join(ROOT, "README.md")) as f:
+def _docs_block_after(marker: str) -> str:
+  """The first fenced block after `marker` in docs/sweeps.md, `\\`-continued lines joined."""
+  with open(os.path.join(ROOT, "docs", "sweeps.md")) as f:
     text = f.read()
   block = text[text.index(marker):].split("```", 2)[1]
   return re.sub(r"\\\n\s*", "", block.split("\n", 1)[1]).strip()
 
 
-def test_readme_tpu_sweep_lines_are_what_sweep_py_prints():
-  """README's "On a TPU pod": its command prints, for the point positional=rope, exactly
-  the ssh line the README shows, and its last line is exactly the collect command shown there."""
-  command = _readme_block_after("run them one after the other from your machine")
+def test_documented_tpu_sweep_lines_are_what_sweep_py_prints():
+  """docs/sweeps.md's "Sweeps on cloud TPUs": its command prints, for the point positional=rope,
+  exactly the ssh line the page shows, and its last line is exactly the collect command shown there."""
+  command = _docs_block_after("run them one after the other from your machine")
   args = shlex.split(command.replace(" [--execute]", ""))
   assert args[:2] == ["python", "sweep.py"]
   out = sweep_cli(*args[2:])
   assert out.returncode == 0, out.stderr
   lines = out.stdout.splitlines()
-  shown = _readme_block_after("which prints, for each point,").splitlines()
+  shown = _docs_block_after("which prints, for each point,").splitlines()
   assert lines[lines.index(shown[0]) + 1] == shown[1]
-  collect = _readme_block_after("the last line `sweep.py` printed is exactly this command")
+  collect = _docs_block_after("the last line `sweep.py` printed is exactly this command")
   assert lines[-1] == collect
 
 
