@@ -21,7 +21,7 @@ from transformer.model.positional import ENCODINGS
 
 
 V, SV = 13, 11  # target and source vocabulary sizes
-ARCHS = ['encoder_decoder', 'decoder_only']
+ARCHS = ["encoder_decoder", "decoder_only"]
 POSITIONALS = list(ENCODINGS)  # every encoding of the table
 TOL = dict(rtol=2e-5, atol=2e-5)
 B = 8  # batch size of every call
@@ -42,20 +42,20 @@ def _init(cfg):
   if cfg.scan_layers:
     return model, _stack_layers(_init(dataclasses.replace(cfg, scan_layers=False))[1])
   x = jnp.ones((B, 4), jnp.int32)
-  args = (x, x) if cfg.arch == 'encoder_decoder' else (x,)
-  params = nn.meta.unbox(model.init(jax.random.key(0), *args)['params'])
+  args = (x, x) if cfg.arch == "encoder_decoder" else (x,)
+  params = nn.meta.unbox(model.init(jax.random.key(0), *args)["params"])
   def scale(path, leaf):
-    names = {getattr(k, 'key', None) for k in path}
-    return leaf * 50.0 if names & {'relative_bias', 'position_embed'} else leaf
+    names = {getattr(k, "key", None) for k in path}
+    return leaf * 50.0 if names & {"relative_bias", "position_embed"} else leaf
   return model, jax.tree_util.tree_map_with_path(scale, params)
 
 
 def _forward(cfg, params, inputs, targets, **kw):
   model = build_model(cfg)
-  if cfg.arch == 'encoder_decoder':
-    return model.apply({'params': params}, jnp.asarray(inputs), jnp.asarray(targets), **kw)
-  kw = {k: v for k, v in kw.items() if not k.startswith('inputs_')}
-  return model.apply({'params': params}, jnp.asarray(targets), **kw)
+  if cfg.arch == "encoder_decoder":
+    return model.apply({"params": params}, jnp.asarray(inputs), jnp.asarray(targets), **kw)
+  kw = {k: v for k, v in kw.items() if not k.startswith("inputs_")}
+  return model.apply({"params": params}, jnp.asarray(targets), **kw)
 
 
 def _tile(row):
@@ -71,10 +71,10 @@ def _stack_layers(tree):
   """Unrolled params (layers_0, layers_1, ...) -> the scanned layout ('layers', stacked on axis 0)."""
   if not isinstance(tree, dict):
     return tree
-  names = sorted((k for k in tree if re.fullmatch(r'layers_\d+', k)), key=lambda k: int(k[7:]))
+  names = sorted((k for k in tree if re.fullmatch(r"layers_\d+", k)), key=lambda k: int(k[7:]))
   out = {k: _stack_layers(v) for k, v in tree.items() if k not in names}
   if names:
-    out['layers'] = jax.tree.map(lambda *xs: jnp.stack(xs), *[tree[k] for k in names])
+    out["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *[tree[k] for k in names])
   return out
 
 
@@ -82,9 +82,9 @@ def _unstack_layers(tree):
   """The inverse of _stack_layers."""
   if not isinstance(tree, dict):
     return tree
-  out = {k: _unstack_layers(v) for k, v in tree.items() if k != 'layers'}
-  if 'layers' in tree:
-    n = jax.tree.leaves(tree['layers'])[0].shape[0]
-    out.update({f'layers_{i}': jax.tree.map(lambda x, i=i: x[i], tree['layers'])
+  out = {k: _unstack_layers(v) for k, v in tree.items() if k != "layers"}
+  if "layers" in tree:
+    n = jax.tree.leaves(tree["layers"])[0].shape[0]
+    out.update({f"layers_{i}": jax.tree.map(lambda x, i=i: x[i], tree["layers"])
                 for i in range(n)})
   return out

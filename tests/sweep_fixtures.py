@@ -78,7 +78,7 @@ def fake(tmp_path):
   (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
   (tmp_path / "fake_eval.py").write_text(FAKE_EVAL)
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("train.learning_rate", '
-                     '[0.5, 1.0, 2.0])\n')
+                     "[0.5, 1.0, 2.0])\n")
   config = spec.apply_overrides(load_config_file(TINY), {"train.num_steps": 3})
   points = spec.plan(config, TINY, path, str(tmp_path / "w"))
   commands = spec.Commands(TINY, {"train.num_steps": 3}, python=sys.executable,

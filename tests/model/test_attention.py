@@ -57,12 +57,12 @@ def allowed_pairs(kind, b_, t_, valid=None, segments=None, prefix=None):
     for i in range(t_):
       for j in range(t_):
         ok = True
-        if kind in ('causal', 'segment', 'prefix'):
+        if kind in ("causal", "segment", "prefix"):
           ok = j <= i
-        if kind == 'padding':
+        if kind == "padding":
           ok = bool(valid[b, i] and valid[b, j])
-        if kind in ('segment', 'prefix'):
-          ok = ok or (kind == 'prefix' and bool(prefix[b, i] and prefix[b, j]))
+        if kind in ("segment", "prefix"):
+          ok = ok or (kind == "prefix" and bool(prefix[b, i] and prefix[b, j]))
           ok = ok and segments[b, i] == segments[b, j] and segments[b, i] != 0
         allowed[b][i][j] = ok
   return allowed
@@ -84,17 +84,17 @@ PREFIX = np.array([[1, 1, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0]], bool)
 
 
 def mask_for(kind):
-  if kind == 'causal':
+  if kind == "causal":
     return masks.causal_mask(T)
-  if kind == 'padding':
+  if kind == "padding":
     return masks.make_attention_mask(jnp.asarray(VALID), jnp.asarray(VALID))
-  if kind == 'segment':
+  if kind == "segment":
     return masks.combine_masks(masks.causal_mask(T), None,
                                    attention.segment_mask(jnp.asarray(SEGMENTS), jnp.asarray(SEGMENTS)))
   return masks.prefix_lm_mask(jnp.asarray(PREFIX), jnp.asarray(SEGMENTS))
 
 
-@pytest.mark.parametrize('kind', ['causal', 'padding', 'segment', 'prefix'])
+@pytest.mark.parametrize("kind", ["causal", "padding", "segment", "prefix"])
 def test_masks_match_pairwise_definition(kind):
   """Each mask builder equals its definition evaluated pair by pair (causal, padding, packed
   segments, prefix-LM over packed segments), broadcastable to [b, 1, t, t]."""
@@ -120,32 +120,32 @@ def test_position_masks_for_cache_slots():
   assert masks.combine_masks(None, None) is None
 
 
-@pytest.mark.parametrize('kind', ['causal', 'padding', 'segment', 'prefix'])
-@pytest.mark.parametrize('n,k,h,hv', [(4, 4, 8, 8), (4, 2, 8, 8), (4, 1, 6, 10), (2, 2, 8, 4)])
-@pytest.mark.parametrize('with_bias', [False, True])
+@pytest.mark.parametrize("kind", ["causal", "padding", "segment", "prefix"])
+@pytest.mark.parametrize("n,k,h,hv", [(4, 4, 8, 8), (4, 2, 8, 8), (4, 1, 6, 10), (2, 2, 8, 4)])
+@pytest.mark.parametrize("with_bias", [False, True])
 def test_attention_matches_naive_loops(kind, n, k, h, hv, with_bias):
   """dot_product_attention_weights (einsum) equals explicit loops over batch, heads and positions
   with the mask applied by hand, for MHA, GQA (k=2), MQA (k=1) with d_qk != d_v, and an additive
   bias; its weights equal the reference softmax (zeros on masked pairs). The same holds with keys
   and values in the KV-cache layout [b, k, s, *] (kv_cache.attend_rows)."""
   q, kk, v = random_qkv(B, T, T, n, k, h, hv)
-  bias = RNG.normal(size=(1 if kind == 'causal' else B, n, T, T)).astype(np.float32) if with_bias \
+  bias = RNG.normal(size=(1 if kind == "causal" else B, n, T, T)).astype(np.float32) if with_bias \
       else None
   want, want_w = naive_attention(q, kk, v, allowed_pairs(kind, B, T, VALID, SEGMENTS, PREFIX), bias)
   heads_major = lambda a: jnp.asarray(a).transpose(0, 2, 1, 3)
   attend = lambda q, k, v, mask, bias: attention.dot_product_attention_weights(
       q, k, v, mask=mask, bias=bias)
-  for layout, keys, values in (('bskh', jnp.asarray(kk), jnp.asarray(v)),
-                               ('bksh', heads_major(kk), heads_major(v))):
-    run = attend if layout == 'bskh' else functools.partial(kv_cache.attend_rows, attend)
+  for layout, keys, values in (("bskh", jnp.asarray(kk), jnp.asarray(v)),
+                               ("bksh", heads_major(kk), heads_major(v))):
+    run = attend if layout == "bskh" else functools.partial(kv_cache.attend_rows, attend)
     out, w = run(jnp.asarray(q), keys, values, mask_for(kind),
                  None if bias is None else jnp.asarray(bias))
     np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(w, want_w, atol=1e-6)
 
 
-@pytest.mark.parametrize('n,k,h,hv', [(4, 4, 8, 8), (4, 2, 8, 8), (4, 1, 6, 10), (2, 2, 8, 4)])
-@pytest.mark.parametrize('kind', ['padding', 'prefix'])
+@pytest.mark.parametrize("n,k,h,hv", [(4, 4, 8, 8), (4, 2, 8, 8), (4, 1, 6, 10), (2, 2, 8, 4)])
+@pytest.mark.parametrize("kind", ["padding", "prefix"])
 def test_fused_equals_einsum(n, k, h, hv, kind):
   """impl='fused' (jax.nn.dot_product_attention, zero-padded for d_qk != d_v) gives the same
   outputs as the einsum path, with GQA/MQA, a bias, and fully masked (padding) rows zeroed alike
@@ -153,27 +153,27 @@ def test_fused_equals_einsum(n, k, h, hv, kind):
   q, kk, v = map(jnp.asarray, random_qkv(B, T, T, n, k, h, hv))
   bias = jnp.asarray(RNG.normal(size=(B, n, T, T)).astype(np.float32))
   args = dict(mask=mask_for(kind), bias=bias)
-  fused = attention.dot_product_attention(q, kk, v, impl='fused', **args)
-  einsum = attention.dot_product_attention(q, kk, v, impl='einsum', **args)
+  fused = attention.dot_product_attention(q, kk, v, impl="fused", **args)
+  einsum = attention.dot_product_attention(q, kk, v, impl="einsum", **args)
   assert fused.shape == (B, T, n, hv)
   np.testing.assert_allclose(fused, einsum, atol=1e-5, rtol=1e-5)
   fused_attend = lambda q, k, v, mask, bias: (attention.dot_product_attention(
-      q, k, v, mask=mask, bias=bias, impl='fused'), None)
+      q, k, v, mask=mask, bias=bias, impl="fused"), None)
   fused_cache_layout, _ = kv_cache.attend_rows(
-      fused_attend, q, kk.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), args['mask'], bias)
+      fused_attend, q, kk.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), args["mask"], bias)
   np.testing.assert_allclose(fused_cache_layout, einsum, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize('impl', ['einsum', 'fused'])
+@pytest.mark.parametrize("impl", ["einsum", "fused"])
 def test_unscaled_logits_match_naive_loops(impl):
   """scale_logits=False (model.scale_attention_logits=False, T5) is softmax(q.k + bias) with no
   1/sqrt(h), on both paths, against the loops with the division left out (h = 8, so a scaled
   result would differ by far more than the tolerance)."""
   q, kk, v = random_qkv(B, T, T, 4, 2, 8, 8)
   bias = RNG.normal(size=(B, 4, T, T)).astype(np.float32)
-  want, _ = naive_attention(q, kk, v, allowed_pairs('padding', B, T, VALID), bias, scale=False)
+  want, _ = naive_attention(q, kk, v, allowed_pairs("padding", B, T, VALID), bias, scale=False)
   got = attention.dot_product_attention(jnp.asarray(q), jnp.asarray(kk), jnp.asarray(v),
-                                        mask=mask_for('padding'), bias=jnp.asarray(bias),
+                                        mask=mask_for("padding"), bias=jnp.asarray(bias),
                                         impl=impl, scale_logits=False)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
@@ -183,7 +183,7 @@ def test_fully_masked_row_is_finite_with_finite_gradients():
   implementations, and gradients through it stay finite."""
   q, kk, v = map(jnp.asarray, random_qkv(1, 3, 4, 2, 2, 4, 4))
   mask = jnp.ones((1, 1, 3, 4), bool).at[0, 0, 1].set(False)
-  for impl in ('einsum', 'fused'):
+  for impl in ("einsum", "fused"):
     out = attention.dot_product_attention(q, kk, v, mask=mask, impl=impl)
     assert np.all(np.isfinite(out)) and np.all(out[0, 1] == 0), impl
   grad = jax.grad(lambda q: attention.dot_product_attention(q, kk, v, mask=mask).sum())(q)
@@ -201,20 +201,20 @@ def test_attention_dropout_keeps_expectation_and_needs_rng():
   _, w = attention.dot_product_attention_weights(q, kk, v, dropout_rate=0.5)
   np.testing.assert_allclose(jnp.sum(w, -1), 1.0, atol=1e-5)
   for attend in (attention.dot_product_attention, attention.dot_product_attention_weights):
-    with pytest.raises(ValueError, match='dropout_rng'):
+    with pytest.raises(ValueError, match="dropout_rng"):
       attend(q, kk, v, dropout_rate=0.5, deterministic=False)
 
 
 def test_bad_shapes_are_clear_errors():
   """Shape mistakes raise one-line ValueErrors naming the problem, not deep JAX tracebacks."""
   q, kk, v = map(jnp.asarray, random_qkv(1, 3, 4, 3, 2, 4, 4))
-  with pytest.raises(ValueError, match='num_kv_heads=2 must divide num_heads=3'):
+  with pytest.raises(ValueError, match="num_kv_heads=2 must divide num_heads=3"):
     attention.dot_product_attention(q, kk, v)
   q, kk, v = map(jnp.asarray, random_qkv(1, 3, 4, 4, 2, 4, 4))
-  with pytest.raises(ValueError, match='mask must be'):
+  with pytest.raises(ValueError, match="mask must be"):
     attention.dot_product_attention(q, kk, v, mask=jnp.ones((1, 3, 3, 4), bool))
-  with pytest.raises(ValueError, match='impl'):
-    attention.dot_product_attention(q, kk, v, impl='flash')
+  with pytest.raises(ValueError, match="impl"):
+    attention.dot_product_attention(q, kk, v, impl="flash")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -224,19 +224,19 @@ D, L = 32, 8
 
 
 def tiny_config(**overrides):
-  base = dict(d_model=D, num_heads=4, num_kv_heads=2, head_dim=8, v_head_dim=8, positional='rope',
+  base = dict(d_model=D, num_heads=4, num_kv_heads=2, head_dim=8, v_head_dim=8, positional="rope",
               attention_dropout_rate=0.0)
   base.update(overrides)
   return model_config(**base)
 
 
 def unboxed(tree):
-  return jax.tree.map(lambda a: a.unbox() if hasattr(a, 'unbox') else a, tree,
-                      is_leaf=lambda a: hasattr(a, 'unbox'))
+  return jax.tree.map(lambda a: a.unbox() if hasattr(a, "unbox") else a, tree,
+                      is_leaf=lambda a: hasattr(a, "unbox"))
 
 
-@pytest.mark.parametrize('overrides', [dict(), dict(num_kv_heads=4),
-                                       dict(num_kv_heads=1, v_head_dim=6, positional='none'),
+@pytest.mark.parametrize("overrides", [dict(), dict(num_kv_heads=4),
+                                       dict(num_kv_heads=1, v_head_dim=6, positional="none"),
                                        dict(num_kv_heads=4, head_dim=16, v_head_dim=0,
                                             scale_attention_logits=False)])
 def test_mha_equals_manual_projections(overrides):
@@ -249,40 +249,40 @@ def test_mha_equals_manual_projections(overrides):
   x = jnp.asarray(RNG.normal(size=(2, 5, D)), jnp.float32)
   positions = jnp.array([[0, 1, 2, 0, 1], [3, 4, 5, 6, 7]])  # packed row, and an offset row
   variables = mha.init(jax.random.PRNGKey(0), x, positions=positions)
-  p = unboxed(variables['params'])
+  p = unboxed(variables["params"])
   # Give the zero-initialised biases values so that they are tested too.
   p = jax.tree.map(lambda a: a + 0.1 * jnp.asarray(RNG.normal(size=a.shape), a.dtype), p)
-  proj = lambda name: (jnp.einsum('btd,d...->bt...', x, p[name]['kernel']) + p[name]['bias'])
-  if 'qkv' in p:
-    q, k, v = [proj('qkv')[:, :, i] for i in range(3)]
+  proj = lambda name: (jnp.einsum("btd,d...->bt...", x, p[name]["kernel"]) + p[name]["bias"])
+  if "qkv" in p:
+    q, k, v = [proj("qkv")[:, :, i] for i in range(3)]
   else:
-    q = proj('query')
-    k, v = (proj('kv')[:, :, 0], proj('kv')[:, :, 1]) if 'kv' in p else (proj('key'), proj('value'))
-  if cfg.positional == 'rope':
+    q = proj("query")
+    k, v = (proj("kv")[:, :, 0], proj("kv")[:, :, 1]) if "kv" in p else (proj("key"), proj("value"))
+  if cfg.positional == "rope":
     from transformer.model.positional import apply_rope
     q, k = apply_rope(q, positions), apply_rope(k, positions)
   allowed = [[[True] * 5 for _ in range(5)] for _ in range(2)]
   heads, _ = naive_attention(*(np.asarray(a, np.float64) for a in (q, k, v)), allowed,
                              scale=cfg.scale_attention_logits)
-  want = np.einsum('btnh,nhd->btd', heads, p['out']['kernel']) + p['out']['bias']
-  got = mha.apply({'params': p}, x, positions=positions)
+  want = np.einsum("btnh,nhd->btd", heads, p["out"]["kernel"]) + p["out"]["bias"]
+  got = mha.apply({"params": p}, x, positions=positions)
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize('overrides', [dict(), dict(num_kv_heads=1, v_head_dim=6)])
+@pytest.mark.parametrize("overrides", [dict(), dict(num_kv_heads=1, v_head_dim=6)])
 def test_mha_fused_equals_einsum_and_sows_weights(overrides):
   """With the same parameters, attention_impl='fused' gives the einsum outputs; asking for
   'intermediates' sows [b, n, t, s] weights (rows sum to 1 where unmasked) without changing them."""
   x = jnp.asarray(RNG.normal(size=(2, 5, D)), jnp.float32)
   mask = masks.causal_mask(5)
   einsum = attention.MultiHeadAttention(tiny_config(**overrides))
-  fused = attention.MultiHeadAttention(tiny_config(attention_impl='fused', **overrides))
+  fused = attention.MultiHeadAttention(tiny_config(attention_impl="fused", **overrides))
   variables = einsum.init(jax.random.PRNGKey(0), x, mask=mask)
   y_einsum = einsum.apply(variables, x, mask=mask)
   np.testing.assert_allclose(fused.apply(variables, x, mask=mask), y_einsum, atol=1e-5)
-  y, state = fused.apply(variables, x, mask=mask, mutable=['intermediates'])
+  y, state = fused.apply(variables, x, mask=mask, mutable=["intermediates"])
   np.testing.assert_allclose(y, y_einsum, atol=1e-5)
-  (w,) = state['intermediates']['attention_weights']
+  (w,) = state["intermediates"]["attention_weights"]
   assert w.shape == (2, 4, 5, 5)
   np.testing.assert_allclose(jnp.sum(w, -1), 1.0, atol=1e-5)
   assert np.all(np.asarray(w)[:, :, 0, 1:] == 0)  # causal: the first query sees only itself
@@ -292,36 +292,36 @@ def decode_in_chunks(mha, params, x, chunks, positions):
   """Runs decode mode over x in the given chunk sizes; returns the concatenated outputs."""
   b, total = x.shape[:2]
   cache = mha.init(jax.random.PRNGKey(0), x, decode=DecodeStep(), mask=masks.causal_mask(total),
-                   positions=positions)['cache']
-  assert cache['cached_key'].shape == (b, mha.config.num_kv_heads, total, mha.config.head_dim)
-  assert cache['cached_value'].shape == (b, mha.config.num_kv_heads, total, mha.config.v_head_dim)
+                   positions=positions)["cache"]
+  assert cache["cached_key"].shape == (b, mha.config.num_kv_heads, total, mha.config.head_dim)
+  assert cache["cached_value"].shape == (b, mha.config.num_kv_heads, total, mha.config.v_head_dim)
   slots = jnp.broadcast_to(jnp.arange(total), (b, total))
   # One jitted step (compiled once per chunk size) is much faster than eager op-by-op dispatch.
   step = jax.jit(lambda v, x, mask, pos, idx: mha.apply(v, x, mask=mask, positions=pos,
-                                                        decode=DecodeStep(idx), mutable=['cache']))
+                                                        decode=DecodeStep(idx), mutable=["cache"]))
   outs, start = [], 0
   for size in chunks:
     cache_index = jnp.full((b,), start, jnp.int32)
     q_idx = slots[:, start:start + size]
     mask = attention.causal_mask_from_positions(q_idx, slots)  # [b, 1, size, total]
-    y, state = step({'params': params, 'cache': cache}, x[:, start:start + size], mask,
+    y, state = step({"params": params, "cache": cache}, x[:, start:start + size], mask,
                     positions[:, start:start + size], cache_index)
-    cache = state['cache']
+    cache = state["cache"]
     outs.append(y)
     start += size
   return jnp.concatenate(outs, axis=1)
 
 
-@pytest.mark.parametrize('overrides', [dict(), dict(num_kv_heads=1, v_head_dim=6),
-                                       dict(num_kv_heads=4, positional='none')])
+@pytest.mark.parametrize("overrides", [dict(), dict(num_kv_heads=1, v_head_dim=6),
+                                       dict(num_kv_heads=4, positional="none")])
 def test_decode_prefill_then_steps_equals_full_causal_pass(overrides):
   """A prefill of 3 tokens, then single-token steps, then a 2-token chunk through the KV cache
   give the same outputs as one full causal pass (RoPE with offset positions; GQA, MQA, MHA)."""
   mha = attention.MultiHeadAttention(tiny_config(**overrides))
   x = jnp.asarray(RNG.normal(size=(2, L, D)), jnp.float32)
   positions = jnp.broadcast_to(jnp.arange(L) + 2, (2, L))
-  params = mha.init(jax.random.PRNGKey(1), x, positions=positions)['params']
-  full = mha.apply({'params': params}, x, mask=masks.causal_mask(L), positions=positions)
+  params = mha.init(jax.random.PRNGKey(1), x, positions=positions)["params"]
+  full = mha.apply({"params": params}, x, mask=masks.causal_mask(L), positions=positions)
   cached = decode_in_chunks(mha, params, x, [3, 1, 1, 1, 2], positions)
   np.testing.assert_allclose(cached, full, atol=1e-5, rtol=1e-5)
 
@@ -332,10 +332,10 @@ def test_decode_needs_cache_index_and_positions():
   x = jnp.ones((1, 4, D))
   pos = jnp.arange(4)[None]
   variables = mha.init(jax.random.PRNGKey(0), x, decode=DecodeStep(), positions=pos)
-  with pytest.raises(ValueError, match='cache_index'):
-    mha.apply(variables, x[:, :1], positions=pos[:, :1], decode=DecodeStep(), mutable=['cache'])
-  with pytest.raises(ValueError, match='positions'):
-    mha.apply(variables, x[:, :1], decode=DecodeStep(jnp.zeros(1, jnp.int32)), mutable=['cache'])
+  with pytest.raises(ValueError, match="cache_index"):
+    mha.apply(variables, x[:, :1], positions=pos[:, :1], decode=DecodeStep(), mutable=["cache"])
+  with pytest.raises(ValueError, match="positions"):
+    mha.apply(variables, x[:, :1], decode=DecodeStep(jnp.zeros(1, jnp.int32)), mutable=["cache"])
 
 
 def test_cross_attention_cache_is_computed_once_and_reused():
@@ -347,20 +347,20 @@ def test_cross_attention_cache_is_computed_once_and_reused():
   x = jnp.asarray(RNG.normal(size=(2, 3, D)), jnp.float32)
   src_mask = masks.make_attention_mask(jnp.ones((2, 1), bool), jnp.arange(7)[None] < jnp.array([[7], [4]]))
   variables = mha.init(jax.random.PRNGKey(0), x[:, :1], enc, decode=DecodeStep())
-  params, cache = variables['params'], variables['cache']
-  assert cache['cached_key'].shape == (2, 2, 7, 8) and cache['cached_value'].shape == (2, 2, 7, 6)
-  want = mha.apply({'params': params}, x, enc, mask=src_mask, positions=jnp.zeros((2, 3), int))
-  y0, state = mha.apply({'params': params, 'cache': cache}, x[:, :1], enc, mask=src_mask,
-                        decode=DecodeStep(), mutable=['cache'])
+  params, cache = variables["params"], variables["cache"]
+  assert cache["cached_key"].shape == (2, 2, 7, 8) and cache["cached_value"].shape == (2, 2, 7, 6)
+  want = mha.apply({"params": params}, x, enc, mask=src_mask, positions=jnp.zeros((2, 3), int))
+  y0, state = mha.apply({"params": params, "cache": cache}, x[:, :1], enc, mask=src_mask,
+                        decode=DecodeStep(), mutable=["cache"])
   outs = [y0]
   for i in (1, 2):
-    y, state = mha.apply({'params': params, 'cache': state['cache']}, x[:, i:i + 1], None,
+    y, state = mha.apply({"params": params, "cache": state["cache"]}, x[:, i:i + 1], None,
                          mask=src_mask, decode=DecodeStep(), positions=jnp.full((2, 1), 9),
-                         mutable=['cache'])
+                         mutable=["cache"])
     outs.append(y)
   np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=1e-5, rtol=1e-5)
-  with pytest.raises(ValueError, match='cross-attention needs kv'):
-    mha.apply({'params': params}, x, None)
+  with pytest.raises(ValueError, match="cross-attention needs kv"):
+    mha.apply({"params": params}, x, None)
 
 
 def test_cross_attention_cache_shared_by_groups_of_query_rows():
@@ -375,21 +375,21 @@ def test_cross_attention_cache_shared_by_groups_of_query_rows():
   src_valid = jnp.repeat(jnp.arange(s)[None] < jnp.array([[7], [4]]), r, axis=0)  # [b, s]
   mask = masks.make_attention_mask(jnp.ones((c * r, 2), bool), src_valid)
   variables = mha.init(jax.random.PRNGKey(0), x[:c], enc, decode=DecodeStep())  # caches c rows
-  params, cache = variables['params'], variables['cache']
-  assert cache['cached_key'].shape == (c, 1, s, 8)
-  want, want_state = mha.apply({'params': params}, x, jnp.repeat(enc, r, axis=0), mask=mask,
-                               mutable=['intermediates'])
-  got, state = mha.apply({'params': params, 'cache': cache}, x, None, mask=mask,
-                         decode=DecodeStep(), mutable=['cache', 'intermediates'])
+  params, cache = variables["params"], variables["cache"]
+  assert cache["cached_key"].shape == (c, 1, s, 8)
+  want, want_state = mha.apply({"params": params}, x, jnp.repeat(enc, r, axis=0), mask=mask,
+                               mutable=["intermediates"])
+  got, state = mha.apply({"params": params, "cache": cache}, x, None, mask=mask,
+                         decode=DecodeStep(), mutable=["cache", "intermediates"])
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
-  (w,), (want_w,) = (st['intermediates']['attention_weights'] for st in (state, want_state))
+  (w,), (want_w,) = (st["intermediates"]["attention_weights"] for st in (state, want_state))
   assert w.shape == (c * r, 4, 2, s)
   np.testing.assert_allclose(w, want_w, atol=1e-6)
-  with pytest.raises(ValueError, match='cannot share'):
-    mha.apply({'params': params, 'cache': cache}, x[:5], None, decode=DecodeStep(), mutable=['cache'])
+  with pytest.raises(ValueError, match="cannot share"):
+    mha.apply({"params": params, "cache": cache}, x[:5], None, decode=DecodeStep(), mutable=["cache"])
 
 
-@pytest.mark.parametrize('in_shape,out_shape', [((8,), (3, 2, 4)), ((2, 4), (8,)), ((8,), (5,))])
+@pytest.mark.parametrize("in_shape,out_shape", [((8,), (3, 2, 4)), ((2, 4), (8,)), ((8,), (5,))])
 def test_projection_gradients_equal_the_einsums(in_shape, out_shape):
   """Projection folds its in/out axes into one matmul whose kernel gradient is hand-written
   (kernels.matmul): its value and its gradients with respect to the input, kernel and bias equal
@@ -397,14 +397,14 @@ def test_projection_gradients_equal_the_einsums(in_shape, out_shape):
   [d, 3, n, h], the output [n, h, d] and a plain [d, f] kernel."""
   x = jnp.asarray(RNG.normal(size=(2, 3, *in_shape)), jnp.float32)
   r = jnp.asarray(RNG.normal(size=(2, 3, *out_shape)), jnp.float32)
-  axes = tuple(f'a{i}' for i in range(len(in_shape) + len(out_shape)))
+  axes = tuple(f"a{i}" for i in range(len(in_shape) + len(out_shape)))
   module = attention.Projection(in_shape, out_shape, axes)
-  params = jax.tree.map(lambda a: a + 0.1, module.init(jax.random.key(0), x)['params'])
-  params = {k: jnp.asarray(getattr(v, 'value', v)) for k, v in params.items()}
-  letters = 'cdefghij'
+  params = jax.tree.map(lambda a: a + 0.1, module.init(jax.random.key(0), x)["params"])
+  params = {k: jnp.asarray(getattr(v, "value", v)) for k, v in params.items()}
+  letters = "cdefghij"
   ins, outs = letters[:len(in_shape)], letters[len(in_shape):len(axes)]
-  reference = lambda p, x: jnp.einsum(f'bt{ins},{ins}{outs}->bt{outs}', x, p['kernel']) + p['bias']
-  ours = lambda p, x: module.apply({'params': p}, x)
+  reference = lambda p, x: jnp.einsum(f"bt{ins},{ins}{outs}->bt{outs}", x, p["kernel"]) + p["bias"]
+  ours = lambda p, x: module.apply({"params": p}, x)
   np.testing.assert_allclose(ours(params, x), reference(params, x), rtol=1e-5, atol=1e-5)
   grad = lambda f: jax.grad(lambda p, x: jnp.sum(f(p, x) * r), argnums=(0, 1))(params, x)
   for got, want in zip(jax.tree.leaves(grad(ours)), jax.tree.leaves(grad(reference))):
@@ -418,11 +418,11 @@ def test_projection_keeps_output_axes_that_a_mesh_splits_unfolded():
   nothing, and without a mesh nothing is split."""
   import flax.linen as nn
   from transformer.train import parallel
-  qkv_out = (None, 'heads', 'head_dim')
+  qkv_out = (None, "heads", "head_dim")
   def unsplit(shape):
-    mesh = jax.sharding.AbstractMesh(shape, ('data', 'fsdp', 'tensor'))
+    mesh = jax.sharding.AbstractMesh(shape, ("data", "fsdp", "tensor"))
     with jax.sharding.use_abstract_mesh(mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
-      return kernels.unsplit(qkv_out), kernels.unsplit(('embed',))
+      return kernels.unsplit(qkv_out), kernels.unsplit(("embed",))
   assert unsplit((1, 1, 2)) == (False, True)
   assert unsplit((2, 1, 1)) == (True, True)
   assert kernels.unsplit(qkv_out)
@@ -435,16 +435,16 @@ def test_mha_dropout_uses_dropout_rng():
   x = jnp.asarray(RNG.normal(size=(1, 6, D)), jnp.float32)
   variables = mha.init(jax.random.PRNGKey(0), x)
   run = lambda seed, det: mha.apply(variables, x, deterministic=det,
-                                    rngs={'dropout': jax.random.PRNGKey(seed)})
+                                    rngs={"dropout": jax.random.PRNGKey(seed)})
   assert not np.allclose(run(1, False), run(2, False))
   np.testing.assert_array_equal(run(1, True), run(2, True))
 
 
 def test_bfloat16_compute_keeps_float32_params_and_finite_output():
   """dtype=bfloat16 computes in bfloat16 (output dtype) while parameters stay float32."""
-  mha = attention.MultiHeadAttention(tiny_config(dtype='bfloat16'))
+  mha = attention.MultiHeadAttention(tiny_config(dtype="bfloat16"))
   x = jnp.asarray(RNG.normal(size=(1, 4, D)), jnp.float32)
   variables = mha.init(jax.random.PRNGKey(0), x)
-  assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(unboxed(variables['params'])))
+  assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(unboxed(variables["params"])))
   y = mha.apply(variables, x, mask=masks.causal_mask(4))
   assert y.dtype == jnp.bfloat16 and np.all(np.isfinite(np.asarray(y, np.float32)))

@@ -25,7 +25,7 @@ def _reference(logits, targets, weights, ls, z):
   return loss_sum, z_sum, weights.sum()
 
 
-@pytest.mark.parametrize('ls,z', [(0.0, 0.0), (0.1, 0.0), (0.2, 1e-3)])
+@pytest.mark.parametrize("ls,z", [(0.0, 0.0), (0.1, 0.0), (0.2, 1e-3)])
 def test_matches_numpy_reference(ls, z):
   """Summed loss, z-loss and weight total equal the explicit per-token NumPy formula."""
   rng = np.random.default_rng(0)
@@ -39,7 +39,7 @@ def test_matches_numpy_reference(ls, z):
   np.testing.assert_allclose(np.array(got, np.float64), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('ls', [0.0, 0.1])
+@pytest.mark.parametrize("ls", [0.0, 0.1])
 def test_excluded_ids_are_not_classes(ls):
   """With `excluded` ids (model.excluded_ids: logits -1e30, probability 0), the loss is the
   NumPy formula over the other classes alone: finite, and smoothing spreads label_smoothing /
@@ -107,7 +107,7 @@ def test_sums_make_accumulation_exact():
 
 def test_bad_shapes_give_one_line_error():
   """Mismatched logits/targets/weights shapes raise a ValueError naming the shapes."""
-  with pytest.raises(ValueError, match='logits'):
+  with pytest.raises(ValueError, match="logits"):
     cross_entropy(jnp.zeros((2, 3, 5)), jnp.zeros((2, 4), jnp.int32))
-  with pytest.raises(ValueError, match='weights'):
+  with pytest.raises(ValueError, match="weights"):
     cross_entropy(jnp.zeros((2, 3, 5)), jnp.zeros((2, 3), jnp.int32), jnp.zeros((3, 2)))

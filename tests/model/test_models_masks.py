@@ -9,8 +9,8 @@ import pytest
 from model_fixtures import ARCHS, B, POSITIONALS, SV, TOL, V, _cfg, _forward, _init, _perturb, _tile
 
 
-@pytest.mark.parametrize('pos', POSITIONALS)
-@pytest.mark.parametrize('arch', ARCHS)
+@pytest.mark.parametrize("pos", POSITIONALS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_causality(arch, pos):
   """Changing the targets at positions >= i never changes the logits at positions <= i (the
   prediction of target i never sees it), and does change the logits at i + 1 (non-vacuous)."""
@@ -27,8 +27,8 @@ def test_causality(arch, pos):
     assert not np.allclose(logits[i + 1, i + 1], logits[0, i + 1], **TOL)
 
 
-@pytest.mark.parametrize('pos', POSITIONALS)
-@pytest.mark.parametrize('arch', ARCHS)
+@pytest.mark.parametrize("pos", POSITIONALS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_padding_and_batch_independence(arch, pos):
   """A short example zero-padded to length 8 in a batch with a different full-length example
   gives the logits of each example computed in a batch of its own without padding: padding and
@@ -60,8 +60,8 @@ def _pack(seqs, length):
   return _tile(tokens), _tile(seg), _tile(pos)
 
 
-@pytest.mark.parametrize('pos', POSITIONALS)
-@pytest.mark.parametrize('arch', ARCHS)
+@pytest.mark.parametrize("pos", POSITIONALS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_packing(arch, pos):
   """A packed row holding two sequences (segment ids 1, 2, positions restarting at 0) gives each
   sequence's logits computed alone."""
@@ -79,13 +79,13 @@ def test_packing(arch, pos):
   np.testing.assert_allclose(packed[0, 4:], alone[1], **TOL)
 
 
-@pytest.mark.parametrize('pos', POSITIONALS)
+@pytest.mark.parametrize("pos", POSITIONALS)
 def test_prefix_lm(pos):
   """With prefix_mask over the first P target tokens (source + separator), the decoder inputs
   0..P attend bidirectionally: changing the last prefix token changes the logits at every prefix
   input. Target positions stay causal: changing targets j >= P leaves the logits at <= j
   unchanged. Control: the same params with prefix_lm=False are causal everywhere."""
-  cfg = _cfg(arch='decoder_only', positional=pos)
+  cfg = _cfg(arch="decoder_only", positional=pos)
   _, params = _init(cfg)
   rng = np.random.default_rng(3)
   t, p = 8, 3

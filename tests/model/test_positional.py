@@ -22,7 +22,7 @@ SETTINGS = hypothesis.settings(max_examples=25, deadline=None)
 # ----------------------------------------------------------------------------------------------------
 # Sinusoidal
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize('length,d', [(50, 16), (7, 5)])
+@pytest.mark.parametrize("length,d", [(50, 16), (7, 5)])
 def test_sinusoidal_table_is_the_papers_formula(length, d):
   """sinusoidal_table equals PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same),
   evaluated entry by entry in float64 (also for an odd d)."""
@@ -60,8 +60,8 @@ def test_sinusoidal_lookup_is_the_formula_at_every_position_of_a_row_under_jit()
   np.testing.assert_allclose(lookup(long_row, 16, 8), formula(long_row, 8), atol=2e-5)
   compiled = jax.jit(positional.sinusoidal_lookup, static_argnums=(1, 2)).lower(
       positions, 16, 8).compile().as_text()
-  assert 'sine' not in compiled and 'cosine' not in compiled  # no per-step sin/cos
-  with pytest.raises(ValueError, match='model.max_len=16'):
+  assert "sine" not in compiled and "cosine" not in compiled  # no per-step sin/cos
+  with pytest.raises(ValueError, match="model.max_len=16"):
     positional.sinusoidal_lookup(jnp.array([[0, 16]]), 16, 8)
 
 
@@ -74,11 +74,11 @@ def test_learned_positions_look_up_rows_and_reject_out_of_range():
   module = positional.LearnedPositions(max_len=6, features=4)
   positions = jnp.array([[0, 1, 2], [5, 0, 3]])
   variables = module.init(jax.random.PRNGKey(0), positions)
-  boxed = variables['params']['embedding']
-  assert boxed.names == ('length', 'embed')
+  boxed = variables["params"]["embedding"]
+  assert boxed.names == ("length", "embed")
   table = boxed.unbox()
   np.testing.assert_array_equal(module.apply(variables, positions), table[positions])
-  with pytest.raises(ValueError, match='model.max_len=6'):
+  with pytest.raises(ValueError, match="model.max_len=6"):
     module.apply(variables, jnp.array([[0, 6]]))
 
 
@@ -122,7 +122,7 @@ def test_rope_rotates_half_pairs_by_the_documented_angle():
   np.testing.assert_allclose(positional.apply_rope(jnp.asarray(x), jnp.array([[pos]])), want,
                              atol=1e-5)
   np.testing.assert_allclose(positional.apply_rope(jnp.asarray(x), jnp.array([[0]])), x)
-  with pytest.raises(ValueError, match='even head dimension'):
+  with pytest.raises(ValueError, match="even head dimension"):
     positional.apply_rope(jnp.ones((1, 1, 1, 5)), jnp.zeros((1, 1), int))
 
 
@@ -146,8 +146,8 @@ def t5_bucket_reference(rel, bidirectional, num_buckets, max_distance):
   return offset + min(log_bucket, buckets - 1)
 
 
-@pytest.mark.parametrize('bidirectional', [True, False])
-@pytest.mark.parametrize('num_buckets,max_distance', [(32, 128), (8, 20), (64, 256)])
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (8, 20), (64, 256)])
 def test_relative_buckets_match_t5_formula(bidirectional, num_buckets, max_distance):
   """relative_position_bucket equals a scalar float64 reimplementation of the T5 rule for every
   offset in [-600, 600]."""
@@ -157,7 +157,7 @@ def test_relative_buckets_match_t5_formula(bidirectional, num_buckets, max_dista
   np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize('bidirectional', [True, False])
+@pytest.mark.parametrize("bidirectional", [True, False])
 def test_relative_buckets_monotone_exact_and_causal_folding(bidirectional):
   """Buckets are non-decreasing in |offset| on each side, exact (one per offset) for small offsets,
   saturate beyond max_distance, and in causal mode every future key (offset > 0) maps to bucket 0."""
@@ -174,8 +174,8 @@ def test_relative_buckets_monotone_exact_and_causal_folding(bidirectional):
     assert np.all(b[md:] == last)  # saturation in the last bucket of the side
 
 
-@pytest.mark.parametrize('bidirectional', [True, False])
-@pytest.mark.parametrize('num_buckets', [4, 8, 32])
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets", [4, 8, 32])
 def test_relative_buckets_at_the_exact_range_boundary(bidirectional, num_buckets):
   """max_distance must exceed max_exact, the offsets with their own bucket (num_buckets // 4
   bidirectional, // 2 causal): at or below it log(max_distance / max_exact) <= 0 made NaN biases
@@ -184,7 +184,7 @@ def test_relative_buckets_at_the_exact_range_boundary(bidirectional, num_buckets
   exact = positional.max_distance_bound(num_buckets, bidirectional)
   assert exact == (num_buckets // 4 if bidirectional else num_buckets // 2)
   for bad in (exact, max(exact // 2, 1)):
-    with pytest.raises(ValueError, match=f'max_distance={bad} must be > {exact}'):
+    with pytest.raises(ValueError, match=f"max_distance={bad} must be > {exact}"):
       positional.relative_position_bucket(jnp.arange(-40, 41), bidirectional, num_buckets, bad)
   half = num_buckets // 2 if bidirectional else num_buckets
   for sign in ((-1, 1) if bidirectional else (-1,)):
@@ -200,13 +200,13 @@ def test_relative_position_bias_rejects_max_distance_in_the_exact_range():
   """The issue's case: RelativePositionBias(32, 8, 2) (bidirectional: 8 exact offsets) gave 24 NaN
   biases out of 288; it is now a ValueError, and max_distance 9 gives finite biases."""
   qp = jnp.arange(12)[None]
-  with pytest.raises(ValueError, match='max_distance=8 must be > 8'):
+  with pytest.raises(ValueError, match="max_distance=8 must be > 8"):
     positional.RelativePositionBias(32, 8, 2).init(jax.random.key(0), qp, qp)
   module = positional.RelativePositionBias(32, 9, 2)
   assert np.all(np.isfinite(module.apply(module.init(jax.random.key(0), qp, qp), qp, qp)))
 
 
-@pytest.mark.parametrize('num_buckets,max_distance,bidirectional', [(8, 16, False), (32, 128, True),
+@pytest.mark.parametrize("num_buckets,max_distance,bidirectional", [(8, 16, False), (32, 128, True),
                                                                     (32, 128, False)])
 def test_relative_position_bias_gathers_per_head_table(num_buckets, max_distance, bidirectional):
   """RelativePositionBias returns [b, n, t, s] = table[bucket(k_pos - q_pos), head] exactly, with
@@ -216,8 +216,8 @@ def test_relative_position_bias_gathers_per_head_table(num_buckets, max_distance
                                            num_heads=3, bidirectional=bidirectional)
   qp = jnp.array([[0, 1, 2, 0, 1, 150, 3, 40]])
   variables = module.init(jax.random.PRNGKey(0), qp, qp)
-  boxed = variables['params']['rel_embedding']
-  assert boxed.names == ('relpos_buckets', 'heads')
+  boxed = variables["params"]["rel_embedding"]
+  assert boxed.names == ("relpos_buckets", "heads")
   table = np.asarray(boxed.unbox())
   got = module.apply(variables, qp, qp)
   assert got.shape == (1, 3, 8, 8)
@@ -244,7 +244,7 @@ def test_alibi_slopes_non_power_of_two():
   np.testing.assert_allclose(positional.alibi_slopes(6), [1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8])
   want12 = [2.0 ** -i for i in range(1, 9)] + [2.0 ** -(i + 0.5) for i in range(4)]
   np.testing.assert_allclose(positional.alibi_slopes(12), want12, rtol=1e-6)
-  with pytest.raises(ValueError, match='num_heads'):
+  with pytest.raises(ValueError, match="num_heads"):
     positional.alibi_slopes(0)
 
 
@@ -271,39 +271,39 @@ class _Apply(nn.Module):
   @nn.compact
   def __call__(self, positions, x):
     encoding = positional.encoding(self.cfg)
-    if encoding.kind == 'absolute':
+    if encoding.kind == "absolute":
       return encoding.fn(self.cfg, positions)
-    if encoding.kind == 'bias':
+    if encoding.kind == "bias":
       return encoding.fn(self.cfg, positions, positions, False)
-    if encoding.kind == 'rotary':
+    if encoding.kind == "rotary":
       return encoding.fn(self.cfg, x, positions)
     return x
 
 
 # The config keys each encoding reads (besides d_model, num_heads and max_len).
-ENCODING_KEYS = {'rope': ('rope_base',), 'shaw': ('relative_max_distance',),
-                 'relative': ('relative_num_buckets', 'relative_max_distance')}
+ENCODING_KEYS = {"rope": ("rope_base",), "shaw": ("relative_max_distance",),
+                 "relative": ("relative_num_buckets", "relative_max_distance")}
 
 
-@pytest.mark.parametrize('name', list(positional.ENCODINGS))
+@pytest.mark.parametrize("name", list(positional.ENCODINGS))
 def test_every_table_entry_has_its_kinds_signature(name):
   """Each entry: a known kind, config keys that exist, a valid config
   choice; its function returns its kind's shape: [b, t, d] (absolute), [b, n, t, s] float32
   (bias), x's shape (rotary); translating all positions leaves a bias unchanged."""
   encoding = positional.ENCODINGS[name]
-  assert encoding.kind in ('absolute', 'bias', 'rotary', 'none')
+  assert encoding.kind in ("absolute", "bias", "rotary", "none")
   fields = {f.name for f in dataclasses.fields(ModelConfig)}
   assert set(ENCODING_KEYS.get(name, ())) <= fields
-  assert name in KEYS['model.positional'].choices()
+  assert name in KEYS["model.positional"].choices()
   cfg = model_config(positional=name, d_model=16, num_heads=2, max_len=64)
   positions = jnp.array([[0, 1, 2, 0, 1, 5]])
   x = jnp.asarray(np.random.default_rng(0).normal(size=(1, 6, 2, 8)), jnp.float32)
   module = _Apply(cfg)
   variables = module.init(jax.random.key(0), positions, x)
   out = module.apply(variables, positions, x)
-  want = {'absolute': (1, 6, 16), 'bias': (1, 2, 6, 6)}.get(encoding.kind, x.shape)
+  want = {"absolute": (1, 6, 16), "bias": (1, 2, 6, 6)}.get(encoding.kind, x.shape)
   assert out.shape == want
-  if encoding.kind == 'bias':
+  if encoding.kind == "bias":
     assert out.dtype == jnp.float32
     np.testing.assert_allclose(module.apply(variables, positions + 7, x), out, atol=1e-6)
 
@@ -312,11 +312,11 @@ def test_shaw_is_a_clipped_relative_table_and_translation_invariant():
   """'shaw' equals a NumPy lookup table[clip(k_pos - q_pos, -K, K) + K, head] (K =
   relative_max_distance) as [b, n, t, s]; shifting every position by the same amount changes
   nothing, and distances beyond K share the clipped entry."""
-  cfg = model_config(positional='shaw', d_model=16, num_heads=2, relative_max_distance=3)
+  cfg = model_config(positional="shaw", d_model=16, num_heads=2, relative_max_distance=3)
   module = _Apply(cfg)
   qp = jnp.array([[0, 1, 2, 0, 1, 9]])
   variables = module.init(jax.random.key(0), qp, None)
-  table = np.asarray(variables['params']['relative_bias']['embedding'].unbox())
+  table = np.asarray(variables["params"]["relative_bias"]["embedding"].unbox())
   assert table.shape == (7, 2)
   got = np.asarray(module.apply(variables, qp, None))
   q = np.asarray(qp[0])

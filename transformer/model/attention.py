@@ -53,16 +53,16 @@ def prefix_lm_mask_from_positions(q_idx: Array, k_idx: Array, q_prefix: Array, k
 
 def _check_shapes(q, k, v, mask, bias):
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError(f'attention expects q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv]; got shapes '
-                     f'{q.shape}, {k.shape}, {v.shape}')
+    raise ValueError(f"attention expects q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv]; got shapes "
+                     f"{q.shape}, {k.shape}, {v.shape}")
   if (k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]):
-    raise ValueError(f'attention shapes disagree: q {q.shape}, k {k.shape}, v {v.shape}')
+    raise ValueError(f"attention shapes disagree: q {q.shape}, k {k.shape}, v {v.shape}")
   if q.shape[2] % k.shape[2]:
-    raise ValueError(f'num_kv_heads={k.shape[2]} must divide num_heads={q.shape[2]}')
-  for name, m in (('mask', mask), ('bias', bias)):
+    raise ValueError(f"num_kv_heads={k.shape[2]} must divide num_heads={q.shape[2]}")
+  for name, m in (("mask", mask), ("bias", bias)):
     if m is not None and (m.ndim != 4 or m.shape[1] not in (1, q.shape[2])):
-      raise ValueError(f'attention {name} must be [b|1, 1|n, t|1, s|1] with n={q.shape[2]}, '
-                       f'got {m.shape}')
+      raise ValueError(f"attention {name} must be [b|1, 1|n, t|1, s|1] with n={q.shape[2]}, "
+                       f"got {m.shape}")
 
 
 def _grouped(x: Array, num_kv: int) -> Array:
@@ -81,7 +81,7 @@ def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bi
   # (the KV cache is stored [b, k, s, *]), so cached keys/values are never copied per step.
   k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [b, k, s, *]
   qg = q.reshape(b, t, num_kv, n // num_kv, h)  # [b, t, k, g, h]
-  logits = jnp.einsum('btkgh,bksh->bkgts', qg, k, preferred_element_type=jnp.float32)
+  logits = jnp.einsum("btkgh,bksh->bkgts", qg, k, preferred_element_type=jnp.float32)
   if scale != 1.0:
     logits = logits * scale
   if bias is not None:
@@ -95,14 +95,14 @@ def _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bi
     weights = jnp.where(gmask, weights, 0.0)
   if not deterministic and not layers.is_off(dropout_rate):
     weights = layers.dropout(weights, dropout_rate, dropout_rng, dropout_bits)
-  out = jnp.einsum('bkgts,bksh->btkgh', weights.astype(v.dtype), v)
+  out = jnp.einsum("bkgts,bksh->btkgh", weights.astype(v.dtype), v)
   return out.reshape(b, t, n, v.shape[-1]), weights.reshape(b, n, t, s)
 
 
 def _fused_implementation(dtype) -> Optional[str]:
   """cuDNN on GPU for half precision (its supported case); otherwise let jax pick (XLA)."""
-  if jax.default_backend() == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
-    return 'cudnn'
+  if jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+    return "cudnn"
   return None
 
 
@@ -136,25 +136,25 @@ def _einsum_output(q, k, v, mask, bias, scale):
 
 
 # model.attention_impl: name -> out(q, k, v, mask, bias, scale), without dropout or weights.
-IMPLEMENTATIONS = schema.registry('model.attention_impl',
-                                 {'einsum': _einsum_output, 'fused': _fused_attention})
+IMPLEMENTATIONS = schema.registry("model.attention_impl",
+                                 {"einsum": _einsum_output, "fused": _fused_attention})
 
 
 def _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal) -> bool:
   """ValueError for a missing dropout rng or a non-square causal call; -> whether dropout acts."""
   dropout_active = not deterministic and not layers.is_off(dropout_rate)
   if dropout_active and dropout_rng is None:
-    raise ValueError('attention dropout needs dropout_rng when deterministic=False')
+    raise ValueError("attention dropout needs dropout_rng when deterministic=False")
   if causal and q.shape[1] != k.shape[1]:
-    raise ValueError(f'causal attention needs as many queries as keys, got q {q.shape}, '
-                     f'k {k.shape}')
+    raise ValueError(f"causal attention needs as many queries as keys, got q {q.shape}, "
+                     f"k {k.shape}")
   return dropout_active
 
 
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
                           bias: Optional[Array] = None, dropout_rate: float = 0.0,
                           dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
-                          deterministic: bool = True, impl: str = 'einsum',
+                          deterministic: bool = True, impl: str = "einsum",
                           scale_logits: bool = True, causal: bool = False) -> Array:
   """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv] ->
   out [b, t, n, hv]; a fully masked row gives zeros. scale_logits=False drops the 1/sqrt(h) (T5).
@@ -164,7 +164,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
   output = IMPLEMENTATIONS[impl]  # an unknown impl: model.attention_impl's one-line ConfigError
   dropout_active = _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal)
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
-  if impl == 'fused' and causal and not dropout_active:
+  if impl == "fused" and causal and not dropout_active:
     return _fused_attention(q, k, v, mask, bias, scale, causal)  # the kernel's own causal flag
   if causal:
     mask = combine_masks(mask, causal_mask(q.shape[1]))
@@ -205,12 +205,12 @@ class Projection(nn.Module):
     # lecun_normal over all the input axes, so the scale never depends on fusion.
     init = nn.initializers.lecun_normal(in_axis=tuple(range(n_in)),
                                         out_axis=tuple(range(n_in, len(shape))))
-    kernel = self.param('kernel', nn.with_logical_partitioning(init, self.axes), shape,
+    kernel = self.param("kernel", nn.with_logical_partitioning(init, self.axes), shape,
                         self.param_dtype)
     y = kernels.current().project(x.astype(self.dtype), jnp.asarray(kernel, self.dtype), n_in,
                                   self.axes[n_in:])
     if self.use_bias:
-      bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros,
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                              self.axes[n_in:]),
                         self.out_shape, self.param_dtype)
       y = y + jnp.asarray(bias, self.dtype)
@@ -237,32 +237,32 @@ class MultiHeadAttention(nn.Module):
     x = x.astype(jnp.dtype(cfg.dtype))
     query, key, value = self._project_qkv(x, kv)
     encoding = positional.encoding(cfg)
-    if encoding.kind == 'rotary' and not self.cross:
+    if encoding.kind == "rotary" and not self.cross:
       if positions is None:
         if decode is not None:
-          raise ValueError('decode-mode self-attention with a rotary encoding needs positions')
+          raise ValueError("decode-mode self-attention with a rotary encoding needs positions")
         positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
       query, key = encoding.fn(cfg, query, positions), encoding.fn(cfg, key, positions)
     if causal and (self.cross or decode is not None):
-      raise ValueError('causal=True is for self-attention without a decode step')
+      raise ValueError("causal=True is for self-attention without a decode step")
     attend = functools.partial(self._attend, deterministic=deterministic, causal=causal)
     if decode is None:
       if key is None:
-        raise ValueError('cross-attention needs kv, or keys/values cached by a decode step')
+        raise ValueError("cross-attention needs kv, or keys/values cached by a decode step")
       out, weights = attend(query, key, value, mask, bias)
     elif self.cross:
-      cache = kv_cache.CrossAttentionCache(name='cache')
+      cache = kv_cache.CrossAttentionCache(name="cache")
       nn.share_scope(self, cache)  # its keys/values sit beside this layer's parameters
       out, weights = cache(query, key, value, mask, bias, attend)
     else:
-      cache = kv_cache.SelfAttentionCache(name='cache')
+      cache = kv_cache.SelfAttentionCache(name="cache")
       nn.share_scope(self, cache)
       out, weights = cache(query, key, value, mask, bias, decode, attend)
     if weights is not None:
-      self.sow('intermediates', 'attention_weights', weights)
+      self.sow("intermediates", "attention_weights", weights)
     return Projection((cfg.num_heads, cfg.v_head_dim), (cfg.d_model,),
-                      ('heads', 'head_dim', 'embed'), cfg.use_bias, jnp.dtype(cfg.dtype),
-                      jnp.dtype(cfg.param_dtype), name='out')(out)
+                      ("heads", "head_dim", "embed"), cfg.use_bias, jnp.dtype(cfg.dtype),
+                      jnp.dtype(cfg.param_dtype), name="out")(out)
 
   def _project_qkv(self, x, kv):
     """-> query [b, t, n, h], keys [b, s, k, h], values [b, s, k, hv] (None: cross, kv None)."""
@@ -270,25 +270,25 @@ class MultiHeadAttention(nn.Module):
     n, h = cfg.num_heads, cfg.head_dim
     if not self.cross:
       if kv is not None:
-        raise ValueError('self-attention (cross=False) takes no kv input')
+        raise ValueError("self-attention (cross=False) takes no kv input")
       if n == cfg.num_kv_heads and h == cfg.v_head_dim:
-        qkv = self._project(x, 'qkv', (3, n, h), (None, 'heads', 'head_dim'))
+        qkv = self._project(x, "qkv", (3, n, h), (None, "heads", "head_dim"))
         return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    query = self._project(x, 'query', (n, h), ('heads', 'head_dim'))
+    query = self._project(x, "query", (n, h), ("heads", "head_dim"))
     if self.cross and kv is None:
       return query, None, None
     kv = x if kv is None else kv.astype(jnp.dtype(cfg.dtype))
     k_, hv = cfg.num_kv_heads, cfg.v_head_dim
     if h == hv:
-      both = self._project(kv, 'kv', (2, k_, h), (None, 'kv_heads', 'head_dim'))
+      both = self._project(kv, "kv", (2, k_, h), (None, "kv_heads", "head_dim"))
       return query, both[:, :, 0], both[:, :, 1]
-    key = self._project(kv, 'key', (k_, h), ('kv_heads', 'head_dim'))
-    value = self._project(kv, 'value', (k_, hv), ('kv_heads', 'head_dim'))
+    key = self._project(kv, "key", (k_, h), ("kv_heads", "head_dim"))
+    value = self._project(kv, "value", (k_, hv), ("kv_heads", "head_dim"))
     return query, key, value
 
   def _project(self, x, name, out_shape, out_axes):
     cfg = self.config
-    return Projection((cfg.d_model,), out_shape, ('embed', *out_axes), cfg.use_bias,
+    return Projection((cfg.d_model,), out_shape, ("embed", *out_axes), cfg.use_bias,
                       jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype), name=name)(x)
 
   def _attend(self, query, key, value, mask, bias, *, deterministic, causal=False):
@@ -296,9 +296,9 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     dropout_active = not deterministic and not layers.is_off(cfg.attention_dropout_rate)
     settings = dict(mask=mask, bias=bias, dropout_rate=cfg.attention_dropout_rate,
-                    dropout_rng=self.make_rng('dropout') if dropout_active else None,
+                    dropout_rng=self.make_rng("dropout") if dropout_active else None,
                     dropout_bits=cfg.dropout_bits, deterministic=deterministic,
                     scale_logits=cfg.scale_attention_logits, causal=causal)
-    if self.is_mutable_collection('intermediates'):
+    if self.is_mutable_collection("intermediates"):
       return dot_product_attention_weights(query, key, value, **settings)
     return dot_product_attention(query, key, value, impl=cfg.attention_impl, **settings), None

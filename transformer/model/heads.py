@@ -25,12 +25,12 @@ def pool(x: Array, segment_ids: Array, target_segment_ids: Array, pooling: str) 
   """x [b, s, d] -> [b, t, d]: the first token or token mean of each slot's segment (0: zeros)."""
   member = ((segment_ids[:, None, :] == target_segment_ids[:, :, None])
             & (target_segment_ids[:, :, None] != 0))  # [b, t, s]
-  if check_value('model.pooling', pooling) == 'first':
+  if check_value("model.pooling", pooling) == "first":
     first = jnp.argmax(member, axis=-1)  # [b, t]
     weights = jax.nn.one_hot(first, x.shape[1]) * member.any(-1, keepdims=True)
   else:
     weights = member / jnp.maximum(member.sum(-1, keepdims=True), 1)
-  return jnp.einsum('bts,bsd->btd', weights.astype(x.dtype), x)
+  return jnp.einsum("bts,bsd->btd", weights.astype(x.dtype), x)
 
 
 class LogitsBias(nn.Module):
@@ -39,12 +39,12 @@ class LogitsBias(nn.Module):
 
   @nn.compact
   def __call__(self, logits: Array) -> Array:
-    init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ('vocab',))
-    return logits + self.param('bias', init, (self.vocab_size,), jnp.float32)
+    init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",))
+    return logits + self.param("bias", init, (self.vocab_size,), jnp.float32)
 
 
 # The submodules of VocabHead (their parameter subtrees), beside the stack's own in its scope.
-VOCAB_HEAD_PARAMS = ('transform', 'transform_norm', 'logits_dense', 'logits_bias')
+VOCAB_HEAD_PARAMS = ("transform", "transform_norm", "logits_dense", "logits_bias")
 
 
 class VocabHead(nn.Module):
@@ -60,14 +60,14 @@ class VocabHead(nn.Module):
   def __call__(self, x: Array) -> Array:
     cfg = self.config
     if cfg.head_transform:
-      x = dense(cfg.d_model, ('embed', 'mlp'), cfg, 'transform')(x)
-      x = make_norm(cfg, 'transform_norm')(FFNS[cfg.ffn].activation(x))
+      x = dense(cfg.d_model, ("embed", "mlp"), cfg, "transform")(x)
+      x = make_norm(cfg, "transform_norm")(FFNS[cfg.ffn].activation(x))
     if cfg.tie_embeddings:
       logits = self.embed.attend(x)[..., :cfg.vocab_size]
     else:
-      logits = output_dense(cfg, cfg.vocab_size, ('embed', 'vocab'), 'logits_dense')(x)
+      logits = output_dense(cfg, cfg.vocab_size, ("embed", "vocab"), "logits_dense")(x)
     if cfg.logits_bias:
-      logits = LogitsBias(cfg.vocab_size, name='logits_bias')(logits)
+      logits = LogitsBias(cfg.vocab_size, name="logits_bias")(logits)
     excluded = excluded_ids(cfg)
     if excluded:
       if excluded[-1] >= cfg.vocab_size:
@@ -89,15 +89,15 @@ class OutputHead(nn.Module):
   def __call__(self, x: Array, segment_ids: Array | None = None,
                target_segment_ids: Array | None = None) -> Array:
     cfg = self.config
-    if self.kind == 'lm':
-      head = VocabHead(cfg, self.embed, name='vocab')
+    if self.kind == "lm":
+      head = VocabHead(cfg, self.embed, name="vocab")
       nn.share_scope(self, head)  # its parameters sit beside this head's own
       return head(x)
     if cfg.num_classes <= 0:
       raise ValueError(f"model.num_classes={cfg.num_classes} must be set (> 0) for "
                        f"model.head={cfg.head!r}")
-    if self.kind == 'classify':
+    if self.kind == "classify":
       if target_segment_ids is None:  # one example per row: slot 0 is segment 1
         target_segment_ids = jnp.ones((x.shape[0], 1), jnp.int32)
       x = pool(x, segment_ids, target_segment_ids, cfg.pooling)
-    return output_dense(cfg, cfg.num_classes, ('embed', 'classes'), 'classifier')(x)
+    return output_dense(cfg, cfg.num_classes, ("embed", "classes"), "classifier")(x)

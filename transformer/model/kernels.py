@@ -63,7 +63,7 @@ def _matmul_bwd(res: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 # What remat policies save `matmul`'s outputs by: its custom_vjp hides the dot from checkpoint_dots.
-MATMUL_NAME = 'matmul'
+MATMUL_NAME = "matmul"
 
 
 def matmul(x: Array, kernel: Array) -> Array:
@@ -129,22 +129,22 @@ class Kernels:
 
 
 PLAIN = Kernels(_plain_project, None, _plain_layer_norm)
-KERNELS: dict[str, Kernels] = {'cpu': Kernels(_cpu_project, _wide_out_dot_general, _layer_norm)}
+KERNELS: dict[str, Kernels] = {"cpu": Kernels(_cpu_project, _wide_out_dot_general, _layer_norm)}
 
 
-_FORCED: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar('kernels', default=None)
+_FORCED: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("kernels", default=None)
 
 
 def current() -> Kernels:
   """The kernels of jax's default backend (PLAIN where KERNELS has no entry), or use()'s."""
   name = _FORCED.get() or jax.default_backend()
-  return PLAIN if name == 'plain' else KERNELS.get(name, PLAIN)
+  return PLAIN if name == "plain" else KERNELS.get(name, PLAIN)
 
 
 @contextlib.contextmanager
 def use(name: str):
   """Within the block (this thread), traced models get KERNELS[name] ('plain': PLAIN)."""
-  if name != 'plain' and name not in KERNELS:
+  if name != "plain" and name not in KERNELS:
     raise ValueError(f"kernels {name!r}: one of plain, {', '.join(sorted(KERNELS))}")
   token = _FORCED.set(name)
   try:
@@ -155,11 +155,11 @@ def use(name: str):
 
 _SAVE_MATMULS = jax.checkpoint_policies.save_only_these_names(MATMUL_NAME)
 # The remat policies (model.remat): name -> nn.remat's policy ('none': no remat).
-REMAT_POLICIES: schema.Table[Any] = schema.registry('model.remat', {
-    'none': None,
-    'full': None,  # save nothing: recompute the whole block in the backward pass
-    'dots': jax.checkpoint_policies.save_from_both_policies(
+REMAT_POLICIES: schema.Table[Any] = schema.registry("model.remat", {
+    "none": None,
+    "full": None,  # save nothing: recompute the whole block in the backward pass
+    "dots": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.checkpoint_dots, _SAVE_MATMULS),
-    'dots_no_batch': jax.checkpoint_policies.save_from_both_policies(
+    "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims, _SAVE_MATMULS),
 })

@@ -36,7 +36,7 @@ class Embed(nn.Module):
   def setup(self):
     cfg = self.config
     init = nn.initializers.normal(stddev=cfg.d_model**-0.5)
-    self.embedding = self.param('embedding', nn.with_logical_partitioning(init, ('vocab', 'embed')),
+    self.embedding = self.param("embedding", nn.with_logical_partitioning(init, ("vocab", "embed")),
                                 (self.num_embeddings, cfg.d_model), jnp.dtype(cfg.param_dtype))
 
   def __call__(self, tokens: Array) -> Array:
@@ -50,7 +50,7 @@ class Embed(nn.Module):
   def attend(self, x: Array) -> Array:
     """[b, t, d] -> float32 logits [b, t, vocab] (bfloat16 can collapse training, flax #677)."""
     table = jnp.asarray(self.embedding, jnp.float32)
-    return jnp.einsum('btd,vd->btv', x.astype(jnp.float32), table)
+    return jnp.einsum("btd,vd->btv", x.astype(jnp.float32), table)
 
 
 def _gelu_erf(x: Array) -> Array:
@@ -70,14 +70,14 @@ class FFN:
 
 
 # The feed-forward variants (model.ffn): name -> activation and whether it gates.
-FFNS: schema.Table[FFN] = schema.registry('model.ffn', {
-    'relu': FFN(nn.relu),
-    'gelu': FFN(_gelu_erf),
-    'gelu_tanh': FFN(_gelu_tanh),
-    'swiglu': FFN(nn.silu, gated=True),
-    'geglu': FFN(_gelu_erf, gated=True),
-    'geglu_tanh': FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
-    'squared_relu': FFN(lambda x: jnp.square(nn.relu(x))),  # Primer (So et al. 2021)
+FFNS: schema.Table[FFN] = schema.registry("model.ffn", {
+    "relu": FFN(nn.relu),
+    "gelu": FFN(_gelu_erf),
+    "gelu_tanh": FFN(_gelu_tanh),
+    "swiglu": FFN(nn.silu, gated=True),
+    "geglu": FFN(_gelu_erf, gated=True),
+    "geglu_tanh": FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
+    "squared_relu": FFN(lambda x: jnp.square(nn.relu(x))),  # Primer (So et al. 2021)
 })
 
 
@@ -141,7 +141,7 @@ class Dropout(nn.Module):
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
     if deterministic or is_off(self.rate):
       return x
-    return dropout(x, self.rate, self.make_rng('dropout'), self.bits)
+    return dropout(x, self.rate, self.make_rng("dropout"), self.bits)
 
 
 class FeedForward(nn.Module):
@@ -152,14 +152,14 @@ class FeedForward(nn.Module):
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
     cfg = self.config
     ffn = FFNS[cfg.ffn]
-    widen = functools.partial(dense, cfg.mlp_dim, ('embed', 'mlp'), cfg,
+    widen = functools.partial(dense, cfg.mlp_dim, ("embed", "mlp"), cfg,
                               dot_general=kernels.current().dense_dot_general)
     if ffn.gated:
-      h = ffn.activation(widen('wi_gate')(x)) * widen('wi_up')(x)  # [b, t, f]
+      h = ffn.activation(widen("wi_gate")(x)) * widen("wi_up")(x)  # [b, t, f]
     else:
-      h = ffn.activation(widen('wi')(x))  # [b, t, f]
+      h = ffn.activation(widen("wi")(x))  # [b, t, f]
     h = Dropout(cfg.ffn_dropout_rate, cfg.dropout_bits)(h, deterministic=deterministic)
-    return dense(cfg.d_model, ('mlp', 'embed'), cfg, 'wo')(h)
+    return dense(cfg.d_model, ("mlp", "embed"), cfg, "wo")(h)
 
 
 class LayerNorm(nn.Module):
@@ -173,8 +173,8 @@ class LayerNorm(nn.Module):
   def __call__(self, x: Array) -> Array:
     """[..., d] -> [..., d] in `dtype` (None: x's, where flax would promote with the params')."""
     d = x.shape[-1]
-    scale = self.param('scale', self.scale_init, (d,), self.param_dtype)
-    bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros_init(), ('norm',)),
+    scale = self.param("scale", self.scale_init, (d,), self.param_dtype)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("norm",)),
                       (d,), self.param_dtype)
     y = kernels.current().layer_norm(x, jnp.asarray(scale), jnp.asarray(bias), self.epsilon)
     return y.astype(self.dtype or x.dtype)
@@ -182,7 +182,7 @@ class LayerNorm(nn.Module):
 
 # The norms (model.norm): name -> a module maker taking flax's norm keyword arguments.
 NORMS: schema.Table[Callable[..., nn.Module]] = schema.registry(
-    'model.norm', {'layernorm': LayerNorm, 'rmsnorm': nn.RMSNorm})
+    "model.norm", {"layernorm": LayerNorm, "rmsnorm": nn.RMSNorm})
 
 
 def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
@@ -190,4 +190,4 @@ def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
   return NORMS[config.norm](
       epsilon=config.norm_eps, dtype=jnp.dtype(config.dtype),
       param_dtype=jnp.dtype(config.param_dtype),
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ('norm',)), name=name)
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)), name=name)

@@ -36,7 +36,7 @@ def decoder_prefix(prefix_mask: Array, segment_ids: Array) -> Array:
 def _residual(cfg: ModelConfig, x: Array, sublayer, norm: nn.Module, deterministic: bool) -> Array:
   """Post-LN Norm(x + Dropout(f(x))) or pre-LN x + Dropout(f(Norm(x)))."""
   drop = Dropout(cfg.dropout_rate, cfg.dropout_bits)
-  if cfg.norm_position == 'pre':
+  if cfg.norm_position == "pre":
     return x + drop(sublayer(norm(x)), deterministic=deterministic)
   return norm(x + drop(sublayer(x), deterministic=deterministic))
 
@@ -66,18 +66,18 @@ class Block(nn.Module):
   def __call__(self, x: Array, inputs: BlockInputs) -> Array:
     """x [b, t, d] through the block's sublayers, reading `inputs` by name."""
     cfg, det = self.config, self.deterministic
-    self_attention = attn.MultiHeadAttention(cfg, name='self_attention')
+    self_attention = attn.MultiHeadAttention(cfg, name="self_attention")
     x = _residual(cfg, x, lambda y: self_attention(
         y, mask=inputs.self_mask, bias=inputs.bias, positions=inputs.positions,
         deterministic=det, decode=inputs.step, causal=self.causal_kernel),
-                  make_norm(cfg, 'attention_norm'), det)
+                  make_norm(cfg, "attention_norm"), det)
     if self.cross_attention:
-      cross = attn.MultiHeadAttention(cfg, cross=True, name='cross_attention')
+      cross = attn.MultiHeadAttention(cfg, cross=True, name="cross_attention")
       x = _residual(cfg, x, lambda y: cross(
           y, inputs.encoded, mask=inputs.cross_mask, deterministic=det, decode=inputs.step),
-                    make_norm(cfg, 'cross_attention_norm'), det)
-    ffn = FeedForward(cfg, name='ffn')
-    x = _residual(cfg, x, lambda y: ffn(y, deterministic=det), make_norm(cfg, 'ffn_norm'), det)
+                    make_norm(cfg, "cross_attention_norm"), det)
+    ffn = FeedForward(cfg, name="ffn")
+    x = _residual(cfg, x, lambda y: ffn(y, deterministic=det), make_norm(cfg, "ffn_norm"), det)
     return x
 
 
@@ -93,46 +93,46 @@ def _run_layers(cfg: ModelConfig, num_layers: int, x: Array, inputs: BlockInputs
   """Applies `num_layers` Blocks (layers_i, or one nn.scan 'layers') to x, then a pre-LN stack's
   final norm; `inputs` go to every layer, `fields` are the block's attributes. Decode: no remat."""
   cls = ScanBlock if cfg.scan_layers else Block
-  if cfg.remat != 'none' and remat_allowed:
+  if cfg.remat != "none" and remat_allowed:
     cls = nn.remat(cls, policy=kernels.REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
     scanned = nn.scan(
-        cls, variable_axes={'params': 0, 'cache': 0, 'intermediates': 0},
-        split_rngs={'params': True, 'dropout': True}, in_axes=nn.broadcast,
-        length=num_layers, metadata_params={nn.PARTITION_NAME: 'layers'})
-    x, _ = scanned(cfg, name='layers', **fields)(x, inputs)
+        cls, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+        split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
+        length=num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+    x, _ = scanned(cfg, name="layers", **fields)(x, inputs)
   else:
     for i in range(num_layers):
-      x = cls(cfg, name=f'layers_{i}', **fields)(x, inputs)
-  return make_norm(cfg, 'final_norm')(x) if cfg.norm_position == 'pre' else x
+      x = cls(cfg, name=f"layers_{i}", **fields)(x, inputs)
+  return make_norm(cfg, "final_norm")(x) if cfg.norm_position == "pre" else x
 
 
-def _embed(stack: 'Encoder | Decoder', tokens: Array, positions: Array,
+def _embed(stack: "Encoder | Decoder", tokens: Array, positions: Array,
            deterministic: bool) -> Array:
   """Token embeddings + absolute positional encoding, embedding norm (if configured), dropout;
   inside `stack`'s compact method."""
   cfg = stack.config
   x = stack.embed(tokens)  # [b, t, d]
-  if positional.encoding(cfg).kind == 'absolute':
-    absolute = positional.AbsoluteEncoding(cfg, name='absolute_encoding')
+  if positional.encoding(cfg).kind == "absolute":
+    absolute = positional.AbsoluteEncoding(cfg, name="absolute_encoding")
     nn.share_scope(stack, absolute)  # a learned table sits in the stack's scope
     x = x + absolute(positions).astype(x.dtype)
   if cfg.embedding_norm:
-    x = make_norm(cfg, 'embedding_norm')(x)
+    x = make_norm(cfg, "embedding_norm")(x)
   return Dropout(cfg.dropout_rate, cfg.dropout_bits)(x, deterministic=deterministic)
 
 
-def _position_inputs(stack: 'Encoder | Decoder', q_pos: Array, k_pos: Array,
+def _position_inputs(stack: "Encoder | Decoder", q_pos: Array, k_pos: Array,
                      bidirectional: bool) -> tuple[Array | None, Array | None]:
   """(the stack's positional bias [b, n, t, s], the positions attention rotates by) or Nones;
   inside `stack`'s compact method."""
   kind = positional.encoding(stack.config).kind
   bias = None
-  if kind == 'bias':
-    encoding = positional.BiasEncoding(stack.config, bidirectional, name='bias_encoding')
+  if kind == "bias":
+    encoding = positional.BiasEncoding(stack.config, bidirectional, name="bias_encoding")
     nn.share_scope(stack, encoding)  # a learned table sits in the stack's scope
     bias = encoding(q_pos, k_pos)
-  return bias, q_pos if kind == 'rotary' else None
+  return bias, q_pos if kind == "rotary" else None
 
 
 def _default_positions(tokens: Array) -> Array:
@@ -181,7 +181,7 @@ class Decoder(nn.Module):
       segment_ids = jnp.ones(tokens.shape, jnp.int32)
     prefix = jnp.zeros(tokens.shape, bool) if prefix is None else prefix.astype(bool)
     if decode:
-      stack_cache = kv_cache.StackCache(name='stack_cache')
+      stack_cache = kv_cache.StackCache(name="stack_cache")
       nn.share_scope(self, stack_cache)  # its bookkeeping sits beside the stack's parameters
       if positions is None:
         positions = stack_cache.next_positions(tokens.shape[1])
@@ -210,7 +210,7 @@ class Decoder(nn.Module):
       x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
     if self.hidden_only:
       return x
-    head = heads.VocabHead(cfg, self.embed, name='vocab')
+    head = heads.VocabHead(cfg, self.embed, name="vocab")
     nn.share_scope(self, head)  # its parameters sit beside the stack's own
     return head(x)
 
@@ -302,7 +302,7 @@ class EncoderOnly(nn.Module):
   def setup(self):
     self.token_embed = Embed(self.config, self.config.vocab_size)
     self.encoder = Encoder(self.config, self.token_embed)
-    kind = 'lm' if self.config.head == 'mlm' else self.config.head
+    kind = "lm" if self.config.head == "mlm" else self.config.head
     self.head = heads.OutputHead(self.config, self.token_embed, kind)
 
   def __call__(self, inputs: Array, inputs_positions: Array | None = None,
@@ -318,12 +318,12 @@ class EncoderOnly(nn.Module):
 def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly | EncoderOnly:
   """The model named by `model_config.arch`; vocabulary sizes must be filled in (not 0)."""
   cfg = model_config
-  sizes = ('vocab_size', 'source_vocab_size') if cfg.arch == 'encoder_decoder' else ('vocab_size',)
+  sizes = ("vocab_size", "source_vocab_size") if cfg.arch == "encoder_decoder" else ("vocab_size",)
   for key in sizes:
     if getattr(cfg, key) <= 0:
       raise ConfigError(f"model.{key}={getattr(cfg, key)} must be set (> 0) before build_model")
   archs = dict(encoder_decoder=EncoderDecoder, decoder_only=DecoderOnly, encoder_only=EncoderOnly)
-  return archs[check_value('model.arch', cfg.arch)](cfg)
+  return archs[check_value("model.arch", cfg.arch)](cfg)
 
 
 # The batch-level entry points: a pipeline batch in, logits out, for every architecture.
@@ -336,47 +336,47 @@ def default_segment_ids(tokens: Array, segment_ids: Array | None = None) -> Arra
 
 def batch_segment_ids(batch: dict[str, Any], feature: str) -> Array:
   """The batch's `<feature>_segment_ids`, or default_segment_ids of the feature's tokens."""
-  return default_segment_ids(batch[feature], batch.get(f'{feature}_segment_ids'))
+  return default_segment_ids(batch[feature], batch.get(f"{feature}_segment_ids"))
 
 
 def _call_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
   """The keyword arguments of the model's __call__ for a batch (features absent -> None)."""
-  inputs = ('inputs', 'inputs_positions', 'inputs_segment_ids')
-  targets = ('targets', 'targets_positions', 'targets_segment_ids')
-  names = {'encoder_decoder': inputs + targets, 'decoder_only': targets + ('prefix_mask',),
-           'encoder_only': inputs + ('targets_segment_ids',)}[arch]
-  return {n: batch[n] if n in ('inputs', 'targets') else batch.get(n) for n in names}
+  inputs = ("inputs", "inputs_positions", "inputs_segment_ids")
+  targets = ("targets", "targets_positions", "targets_segment_ids")
+  names = {"encoder_decoder": inputs + targets, "decoder_only": targets + ("prefix_mask",),
+           "encoder_only": inputs + ("targets_segment_ids",)}[arch]
+  return {n: batch[n] if n in ("inputs", "targets") else batch.get(n) for n in names}
 
 
 def batch_logits(model: nn.Module, params: Any, batch: dict[str, Any], *,
                  deterministic: bool = True, rngs: dict[str, Array] | None = None) -> Array:
   """Teacher-forced logits [b, t, vocab] float32 of a batch."""
-  return model.apply({'params': params}, **_call_kwargs(model.config.arch, batch),
+  return model.apply({"params": params}, **_call_kwargs(model.config.arch, batch),
                      deterministic=deterministic, rngs=rngs)
 
 
 def batch_intermediates(model: nn.Module, params: Any, batch: dict[str, Any]) -> Any:
   """The 'intermediates' collection of a batch's deterministic teacher-forced pass: every
   attention layer's sown `attention_weights` [b, n, t, s], by module path."""
-  _, state = model.apply({'params': params}, **_call_kwargs(model.config.arch, batch),
-                         deterministic=True, mutable=['intermediates'])
-  return state['intermediates']
+  _, state = model.apply({"params": params}, **_call_kwargs(model.config.arch, batch),
+                         deterministic=True, mutable=["intermediates"])
+  return state["intermediates"]
 
 
 def batch_hidden(model: nn.Module, params: Any, batch: dict[str, Any], *,
                  deterministic: bool = True, rngs: dict[str, Array] | None = None) -> Array:
   """The decoder's final hidden states [b, t, d] of a batch (before vocab_projection)."""
-  if model.config.arch == 'encoder_only':
-    raise ConfigError('hidden states before the output layer: encoder_decoder or decoder_only only')
+  if model.config.arch == "encoder_only":
+    raise ConfigError("hidden states before the output layer: encoder_decoder or decoder_only only")
   return batch_logits(model.clone(hidden_only=True), params, batch, deterministic=deterministic,
                       rngs=rngs)
 
 
 def vocab_projection(model: nn.Module, params: Any):
   """hidden [b, t, d] -> float32 logits [b, t, vocab]: the decoder's output layer."""
-  embed = params['token_embed'] if 'token_embed' in params else params['target_embed']
-  head = {k: v for k, v in params['decoder'].items() if k in heads.VOCAB_HEAD_PARAMS}
-  variables = {'params': {**head, 'embed': embed}}
+  embed = params["token_embed"] if "token_embed" in params else params["target_embed"]
+  head = {k: v for k, v in params["decoder"].items() if k in heads.VOCAB_HEAD_PARAMS}
+  variables = {"params": {**head, "embed": embed}}
   head = heads.VocabHead(model.config, Embed(model.config, model.config.vocab_size))
   return lambda x: head.apply(variables, x)
 
@@ -389,7 +389,7 @@ def batch_init(model: nn.Module, rngs: dict[str, Array], batch: dict[str, Any]) 
 def example_batch(model_config: ModelConfig, length: int = 8) -> dict[str, np.ndarray]:
   """A one-row batch with the features the architecture reads (for init and shapes)."""
   ones = np.ones((1, length), np.int32)
-  has_inputs = model_config.arch != 'decoder_only'
+  has_inputs = model_config.arch != "decoder_only"
   return dict(inputs=ones, targets=ones) if has_inputs else dict(targets=ones)
 
 
@@ -397,6 +397,6 @@ def parameter_count(model_config: ModelConfig) -> int:
   """The number of parameters `model_config` builds (shapes only); unset vocabularies count 1."""
   cfg = dataclasses.replace(model_config, vocab_size=model_config.vocab_size or 1,
                             source_vocab_size=model_config.source_vocab_size or 1)
-  shapes = jax.eval_shape(lambda: batch_init(build_model(cfg), {'params': jax.random.key(0)},
+  shapes = jax.eval_shape(lambda: batch_init(build_model(cfg), {"params": jax.random.key(0)},
                                              example_batch(cfg, 1)))
-  return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes['params']))
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes["params"]))

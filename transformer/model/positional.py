@@ -37,7 +37,7 @@ def _check_concrete_positions(positions: Array, rows: int, max_len: int, kind: s
   if not isinstance(positions, jax.core.Tracer):
     hi = int(np.max(np.asarray(positions), initial=0))
     if hi >= rows:
-      raise ValueError(f'position {hi} >= model.max_len={max_len} ({kind} positions)')
+      raise ValueError(f"position {hi} >= model.max_len={max_len} ({kind} positions)")
 
 
 @functools.lru_cache(maxsize=32)
@@ -50,8 +50,8 @@ def _sinusoidal_constant(length: int, d: int) -> np.ndarray:
 def sinusoidal_lookup(positions: Array, max_len: int, d: int) -> Array:
   """[b, t] int positions -> [b, t, d]: rows of a constant table (cheaper than a sine each)."""
   rows = max(max_len, positions.shape[-1])
-  _check_concrete_positions(positions, rows, max_len, 'sinusoidal')
-  return jnp.take(_sinusoidal_constant(rows, d), positions, axis=0, mode='clip')
+  _check_concrete_positions(positions, rows, max_len, "sinusoidal")
+  return jnp.take(_sinusoidal_constant(rows, d), positions, axis=0, mode="clip")
 
 
 class LearnedPositions(nn.Module):
@@ -64,18 +64,18 @@ class LearnedPositions(nn.Module):
   @nn.compact
   def __call__(self, positions: Array) -> Array:
     """[b, t] int positions -> [b, t, features]."""
-    table = self.param('embedding', nn.with_logical_partitioning(
-                           nn.initializers.normal(stddev=0.02), ('length', 'embed')),
+    table = self.param("embedding", nn.with_logical_partitioning(
+                           nn.initializers.normal(stddev=0.02), ("length", "embed")),
                        (self.max_len, self.features), self.param_dtype)
-    _check_concrete_positions(positions, self.max_len, self.max_len, 'learned')
-    return jnp.take(jnp.asarray(table, self.dtype), positions, axis=0, mode='clip')
+    _check_concrete_positions(positions, self.max_len, self.max_len, "learned")
+    return jnp.take(jnp.asarray(table, self.dtype), positions, axis=0, mode="clip")
 
 
 def apply_rope(x: Array, positions: Array, base: float = 10000.0) -> Array:
   """RoPE ("rotate half", as GPT-NeoX/LLaMA) of [b, t, n, h] queries or keys by [b, t] positions."""
   h = x.shape[-1]
   if h % 2:
-    raise ValueError(f'RoPE needs an even head dimension, got head_dim={h}')
+    raise ValueError(f"RoPE needs an even head dimension, got head_dim={h}")
   half = h // 2
   inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / h)  # [h/2]
   angles = positions.astype(jnp.float32)[:, :, None, None] * inv_freq  # [b, t, 1, h/2]
@@ -97,11 +97,11 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool = Tru
   exact for small offsets, then log-spaced up to max_distance; causal: future keys -> 0."""
   exact = max_distance_bound(num_buckets, bidirectional)
   if exact < 1:
-    raise ValueError(f'relative position buckets: num_buckets={num_buckets} must be >= '
-                     f'{4 if bidirectional else 2}')
+    raise ValueError(f"relative position buckets: num_buckets={num_buckets} must be >= "
+                     f"{4 if bidirectional else 2}")
   if max_distance <= exact:
-    raise ValueError(f'relative position buckets: max_distance={max_distance} must be > {exact}, '
-                     f'the offsets with exact buckets')
+    raise ValueError(f"relative position buckets: max_distance={max_distance} must be > {exact}, "
+                     f"the offsets with exact buckets")
   relative_position = jnp.asarray(relative_position, jnp.int32)
   distance = -relative_position  # > 0 for keys in the past
   bucket = jnp.zeros_like(relative_position)
@@ -131,8 +131,8 @@ class RelativePositionBias(nn.Module):
   @nn.compact
   def __call__(self, q_positions: Array, k_positions: Array) -> Array:
     """q_positions [b, t], k_positions [b, s] -> bias [b, n, t, s]."""
-    table = self.param('rel_embedding', nn.with_logical_partitioning(
-                           nn.initializers.normal(stddev=0.02), ('relpos_buckets', 'heads')),
+    table = self.param("rel_embedding", nn.with_logical_partitioning(
+                           nn.initializers.normal(stddev=0.02), ("relpos_buckets", "heads")),
                        (self.num_buckets, self.num_heads), self.param_dtype)
     rel = k_positions[:, None, :] - q_positions[:, :, None]  # [b, t, s]
     buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
@@ -144,7 +144,7 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
   """ALiBi's head slopes [n] float32: 2^(-8i/n) for i = 1..n when n is a power of two; else
   those of the closest smaller power of two p, then every other slope of the 2p sequence."""
   if num_heads < 1:
-    raise ValueError(f'alibi_slopes needs num_heads >= 1, got {num_heads}')
+    raise ValueError(f"alibi_slopes needs num_heads >= 1, got {num_heads}")
   p = 2 ** int(np.floor(np.log2(num_heads)))
   slopes = [2.0 ** (-8.0 * i / p) for i in range(1, p + 1)]
   if p < num_heads:
@@ -169,7 +169,7 @@ class Encoding:
 
 def _learned(cfg, positions):
   return LearnedPositions(cfg.max_len, cfg.d_model, param_dtype=jnp.dtype(cfg.param_dtype),
-                          dtype=jnp.dtype(cfg.dtype), name='position_embed')(positions)
+                          dtype=jnp.dtype(cfg.dtype), name="position_embed")(positions)
 
 
 def _check_rope(cfg):
@@ -180,12 +180,12 @@ def _check_rope(cfg):
 def _relative(cfg, q_positions, k_positions, bidirectional):
   return RelativePositionBias(cfg.relative_num_buckets, cfg.relative_max_distance, cfg.num_heads,
                               bidirectional=bidirectional, param_dtype=jnp.dtype(cfg.param_dtype),
-                              name='relative_bias')(q_positions, k_positions)
+                              name="relative_bias")(q_positions, k_positions)
 
 
 def _check_relative(cfg):
   # The log-spaced buckets must reach beyond the exact ones (else NaN); bidirectional halves them.
-  least = 4 if cfg.arch == 'encoder_decoder' else 2
+  least = 4 if cfg.arch == "encoder_decoder" else 2
   if cfg.relative_num_buckets < least:
     return (f"model.relative_num_buckets={cfg.relative_num_buckets} must be >= {least} "
             f"with model.arch={cfg.arch!r}")
@@ -201,23 +201,23 @@ def _shaw(cfg, q_positions, k_positions, bidirectional):
   clip = cfg.relative_max_distance
   table = nn.Embed(2 * clip + 1, cfg.num_heads, param_dtype=jnp.dtype(cfg.param_dtype),
                    embedding_init=nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
-                                                               ('relpos_buckets', 'heads')),
-                   name='relative_bias')
+                                                               ("relpos_buckets", "heads")),
+                   name="relative_bias")
   distance = jnp.clip(k_positions[:, None, :] - q_positions[:, :, None], -clip, clip)  # [b, t, s]
   return jnp.transpose(table(distance + clip).astype(jnp.float32), (0, 3, 1, 2))
 
 
-ENCODINGS: schema.Table[Encoding] = schema.registry('model.positional', {
-    'sinusoidal': Encoding('absolute', lambda cfg, pos: sinusoidal_lookup(pos, cfg.max_len,
+ENCODINGS: schema.Table[Encoding] = schema.registry("model.positional", {
+    "sinusoidal": Encoding("absolute", lambda cfg, pos: sinusoidal_lookup(pos, cfg.max_len,
                                                                           cfg.d_model)),
-    'learned': Encoding('absolute', _learned),
-    'rope': Encoding('rotary', lambda cfg, x, pos: apply_rope(x, pos, cfg.rope_base),
+    "learned": Encoding("absolute", _learned),
+    "rope": Encoding("rotary", lambda cfg, x, pos: apply_rope(x, pos, cfg.rope_base),
                      check=_check_rope),
-    'relative': Encoding('bias', _relative, check=_check_relative),
-    'alibi': Encoding('bias', lambda cfg, q_pos, k_pos, bidirectional: alibi_bias(
+    "relative": Encoding("bias", _relative, check=_check_relative),
+    "alibi": Encoding("bias", lambda cfg, q_pos, k_pos, bidirectional: alibi_bias(
         q_pos, k_pos, alibi_slopes(cfg.num_heads))),
-    'none': Encoding('none'),
-    'shaw': Encoding('bias', _shaw),
+    "none": Encoding("none"),
+    "shaw": Encoding("bias", _shaw),
 })
 
 
