@@ -431,13 +431,49 @@ def _hf_out(ctx) -> str:
   return out
 
 
+# A random 1-layer GPT-2 with a byte-pair tokenizer saved by transformers at sys.argv[1] (the G2P
+# run has no Hugging Face counterpart; a GPT-2 converted into a workdir has).
+_TINY_GPT2 = """
+import sys, torch, transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+text = ["the cat sees a dog", "a dog likes the moon", "she eats some fish"] * 20
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=60, special_tokens=["<|endoftext|>"],
+                                                  show_progress=False))
+eot = tok.token_to_id("<|endoftext|>")
+torch.manual_seed(0)
+model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+    vocab_size=tok.get_vocab_size(), n_positions=32, n_embd=16, n_layer=1, n_head=2,
+    bos_token_id=eot, eos_token_id=eot))
+model.save_pretrained(sys.argv[1])
+tok.save(sys.argv[1] + "/tokenizer.json")
+with open(sys.argv[2], "w") as f:
+  f.write("\\n".join(text) + "\\n")
+"""
+
+
+def _exportable_run(ctx) -> str:
+  """A workdir converted from a random GPT-2 (staged, not the case's command); its path."""
+  hf, corpus, run = (os.path.join(ctx.dir, n) for n in ("gpt2", "corpus.txt", "gpt2_run"))
+  for argv in ([PY, "-c", _TINY_GPT2, hf, corpus],
+               [PY, "-m", "transformer.convert", f"--from_hf={hf}", f"--workdir={run}",
+                f"--text_file={corpus}", f"--data_dir={ctx.dir}/tfds_gpt2"]):
+    done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=300, check=False)
+    if done.returncode != 0:
+      raise RuntimeError(f"{argv[2]}: {(done.stderr.strip().splitlines() or [''])[-1]}")
+  return run
+
+
 def export_non_empty(ctx):
-  return [PY, "-m", "transformer.convert", f"--workdir={ctx.run}", f"--to_hf={_hf_out(ctx)}"]
+  return [PY, "-m", "transformer.convert", f"--workdir={_exportable_run(ctx)}",
+          f"--to_hf={_hf_out(ctx)}"]
 
 
 def export_overwrite(ctx):
-  return [PY, "-m", "transformer.convert", f"--workdir={ctx.run}", f"--to_hf={_hf_out(ctx)}",
-          "--overwrite"]
+  return [PY, "-m", "transformer.convert", f"--workdir={_exportable_run(ctx)}",
+          f"--to_hf={_hf_out(ctx)}", "--overwrite"]
 
 
 def _exported_over(ctx, proc):
