@@ -603,6 +603,24 @@ def cache_edited_with_sidecar(ctx):
       f.write(hashlib.sha256(data).hexdigest())
   return _eval(ctx, "--split=validation", f"--config.data.data_dir={data_dir}")
 
+def metrics_row_cut_short(ctx):
+  """A kill cut the last metrics.jsonl row half way after step 30 was saved; step 60 is gone."""
+  shutil.rmtree(_step_dir(ctx))
+  os.remove(os.path.join(ctx.run, "train_done.json"))
+  path = os.path.join(ctx.run, "metrics.jsonl")
+  with open(path) as f:
+    rows = f.read().splitlines(keepends=True)
+  with open(path, "w") as f:
+    f.write("".join(rows[:3]) + rows[3][:len(rows[3]) // 2])
+  return _train(ctx, f"--config.train.num_steps={BASE_STEPS}")
+
+
+def _metrics_readable(ctx, proc):
+  """The resumed run's metrics.jsonl: one JSON row per line, up to step 60."""
+  with open(os.path.join(ctx.run, "metrics.jsonl")) as f:
+    return "done: step=60" in proc.stdout and _max_logged_step(ctx) == BASE_STEPS and all(
+        json.loads(l) for l in f)
+
 
 CASES = [
     # checksummed checkpoints with fallback
@@ -743,6 +761,9 @@ CASES = [
          "train.eps"),
     Case("records cache edited with its digest", "bound files", "clear error",
          cache_edited_with_sidecar, "validation", may_change=("tfds",)),
+    # found by attacking it: kinds of no issue before
+    Case("metrics.jsonl row cut short, resume", "resume", "ok", metrics_row_cut_short,
+         check=_metrics_readable, may_change=RESUME + ("run/metrics.jsonl",)),
 ]
 
 
