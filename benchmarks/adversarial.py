@@ -64,7 +64,8 @@ class Case:
   culprit: str = ""
   check: Callable[[Any, subprocess.CompletedProcess], bool] | None = None
   timeout: float = 240
-  fsize_limit: int = 0  # bytes: RLIMIT_FSIZE of the command (a disk that fills up)
+  fsize_limit: int = 0  # bytes: RLIMIT_FSIZE of the command (a file that stops growing)
+  disk_size: int = 0  # bytes: run/checkpoints is a tmpfs of that size (a disk that fills up)
   read_only: tuple[str, ...] = ()  # paths (relative to ctx.dir) mounted read-only for it
   # a path (relative to ctx.dir): read_only turns read-only once it exists, while the command runs
   read_only_after: str = ""
@@ -94,6 +95,12 @@ PY = sys.executable
 
 def _train(ctx: Context, *flags: str) -> list[str]:
   return [PY, "train.py", f"--config={ctx.config}", f"--workdir={ctx.run}", *flags]
+
+
+def _new_run(ctx: Context, *flags: str) -> list[str]:
+  """train.py on a new workdir beside the run, 10 steps."""
+  return [PY, "train.py", f"--config={ctx.config}", f"--workdir={ctx.dir}/new",
+          "--config.train.num_steps=10", *flags]
 
 
 def _eval(ctx: Context, *flags: str) -> list[str]:
@@ -513,21 +520,21 @@ def _no_half_written_step(ctx, proc):
   return True
 
 
-def _damage_orbax_metadata(ctx, step: int) -> str:
-  path = os.path.join(_step_dir(ctx, step), "_CHECKPOINT_METADATA")
-  with open(path, "w") as f:
-    f.write('{"item_handlers": ')  # cut half way: not JSON
-  return path
+def _damage_orbax_metadata(ctx, step: int, name: str, content: str) -> None:
+  """Step `step`'s orbax metadata file `name` replaced by `content`, which orbax reads before
+  any digest is checked."""
+  with open(os.path.join(_step_dir(ctx, step), name), "w") as f:
+    f.write(content)
 
 
 def orbax_metadata_resume(ctx):
-  _damage_orbax_metadata(ctx, 30)
+  _damage_orbax_metadata(ctx, 30, "_CHECKPOINT_METADATA", "[]\n")  # JSON, not orbax's dict
   return _train(ctx, f"--config.train.num_steps={BASE_STEPS + 10}")
 
 
 def orbax_metadata_eval(ctx):
-  _damage_orbax_metadata(ctx, 30)
-  return _eval(ctx, "--split=validation", "--step=30")
+  _damage_orbax_metadata(ctx, 30, "metrics/metrics", "{not json")  # the best-by metrics
+  return _eval(ctx, "--split=validation")
 
 
 def _names_step_30(ctx, proc):
@@ -620,6 +627,20 @@ def _metrics_readable(ctx, proc):
   with open(os.path.join(ctx.run, "metrics.jsonl")) as f:
     return "done: step=60" in proc.stdout and _max_logged_step(ctx) == BASE_STEPS and all(
         json.loads(l) for l in f)
+
+def renamed_step_eval(ctx):
+  """Step 60's directory renamed to 90: its state says step 60."""
+  os.rename(_step_dir(ctx), _step_dir(ctx, 90))
+  return _eval(ctx, "--split=validation")
+
+
+def eval_out_another_run(ctx):
+  """eval.py of the run with --out at another run's workdir that holds its own evaluation."""
+  other = os.path.join(ctx.dir, "other_run")
+  shutil.copytree(ctx.base, other, symlinks=True)
+  with open(os.path.join(other, "metrics.validation.json"), "w") as f:
+    json.dump({"split": "validation", "eval/loss": 1.0}, f)
+  return _eval(ctx, "--split=validation", f"--out={other}")
 
 
 CASES = [
@@ -738,11 +759,12 @@ CASES = [
     Case("symlinked older step, retention", "no tracebacks", "clear error", symlinked_old_step,
          "checkpoints/30", check=_no_half_written_step, may_change=RESUME),
     Case("damaged orbax metadata of an older step, resume", "no tracebacks", "clear error",
-         orbax_metadata_resume, "_CHECKPOINT_METADATA", check=_names_step_30),
+         orbax_metadata_resume, "_CHECKPOINT_METADATA", check=_names_step_30,
+         may_change=RESUME + ("run/metrics.jsonl",)),
     Case("damaged orbax metadata of an older step, eval", "no tracebacks", "clear error",
-         orbax_metadata_eval, "_CHECKPOINT_METADATA", check=_names_step_30),
+         orbax_metadata_eval, "metrics", check=_names_step_30),
     Case("disk full during async save", "clear messages", "clear error", disk_full_async,
-         "checkpoints", check=_says_disk_full, fsize_limit=40_000,
+         "checkpoints", check=_says_disk_full, disk_size=1_000_000,  # steps 30, 60 and 166 kB
          may_change=RESUME + ("run/metrics.jsonl",)),
     Case("failed save reported at once", "clear messages", "clear error", disk_full_async,
          "checkpoints", check=_save_failure_at_once, fsize_limit=40_000,
@@ -754,14 +776,21 @@ CASES = [
     Case("config file whose get_config returns None", "clear messages", "clear error",
          config_returns_none, "none_config.py"),
     Case("train.b1=1.0", "validation", "clear error",
-         _flags(_train, "--config.train.b1=1.0"), "train.b1"),
+         _flags(_new_run, "--config.train.b1=1.0"), "train.b1"),
     Case("train.b2=-0.1", "validation", "clear error",
-         _flags(_train, "--config.train.b2=-0.1"), "train.b2"),
-    Case("train.eps=0", "validation", "clear error", _flags(_train, "--config.train.eps=0.0"),
-         "train.eps"),
+         _flags(_new_run, "--config.train.b2=-0.1"), "train.b2"),
+    Case("train.eps=0", "validation", "clear error",
+         _flags(_new_run, "--config.train.eps=0.0"), "train.eps"),
+    Case("train.momentum=2 (sgd)", "validation", "clear error",
+         _flags(_new_run, "--config.train.optimizer=sgd", "--config.train.momentum=2.0"),
+         "train.momentum"),
     Case("records cache edited with its digest", "bound files", "clear error",
          cache_edited_with_sidecar, "validation", may_change=("tfds",)),
     # found by attacking it: kinds of no issue before
+    Case("step directory renamed to a higher number, eval", "bound files", "clear error",
+         renamed_step_eval, "90"),
+    Case("eval --out at another run's workdir", "nothing lost", "clear error",
+         eval_out_another_run, "other_run"),
     Case("metrics.jsonl row cut short, resume", "resume", "ok", metrics_row_cut_short,
          check=_metrics_readable, may_change=RESUME + ("run/metrics.jsonl",)),
 ]
@@ -872,6 +901,8 @@ def run_case(case: Case, root: str, base: str, data: str, config: str, unshare: 
   """Stages and runs one case; its row."""
   ctx = Context(os.path.join(root, "cases", case.name.replace(" ", "_").replace("/", "_")), base,
                 data, config)
+  small_disk = os.path.join(ctx.run, "checkpoints")
+  subprocess.run(["umount", small_disk], capture_output=True, check=False)  # an earlier try's
   shutil.rmtree(ctx.dir, ignore_errors=True)
   os.makedirs(ctx.dir)
   shutil.copytree(base, ctx.run, symlinks=True)
@@ -879,6 +910,34 @@ def run_case(case: Case, root: str, base: str, data: str, config: str, unshare: 
   if case.read_only and not unshare:
     return {**row, "observed": "skipped", "detail": "no private mount namespace (unshare -m)",
             "seconds": 0.0}
+  if case.disk_size:
+    if not _small_disk(small_disk, case.disk_size):
+      return {**row, "observed": "skipped", "detail": "cannot mount a tmpfs (needs root)",
+              "seconds": 0.0}
+    try:
+      return _run_staged(case, ctx, row)
+    finally:
+      subprocess.run(["umount", small_disk], capture_output=True, check=False)
+  return _run_staged(case, ctx, row)
+
+
+def _small_disk(path: str, size: int) -> bool:
+  """Mounts a tmpfs of `size` bytes at `path` holding path's files; False if it cannot."""
+  aside = path + ".before_tmpfs"
+  os.rename(path, aside)
+  os.makedirs(path)
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                    capture_output=True, check=False).returncode != 0:
+    os.rmdir(path)
+    os.rename(aside, path)
+    return False
+  shutil.copytree(aside, path, symlinks=True, dirs_exist_ok=True)
+  shutil.rmtree(aside)
+  return True
+
+
+def _run_staged(case: Case, ctx: Context, row: dict[str, Any]) -> dict[str, Any]:
+  """Stages case in ctx (its run copied there) and runs it; its row."""
   try:
     argvs = case.setup(ctx)
   except Exception as e:  # pylint: disable=broad-except  (a staging failure is reported)
