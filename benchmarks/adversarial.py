@@ -864,6 +864,12 @@ def _last_line(proc: subprocess.CompletedProcess) -> str:
   return lines[-1] if lines else ""
 
 
+def _names(line: str, case: Case, ctx: Context) -> bool:
+  """Whether `line` names case.culprit other than in the case's own directory's name (which is
+  the case's name: it may hold the culprit)."""
+  return case.culprit in line.replace(ctx.dir, "")
+
+
 def classify(case: Case, ctx: Context, procs: list[subprocess.CompletedProcess | None],
              lost: list[str]) -> tuple[str, str]:
   """(observed outcome, the line that shows it) of a case's finished processes."""
@@ -881,14 +887,14 @@ def classify(case: Case, ctx: Context, procs: list[subprocess.CompletedProcess |
     if not failed:
       return "silent corruption", "exit 0" + (f": {last}" if last else "")
     errors = [l for p in failed for l in p.stderr.strip().splitlines()[-1:]]
-    named = [l for l in errors if l.startswith("error: ") and case.culprit in l]
+    named = [l for l in errors if l.startswith("error: ") and _names(l, case, ctx)]
     if not named:
       return "unclear error", (errors or [""])[0][:300]
     if case.check and not all(case.check(ctx, p) for p in failed):
       return "silent corruption", f"refused, but not as due: {named[0][:280]}"
     return "clear error", named[0][:300]
   refused = [p for p in failed if len(procs) > 1 and case.culprit and _last_line(p).startswith(
-      "error: ") and case.culprit in _last_line(p)]  # a concurrent loser that gave up clearly
+      "error: ") and _names(_last_line(p), case, ctx)]  # a concurrent loser that gave up clearly
   if len(refused) < len(failed) or len(refused) == len(procs):
     return ("clear error" if last.startswith("error: ") else "unclear error"), last
   procs = [p for p in procs if p not in refused]

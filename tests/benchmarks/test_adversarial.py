@@ -30,6 +30,10 @@ def test_classify_reads_each_outcome(tmp_path):
   assert adversarial.classify(err, ctx, [named], []) == (
       "clear error", "error: data.train_file='x' is a FIFO")
   assert adversarial.classify(err, ctx, [_proc(1, "error: something")], [])[0] == "unclear error"
+  in_path = _proc(1, f"error: diverged at step 2 in {tmp_path}/new")  # the case's dir, not a key
+  assert adversarial.classify(
+      adversarial.Case("e", "x", "clear error", lambda c: [], culprit=tmp_path.name), ctx,
+      [in_path], [])[0] == "unclear error"
   assert adversarial.classify(ok, ctx, [_proc(0, stdout="done")], [])[0] == "ok"
   assert adversarial.classify(ok, ctx, [_proc(0, stdout="?")], [])[0] == "silent corruption"
   two = [_proc(0), _proc(1, "error: data.train_file is locked")]  # concurrent writers: one refused
