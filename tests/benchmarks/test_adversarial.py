@@ -76,8 +76,8 @@ def test_counts_table_and_record_cover_every_case():
 
 def test_concurrent_loser_may_refuse_clearly_and_checks_hold_for_refusals(tmp_path):
   """Concurrent commands expected ok: one refusing with a line naming the culprit is fine, one
-  failing otherwise is (not the ok expected); a clear error whose check fails (e.g. a half-written step left) is
-  not a clear error."""
+  failing otherwise is not the ok expected; a refusal whose check fails (e.g. a half-written step
+  left behind) is not a clear error."""
   ctx = adversarial.Context(str(tmp_path), "", "", "")
   ok = adversarial.Case("o", "x", "ok", lambda c: [], culprit="tfds_fresh")
   loser = _proc(1, "error: tfds_fresh is being prepared by another process")
@@ -150,4 +150,5 @@ def test_read_only_after_remounts_once_the_path_exists(tmp_path):
   script = argv[-1]
   assert argv[:3] == ["unshare", "-m", "sh"]
   assert script.index("mount --bind") < script.index("python train.py &")
-  assert script.index("80/digest.json") < script.index("remount,bind,ro") < script.index("wait $pid")
+  remount = script.index("remount,bind,ro")
+  assert script.index("80/digest.json") < remount < script.index("wait $pid")
