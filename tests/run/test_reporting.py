@@ -190,6 +190,26 @@ def test_resumed_reporter_drops_metrics_after_checkpoint(tmp_path):
   assert steps == [1, 2, 3, 4]
 
 
+def test_resume_drops_a_metrics_row_cut_short(tmp_path):
+  """A metrics.jsonl whose last row a kill cut half way: the resume drops that row (it is not
+  readable) and the rows it appends stay readable, one per line."""
+  workdir = str(tmp_path)
+  rep = reporting.Reporter(workdir, {}, True, show_progress=False)
+  for step in range(1, 4):
+    rep.write_scalars(step, {"train/loss": float(step)})
+  rep.close()
+  path = os.path.join(workdir, "metrics.jsonl")
+  with open(path) as f:
+    text = f.read()
+  with open(path, "w") as f:
+    f.write(text[:-10])  # the row of step 3 cut short, no newline
+  rep = reporting.Reporter(workdir, {}, True, start_step=2, show_progress=False)
+  rep.write_scalars(3, {"train/loss": 30.0})
+  rep.close()
+  rows = [json.loads(l) for l in open(path)]
+  assert [(r["step"], r["train/loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+
+
 def test_elapsed_time_is_wall_clock_and_continues_across_a_resume(tmp_path, monkeypatch):
   """time/elapsed_s (the x axis of the time-to-quality plots) is time.time() minus the run's
   start, and a resumed run adds the elapsed time its killed predecessor logged up to the resume

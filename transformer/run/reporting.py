@@ -15,6 +15,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping, TextIO
 
+from absl import logging
 import jax
 
 from transformer import config as config_lib, files
@@ -120,12 +121,25 @@ def _wandb_run(workdir: str, config: Mapping[str, Any], record: Mapping[str, Any
 
 
 def _resume_jsonl(path: str, last_step: int) -> float:
-  """Drops metrics.jsonl rows after `last_step`; the last kept time/elapsed_s if resuming, or 0."""
+  """Drops metrics.jsonl rows after `last_step` and rows a write cut short (each named in a
+  warning); the last kept time/elapsed_s if resuming, or 0."""
   if not files.exists(path):
     return 0.0
-  rows = [(line, json.loads(line)) for line in files.read_text(path).split("\n") if line.strip()]
+  rows, torn = [], 0
+  for number, line in enumerate(files.read_text(path).split("\n"), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except ValueError:  # a write cut short (a kill, a full disk): its row is not readable
+      row = None
+    if not isinstance(row, dict):
+      torn += 1
+      logging.warning("%s:%d is not a metrics row (a write cut short): dropped", path, number)
+      continue
+    rows.append((line, row))
   kept = [(line, row) for line, row in rows if row.get("step", 0) <= last_step]
-  if len(kept) != len(rows):
+  if len(kept) != len(rows) or torn:
     files.write_text_atomic(path, "".join(line + "\n" for line, _ in kept))
   elapsed = [row["time/elapsed_s"] for _, row in kept if row.get("time/elapsed_s") is not None]
   return float(elapsed[-1]) if elapsed and last_step else 0.0
