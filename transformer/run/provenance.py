@@ -99,23 +99,28 @@ _CONTENT = ("records", "records_sha256")
 _FILES = ("files", "bytes", "sha256")
 
 
+def _same_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+  """Whether two fingerprints of a split hold the same records (content only: data may move)."""
+  keys = _CONTENT if all(k in a and k in b for k in _CONTENT) else [
+      k for k in _FILES if k in a and k in b]
+  return all(a[k] == b[k] for k in keys)
+
+
 def data_difference(run: Mapping[str, Any] | None, now: Mapping[str, Any] | None,
                     split: str) -> str | None:
   """How split `split` of fingerprint `now` differs from the run's, in words, or None."""
   if not run or not now or split not in run["splits"] or split not in now["splits"]:
     return None
   a, b = run["splits"][split], now["splits"][split]
-  keys = _CONTENT if all(k in a and k in b for k in _CONTENT) else [
-      k for k in _FILES if k in a and k in b]
+  if not _same_records(a, b):  # content only: the same data may move
+    return f"{_describe(now, split)} in {now['dir']}, not {_describe(run, split)}"
   caches = a.get("cache_sha256") or {}, b.get("cache_sha256") or {}
   cache = next((n for n in sorted(set(caches[0]) & set(caches[1]))
                 if caches[0][n] != caches[1][n]), None)
   if cache is not None:
     return (f"its records cache {now['dir']}/cache/{cache} is not the one the run read "
             f"(sha256 {caches[1][cache][:12]}, not {caches[0][cache][:12]})")
-  if all(a[k] == b[k] for k in keys):  # content only: the same data may move
-    return None
-  return f"{_describe(now, split)} in {now['dir']}, not {_describe(run, split)}"
+  return None
 
 
 def _describe(fingerprint: Mapping[str, Any], split: str) -> str:
@@ -125,13 +130,6 @@ def _describe(fingerprint: Mapping[str, Any], split: str) -> str:
           if "records_sha256" in f else f"sha256 {(f.get('sha256') or 'not hashed')[:12]}")
   return (f"{fingerprint['dataset']} {fingerprint['version']} {split} ({f['files']} files, "
           f"{f['bytes']} bytes, {held})")
-
-
-def _same_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-  """Whether two fingerprints of a split hold the same records (data_difference's comparison)."""
-  keys = _CONTENT if all(k in a and k in b for k in _CONTENT) else [
-      k for k in _FILES if k in a and k in b]
-  return all(a[k] == b[k] for k in keys)
 
 
 def _record_split(path: str, record: dict[str, Any], now: Mapping[str, Any], split: str) -> None:
