@@ -80,3 +80,27 @@ def test_a_split_first_evaluated_later_is_recorded_then_checked(run_copy):
   with pytest.raises(provenance.DataMismatchError, 
                      match="split 'test'.*" + re.escape(os.path.basename(cache))):
     evaluation.evaluate_split(workdir, split="test", verbose=False, overrides=overrides)
+
+
+def test_a_resumed_run_keeps_the_recorded_cache_digests_and_refuses_an_edited_cache(tmp_path):
+  """A resumed run's new fingerprint keeps the cache digests provenance.json recorded (the test
+  split an evaluation recorded stays recorded); a cache of the same records whose bytes changed is
+  refused in one line; a split whose records changed takes its new digests."""
+  records = {"files": 1, "bytes": 10, "records": 5, "records_sha256": "ab" * 32}
+  old = {"dataset": "d/c", "version": "1.1.0", "dir": "/data", "splits": {
+      "train": records | {"cache_sha256": {"train-x-5.json": "11"}},
+      "test": records | {"cache_sha256": {"test-x-5.json": "22"}}}}
+  path = tmp_path / "provenance.json"
+  path.write_text(json.dumps({"data": old}))
+  new = old | {"splits": {"train": records | {"cache_sha256": {"train-x-5.json": "11"}},
+                          "test": records}}
+  assert provenance.carried_over(str(path), new) == old
+  edited = old | {"splits": {"train": records | {"cache_sha256": {"train-x-5.json": "33"}}}}
+  with pytest.raises(provenance.DataMismatchError) as info:
+    provenance.carried_over(str(path), edited)
+  assert "split 'train'" in str(info.value) and "/data/cache/train-x-5.json" in str(info.value)
+  assert "has sha256 33, not the 11 recorded in" in str(info.value)
+  other = records | {"records_sha256": "cd" * 32, "cache_sha256": {"train-x-5.json": "44"}}
+  assert provenance.carried_over(str(path), old | {"splits": {"train": other}}) == (
+      old | {"splits": {"train": other}})
+  assert provenance.carried_over(str(tmp_path / "none.json"), new) == new

@@ -152,6 +152,40 @@ def _record_split(path: str, record: dict[str, Any], now: Mapping[str, Any], spl
     logging.warning("could not record split %r's data digests in %s: %s", split, path, e)
 
 
+def _check_caches(split: str, old: Mapping[str, Any], new: Mapping[str, Any], directory: str,
+                  path: str) -> None:
+  """Raises DataMismatchError when a records cache both fingerprints of `split` digest differs."""
+  recorded, found = old.get("cache_sha256") or {}, new.get("cache_sha256") or {}
+  for cache in sorted(set(recorded) & set(found)):
+    if recorded[cache] != found[cache]:
+      raise DataMismatchError(
+          f"split {split!r}: its records cache {directory}/cache/{cache} has sha256 "
+          f"{found[cache]}, not the {recorded[cache]} recorded in {path} (edited since the run "
+          f"read it); delete it and its digest file .{cache}.sha256 to read the prepared "
+          "records again")
+
+
+def carried_over(path: str, data: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+  """`data` (a resumed run's new fingerprint) with the cache digests that the earlier
+  provenance.json at `path` recorded for splits whose records are the same (a split recorded by
+  an evaluation stays recorded); raises DataMismatchError when such a cache's bytes changed."""
+  if not data or not files.exists(path):
+    return data
+  try:
+    run = json.loads(files.read_text(path)).get("data") or {}
+  except (OSError, ValueError):  # an unreadable record is replaced, as before
+    return data
+  splits = {name: dict(split) for name, split in data["splits"].items()}
+  for name, old in (run.get("splits") or {}).items():
+    new = splits.get(name)
+    if new is None or not _same_records(old, new):
+      continue
+    _check_caches(name, old, new, data["dir"], path)
+    if old.get("cache_sha256"):
+      new["cache_sha256"] = old["cache_sha256"] | (new.get("cache_sha256") or {})
+  return {**data, "splits": splits}
+
+
 def check_split_data(workdir: str, task: Any, split: str) -> str | None:
   """Checks split `split` of the data `task` reads (read here, so that its records cache exists)
   against `<workdir>/provenance.json` (the module doc): raises DataMismatchError naming the split,
@@ -169,14 +203,7 @@ def check_split_data(workdir: str, task: Any, split: str) -> str | None:
     return None
   a, b = run["splits"].get(split), now["splits"][split]
   if a is not None and _same_records(a, b):
-    recorded, found = a.get("cache_sha256") or {}, b.get("cache_sha256") or {}
-    for name in sorted(set(recorded) & set(found)):
-      if recorded[name] != found[name]:
-        raise DataMismatchError(
-            f"split {split!r}: its records cache {now['dir']}/cache/{name} has sha256 "
-            f"{found[name]}, not the {recorded[name]} recorded in {path} (edited since the run "
-            f"read it); delete it and its digest file .{name}.sha256 to read the prepared "
-            "records again")
+    _check_caches(split, a, b, now["dir"], path)
   if a is None or _same_records(a, b):
     _record_split(path, record, now, split)
     return None
