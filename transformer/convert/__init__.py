@@ -34,8 +34,8 @@ from transformer.model.models import build_model, example_batch
 from transformer.run import checkpoints, reporting, restore
 from transformer.train import optim, steps
 
-__all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf", "check_export_dir",
-           "main"]
+__all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf",
+           "check_export_dir", "main"]
 
 CONVERTED_FROM = "converted_from.json"
 FAMILIES: dict[str, ModuleType] = {gpt2.MODEL_TYPE: gpt2, t5.MODEL_TYPE: t5,
