@@ -66,6 +66,43 @@ def test_each_invalid_value_names_the_key(key, value, message):
   assert message in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("changes,message", [
+    ({"train.b1": 1.0}, "train.b1=1.0 must be in [0, 1)"),
+    ({"train.b2": -0.1}, "train.b2=-0.1 must be in [0, 1)"),
+    ({"train.eps": 0.0}, "train.eps=0.0 must be > 0"),
+    ({"train.momentum": 1.5}, "train.momentum=1.5 must be in [0, 1)"),
+    ({"train.learning_rate": 0.0}, "train.learning_rate=0.0 must be > 0"),
+    ({"train.min_learning_rate_ratio": 1.5}, "train.min_learning_rate_ratio=1.5 must be in [0, 1]"),
+    ({"train.weight_decay": -1e-4}, "train.weight_decay=-0.0001 must be >= 0"),
+    ({"train.ema_decay": 1.0}, "train.ema_decay=1.0 must be in [0, 1)"),
+    ({"train.label_smoothing": 1.0}, "train.label_smoothing=1.0 must be in [0, 1)"),
+    ({"train.scheduled_sampling.c": -0.5}, "train.scheduled_sampling.c=-0.5 must be >= 0"),
+    ({"train.scheduled_sampling.schedule": "exponential", "train.scheduled_sampling.k": 2.0},
+     "train.scheduled_sampling.k=2.0 must be in [0, 1] with schedule='exponential'"),
+    ({"train.scheduled_sampling.schedule": "inverse_sigmoid", "train.scheduled_sampling.k": 0.0},
+     "train.scheduled_sampling.k=0.0 must be > 0 with schedule='inverse_sigmoid'"),
+])
+def test_optimizer_and_schedule_keys_outside_their_range_are_refused(changes, message):
+  """A value outside the optimizer's or schedule's mathematical range (a beta of 1, a zero
+  epsilon, a base above 1) is refused in one line naming the key, not trained to garbage."""
+  d = _base_dict()
+  for key, value in changes.items():
+    _set(d, key, value)
+  with pytest.raises(config_lib.ConfigError) as info:
+    config_lib.from_configdict(d)
+  assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_every_optimizer_and_schedule_key_has_a_range():
+  """Each numeric key of the optimizer, its schedule and the loss declares a range (k is checked
+  against its schedule in config.py, its meaning depending on the schedule)."""
+  unranged = {"train.scheduled_sampling.k", "train.profile_start_step", "train.profile_num_steps"}
+  numeric = [k for k in schema.SCHEMA if k.name.startswith("train.")
+             and type(k.default) in (int, float) and k.name not in unranged]
+  assert len(numeric) > 15 and all(k.range for k in numeric), [k.name for k in numeric
+                                                              if not k.range]
+
+
 def test_head_dim_is_independent_of_d_model_over_num_heads():
   """An explicit model.head_dim frees num_heads from dividing d_model (T5's d_kv, e.g. d_model
   512 with 6 heads of 64): it validates as given, v_head_dim follows it, and a model of it builds

@@ -356,6 +356,8 @@ def parse_flags(argv: Sequence[str], load_tables: Callable[[], Any] | None = Non
       getattr(config, "keys", None)  # ml_collections' stand-in for a file that failed to load raises
       fail(f"--config: get_config() of {path} returned {type(config).__name__}, not a ConfigDict")
   except Exception as e:  # pylint: disable=broad-except  (absl and config files raise anything)
+    if path and "--config must have a value other than None" in str(e):  # get_config gave None
+      fail(f"{path}: get_config() returned None (it must return an ml_collections.ConfigDict)")
     fail(flag_error(e, argv[1:]))
   if len(rest) > 1:
     fail(f"unexpected arguments: {' '.join(rest[1:])} (flags are --name=value)")

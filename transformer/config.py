@@ -137,6 +137,13 @@ def _validate(cfg: Config) -> Config:
   if m.arch == "encoder_only" and cfg.train.scheduled_sampling.schedule != "none":
     raise ConfigError("train.scheduled_sampling.schedule must be 'none' with "
                       "model.arch='encoder_only' (it has no decoder)")
+  ss = cfg.train.scheduled_sampling
+  if ss.schedule == "exponential" and not 0.0 <= ss.k <= 1.0:
+    raise ConfigError(f"train.scheduled_sampling.k={ss.k!r} must be in [0, 1] with "
+                      "schedule='exponential' (the base of k**step)")
+  if ss.schedule == "inverse_sigmoid" and not ss.k > 0:
+    raise ConfigError(f"train.scheduled_sampling.k={ss.k!r} must be > 0 with "
+                      "schedule='inverse_sigmoid' (k / (k + exp(step / k)))")
   if list(dataclasses.asdict(cfg.parallel.mesh_shape).values()).count(-1) > 1:
     raise ConfigError("parallel.mesh_shape: at most one axis may be -1")
   return dataclasses.replace(cfg, model=_resolve_model(m))

@@ -224,8 +224,9 @@ class DataConfig:
 class ScheduledSamplingConfig:
   """Scheduled sampling's teacher-forcing schedule (`cfg.train.scheduled_sampling`)."""
   schedule: str = key("none", "teacher-forcing schedule (Mihaylova & Martins 2019)", REGISTERED)
-  k: float = key(1.0, "linear: start teacher-forcing prob; exponential: base; inverse_sigmoid: k")
-  c: float = key(0.0, "linear: decrease per step")
+  k: float = key(1.0, "linear: start teacher-forcing prob; exponential: base, in [0, 1]; "
+                 "inverse_sigmoid: k, > 0")
+  c: float = key(0.0, "linear: decrease per step", ">= 0")
   min_teacher_forcing: float = key(0.0, "floor of the teacher-forcing probability", "in [0, 1]")
 
 
@@ -241,10 +242,10 @@ class TrainConfig:
   warmup_steps: int = key(4000, "steps of learning-rate warmup", ">= 0")
   min_learning_rate_ratio: float = key(0.0, "end of cosine/linear decay, as a fraction of the peak",
                                        "in [0, 1]")
-  b1: float = key(0.9, "Adam's beta1")
-  b2: float = key(0.98, "Adam's beta2")
-  eps: float = key(1e-9, "Adam's epsilon")
-  momentum: float = key(0.9, "sgd: heavy-ball momentum (0 = plain SGD)")
+  b1: float = key(0.9, "adam, adamw, lion: beta1", "in [0, 1)")
+  b2: float = key(0.98, "adam, adamw, lion: beta2", "in [0, 1)")
+  eps: float = key(1e-9, "adam, adamw: epsilon", "> 0")
+  momentum: float = key(0.9, "sgd: heavy-ball momentum (0 = plain SGD)", "in [0, 1)")
   weight_decay: float = key(0.0, "adam: L2 on the gradient; others: decoupled decay", ">= 0")
   weight_decay_norms_and_biases: bool = key(False, "decay norm scales and biases too")
   weight_decay_embeddings: bool = key(False, "decay embeddings too")

@@ -4,6 +4,9 @@ import collections
 import hashlib
 import importlib.metadata
 import json
+import os
+from pathlib import Path
+import subprocess
 import sys
 import time
 
@@ -327,3 +330,41 @@ def test_mock_catalog_lm(tmp_path):
   assert task.kind == "lm" and task.source_tokenizer is None
   assert set(batch) == {"targets", "targets_segment_ids", "targets_positions", "weights"}
   assert batch["targets"].shape == (2, 8)
+
+
+_OPEN = """
+import sys, time
+from configs import base
+from transformer.config import from_configdict
+from transformer.data import builders
+data_dir, train = sys.argv[1:]
+read = builders.read_tsv_pairs  # slowed, so that the second process starts while the first works
+builders.read_tsv_pairs = lambda path: ((time.sleep(0.002), r)[1] for r in read(path))
+c = base.get_config()
+c.data.update(dataset="tsv_pairs", data_dir=data_dir, train_file=train)
+ds = builders.open_dataset(from_configdict(c).data)
+print(sum(len(ds.source(s)) for s in ds.splits))
+"""
+
+
+def test_two_processes_preparing_the_same_fresh_data_both_read_it(tmp_path):
+  """A second process opening data the first is preparing waits for it (one stderr line saying
+  so) and reads what it prepared: both exit 0 with every record, no rename error."""
+  train = tmp_path / "train.tsv"
+  train.write_text("".join(f"w{i}\tA{i % 7} B\n" for i in range(2000)))
+  data_dir = tmp_path / "tfds"
+  repo = str(Path(__file__).resolve().parents[2])
+  env = dict(os.environ, PYTHONPATH=repo, JAX_PLATFORMS="cpu")
+  command = [sys.executable, "-c", _OPEN, str(data_dir), str(train)]
+  first = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 120
+  while not list(data_dir.glob("tsv_pairs/*/incomplete.*")) and first.poll() is None:
+    assert time.time() < deadline
+    time.sleep(0.02)
+  second = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+  out, err = first.communicate(timeout=300)
+  assert first.returncode == 0 and out.split() == ["2000"], err[-2000:]
+  assert second.returncode == 0 and second.stdout.split() == ["2000"], second.stderr[-2000:]
+  assert "waiting for another process preparing tsv_pairs/" in second.stderr
+  assert "(first use, offline)" in err and "(first use, offline)" not in second.stderr

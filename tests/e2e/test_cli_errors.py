@@ -102,7 +102,9 @@ def config_file(trained, tmp):
   (tmp / "empty.tsv").write_bytes(b"")
   (tmp / "variant.py").write_text(
       "def get_config(arg=None):\n  sizes = {'a': 1}\n  return sizes[arg]\n")
-  return {"W": w, "C": str(tmp / "cfg.py"), "T": str(tmp), "V": str(tmp / "variant.py")}
+  (tmp / "none.py").write_text("def get_config():\n  pass\n")
+  return {"W": w, "C": str(tmp / "cfg.py"), "T": str(tmp), "V": str(tmp / "variant.py"),
+          "N": str(tmp / "none.py")}
 
 
 def empty_dir(trained, tmp):
@@ -118,6 +120,8 @@ CLI = [
     ("train.py", config_file, ["--config={V}:b", "--workdir={T}/new"], None,
      "variant.py:3: KeyError: 'b'"),
     ("train.py", config_file, ["--config={T}/nope.py", "--workdir={T}/new"], None, "nope.py not found"),
+    ("train.py", config_file, ["--config={N}", "--workdir={T}/new"], None,
+     "none.py: get_config() returned None (it must return an ml_collections.ConfigDict)"),
     ("train.py", config_file, ["--config={C}", "--workdir={W}", "--config.train.num_steps=ten"],
      None, "--config.train.num_steps=ten: invalid literal for int()"),
     ("train.py", config_file, ["--config={C}", "--workdir={W}", "--config.model.d_modle=8"], None,

@@ -1,13 +1,16 @@
 """Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, T5 and BERT.
 
   python -m transformer.convert --from_hf=DIR --workdir=OUT [--text_file=CORPUS [--data_dir=D]]
-  python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest]
+  python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest] [--overwrite]
 
 `--from_hf` reads a local directory (config.json, model.safetensors or pytorch_model.bin,
 tokenizer.json; never the network) into a workdir training could have written, plus
 `converted_from.json`; config.json's model_type picks the family module (`FAMILIES`). Our ids in
 no Hugging Face id's place are `model.excluded_ids` (logit -1e30), so every consumer of the
-logits sees the original's distribution, id for id.
+logits sees the original's distribution, id for id. `--to_hf` refuses a directory that is not
+empty unless `--overwrite` is given; then it replaces only the files it writes (each written whole
+beside its target first, so a failed export leaves the old files as they were) and removes none.
+`--from_hf` refuses a workdir that holds a run.
 """
 
 import contextlib
@@ -31,7 +34,8 @@ from transformer.model.models import build_model, example_batch
 from transformer.run import checkpoints, reporting, restore
 from transformer.train import optim, steps
 
-__all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf", "main"]
+__all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf",
+           "check_export_dir", "main"]
 
 CONVERTED_FROM = "converted_from.json"
 FAMILIES: dict[str, ModuleType] = {gpt2.MODEL_TYPE: gpt2, t5.MODEL_TYPE: t5,
@@ -80,24 +84,51 @@ def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   return hf, {k: np.asarray(v, np.float32) for k, v in state.items()}
 
 
+def check_export_dir(directory: str, overwrite: bool = False) -> None:
+  """Raises ConvertError when `directory` is a file, or holds files and `overwrite` is False."""
+  if files.exists(directory) and not files.isdir(directory):
+    raise ConvertError(f"--to_hf={directory} is a file, not a directory")
+  held = files.listdir(directory) if files.exists(directory) else []
+  if held and not overwrite:
+    shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+    raise ConvertError(f"--to_hf={directory} is not empty ({shown}); give an empty or new "
+                       "directory, or --overwrite to replace the files the export writes")
+
+
 def write_hf(directory: str, hf: dict[str, Any], state: dict[str, np.ndarray],
-             tokenizer: Any = None) -> None:
-  """Writes config.json, model.safetensors and, for an 'hf' tokenizer, its tokenizer.json."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top  (optional)
-  files.makedirs(directory)
-  files.write_text_atomic(os.path.join(directory, "config.json"),
-                          json.dumps(hf, indent=2, sort_keys=True))
-  save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+             tokenizer: Any = None, overwrite: bool = False) -> None:
+  """Writes config.json, model.safetensors and, for an 'hf' tokenizer, its tokenizer.json into
+  `directory` (a non-empty one only with `overwrite`; see the module doc)."""
+  from safetensors.numpy import save  # pylint: disable=g-import-not-at-top  (optional)
+  check_export_dir(directory, overwrite)
+  written = {"model.safetensors": save(state, metadata={"format": "pt"}),
+             "config.json": json.dumps(hf, indent=2, sort_keys=True).encode("utf-8")}
   if isinstance(tokenizer, tokenizers.HFTokenizer):
-    files.write_text_atomic(os.path.join(directory, "tokenizer.json"), tokenizer.tokenizer_json)
+    written["tokenizer.json"] = tokenizer.tokenizer_json.encode("utf-8")
+  files.makedirs(directory)
+  if not files.is_local(directory):  # an object upload is whole by itself; a bucket cannot rename
+    for name, data in written.items():
+      files.write_bytes_atomic(os.path.join(directory, name), data)
+    return
+  # Every file whole beside its target before any target is replaced: a failure (a full disk)
+  # leaves the directory's files as they were, never a new config.json beside old weights.
+  temps = {name: os.path.join(directory, f".{name}.tmp{os.getpid()}") for name in written}
+  try:
+    for name, data in written.items():
+      files.write_bytes_atomic(temps[name], data)
+    for name in written:
+      os.replace(temps[name], os.path.join(directory, name))
+  finally:
+    for temp in temps.values():
+      if files.exists(temp):
+        files.remove(temp)
 
 
 def write_workdir(cfg: Config, params: Any, tokenizer: Any, workdir: str,
                   converted_from: dict[str, Any] | None = None) -> None:
   """A workdir as training writes one, with `params` in checkpoint 0's fresh train state, and
   `converted_from` ({"from_hf": dir, "config": its config.json}) in converted_from.json."""
-  if any(files.exists(os.path.join(workdir, name)) for name in ("config.json", "checkpoints")):
-    raise ConvertError(f"--workdir={workdir} already holds a run; give a new directory")
+  _check_new_workdir(workdir)
   model = build_model(cfg.model)
   tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
   key = jax.random.key(cfg.seed)
@@ -128,8 +159,15 @@ def write_workdir(cfg: Config, params: Any, tokenizer: Any, workdir: str,
     ckpt.save(0, state, force=True)
 
 
+def _check_new_workdir(workdir: str) -> None:
+  """Raises ConvertError when `workdir` holds a run (a conversion never replaces one)."""
+  if any(files.exists(os.path.join(workdir, name)) for name in ("config.json", "checkpoints")):
+    raise ConvertError(f"--workdir={workdir} already holds a run; give a new directory")
+
+
 def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") -> Config:
   """Converts `hf_dir` into `workdir`, with `text_file`'s data if given; returns its config."""
+  _check_new_workdir(workdir)
   hf, state = read_hf(hf_dir)
   family = family_of_hf(hf)
   tokenizer_path = os.path.join(hf_dir, "tokenizer.json")
@@ -148,8 +186,13 @@ def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") 
   return cfg
 
 
-def to_hf(workdir: str, hf_dir: str, step: int | str | None = None) -> dict[str, Any]:
-  """Writes checkpoint `step` of `workdir` as a Hugging Face directory; returns its config.json."""
+def to_hf(workdir: str, hf_dir: str, step: int | str | None = None,
+          overwrite: bool = False) -> dict[str, Any]:
+  """Writes checkpoint `step` of `workdir` as a Hugging Face directory (a non-empty one only with
+  `overwrite`, never the run's own); returns its config.json."""
+  if os.path.realpath(hf_dir) == os.path.realpath(workdir):
+    raise ConvertError(f"--to_hf={hf_dir} is the run's own workdir; give another directory")
+  check_export_dir(hf_dir, overwrite)
   cfg = restore.load_run_config(workdir)
   family = family_of_config(cfg.model)
   source = os.path.join(workdir, CONVERTED_FROM)
@@ -163,7 +206,7 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None) -> dict[str,
   tok_dir = os.path.join(workdir, "tokenizers", "target")
   tokenizer = tokenizers.load(tok_dir) if files.exists(os.path.join(tok_dir, "tokenizer.json")) \
       else None
-  write_hf(hf_dir, hf, family.hf_from_params(params, cfg.model, hf), tokenizer)
+  write_hf(hf_dir, hf, family.hf_from_params(params, cfg.model, hf), tokenizer, overwrite)
   return hf
 
 
@@ -180,6 +223,8 @@ def _define(f: flags.FlagValues) -> None:
   flags.DEFINE_string("data_dir", "", "--from_hf: where that data is prepared (data.data_dir; "
                       "default: the usual TFDS directory)", flag_values=f)
   flags.DEFINE_string("step", "latest", "--to_hf: an integer, 'latest' or 'best'", flag_values=f)
+  flags.DEFINE_bool("overwrite", False, "--to_hf into a directory that holds files: replace the "
+                    "files the export writes (others are kept)", flag_values=f)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -198,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f"wrote {args.workdir}: {family_of_config(cfg.model).describe_workdir(cfg)}")
     else:
       step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
-      hf = to_hf(args.workdir, args.to_hf, step)
+      hf = to_hf(args.workdir, args.to_hf, step, overwrite=args.overwrite)
       print(f"wrote {args.to_hf}: {family_of_hf(hf).describe_hf(hf)}")
   except Exception as e:  # pylint: disable=broad-except  (cli.error_line decides)
     line = cli.error_line(e, (ConvertError, ConfigError, ValueError, OSError))

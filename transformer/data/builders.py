@@ -1,12 +1,14 @@
 """TFDS builders (`text_files`, `tsv_pairs`; `cmudict_g2p` in cmudict.py) and `open_dataset`,
 which gives a `Dataset` of array_record sources per split (read without TensorFlow). Local
-builders are prepared offline on first use into `data.data_dir`; catalog datasets (`lm1b`,
-`wmt14_translate/de-en`, ...) must already be prepared there.
+builders are prepared offline on first use into `data.data_dir`, one process at a time (a second
+process opening the same data waits for the first and reads what it prepared); catalog datasets
+(`lm1b`, `wmt14_translate/de-en`, ...) must already be prepared there.
 """
 
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import glob
 import hashlib
 import importlib
@@ -262,6 +264,27 @@ def _prepare(builder: tfds.core.DatasetBuilder) -> None:
     tfds.display_progress_bar(shown)
 
 
+@contextlib.contextmanager
+def _preparation_lock(builder: tfds.core.DatasetBuilder, data_dir: str) -> Iterator[None]:
+  """Holds `data_dir`/.<name>.lock for `builder`'s data with `fcntl.flock` (the kernel drops it
+  when its process dies), waiting with one stderr line while another process holds it. A bucket
+  data_dir is not locked."""
+  if "://" in data_dir:
+    yield
+    return
+  name = builder.info.full_name
+  os.makedirs(data_dir, exist_ok=True)
+  # Never deleted: a process waiting on a deleted file's lock would prepare beside a new holder.
+  with open(os.path.join(data_dir, f".{name.replace('/', '_')}.lock"), "a") as lock:
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      print(f"waiting for another process preparing {name} in {data_dir} ...", file=sys.stderr,
+            flush=True)
+      fcntl.flock(lock, fcntl.LOCK_EX)
+    yield
+
+
 _FILE_KEYS = dict(zip(SPLITS, ("train_file", "dev_file", "test_file")))
 
 
@@ -350,7 +373,11 @@ def open_dataset(d: Any) -> Dataset:
   base = d.dataset.split("/")[0]
   if base in LOCAL_BUILDERS:
     builder = LOCAL_BUILDERS[base](d, data_dir)
-    _prepare(builder)
+    if not builder.is_prepared():
+      with _preparation_lock(builder, data_dir):
+        # Built again: a builder made before another process prepared the data does not read it.
+        builder = LOCAL_BUILDERS[base](d, data_dir)
+        _prepare(builder)
     open_split = builder.as_data_source
     splits = tuple(builder.info.splits.keys())
   else:

@@ -172,6 +172,10 @@ class Task:
     """Whether the task's metrics come from decoding (seq2seq without an objective)."""
     return self.kind != "lm" and self.arch != "encoder_only" and self.transform is None
 
+  def records(self, split: str) -> list[tuple[str, ...]]:
+    """All records of `split` as text tuples (read once, its records cache written if missing)."""
+    return self._records(split)
+
   def _records(self, split: str) -> list[tuple[str, ...]]:
     """All records of `split` as text tuples: read once, kept, and cached as JSON next to the
     prepared data (decoding array_record protos is slow)."""

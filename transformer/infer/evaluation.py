@@ -283,7 +283,7 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   if task is None:
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
-  provenance.warn_if_data_differs(workdir, task, split)
+  provenance.check_split_data(workdir, task, split)
   results: dict[str, Any] = {"split": split, "step": restored[0].step,
                              "params": restored[0].source}
   if average_last:

@@ -1,5 +1,11 @@
 """provenance.json: where and with what a run was made, and a fingerprint of the prepared data it
-read, against which `warn_if_data_differs` checks the data an evaluation reads (one warning line).
+read, against which `check_split_data` checks the split an evaluation reads.
+
+The fingerprint holds every split's records digest and the sha256 of the records cache of each
+split the run read: training reads (and so records) data.train_split and data.eval_split; a split
+first evaluated later is recorded by that evaluation when its records are the run's (trust on
+first use). A cache whose records are the run's but whose bytes are not the recorded ones (edited
+together with its digest file) stops the evaluation; other data differences are one warning.
 """
 
 import datetime
@@ -33,13 +39,30 @@ def _git(args: list[str], cwd: str) -> str | None:
   return out.stdout.strip() if out.returncode == 0 else None
 
 
+class DataMismatchError(ValueError):
+  """A split's records cache is not the one the run recorded (one-line message)."""
+
+
+def _read_records(task: Any, splits: Sequence[str]) -> None:
+  """Reads `splits` through the task (a Task's `records`), so that their records caches exist."""
+  if hasattr(task, "records"):
+    for split in splits:
+      task.records(split)
+
+
 def data_fingerprint(task: Any, splits: Sequence[str] | None = None) -> dict[str, Any] | None:
   """The prepared data a task reads: dataset, version, directory and per split (default all) its
   files' count and bytes, `records` + `records_sha256` (array_record shards: the same whoever
-  prepared them) or `sha256`, and `cache_sha256` of its records cache; None without a directory."""
+  prepared them) or `sha256`, and `cache_sha256` of its records cache; None without a directory.
+  By default the splits training reads (data.train_split, data.eval_split) are read first, so
+  that their caches are fingerprinted."""
   ds = getattr(task, "dataset", None)
   if ds is None or not files.isdir(ds.root):
     return None
+  d = getattr(task, "data_config", None)
+  if splits is None and d is not None:
+    _read_records(task, [s for s in dict.fromkeys((d.train_split, d.eval_split))
+                         if s in ds.splits])
   names = sorted(files.listdir(ds.root))
   prefix = ds.name.split("/")[0]
   out = {}
@@ -76,23 +99,28 @@ _CONTENT = ("records", "records_sha256")
 _FILES = ("files", "bytes", "sha256")
 
 
+def _same_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+  """Whether two fingerprints of a split hold the same records (content only: data may move)."""
+  keys = _CONTENT if all(k in a and k in b for k in _CONTENT) else [
+      k for k in _FILES if k in a and k in b]
+  return all(a[k] == b[k] for k in keys)
+
+
 def data_difference(run: Mapping[str, Any] | None, now: Mapping[str, Any] | None,
                     split: str) -> str | None:
   """How split `split` of fingerprint `now` differs from the run's, in words, or None."""
   if not run or not now or split not in run["splits"] or split not in now["splits"]:
     return None
   a, b = run["splits"][split], now["splits"][split]
-  keys = _CONTENT if all(k in a and k in b for k in _CONTENT) else [
-      k for k in _FILES if k in a and k in b]
+  if not _same_records(a, b):  # content only: the same data may move
+    return f"{_describe(now, split)} in {now['dir']}, not {_describe(run, split)}"
   caches = a.get("cache_sha256") or {}, b.get("cache_sha256") or {}
   cache = next((n for n in sorted(set(caches[0]) & set(caches[1]))
                 if caches[0][n] != caches[1][n]), None)
   if cache is not None:
     return (f"its records cache {now['dir']}/cache/{cache} is not the one the run read "
             f"(sha256 {caches[1][cache][:12]}, not {caches[0][cache][:12]})")
-  if all(a[k] == b[k] for k in keys):  # content only: the same data may move
-    return None
-  return f"{_describe(now, split)} in {now['dir']}, not {_describe(run, split)}"
+  return None
 
 
 def _describe(fingerprint: Mapping[str, Any], split: str) -> str:
@@ -104,13 +132,94 @@ def _describe(fingerprint: Mapping[str, Any], split: str) -> str:
           f"{f['bytes']} bytes, {held})")
 
 
-def warn_if_data_differs(workdir: str, task: Any, split: str) -> str | None:
-  """Logs and returns a warning if `split`'s data is not what `<workdir>/provenance.json` holds."""
+def _record_split(path: str, record: dict[str, Any], now: Mapping[str, Any], split: str) -> None:
+  """Adds split `split`'s cache digests of fingerprint `now` that `record` (provenance.json's
+  contents) lacks, and writes it back; a workdir that cannot be written keeps its file."""
+  splits, fresh = record["data"]["splits"], now["splits"][split]
+  if split in splits:
+    caches = splits[split].get("cache_sha256") or {}
+    new = {n: d for n, d in (fresh.get("cache_sha256") or {}).items() if n not in caches}
+    if not new:
+      return
+    splits[split]["cache_sha256"] = caches | new
+  else:
+    splits[split] = dict(fresh)
+  if jax.process_index() != 0:
+    return
+  try:
+    files.write_text_atomic(path, json.dumps(record, indent=2, sort_keys=True, default=str))
+  except OSError as e:
+    logging.warning("could not record split %r's data digests in %s: %s", split, path, e)
+
+
+def _check_caches(split: str, old: Mapping[str, Any], new: Mapping[str, Any], directory: str,
+                  path: str) -> None:
+  """Raises DataMismatchError when a records cache both fingerprints of `split` digest differs."""
+  recorded, found = old.get("cache_sha256") or {}, new.get("cache_sha256") or {}
+  for cache in sorted(set(recorded) & set(found)):
+    if recorded[cache] != found[cache]:
+      raise DataMismatchError(
+          f"split {split!r}: its records cache {directory}/cache/{cache} has sha256 "
+          f"{found[cache]}, not the {recorded[cache]} recorded in {path} (edited since the run "
+          f"read it); delete it and its digest file .{cache}.sha256 to read the prepared "
+          "records again")
+
+
+def carried_over(path: str, data: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+  """`data` (a resumed run's new fingerprint) with the cache digests that the earlier
+  provenance.json at `path` recorded for splits whose records are the same (a split recorded by
+  an evaluation stays recorded); raises DataMismatchError when such a cache's bytes changed."""
+  if not data or not files.exists(path):
+    return data
+  try:
+    run = json.loads(files.read_text(path)).get("data") or {}
+  except (OSError, ValueError):  # an unreadable record is replaced, as before
+    return data
+  splits = {name: dict(split) for name, split in data["splits"].items()}
+  for name, old in (run.get("splits") or {}).items():
+    new = splits.get(name)
+    if new is None or not _same_records(old, new):
+      continue
+    _check_caches(name, old, new, data["dir"], path)
+    if old.get("cache_sha256"):
+      new["cache_sha256"] = old["cache_sha256"] | (new.get("cache_sha256") or {})
+  return {**data, "splits": splits}
+
+
+def check_split_data(workdir: str, task: Any, split: str) -> str | None:
+  """Checks split `split` of the data `task` reads (read here, so that its records cache exists)
+  against `<workdir>/provenance.json` (the module doc): raises DataMismatchError naming the split,
+  the cache file and both digests; returns warn_if_data_differs' warning or None."""
+  path = os.path.join(workdir, "provenance.json")
+  if not files.exists(path):
+    return None
+  record = json.loads(files.read_text(path))
+  run = record.get("data")
+  if not run or not getattr(task, "dataset", None):
+    return None
+  _read_records(task, [split])
+  now = data_fingerprint(task, [split])
+  if now is None or split not in now["splits"]:
+    return None
+  a, b = run["splits"].get(split), now["splits"][split]
+  if a is not None and _same_records(a, b):
+    _check_caches(split, a, b, now["dir"], path)
+  if a is None or _same_records(a, b):
+    _record_split(path, record, now, split)
+    return None
+  return warn_if_data_differs(workdir, task, split, now)
+
+
+def warn_if_data_differs(workdir: str, task: Any, split: str,
+                         now: Mapping[str, Any] | None = None) -> str | None:
+  """Logs and returns a warning if `split`'s data (`now`: its fingerprint, if taken already) is
+  not what `<workdir>/provenance.json` holds."""
   path = os.path.join(workdir, "provenance.json")
   if not files.exists(path):
     return None
   run = json.loads(files.read_text(path)).get("data")
-  difference = data_difference(run, data_fingerprint(task, [split]), split)
+  now = data_fingerprint(task, [split]) if now is None else now
+  difference = data_difference(run, now, split)
   if difference is None:
     return None
   message = (f"the data read is not the run's ({path}): {difference}; metrics may not be "

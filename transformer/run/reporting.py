@@ -209,6 +209,7 @@ class Reporter:
     if not self.active:
       return
     files.makedirs(workdir)
+    data = provenance.carried_over(os.path.join(workdir, "provenance.json"), data)
     records = {"config.json": config_lib.to_dict(config),
                "provenance.json": provenance.provenance(mesh_shape, data)}
     for name, record in records.items():
