@@ -256,7 +256,8 @@ def test_predict_cli_decodes_with_the_ensemble(runs, capsys):
 
 def test_ensemble_errors_are_one_line(runs, tmp_path):
   """No --out, a member given twice, a member with another vocabulary, a member that is no run,
-  --out on a member: a one-line error naming the culprit, exit 1, nothing written."""
+  --out on a member, --out at another run's workdir: a one-line error naming the culprit, exit 1,
+  nothing written."""
   first, second = runs
   other = str(tmp_path / "other")
   shutil.copytree(second, other)
@@ -271,7 +272,8 @@ def test_ensemble_errors_are_one_line(runs, tmp_path):
                         ([f"--ensemble={other}", f"--out={tmp_path}/y"], "target vocabulary"),
                         ([f"--ensemble={tmp_path}/nothing", f"--out={tmp_path}/z"],
                          "the --workdir of a training run"),
-                        ([f"--ensemble={second}", f"--out={second}"], "one of the ensemble's runs")):
+                        ([f"--ensemble={second}", f"--out={second}"], "one of the ensemble's runs"),
+                        ([f"--out={second}"], "holds another run")):
     proc = subprocess.run([sys.executable, "eval.py", f"--workdir={first}", "--split=test", *args],
                           cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, (culprit, proc.stderr[-2000:])

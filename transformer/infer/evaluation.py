@@ -274,6 +274,10 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
     raise EvaluationError("an ensemble's metrics need their own directory: give --out")
   if out_dir and ensemble and os.path.normpath(out_dir) in map(os.path.normpath, workdirs):
     raise EvaluationError(f"--out={out_dir} is one of the ensemble's runs: give a new directory")
+  if (out_dir and os.path.normpath(out_dir) != os.path.normpath(workdir)
+      and files.exists(os.path.join(out_dir, "config.json"))):  # its metrics would be replaced
+    raise EvaluationError(f"--out={out_dir} holds another run (its config.json): give a new "
+                          "directory")
   configs, restored = read_members(workdirs, WHOLE_SPLIT | (overrides or {}), step, params,
                                    average_last)
   files.check_writable(out_dir or workdir)  # before the split is evaluated, not after
