@@ -162,14 +162,14 @@ class Checkpointer:
     good = next((s for s in steps if s not in bad), None)
     step = max(bad)
     where = f"{self.directory}/{step}"
+    if read_only:
+      offer = (f"the newest checkpoint that verifies is step {good}: move {where} aside (to "
+               f"{where}{digests.CORRUPT_SUFFIX}) to read the others, or resume training, which "
+               "does" if good is not None else "no other checkpoint of the run verifies")
+      raise CheckpointError(f"checkpoint {where} fails verification ({bad[step]}); {offer}")
     if good is None:
       raise CheckpointError(f"no checkpoint in {self.directory} verifies ({where}: {bad[step]}); "
                             "move them away to train afresh")
-    if read_only:
-      raise CheckpointError(
-          f"checkpoint {where} fails verification ({bad[step]}); the newest checkpoint that "
-          f"verifies is step {good}: move {where} aside (to {where}{digests.CORRUPT_SUFFIX}) to "
-          "read the others, or resume training, which does")
     self._move_aside(sorted(bad))
 
   def _move_aside(self, steps: list[int]) -> None:
