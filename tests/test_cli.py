@@ -143,6 +143,12 @@ def test_environment_errors_are_one_line_naming_the_file():
   wrapped.__cause__ = tensorstore
   assert cli.environment_error(wrapped).startswith(
       "/w/checkpoints/80.orbax-checkpoint-tmp/state/x: No space left on device; free some space")
+  full = ValueError(  # tensorstore's code for a full disk, as an asynchronous save reports it
+      'RESOURCE_EXHAUSTED: Error writing local file "/w/checkpoints/40.orbax-checkpoint-tmp/s": '
+      "Failed to write 34864 bytes to file 8: No space left on device [os_error_code='28']")
+  assert cli.environment_error(full) == (
+      "/w/checkpoints/40.orbax-checkpoint-tmp/s: No space left on device; free some space, then "
+      "rerun the same command (committed checkpoints are kept)")  # not 'out of memory'
   assert "Read-only file system" in cli.environment_error(
       OSError(errno.EROFS, os.strerror(errno.EROFS), "/w"))
   riegeli = RuntimeError("Corrupted Riegeli/records file: block header hash mismatch")

@@ -113,6 +113,11 @@ def environment_error(error: BaseException, model_config: Callable[[], Any] | No
   failed file operation (naming file, reason, what to do), out of memory (with the size of the
   model `model_config()` returns, when given) or corrupt prepared data."""
   texts = [str(e) for e in _environment_chain(error)]
+  # First: tensorstore reports a full disk as RESOURCE_EXHAUSTED too, with the errno beside it.
+  if (failed := _file_failure(error)) is not None:
+    code, path, reason = failed
+    hint = _ERRNO_HINTS.get(code)
+    return f"{path or 'a file'}: {reason}" + (f"; {hint}" if hint else "")
   if (oom := next((t for t in texts if "RESOURCE_EXHAUSTED" in t), None)) is not None:
     size = ""
     if model_config is not None:
@@ -125,10 +130,6 @@ def environment_error(error: BaseException, model_config: Callable[[], Any] | No
     first = oom.strip().splitlines()[0][:300]
     return (f"out of memory: {first}{size}; make the model (model.d_model, model.mlp_dim, "
             "layers) or data.batch_size smaller")
-  if (failed := _file_failure(error)) is not None:
-    code, path, reason = failed
-    hint = _ERRNO_HINTS.get(code)
-    return f"{path or 'a file'}: {reason}" + (f"; {hint}" if hint else "")
   if (riegeli := next((t for t in texts if "Riegeli" in t), None)) is not None:
     return (f"corrupt prepared data ({riegeli.strip().splitlines()[0][:200]}); delete the "
             "prepared dataset's directory under data.data_dir and rerun to prepare it again")

@@ -1,6 +1,7 @@
 """Tests for transformer/run/checkpoints.py: round trips, retention, tmp dirs, compatibility, preemption."""
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import grain
 import jax
@@ -17,9 +19,9 @@ import optax
 import pytest
 
 from configs import base
-from transformer import config as config_lib
+from transformer import cli, config as config_lib
 from transformer.config import ConfigError, from_configdict, to_dict
-from transformer.run import checkpoints, restore
+from transformer.run import checkpoints, digests, restore
 from transformer.train import preemption
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -304,3 +306,104 @@ def test_a_run_saved_in_another_config_format_is_one_line(tmp_path):
   assert str(tmp_path / "config.json") in str(info.value) and "\n" not in str(info.value)
   with pytest.raises(checkpoints.CheckpointError, match=message):
     checkpoints.check_compatible(str(tmp_path), base.get_config())
+
+
+# ----------------------------------------------------------------------------- faults while saving
+
+
+def test_a_save_whose_directory_cannot_be_made_fails_at_once(tmp_path):
+  """A checkpoints directory that stops accepting writes after a save (replaced by a regular
+  file: root ignores permission bits) fails the next save within seconds naming the path,
+  instead of orbax's background threads waiting minutes for a directory that never comes."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(every_steps=1))
+  ckpt.save(1, toy_state())
+  ckpt.wait()
+  os.rename(ckpt.directory, str(tmp_path / "kept"))
+  open(ckpt.directory, "w").close()
+  outcome = []
+
+  def save():
+    try:
+      ckpt.save(2, toy_state())
+    except Exception as e:  # pylint: disable=broad-except
+      outcome.append(e)
+
+  thread = threading.Thread(target=save, daemon=True)
+  thread.start()
+  thread.join(timeout=30)
+  assert not thread.is_alive(), "the save hangs"
+  assert isinstance(outcome[0], OSError) and str(tmp_path / "checkpoints" / "2") in str(outcome[0])
+  ckpt.close()
+  assert os.listdir(tmp_path / "kept") == ["1"]
+
+
+def test_a_failed_async_save_is_raised_once_at_the_next_check(tmp_path):
+  """A background save that fails (here: the disk is full) is raised by check_saves, which the
+  loop calls every dispatch, as one CheckpointError naming the step, reason and the kept steps;
+  closing afterwards does not raise it again."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(every_steps=1))
+  ckpt.save(1, toy_state())
+  ckpt.wait()
+  real_wait = ckpt._manager.wait_until_finished
+
+  def full_disk():  # the background save of step 2 fails (its digest thread sees it)
+    real_wait()
+    if threading.current_thread().name == "checkpoint-digest-2":
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+  ckpt._manager.wait_until_finished = full_disk
+  ckpt.save(2, toy_state())
+  ckpt._join_digest()
+  with pytest.raises(checkpoints.CheckpointError) as e:
+    ckpt.check_saves()
+  assert str(e.value).startswith(f"checkpoint {ckpt.directory}/2 could not be saved: OSError: "
+                                 "[Errno 28] No space left on device; the committed checkpoints")
+  assert cli.error_line(e.value) == (
+      f"{ckpt.directory}/2: No space left on device; free some space, then rerun the same "
+      "command (committed checkpoints are kept)")
+  ckpt.check_saves()  # once
+  ckpt.close()
+
+
+def test_a_symlinked_step_is_kept_by_retention(tmp_path, caplog):
+  """A step directory that is a symbolic link is named in one line when training opens the
+  directory, read as any step, and never deleted by checkpoint.keep (orbax's rmtree refuses a
+  link, which failed the save and left the new step without its digest)."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(every_steps=1, keep=1))
+  ckpt.save(1, toy_state())
+  ckpt.close()
+  step1 = os.path.join(ckpt.directory, "1")
+  shutil.move(step1, str(tmp_path / "elsewhere"))
+  os.symlink(str(tmp_path / "elsewhere"), step1)
+  with caplog.at_level("WARNING"):
+    ckpt = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(every_steps=1, keep=1))
+  assert any(f"checkpoint {step1} is a symbolic link" in r.getMessage() for r in caplog.records)
+  for step in (2, 3):
+    ckpt.save(step, toy_state())
+  ckpt.close()
+  assert os.path.islink(step1) and ckpt.all_steps() == [1, 3]
+  assert digests.verify_step(os.path.join(ckpt.directory, "3")) is None
+
+
+@pytest.mark.parametrize("name", ["_CHECKPOINT_METADATA", "metrics/metrics", "state/_METADATA",
+                                  "meta/metadata"])
+def test_damaged_orbax_metadata_of_an_older_step_is_verified_first(tmp_path, name):
+  """Truncated orbax metadata of an older step: a reader refuses in one line naming the file and
+  the step and offering the newest good one (orbax raised a JSONDecodeError at listing); a writer
+  moves the step aside to <step>.corrupt and goes on."""
+  ckpt = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(every_steps=1, keep=3,
+                                                          keep_best_by="eval/loss"))
+  for step in (1, 2):
+    ckpt.save(step, toy_state(), metrics={"eval/loss": 1.0})
+  ckpt.close()
+  path = os.path.join(ckpt.directory, "1", name)
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+  with pytest.raises(checkpoints.CheckpointError) as e:
+    checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(keep_best_by="eval/loss"), read_only=True)
+  assert str(e.value).startswith(
+      f"checkpoint {ckpt.directory}/1 fails verification ({name} does not match its digest); "
+      "the newest checkpoint that verifies is step 2"), str(e.value)
+  writer = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(keep_best_by="eval/loss"))
+  assert writer.all_steps() == [2] and os.path.isdir(os.path.join(ckpt.directory, "1.corrupt"))
+  writer.close()

@@ -5,12 +5,15 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 
 import synthetic_task
-from transformer.run import reporting
+from transformer.config import from_configdict
+from transformer.run import checkpoints, reporting
 from transformer.run.checkpoints import CheckpointError
 from transformer.train import loop
+from transformer.train import runs as runs_lib
 
 
 def _jsonl(workdir):
@@ -85,3 +88,16 @@ def test_early_stopping_stops_and_stays_stopped(tmp_path):
   assert (_done(workdir)["step"], _done(workdir)["reason"]) == (10, "early_stop")
   again = loop.train_and_evaluate(cd, workdir, task=synthetic_task.ReverseTask())
   assert again["step"] == 10
+
+
+def test_a_divergence_before_any_checkpoint_says_there_is_none(tmp_path):
+  """A divergence before the first save names no step ('step None'): it says no checkpoint was
+  saved yet, or that none verifies."""
+  ckpt_cfg = from_configdict(synthetic_task.config()).checkpoint
+  ckpt = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg)
+  run = runs_lib.Run("", str(tmp_path), None, {}, ckpt=ckpt)
+  metrics = {"loss": np.float32(np.nan), "grad_norm": np.float32(np.nan)}
+  error = loop._Pending([run])._diverged(run, 3, np.array([False]), metrics)
+  assert str(error) == (f"non-finite training loss=nan grad_norm=nan at step 3; stopped (no "
+                        f"checkpoint saved yet in {ckpt.directory})")
+  ckpt.close()

@@ -76,6 +76,18 @@ def _finish_writes_first() -> None:
   orbax_asyncio._run_sync_via_new_loop = run_sync_via_new_loop  # pylint: disable=protected-access
 
 
+class _KeepLinked:
+  """A preservation policy: keeps every step whose directory is a symbolic link (retention would
+  have to delete where it points; orbax's rmtree refuses a link and fails the save)."""
+
+  def __init__(self, directory: str):
+    self.directory = directory
+
+  def should_preserve(self, checkpoints: Any, *, context: Any) -> list[bool]:
+    del context
+    return [os.path.islink(os.path.join(self.directory, str(c.step))) for c in checkpoints]
+
+
 class Checkpointer:
   """Async orbax checkpoints of (train state, Grain iterator, config, metrics) in a workdir."""
 
@@ -86,8 +98,13 @@ class Checkpointer:
     self.directory = os.path.join(workdir, "checkpoints")
     self._digest_thread: threading.Thread | None = None
     self._tokenizers: dict[str, str] | None = None  # read at the first save
+    self._failure: tuple[int, BaseException] | None = None  # a failed async save: (step, error)
+    self._reported = False  # check_saves raised it
+    self._saving = -1  # the step of the newest save started
     if files.is_local(self.directory):  # a gs:// path goes to orbax as it is
       self.directory = os.path.abspath(self.directory)
+      self._check_links(read_only)
+    self._check_metadata(read_only)  # before orbax lists the steps and reads their metadata
     self.config = config_lib.to_dict(config)
     self._best_key = ckpt_cfg.keep_best_by
     config_lib.check_value("checkpoint.keep", ckpt_cfg.keep)  # the latest is needed to resume
@@ -98,7 +115,7 @@ class Checkpointer:
       value = float(metrics.get(self._best_key, worst))
       return value if math.isfinite(value) else worst
 
-    policies = [cm.LatestN(n=ckpt_cfg.keep)]
+    policies = [cm.LatestN(n=ckpt_cfg.keep), _KeepLinked(self.directory)]
     if self._best_key:
       # BestN keeps the last n after an ascending sort; reverse=True puts the lowest last.
       policies.append(cm.BestN(get_metric_fn=metric, reverse=ckpt_cfg.best_mode == "min", n=1,
@@ -111,9 +128,59 @@ class Checkpointer:
         best_fn=metric if self._best_key else None,  # orbax records metrics only with a best_fn
         best_mode=ckpt_cfg.best_mode,
         enable_async_checkpointing=bool(ckpt_cfg.async_save),
+        # Directories made in save(): one that cannot be made (a read-only or full disk) raises
+        # there, not in a background thread that the save's other writes wait minutes for.
+        async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         # A reader (evaluation, a notebook) must not delete a save that training has in flight.
         cleanup_tmp_directories=not read_only, create=not read_only, read_only=read_only)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def _step_dirs(self) -> list[int]:
+    """The steps of the directory's `<step>` entries, newest first (read before orbax does)."""
+    if not files.isdir(self.directory):
+      return []
+    return sorted((int(n) for n in files.listdir(self.directory) if n.isdigit()), reverse=True)
+
+  def _check_links(self, read_only: bool) -> None:
+    """Names each step that is a symbolic link in one line: read where it points, never deleted."""
+    for step in [] if read_only else self._step_dirs():
+      where = os.path.join(self.directory, str(step))
+      if os.path.islink(where):
+        logging.warning("checkpoint %s is a symbolic link (to %s): it is read, and never deleted "
+                        "by checkpoint.keep", where, os.path.realpath(where))
+
+  def _check_metadata(self, read_only: bool) -> None:
+    """Verifies the files orbax reads to list and open each step: a writer moves a failing step
+    aside (when another step verifies), a reader refuses in one line naming the file and step."""
+    steps = self._step_dirs()
+    bad = {s: r for s in steps if (r := digests.verify_step(
+        os.path.join(self.directory, str(s)), metadata_only=True)) is not None}
+    if not bad:
+      return
+    for step, reason in bad.items():
+      logging.warning("checkpoint %s/%d fails verification: %s", self.directory, step, reason)
+    good = next((s for s in steps if s not in bad), None)
+    step = max(bad)
+    where = f"{self.directory}/{step}"
+    if read_only:
+      offer = (f"the newest checkpoint that verifies is step {good}: move {where} aside (to "
+               f"{where}{digests.CORRUPT_SUFFIX}) to read the others, or resume training, which "
+               "does" if good is not None else "no other checkpoint of the run verifies")
+      raise CheckpointError(f"checkpoint {where} fails verification ({bad[step]}); {offer}")
+    if good is None:
+      raise CheckpointError(f"no checkpoint in {self.directory} verifies ({where}: {bad[step]}); "
+                            "move them away to train afresh")
+    self._move_aside(sorted(bad))
+
+  def _move_aside(self, steps: list[int]) -> None:
+    """Renames each of `steps` to `<step>.corrupt` (nothing is deleted), once for all hosts."""
+    if jax.process_index() == 0:
+      for step in steps:
+        where = os.path.join(self.directory, str(step))
+        files.rename(where, where + digests.CORRUPT_SUFFIX)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices("checkpoints: corrupt steps moved aside")
 
   def save(self, step: int, state: Any, data_iterator: Any = None,
            metrics: Mapping[str, Any] | None = None, force: bool = False) -> bool:
@@ -122,6 +189,7 @@ class Checkpointer:
     if latest is not None and step <= latest:
       return False
     self._join_digest()
+    self.check_saves()
     if self._tokenizers is None:
       self._tokenizers = digests.tokenizer_digests(self.workdir)
     metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
@@ -135,6 +203,7 @@ class Checkpointer:
     # orbax warns on every save without metrics when it has a best_fn.
     saved = self._manager.save(step, args=ocp.args.Composite(**items),
                                metrics=metrics if self._best_key else None, force=force)
+    self._saving = step if saved else self._saving
     if saved and jax.process_index() == 0:  # hashed once orbax has committed the step
       self._digest_thread = threading.Thread(target=self._write_digest, args=(step,),
                                              name=f"checkpoint-digest-{step}", daemon=True)
@@ -142,9 +211,15 @@ class Checkpointer:
     return saved
 
   def _write_digest(self, step: int) -> None:
+    step_dir = os.path.join(self.directory, str(step))
     try:
       self._manager.wait_until_finished()
-      digests.write_step_digest(os.path.join(self.directory, str(step)))
+    except Exception as e:  # pylint: disable=broad-except  (check_saves raises it)
+      self._failure = self._failure or (step, e)
+      if not files.exists(os.path.join(step_dir, "commit_success.txt")):
+        return  # not committed; a step that was (retention failed after it) gets its digest
+    try:
+      digests.write_step_digest(step_dir)
     except Exception as e:  # pylint: disable=broad-except  (the step then fails verification)
       logging.warning("could not write %s of %s/%d: %s", digests.DIGEST_FILE, self.directory, step,
                       (str(e).splitlines() or [type(e).__name__])[0])
@@ -171,13 +246,7 @@ class Checkpointer:
       logging.warning("checkpoint %s/%d fails verification: %s", self.directory, step, reason)
       bad.append(step)
     if quarantine and bad and good is not None:
-      if jax.process_index() == 0:
-        for step in bad:
-          where = os.path.join(self.directory, str(step))
-          files.rename(where, where + digests.CORRUPT_SUFFIX)
-      if jax.process_count() > 1:
-        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-        multihost_utils.sync_global_devices("checkpoints: corrupt steps moved aside")
+      self._move_aside(bad)
       self._manager.reload()
     return good
 
@@ -285,15 +354,38 @@ class Checkpointer:
                             f"(steps: {self.all_steps()})")
     return step
 
+  def check_saves(self) -> None:
+    """Raises CheckpointError (once) if an asynchronous save has failed; reads one attribute, so
+    the loop asks at every step."""
+    if self._failure is None or self._reported:
+      return
+    self._reported = True
+    step, error = self._failure
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    cause = error
+    if isinstance(error, OSError) and error.errno and not error.filename:  # name the step
+      cause = OSError(error.errno, error.strerror or os.strerror(error.errno),
+                      f"{self.directory}/{step}")
+      cause.__cause__ = error
+    raise CheckpointError(
+        f"checkpoint {self.directory}/{step} could not be saved: {type(error).__name__}: {first}; "
+        f"the committed checkpoints are kept (steps {self.all_steps()})") from cause
+
   def wait(self) -> None:
-    """Blocks until the pending async save is committed and its digest written."""
-    self._manager.wait_until_finished()
+    """Blocks until the pending async save is committed and its digest written; CheckpointError
+    (once) if a save failed."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except  (check_saves raises it)
+      self._failure = self._failure or (self._saving, e)
     self._join_digest()
+    self.check_saves()
 
   def close(self) -> None:
     """Waits for pending saves (and their digests) and releases the manager."""
     self.wait()
-    self._manager.close()
+    if self._failure is None:  # after a failed save orbax's close raises that save's error again
+      self._manager.close()
 
 
 def _saved_config(workdir: str) -> tuple[dict[str, Any] | None, str]:

@@ -21,6 +21,8 @@ DIGEST_FILE = "digest.json"
 # Step files: CRC-32 (fast; catches corruption, not tampering); tokenizer files: BLAKE2b-256.
 DIGEST_ALGORITHM = "crc32"
 CORRUPT_SUFFIX = ".corrupt"
+# What orbax's CheckpointManager reads of every step when it opens a directory (commit time, metrics).
+ORBAX_LISTING_FILES = ("_CHECKPOINT_METADATA", "metrics/metrics")
 _CHUNK = 1 << 22
 _BLOCK = 1 << 26  # crc32 digests: one CRC per 64 MiB of a file, the blocks hashed in parallel
 
@@ -79,11 +81,30 @@ def read_step_meta(step_dir: str) -> dict[str, Any] | None:
   return meta if isinstance(meta, dict) else None
 
 
-def verify_step(step_dir: str) -> str | None:
-  """None if the step's files match its digest.json, else why not."""
+def _is_array_data(name: str) -> bool:
+  """True for a file of orbax's array data (`<item>/d/...`, `<item>/ocdbt.process_<i>/d/...`)."""
+  return "/d/" in f"/{name}"
+
+
+def _orbax_json_parses(step_dir: str) -> str | None:
+  """None if the JSON files orbax reads when it lists a step parse (or are absent), else which."""
+  for name in ORBAX_LISTING_FILES:
+    try:
+      json.loads(files.read_text(os.path.join(step_dir, name)))
+    except FileNotFoundError:
+      continue
+    except (OSError, ValueError):
+      return f"{name} is not readable JSON"
+  return None
+
+
+def verify_step(step_dir: str, metadata_only: bool = False) -> str | None:
+  """None if the step's files match its digest.json, else why not. `metadata_only`: only the
+  small files orbax reads to list and open a step (all but the array data), cheap for every step;
+  a step without digest.json then passes if the JSON files orbax lists it by parse."""
   path = os.path.join(step_dir, DIGEST_FILE)
   if not files.exists(path):
-    return f"no {DIGEST_FILE}"
+    return _orbax_json_parses(step_dir) if metadata_only else f"no {DIGEST_FILE}"
   try:
     record = json.loads(files.read_text(path))
     expected, algorithm = dict(record["files"]), record["algorithm"]
@@ -91,6 +112,8 @@ def verify_step(step_dir: str) -> str | None:
     return f"{DIGEST_FILE} is unreadable"
   if algorithm not in ("crc32", "blake2b-256"):
     return f"{DIGEST_FILE} names an unknown algorithm {algorithm!r}"
+  if metadata_only:
+    expected = {n: d for n, d in expected.items() if not _is_array_data(n)}
   missing = [n for n in expected if not files.exists(os.path.join(step_dir, n))]
   if missing:
     return f"{missing[0]} is missing"

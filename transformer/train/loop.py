@@ -403,7 +403,10 @@ def _reporters(s: _Setup, start: int) -> None:
 
 def _dispatch(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int, n: int
               ) -> tuple[steps.TrainState, dict[str, Any]]:
-  """Runs steps step+1..step+n on the next n batches: (state, metrics still on device)."""
+  """Runs steps step+1..step+n on the next n batches: (state, metrics still on device); first
+  raises CheckpointError if an asynchronous save has failed since the last dispatch."""
+  for r in s.runs:
+    r.ckpt.check_saves()
   batches = [next(s.train_iter) for _ in range(n)]
   for batch in batches:  # (all, non-padding) token positions, counted on the host
     seqs = [batch[k] for k in ("inputs", "targets") if batch.get(k) is not None]
@@ -449,10 +452,12 @@ class _Pending:
     loss, grad_norm = (float(np.ravel(m[k])[i]) for k in ("loss", "grad_norm"))
     stacked = r.index is not None
     who, whom = (f"member {r.name}: ", f"all {len(self.runs)} members ") if stacked else ("", "")
-    return TrainingDiverged(
-        f"{who}non-finite training loss={loss} grad_norm={grad_norm} at step "
-        f"{step - finite.size + i + 1}; stopped {whom}(last checkpoint that verifies: step "
-        f"{r.ckpt.latest_good_step()} in {r.ckpt.directory})")
+    good = r.ckpt.latest_good_step()
+    kept = (f"last checkpoint that verifies: step {good} in {r.ckpt.directory}" if good is not None
+            else f"no checkpoint in {r.ckpt.directory} verifies" if r.ckpt.all_steps()
+            else f"no checkpoint saved yet in {r.ckpt.directory}")
+    return TrainingDiverged(f"{who}non-finite training loss={loss} grad_norm={grad_norm} at step "
+                            f"{step - finite.size + i + 1}; stopped {whom}({kept})")
 
 
 def _progress(runs: list[runs_lib.Run], metrics: dict[str, Any], step: int, first: bool) -> None:
