@@ -247,3 +247,18 @@ def test_the_data_fingerprint_covers_the_records_cache(g2p_run, tmp_path):
   difference = provenance.data_difference(recorded, provenance.data_fingerprint(task, ["train"]),
                                           "train")
   assert difference is not None and "records cache" in difference, difference
+
+
+def test_a_step_directory_renamed_to_another_number_fails_verification(tmp_path):
+  """digest.json records its step's directory name: step 60 renamed to 90 does not verify (its
+  state says step 60), and the message names the step it was written for."""
+  step = tmp_path / "60"
+  (step / "state").mkdir(parents=True)
+  (step / "state" / "a").write_bytes(b"weights")
+  digests.write_step_digest(str(step))
+  assert digests.verify_step(str(step)) is None
+  assert digests.verify_step(str(step), metadata_only=True) is None
+  step.rename(tmp_path / "90")
+  for metadata_only in (False, True):
+    assert digests.verify_step(str(tmp_path / "90"), metadata_only) == (
+        "digest.json was written for step 60 (the directory was renamed)")

@@ -65,9 +65,11 @@ def tree_digests(directory: str, names: list[str] | None = None,
 
 
 def write_step_digest(step_dir: str) -> None:
-  """Writes `<step_dir>/digest.json`: the digest of every file of the committed step."""
+  """Writes `<step_dir>/digest.json`: the digest of every file of the committed step, and the
+  step's directory name (a step directory renamed to another number then fails verification)."""
   names = [n for n in files.walk(step_dir) if not n.startswith(DIGEST_FILE)]
-  record = {"algorithm": DIGEST_ALGORITHM, "files": tree_digests(step_dir, names, DIGEST_ALGORITHM)}
+  record = {"algorithm": DIGEST_ALGORITHM, "files": tree_digests(step_dir, names, DIGEST_ALGORITHM),
+            "step": os.path.basename(os.path.normpath(step_dir))}
   files.write_text_atomic(os.path.join(step_dir, DIGEST_FILE),
                           json.dumps(record, indent=0, sort_keys=True))
 
@@ -112,6 +114,9 @@ def verify_step(step_dir: str, metadata_only: bool = False) -> str | None:
     return f"{DIGEST_FILE} is unreadable"
   if algorithm not in ("crc32", "blake2b-256"):
     return f"{DIGEST_FILE} names an unknown algorithm {algorithm!r}"
+  name = os.path.basename(os.path.normpath(step_dir))
+  if record.get("step", name) != name:
+    return f"{DIGEST_FILE} was written for step {record['step']} (the directory was renamed)"
   if metadata_only:
     expected = {n: d for n, d in expected.items() if not _is_array_data(n)}
   missing = [n for n in expected if not files.exists(os.path.join(step_dir, n))]
