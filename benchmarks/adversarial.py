@@ -500,7 +500,7 @@ def checkpoints_turn_read_only(ctx):
 
 def symlinked_old_step(ctx):
   """Step 30 moved elsewhere behind a symbolic link, then a resume whose retention (keep=3)
-  removes step 30."""
+  would remove step 30: it keeps the linked step (naming it) and removes the others as usual."""
   step = _step_dir(ctx, 30)
   elsewhere = os.path.join(ctx.dir, "moved_step")
   shutil.move(step, elsewhere)
@@ -537,6 +537,19 @@ def orbax_metadata_eval(ctx):
   return _eval(ctx, "--split=validation")
 
 
+def _keeps_linked_step_30(ctx, proc):
+  """No half-written step, step 30 still a link to its files, and a line naming it."""
+  link = _step_dir(ctx, 30)
+  return (_no_half_written_step(ctx, proc) and os.path.islink(link)
+          and os.path.exists(os.path.join(link, "digest.json")) and "30" in proc.stderr)
+
+
+def _moved_step_30_aside(ctx, proc):
+  """Step 30, whose metadata fails its digest, is kept whole as 30.corrupt and named."""
+  return (os.path.exists(_step_dir(ctx, 30) + ".corrupt") and "30" in proc.stderr
+          and _no_half_written_step(ctx, proc))
+
+
 def _names_step_30(ctx, proc):
   lines = proc.stderr.strip().splitlines()
   return bool(lines) and "30" in lines[-1]
@@ -554,8 +567,11 @@ def _max_logged_step(ctx) -> int:
 
 
 def _save_failure_at_once(ctx, proc):
-  """The save at step 70 failed; the run stopped before the next save (80) was due."""
-  return _max_logged_step(ctx) < BASE_STEPS + 20
+  """The save at step 70 failed and the error names it (not a later save's); the run stopped by
+  the next save (80) at the latest. Steps of this model take milliseconds, less than a failing
+  background write takes to report itself, so the stop cannot be asked to come sooner here; the
+  unit test of Checkpointer.check_saves covers the first dispatch after the report."""
+  return "/70." in _last_line(proc) and _max_logged_step(ctx) <= BASE_STEPS + 20
 
 
 def disk_full_async(ctx):
@@ -756,11 +772,12 @@ CASES = [
     Case("checkpoints directory turns read-only mid-run", "no hangs", "clear error",
          checkpoints_turn_read_only, "checkpoints", timeout=180, read_only=("run/checkpoints",),
          read_only_after="run/checkpoints/80/digest.json", may_change=RESUME),
-    Case("symlinked older step, retention", "no tracebacks", "clear error", symlinked_old_step,
-         "checkpoints/30", check=_no_half_written_step, may_change=RESUME),
-    Case("damaged orbax metadata of an older step, resume", "no tracebacks", "clear error",
-         orbax_metadata_resume, "_CHECKPOINT_METADATA", check=_names_step_30,
-         may_change=RESUME + ("run/metrics.jsonl",)),
+    Case("symlinked older step, retention", "no tracebacks", "ok", symlinked_old_step,
+         check=_keeps_linked_step_30,
+         may_change=RESUME + ("run/checkpoints/60", "run/metrics.jsonl")),
+    Case("damaged orbax metadata of an older step, resume", "no tracebacks", "ok",
+         orbax_metadata_resume, check=_moved_step_30_aside,
+         may_change=RESUME + ("run/checkpoints/30", "run/metrics.jsonl")),
     Case("damaged orbax metadata of an older step, eval", "no tracebacks", "clear error",
          orbax_metadata_eval, "metrics", check=_names_step_30),
     Case("disk full during async save", "clear messages", "clear error", disk_full_async,

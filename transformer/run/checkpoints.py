@@ -63,8 +63,9 @@ def _finish_writes_first() -> None:
   Each of those, ending later, calls loop.call_soon_threadsafe from a tensorstore thread on the
   closed loop, and prints a 'RuntimeError: Event loop is closed' traceback after the save's one
   error. This wraps the coroutine so that the loop first waits for its other tasks; a successful
-  save has none left, so it changes nothing there. Idempotent; a no-op on an orbax without that
-  function (its teardown is its own)."""
+  save has none left, so it changes nothing there. A restore that fails on a damaged array file
+  (tensorstore reads gathered the same way) ends the same way, so readers install it too.
+  Idempotent; a no-op on an orbax without that function (its teardown is its own)."""
   run = getattr(orbax_asyncio, "_run_sync_via_new_loop", None)
   if run is None or getattr(run, "finishes_writes_first", False):
     return
@@ -92,8 +93,7 @@ class Checkpointer:
   """Async orbax checkpoints of (train state, Grain iterator, config, metrics) in a workdir."""
 
   def __init__(self, workdir: str, ckpt_cfg: Any, config: Any = None, read_only: bool = False):
-    if not read_only:
-      _finish_writes_first()
+    _finish_writes_first()  # readers too: a failed restore's reads end the same way
     self.workdir = workdir
     self.directory = os.path.join(workdir, "checkpoints")
     self._digest_thread: threading.Thread | None = None
