@@ -129,17 +129,7 @@ class Comparison:
 
 def read_logged(workdir: str) -> list[dict[str, Any]]:
   """The records of `<workdir>/metrics.jsonl` ([] without one); a line cut by a kill is skipped."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  records = []
-  if files.exists(path):
-    for line in files.read_text(path).split("\n"):
-      try:
-        record = json.loads(line)
-      except ValueError:  # a line cut by a kill, or the empty end
-        continue
-      if isinstance(record, dict):
-        records.append(record)
-  return records
+  return files.read_json_lines(os.path.join(workdir, "metrics.jsonl"))
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -33,19 +33,9 @@ def duration(seconds: float) -> str:
 
 
 def metrics_rows(workdir: str) -> list[dict[str, Any]]:
-  """The rows of `workdir`/metrics.jsonl ([] if none; a line cut by a kill is skipped)."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  try:
-    text = files.read_text(path)
-  except OSError:
-    return []
-  rows = []
-  for line in text.split("\n"):
-    with contextlib.suppress(ValueError):
-      row = json.loads(line)
-      if isinstance(row, dict) and isinstance(row.get("step"), int):
-        rows.append(row)
-  return rows
+  """The stepped rows of `workdir`/metrics.jsonl ([] if none; a line cut by a kill is skipped)."""
+  return [row for row in files.read_json_lines(os.path.join(workdir, "metrics.jsonl"))
+          if isinstance(row.get("step"), int)]
 
 
 def _value(key: str, value: float) -> str:
