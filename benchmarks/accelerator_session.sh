@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # One accelerator session's measurements in one prepared command, sized for <= 8 minutes on one
-# H100: each part has its own time limit in seconds (GPT2S_S=65 GPT2M_S=55 XLA_S=35 SPEED_S=85
-# MEMBERS_S=60 QUALITY_S=240 from the environment; 480 s without members, plus ~20 s of setup),
-# so one that breaks or runs long leaves the others their time:
+# H100: each part has its own time limit in seconds (PROFILE_S=120 GPT2S_S=45 GPT2M_S=40
+# SPEED_S=70 QUALITY_S=200 from the environment, 475 s, plus ~20 s of setup; XLA_S and MEMBERS_S
+# are 0 unless set, and a part with limit 0 is skipped), so one that breaks or runs long leaves
+# the others their time:
 #   setup    wheels/ (benchmarks/device_wheels.sh) installed into /tmp/site when present; the
 #            device and the versions
+#   profile  benchmarks/step_profile.py --ops: the per-op table (time by category, FLOPs, bytes,
+#            floors, time over floor) of GPT-2 small's and medium's bf16 steps with cuDNN
+#            attention and of :fast's step, under XLA_FLAGS=--xla_gpu_enable_command_buffer=
+#            (kernels in a command buffer lose their HLO op names); each writes its record, op
+#            table and optimized HLO to OUT_DIR/results/<device>_profile_<size>/
 #   gpt2s    benchmarks/accelerator.py: bf16 train steps, cuDNN attention, GPT-2 small's widths:
-#            the baseline and each lever (kernel causal flag, chunked loss, 32 rows, bf16
-#            parameters, remat, the XLA:CPU kernels) and all of them, in the same rounds: MFU and
-#            ratios
-#   gpt2m    the same at GPT-2 medium's widths: baseline, levers together, and with 16 rows
+#            the baseline and the levers together (kernel causal flag, chunked loss, 32 rows), in
+#            the same rounds: MFU and ratios
+#   gpt2m    the same at GPT-2 medium's widths: baseline and the levers together
 #   xla      gpt2s's levers together again under XLA GPU flags (XLA_FLAGS is process-wide): its
 #            ratio is against the same variant in the gpt2s part
 #   speed    configs/g2p.py:fast trained by train.py at train.steps_per_dispatch 1 and 8 (with
@@ -45,11 +50,12 @@ data="$work/data"  # a fresh data directory, prepared by the first train.py run
 
 if [ "$smoke" = 0 ]; then
   lm_s=gpt2s lm_m=gpt2m g2p=g2pfast steps=10 rounds=2 matmul=8192 train_steps=1000 threads=8
+  profile_args="--dtype=bfloat16 --attention=fused"
   rows_s=32 rows_m=16 chunk=8192 train_args="" quality_args=""
   limit() { echo "$1"; }
 else  # every part end to end in seconds on a CPU: tiny models, a few steps
   lm_s=lmtiny lm_m=lmtiny g2p=lmtiny steps=1 rounds=1 matmul=128 train_steps=4 threads=1
-  rows_s=8 rows_m=8 chunk=64
+  rows_s=8 rows_m=8 chunk=64 profile_args=""
   tiny="--config.model.num_encoder_layers=1 --config.model.num_decoder_layers=1
     --config.model.d_model=32 --config.model.num_heads=2 --config.model.mlp_dim=64
     --config.data.batch_size=8"
@@ -58,12 +64,13 @@ else  # every part end to end in seconds on a CPU: tiny models, a few steps
     --config.eval.every_steps=4 --config.checkpoint.every_steps=4 --config.eval.decode.beam_size=1
     --config.eval.decode.method=greedy --config.eval.num_decode_examples=16"
   [ -d "$HOME/tensorflow_datasets/cmudict_g2p" ] && data="$HOME/tensorflow_datasets"
-  limit() { echo 900; }
+  limit() { [ "$1" = 0 ] && echo 0 || echo 900; }
 fi
 
-part() {  # part NAME LIMIT_S COMMAND...: the command under its time limit, timed
+part() {  # part NAME LIMIT_S COMMAND...: the command under its time limit, timed; 0: skipped
   local name=$1 lim=$2 start rc
   shift 2
+  if [ "$lim" = 0 ]; then echo "== $name: skipped (its limit is 0)"; return; fi
   start=$(date +%s)
   echo "== $name (limit $lim s): $*"
   timeout "$lim" "$@"
@@ -82,16 +89,25 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
       'orbax', o.__version__, jax.devices())" || exit 1
 
   c="causal_kernel=true" l="loss_chunk_tokens=$chunk"
+  slug=$(cd benchmarks && $py -c "import jax, session_records as s
+print(s.device_slug(jax.devices()[0].device_kind))")
+  part profile "$(limit "${PROFILE_S:-120}")" bash -c "
+    for size in $lm_s $lm_m $g2p; do
+      args='$profile_args'; [ \$size = g2pfast ] && args=''
+      XLA_FLAGS='--xla_gpu_enable_command_buffer=' COMMIT=$commit $py benchmarks/step_profile.py \
+        --sizes=\$size --steps=3 --ops --top=25 \$args \
+        --out=$out/results/${slug}_profile_\$size || exit 1
+    done"
   xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false"
-  part gpt2s "$(limit "${GPT2S_S:-65}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
-    --variants="base|$c|$l|rows=$rows_s|param_dtype=bfloat16|remat=dots_no_batch|kernels=cpu|$c,$l,rows=$rows_s" \
+  part gpt2s "$(limit "${GPT2S_S:-45}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
+    --variants="base|$c,$l,rows=$rows_s" \
     --json_out="$work/accelerator_gpt2s.json"
-  part gpt2m "$(limit "${GPT2M_S:-55}")" "${acc[@]}" --sizes=$lm_m --dtypes=bfloat16 --attention=fused \
-    --variants="base|$c,$l|$c,$l,rows=$rows_m" --json_out="$work/accelerator_gpt2m.json"
-  part xla "$(limit "${XLA_S:-35}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
+  part gpt2m "$(limit "${GPT2M_S:-40}")" "${acc[@]}" --sizes=$lm_m --dtypes=bfloat16 --attention=fused \
+    --variants="base|$c,$l,rows=$rows_m" --json_out="$work/accelerator_gpt2m.json"
+  part xla "$(limit "${XLA_S:-0}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
     --variants="$c,$l,rows=$rows_s" --json_out="$work/accelerator_xla.json" \
     --xla_flags="${XLA_GPU_FLAGS:-$xla_flags}"
-  part speed "$(limit "${SPEED_S:-85}")" "${acc[@]}" --sizes=$g2p --dtypes=float32 --attention=einsum \
+  part speed "$(limit "${SPEED_S:-70}")" "${acc[@]}" --sizes=$g2p --dtypes=float32 --attention=einsum \
     --variants="base|steps_per_dispatch=8|kernels=cpu" --train_g2p=1,8 --train_steps=$train_steps \
     --train_args="--config.data.data_dir=$data $train_args" --json_out="$work/speed.json"
 
@@ -99,7 +115,7 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
 sys.exit(0 if 'members' in schema.get_config().train else 1)"; then
     # The wall clock of 8 members in one program over one member's, the same steps.
     export py work data train_args
-    part members "$(limit "${MEMBERS_S:-60}")" bash -c '
+    part members "$(limit "${MEMBERS_S:-0}")" bash -c '
       run() { local m=""; [ "$1" -gt 1 ] && m="--config.train.members=seeds:$1"
         $py train.py --config=configs/g2p.py:fast --workdir="$work/m$1" $m \
         --config.train.num_steps=600 --config.eval.num_decode_examples=256 \
@@ -111,7 +127,7 @@ sys.exit(0 if 'members' in schema.get_config().train else 1)"; then
     echo "== members: skipped: this tree's config has no train.members; no 8-seed ratio measured"
   fi
 
-  part quality "$(limit "${QUALITY_S:-240}")" $py benchmarks/g2p_flagship.py \
+  part quality "$(limit "${QUALITY_S:-200}")" $py benchmarks/g2p_flagship.py \
     --config=configs/g2p.py:gpu --seeds=0 --out="$work/quality" --data_dir="$data" $quality_args
 
   device=$($py -c "import jax; print(jax.devices()[0].device_kind)")
