@@ -23,7 +23,9 @@
 #            the first run prepares the data directory every later part reads
 #   members  8 seeds of :fast in one program against one (train.members); skipped, with a line
 #            saying so, where this tree's config has no such key
-#   quality  configs/g2p.py:gpu, one seed start to finish (benchmarks/g2p_flagship.py)
+#   quality  configs/g2p.py:gpu start to finish (benchmarks/g2p_flagship.py): one seed, or with
+#            QUALITY_SEEDS=0,1,2,3 those seeds as one train.members program, each tested, and
+#            their ensemble (--members --ensemble)
 # Then benchmarks/session_records.py writes OUT_DIR/results/<name>/record.json (docs/results'
 # schema) from the parts' raw outputs, each beside its record: copy them into docs/results/ as
 # they are. OUT_DIR/session.log holds everything the parts printed.
@@ -128,7 +130,8 @@ sys.exit(0 if 'members' in schema.get_config().train else 1)"; then
   fi
 
   part quality "$(limit "${QUALITY_S:-200}")" $py benchmarks/g2p_flagship.py \
-    --config=configs/g2p.py:gpu --seeds=0 --out="$work/quality" --data_dir="$data" $quality_args
+    --config=configs/g2p.py:gpu --seeds="${QUALITY_SEEDS:-0}" --out="$work/quality" \
+    --data_dir="$data" $([ "${QUALITY_SEEDS:-0}" = 0 ] || echo --members --ensemble) $quality_args
 
   device=$($py -c "import jax; print(jax.devices()[0].device_kind)")
   versions=$($py -c "import json, jax, flax, optax, orbax.checkpoint as o

@@ -7,6 +7,8 @@ r"""The flagship G2P measurement: train, select on validation, test; seeds; time
       --config.train.num_steps=500                        # --config.* flags pass on to train.py
   python benchmarks/g2p_flagship.py --config=configs/g2p.py:fast --seeds=0,1,2 --ensemble \
       --out=runs/flagship/fast                             # then the ensembles of seeds 0,1 and 0,1,2
+  python benchmarks/g2p_flagship.py --config=configs/g2p.py:gpu --seeds=0,1,2,3 --members \
+      --ensemble --out=runs/flagship/gpu4                  # the seeds as one vmapped program
   python benchmarks/g2p_flagship.py --plot=runs/flagship/fast,runs/flagship/best \
       --save=docs/results/g2p_time_to_quality.png          # several configs on one plot
 
@@ -30,6 +32,11 @@ finished seed is not rerun (its summary entry is kept), so an interrupted campai
 The plot: validation WER of every evaluation against its wall-clock minute (metrics.jsonl's
 `time/elapsed_s`), one line per seed and configuration, and the test WER as a star at the minute
 the test evaluation finished.
+
+With `--members`, the seeds train as one `train.members` program (one train.py, the members'
+workdirs `<out>/members/seed=K`, the same batches for all), each member is tested as above, and
+every seed's train_s is the program's; an ensemble's wall clock is then that one program plus its
+own test evaluation.
 """
 
 from __future__ import annotations
@@ -54,27 +61,56 @@ def _run(cmd: list[str]) -> None:
     raise SystemExit(f"g2p_flagship: `{' '.join(cmd[1:3])} ...` {commands.failure(proc)}")
 
 
+def seed_dir(out: str, seed: int | str, members: bool) -> str:
+  """A seed's workdir: `<out>/seed<K>`, or `<out>/members/seed=K` for a members program."""
+  return os.path.join(out, "members", f"seed={seed}") if members else os.path.join(
+      out, f"seed{seed}")
+
+
 def run_seed(config: str, seed: int, workdir: str, data_dir: str, extra: list[str]) -> dict:
   """Trains and tests one seed; returns its summary entry."""
   train_cmd = [sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}",
                f"--config.seed={seed}", f"--config.data.shuffle_seed={seed}", *extra]
   if data_dir:
     train_cmd.append(f"--config.data.data_dir={data_dir}")
-  test_cmd = [sys.executable, "eval.py", f"--workdir={workdir}", "--split=test", "--step=best"]
+  load_start, start = os.getloadavg()[0], time.time()
+  _run(train_cmd)
+  return test_seed(seed, workdir, data_dir, train_cmd, load_start, start, time.time())
+
+
+def run_members(config: str, seeds: list[int], out: str, data_dir: str,
+                extra: list[str]) -> dict[str, dict]:
+  """Trains `seeds` as one train.members program, then tests each; returns their entries."""
+  train_cmd = [sys.executable, "train.py", f"--config={config}",
+               f"--workdir={os.path.join(out, 'members')}", f"--config.seed={seeds[0]}",
+               f"--config.data.shuffle_seed={seeds[0]}",
+               "--config.train.members=" + ";".join(f"seed={s}" for s in seeds), *extra]
   if data_dir:
-    test_cmd.append(f"--config.data.data_dir={data_dir}")
+    train_cmd.append(f"--config.data.data_dir={data_dir}")
   load_start, start = os.getloadavg()[0], time.time()
   _run(train_cmd)
   trained = time.time()
+  return {str(s): test_seed(s, seed_dir(out, s, True), data_dir, train_cmd, load_start, start,
+                            trained) for s in seeds}
+
+
+def test_seed(seed: int, workdir: str, data_dir: str, train_cmd: list[str], load_start: float,
+              start: float, trained: float) -> dict:
+  """Tests one trained seed at its best checkpoint on validation; returns its summary entry (its
+  wall clock: the training from `start` to `trained`, then its own test evaluation)."""
+  test_cmd = [sys.executable, "eval.py", f"--workdir={workdir}", "--split=test", "--step=best"]
+  if data_dir:
+    test_cmd.append(f"--config.data.data_dir={data_dir}")
+  test_start = time.time()
   _run(test_cmd)
-  end = time.time()
+  test_s = time.time() - test_start
   with open(os.path.join(workdir, "train_done.json")) as f:
     done = json.load(f)
   with open(os.path.join(workdir, "metrics.test.json")) as f:
     test = json.load(f)
   best = best_validation(workdir)
-  return {"seed": seed, "train_s": round(trained - start, 1), "test_s": round(end - trained, 1),
-          "wall_clock_s": round(end - start, 1), "load_start": load_start,
+  return {"seed": seed, "train_s": round(trained - start, 1), "test_s": round(test_s, 1),
+          "wall_clock_s": round(trained - start + test_s, 1), "load_start": load_start,
           "load_end": os.getloadavg()[0], "steps": done.get("step"),
           "validation": best, "test": {k: test.get(f"eval/{k}", test.get(k)) for k in METRICS},
           "commands": [train_cmd[1:], test_cmd[1:]]}
@@ -111,18 +147,24 @@ def spread(entries: list[dict], split: str) -> dict:
 def campaign(args) -> dict:
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, "summary.json")
-  summary = {"config": args.config, "extra": args.extra, "seeds": {}}
+  summary = {"config": args.config, "extra": args.extra, "members": args.members, "seeds": {}}
   if os.path.exists(path):
     with open(path) as f:
       summary = json.load(f)
-    if summary["config"] != args.config or summary.get("extra", []) != args.extra:
+    if (summary["config"] != args.config or summary.get("extra", []) != args.extra
+        or summary.get("members", False) != args.members):
       raise SystemExit(f"g2p_flagship: {path} is a campaign of {summary['config']} "
-                       f"{summary.get('extra')}; use another --out")
-  for seed in (int(s) for s in args.seeds.split(",")):
+                       f"{summary.get('extra')}{' as members' if summary.get('members') else ''}"
+                       "; use another --out")
+  seeds = [int(s) for s in args.seeds.split(",")]
+  if args.members and not all(str(s) in summary["seeds"] for s in seeds):
+    # One program trains every seed; an interrupted one resumes from its checkpoints.
+    trained = run_members(args.config, seeds, args.out, args.data_dir, args.extra)
+  for seed in seeds:
     if str(seed) in summary["seeds"]:
       continue
-    entry = run_seed(args.config, seed, os.path.join(args.out, f"seed{seed}"), args.data_dir,
-                     args.extra)
+    entry = trained[str(seed)] if args.members else run_seed(
+        args.config, seed, seed_dir(args.out, seed, False), args.data_dir, args.extra)
     summary["seeds"][str(seed)] = entry
     entries = list(summary["seeds"].values())
     summary["validation"] = spread(entries, "validation")
@@ -139,8 +181,10 @@ def campaign(args) -> dict:
 def run_ensemble(seeds: list[str], out: str, data_dir: str, summary: dict) -> dict:
   """Evaluates the ensemble of `seeds`' runs (each at its best checkpoint on validation) on the
   validation and test splits; its wall clock is the pipeline that produces its test number: the
-  members trained one after another (their train_s) plus the ensemble's test evaluation."""
-  workdirs = [os.path.join(out, f"seed{s}") for s in seeds]
+  members trained one after another (their train_s; one program's with --members) plus the
+  ensemble's test evaluation."""
+  members = summary.get("members", False)
+  workdirs = [seed_dir(out, s, members) for s in seeds]
   target = os.path.join(out, "ensemble" + "_".join(seeds))
   entry: dict = {"seeds": [int(s) for s in seeds], "commands": []}
   for split in ("validation", "test"):
@@ -154,8 +198,8 @@ def run_ensemble(seeds: list[str], out: str, data_dir: str, summary: dict) -> di
       metrics = json.load(f)
     entry[split] = {k: metrics.get(k) for k in METRICS}
     entry["commands"].append(cmd[1:])
-  entry["wall_clock_s"] = round(sum(summary["seeds"][s]["train_s"] for s in seeds)
-                                + entry["test_s"], 1)
+  train_s = [summary["seeds"][s]["train_s"] for s in seeds]
+  entry["wall_clock_s"] = round((max(train_s) if members else sum(train_s)) + entry["test_s"], 1)
   return entry
 
 
@@ -174,7 +218,8 @@ def ensembles(args, summary: dict) -> None:
     print(f"ensemble of seeds {name}: test WER {entry['test']['wer']:.2%} PER "
           f"{entry['test']['per']:.2%}, validation WER {entry['validation']['wer']:.2%} (the whole "
           f"split), "
-          f"{entry['wall_clock_s'] / 60:.1f} min (the members' training one after another + "
+          f"{entry['wall_clock_s'] / 60:.1f} min (the members' training "
+          f"{'as one program' if summary.get('members') else 'one after another'} + "
           f"the ensemble's test evaluation)", flush=True)
 
 
@@ -192,7 +237,7 @@ def plot(outs: list[str], save: str) -> None:
       name = f"{name} ({os.path.basename(os.path.normpath(out))})"
     for seed, entry in summary["seeds"].items():
       label = f"{name} seed {seed}"
-      runs[label] = os.path.join(out, f"seed{seed}")
+      runs[label] = seed_dir(out, seed, summary.get("members", False))
       finals[label] = (entry["wall_clock_s"] / 60, entry["test"]["wer"])
   viz.plot_time_to_quality(runs, key="eval/wer", finals=finals, save_path=save)
   print(f"wrote {save}")
@@ -206,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--data_dir", default="", help="prepared data (default: the config's)")
   parser.add_argument("--ensemble", action="store_true",
                       help="after the seeds, evaluate the ensembles of the first 2, 3, ... seeds")
+  parser.add_argument("--members", action="store_true",
+                      help="train the seeds as one train.members program (see the docstring)")
   parser.add_argument("--plot", default="", help="comma-separated campaign directories to plot")
   parser.add_argument("--save", default="g2p_time_to_quality.png", help="the plot's PNG path")
   args, extra = parser.parse_known_args(argv)
@@ -218,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     return
   if not args.out:
     parser.error("--out is required (the campaign's directory)")
+  if args.members and len(args.seeds.split(",")) < 2:
+    parser.error("--members needs at least two --seeds")
   summary = campaign(args)
   if args.ensemble:
     ensembles(args, summary)

@@ -164,6 +164,14 @@ def quality_record(args, work: str) -> tuple[dict, dict] | None:
                        "test_wer": pct(entry["test"].get("wer")),
                        "test_per": pct(entry["test"].get("per"))}
   record["wall_clock_s"] = entry["wall_clock_s"]
+  ensembles = summary.get("ensembles") or {}
+  if ensembles:  # seeds as one members program (g2p_flagship.py --members --ensemble): the largest
+    largest = max(ensembles.values(), key=lambda e: len(e["seeds"]))
+    record["metrics"] |= {"dev_wer_ensemble": pct(largest["validation"].get("wer")),
+                          "test_wer_ensemble": pct(largest["test"].get("wer")),
+                          "test_per_ensemble": pct(largest["test"].get("per")),
+                          "ensemble_size": len(largest["seeds"])}
+    record["wall_clock_s"] = largest["wall_clock_s"]
   record["seeds"] = [e["seed"] for e in seeds]
   record["report"] = "docs/g2p.md"
   return record, summary

@@ -4,6 +4,7 @@ replaced by fakes that write what they would)."""
 
 import json
 import os
+import re
 import statistics
 
 import pytest
@@ -15,23 +16,35 @@ DEV_WER = {0: [0.5, 0.30, 0.32], 1: [0.5, 0.28, 0.27], 2: [0.6, 0.31, 0.35]}  # 
 TEST_WER = {0: 0.33, 1: 0.29, 2: 0.30}
 
 
+def write_trained(workdir: str, seed: int) -> None:
+  """What train.py leaves: metrics.jsonl (DEV_WER's evaluations) and train_done.json."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    for i, wer in enumerate(DEV_WER[seed]):
+      f.write(json.dumps({"step": 100 * (i + 1), "train/loss": 1.0}) + "\n")
+      f.write(json.dumps({"step": 100 * (i + 1), "eval/wer": wer, "eval/per": wer / 4,
+                          "time/elapsed_s": 60.0 * (i + 1)}) + "\n")
+  with open(os.path.join(workdir, "train_done.json"), "w") as f:
+    json.dump({"step": 300}, f)
+
+
 def fake_run(calls):
   """Stands in for subprocess: train.py writes metrics.jsonl + train_done.json, eval.py writes
-  metrics.test.json, each from the seed in the workdir's name; eval.py --ensemble writes
+  metrics.test.json, each from the seed in the workdir's name (seed<K> or a member's seed=K);
+  train.py with train.members writes every member's workdir; eval.py --ensemble writes
   metrics.<split>.json into --out, its WER from the number of members."""
   def run(cmd):
     calls.append(cmd)
     workdir = next(a.split("=", 1)[1] for a in cmd if a.startswith("--workdir="))
-    seed = int(workdir.rsplit("seed", 1)[1])
+    members = next((a.split("=", 1)[1] for a in cmd if a.startswith("--config.train.members=")),
+                   None)
+    if cmd[1] == "train.py" and members:
+      for member in members.split(";"):
+        write_trained(os.path.join(workdir, member), int(member.split("=")[1]))
+      return
+    seed = int(re.search(r"seed=?(\d+)$", workdir).group(1))
     if cmd[1] == "train.py":
-      os.makedirs(workdir, exist_ok=True)
-      with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
-        for i, wer in enumerate(DEV_WER[seed]):
-          f.write(json.dumps({"step": 100 * (i + 1), "train/loss": 1.0}) + "\n")
-          f.write(json.dumps({"step": 100 * (i + 1), "eval/wer": wer, "eval/per": wer / 4,
-                              "time/elapsed_s": 60.0 * (i + 1)}) + "\n")
-      with open(os.path.join(workdir, "train_done.json"), "w") as f:
-        json.dump({"step": 300}, f)
+      write_trained(workdir, seed)
     elif any(a.startswith("--ensemble=") for a in cmd):
       out = next(a.split("=", 1)[1] for a in cmd if a.startswith("--out="))
       split = next(a.split("=", 1)[1] for a in cmd if a.startswith("--split="))
@@ -128,3 +141,38 @@ def test_ensembles_of_the_first_seeds_at_their_best_checkpoints(tmp_path, monkey
   assert three["wall_clock_s"] == pytest.approx(trained + three["test_s"], abs=0.11)
   flagship.main(argv)
   assert len(calls) == 10
+
+
+def test_members_train_the_seeds_as_one_program_then_test_each(tmp_path, monkeypatch):
+  """--members: one train.py with train.members=seed=0;seed=1;seed=2, each member tested at its
+  best checkpoint, the ensembles over the members' workdirs; an ensemble's wall clock counts the
+  one program once; a rerun trains nothing; the same directory without --members is refused."""
+  calls = []
+  monkeypatch.setattr(flagship, "_run", fake_run(calls))
+  out = str(tmp_path / "gpu")
+  argv = ["--config=configs/g2p.py:gpu", "--seeds=0,1,2", f"--out={out}", "--members",
+          "--ensemble", "--data_dir=/d"]
+  flagship.main(argv)
+  trains = [c for c in calls if c[1] == "train.py"]
+  assert len(trains) == 1
+  assert {f"--workdir={out}/members", "--config.train.members=seed=0;seed=1;seed=2",
+          "--config.seed=0", "--config.data.data_dir=/d"} <= set(trains[0])
+  tests = [c for c in calls if c[1] == "eval.py" and "--split=test" in c and
+           not any(a.startswith("--ensemble=") for a in c)]
+  assert [t[2] for t in tests] == [f"--workdir={out}/members/seed={s}" for s in range(3)]
+  summary = json.load(open(os.path.join(out, "summary.json")))
+  assert summary["members"] and summary["seeds"]["1"]["validation"]["wer"] == 0.27
+  assert summary["seeds"]["2"]["test"]["wer"] == TEST_WER[2]
+  three = summary["ensembles"]["0,1,2"]
+  ens = [c for c in calls if any(a.startswith("--ensemble=") for a in c)]
+  assert ens[-1][2:4] == [f"--workdir={out}/members/seed=0",
+                          f"--ensemble={out}/members/seed=1,{out}/members/seed=2"]
+  assert three["wall_clock_s"] == pytest.approx(
+      summary["seeds"]["0"]["train_s"] + three["test_s"], abs=0.11)
+  n = len(calls)
+  flagship.main(argv)
+  assert len(calls) == n
+  with pytest.raises(SystemExit, match="as members; use another --out"):
+    flagship.main(["--config=configs/g2p.py:gpu", "--seeds=0,1,2", f"--out={out}"])
+  with pytest.raises(SystemExit):
+    flagship.main(["--config=configs/g2p.py:gpu", "--seeds=0", f"--out={out}", "--members"])

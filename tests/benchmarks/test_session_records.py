@@ -116,3 +116,23 @@ def test_the_sessions_levers_parse():
   assert cd.model.causal_kernel and cd.train.loss_chunk_tokens == 64
   with pytest.raises(SystemExit, match="unknown lever 'bogus'"):
     accelerator.apply_levers(cd, shapes, {"bogus": 1})
+
+
+def test_quality_record_of_members_and_their_ensemble(tmp_path):
+  """QUALITY_SEEDS: the record keeps the first seed's numbers and adds the largest ensemble's,
+  whose wall clock (one members program + its test evaluation) is the record's."""
+  (tmp_path / "quality").mkdir()
+  seed = lambda k, wer: {"seed": k, "wall_clock_s": 300.0, "validation": {"wer": wer, "per": 0.05},
+                         "test": {"wer": wer, "per": 0.05}}
+  summary = {"config": "configs/g2p.py:gpu", "extra": [], "members": True,
+             "seeds": {"0": seed(0, 0.24), "1": seed(1, 0.25)},
+             "ensembles": {"0,1": {"seeds": [0, 1], "wall_clock_s": 310.0,
+                                   "validation": {"wer": 0.2213}, "test": {"wer": 0.2150,
+                                                                          "per": 0.0512}}}}
+  (tmp_path / "quality" / "summary.json").write_text(json.dumps(summary))
+  (path,) = records.main([f"--work={tmp_path}", f"--out={tmp_path / 'out'}", f"--device={DEVICE}"])
+  record = json.load(open(path))
+  assert record["seeds"] == [0, 1] and record["wall_clock_s"] == 310.0
+  assert record["metrics"] == {"dev_wer": 24.0, "dev_per": 5.0, "test_wer": 24.0, "test_per": 5.0,
+                               "dev_wer_ensemble": 22.13, "test_wer_ensemble": 21.5,
+                               "test_per_ensemble": 5.12, "ensemble_size": 2}
