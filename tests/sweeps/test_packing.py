@@ -165,3 +165,69 @@ def test_a_point_finished_alone_leaves_its_pack(packed):
   assert calls == [packs[0].train_argv(commands), commands.eval(points[1]),
                    commands.eval(points[2])]
   assert runner.read_record(points[0]) == record
+
+
+REAL = {  # a 1+1-layer d=16 :tiny, 4 steps, an in-training evaluation at steps 2 and 4
+    "train.num_steps": 4, "train.log_every_steps": 1, "eval.every_steps": 2,
+    "checkpoint.every_steps": 2, "eval.num_batches": 1, "eval.num_decode_examples": 4,
+    "train.schedule": "constant", "train.warmup_steps": 0,
+    "data.batch_size": 8, "data.max_source_len": 12, "data.max_target_len": 12,
+    "model.d_model": 16, "model.num_heads": 2, "model.mlp_dim": 32,
+    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1}
+REAL_SWEEP = ('def get_sweep():\n  return [{"seed": 0}, {"seed": 1}, {"seed": 2, '
+              '"train.learning_rate": 2e-3, "train.b2": 0.95}]\n')
+
+
+def _logged(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return {(r["step"], k): v for r in rows for k, v in r.items()
+          if k in ("train/loss", "train/grad_norm", "eval/loss", "eval/per")}
+
+
+@pytest.mark.slow  # ~3 min on 2 cores: five real train.py processes
+def test_real_packed_sweep_resumes_and_equals_its_points_trained_alone(tmp_path, monkeypatch):
+  """On :tiny (real train.py): a point trained alone first is not rerun by the packed sweep;
+  the other two train as one pack, which is stopped after its step-2 checkpoint (as a preempted
+  run) and resumed by the rerun as the same pack to step 4; every logged train loss, grad norm
+  and in-training evaluation of the packed points equals the same points trained alone (1e-5)."""
+  import g2p_mini  # pylint: disable=g-import-not-at-top
+  files = g2p_mini.write_files(str(tmp_path / "data"), num_train=200, num_test=16)
+  overrides = REAL | {f"data.{k}": v for k, v in files.items()} | {
+      "data.data_dir": str(tmp_path / "tfds")}
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax_cache"))
+  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  config = spec.apply_overrides(load_config_file(TINY), overrides)
+  path = write_sweep(tmp_path, REAL_SWEEP)
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  commands = spec.Commands(TINY, overrides, python=sys.executable, eval_split="", cwd=root,
+                           train_script=os.path.join(root, "train.py"))
+  quiet = watch.Console(lambda line: None)
+  points = spec.plan(config, TINY, path, str(tmp_path / "packed"))
+  assert runner.run(points[:1], commands, console=quiet) == []
+  record = runner.read_record(points[0])
+
+  def preempted(argv, log_path, cwd):  # stops after step 2, as a SIGTERM'd run that saved
+    argv = [a.replace("--config.train.num_steps=4", "--config.train.num_steps=2") for a in argv]
+    return runner.launch_subprocess(argv, log_path, cwd)
+
+  workdir = str(tmp_path / "packed")
+  pack = packing.plan(config, points, commands, 3, workdir)[0][0]
+  assert [p.name for p in pack.points] == [p.name for p in points[1:]]
+  assert packing.run(config, points, commands, 3, workdir, launch=preempted,
+                     console=quiet) == points[1:]
+  assert all(runner.latest_checkpoint(p) == 2 for p in points[1:])
+  calls = []
+  assert packing.run(config, points, commands, 3, workdir, launch=recording(calls),
+                     console=quiet) == []
+  assert calls == [pack.train_argv(commands)]  # the same pack resumed; point 0 not rerun
+  assert runner.read_record(points[0]) == record
+  alone = spec.plan(config, TINY, path, str(tmp_path / "alone"))
+  assert runner.run(alone[1:], commands, console=quiet) == []
+  for p, q in zip(points[1:], alone[1:]):
+    mine, theirs = _logged(p.workdir), _logged(q.workdir)
+    assert sorted(mine) == sorted(theirs) and (4, "eval/loss") in mine
+    for key, value in theirs.items():
+      assert mine[key] == pytest.approx(value, abs=1e-5), (p.name, key)
+  assert abs(_logged(points[1].workdir)[4, "train/loss"]
+             - _logged(points[2].workdir)[4, "train/loss"]) > 1e-4
