@@ -72,7 +72,8 @@ if os.path.exists(os.path.join(w, "FAIL_ONCE")):
   os.remove(os.path.join(w, "FAIL_ONCE"))
   sys.exit(3)
 spec = args.get("config.train.members", "")
-runs = [(os.path.join(w, members.member_name(o)), o) for o in members.parse(spec, 0)] if spec else [(w, {})]
+runs = ([(os.path.join(w, members.member_name(o)), o) for o in members.parse(spec, 0)]
+        if spec else [(w, {})])
 for d, o in runs:
   lr = float(o.get("train.learning_rate", args.get("config.train.learning_rate", 1.0)))
   os.makedirs(os.path.join(d, "checkpoints", str(n)), exist_ok=True)
