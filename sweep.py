@@ -18,6 +18,12 @@ the command that resumes, and ends killed by the signal it got (a second Ctrl-C 
 the points then exit at once, without saving). Rerunning the command skips finished points and
 resumes interrupted ones from their checkpoints.
 
+With --pack=N, points that differ only in keys a `train.members` member may vary (seed, learning
+rate, label smoothing, dropout rates, weight decay, warmup, Adam's betas, z-loss, clipping) and
+start from the same step train N at a time as one vmapped program in `<workdir>/packs/<pack>`,
+each member's directory a link to its point's workdir (transformer/sweeps/packing.py); the dry
+run prints the grouping. Everything else (evaluation, report, resume) is as without it.
+
 On cloud TPU VMs: `--launcher=tpu_vm --tpu_name=NAME --zone=ZONE --bucket=gs://B` prints one
 `gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command="..."` per point, with the
 workdir and data_dir under the bucket, and last the command that copies the results back and
@@ -45,6 +51,8 @@ config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/g2p.p
 flags.DEFINE_string("sweep", None, "Sweep file, e.g. configs/sweeps/positional.py.")
 flags.DEFINE_string("workdir", None, "The sweep's directory; each point gets a subdirectory.")
 flags.DEFINE_integer("parallel", 1, "Points trained at the same time (each is one process).")
+flags.DEFINE_integer("pack", 1, "Train up to N points that differ only in keys a train.members "
+                     "member may vary (seed, learning rate, ...) as one vmapped program; 1 = off.")
 flags.DEFINE_bool("dry_run", False, "Print the commands that would run, run nothing.")
 flags.DEFINE_bool("report_only", False, "Only write results.csv/.md and the plots.")
 flags.DEFINE_string("metric", "auto", "Metric for the bar plot and the bold best value, e.g. "
@@ -97,6 +105,8 @@ def run_sweep() -> None:
   commands = spec.Commands(config_arg, base, python=f.python, train_script=script("train.py"),
                              eval_script=script("eval.py"), eval_split=f.eval_split)
 
+  if f.pack > 1 and f.launcher != "local":
+    cli.fail(f"--pack={f.pack} needs --launcher=local")
   if f.launcher == "tpu_vm":
     missing = [n for n in ("tpu_name", "zone", "bucket") if not f[n].value]
     if missing:
@@ -121,8 +131,14 @@ def run_sweep() -> None:
     runner.check_same_runs(points, commands)
   except spec.SweepError as e:
     cli.fail(str(e))
+  if f.pack > 1:
+    from transformer.sweeps import packing  # pylint: disable=g-import-not-at-top  (imports JAX)
   if f.dry_run:
-    print("\n".join(runner.dry_run_lines(points, commands)))
+    if f.pack > 1:
+      packs, alone = packing.plan(f.config, points, commands, f.pack, f.workdir)
+      print("\n".join(packing.dry_run_lines(packs, alone, points, commands, f.pack)))
+    else:
+      print("\n".join(runner.dry_run_lines(points, commands)))
     return
   failed = []
   if not f.report_only:
@@ -137,7 +153,11 @@ def run_sweep() -> None:
     terminal = sys.stdout.isatty()  # status lines redrawn in place; in a log, plain lines
     console = watch.Console(functools.partial(print, flush=True), every=2.0 if terminal else 30.0,
                             stream=sys.stdout if terminal else None)
-    failed = runner.run(points, commands, parallel=f.parallel, console=console)
+    if f.pack > 1:
+      failed = packing.run(f.config, points, commands, f.pack, f.workdir, parallel=f.parallel,
+                           console=console)
+    else:
+      failed = runner.run(points, commands, parallel=f.parallel, console=console)
   from transformer.sweeps import report  # pylint: disable=g-import-not-at-top
   title = f"`python sweep.py {shlex.join(report_flags())}`"
   out = report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)

@@ -258,7 +258,9 @@ class TrainConfig:
                                "logits); 0 = off", ">= 0")
   members: str = key("", "N runs in one vmapped program, each in <workdir>/<name>: members split "
                      "by ';', each key=value overrides of seed, train.learning_rate, "
-                     "train.label_smoothing and the dropout rates; or seeds:N; '' = one run")
+                     "train.label_smoothing, the dropout rates, train.weight_decay, "
+                     "train.warmup_steps, train.b1, train.b2, train.z_loss and train.grad_clip; "
+                     "or seeds:N; '' = one run")
   label_smoothing: float = key(0.1, "label smoothing of the cross-entropy", "in [0, 1)")
   z_loss: float = key(0.0, "weight of log(Z)^2 (PaLM's z-loss)", ">= 0")
   ema_decay: float = key(0.0, "EMA of the parameters, used by evaluation and best-checkpoint "

@@ -242,3 +242,38 @@ def test_traced_dropout_rate_keeps_what_the_static_rate_keeps(bits):
     want = x if rate == 0 else layers.dropout(x, rate, key, bits)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=0)
     assert int(np.sum(np.asarray(got) == 0)) == int(np.sum(np.asarray(want) == 0))
+
+
+# Each optimizer and loss key a member may vary, moved off the base in some member, each member
+# set against its separate run (the base member has clipping and decay off: their traced "off").
+OPT_PLAIN = [{"seed": 0},
+             {"seed": 0, "train.weight_decay": 0.1, "train.warmup_steps": 3, "train.z_loss": 0.01},
+             {"seed": 0, "train.b1": 0.8, "train.b2": 0.95, "train.grad_clip": 0.05}]
+OPT_BASE = {"train.num_steps": 8, "train.log_every_steps": 2, "eval.every_steps": 8,
+            "checkpoint.every_steps": 8, "train.optimizer": "adamw",
+            "train.schedule": "warmup_linear", "train.warmup_steps": 0}
+
+
+def test_optimizer_and_loss_keys_vary_per_member(tmp_path):
+  """A members run varying weight decay, warmup, Adam's betas, z-loss and clipping logs each
+  member's separate run's train losses, grad norms and learning rates (within 1e-5)."""
+  spec = ";".join(",".join(f"{k}={v}" for k, v in o.items()) for o in OPT_PLAIN)
+  cfg = from_configdict(_config(**OPT_BASE, **{"train.members": spec}))
+  assert members.varying_keys([m.cfg for m in members.members_of(cfg)]) == (
+      "train.weight_decay", "train.warmup_steps", "train.b1", "train.b2", "train.z_loss",
+      "train.grad_clip")
+  together = str(tmp_path / "together")
+  loop.train_and_evaluate(_config(**OPT_BASE, **{"train.members": spec}), together,
+                          task=synthetic_task.ReverseTask())
+  finals = []
+  for i, overrides in enumerate(OPT_PLAIN):
+    alone = str(tmp_path / f"alone{i}")
+    loop.train_and_evaluate(_config(**(OPT_BASE | overrides)), alone,
+                            task=synthetic_task.ReverseTask())
+    mine = os.path.join(together, members.member_name(overrides))
+    for key in ("train/loss", "train/grad_norm", "train/learning_rate"):
+      got, want = ([r[key] for r in _jsonl(w) if key in r] for w in (mine, alone))
+      assert len(got) == 4, key
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{overrides} {key}")
+    finals.append(_losses(alone)[-1])
+  assert abs(finals[0] - finals[1]) > 1e-3 and abs(finals[0] - finals[2]) > 1e-3

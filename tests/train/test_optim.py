@@ -1,5 +1,6 @@
 """Tests for transformer/train/optim.py: schedules against closed forms, decay mask, clipping, accumulation."""
 
+import dataclasses
 import math
 
 import jax
@@ -256,3 +257,40 @@ def test_state_structure_independent_of_clip_and_decay(optimizer):
   structure = lambda **kw: jax.tree.structure(  # pylint: disable=unnecessary-lambda-assignment
       optim.make_optimizer(train_cfg(optimizer=optimizer, **kw), 4).init(params))
   assert structure() == structure(weight_decay=0.1, grad_clip=1.0) == structure(grad_clip=0.5)
+
+
+@pytest.mark.parametrize("schedule", ["rsqrt", "warmup_cosine", "warmup_linear", "constant"])
+def test_traced_warmup_equals_the_python_one(schedule):
+  """A member's warmup_steps traced as a float32 array (members.py) gives each schedule's
+  Python-int values, with and without warmup (0 = off)."""
+  counts = jnp.array([0, 1, 4, 5, 6, 30, 99])
+  for warmup in (0, 5):
+    tc = train_cfg(schedule=schedule, warmup_steps=warmup, num_steps=100)
+    want = jax.vmap(optim.make_schedule(tc, 64))(counts)
+    traced = jax.jit(lambda w, tc=tc: jax.vmap(optim.make_schedule(
+        dataclasses.replace(tc, warmup_steps=w), 64))(counts))
+    np.testing.assert_allclose(traced(jnp.float32(warmup)), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw", "lion"])
+def test_traced_decay_clip_and_betas_equal_the_python_ones(optimizer):
+  """weight_decay, grad_clip, b1, b2 traced as arrays give the Python values' updates; a traced
+  0 switches decay and clipping off; the optimizer state has the same tree either way."""
+  params = {"dense": {"kernel": jnp.arange(6.0).reshape(2, 3) / 7}}
+  grads = {"dense": {"kernel": jnp.array([[3.0, -1.0, 0.5], [2.0, 0.0, -4.0]])}}
+  for values in ({"weight_decay": 0.1, "grad_clip": 0.5, "b1": 0.8, "b2": 0.95},
+                 {"weight_decay": 0.0, "grad_clip": 0.0, "b1": 0.9, "b2": 0.98}):
+    tc = train_cfg(optimizer=optimizer, schedule="constant", warmup_steps=0, **values)
+    tx = optim.make_optimizer(tc, 64)
+    state = tx.init(params)
+    want, _ = tx.update(grads, state, params)
+
+    @jax.jit
+    def traced(arrays, state, tc=tc):
+      tx = optim.make_optimizer(dataclasses.replace(tc, **arrays), 64)
+      assert jax.tree.structure(tx.init(params)) == jax.tree.structure(state)
+      return tx.update(grads, state, params)[0]
+
+    got = traced({k: jnp.float32(v) for k, v in values.items()}, state)
+    np.testing.assert_allclose(got["dense"]["kernel"], want["dense"]["kernel"], rtol=2e-6,
+                               atol=1e-9)

@@ -159,12 +159,18 @@ def stop_signal() -> int | None:
   return _stop_signal
 
 
+def reset_stop() -> None:
+  """Lets processes start again (run() does this first; packing.run before its packs)."""
+  global _stop_signal
+  _stop_signal = None
+
+
 FORWARDED = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
              signal.SIGHUP: signal.SIGTERM}  # a closed terminal: children save, as on SIGTERM
 
 
 @contextlib.contextmanager
-def _forwarding_signals():
+def forwarding_signals():
   """Forwards FORWARDED to the children; the first also raises KeyboardInterrupt here."""
   def forward(signum, _frame):
     first = _stop_signal is None
@@ -274,7 +280,7 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
         failed.append(p)
 
   pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel))
-  with _forwarding_signals(), console, pool:
+  with forwarding_signals(), console, pool:
     futures = [pool.submit(one, p) for p in todo]
     try:
       for future in futures:

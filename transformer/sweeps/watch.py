@@ -140,6 +140,7 @@ class Console:
     self._thread: threading.Thread | None = None
 
   def __enter__(self) -> "Console":
+    self._stop.clear()  # entered again (packing.run: the packs, then the other points)
     if self.every > 0:
       self._thread = threading.Thread(target=self._loop, name="sweep-console", daemon=True)
       self._thread.start()

@@ -22,7 +22,9 @@ from transformer.train import steps
 # Keys a member may override, and their types. Anything else would change the program.
 MEMBER_KEYS = {"seed": int, "train.learning_rate": float, "train.label_smoothing": float,
                "model.dropout_rate": float, "model.attention_dropout_rate": float,
-               "model.ffn_dropout_rate": float}
+               "model.ffn_dropout_rate": float, "train.weight_decay": float,
+               "train.warmup_steps": int, "train.b1": float, "train.b2": float,
+               "train.z_loss": float, "train.grad_clip": float}
 TRACED_KEYS = tuple(k for k in MEMBER_KEYS if k != "seed")  # step inputs when they differ
 
 

@@ -30,14 +30,29 @@ def _peak(tc: Any) -> Any:
   return float(lr) if isinstance(lr, (int, float)) else jnp.asarray(lr, jnp.float32)
 
 
-def _warmup(s: jax.Array, warmup: int) -> jax.Array:
+def _traced(value: Any) -> bool:
+  """True for a member's hyperparameter traced as an array (members.py), not a Python number."""
+  return not isinstance(value, (int, float))
+
+
+def _warmup_steps(tc: Any) -> Any:
+  """train.warmup_steps: a Python int, or a float32 array (vmapped members' warmups)."""
+  w = tc.warmup_steps
+  return jnp.asarray(w, jnp.float32) if _traced(w) else int(w)
+
+
+def _warmup(s: jax.Array, warmup: Any) -> jax.Array:
+  if _traced(warmup):  # 0 = no warmup, decided per member
+    return jnp.where(warmup > 0, jnp.minimum(1.0, s / jnp.maximum(warmup, 1.0)), 1.0)
   return jnp.minimum(1.0, s / warmup) if warmup > 0 else jnp.ones_like(s)
 
 
 def _rsqrt(s: jax.Array, tc: Any, d_model: int) -> jax.Array:
-  decay = jax.lax.rsqrt(s)
-  if tc.warmup_steps > 0:
-    decay = jnp.minimum(decay, s * int(tc.warmup_steps)**-1.5)
+  decay, warmup = jax.lax.rsqrt(s), _warmup_steps(tc)
+  if _traced(warmup):
+    decay = jnp.where(warmup > 0, jnp.minimum(decay, s * jnp.maximum(warmup, 1.0)**-1.5), decay)
+  elif warmup > 0:
+    decay = jnp.minimum(decay, s * warmup**-1.5)
   return _peak(tc) * d_model**-0.5 * decay
 
 
@@ -45,9 +60,11 @@ def _warmup_then(decay: Callable[[jax.Array, float, float], jax.Array]):
   """A schedule: linear warmup to the peak, then `decay(p, peak, min)` over p in [0, 1]."""
   def schedule(s, tc, d_model):
     del d_model
-    peak, warmup = _peak(tc), int(tc.warmup_steps)
+    peak, warmup = _peak(tc), _warmup_steps(tc)
     low = float(tc.min_learning_rate_ratio) * peak
-    p = jnp.clip((s - warmup) / max(int(tc.num_steps) - warmup, 1), 0.0, 1.0)
+    span = (jnp.maximum(int(tc.num_steps) - warmup, 1.0) if _traced(warmup)
+            else max(int(tc.num_steps) - warmup, 1))
+    p = jnp.clip((s - warmup) / span, 0.0, 1.0)
     return jnp.where(s < warmup, peak * _warmup(s, warmup), decay(p, peak, low))
   return schedule
 
@@ -59,7 +76,7 @@ SCHEDULES: schema.Table[Schedule] = schema.registry("train.schedule", {
     "warmup_cosine": _warmup_then(
         lambda p, peak, low: low + (peak - low) * 0.5 * (1.0 + jnp.cos(jnp.pi * p))),
     "warmup_linear": _warmup_then(lambda p, peak, low: peak + (low - peak) * p),
-    "constant": lambda s, tc, d_model: _peak(tc) * _warmup(s, int(tc.warmup_steps)),
+    "constant": lambda s, tc, d_model: _peak(tc) * _warmup(s, _warmup_steps(tc)),
 })
 
 
@@ -95,18 +112,33 @@ OPTIMIZERS: schema.Table[Optimizer] = schema.registry("train.optimizer", {
 })
 
 
+def _decay(train_cfg: Any) -> optax.GradientTransformation:
+  """train.weight_decay's transform (a traced decay: always added, 0 adds nothing)."""
+  wd = train_cfg.weight_decay
+  if _traced(wd):
+    return optax.add_decayed_weights(jnp.asarray(wd, jnp.float32))
+  return optax.add_decayed_weights(float(wd)) if wd > 0 else optax.identity()
+
+
+def _clip(train_cfg: Any) -> optax.GradientTransformation:
+  """train.grad_clip's transform (a traced clip: 0 becomes an infinite norm, never reached)."""
+  clip = train_cfg.grad_clip
+  if _traced(clip):
+    clip = jnp.asarray(clip, jnp.float32)
+    return optax.clip_by_global_norm(jnp.where(clip > 0, clip, jnp.inf))
+  return optax.clip_by_global_norm(float(clip)) if clip > 0 else optax.identity()
+
+
 def make_optimizer(train_cfg: Any, d_model: int) -> optax.GradientTransformation:
-  """Returns the optax optimizer named by `train.optimizer` with clipping, decay and schedule."""
+  """Returns the optax optimizer named by `train.optimizer` with clipping, decay and schedule.
+  Vmapped members (members.py) may give weight_decay, grad_clip, b1, b2 and the schedule's
+  learning_rate and warmup_steps as arrays."""
   transforms = OPTIMIZERS[train_cfg.optimizer]  # an unknown name: a one-line ConfigError
-  wd = float(train_cfg.weight_decay)
   # Off switches are stateless placeholders with the same (empty) state as the real transform,
   # so a run may resume with another grad_clip or weight_decay (the optimizer-state tree of a
   # checkpoint must match): EmptyState for clipping, MaskedState(EmptyState) for the decay.
-  decay = optax.masked(optax.add_decayed_weights(wd) if wd > 0 else optax.identity(),
-                       weight_decay_mask(train_cfg))
-  clip = train_cfg.grad_clip
-  return optax.chain(optax.clip_by_global_norm(float(clip)) if clip > 0 else optax.identity(),
-                     *transforms(train_cfg, decay),
+  decay = optax.masked(_decay(train_cfg), weight_decay_mask(train_cfg))
+  return optax.chain(_clip(train_cfg), *transforms(train_cfg, decay),
                      optax.scale_by_learning_rate(make_schedule(train_cfg, d_model)))
 
 

@@ -1,0 +1,176 @@
+r"""A seed sweep packed into one train.members program against the same sweep unpacked, one after
+the other in one run: the same numbers, and the wall-clock ratio packed / unpacked.
+
+  python benchmarks/sweep_packing.py --out=docs/results/sweep_packing     # 4 seeds of :tiny
+  python benchmarks/sweep_packing.py --out=/tmp/sp --config.train.num_steps=4 \
+      --config.eval.every_steps=4 --config.eval.num_batches=1 \
+      --config.eval.num_decode_examples=4 --eval_split=       # a check that it runs
+  (--config.* flags pass on to every sweep.py command)
+
+First a one-point, one-step sweep warms up (it prepares the data and fills the file caches; its
+time is logged, not compared). Then `sweep.py --pack=N` (one process trains the N seeds, then
+eval.py runs per point) and `sweep.py` (N train.py processes one after another, --parallel=1, each
+then eval.py), each timed start to finish, each in its own workdir under --work. Every logged
+train loss, grad norm and in-training evaluation, and each point's eval.py metrics, must agree
+within --tolerance. --out gets record.json and log.txt (the record's wall_clock_ratio is packed /
+unpacked; the goal on a CPU: <= 1.1). A difference is absolute, relative for values above 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+import commands  # benchmarks/ is the script's directory
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMPARED = ("train/loss", "train/grad_norm", "eval/")  # metrics.jsonl keys (prefixes) compared
+
+
+def logged(workdir: str) -> dict[str, float]:
+  """'<step>:<key>' -> value of a point's compared metrics.jsonl values and its eval.py metrics
+  ('test:<key>'), numbers only."""
+  out = {}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for row in (json.loads(line) for line in f if line.strip()):
+      out |= {f"{row['step']}:{k}": float(v) for k, v in row.items()
+              if k.startswith(COMPARED) and isinstance(v, (int, float))}
+  for name in sorted(os.listdir(workdir)):
+    if name.startswith("metrics.") and name.endswith(".json"):
+      with open(os.path.join(workdir, name)) as f:
+        split = json.load(f)
+      out |= {f"{name[len('metrics.'):-len('.json')]}:{k}": float(v) for k, v in split.items()
+              if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+  return out
+
+
+def compare(packed: dict[str, float], unpacked: dict[str, float]) -> tuple[float, list[str]]:
+  """(largest difference, the keys only one side has) of two points' `logged`; a difference is
+  absolute, relative for values above 1 (a perplexity of 72 is exp(loss): float32 rounding
+  leaves its 5th decimal)."""
+  shared = sorted(set(packed) & set(unpacked))
+  diff = max((abs(packed[k] - unpacked[k]) / max(1.0, abs(unpacked[k])) for k in shared),
+             default=0.0)
+  return diff, sorted(set(packed) ^ set(unpacked))
+
+
+def timed_sweep(args: argparse.Namespace, sweep_file: str, workdir: str, extra: list[str]
+                ) -> float:
+  """Runs sweep.py to its end; returns its wall clock (exits with a line if it fails)."""
+  cmd = [sys.executable, "sweep.py", f"--config={args.config}", f"--sweep={sweep_file}",
+         f"--workdir={workdir}", f"--eval_split={args.eval_split}", *extra]
+  start = time.time()
+  proc = commands.run(cmd, cwd=REPO)
+  wall = time.time() - start
+  if proc.returncode:
+    raise SystemExit(f"sweep_packing: `{shlex.join(cmd[1:])}` {commands.failure(proc)}")
+  return wall
+
+
+def _commit() -> str | None:
+  try:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return None
+
+
+def _version(name: str) -> str | None:
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  try:
+    return importlib.metadata.version(name)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--config", default="configs/g2p.py:tiny")
+  parser.add_argument("--seeds", type=int, default=4, help="points: seeds 0 .. N-1, one pack")
+  parser.add_argument("--eval_split", default="test", help="eval.py's split; '' = none")
+  parser.add_argument("--tolerance", type=float, default=1e-5)
+  parser.add_argument("--work", default="", help="a fresh directory for the sweeps (default: "
+                      "a new temporary one)")
+  parser.add_argument("--out", default="", help="write record.json and log.txt here")
+  args, extra = parser.parse_known_args(argv)
+  bad = [e for e in extra if not e.startswith("--config.")]
+  if bad:
+    parser.error(f"unknown arguments {bad} (only --config.* flags pass on to sweep.py)")
+  if args.seeds < 2:
+    parser.error(f"--seeds={args.seeds} must be >= 2")
+  args.work = args.work or tempfile.mkdtemp(prefix="sweep_packing_")
+  if any(os.path.exists(os.path.join(args.work, n)) for n in ("packed", "unpacked")):
+    parser.error(f"--work={args.work} already holds a sweep; use a fresh directory")
+  return args, extra
+
+
+def main(argv: list[str] | None = None) -> dict:
+  """Runs the warm-up and both sweeps, compares them, writes the record; returns it."""
+  args, extra = parse(argv)
+  started, load = time.time(), os.getloadavg()
+  os.makedirs(args.work, exist_ok=True)
+  sweep_file = os.path.join(args.work, "seeds.py")
+  with open(sweep_file, "w") as f:
+    f.write(f"def get_sweep():\n  return [{{'seed': s}} for s in range({args.seeds})]\n")
+  warm_file = os.path.join(args.work, "warm.py")
+  with open(warm_file, "w") as f:
+    f.write("def get_sweep():\n  return [{'seed': 0}]\n")
+  warm = timed_sweep(args, warm_file, os.path.join(args.work, "warm"),
+                     extra + ["--config.train.num_steps=1", "--config.eval.every_steps=1",
+                              "--config.eval.num_batches=1", "--config.eval.num_decode_examples=1"])
+  packed = timed_sweep(args, sweep_file, os.path.join(args.work, "packed"),
+                       extra + [f"--pack={args.seeds}"])
+  unpacked = timed_sweep(args, sweep_file, os.path.join(args.work, "unpacked"), extra)
+  diffs, lines = {}, []
+  for s in range(args.seeds):
+    mine, theirs = (logged(os.path.join(args.work, w, f"seed={s}"))
+                    for w in ("packed", "unpacked"))
+    diffs[s], only = compare(mine, theirs)
+    if only or not mine:
+      raise SystemExit(f"sweep_packing: seed={s}: the packed and unpacked points logged "
+                       f"different keys ({', '.join(only[:4]) or 'none at all'})")
+    lines.append(f"seed={s}: {len(mine)} logged values, largest difference {diffs[s]:.2e}")
+  worst = max(diffs.values())
+  ratio = packed / unpacked
+  lines.append(f"warm-up {warm:.1f} s; packed {packed:.1f} s, unpacked {unpacked:.1f} s: "
+               f"{ratio:.3f}x; largest difference {worst:.2e} (tolerance {args.tolerance:g})")
+  print("\n".join(lines), flush=True)
+  command = shlex.join(["python", "benchmarks/sweep_packing.py",
+                        *(argv if argv is not None else sys.argv[1:])])
+  record = {
+      "name": os.path.basename(os.path.normpath(args.out)) if args.out else "sweep_packing",
+      "title": f"{args.seeds} seeds of {args.config} as one packed train.members program vs "
+               "one process each (sweep.py --pack)",
+      "task": "G2P (CMUdict)" if "g2p" in args.config else args.config,
+      "config": args.config, "overrides": extra, "command": command, "commit": _commit(),
+      "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
+      "versions": {p: _version(p) for p in ("jax", "flax", "optax")},
+      "wall_clock_s": round(time.time() - started, 1),
+      "rates": {"packed_wall_s": round(packed, 2), "unpacked_wall_s": round(unpacked, 2),
+                "wall_clock_ratio": round(ratio, 4), "warmup_wall_s": round(warm, 2)},
+      "metrics": {"max_abs_difference": worst, "tolerance": args.tolerance,
+                  "same_numbers": bool(worst <= args.tolerance)},
+      "seeds": list(range(args.seeds)), "report": "docs/sweeps.md#packing"}
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "record.json"), "w") as f:
+      json.dump(record, f, indent=1)
+      f.write("\n")
+    with open(os.path.join(args.out, "log.txt"), "w") as f:
+      f.write(f"$ {command}\n" + "\n".join(lines) + f"\nload average at the start "
+              f"{load[0]:.2f} (1 min)\n")
+  if worst > args.tolerance:
+    raise SystemExit(f"sweep_packing: the packed points differ from the unpacked ones by "
+                     f"{worst:.2e} > --tolerance={args.tolerance:g}")
+  return record
+
+
+if __name__ == "__main__":
+  main()
