@@ -287,8 +287,9 @@ class MultiHeadAttention(nn.Module):
     return query, key, value
 
   def _project(self, x, name, out_shape, out_axes):
+    """A query/key/value projection: biased with model.use_bias or model.qkv_bias."""
     cfg = self.config
-    return Projection((cfg.d_model,), out_shape, ("embed", *out_axes), cfg.use_bias,
+    return Projection((cfg.d_model,), out_shape, ("embed", *out_axes), cfg.use_bias or cfg.qkv_bias,
                       jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype), name=name)(x)
 
   def _attend(self, query, key, value, mask, bias, *, deterministic, causal=False):
