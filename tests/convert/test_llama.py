@@ -356,3 +356,37 @@ def test_export_refuses_knobs_the_family_lacks():
     llama.hf_config(model_config(**(base | dict(qkv_bias=True, sliding_window=8))))
   mistral = llama.hf_config(model_config(**(base | dict(sliding_window=8))))
   assert mistral["model_type"] == "mistral" and mistral["sliding_window"] == 8
+
+
+@pytest.mark.slow
+def test_fine_tuning_a_converted_mistral_then_exporting_it(converted, tmp_path):
+  """`--from_hf --text_file`, `train.py --init_from` for 8 steps (the training loss falls from the
+  converted model's), then `--to_hf`: Hugging Face's MistralForCausalLM of the export scores like
+  the fine-tuned run to 1e-4 on rows longer than the window."""
+  directory, _, _, _, _ = converted("mistral")
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n".join(bench.corpus()) + "\n")
+  out, tuned, back = (str(tmp_path / name) for name in ("run", "tuned", "back"))
+  data = f"--config.data.text_file={corpus} --config.data.data_dir={tmp_path / 'tfds'}"
+  script = " && ".join([
+      f"{sys.executable} -m transformer.convert --from_hf={directory} --workdir={out} "
+      f"--text_file={corpus} --data_dir={tmp_path / 'tfds'}",
+      f"{sys.executable} train.py --config=configs/lm.py:nanogpt_cpu --workdir={tuned} "
+      f"--init_from={out} --config.data.dataset=text_files {data} "
+      "--config.data.max_target_len=32 --config.data.max_source_len=32 "
+      "--config.data.batch_size=8 --config.train.num_steps=8 --config.train.warmup_steps=0 "
+      "--config.train.learning_rate=3e-3 --config.train.log_every_steps=1 "
+      "--config.eval.every_steps=8 --config.eval.num_batches=1 --config.checkpoint.every_steps=8",
+      f"{sys.executable} -m transformer.convert --workdir={tuned} --to_hf={back}"])
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  with open(os.path.join(tuned, "metrics.jsonl")) as f:
+    losses = [m["train/loss"] for m in map(json.loads, f) if "train/loss" in m]
+  assert len(losses) == 8 and losses[-1] < losses[0] - 0.1
+  run = transformer.restore(tuned)
+  assert run.config.model.sliding_window == WINDOW
+  model = transformers.MistralForCausalLM.from_pretrained(back).eval()
+  got, want = log_probs(run, model, *batch(model.config.vocab_size), start_token=False)
+  assert np.abs(got - want).max() <= 1e-4
