@@ -164,3 +164,22 @@ def test_greedy_generation_equals_argmax_of_full_passes():
       logits = np.asarray(apply(jnp.asarray([seq])))[0, -1]
       assert want == int(np.argmax(logits))
       seq.append(int(want))
+
+
+def test_beam_search_scores_equal_full_passes():
+  """Beam search (3 beams sharing each row's ring, no length penalty) past the window returns
+  sequences whose scores equal the log-probability a full uncached pass gives them."""
+  cfg = _cfg(arch="decoder_only", positional="rope", sliding_window=W)
+  model, params = _init(cfg)
+  prompts = np.array([[5, 6, 7, 8], [3, 9, 1, 2]])
+  cd = get_config()
+  cd.eval.decode.update(method="beam", beam_size=3, length_penalty=0.0)
+  tokens, scores = decoding.generate(model, params, {"prompt": prompts},
+                                     from_configdict(cd).eval.decode, eos_id=-1,
+                                     max_decode_len=6, prefix_lm=False)
+  for row, prompt, score in zip(np.asarray(tokens), prompts, np.asarray(scores)):
+    seq = [0, *prompt, *row]
+    logits = model.apply({"params": params}, jnp.asarray([seq]), method="decode")[0]
+    log_p = np.asarray(jax.nn.log_softmax(logits, -1))
+    want = sum(log_p[i, seq[i + 1]] for i in range(len(prompt), len(seq) - 1))
+    np.testing.assert_allclose(score, want, rtol=1e-4, atol=1e-4)
