@@ -8,11 +8,11 @@ the head as ours does, so the q/k rows map as they are. A Linear weight [out, in
 transposed, split into heads; q, k and v stack into our `qkv` (multi-head) or `query` + `kv`.
 Ids: ours = Hugging Face's + 4, its end-of-sequence id at our EOS (as GPT-2's); our ids in no
 Hugging Face id's place are `model.excluded_ids`, their embedding rows copies of its BOS row, so
-our start token 0 reads as the BOS it was trained after.
+our start token 0 reads as the BOS that begins its documents.
 
 The tables are per part (`vocab_weights`, `attention_weights`, `ffn_weights`, `layer_weights`)
 and the config maps per concern (`shared_overrides`, `shared_hf_config`), so a family with
-another feed-forward (Mixtral) reuses the rest.
+another feed-forward (a mixture of experts) reuses the rest.
 """
 
 from typing import Any, Callable
