@@ -390,3 +390,31 @@ def test_fine_tuning_a_converted_mistral_then_exporting_it(converted, tmp_path):
   model = transformers.MistralForCausalLM.from_pretrained(back).eval()
   got, want = log_probs(run, model, *batch(model.config.vocab_size), start_token=False)
   assert np.abs(got - want).max() <= 1e-4
+
+
+@pytest.mark.parametrize("hf,want", [
+    (dict(rope_theta=5e5, rope_scaling={"type": "linear", "factor": 2.0}),
+     dict(rope_base=5e5, rope_scaling="linear", rope_scaling_factor=2.0)),
+    (dict(rope_theta=5e5, rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 8192}),
+     dict(rope_base=5e5, rope_scaling="llama3", rope_scaling_factor=32.0,
+          rope_original_max_len=8192)),
+    (dict(rope_theta=1e6), dict(rope_base=1e6, rope_scaling="none")),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+     dict(rope_base=1e4, rope_scaling="none"))])
+def test_rope_keys_of_older_and_newer_config_files(hf, want):
+  """rope_theta + rope_scaling (config.json before transformers 5, `type` or `rope_type`) and
+  rope_parameters map to the same model keys."""
+  got = llama.rope_overrides(hf)
+  assert {k: got[k] for k in want} == want
+
+
+def test_a_list_of_end_of_sequence_ids_maps_its_first():
+  """Llama 3 lists several end-of-sequence ids: the first takes our EOS, the others stay ids of
+  their own; an export over that config.json keeps the list."""
+  hf = dict(model_type="llama", vocab_size=100, **SIZES) | dict(eos_token_id=[7, 8])
+  ids = llama.our_ids(hf)
+  assert ids[7] == tokenizers.EOS_ID and ids[8] == 8 + tokenizers.NUM_SPECIAL
+  m = model_config(**llama.model_overrides(hf))
+  assert llama.hf_config(m, hf)["eos_token_id"] == [7, 8]
