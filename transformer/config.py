@@ -80,6 +80,13 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
   check = encodings[resolved.positional].check if encodings else None
   if check and (problem := check(resolved)):
     raise ConfigError(problem)
+  if m.rope_scaling != "none" and m.positional != "rope":
+    raise ConfigError(f"model.rope_scaling={m.rope_scaling!r} needs model.positional='rope', got "
+                      f"{m.positional!r}")
+  if m.rope_scaling == "llama3" and m.rope_high_freq_factor <= m.rope_low_freq_factor:
+    raise ConfigError(f"model.rope_high_freq_factor={m.rope_high_freq_factor} must be > "
+                      f"model.rope_low_freq_factor={m.rope_low_freq_factor} with "
+                      f"model.rope_scaling='llama3'")
   if m.arch != "decoder_only" and not m.num_encoder_layers:
     raise ConfigError(f"model.num_encoder_layers=0 must be > 0 with model.arch={m.arch!r}")
   if m.arch != "encoder_only" and not m.num_decoder_layers:

@@ -120,6 +120,18 @@ class ModelConfig:
   positional: str = key("sinusoidal", "the positional encoding (transformer/model/positional.py)",
                         REGISTERED, F)
   rope_base: float = key(10000.0, "positional=rope: the base of the rotation frequencies", "> 0")
+  rope_scaling: str = key("none", "positional=rope: frequency scaling: none | linear (every "
+                          "frequency / rope_scaling_factor) | llama3 (Llama 3.1's: low "
+                          "frequencies / factor, high ones kept, a smooth band between)",
+                          ("none", "linear", "llama3"))
+  rope_scaling_factor: float = key(8.0, "rope_scaling=linear|llama3: the factor frequencies are "
+                                   "divided by", "> 0")
+  rope_low_freq_factor: float = key(1.0, "rope_scaling=llama3: wavelengths above "
+                                    "rope_original_max_len / this are divided by the factor", "> 0")
+  rope_high_freq_factor: float = key(4.0, "rope_scaling=llama3: wavelengths below "
+                                     "rope_original_max_len / this are kept", "> 0")
+  rope_original_max_len: int = key(8192, "rope_scaling=llama3: the context length the "
+                                   "frequencies were trained at", "> 0")
   relative_num_buckets: int = key(32, "positional=relative: T5's buckets", "> 0", F)
   relative_max_distance: int = key(128, "positional=relative|shaw: the largest distance told apart",
                                    "> 0", F)
@@ -129,6 +141,8 @@ class ModelConfig:
   norm_eps: float = key(1e-6, "the norms' epsilon", "> 0")
   ffn: str = key("relu", "the feed-forward variant (transformer/model/layers.py)", REGISTERED, F)
   use_bias: bool = key(True, "biases in attention projections and the feed-forward layers", roles=F)
+  qkv_bias: bool = key(False, "biases on the query/key/value projections even with use_bias=False "
+                       "(Qwen2)", roles=F)
   scale_attention_logits: bool = key(True, "q.k / sqrt(head_dim); False: unscaled (T5: folded in "
                                      "its init)", roles=F)
   scale_decoder_output: bool = key(False, "decoder output * d_model**-0.5 before the logits "
@@ -161,6 +175,9 @@ class ModelConfig:
                          ">= 0", FH)
   attention_impl: str = key("einsum", "einsum | fused (jax.nn.dot_product_attention; cuDNN on GPU)",
                             REGISTERED, EF)
+  sliding_window: int = key(0, "attention to the sliding_window nearest keys (the query's own "
+                            "included; decoding keeps that many cache slots, a ring); 0 = all "
+                            "keys (Mistral's)", ">= 0")
   causal_kernel: bool = key(False, "decoder self-attention outside decoding and the prefix-LM "
                             "passes the fused kernel its own causal flag (segments stay a dense "
                             "mask)", roles=FT)

@@ -238,12 +238,15 @@ def unboxed(tree):
 @pytest.mark.parametrize("overrides", [dict(), dict(num_kv_heads=4),
                                        dict(num_kv_heads=1, v_head_dim=6, positional="none"),
                                        dict(num_kv_heads=4, head_dim=16, v_head_dim=0,
-                                            scale_attention_logits=False)])
+                                            scale_attention_logits=False),
+                                       dict(use_bias=False, qkv_bias=True),
+                                       dict(num_kv_heads=4, use_bias=False, qkv_bias=True)])
 def test_mha_equals_manual_projections(overrides):
   """MultiHeadAttention (fused qkv, fused kv, or separate k/v params) equals projecting by hand with
   its own kernels, RoPE on q and k at the given positions, and the naive loop attention; also with
   a head_dim independent of d_model / num_heads (16 here, not 8) and model.scale_attention_logits
-  off (T5: the loops leave out the 1/sqrt(head_dim))."""
+  off (T5: the loops leave out the 1/sqrt(head_dim)), and with model.qkv_bias without use_bias
+  (Qwen2: biases on the query/key/value projections, none on the output)."""
   cfg = tiny_config(**overrides)
   mha = attention.MultiHeadAttention(cfg)
   x = jnp.asarray(RNG.normal(size=(2, 5, D)), jnp.float32)
@@ -252,6 +255,8 @@ def test_mha_equals_manual_projections(overrides):
   p = unboxed(variables["params"])
   # Give the zero-initialised biases values so that they are tested too.
   p = jax.tree.map(lambda a: a + 0.1 * jnp.asarray(RNG.normal(size=a.shape), a.dtype), p)
+  biased = cfg.use_bias or cfg.qkv_bias
+  assert all(("bias" in p[name]) == (biased if name != "out" else cfg.use_bias) for name in p)
   proj = lambda name: (jnp.einsum("btd,d...->bt...", x, p[name]["kernel"]) + p[name]["bias"])
   if "qkv" in p:
     q, k, v = [proj("qkv")[:, :, i] for i in range(3)]
@@ -264,7 +269,7 @@ def test_mha_equals_manual_projections(overrides):
   allowed = [[[True] * 5 for _ in range(5)] for _ in range(2)]
   heads, _ = naive_attention(*(np.asarray(a, np.float64) for a in (q, k, v)), allowed,
                              scale=cfg.scale_attention_logits)
-  want = np.einsum("btnh,nhd->btd", heads, p["out"]["kernel"]) + p["out"]["bias"]
+  want = np.einsum("btnh,nhd->btd", heads, p["out"]["kernel"]) + p["out"].get("bias", 0.0)
   got = mha.apply({"params": p}, x, positions=positions)
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 

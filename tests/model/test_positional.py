@@ -126,6 +126,58 @@ def test_rope_rotates_half_pairs_by_the_documented_angle():
     positional.apply_rope(jnp.ones((1, 1, 1, 5)), jnp.zeros((1, 1), int))
 
 
+@pytest.mark.parametrize("scaling,params", [
+    ("none", {}), ("linear", {"factor": 4.0}),
+    ("llama3", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64})])
+def test_rope_frequencies_equal_hugging_face(scaling, params):
+  """model.rope_scaling's frequencies equal transformers' ROPE_INIT_FUNCTIONS (llama3: Llama 3.1's
+  piecewise rule, with an original length short enough that all three bands occur at h=64), and
+  a model with them rotates by exactly those frequencies (config_rope_frequencies)."""
+  transformers = pytest.importorskip("transformers")
+  from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+  h, base = 64, 500000.0
+  hf = transformers.LlamaConfig(hidden_size=4 * h, num_attention_heads=4, head_dim=h,
+                                rope_parameters={"rope_type": "default" if scaling == "none"
+                                                 else scaling, "rope_theta": base, **params})
+  if scaling == "none":
+    want = 1.0 / base ** (np.arange(0, h, 2) / h)
+  else:
+    want = ROPE_INIT_FUNCTIONS[scaling](hf, "cpu")[0].numpy()
+  ours = positional.rope_frequencies(h, base, scaling, params.get("factor", 1.0),
+                                     params.get("low_freq_factor", 1.0),
+                                     params.get("high_freq_factor", 4.0),
+                                     params.get("original_max_position_embeddings", 8192))
+  np.testing.assert_allclose(ours, want, rtol=1e-6)
+  if scaling == "llama3":  # all three bands: kept, divided, interpolated
+    plain = 1.0 / base ** (np.arange(0, h, 2) / h)
+    ratio = plain / ours
+    assert np.isclose(ratio, 1).any() and np.isclose(ratio, 8).any()
+    assert ((ratio > 1.01) & (ratio < 7.99)).any()
+  cfg = model_config(arch="decoder_only", d_model=4 * h, num_heads=4, positional="rope",
+                     rope_base=base, rope_scaling=scaling,
+                     rope_scaling_factor=params.get("factor", 8.0),
+                     rope_original_max_len=params.get("original_max_position_embeddings", 8192))
+  x = np.random.default_rng(0).normal(size=(1, 1, 1, h)).astype(np.float32)
+  pos = 37
+  angles = pos * want
+  x1, x2 = x[..., :h // 2], x[..., h // 2:]
+  rotated = np.concatenate([x1 * np.cos(angles) - x2 * np.sin(angles),
+                            x2 * np.cos(angles) + x1 * np.sin(angles)], -1)
+  got = positional.encoding(cfg).fn(cfg, jnp.asarray(x), jnp.array([[pos]]))
+  np.testing.assert_allclose(got, rotated, atol=1e-4)
+
+
+def test_rope_scaling_needs_rope():
+  """model.rope_scaling on another encoding, or llama3's factors the wrong way round, is a
+  one-line ConfigError naming the key."""
+  from transformer.config import ConfigError
+  with pytest.raises(ConfigError, match="model.rope_scaling='linear' needs"):
+    model_config(positional="sinusoidal", rope_scaling="linear")
+  with pytest.raises(ConfigError, match="model.rope_high_freq_factor=1.0 must be >"):
+    model_config(positional="rope", rope_scaling="llama3", rope_high_freq_factor=1.0)
+
+
 # ----------------------------------------------------------------------------------------------------
 # T5 relative position buckets
 # ----------------------------------------------------------------------------------------------------

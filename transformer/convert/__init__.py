@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, T5 and BERT.
+"""Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, T5, BERT and the
+Llama family (Llama 2 and 3, Mistral, Qwen2).
 
   python -m transformer.convert --from_hf=DIR --workdir=OUT [--text_file=CORPUS [--data_dir=D]]
   python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest] [--overwrite]
@@ -27,7 +28,7 @@ import numpy as np
 
 from transformer import cli, files
 from transformer.config import Config, ConfigError, ModelConfig, to_dict
-from transformer.convert import bert, gpt2, t5
+from transformer.convert import bert, gpt2, llama, t5
 from transformer.convert.common import ConvertError
 from transformer.data import tokenizers
 from transformer.model.models import build_model, example_batch
@@ -39,7 +40,8 @@ __all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf"
 
 CONVERTED_FROM = "converted_from.json"
 FAMILIES: dict[str, ModuleType] = {gpt2.MODEL_TYPE: gpt2, t5.MODEL_TYPE: t5,
-                                    bert.MODEL_TYPE: bert}
+                                    bert.MODEL_TYPE: bert,
+                                    **{kind: llama for kind in llama.MODEL_TYPES}}
 
 
 def family_of_hf(hf: dict[str, Any]) -> ModuleType:
@@ -51,8 +53,14 @@ def family_of_hf(hf: dict[str, Any]) -> ModuleType:
 
 
 def family_of_config(m: ModelConfig) -> ModuleType:
-  """The family a model config exports as, by its architecture."""
-  return next(f for f in FAMILIES.values() if f.ARCH == m.arch)
+  """The family a model config exports as: by its architecture, the Llama family for a decoder
+  that it `exports` (RMSNorm), else GPT-2."""
+  families = [llama, *FAMILIES.values()]
+  return next(f for f in families if f.ARCH == m.arch and getattr(f, "exports", lambda _: True)(m))
+
+
+def _model_types(family: ModuleType) -> tuple[str, ...]:
+  return getattr(family, "MODEL_TYPES", (family.MODEL_TYPE,))
 
 
 def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -198,7 +206,8 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None,
   source = os.path.join(workdir, CONVERTED_FROM)
   extra = json.loads(files.read_text(source))["config"] if files.exists(source) else {}
   # The source's config.json gives the keys ours lacks, unless it is another family's.
-  hf = family.hf_config(cfg.model, extra if extra.get("model_type") == family.MODEL_TYPE else None)
+  hf = family.hf_config(cfg.model, extra if extra.get("model_type") in _model_types(family)
+                        else None)
   if cfg.data.tokenizer == "hf" and cfg.data.hf_id_offset != family.ID_OFFSET:
     raise ConvertError(f"data.hf_id_offset={cfg.data.hf_id_offset} has no {family.NAME} "
                        f"counterpart (need {family.ID_OFFSET})")
@@ -213,13 +222,13 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None,
 def _define(f: flags.FlagValues) -> None:
   flags.DEFINE_string("workdir", None, "the workdir written or read", flag_values=f)
   flags.mark_flag_as_required("workdir", flag_values=f)
-  flags.DEFINE_string("from_hf", "", "a local Hugging Face GPT-2, T5 or BERT directory to read",
-                      flag_values=f)
-  flags.DEFINE_string("to_hf", "", "a directory to write a Hugging Face model to (GPT-2 for a "
-                      "decoder-only run, T5 for an encoder-decoder, BERT for an encoder-only "
-                      "masked LM)", flag_values=f)
-  flags.DEFINE_string("text_file", "", "--from_hf of a GPT-2 or BERT: data for eval.py "
-                      "(data.text_file)", flag_values=f)
+  flags.DEFINE_string("from_hf", "", "a local Hugging Face GPT-2, T5, BERT, Llama, Mistral or "
+                      "Qwen2 directory to read", flag_values=f)
+  flags.DEFINE_string("to_hf", "", "a directory to write a Hugging Face model to (a decoder-only "
+                      "run: Llama, Mistral or Qwen2 with RMSNorm, else GPT-2; T5 for an "
+                      "encoder-decoder, BERT for an encoder-only masked LM)", flag_values=f)
+  flags.DEFINE_string("text_file", "", "--from_hf of a decoder-only model or BERT: data for "
+                      "eval.py (data.text_file)", flag_values=f)
   flags.DEFINE_string("data_dir", "", "--from_hf: where that data is prepared (data.data_dir; "
                       "default: the usual TFDS directory)", flag_values=f)
   flags.DEFINE_string("step", "latest", "--to_hf: an integer, 'latest' or 'best'", flag_values=f)

@@ -30,6 +30,12 @@ def causal_mask(length: int) -> Array:
   return jnp.tril(jnp.ones((length, length), bool))[None, None]
 
 
+def sliding_window_mask(q_idx: Array, k_idx: Array, window: int) -> Array:
+  """[b, t] query and [b, s] key indices -> [b, 1, t, s]: |query - key| < window (under a causal
+  mask: the `window` most recent keys, the query's own included, as Mistral's)."""
+  return jnp.abs(q_idx[:, None, :, None] - k_idx[:, None, None, :]) < window
+
+
 def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
   """Logical and of the given masks (broadcasting); None entries are ignored; all None -> None."""
   masks = [m for m in masks if m is not None]
@@ -106,8 +112,9 @@ def _fused_implementation(dtype) -> Optional[str]:
   return None
 
 
-def _fused_attention(q, k, v, mask, bias, scale, causal=False):
-  """jax.nn.dot_product_attention (is_causal=causal) with d_qk != d_v and zeroed masked rows."""
+def _fused_attention(q, k, v, mask, bias, scale, causal=False, window=0):
+  """jax.nn.dot_product_attention (is_causal=causal; a causal `window`: its local_window_size)
+  with d_qk != d_v and zeroed masked rows."""
   hv = v.shape[-1]
   width = max(q.shape[-1], hv)
   # The fused kernel needs equal key and value head sizes; zero padding is exact (scale is given).
@@ -115,6 +122,8 @@ def _fused_attention(q, k, v, mask, bias, scale, causal=False):
   qp, kp, vp = pad(q), pad(k), pad(v)
   bias = None if bias is None else bias.astype(jnp.float32)
   kwargs = dict(bias=bias, mask=mask, scale=scale, is_causal=causal)
+  if causal and window:
+    kwargs["local_window_size"] = (window - 1, 0)
   impl = _fused_implementation(q.dtype)
   try:
     out = jax.nn.dot_product_attention(qp, kp, vp, implementation=impl, **kwargs)
@@ -140,6 +149,14 @@ IMPLEMENTATIONS = schema.registry("model.attention_impl",
                                  {"einsum": _einsum_output, "fused": _fused_attention})
 
 
+def _causal_window_mask(length: int, window: int) -> Array:
+  """causal_mask(length), and with `window` > 0 only the `window` most recent keys."""
+  if not window:
+    return causal_mask(length)
+  idx = jnp.arange(length)[None]
+  return causal_mask(length) & sliding_window_mask(idx, idx, window)
+
+
 def _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal) -> bool:
   """ValueError for a missing dropout rng or a non-square causal call; -> whether dropout acts."""
   dropout_active = not deterministic and not layers.is_off(dropout_rate)
@@ -155,19 +172,22 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
                           bias: Optional[Array] = None, dropout_rate: float = 0.0,
                           dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
                           deterministic: bool = True, impl: str = "einsum",
-                          scale_logits: bool = True, causal: bool = False) -> Array:
+                          scale_logits: bool = True, causal: bool = False,
+                          window: int = 0) -> Array:
   """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv] ->
   out [b, t, n, hv]; a fully masked row gives zeros. scale_logits=False drops the 1/sqrt(h) (T5).
   impl='fused' falls back to einsum for dropout. causal=True (t == s) adds key j <= query i to
-  `mask` (fused: by its flag). `dot_product_attention_weights` also gives the weights."""
+  `mask` (fused: by its flag), and with `window` > 0 also i - j < window (fused: its
+  local_window_size). `dot_product_attention_weights` also gives the weights."""
   _check_shapes(q, k, v, mask, bias)
   output = IMPLEMENTATIONS[impl]  # an unknown impl: model.attention_impl's one-line ConfigError
   dropout_active = _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal)
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
   if impl == "fused" and causal and not dropout_active:
-    return _fused_attention(q, k, v, mask, bias, scale, causal)  # the kernel's own causal flag
+    # the kernel's own causal flag and window
+    return _fused_attention(q, k, v, mask, bias, scale, causal, window)
   if causal:
-    mask = combine_masks(mask, causal_mask(q.shape[1]))
+    mask = combine_masks(mask, _causal_window_mask(q.shape[1], window))
   if not dropout_active:
     return output(q, k, v, mask, bias, scale)
   return _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits,
@@ -178,14 +198,15 @@ def dot_product_attention_weights(q: Array, k: Array, v: Array, *, mask: Optiona
                                   bias: Optional[Array] = None, dropout_rate: float = 0.0,
                                   dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
                                   deterministic: bool = True, scale_logits: bool = True,
-                                  causal: bool = False) -> tuple[Array, Array]:
+                                  causal: bool = False, window: int = 0
+                                  ) -> tuple[Array, Array]:
   """dot_product_attention's out [b, t, n, hv] and its float32 weights [b, n, t, s] (after
   dropout; zeros on masked pairs), both from the einsum path."""
   _check_shapes(q, k, v, mask, bias)
   _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal)
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
   if causal:
-    mask = combine_masks(mask, causal_mask(q.shape[1]))
+    mask = combine_masks(mask, _causal_window_mask(q.shape[1], window))
   return _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits,
                            deterministic, scale)
 
@@ -255,7 +276,7 @@ class MultiHeadAttention(nn.Module):
       nn.share_scope(self, cache)  # its keys/values sit beside this layer's parameters
       out, weights = cache(query, key, value, mask, bias, attend)
     else:
-      cache = kv_cache.SelfAttentionCache(name="cache")
+      cache = kv_cache.SelfAttentionCache(cfg.sliding_window, name="cache")
       nn.share_scope(self, cache)
       out, weights = cache(query, key, value, mask, bias, decode, attend)
     if weights is not None:
@@ -287,8 +308,9 @@ class MultiHeadAttention(nn.Module):
     return query, key, value
 
   def _project(self, x, name, out_shape, out_axes):
+    """A query/key/value projection: biased with model.use_bias or model.qkv_bias."""
     cfg = self.config
-    return Projection((cfg.d_model,), out_shape, ("embed", *out_axes), cfg.use_bias,
+    return Projection((cfg.d_model,), out_shape, ("embed", *out_axes), cfg.use_bias or cfg.qkv_bias,
                       jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype), name=name)(x)
 
   def _attend(self, query, key, value, mask, bias, *, deterministic, causal=False):
@@ -299,6 +321,8 @@ class MultiHeadAttention(nn.Module):
                     dropout_rng=self.make_rng("dropout") if dropout_active else None,
                     dropout_bits=cfg.dropout_bits, deterministic=deterministic,
                     scale_logits=cfg.scale_attention_logits, causal=causal)
+    if causal and cfg.sliding_window:  # without the causal flag the window is in `mask`
+      settings["window"] = cfg.sliding_window
     if self.is_mutable_collection("intermediates"):
       return dot_product_attention_weights(query, key, value, **settings)
     return dot_product_attention(query, key, value, impl=cfg.attention_impl, **settings), None

@@ -28,25 +28,51 @@ class DecodeStep(NamedTuple):
   slot_rows: Optional[Array] = None
 
 
+def is_ring(window: int, length: int) -> bool:
+  """Whether a cache created for `length` tokens with model.sliding_window `window` is a ring of
+  `window` slots (slot = sequence index mod window) rather than one slot per index."""
+  return 0 < window <= length
+
+
 class SelfAttentionCache(nn.Module):
-  """A self-attention layer's `cached_key` [c, k, S, h] and `cached_value` [c, k, S, hv]."""
+  """A self-attention layer's `cached_key` [c, k, S, h] and `cached_value` [c, k, S, hv]; with
+  `window` (model.sliding_window) <= the length it is created for, S = window slots, a ring."""
+  window: int = 0
 
   @nn.compact
   def __call__(self, query: Array, key: Array, value: Array, mask: Optional[Array],
                bias: Optional[Array], step: DecodeStep, attend: Attend):
-    """Writes keys/values [b, t, k, *] at slot step.index[0]; attends over the cache (init: t)."""
+    """Writes keys/values [b, t, k, *] at slot step.index[0]; attends over the cache (init: t).
+    A ring attends a call of t > 1 tokens over its slots before the write, then the new tokens
+    (StackCache's key order), since the write may overwrite keys in the window of early ones."""
     initialized = self.has_variable("cache", "cached_key")
     key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [b, k, t, *]: new tokens
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    b, k_, t = key.shape[:3]
+    slots = self.window if is_ring(self.window, t) else t
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, (b, k_, slots, key.shape[3]),
+                               key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros,
+                                 (b, k_, slots, value.shape[3]), value.dtype)
     if initialized:
       if step.index is None:
         raise ValueError("decode-mode self-attention needs cache_index (DecodeStep.index, [b] "
                          "int32)")
-      cached_key.value = _write(cached_key.value, key, step.index)
-      cached_value.value = _write(cached_value.value, value, step.index)
-      key, value = cached_key.value, cached_value.value
-      b, c = query.shape[0], key.shape[0]
+      c = cached_key.value.shape[0]
+      ring = bool(self.window) and c and b % c == 0 and (
+          cached_key.value.shape[2] // (b // c) == self.window)
+      if ring and t > 1:
+        if c != b:
+          raise ValueError(f"a sliding-window cache of {c} rows takes several tokens per call "
+                           f"only for as many query rows, got {b}")
+        old_key, old_value = cached_key.value, cached_value.value
+        cached_key.value = _write(old_key, key, step.index, ring=True)
+        cached_value.value = _write(old_value, value, step.index, ring=True)
+        key = jnp.concatenate([old_key, key.astype(old_key.dtype)], axis=2)
+        value = jnp.concatenate([old_value, value.astype(old_value.dtype)], axis=2)
+      else:
+        cached_key.value = _write(cached_key.value, key, step.index, ring)
+        cached_value.value = _write(cached_value.value, value, step.index, ring)
+        key, value = cached_key.value, cached_value.value
       if c != b:
         mask, bias = _own_slots(mask, bias, step.slot_rows, b, c, key.shape[2])
     return attend_rows(attend, query, key, value, mask, bias)
@@ -91,22 +117,43 @@ def attend_rows(attend: Attend, query: Array, key: Array, value: Array, mask: Op
   return out, weights
 
 
-def _write(cache: Array, new: Array, index: Array) -> Array:
-  """cache [c, k, r*L, *] with new [b, k, t, *] at slot index[0] of query row i*r+j's region."""
+def _write(cache: Array, new: Array, index: Array, ring: bool = False) -> Array:
+  """cache [c, k, r*L, *] with new [b, k, t, *] at slot index[0] of query row i*r+j's region;
+  a ring's slot is index mod L (of t > L tokens only the last L are kept)."""
   (c, k, slots, _), (b, _, t, _) = cache.shape, new.shape
   if c == 0 or b % c or slots % (b // c):
     raise ValueError(f"decode call with {b} rows cannot share a self-attention cache of {c} rows "
                      f"x {slots} slots")
   r = b // c
   max_len = slots // r
+  start = jnp.asarray(index, jnp.int32).reshape(-1)[0]
+  if ring:
+    return _ring_write(cache, new, start, r)
   if t > max_len:
     raise ValueError(f"decode call writes {t} tokens into a cache of max_len={max_len}")
-  start = jnp.asarray(index, jnp.int32).reshape(-1)[0]
   zero = jnp.zeros((), jnp.int32)
   new = new.reshape(c, r, k, t, new.shape[-1]).astype(cache.dtype)
   for j in range(r):  # r small in-place updates (a 5-d view of the cache would be copied)
     cache = lax.dynamic_update_slice(cache, new[:, j], (zero, zero, j * max_len + start, zero))
   return cache
+
+
+def _ring_write(cache: Array, new: Array, start: Array, r: int) -> Array:
+  """A ring cache [c, k, r*W, *] with new [b, k, t, *] (sequence indices start..start+t-1) at
+  slots index mod W of each query row's region; t > 1 only unshared (r = 1)."""
+  c, k, slots, _ = cache.shape
+  window, t = slots // r, new.shape[2]
+  if t == 1:  # a decode step: one in-place update per region
+    zero, slot = jnp.zeros((), jnp.int32), start % window
+    new = new.reshape(c, r, k, 1, new.shape[-1]).astype(cache.dtype)
+    for j in range(r):
+      cache = lax.dynamic_update_slice(cache, new[:, j], (zero, zero, j * window + slot, zero))
+    return cache
+  if r != 1:
+    raise ValueError(f"{t} tokens per call into a sliding-window cache shared by {r} rows")
+  keep = min(t, window)  # each slot once: the last `window` tokens
+  slot_ids = (start + t - keep + jnp.arange(keep, dtype=jnp.int32)) % window
+  return cache.at[:, :, slot_ids].set(new[:, :, t - keep:].astype(cache.dtype))
 
 
 def _own_slots(mask, bias, slot_rows, b, c, slots):
@@ -143,7 +190,10 @@ class Slots(NamedTuple):
 
 class StackCache(nn.Module):
   """A decoder stack's bookkeeping: `cache_index` [b] and, per slot [b, L], `cached_positions`,
-  `cached_segment_ids`, `cached_prefix` and `cached_rows` (the query row that wrote it)."""
+  `cached_segment_ids`, `cached_prefix` and `cached_rows` (the query row that wrote it). With
+  `window` (model.sliding_window) <= the length it is created for, L = window slots, a ring whose
+  `cached_indices` [b, L] hold each slot's sequence index."""
+  window: int = 0
 
   def next_positions(self, length: int) -> Optional[Array]:
     """[b, length] positions continuing the cache (its next slots); None before it exists."""
@@ -161,12 +211,18 @@ class StackCache(nn.Module):
     new = {"cached_positions": positions, "cached_segment_ids": segment_ids,
            "cached_prefix": prefix.astype(jnp.int32),
            "cached_rows": jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))}
-    cached = {k: self.variable("cache", k, jnp.zeros, (b, t), jnp.int32) for k in new}
+    ring = self.has_variable("cache", "cached_indices") if initialized else is_ring(self.window, t)
+    if ring:  # each slot's sequence index (filled in by _ring)
+      new["cached_indices"] = new["cached_rows"]
+    slots = self.window if ring and not initialized else t
+    cached = {k: self.variable("cache", k, jnp.zeros, (b, slots), jnp.int32) for k in new}
     cache_index = index.value
     if not initialized:  # init: the cache is created empty; compute as a plain forward pass.
       idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
       return Slots(DecodeStep(cache_index, new["cached_rows"]), idx, idx, positions, segment_ids,
                    prefix)
+    if ring:
+      return self._ring(cached, new, index)
     start = cache_index[0]  # all entries are equal
     for k, value in new.items():
       cached[k].value = lax.dynamic_update_slice(cached[k].value, value.astype(jnp.int32),
@@ -177,6 +233,26 @@ class StackCache(nn.Module):
     length = keys["cached_positions"].shape[1]
     k_idx = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))  # [b, L]
     return Slots(DecodeStep(cache_index, keys["cached_rows"]), q_idx, k_idx,
+                 keys["cached_positions"], keys["cached_segment_ids"], keys["cached_prefix"] != 0)
+
+  def _ring(self, cached: dict[str, Any], new: dict[str, Array], index: Any) -> Slots:
+    """The ring's write and Slots: keys are its slots (after the write for one token; for t > 1
+    the slots before it, then the new tokens, as SelfAttentionCache orders them)."""
+    cache_index, t = index.value, new["cached_rows"].shape[1]
+    q_idx = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)  # [b, t] sequence indices
+    new["cached_indices"] = q_idx
+    window = cached["cached_indices"].value.shape[1]
+    keep = min(t, window)
+    slot_ids = (cache_index[0] + t - keep + jnp.arange(keep, dtype=jnp.int32)) % window
+    old = {k: v.value for k, v in cached.items()}
+    for k, value in new.items():
+      cached[k].value = old[k].at[:, slot_ids].set(value[:, t - keep:].astype(jnp.int32))
+    index.value = cache_index + t
+    if t == 1:
+      keys = {k: v.value for k, v in cached.items()}
+    else:
+      keys = {k: jnp.concatenate([old[k], v.astype(jnp.int32)], axis=1) for k, v in new.items()}
+    return Slots(DecodeStep(cache_index, keys["cached_rows"]), q_idx, keys["cached_indices"],
                  keys["cached_positions"], keys["cached_segment_ids"], keys["cached_prefix"] != 0)
 
 

@@ -154,6 +154,9 @@ class Encoder(nn.Module):
     segment_ids = default_segment_ids(tokens, segment_ids)
     x = _embed(self, tokens, positions, deterministic)
     mask = attn.segment_mask(segment_ids, segment_ids)  # same nonzero segment
+    if cfg.sliding_window:
+      idx = _default_positions(tokens)
+      mask = mask & attn.sliding_window_mask(idx, idx, cfg.sliding_window)
     bias, rotary_positions = _position_inputs(self, positions, positions, bidirectional=True)
     inputs = BlockInputs(self_mask=mask, bias=bias, positions=rotary_positions)
     return _run_layers(cfg, cfg.num_encoder_layers, x, inputs, deterministic=deterministic)
@@ -181,7 +184,7 @@ class Decoder(nn.Module):
       segment_ids = jnp.ones(tokens.shape, jnp.int32)
     prefix = jnp.zeros(tokens.shape, bool) if prefix is None else prefix.astype(bool)
     if decode:
-      stack_cache = kv_cache.StackCache(name="stack_cache")
+      stack_cache = kv_cache.StackCache(cfg.sliding_window, name="stack_cache")
       nn.share_scope(self, stack_cache)  # its bookkeeping sits beside the stack's parameters
       if positions is None:
         positions = stack_cache.next_positions(tokens.shape[1])
@@ -195,6 +198,8 @@ class Decoder(nn.Module):
     x = _embed(self, tokens, positions, deterministic)
     self_mask = attn.prefix_lm_mask_from_positions(q_idx, k_idx, prefix, k_prefix, segment_ids,
                                                    k_seg)
+    if cfg.sliding_window:
+      self_mask = self_mask & attn.sliding_window_mask(q_idx, k_idx, cfg.sliding_window)
     if causal_kernel:
       self_mask = None if unsegmented else attn.segment_mask(segment_ids, segment_ids)
     cross_mask = None

@@ -71,13 +71,47 @@ class LearnedPositions(nn.Module):
     return jnp.take(jnp.asarray(table, self.dtype), positions, axis=0, mode="clip")
 
 
-def apply_rope(x: Array, positions: Array, base: float = 10000.0) -> Array:
-  """RoPE ("rotate half", as GPT-NeoX/LLaMA) of [b, t, n, h] queries or keys by [b, t] positions."""
+def rope_frequencies(h: int, base: float, scaling: str = "none", factor: float = 8.0,
+                     low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                     original_max_len: int = 8192) -> np.ndarray:
+  """RoPE's [h/2] float32 inverse frequencies base^(-2i/h), scaled: 'linear' divides each by
+  `factor`; 'llama3' (Llama 3.1) divides those of wavelength > original_max_len / low_freq_factor,
+  keeps those < original_max_len / high_freq_factor and interpolates smoothly between."""
+  inv_freq = 1.0 / base ** (np.arange(0, h, 2, dtype=np.float64) / h)
+  if scaling == "linear":
+    inv_freq = inv_freq / factor
+  elif scaling == "llama3":
+    wavelength = 2 * np.pi / inv_freq
+    smooth = (original_max_len / wavelength - low_freq_factor) / (high_freq_factor
+                                                                  - low_freq_factor)
+    interpolated = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    inv_freq = np.where(wavelength > original_max_len / low_freq_factor, inv_freq / factor,
+                        np.where(wavelength < original_max_len / high_freq_factor, inv_freq,
+                                 interpolated))
+  elif scaling != "none":
+    raise ValueError(f"model.rope_scaling={scaling!r} is not one of none|linear|llama3")
+  return inv_freq.astype(np.float32)
+
+
+def config_rope_frequencies(cfg: Any) -> Optional[np.ndarray]:
+  """A ModelConfig's scaled RoPE frequencies; None without scaling (apply_rope's own)."""
+  if cfg.rope_scaling == "none":
+    return None
+  return rope_frequencies(cfg.head_dim, cfg.rope_base, cfg.rope_scaling, cfg.rope_scaling_factor,
+                          cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
+                          cfg.rope_original_max_len)
+
+
+def apply_rope(x: Array, positions: Array, base: float = 10000.0,
+               inv_freq: Optional[np.ndarray] = None) -> Array:
+  """RoPE ("rotate half", as GPT-NeoX/LLaMA) of [b, t, n, h] queries or keys by [b, t] positions;
+  `inv_freq` [h/2] replaces base^(-2i/h) (e.g. `rope_frequencies`' scaled ones)."""
   h = x.shape[-1]
   if h % 2:
     raise ValueError(f"RoPE needs an even head dimension, got head_dim={h}")
   half = h // 2
-  inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / h)  # [h/2]
+  if inv_freq is None:
+    inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / h)  # [h/2]
   angles = positions.astype(jnp.float32)[:, :, None, None] * inv_freq  # [b, t, 1, h/2]
   sin, cos = jnp.sin(angles), jnp.cos(angles)
   x1 = x[..., :half].astype(jnp.float32)
@@ -211,7 +245,8 @@ ENCODINGS: schema.Table[Encoding] = schema.registry("model.positional", {
     "sinusoidal": Encoding("absolute", lambda cfg, pos: sinusoidal_lookup(pos, cfg.max_len,
                                                                           cfg.d_model)),
     "learned": Encoding("absolute", _learned),
-    "rope": Encoding("rotary", lambda cfg, x, pos: apply_rope(x, pos, cfg.rope_base),
+    "rope": Encoding("rotary", lambda cfg, x, pos: apply_rope(x, pos, cfg.rope_base,
+                                                              config_rope_frequencies(cfg)),
                      check=_check_rope),
     "relative": Encoding("bias", _relative, check=_check_relative),
     "alibi": Encoding("bias", lambda cfg, q_pos, k_pos, bidirectional: alibi_bias(
