@@ -13,6 +13,8 @@ dotted keys as `--config.*` on the command line:
 `sweep(key, values)` varies one key; `product(a, b, ...)` is every combination (the last factor
 varies fastest); `zip(a, b, ...)` pairs equal-length sweeps point by point; `chain(a, b, ...)`
 concatenates them. A plain list of dicts is a sweep too, for options that set several keys at once.
+`random_search(space, num_points, seed)` draws points from ranges (`uniform`, `log_uniform`,
+`int_uniform`, `choice`; transformer/sweeps/search.py), so a random search is one file too.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import builtins
 import itertools
 from typing import Any, Iterable, Mapping, Sequence
+
+from transformer.sweeps.search import choice, int_uniform, log_uniform, random_search, uniform  # noqa: F401  pylint: disable=unused-import
 
 Overrides = dict[str, Any]
 
