@@ -7,9 +7,10 @@ fraction of the grid's.
       # 16 points (4 learning rates x 4 seeds), 1000 steps each, dev WER every 250 steps;
       # about 2 h on a 2-core CPU (grid ~1.5 h, ASHA ~0.5 h)
   python benchmarks/sweep_asha.py --workdir=/tmp/sweep_asha_smoke --out=/tmp/sweep_asha_out \
-      --learning_rates=1e-6,5e-3 --seeds=0 --config.train.num_steps=8 \
+      --learning_rates=5e-3,1e-9 --seeds=0 --parallel=1 --config.train.num_steps=8 \
       --config.eval.every_steps=2 --config.eval.num_batches=1 \
-      --config.eval.num_decode_examples=8 --config.checkpoint.every_steps=2  # a check, minutes
+      --config.eval.num_decode_examples=8 --config.checkpoint.every_steps=2 \
+      --asha_metric=eval/loss  # a check that it runs: ~6 minutes on 2 cores
 
 --config.* flags pass on to both sweeps (after the benchmark's own: eval.every_steps=250,
 checkpoint.every_steps=250). The rungs are the evaluations: with 1000 steps and halving from the

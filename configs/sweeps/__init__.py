@@ -23,7 +23,9 @@ import builtins
 import itertools
 from typing import Any, Iterable, Mapping, Sequence
 
-from transformer.sweeps.search import choice, int_uniform, log_uniform, random_search, uniform  # noqa: F401  pylint: disable=unused-import
+# Random search's helpers, for sweep files (`from configs.sweeps import random_search, ...`).
+from transformer.sweeps.search import (  # noqa: F401  pylint: disable=unused-import
+    choice, int_uniform, log_uniform, random_search, uniform)
 
 Overrides = dict[str, Any]
 

@@ -97,7 +97,8 @@ def fake_sweep(tmp_path, rates, num_steps=8, every=2):
   """Points of a learning-rate sweep of :tiny in tmp_path/w; Commands running the fake scripts."""
   (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
   (tmp_path / "fake_eval.py").write_text(FAKE_EVAL)
-  path = write_sweep(tmp_path, f"def get_sweep():\n  return sweep('train.learning_rate', {rates})\n")
+  path = write_sweep(tmp_path,
+                     f"def get_sweep():\n  return sweep('train.learning_rate', {rates})\n")
   base = {"train.num_steps": num_steps, "eval.every_steps": every}
   config = spec.apply_overrides(load_config_file(TINY), base)
   points = spec.plan(config, TINY, path, str(tmp_path / "w"))
@@ -180,12 +181,14 @@ def test_asha_stops_the_worse_point_at_a_rung_and_a_rerun_finishes_it(tmp_path, 
   good, bad = points
   assert runner.status(good, commands) == "done"
   note = runner.stopped_early(bad)
-  assert note["by"] == "asha" and note["step"] == 2 and note["value"] == pytest.approx(1 / (1 + 2e-6))
+  assert note["by"] == "asha" and note["step"] == 2
+  assert note["value"] == pytest.approx(1 / (1 + 2e-6))
   saved = runner.latest_checkpoint(bad)
   assert saved is not None and 2 <= saved < 8 and runner.trained_step(bad) is None
   assert f"{bad.name}: stopped by ASHA at step 2 (eval/loss 1)" in lines
   rows = {r["point"]: r for r in report.write_report(points, str(tmp_path / "w"))["rows"]}
-  assert rows[good.name]["status"] == "done" and rows[bad.name]["status"] == "stopped by asha at step 2"
+  assert rows[good.name]["status"] == "done"
+  assert rows[bad.name]["status"] == "stopped by asha at step 2"
   before = len(starts(bad))
   assert sweep_once() == [] and len(starts(bad)) == before  # replayed, not run again
   assert runner.run(points, commands, echo=lines.append) == []
@@ -273,8 +276,11 @@ def test_real_tiny_sweep_on_a_two_node_cluster_and_under_asha(tmp_path):
   path = write_sweep(tmp_path, "def get_sweep():\n  return sweep('train.learning_rate', "
                      "[0.003, 1e-9])\n", name="lr.py")
   out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={tmp_path / 'asha'}",
-                  "--early_stop=asha", "--eval_split=", *flags, env=env, timeout=900)
+                  "--early_stop=asha", "--eval_split=", *flags, "--config.train.num_steps=8",
+                  env=env, timeout=900)
   assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
   assert "lr=1e-09: stopped by ASHA at step 2 (eval/loss" in out.stdout, out.stdout[-3000:]
   md = open(tmp_path / "asha" / "results.md").read()
   assert "stopped by asha at step 2" in md and "| done |" in md, md
+  checkpoints = os.listdir(tmp_path / "asha" / "lr=1e-09" / "checkpoints")
+  assert max(int(c) for c in checkpoints if c.isdigit()) <= 3  # paused at the rung, then saved

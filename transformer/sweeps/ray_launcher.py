@@ -173,12 +173,29 @@ class TiedProcesses:
         self.stop()
         raise
 
+  def _signal_group(self, sig: int) -> bool:
+    proc = self.proc
+    if proc is None or proc.poll() is not None:
+      return False
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(proc.pid, sig)  # its own session: the process and any children it started
+    return True
+
+  def pause(self) -> None:
+    """SIGSTOP to the running process: it waits, at the step it reached, for resume() or stop()."""
+    self._signal_group(signal.SIGSTOP)
+
+  def resume(self) -> None:
+    """SIGCONT to a paused process."""
+    self._signal_group(signal.SIGCONT)
+
   def stop(self, timeout: float = 300.0) -> None:
     """SIGTERM to the running process (it saves and exits), then waits for it."""
     self.stopping = True
     proc = self.proc
     if proc is not None and proc.poll() is None:
       proc.send_signal(signal.SIGTERM)
+      self.resume()  # a paused process receives the SIGTERM once it runs again
       try:
         proc.wait(timeout)
       except subprocess.TimeoutExpired:
@@ -326,7 +343,9 @@ def write_stop_note(point: Point, step: int, asha: Asha, value: float) -> None:
 def trainable_class(points: Sequence[Point], commands: Commands, asha: Asha,
                     poll_seconds: float = 0.5) -> type:
   """A tune.Trainable whose trial `config['index']` runs that point; each step() returns its next
-  evaluation {'step', 'metric'}; cleanup() stops a running train.py (it saves a checkpoint). A
+  evaluation {'step', 'metric'} with train.py paused (SIGSTOP) until Tune asks for the next one,
+  so that ASHA's decision falls at the evaluation's step; cleanup() stops a running train.py (it
+  saves a checkpoint). A
   point already done or stopped only replays its logged evaluations, so ASHA's rungs hold every
   point on a rerun."""
   from ray import tune  # pylint: disable=g-import-not-at-top  (an extra: only ASHA sweeps need it)
@@ -352,6 +371,7 @@ def trainable_class(points: Sequence[Point], commands: Commands, asha: Asha,
       return self.thread is not None and self.thread.is_alive()
 
     def step(self) -> dict[str, Any]:
+      self.launch.resume()  # Tune asks for more: ASHA let the point continue
       while True:
         still = self.running()  # before reading: a process that ended has logged all it will
         rows = evaluations(self.point, asha.logged_key, self.last_step)
@@ -360,6 +380,8 @@ def trainable_class(points: Sequence[Point], commands: Commands, asha: Asha,
           last = self.last_step >= self.point.num_steps or (not still and len(rows) == 1)
           if last and self.thread is not None:
             self.thread.join()  # the point's evaluation (eval.py) too
+          elif still:
+            self.launch.pause()  # until ASHA decides: it stops at this rung, not steps later
           return {"step": self.last_step, "metric": self.value, "done": last}
         if not still:
           if self.thread is not None and not self.ok and interrupted(self.point):
