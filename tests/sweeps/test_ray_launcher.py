@@ -163,7 +163,8 @@ def test_points_run_as_ray_tasks_killed_ones_resume_and_report(tmp_path, cluster
 
 def test_asha_stops_the_worse_point_at_a_rung_and_a_rerun_finishes_it(tmp_path, cluster_address):
   """ASHA (rungs at steps 2 and 4 of 8, halving) over a good learning rate and a useless one,
-  one trial at a time: the good point trains to its end and is evaluated; the useless one is
+  one trial at a time: the good point, its train process killed after its step-2 checkpoint, is
+  run again by Tune from that checkpoint, trains to its end and is evaluated; the useless one is
   stopped at the first rung (its loss is worse than the good one's there), saves a checkpoint
   and leaves an early_stop.json, and its row says 'stopped by asha at step 2'. A rerun under
   ASHA leaves it stopped; a rerun without early stopping resumes it from its checkpoint to the
@@ -177,9 +178,13 @@ def test_asha_stops_the_worse_point_at_a_rung_and_a_rerun_finishes_it(tmp_path, 
     return ray_launcher.run_asha(points, commands, ray_launcher.Resources(1), 1, 1, asha,
                                  str(tmp_path / "w" / "ray_tune"), watch.Console(lines.append))
 
+  killed = []
+  thread = kill_when(points[0], 2, "pid", killed)
   assert sweep_once() == []
+  thread.join()
   good, bad = points
-  assert runner.status(good, commands) == "done"
+  assert runner.status(good, commands) == "done" and killed == [good.name]
+  assert [s["step"] for s in starts(good)][0] == 0 and starts(good)[1]["step"] >= 2
   note = runner.stopped_early(bad)
   assert note["by"] == "asha" and note["step"] == 2
   assert note["value"] == pytest.approx(1 / (1 + 2e-6))
@@ -283,4 +288,4 @@ def test_real_tiny_sweep_on_a_two_node_cluster_and_under_asha(tmp_path):
   md = open(tmp_path / "asha" / "results.md").read()
   assert "stopped by asha at step 2" in md and "| done |" in md, md
   checkpoints = os.listdir(tmp_path / "asha" / "lr=1e-09" / "checkpoints")
-  assert max(int(c) for c in checkpoints if c.isdigit()) <= 3  # paused at the rung, then saved
+  assert max(int(c) for c in checkpoints if c.isdigit()) < 8  # saved where it stopped

@@ -306,7 +306,6 @@ def submitted_to(address: str) -> str:
   return f"the Ray cluster at {address}" if address else "a local Ray on 127.0.0.1"
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Asha:
   """ASHA's settings: the metric of the in-training evaluations (eval/<name>; dev/<name> is read
@@ -345,9 +344,9 @@ def trainable_class(points: Sequence[Point], commands: Commands, asha: Asha,
   """A tune.Trainable whose trial `config['index']` runs that point; each step() returns its next
   evaluation {'step', 'metric'} with train.py paused (SIGSTOP) until Tune asks for the next one,
   so that ASHA's decision falls at the evaluation's step; cleanup() stops a running train.py (it
-  saves a checkpoint). A
-  point already done or stopped only replays its logged evaluations, so ASHA's rungs hold every
-  point on a rerun."""
+  saves a checkpoint). A point already done or stopped only replays its logged evaluations, so
+  ASHA's rungs hold every point on a rerun; a point whose process was killed raises
+  PointInterrupted once its evaluations are reported, and Tune runs the trial again."""
   from ray import tune  # pylint: disable=g-import-not-at-top  (an extra: only ASHA sweeps need it)
   by_index = {p.index: p for p in points}
 
@@ -370,6 +369,11 @@ def trainable_class(points: Sequence[Point], commands: Commands, asha: Asha,
     def running(self) -> bool:
       return self.thread is not None and self.thread.is_alive()
 
+    def killed(self) -> bool:
+      """True once the point's processes ended, killed or stopped short (not by this trial)."""
+      return (self.thread is not None and not self.running() and not self.ok
+              and interrupted(self.point))
+
     def step(self) -> dict[str, Any]:
       self.launch.resume()  # Tune asks for more: ASHA let the point continue
       while True:
@@ -377,14 +381,15 @@ def trainable_class(points: Sequence[Point], commands: Commands, asha: Asha,
         rows = evaluations(self.point, asha.logged_key, self.last_step)
         if rows:
           self.last_step, self.value = rows[0]["step"], float(rows[0][asha.logged_key])
-          last = self.last_step >= self.point.num_steps or (not still and len(rows) == 1)
+          last = self.last_step >= self.point.num_steps or (
+              not still and len(rows) == 1 and not self.killed())
           if last and self.thread is not None:
             self.thread.join()  # the point's evaluation (eval.py) too
           elif still:
             self.launch.pause()  # until ASHA decides: it stops at this rung, not steps later
           return {"step": self.last_step, "metric": self.value, "done": last}
         if not still:
-          if self.thread is not None and not self.ok and interrupted(self.point):
+          if self.killed():
             raise PointInterrupted(f"{self.point.name}: a process was killed; retrying")
           return {"step": self.last_step, "done": True}
         time.sleep(poll_seconds)
