@@ -52,19 +52,22 @@ def sweep_file(path: str, learning_rates: list[float], seeds: list[int]) -> str:
 
 
 def trained_steps(workdir: str) -> int:
-  """The training steps a point ran: its last logged training step (0 if none)."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return 0
+  """The training steps a point ran: its newest checkpoint (a stopped point saves where it
+  stopped) or its last logged step, whichever is later (0 if neither)."""
   steps = [0]
-  with open(path) as f:
-    for line in f:
-      try:
-        row = json.loads(line)
-      except ValueError:
-        continue
-      if "train/loss" in row and isinstance(row.get("step"), int):
-        steps.append(row["step"])
+  checkpoints = os.path.join(workdir, "checkpoints")
+  if os.path.isdir(checkpoints):
+    steps += [int(d) for d in os.listdir(checkpoints) if d.isdigit()]
+  path = os.path.join(workdir, "metrics.jsonl")
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except ValueError:  # a line cut short by a kill
+          continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+          steps.append(row["step"])
   return max(steps)
 
 

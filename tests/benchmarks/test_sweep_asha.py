@@ -15,23 +15,25 @@ from record_schema import OPTIONAL, REQUIRED
 sweep_asha = load_benchmark("sweep_asha")
 
 
-def write_point(workdir, name, steps):
-  os.makedirs(os.path.join(workdir, name))
+def write_point(workdir, name, steps, logged):
+  """metrics.jsonl logging `logged` steps, a checkpoint at `steps` (saved where it stopped)."""
+  os.makedirs(os.path.join(workdir, name, "checkpoints", str(steps)))
   with open(os.path.join(workdir, name, "metrics.jsonl"), "w") as f:
-    for s in range(1, steps + 1):
+    for s in range(1, logged + 1):
       f.write(json.dumps({"step": s, "train/loss": 1.0 / s}) + "\n")
-    f.write(json.dumps({"step": steps, "eval/wer": 0.5}) + "\n")
+    f.write(json.dumps({"step": logged, "eval/wer": 0.5}) + "\n")
     f.write('{"step": 99, "train/lo')  # a line cut by a kill is skipped
 
 
 def test_record_compares_best_wers_and_counts_trained_steps(tmp_path):
-  """The trained steps of a point are its last logged training step; the record's fraction is
-  ASHA's steps over the grid's, the gap ASHA's best dev WER minus the grid's in points, the
-  stopped points those whose status says so; the record has exactly the schema's keys."""
-  for name, steps in (("a", 8), ("b", 8)):
-    write_point(tmp_path / "grid", name, steps)
-  for name, steps in (("a", 8), ("b", 3)):
-    write_point(tmp_path / "asha", name, steps)
+  """The trained steps of a point are its newest checkpoint or last logged step, whichever is
+  later; the record's fraction is ASHA's steps over the grid's, the gap ASHA's best dev WER minus
+  the grid's in points, the stopped points those whose status says so; the record has exactly
+  the schema's keys."""
+  for name, steps, logged in (("a", 8, 8), ("b", 6, 8)):
+    write_point(tmp_path / "grid", name, steps, logged)
+  for name, steps, logged in (("a", 8, 8), ("b", 3, 2)):
+    write_point(tmp_path / "asha", name, steps, logged)
   grid = {"command": "g", "wall_clock_s": 10.0, "best_dev_wer": 0.40,
           "rows": [{"point": "a", "status": "done"}, {"point": "b", "status": "done"}],
           "steps": {n: sweep_asha.trained_steps(str(tmp_path / "grid" / n)) for n in "ab"}}
