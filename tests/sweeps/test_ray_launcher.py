@@ -289,3 +289,45 @@ def test_real_tiny_sweep_on_a_two_node_cluster_and_under_asha(tmp_path):
   assert "stopped by asha at step 2" in md and "| done |" in md, md
   checkpoints = os.listdir(tmp_path / "asha" / "lr=1e-09" / "checkpoints")
   assert max(int(c) for c in checkpoints if c.isdigit()) < 8  # saved where it stopped
+
+
+CTRL_C_DRIVER = """
+import pathlib, sys
+import test_ray_launcher as t
+from transformer.sweeps import ray_launcher, watch
+points, commands = t.fake_sweep(pathlib.Path(sys.argv[2]), [1.0], num_steps=400)
+ray_launcher.connect(sys.argv[1])
+print("READY", points[0].workdir, flush=True)
+try:
+  ray_launcher.run(ray_launcher.point_units(points), commands, ray_launcher.Resources(1), 2,
+                   watch.Console(print), poll_seconds=0.2)
+except KeyboardInterrupt:
+  print("INTERRUPTED", flush=True)
+  sys.exit(130)
+"""
+
+
+@pytest.mark.slow  # ~15 s: a driver of its own, interrupted
+def test_ctrl_c_cancels_the_tasks_and_their_train_processes_save(tmp_path):
+  """SIGINT to a driver running a point as a Ray task: the driver cancels the task, whose train
+  process gets SIGTERM and saves a checkpoint at its step (between evaluations' checkpoints),
+  and the driver ends with KeyboardInterrupt once it has; the point is not retried."""
+  cluster, temp = start_cluster(1, 1)
+  try:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests"),
+                                                       os.path.join(ROOT, "tests", "sweeps")]))
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_DRIVER, cluster.address, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    workdir = proc.stdout.readline().split()[1]
+    deadline = time.time() + 60
+    while not os.path.isdir(os.path.join(workdir, "checkpoints", "4")) and time.time() < deadline:
+      time.sleep(0.05)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+  finally:
+    cluster.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
+  assert proc.returncode == 130 and "INTERRUPTED" in out
+  saved = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")))
+  assert 4 <= saved[-1] < 400 and len(open(os.path.join(workdir, "starts.jsonl")).readlines()) == 1

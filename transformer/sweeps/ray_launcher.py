@@ -168,7 +168,9 @@ class TiedProcesses:
         log.write(f"cannot start {argv[0]}: {e}\n")
         return 127
       try:
-        return self.proc.wait()
+        while True:  # waits in slices: ray.cancel's KeyboardInterrupt lands between bytecodes
+          with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.proc.wait(timeout=0.5)
       except KeyboardInterrupt:
         self.stop()
         raise
