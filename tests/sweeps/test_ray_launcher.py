@@ -299,26 +299,33 @@ points, commands = t.fake_sweep(pathlib.Path(sys.argv[2]), [1.0], num_steps=400)
 ray_launcher.connect(sys.argv[1])
 print("READY", points[0].workdir, flush=True)
 try:
-  ray_launcher.run(ray_launcher.point_units(points), commands, ray_launcher.Resources(1), 2,
-                   watch.Console(print), poll_seconds=0.2)
+  if sys.argv[3] == "asha":
+    ray_launcher.run_asha(points, commands, ray_launcher.Resources(1), 2, 1,
+                          ray_launcher.Asha(grace_steps=2), sys.argv[2] + "/tune",
+                          watch.Console(print))
+  else:
+    ray_launcher.run(ray_launcher.point_units(points), commands, ray_launcher.Resources(1), 2,
+                     watch.Console(print), poll_seconds=0.2)
 except KeyboardInterrupt:
   print("INTERRUPTED", flush=True)
   sys.exit(130)
 """
 
 
-@pytest.mark.slow  # ~15 s: a driver of its own, interrupted
-def test_ctrl_c_cancels_the_tasks_and_their_train_processes_save(tmp_path):
-  """SIGINT to a driver running a point as a Ray task: the driver cancels the task, whose train
-  process gets SIGTERM and saves a checkpoint at its step (between evaluations' checkpoints),
-  and the driver ends with KeyboardInterrupt once it has; the point is not retried."""
+@pytest.mark.slow  # ~15 s each: a driver of its own, interrupted
+@pytest.mark.parametrize("mode", ["tasks", "asha"])
+def test_ctrl_c_stops_the_points_and_their_train_processes_save(tmp_path, mode):
+  """SIGINT to a driver running a point as a Ray task (or an ASHA trial): the driver cancels the
+  task (Tune stops the trial), whose train process gets SIGTERM and saves a checkpoint at its
+  step, and the driver ends with KeyboardInterrupt once it has; the point is not retried."""
   cluster, temp = start_cluster(1, 1)
   try:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests"),
                                                        os.path.join(ROOT, "tests", "sweeps")]))
-    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_DRIVER, cluster.address, str(tmp_path)],
-                            stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    workdir = proc.stdout.readline().split()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_DRIVER, cluster.address, str(tmp_path), mode],
+        stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    workdir = next(line for line in proc.stdout if line.startswith("READY")).split()[1]
     deadline = time.time() + 60
     while not os.path.isdir(os.path.join(workdir, "checkpoints", "4")) and time.time() < deadline:
       time.sleep(0.05)

@@ -415,7 +415,8 @@ def stopped_line(point: Point) -> str:
 def run_asha(points: Sequence[Point], commands: Commands, resources: Resources, max_retries: int,
              parallel: int, asha: Asha, storage: str, console: watch.Console) -> list[Point]:
   """Runs every point as a trial under Ray Tune's ASHAScheduler (connect() first); returns the
-  points that failed (neither trained to their end nor stopped by ASHA)."""
+  points that failed (neither trained to their end nor stopped by ASHA). Ctrl-C stops the trials
+  (each train.py saves a checkpoint) and raises KeyboardInterrupt."""
   from ray import tune  # pylint: disable=g-import-not-at-top  (an extra: only ASHA sweeps need it)
   from ray.tune.schedulers import ASHAScheduler  # pylint: disable=g-import-not-at-top  (as tune)
   by_index = {p.index: p for p in points}
@@ -433,6 +434,7 @@ def run_asha(points: Sequence[Point], commands: Commands, resources: Resources, 
         print(stopped_line(point), flush=True)
       return action
 
+  os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # verbose=0 is then quiet: the sweep reports
   max_t = max(p.num_steps for p in points)
   scheduler = RecordingAsha(time_attr="step", metric="metric", mode=asha.mode, max_t=max_t,
                             grace_period=min(max(1, asha.grace_steps), max_t),
@@ -448,7 +450,17 @@ def run_asha(points: Sequence[Point], commands: Commands, resources: Resources, 
   for p in points:
     console.say(f"[{p.index + 1}/{len(points)}] {p.name}: {runner.status(p, commands)}"
                 + (" (stopped by ASHA: replayed)" if runner.stopped_early(p) else ""))
+  before = signal.getsignal(signal.SIGINT)
   tuner.fit()
+  # Tune's own SIGINT handler stops the trials (each train.py saves) and puts `before` back; a
+  # run it was not interrupted in ends with Tune's handler still installed.
+  tune_interrupted = (threading.current_thread() is threading.main_thread()
+                      and signal.getsignal(signal.SIGINT) is before
+                      and os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") == "0")
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, before)
+  if tune_interrupted:
+    raise KeyboardInterrupt
   failed = []
   for p in points:
     if runner.status(p, commands) == "done":
