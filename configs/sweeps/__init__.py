@@ -13,8 +13,6 @@ dotted keys as `--config.*` on the command line:
 `sweep(key, values)` varies one key; `product(a, b, ...)` is every combination (the last factor
 varies fastest); `zip(a, b, ...)` pairs equal-length sweeps point by point; `chain(a, b, ...)`
 concatenates them. A plain list of dicts is a sweep too, for options that set several keys at once.
-`random_search(space, num_points, seed)` draws points from ranges (`uniform`, `log_uniform`,
-`int_uniform`, `choice`; transformer/sweeps/search.py), so a random search is one file too.
 """
 
 from __future__ import annotations
@@ -23,7 +21,8 @@ import builtins
 import itertools
 from typing import Any, Iterable, Mapping, Sequence
 
-# Random search's helpers, for sweep files (`from configs.sweeps import random_search, ...`).
+# Random search: `random_search(space, num_points, seed)` draws points from ranges (`uniform`,
+# `log_uniform`, `int_uniform`, `choice`), so a random search is one sweep file too.
 from transformer.sweeps.search import (  # noqa: F401  pylint: disable=unused-import
     choice, int_uniform, log_uniform, random_search, uniform)
 
