@@ -29,6 +29,13 @@ On cloud TPU VMs: `--launcher=tpu_vm --tpu_name=NAME --zone=ZONE --bucket=gs://B
 workdir and data_dir under the bucket, and last the command that copies the results back and
 writes the report; `--execute` also runs the points, one after the other. Each point's command
 skips it when it is done, as a local rerun does.
+
+On a Ray cluster: `--launcher=ray --ray_address=HEAD:PORT` runs each point (or pack) as a Ray task holding
+--ray_num_cpus/--ray_num_gpus/--ray_tpu, retried (--ray_max_retries) when its node, worker or
+train.py dies, resuming from its checkpoint; every node needs this checkout, its environment and
+the sweep's workdir at the same paths. `--early_stop=asha` runs the points under Ray Tune's ASHA
+on their in-training evaluations (--asha_metric); a stopped point keeps its checkpoint, its row
+says where it stopped, and a rerun without --early_stop continues it (docs/sweeps.md#ray).
 """
 
 import functools
@@ -59,7 +66,7 @@ flags.DEFINE_string("metric", "auto", "Metric for the bar plot and the bold best
                     "test/wer or dev/loss; auto = test/wer, test/bleu, ..., dev/loss.")
 flags.DEFINE_string("eval_split", "test", "Split eval.py evaluates after training; '' = none.")
 flags.DEFINE_string("python", sys.executable, "Python interpreter for the local processes.")
-flags.DEFINE_enum("launcher", "local", ["local", "tpu_vm"], "Where the points run.")
+flags.DEFINE_enum("launcher", "local", ["local", "tpu_vm", "ray"], "Where the points run.")
 flags.DEFINE_string("tpu_name", None, "tpu_vm: the TPU VM's name.")
 flags.DEFINE_string("zone", None, "tpu_vm: the TPU VM's zone, e.g. us-central2-b.")
 flags.DEFINE_string("bucket", None, "tpu_vm: gs:// path holding workdirs and tensorflow_datasets.")
@@ -67,6 +74,21 @@ flags.DEFINE_string("project", "", "tpu_vm: the GCP project ('' = gcloud's defau
 flags.DEFINE_string("remote_dir", "~/transformer", "tpu_vm: this repository's path on the VMs.")
 flags.DEFINE_string("remote_python", "python3", "tpu_vm: Python interpreter on the VMs.")
 flags.DEFINE_bool("execute", False, "tpu_vm: run the gcloud commands instead of printing them.")
+flags.DEFINE_string("ray_address", "", "ray: the cluster's address, e.g. 10.0.0.2:6379 (the head's "
+                    "`ray start --head --port`); '' = a local Ray on 127.0.0.1.")
+flags.DEFINE_float("ray_num_cpus", 1, "ray: CPUs each point holds while it runs.")
+flags.DEFINE_float("ray_num_gpus", 0, "ray: GPUs each point holds while it runs.")
+flags.DEFINE_float("ray_tpu", 0, "ray: TPU chips (Ray's `TPU` resource) each point holds.")
+flags.DEFINE_integer("ray_max_retries", 3, "ray: reruns of a point whose node, worker or process "
+                     "died (each resumes from its checkpoint).")
+flags.DEFINE_enum("early_stop", "none", ["none", "asha"], "Early stopping over the points: asha = "
+                  "Ray Tune's ASHA on the in-training evaluations (a local Ray unless "
+                  "--launcher=ray); stopped points keep a checkpoint and resume without it.")
+flags.DEFINE_string("asha_metric", "eval/loss", "asha: the evaluation metric, e.g. eval/wer.")
+flags.DEFINE_enum("asha_mode", "min", ["min", "max"], "asha: whether lower or higher is better.")
+flags.DEFINE_integer("asha_grace_steps", 0, "asha: the first rung in training steps; 0 = the "
+                     "config's eval.every_steps (the first evaluation).")
+flags.DEFINE_float("asha_reduction_factor", 2, "asha: 1/fraction of the points kept at each rung.")
 flags.mark_flags_as_required(["config", "sweep", "workdir"])
 
 
@@ -97,17 +119,21 @@ def run_sweep() -> None:
   f = flags.FLAGS
   config_arg = config_flags.get_config_filename(f["config"])
   base = dict(config_flags.get_override_values(f["config"]))
-  try:
-    points = spec.plan(f.config, config_arg, f.sweep, f.workdir)
+  on_ray = f.launcher == "ray" or f.early_stop != "none"
+  try:  # on Ray, absolute workdirs: each node runs in its own working directory
+    points = spec.plan(f.config, config_arg, f.sweep,
+                       os.path.abspath(f.workdir) if on_ray else f.workdir)
   except (spec.SweepError, ConfigError) as e:
     cli.fail(str(e))
   script = lambda name: os.path.relpath(os.path.join(ROOT, name))  # pylint: disable=unnecessary-lambda-assignment
   commands = spec.Commands(config_arg, base, python=f.python, train_script=script("train.py"),
                              eval_script=script("eval.py"), eval_split=f.eval_split)
 
-  if f.pack > 1 and f.launcher != "local":
-    cli.fail(f"--pack={f.pack} needs --launcher=local")
+  if f.pack > 1 and (f.launcher == "tpu_vm" or f.early_stop != "none"):
+    cli.fail(f"--pack={f.pack} needs --launcher=local or --launcher=ray, without --early_stop")
   if f.launcher == "tpu_vm":
+    if f.early_stop != "none":
+      cli.fail(f"--early_stop={f.early_stop} needs --launcher=local or --launcher=ray")
     missing = [n for n in ("tpu_name", "zone", "bucket") if not f[n].value]
     if missing:
       cli.fail(f"--launcher=tpu_vm needs {', '.join('--' + n for n in missing)}")
@@ -140,11 +166,18 @@ def run_sweep() -> None:
     else:
       print("\n".join(runner.dry_run_lines(points, commands)))
     return
+  if on_ray and not f.report_only:
+    from transformer.sweeps import ray_launcher  # pylint: disable=g-import-not-at-top
+    try:
+      ray_launcher.preflight(f.ray_address if f.launcher == "ray" else "",
+                             "--launcher=ray" if f.launcher == "ray" else "--early_stop=asha")
+    except spec.SweepError as e:
+      cli.fail(str(e))
   failed = []
   if not f.report_only:
     runner.write_manifest(points, commands, f.sweep, f.workdir)
     pending = [p for p in points if runner.status(p, commands) != "done"]
-    if f.parallel > 1 and pending:
+    if (f.parallel > 1 or on_ray) and pending:
       try:
         runner.prepare_data(f.config, pending)
       except (ValueError, OSError) as e:  # ConfigError is a ValueError
@@ -153,7 +186,9 @@ def run_sweep() -> None:
     terminal = sys.stdout.isatty()  # status lines redrawn in place; in a log, plain lines
     console = watch.Console(functools.partial(print, flush=True), every=2.0 if terminal else 30.0,
                             stream=sys.stdout if terminal else None)
-    if f.pack > 1:
+    if on_ray:
+      failed = run_on_ray(points, commands, console)
+    elif f.pack > 1:
       failed = packing.run(f.config, points, commands, f.pack, f.workdir, parallel=f.parallel,
                            console=console)
     else:
@@ -165,6 +200,39 @@ def run_sweep() -> None:
   print("wrote " + ", ".join(out[k] for k in ("csv", "md", "plot", "curves") if k in out))
   if failed:
     cli.fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")
+
+
+def run_on_ray(points, commands, console) -> list:
+  """Runs the points as Ray tasks (--launcher=ray) or ASHA trials (--early_stop); the failed."""
+  from transformer.sweeps import ray_launcher, runner  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
+  resources = ray_launcher.Resources(f.ray_num_cpus, f.ray_num_gpus, f.ray_tpu)
+  address = f.ray_address if f.launcher == "ray" else ""
+  what = "--launcher=ray" if f.launcher == "ray" else f"--early_stop={f.early_stop}"
+  commands = ray_launcher.ray_commands(commands)
+  local_cpus = None if address else max(1, int(f.parallel * max(resources.num_cpus, 1)))
+  with ray_launcher.cluster(address, local_cpus, what):
+    console.say(f"running on {ray_launcher.submitted_to(address)}")
+    if f.early_stop == "asha":
+      asha = ray_launcher.Asha(f.asha_metric, f.asha_mode,
+                               f.asha_grace_steps or f.config.eval.every_steps,
+                               f.asha_reduction_factor)
+      return ray_launcher.run_asha(points, commands, resources, f.ray_max_retries, f.parallel,
+                                   asha, os.path.join(f.workdir, "ray_tune"), console)
+    todo = []
+    for p in points:
+      state = runner.status(p, commands)
+      console.say(f"[{p.index + 1}/{len(points)}] {p.name}: {state}"
+                  + (" (skipped)" if state == "done" else ""))
+      todo += [] if state == "done" else [p]
+    if f.pack <= 1:
+      return ray_launcher.run(ray_launcher.point_units(todo), commands, resources,
+                              f.ray_max_retries, console)
+    from transformer.sweeps import packing  # pylint: disable=g-import-not-at-top  (imports JAX)
+    packs, alone = packing.plan(f.config, todo, commands, f.pack, os.path.abspath(f.workdir))
+    units = [ray_launcher.Unit(k.name, k.points) for k in packs] + ray_launcher.point_units(alone)
+    return ray_launcher.run(units, commands, resources, f.ray_max_retries, console,
+                            run_unit=packing.unit_runner(packs))
 
 
 def report_flags() -> list[str]:

@@ -72,6 +72,30 @@ json.dump({"split": args["split"], "step": dev["step"], "loss": 2 * dev["eval/lo
 """
 
 
+# A fake train.py that also trains train.members packs (each member in its own directory).
+FAKE_PACK_TRAIN = """
+import json, os, sys
+from transformer.train import members
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
+w, n = args["workdir"], int(args["config.train.num_steps"])
+os.makedirs(w, exist_ok=True)
+if os.path.exists(os.path.join(w, "FAIL_ONCE")):
+  os.remove(os.path.join(w, "FAIL_ONCE"))
+  sys.exit(3)
+spec = args.get("config.train.members", "")
+runs = ([(os.path.join(w, members.member_name(o)), o) for o in members.parse(spec, 0)]
+        if spec else [(w, {})])
+for d, o in runs:
+  lr = float(o.get("train.learning_rate", args.get("config.train.learning_rate", 1.0)))
+  os.makedirs(os.path.join(d, "checkpoints", str(n)), exist_ok=True)
+  with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+    for s in range(1, n + 1):
+      f.write(json.dumps({"step": s, "train/loss": lr / s}) + "\\n")
+    f.write(json.dumps({"step": n, "eval/loss": lr, "eval/wer": lr / 10}) + "\\n")
+  json.dump({"step": n, "reason": "num_steps"}, open(os.path.join(d, "train_done.json"), "w"))
+"""
+
+
 @pytest.fixture
 def fake(tmp_path):
   """Three lr points of a sweep planned in tmp_path, and Commands that run the fake scripts."""

@@ -21,6 +21,11 @@ import builtins
 import itertools
 from typing import Any, Iterable, Mapping, Sequence
 
+# Random search: `random_search(space, num_points, seed)` draws points from ranges (`uniform`,
+# `log_uniform`, `int_uniform`, `choice`), so a random search is one sweep file too.
+from transformer.sweeps.search import (  # noqa: F401  pylint: disable=unused-import
+    choice, int_uniform, log_uniform, random_search, uniform)
+
 Overrides = dict[str, Any]
 
 

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from sweep_fixtures import TINY, fake, load_config_file, recording, write_sweep  # noqa: F401
+from sweep_fixtures import (  # noqa: F401  (fake: a fixture)
+    FAKE_PACK_TRAIN, TINY, fake, load_config_file, recording, write_sweep)
 from transformer.sweeps import packing, report, runner, spec, watch
 
 BASE = {"parallel.mode": "mesh", "train.early_stop_patience": 0, "train.members": "",
@@ -60,29 +61,6 @@ def test_varying_keys_in_member_keys_order():
   """varying() names the member keys that differ, in MEMBER_KEYS' order."""
   assert packing.varying([_flat(), _flat(seed=1, train__b2=0.9, train__learning_rate=2e-3)]) == [
       "seed", "train.learning_rate", "train.b2"]
-
-
-FAKE_PACK_TRAIN = """
-import json, os, sys
-from transformer.train import members
-args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
-w, n = args["workdir"], int(args["config.train.num_steps"])
-os.makedirs(w, exist_ok=True)
-if os.path.exists(os.path.join(w, "FAIL_ONCE")):
-  os.remove(os.path.join(w, "FAIL_ONCE"))
-  sys.exit(3)
-spec = args.get("config.train.members", "")
-runs = ([(os.path.join(w, members.member_name(o)), o) for o in members.parse(spec, 0)]
-        if spec else [(w, {})])
-for d, o in runs:
-  lr = float(o.get("train.learning_rate", args.get("config.train.learning_rate", 1.0)))
-  os.makedirs(os.path.join(d, "checkpoints", str(n)), exist_ok=True)
-  with open(os.path.join(d, "metrics.jsonl"), "w") as f:
-    for s in range(1, n + 1):
-      f.write(json.dumps({"step": s, "train/loss": lr / s}) + "\\n")
-    f.write(json.dumps({"step": n, "eval/loss": lr, "eval/wer": lr / 10}) + "\\n")
-  json.dump({"step": n, "reason": "num_steps"}, open(os.path.join(d, "train_done.json"), "w"))
-"""
 
 
 @pytest.fixture

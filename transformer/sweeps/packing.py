@@ -13,6 +13,7 @@ pack (the others resume from their checkpoints in a pack of their own).
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -171,6 +172,21 @@ def train_pack(pack: Pack, commands: Commands, launch: runner.Launch = runner.la
     if result != 0:
       unfinished.append(p)
   return unfinished
+
+
+def unit_runner(packs: Sequence[Pack]) -> Callable[[Any, Commands, runner.Launch], bool]:
+  """A Ray task's body for units of these packs and of single points (ray_launcher.run's
+  run_unit): a pack trains as one program, then each of its points (or a single point) runs as
+  runner.run_point does, so a trained point only evaluates; True if every point succeeded."""
+  return functools.partial(_run_unit, {k.name: k for k in packs})
+
+
+def _run_unit(packs: Mapping[str, Pack], unit: Any, commands: Commands,
+              launch: runner.Launch) -> bool:
+  pack = packs.get(unit.name)
+  if pack is not None and train_pack(pack, commands, launch):
+    return False
+  return all([runner.run_point(p, commands, launch) for p in unit.points])
 
 
 def dry_run_lines(packs: Sequence[Pack], alone: Sequence[Point], points: Sequence[Point],

@@ -54,7 +54,10 @@ def collect(points: Sequence[spec.Point], eval_split: str = "test") -> list[dict
     row["wall_seconds"] = record.get("train_seconds")
     # Results copied without checkpoints (e.g. from a bucket) count as done by their metrics.
     finished = runner.trained_step(p) is not None or (row["steps"] or 0) >= p.num_steps
-    row["status"] = "done" if finished else ("partial" if logged else "not run")
+    stopped = None if finished else runner.stopped_early(p)
+    row["status"] = "done" if finished else (
+        f"stopped by {stopped.get('by')} at step {stopped.get('step')}" if stopped
+        else "partial" if logged else "not run")
     rows.append(row)
   return rows
 

@@ -28,6 +28,7 @@ from transformer.sweeps.spec import apply_overrides, Commands, Point, SweepError
 RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
 LOG = "sweep.log"  # per point: the output of its processes
 DONE = "train_done.json"  # = transformer.train.loop.DONE_FILE (importing it pulls in jax)
+STOPPED = "early_stop.json"  # per point: where the sweep's early stopping (ASHA) stopped it
 
 
 def read_json(path: str) -> Any:
@@ -45,6 +46,15 @@ def trained_step(point: Point) -> int | None:
     return None
   finished = done["step"] >= point.num_steps or done.get("reason") == "early_stop"
   return done["step"] if finished else None
+
+
+def stopped_early(point: Point) -> dict[str, Any] | None:
+  """STOPPED's {'by': 'asha', 'step': rung step, 'metric', 'value'} if early stopping stopped the
+  point (None otherwise, or once it has been trained to its end since)."""
+  note = read_json(os.path.join(point.workdir, STOPPED))
+  if not isinstance(note, dict) or trained_step(point) is not None:
+    return None
+  return note
 
 
 def evaluated(point: Point, split: str, step: int | None) -> bool:
