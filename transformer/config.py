@@ -80,6 +80,9 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
   check = encodings[resolved.positional].check if encodings else None
   if check and (problem := check(resolved)):
     raise ConfigError(problem)
+  if m.ffn == "moe" and m.moe_top_k > m.moe_num_experts:
+    raise ConfigError(f"model.moe_top_k={m.moe_top_k} must be <= model.moe_num_experts="
+                      f"{m.moe_num_experts}")
   if m.arch != "decoder_only" and not m.num_encoder_layers:
     raise ConfigError(f"model.num_encoder_layers=0 must be > 0 with model.arch={m.arch!r}")
   if m.arch != "encoder_only" and not m.num_decoder_layers:

@@ -64,9 +64,11 @@ _gelu_tanh = functools.partial(nn.gelu, approximate=True)
 
 @dataclasses.dataclass(frozen=True)
 class FFN:
-  """A feed-forward variant: W2 act(W1 x), or gated W2 (act(Wg x) * Wu x)."""
-  activation: Callable[[Array], Array]
+  """A feed-forward variant: W2 act(W1 x), or gated W2 (act(Wg x) * Wu x); `mixture`: routed
+  experts of the variant model.moe_expert_ffn (transformer/model/moe.py), no activation here."""
+  activation: Callable[[Array], Array] | None
   gated: bool = False
+  mixture: bool = False
 
 
 # The feed-forward variants (model.ffn): name -> activation and whether it gates.
@@ -78,7 +80,14 @@ FFNS: schema.Table[FFN] = schema.registry("model.ffn", {
     "geglu": FFN(_gelu_erf, gated=True),
     "geglu_tanh": FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
     "squared_relu": FFN(lambda x: jnp.square(nn.relu(x))),  # Primer (So et al. 2021)
+    "moe": FFN(None, mixture=True),  # a mixture of experts: transformer/model/moe.py
 })
+
+
+def dense_ffn(config: ModelConfig) -> FFN:
+  """The dense variant a config's feed-forward layers compute (a mixture's: its experts')."""
+  ffn = FFNS[config.ffn]
+  return FFNS[config.moe_expert_ffn] if ffn.mixture else ffn
 
 
 def dropout(x: Array, rate: float | Array, rng: Array, bits: int = 8) -> Array:
@@ -151,7 +160,7 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
     cfg = self.config
-    ffn = FFNS[cfg.ffn]
+    ffn = dense_ffn(cfg)
     widen = functools.partial(dense, cfg.mlp_dim, ("embed", "mlp"), cfg,
                               dot_general=kernels.current().dense_dot_general)
     if ffn.gated:

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import check_value, ConfigError, ModelConfig
-from transformer.model import attention as attn, heads, kernels, kv_cache, positional
-from transformer.model.layers import Dropout, Embed, FeedForward, make_norm
+from transformer.model import attention as attn, heads, kernels, kv_cache, moe, positional
+from transformer.model.layers import Dropout, Embed, FeedForward, FFNS, make_norm
 
 Array = jax.Array
 
@@ -76,7 +76,7 @@ class Block(nn.Module):
       x = _residual(cfg, x, lambda y: cross(
           y, inputs.encoded, mask=inputs.cross_mask, deterministic=det, decode=inputs.step),
                     make_norm(cfg, "cross_attention_norm"), det)
-    ffn = FeedForward(cfg, name="ffn")
+    ffn = (moe.MoEFeedForward if FFNS[cfg.ffn].mixture else FeedForward)(cfg, name="ffn")
     x = _residual(cfg, x, lambda y: ffn(y, deterministic=det), make_norm(cfg, "ffn_norm"), det)
     return x
 
@@ -97,7 +97,7 @@ def _run_layers(cfg: ModelConfig, num_layers: int, x: Array, inputs: BlockInputs
     cls = nn.remat(cls, policy=kernels.REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
     scanned = nn.scan(
-        cls, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+        cls, variable_axes={"params": 0, "cache": 0, "intermediates": 0, moe.COLLECTION: 0},
         split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
         length=num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
     x, _ = scanned(cfg, name="layers", **fields)(x, inputs)
