@@ -349,10 +349,12 @@ def _call_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def batch_logits(model: nn.Module, params: Any, batch: dict[str, Any], *,
-                 deterministic: bool = True, rngs: dict[str, Array] | None = None) -> Array:
-  """Teacher-forced logits [b, t, vocab] float32 of a batch."""
+                 deterministic: bool = True, rngs: dict[str, Array] | None = None,
+                 mutable: Any = False) -> Any:
+  """Teacher-forced logits [b, t, vocab] float32 of a batch; with `mutable` (collections, e.g.
+  ['moe']), (logits, the collections' sown values) as flax's apply gives them."""
   return model.apply({"params": params}, **_call_kwargs(model.config.arch, batch),
-                     deterministic=deterministic, rngs=rngs)
+                     deterministic=deterministic, rngs=rngs, mutable=mutable)
 
 
 def batch_intermediates(model: nn.Module, params: Any, batch: dict[str, Any]) -> Any:
@@ -364,12 +366,14 @@ def batch_intermediates(model: nn.Module, params: Any, batch: dict[str, Any]) ->
 
 
 def batch_hidden(model: nn.Module, params: Any, batch: dict[str, Any], *,
-                 deterministic: bool = True, rngs: dict[str, Array] | None = None) -> Array:
-  """The decoder's final hidden states [b, t, d] of a batch (before vocab_projection)."""
+                 deterministic: bool = True, rngs: dict[str, Array] | None = None,
+                 mutable: Any = False) -> Any:
+  """The decoder's final hidden states [b, t, d] of a batch (before vocab_projection); `mutable`
+  as batch_logits'."""
   if model.config.arch == "encoder_only":
     raise ConfigError("hidden states before the output layer: encoder_decoder or decoder_only only")
   return batch_logits(model.clone(hidden_only=True), params, batch, deterministic=deterministic,
-                      rngs=rngs)
+                      rngs=rngs, mutable=mutable)
 
 
 def vocab_projection(model: nn.Module, params: Any):
