@@ -125,8 +125,8 @@ class MoEFeedForward(nn.Module):
     if cfg.moe_capacity_factor > 0:
       y, kept = _capacity_dispatch(
           x, gates, experts, num_experts, capacity(cfg, x.shape[1]),
-          lambda h: expert_ffn(h, lambda z, w: jnp.einsum("becd,edf->becf", z, w),
-                               lambda bias: bias[None, :, None, :]))
+          lambda h: expert_ffn(h, lambda z, w: jnp.einsum("end,edf->enf", z, w),
+                               lambda bias: bias[:, None, :]))
       aux["dropped"] = 1.0 - jnp.mean(kept.astype(jnp.float32))
     else:
       y = _dropless_dispatch(
@@ -145,20 +145,24 @@ class MoEFeedForward(nn.Module):
 def _capacity_dispatch(x: Array, gates: Array, experts: Array, num_experts: int, slots: int,
                        run: Callable[[Array], Array]) -> tuple[Array, Array]:
   """Per row: (token, choice) pairs in position order fill each expert's `slots` slots; `run`
-  maps [b, E, C, d] -> [b, E, C, d]. Returns (y [b, t, d], kept [b, t * k] bool)."""
+  maps [E, b * C, d] -> [E, b * C, d] (experts leading: the batch axis of their matmuls). Returns
+  (y [b, t, d], kept [b, t, k] bool)."""
   b, t, d = x.shape
   k = experts.shape[-1]
-  flat = experts.reshape(b, t * k)  # pair j: token j // k, its choice j % k
-  one_hot = jax.nn.one_hot(flat, num_experts, dtype=jnp.int32)  # [b, tk, E]
-  position = jnp.sum((jnp.cumsum(one_hot, axis=1) - 1) * one_hot, axis=-1)  # slot in its expert
+  one_hot = jax.nn.one_hot(experts.reshape(b, t * k), num_experts, dtype=jnp.int32)  # [b, tk, E]
+  # Pair j = (token j // k, its choice j % k): its slot is the count of earlier pairs of its expert.
+  position = jnp.sum((jnp.cumsum(one_hot, axis=1) - 1) * one_hot, axis=-1).reshape(b, t, k)
   kept = position < slots
-  slot = jnp.where(kept, flat * slots + position, num_experts * slots)  # out of range: dropped
   rows = jnp.arange(b)[:, None]
-  pairs = jnp.repeat(x, k, axis=1)  # [b, tk, d]
-  buffer = jnp.zeros((b, num_experts * slots, d), x.dtype).at[rows, slot].set(pairs, mode="drop")
-  out = run(buffer.reshape(b, num_experts, slots, d)).reshape(b, num_experts * slots, d)
-  back = out.at[rows, slot].get(mode="fill", fill_value=0)  # [b, tk, d]; dropped pairs: 0
-  y = jnp.sum(back.reshape(b, t, k, d) * gates[..., None].astype(x.dtype), axis=2)
+  buffer = jnp.zeros((num_experts, b, slots, d), x.dtype)
+  for j in range(k):  # a position past the slots is out of range: scatter drops it. Each slot
+    # takes one pair, so add is set, with a plain gather for its gradient.
+    buffer = buffer.at[experts[..., j], rows, position[..., j]].add(x, mode="drop")
+  out = run(buffer.reshape(num_experts, b * slots, d)).reshape(buffer.shape)
+  y = jnp.zeros_like(x)
+  for j in range(k):  # a dropped pair reads 0
+    back = out.at[experts[..., j], rows, position[..., j]].get(mode="fill", fill_value=0)
+    y = y + back * gates[..., j:j + 1].astype(x.dtype)
   return y, kept
 
 
