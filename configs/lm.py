@@ -7,10 +7,7 @@ or any local text file: add `--config.data.dataset=text_files --config.data.text
                   warmup + cosine. For an accelerator.
   nanogpt_cpu     nanoGPT's CPU settings (a 4-layer model, short blocks, small batches).
   bpe             `char` with a SentencePiece BPE vocabulary.
-  moe             `nanogpt_cpu` with a mixture of experts: 8 GELU experts of hidden 256, top-2
-                  (capacity factor 1.25), so a token's active FFN is the dense 512's.
-  moe_dense       its dense counterpart: `nanogpt_cpu` itself (GELU, hidden 512), named for the
-                  comparison (benchmarks/moe_vs_dense.py, docs/moe.md).
+  moe, moe_dense  `nanogpt_cpu` with 8 GELU experts of 256, top-2; its dense twin (docs/moe.md).
 
   python train.py --config=configs/lm.py:nanogpt_cpu --workdir=runs/shakespeare_char \
       --config.data.dataset=text_files --config.data.text_file=/path/to/tinyshakespeare.txt

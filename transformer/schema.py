@@ -7,10 +7,10 @@ docs/config.md`, checked by a test) all derive from them. Defaults are the base 
 Vaswani et al. (2017); sizes written 0 (role `derived`) are derived.
 
 A key marked REGISTERED takes the names of a component table (model.ffn, train.optimizer, ...):
-the module that holds the table registers it here (`FFNS = schema.registry('model.ffn', {...})`),
-so the arrow points down and this module names no other. Validation checks a value against the
-table once it is registered, and the table itself refuses a name it lacks with the same one-line
-ConfigError wherever it is looked up."""
+the module that holds the table registers it here
+(`FEED_FORWARDS = schema.registry('model.ffn', {...})`), so the arrow points down and this module
+names no other. Validation checks a value against the table once it is registered, and the table
+itself refuses a name it lacks with the same one-line ConfigError wherever it is looked up."""
 
 import dataclasses
 import difflib
@@ -94,7 +94,7 @@ def section(cls: type) -> Any:
 F, D, E, FT, T = (FIXED,), (FIXED, DERIVED), (EVAL,), (FINETUNE,), (RUN_TOKENIZER,)
 FH, FV, EF = F + (HEAD,), F + (VOCAB_HEAD,), E + FT
 DTYPES = ("float32", "bfloat16", "float16")
-# The dense feed-forward variants (model.ffn's table less 'moe'), a mixture's experts' choices.
+# The dense feed-forward variants (transformer/model/layers.py's FFNS), a mixture's experts'.
 DENSE_FFNS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "squared_relu")
 
 # The config classes: frozen (hashable: jit static arguments); a validated one comes from
@@ -279,8 +279,8 @@ class TrainConfig:
   label_smoothing: float = key(0.1, "label smoothing of the cross-entropy", "in [0, 1)")
   z_loss: float = key(0.0, "weight of log(Z)^2 (PaLM's z-loss)", ">= 0")
   moe_balance_loss: float = key(0.01, "model.ffn=moe: weight of Switch Transformer's "
-                                "load-balancing loss (each layer's experts * sum_e load_e * mean router prob_e; "
-                                "1 when balanced)", ">= 0")
+                                "load-balancing loss (each layer's experts * sum_e load_e * mean "
+                                "router prob_e; 1 when balanced)", ">= 0")
   moe_z_loss: float = key(0.001, "model.ffn=moe: weight of ST-MoE's router z-loss (each layer's "
                           "mean logsumexp(router logits)^2)", ">= 0")
   ema_decay: float = key(0.0, "EMA of the parameters, used by evaluation and best-checkpoint "

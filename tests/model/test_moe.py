@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from configs import base
+from transformer import schema
 from transformer.config import ConfigError, from_configdict, model_config
 from transformer.model import layers, models, moe
 from transformer.train import members, optim, steps
@@ -165,6 +166,12 @@ def test_balanced_router_gives_balance_loss_one():
   logits = jnp.zeros((4, 5, E))
   probs, _, experts = moe.route(logits, K, True)
   assert float(moe.aux_losses(logits, probs, experts)["balance_loss"]) == pytest.approx(1.0)
+
+
+def test_expert_variants_are_the_dense_feedforwards():
+  """model.moe_expert_ffn's choices are layers.FFNS; model.ffn's are those and 'moe'."""
+  assert schema.DENSE_FFNS == tuple(layers.FFNS)
+  assert set(schema.registered("model.ffn")) == {"moe", *layers.FFNS}
 
 
 def test_top_k_above_the_experts_is_a_config_error():

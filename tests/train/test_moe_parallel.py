@@ -29,7 +29,8 @@ def scenario() -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
-  from transformer.config import from_configdict, MeshShape, ParallelConfig  # pylint: disable=g-import-not-at-top
+  from transformer.config import (  # pylint: disable=g-import-not-at-top
+      from_configdict, MeshShape, ParallelConfig)
   from transformer.model import models  # pylint: disable=g-import-not-at-top
   from transformer.train import parallel, steps  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)

@@ -71,8 +71,8 @@ class FFN:
   mixture: bool = False
 
 
-# The feed-forward variants (model.ffn): name -> activation and whether it gates.
-FFNS: schema.Table[FFN] = schema.registry("model.ffn", {
+# The dense feed-forward variants: name -> activation and whether it gates (schema.DENSE_FFNS).
+FFNS: schema.Table[FFN] = schema.Table("model.ffn", {
     "relu": FFN(nn.relu),
     "gelu": FFN(_gelu_erf),
     "gelu_tanh": FFN(_gelu_tanh),
@@ -80,13 +80,17 @@ FFNS: schema.Table[FFN] = schema.registry("model.ffn", {
     "geglu": FFN(_gelu_erf, gated=True),
     "geglu_tanh": FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
     "squared_relu": FFN(lambda x: jnp.square(nn.relu(x))),  # Primer (So et al. 2021)
-    "moe": FFN(None, mixture=True),  # a mixture of experts: transformer/model/moe.py
 })
+
+# The feed-forward layers (model.ffn): a mixture of experts (transformer/model/moe.py, its experts
+# of the dense variant model.moe_expert_ffn) and the dense variants.
+FEED_FORWARDS: schema.Table[FFN] = schema.registry(
+    "model.ffn", {"moe": FFN(None, mixture=True), **FFNS})
 
 
 def dense_ffn(config: ModelConfig) -> FFN:
   """The dense variant a config's feed-forward layers compute (a mixture's: its experts')."""
-  ffn = FFNS[config.ffn]
+  ffn = FEED_FORWARDS[config.ffn]
   return FFNS[config.moe_expert_ffn] if ffn.mixture else ffn
 
 
@@ -154,7 +158,7 @@ class Dropout(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward FFNS[config.ffn], hidden size mlp_dim, ffn_dropout_rate on it."""
+  """Position-wise feed-forward dense_ffn(config), hidden size mlp_dim, ffn_dropout_rate on it."""
   config: ModelConfig
 
   @nn.compact

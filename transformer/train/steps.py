@@ -74,7 +74,7 @@ def _make_loss_sums(cfg: Config, model: nn.Module) -> Callable:
   of experts' `moe_sums` (the loss sum includes its moe_aux_loss), else nothing."""
   arch, tc = cfg.model.arch, cfg.train
   use_ss = tc.scheduled_sampling.schedule != "none"
-  mixture = layers.FFNS[cfg.model.ffn].mixture
+  mixture = layers.FEED_FORWARDS[cfg.model.ffn].mixture
   if mixture and use_ss:
     raise ConfigError("model.ffn='moe' needs train.scheduled_sampling.schedule='none' (its "
                       "auxiliary losses come from one teacher-forced pass)")
