@@ -15,7 +15,7 @@ import pytest
 from configs import base
 from transformer import schema
 from transformer.config import ConfigError, from_configdict, model_config
-from transformer.model import layers, models, moe
+from transformer.model import layers, models, moe, scoring
 from transformer.train import members, optim, steps
 
 D, F, E, K = 8, 6, 4, 2
@@ -335,3 +335,23 @@ def test_members_equal_their_separate_steps():
       np.testing.assert_allclose(metrics[key][i], m[key], rtol=1e-5, err_msg=key)
     np.testing.assert_allclose(jax.tree.leaves(new.params)[0][i], jax.tree.leaves(state.params)[0],
                                atol=1e-6)
+
+
+def test_evaluation_reports_the_aux_losses_token_averaged():
+  """The eval step's moe sums, over two batches, give the weight-averaged per-batch values."""
+  cfg = _train_cfg()
+  model = models.build_model(cfg.model)
+  batches = [dict(targets=_tokens(b=4, t=8)), dict(targets=_tokens(b=4, t=8)[:, :6])]
+  params = steps.create_train_state(cfg, model, jax.random.key(0), batches[0]).params
+  step = jax.jit(scoring.make_eval_step(model))
+  totals = {}
+  for batch in batches:
+    for k, v in step(params, batch).items():
+      totals[k] = totals.get(k, 0.0) + np.asarray(v, np.float64)
+  got = scoring.teacher_forced_metrics(totals, prefix="eval/")
+  values = [moe.aux_metrics(models.batch_logits(model, params, b, mutable=["moe"])[1]["moe"], E)
+            for b in batches]
+  weights = [b["targets"].size for b in batches]
+  for name in ("balance_loss", "z_loss", "dropped"):
+    want = np.average([v[name] for v in values], weights=weights)
+    np.testing.assert_allclose(got[f"eval/moe_{name}"], want, rtol=1e-5)
