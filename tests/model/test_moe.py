@@ -195,21 +195,23 @@ def _tokens(b=2, t=9):
 
 
 def _lm_params(cfg, tokens):
-  return nn.meta.unbox(models.build_model(cfg).init(jax.random.key(0), tokens)["params"])
+  init = jax.jit(lambda: models.build_model(cfg).init(jax.random.key(0), tokens)["params"])
+  return nn.meta.unbox(init())
 
 
 def test_scan_and_remat_equal_the_unrolled_stack():
   cfg, tokens = _lm(), _tokens()
   params = _lm_params(cfg, tokens)
-  logits, sown = models.build_model(cfg).apply({"params": params}, tokens, mutable=["moe"])
+  apply = lambda c, p: jax.jit(lambda p: models.build_model(c).apply(
+      {"params": p}, tokens, mutable=["moe"]))(p)  # compiled: eager flax runs op by op
+  logits, sown = apply(cfg, params)
   stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
                          *[params["decoder"][f"layers_{i}"] for i in range(2)])
   scan_params = {**{k: v for k, v in params["decoder"].items() if not k.startswith("layers_")},
                  "layers": stacked}
   for remat in ("none", "full"):
     scan = dataclasses.replace(cfg, scan_layers=True, remat=remat)
-    got, got_sown = models.build_model(scan).apply(
-        {"params": {**params, "decoder": scan_params}}, tokens, mutable=["moe"])
+    got, got_sown = apply(scan, {**params, "decoder": scan_params})
     np.testing.assert_allclose(got, logits, **TOL)
     want_aux, got_aux = (moe.aux_metrics(s["moe"], E) for s in (sown, got_sown))
     for name in moe.AUX_NAMES:
@@ -219,9 +221,8 @@ def test_scan_and_remat_equal_the_unrolled_stack():
 def test_bfloat16_stays_close_to_float32():
   cfg, tokens = _lm(moe_capacity_factor=1.25), _tokens()
   params = _lm_params(cfg, tokens)
-  want = models.build_model(cfg).apply({"params": params}, tokens)
-  got = models.build_model(dataclasses.replace(cfg, dtype="bfloat16")).apply({"params": params},
-                                                                           tokens)
+  apply = lambda c: jax.jit(lambda p: models.build_model(c).apply({"params": p}, tokens))(params)
+  want, got = apply(cfg), apply(dataclasses.replace(cfg, dtype="bfloat16"))
   assert got.dtype == jnp.float32
   np.testing.assert_allclose(got, want, atol=0.1)
 
@@ -235,11 +236,13 @@ def test_cached_decode_equals_the_full_forward(capacity_factor):
   params = _lm_params(cfg, tokens)
   model = models.build_model(cfg)
   inputs = models.shift_right(jnp.asarray(tokens))
-  full = model.apply({"params": params}, inputs, method=model.decode)
-  cache = model.init(jax.random.key(0), inputs, method=model.decode, decode=True)["cache"]
+  full = jax.jit(lambda p: model.apply({"params": p}, inputs, method=model.decode))(params)
+  cache = jax.jit(lambda: model.init(jax.random.key(0), inputs, method=model.decode,
+                                     decode=True)["cache"])()
+  decode = jax.jit(lambda p, c, x: model.apply({"params": p, "cache": c}, x, method=model.decode,
+                                               decode=True, mutable=["cache"]))
   for i in range(tokens.shape[1]):
-    step, state = model.apply({"params": params, "cache": cache}, inputs[:, i:i + 1],
-                              method=model.decode, decode=True, mutable=["cache"])
+    step, state = decode(params, cache, inputs[:, i:i + 1])
     cache = state["cache"]
     np.testing.assert_allclose(step[:, 0], full[:, i], **TOL)
 
@@ -264,7 +267,8 @@ def test_train_step_adds_the_weighted_aux_losses_and_logs_them():
   tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
   state = steps.create_train_state(cfg, model, jax.random.key(0), batch, tx=tx)
   _, metrics = jax.jit(steps.make_train_step(cfg, model, tx))(state, batch)
-  logits, sown = models.batch_logits(model, state.params, batch, mutable=["moe"])
+  logits, sown = jax.jit(lambda p: models.batch_logits(model, p, batch, mutable=["moe"]))(
+      state.params)
   aux = moe.aux_metrics(sown["moe"], E)
   logp = jax.nn.log_softmax(logits)
   ce = -np.mean(np.take_along_axis(np.asarray(logp), tokens[..., None], -1))
@@ -283,7 +287,7 @@ def test_train_step_adds_the_weighted_aux_losses_and_logs_them():
     logp = jax.nn.log_softmax(logits)
     return (-jnp.mean(jnp.take_along_axis(logp, jnp.asarray(tokens)[..., None], -1))
             + 0.5 * a["balance_loss"] + 0.25 * a["z_loss"])
-  grads = jax.grad(objective)(state.params)
+  grads = jax.jit(jax.grad(objective))(state.params)
   norm = np.sqrt(sum(np.sum(np.square(np.asarray(g))) for g in jax.tree.leaves(grads)))
   np.testing.assert_allclose(metrics["grad_norm"], norm, rtol=1e-4)
 
