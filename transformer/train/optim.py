@@ -131,8 +131,8 @@ def accumulate_gradients(loss_and_grad_fn: Callable, params: Any, micro_batches:
             jax.tree.map(jnp.add, acc_grads, grads)), None
 
   zeros = jax.tree.map(jnp.zeros_like, params)
-  first = jax.tree.map(lambda x: x[0], micro_batches)
-  aux_shapes = jax.eval_shape(loss_and_grad_fn, params, first)[0][1]
+  first = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), micro_batches)
+  aux_shapes = jax.eval_shape(loss_and_grad_fn, params, first)[0][1]  # traces no op here
   init = (jnp.zeros((), jnp.float32),
           jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_shapes), zeros)
   (loss_sum, aux, grads), _ = jax.lax.scan(body, init, micro_batches)
