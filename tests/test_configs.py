@@ -1,6 +1,7 @@
 """Tests of configs/*.py: every variant validates; the ablation partners and nanoGPT settings hold."""
 
 import ast
+import dataclasses
 import functools
 import glob
 import importlib
@@ -19,7 +20,8 @@ from transformer.train.loop import fill_vocab_sizes
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 G2P_VARIANTS = ["tiny", "fast", "best", "small", "base", "ablate"]
 ALL = [f"{name}:{v}" for name in ("g2p", "g2p_decoder_only") for v in G2P_VARIANTS] + [
-    "g2p:gpu", "lm:char", "lm:nanogpt_cpu", "lm:bpe", "wmt14_ende:", "lm1b:", "mlm:cmudict",
+    "g2p:gpu", "lm:char", "lm:nanogpt_cpu", "lm:bpe", "lm:moe", "lm:moe_dense",
+    "wmt14_ende:", "lm1b:", "mlm:cmudict",
     "mlm:text", "classify:"]
 
 
@@ -102,6 +104,24 @@ def test_nanogpt_cpu_settings():
   got = (c.model.num_decoder_layers, c.model.num_heads, c.model.d_model, c.data.max_target_len,
          c.data.batch_size, c.train.num_steps, c.train.learning_rate, c.model.dropout_rate)
   assert got == (4, 4, 128, 64, 12, 2000, 1e-3, 0.0)
+
+
+def test_lm_moe_has_the_active_ffn_of_its_dense_counterpart():
+  """lm.py:moe routes each token to 2 of 8 GELU experts of hidden 256: the active FFN FLOPs of
+  lm.py:moe_dense (GELU, hidden 512), which is nanogpt_cpu; everything else is the same."""
+  from transformer.run import reporting  # pylint: disable=g-import-not-at-top
+  moe, dense = (from_configdict(load(f"lm:{v}")) for v in ("moe", "moe_dense"))
+  assert dense == from_configdict(load("lm:nanogpt_cpu"))
+  m = moe.model
+  assert (m.ffn, m.moe_num_experts, m.moe_top_k, m.moe_expert_ffn) == ("moe", 8, 2, "gelu")
+  assert m.moe_top_k * m.mlp_dim == dense.model.mlp_dim
+  flops = [reporting.model_flops_per_step(dataclasses.replace(c.model, vocab_size=65), 12, 64, 64)
+           for c in (moe, dense)]
+  router = 3 * 2 * 12 * 64 * 128 * 8 * 4  # fwd + bwd of [d, 8] on 12 x 64 tokens, 4 layers
+  assert flops[0] == flops[1] + router
+  same = lambda c: dataclasses.replace(c, model=dataclasses.replace(
+      c.model, ffn="gelu", mlp_dim=512, moe_expert_ffn="gelu", moe_capacity_factor=1.25))
+  assert same(moe) == same(dense)
 
 
 def _flat(d, prefix=""):

@@ -1,5 +1,5 @@
 """Every component table, loaded: importing this module imports each module that registers a
-table of allowed values with the schema (`transformer.schema.registry`: model.ffn's FFNS,
+table of allowed values with the schema (`transformer.schema.registry`: model.ffn's FEED_FORWARDS,
 train.optimizer's OPTIMIZERS, ...), so that every REGISTERED key knows its names. It sits at the
 top of the house and may import every part; nothing in the library imports it.
 

@@ -87,6 +87,9 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
     raise ConfigError(f"model.rope_high_freq_factor={m.rope_high_freq_factor} must be > "
                       f"model.rope_low_freq_factor={m.rope_low_freq_factor} with "
                       f"model.rope_scaling='llama3'")
+  if m.ffn == "moe" and m.moe_top_k > m.moe_num_experts:
+    raise ConfigError(f"model.moe_top_k={m.moe_top_k} must be <= model.moe_num_experts="
+                      f"{m.moe_num_experts}")
   if m.arch != "decoder_only" and not m.num_encoder_layers:
     raise ConfigError(f"model.num_encoder_layers=0 must be > 0 with model.arch={m.arch!r}")
   if m.arch != "encoder_only" and not m.num_decoder_layers:

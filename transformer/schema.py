@@ -7,10 +7,10 @@ docs/config.md`, checked by a test) all derive from them. Defaults are the base 
 Vaswani et al. (2017); sizes written 0 (role `derived`) are derived.
 
 A key marked REGISTERED takes the names of a component table (model.ffn, train.optimizer, ...):
-the module that holds the table registers it here (`FFNS = schema.registry('model.ffn', {...})`),
-so the arrow points down and this module names no other. Validation checks a value against the
-table once it is registered, and the table itself refuses a name it lacks with the same one-line
-ConfigError wherever it is looked up."""
+the module that holds the table registers it here
+(`FEED_FORWARDS = schema.registry('model.ffn', {...})`), so the arrow points down and this module
+names no other. Validation checks a value against the table once it is registered, and the table
+itself refuses a name it lacks with the same one-line ConfigError wherever it is looked up."""
 
 import dataclasses
 import difflib
@@ -94,6 +94,8 @@ def section(cls: type) -> Any:
 F, D, E, FT, T = (FIXED,), (FIXED, DERIVED), (EVAL,), (FINETUNE,), (RUN_TOKENIZER,)
 FH, FV, EF = F + (HEAD,), F + (VOCAB_HEAD,), E + FT
 DTYPES = ("float32", "bfloat16", "float16")
+# The dense feed-forward variants (transformer/model/layers.py's FFNS), a mixture's experts'.
+DENSE_FFNS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "squared_relu")
 
 # The config classes: frozen (hashable: jit static arguments); a validated one comes from
 # transformer.config.from_configdict, which also fills the sizes written 0.
@@ -143,6 +145,21 @@ class ModelConfig:
   use_bias: bool = key(True, "biases in attention projections and the feed-forward layers", roles=F)
   qkv_bias: bool = key(False, "biases on the query/key/value projections even with use_bias=False "
                        "(Qwen2)", roles=F)
+  moe_num_experts: int = key(8, "ffn=moe: routed experts per layer", "> 0", F)
+  moe_top_k: int = key(2, "ffn=moe: experts each token is routed to (at most moe_num_experts)",
+                       "> 0")
+  moe_expert_ffn: str = key("swiglu", "ffn=moe: each expert's feed-forward variant (hidden size "
+                            "mlp_dim)", DENSE_FFNS, F)
+  moe_capacity_factor: float = key(1.25, "ffn=moe: each expert takes at most ceil(factor * t * "
+                                   "top_k / experts) tokens of a row of t, in position order; "
+                                   "the rest pass through the residual; 0 = dropless (grouped "
+                                   "matmuls, lax.ragged_dot)", ">= 0")
+  moe_renormalize: bool = key(True, "ffn=moe: the top-k gates renormalised to sum to 1 (Mixtral: "
+                              "softmax over all experts, top-k, renormalise = softmax over the "
+                              "selected logits); False: the top-k softmax probabilities as they "
+                              "are (Switch, top-1)")
+  moe_num_shared_experts: int = key(0, "ffn=moe: always-on experts (one dense FFN of hidden size "
+                                    "this * mlp_dim) added to the routed output", ">= 0", F)
   scale_attention_logits: bool = key(True, "q.k / sqrt(head_dim); False: unscaled (T5: folded in "
                                      "its init)", roles=F)
   scale_decoder_output: bool = key(False, "decoder output * d_model**-0.5 before the logits "
@@ -280,6 +297,11 @@ class TrainConfig:
                      "or seeds:N; '' = one run")
   label_smoothing: float = key(0.1, "label smoothing of the cross-entropy", "in [0, 1)")
   z_loss: float = key(0.0, "weight of log(Z)^2 (PaLM's z-loss)", ">= 0")
+  moe_balance_loss: float = key(0.01, "model.ffn=moe: weight of Switch Transformer's "
+                                "load-balancing loss (each layer's experts * sum_e load_e * mean "
+                                "router prob_e; 1 when balanced)", ">= 0")
+  moe_z_loss: float = key(0.001, "model.ffn=moe: weight of ST-MoE's router z-loss (each layer's "
+                          "mean logsumexp(router logits)^2)", ">= 0")
   ema_decay: float = key(0.0, "EMA of the parameters, used by evaluation and best-checkpoint "
                          "choice; 0 = off", "in [0, 1)", (ON_OFF,))
   scheduled_sampling: ScheduledSamplingConfig = section(ScheduledSamplingConfig)

@@ -424,3 +424,18 @@ def test_data_difference_compares_content_not_location():
   assert provenance.data_difference(run, new, "test") is None  # old run: files and bytes agree
   assert provenance.data_difference(run, new | {"splits": {"test": records | {"bytes": 12}}},
                                     "test")
+
+def test_moe_flops_count_the_active_experts():
+  """8 experts top-2 of hidden f: the router plus twice a dense FFN of hidden f (one shared
+  expert: three times), the experts' other kernels idle."""
+  common = dict(arch="decoder_only", vocab_size=13, d_model=16, num_heads=2, num_decoder_layers=1,
+                mlp_dim=8)
+  dense = model_config(**common, ffn="swiglu")
+  one = reporting.model_flops_per_step(dense, 2, 4, 4)
+  attention_and_head = one - 3 * 2 * (2 * 4) * 16 * 8 * 3  # fwd + bwd, 8 tokens, 3 d x f kernels
+  for shared in (0, 1):
+    moe = model_config(**common, ffn="moe", moe_num_experts=8, moe_top_k=2,
+                       moe_num_shared_experts=shared)
+    router = 3 * 2 * (2 * 4) * 16 * 8  # [d, experts]
+    want = attention_and_head + (2 + shared) * (one - attention_and_head) + router
+    assert reporting.model_flops_per_step(moe, 2, 4, 4) == want

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import check_value, excluded_ids, ModelConfig
-from transformer.model.layers import dense, Embed, FFNS, make_norm
+from transformer.model.layers import dense, dense_ffn, Embed, make_norm
 
 Array = jax.Array
 # exp underflows to exactly 0, and it stays finite, so 0 * log p never makes NaNs.
@@ -61,7 +61,7 @@ class VocabHead(nn.Module):
     cfg = self.config
     if cfg.head_transform:
       x = dense(cfg.d_model, ("embed", "mlp"), cfg, "transform")(x)
-      x = make_norm(cfg, "transform_norm")(FFNS[cfg.ffn].activation(x))
+      x = make_norm(cfg, "transform_norm")(dense_ffn(cfg).activation(x))
     if cfg.tie_embeddings:
       logits = self.embed.attend(x)[..., :cfg.vocab_size]
     else:

@@ -64,13 +64,15 @@ _gelu_tanh = functools.partial(nn.gelu, approximate=True)
 
 @dataclasses.dataclass(frozen=True)
 class FFN:
-  """A feed-forward variant: W2 act(W1 x), or gated W2 (act(Wg x) * Wu x)."""
-  activation: Callable[[Array], Array]
+  """A feed-forward variant: W2 act(W1 x), or gated W2 (act(Wg x) * Wu x); `mixture`: routed
+  experts of the variant model.moe_expert_ffn (transformer/model/moe.py), no activation here."""
+  activation: Callable[[Array], Array] | None
   gated: bool = False
+  mixture: bool = False
 
 
-# The feed-forward variants (model.ffn): name -> activation and whether it gates.
-FFNS: schema.Table[FFN] = schema.registry("model.ffn", {
+# The dense feed-forward variants: name -> activation and whether it gates (schema.DENSE_FFNS).
+FFNS: schema.Table[FFN] = schema.Table("model.ffn", {
     "relu": FFN(nn.relu),
     "gelu": FFN(_gelu_erf),
     "gelu_tanh": FFN(_gelu_tanh),
@@ -79,6 +81,17 @@ FFNS: schema.Table[FFN] = schema.registry("model.ffn", {
     "geglu_tanh": FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
     "squared_relu": FFN(lambda x: jnp.square(nn.relu(x))),  # Primer (So et al. 2021)
 })
+
+# The feed-forward layers (model.ffn): a mixture of experts (transformer/model/moe.py, its experts
+# of the dense variant model.moe_expert_ffn) and the dense variants.
+FEED_FORWARDS: schema.Table[FFN] = schema.registry(
+    "model.ffn", {"moe": FFN(None, mixture=True), **FFNS})
+
+
+def dense_ffn(config: ModelConfig) -> FFN:
+  """The dense variant a config's feed-forward layers compute (a mixture's: its experts')."""
+  ffn = FEED_FORWARDS[config.ffn]
+  return FFNS[config.moe_expert_ffn] if ffn.mixture else ffn
 
 
 def dropout(x: Array, rate: float | Array, rng: Array, bits: int = 8) -> Array:
@@ -145,13 +158,13 @@ class Dropout(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward FFNS[config.ffn], hidden size mlp_dim, ffn_dropout_rate on it."""
+  """Position-wise feed-forward dense_ffn(config), hidden size mlp_dim, ffn_dropout_rate on it."""
   config: ModelConfig
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
     cfg = self.config
-    ffn = FFNS[cfg.ffn]
+    ffn = dense_ffn(cfg)
     widen = functools.partial(dense, cfg.mlp_dim, ("embed", "mlp"), cfg,
                               dot_general=kernels.current().dense_dot_general)
     if ffn.gated:

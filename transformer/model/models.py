@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import check_value, ConfigError, ModelConfig
-from transformer.model import attention as attn, heads, kernels, kv_cache, positional
-from transformer.model.layers import Dropout, Embed, FeedForward, make_norm
+from transformer.model import attention as attn, heads, kernels, kv_cache, moe, positional
+from transformer.model.layers import Dropout, Embed, FEED_FORWARDS, FeedForward, make_norm
 
 Array = jax.Array
 
@@ -76,7 +76,7 @@ class Block(nn.Module):
       x = _residual(cfg, x, lambda y: cross(
           y, inputs.encoded, mask=inputs.cross_mask, deterministic=det, decode=inputs.step),
                     make_norm(cfg, "cross_attention_norm"), det)
-    ffn = FeedForward(cfg, name="ffn")
+    ffn = (moe.MoEFeedForward if FEED_FORWARDS[cfg.ffn].mixture else FeedForward)(cfg, name="ffn")
     x = _residual(cfg, x, lambda y: ffn(y, deterministic=det), make_norm(cfg, "ffn_norm"), det)
     return x
 
@@ -97,7 +97,7 @@ def _run_layers(cfg: ModelConfig, num_layers: int, x: Array, inputs: BlockInputs
     cls = nn.remat(cls, policy=kernels.REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
   if cfg.scan_layers:
     scanned = nn.scan(
-        cls, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+        cls, variable_axes={"params": 0, "cache": 0, "intermediates": 0, moe.COLLECTION: 0},
         split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
         length=num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
     x, _ = scanned(cfg, name="layers", **fields)(x, inputs)
@@ -354,10 +354,12 @@ def _call_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def batch_logits(model: nn.Module, params: Any, batch: dict[str, Any], *,
-                 deterministic: bool = True, rngs: dict[str, Array] | None = None) -> Array:
-  """Teacher-forced logits [b, t, vocab] float32 of a batch."""
+                 deterministic: bool = True, rngs: dict[str, Array] | None = None,
+                 mutable: Any = False) -> Any:
+  """Teacher-forced logits [b, t, vocab] float32 of a batch; with `mutable` (collections, e.g.
+  ['moe']), (logits, the collections' sown values) as flax's apply gives them."""
   return model.apply({"params": params}, **_call_kwargs(model.config.arch, batch),
-                     deterministic=deterministic, rngs=rngs)
+                     deterministic=deterministic, rngs=rngs, mutable=mutable)
 
 
 def batch_intermediates(model: nn.Module, params: Any, batch: dict[str, Any]) -> Any:
@@ -369,12 +371,14 @@ def batch_intermediates(model: nn.Module, params: Any, batch: dict[str, Any]) ->
 
 
 def batch_hidden(model: nn.Module, params: Any, batch: dict[str, Any], *,
-                 deterministic: bool = True, rngs: dict[str, Array] | None = None) -> Array:
-  """The decoder's final hidden states [b, t, d] of a batch (before vocab_projection)."""
+                 deterministic: bool = True, rngs: dict[str, Array] | None = None,
+                 mutable: Any = False) -> Any:
+  """The decoder's final hidden states [b, t, d] of a batch (before vocab_projection); `mutable`
+  as batch_logits'."""
   if model.config.arch == "encoder_only":
     raise ConfigError("hidden states before the output layer: encoder_decoder or decoder_only only")
   return batch_logits(model.clone(hidden_only=True), params, batch, deterministic=deterministic,
-                      rngs=rngs)
+                      rngs=rngs, mutable=mutable)
 
 
 def vocab_projection(model: nn.Module, params: Any):

@@ -8,11 +8,15 @@ import jax
 import jax.numpy as jnp
 
 from transformer import metrics as metrics_lib
-from transformer.model import ensemble, models
+from transformer.model import ensemble, layers, models, moe
 from transformer.model.losses import cross_entropy
 
 Array = jax.Array
 PyTree = Any
+
+
+# A mixture of experts' evaluation metrics (moe.aux_metrics' scalars), averaged over tokens.
+MOE_METRICS = ("balance_loss", "z_loss", "dropped")
 
 
 def target_weights(batch: dict[str, Any]) -> Array:
@@ -29,21 +33,29 @@ def num_classes(model_config: Any) -> int:
 
 def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
   """`eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight; per-class counts
-  for classification and tagging heads). A tuple of models scores their mean probabilities."""
+  for classification and tagging heads; a mixture of experts' auxiliary losses and dropped
+  fraction, times the weight). A tuple of models scores their mean probabilities."""
   members = tuple(model) if ensemble.is_ensemble(model) else (model,)
   ensemble.check_compatible([m.config for m in members])
   classes = num_classes(members[0].config)
+  mixture = len(members) == 1 and layers.FEED_FORWARDS[members[0].config.ffn].mixture
 
   def eval_step(params, batch):
     batch = {k: v for k, v in batch.items() if v is not None}
     _, trees = ensemble.members(model, params)
-    logits = ensemble.log_mean_probs([models.batch_logits(m, p, batch)
-                                      for m, p in zip(members, trees)])
+    if mixture:
+      logits, sown = models.batch_logits(members[0], trees[0], batch, mutable=[moe.COLLECTION])
+    else:
+      logits = ensemble.log_mean_probs([models.batch_logits(m, p, batch)
+                                        for m, p in zip(members, trees)])
     weights = target_weights(batch)
     loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights)
     predicted = jnp.argmax(logits, -1)
     correct = (predicted == batch["targets"]).astype(jnp.float32)
     sums = dict(loss_sum=loss_sum, weight_sum=weight_sum, correct_sum=jnp.sum(correct * weights))
+    if mixture:
+      aux = moe.aux_metrics(sown[moe.COLLECTION], members[0].config.moe_num_experts)
+      sums |= {f"moe_{k}_sum": aux[k] * weight_sum for k in MOE_METRICS}
     if classes:
       pred = jax.nn.one_hot(predicted, classes) * weights[..., None]  # [b, t, c]
       true = jax.nn.one_hot(batch["targets"], classes) * weights[..., None]
@@ -56,11 +68,14 @@ def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
 
 def teacher_forced_metrics(sums: dict[str, float], prefix: str = "") -> dict[str, float]:
   """Eval-step sums over a split -> loss (a token average), accuracy, perplexity, scored_tokens
-  and, with per-class counts, macro `f1`; each key with `prefix`."""
+  and, with per-class counts, macro `f1`, with a mixture's sums its moe_* token averages; each
+  key with `prefix`."""
   w = max(float(sums["weight_sum"]), 1.0)
   loss = float(sums["loss_sum"]) / w
   out = {"loss": loss, "accuracy": float(sums["correct_sum"]) / w,
          "perplexity": metrics_lib.perplexity(loss), "scored_tokens": float(sums["weight_sum"])}
+  out |= {f"moe_{k}": float(sums[f"moe_{k}_sum"]) / w for k in MOE_METRICS
+          if f"moe_{k}_sum" in sums}
   if "true_positives" in sums:
     out["f1"] = metrics_lib.macro_f1(sums["true_positives"], sums["predicted"], sums["references"])
   return {prefix + k: v for k, v in out.items()}

@@ -45,9 +45,15 @@ def _attention_flops(cfg: Any, t: int, s: int) -> int:
 
 
 def _ffn_flops(cfg: Any, t: int) -> int:
-  """Forward FLOPs of one feed-forward layer for t tokens (gated variants have 3 matrices)."""
-  matrices = 3 if cfg.ffn in ("swiglu", "geglu") else 2
-  return 2 * t * cfg.d_model * cfg.mlp_dim * matrices
+  """Forward FLOPs of one feed-forward layer for t tokens (gated variants have 3 matrices); a
+  mixture's active ones: its router, top_k experts and the shared experts (no capacity slack)."""
+  mixture = cfg.ffn == "moe"
+  matrices = 3 if (cfg.moe_expert_ffn if mixture else cfg.ffn) in ("swiglu", "geglu") else 2
+  dense = 2 * t * cfg.d_model * cfg.mlp_dim * matrices
+  if not mixture:
+    return dense
+  return (dense * (cfg.moe_top_k + cfg.moe_num_shared_experts)
+          + 2 * t * cfg.d_model * cfg.moe_num_experts)
 
 
 def model_flops_per_step(model_cfg: Any, batch_size: int, source_len: int, target_len: int,

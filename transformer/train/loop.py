@@ -475,8 +475,9 @@ def _log(s: _Setup, step: int, window: list[dict[str, Any]]) -> None:
                               if s.cfg.train.scheduled_sampling.schedule != "none" else [])
   for r in s.runs:
     fetched = [r.metrics(m) for m in all_fetched]
+    means = ("loss", "grad_norm", *sorted(k for k in fetched[0] if k.startswith("moe_")))
     scalars = {f"train/{k}": float(np.mean(np.concatenate([np.ravel(m[k]) for m in fetched])))
-               for k in ("loss", "grad_norm")}
+               for k in means}
     scalars |= {f"train/{k}": float(np.ravel(fetched[-1][k])[-1]) for k in last}
     r.reporter.write_scalars(step, scalars | r.reporter.throughput())
     r.final |= scalars

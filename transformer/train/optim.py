@@ -153,18 +153,22 @@ def split_micro_batches(batch: Any, num_micro: int) -> Any:
 
 
 def accumulate_gradients(loss_and_grad_fn: Callable, params: Any, micro_batches: Any):
-  """(loss_sum, weight_sum, grads) of `loss_and_grad_fn(params, mb) -> ((loss_sum, weight_sum),
-  grads)` summed over the leading axis of `micro_batches` in one `lax.scan`."""
+  """(loss_sum, aux, grads) of `loss_and_grad_fn(params, mb) -> ((loss_sum, aux), grads)` summed
+  over the leading axis of `micro_batches` in one `lax.scan`; `aux` is the weight sum (or a pytree
+  of sums, such as (weight_sum, {name: sum}))."""
   def body(carry, mb):
-    (loss_sum, weight_sum), grads = loss_and_grad_fn(params, mb)
-    acc_loss, acc_weight, acc_grads = carry
-    return (acc_loss + loss_sum, acc_weight + weight_sum,
+    (loss_sum, aux), grads = loss_and_grad_fn(params, mb)
+    acc_loss, acc_aux, acc_grads = carry
+    return (acc_loss + loss_sum, jax.tree.map(jnp.add, acc_aux, aux),
             jax.tree.map(jnp.add, acc_grads, grads)), None
 
   zeros = jax.tree.map(jnp.zeros_like, params)
-  init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
-  (loss_sum, weight_sum, grads), _ = jax.lax.scan(body, init, micro_batches)
-  return loss_sum, weight_sum, grads
+  first = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), micro_batches)
+  aux_shapes = jax.eval_shape(loss_and_grad_fn, params, first)[0][1]  # traces no op here
+  init = (jnp.zeros((), jnp.float32),
+          jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_shapes), zeros)
+  (loss_sum, aux, grads), _ = jax.lax.scan(body, init, micro_batches)
+  return loss_sum, aux, grads
 
 
 def update_ema(ema: Any, params: Any, decay: float, num_updates: Any) -> Any:

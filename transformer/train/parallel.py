@@ -27,9 +27,11 @@ PMAP_AXIS = "batch"
 # Logical axis name -> mesh axes; earlier rules win when two names of one array want one mesh
 # axis. fsdp devices are data-parallel too (ZeRO-3) and split every weight on its d_model side;
 # tensor splits the wide side of each projection (Megatron), so a block's in/out matmul pair needs
-# one all-reduce. A dimension a mesh axis does not divide is replicated.
+# one all-reduce. A mixture's experts split over data (expert parallelism as GShard and Switch lay
+# it out: each data-parallel device holds experts / data of them, and tokens travel to their
+# experts), so no mesh axis is added. A dimension a mesh axis does not divide is replicated.
 LOGICAL_AXIS_RULES = (
-    ("batch", BATCH_AXES), ("embed", "fsdp"),
+    ("batch", BATCH_AXES), ("expert", "data"), ("embed", "fsdp"),
     ("mlp", "tensor"), ("heads", "tensor"), ("kv_heads", "tensor"), ("vocab", "tensor"),
     ("classes", None), ("head_dim", None), ("layers", None), ("length", None),
     ("relpos_buckets", None), ("norm", None),

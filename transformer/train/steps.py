@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from transformer.config import Config, ConfigError, excluded_ids
-from transformer.model import layers, models, scoring
+from transformer.model import layers, models, moe, scoring
 from transformer.model.losses import chunked_cross_entropy, cross_entropy
 from transformer.train import optim
 from transformer.train.scheduled_sampling import teacher_forcing_prob, two_pass_logits
@@ -54,11 +54,31 @@ def key_data(key: Array) -> Array:
   return jax.random.key_data(key) if typed else jnp.asarray(key, jnp.uint32)
 
 
+def moe_sums(cfg: Config, sown: PyTree, weight_sum: Array) -> dict[str, Array]:
+  """A forward pass's sown 'moe' collection -> sums times the micro-batch's weight sum (so that
+  accumulation and data parallelism average them as they do the loss): moe_aux_loss (the
+  weighted balance and z losses the training loss adds), each of them, the dropped fraction and
+  each expert's load moe_load_<e>."""
+  aux, tc = moe.aux_metrics(sown, cfg.model.moe_num_experts), cfg.train
+  values = dict(moe_aux_loss=tc.moe_balance_loss * aux["balance_loss"]
+                + tc.moe_z_loss * aux["z_loss"],
+                moe_balance_loss=aux["balance_loss"], moe_z_loss=aux["z_loss"],
+                moe_dropped=aux["dropped"])
+  values |= {f"moe_load_{e}": aux["load"][e] for e in range(cfg.model.moe_num_experts)}
+  return {k: v * weight_sum for k, v in values.items()}
+
+
 def _make_loss_sums(cfg: Config, model: nn.Module) -> Callable:
-  """Returns `loss_sums(params, micro) -> (loss_sum, weight_sum)` of one micro-batch: `micro`
-  holds its batch, dropout key and teacher-forcing probability."""
+  """Returns `loss_sums(params, micro) -> (loss_sum, (weight_sum, extras))` of one micro-batch:
+  `micro` holds its batch, dropout key and teacher-forcing probability; `extras` holds a mixture
+  of experts' `moe_sums` (the loss sum includes its moe_aux_loss), else nothing."""
   arch, tc = cfg.model.arch, cfg.train
   use_ss = tc.scheduled_sampling.schedule != "none"
+  mixture = layers.FEED_FORWARDS[cfg.model.ffn].mixture
+  if mixture and use_ss:
+    raise ConfigError("model.ffn='moe' needs train.scheduled_sampling.schedule='none' (its "
+                      "auxiliary losses come from one teacher-forced pass)")
+  mutable = [moe.COLLECTION] if mixture else False
   m = cfg.model  # a rate may be an array here (transformer/train/members.py), which is never off
   deterministic = all(layers.is_off(r) for r in (m.dropout_rate, m.attention_dropout_rate,
                                                   m.ffn_dropout_rate))
@@ -73,8 +93,12 @@ def _make_loss_sums(cfg: Config, model: nn.Module) -> Callable:
     batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
     weights, rngs = scoring.target_weights(batch), {"dropout": key}
     kw = dict(label_smoothing=tc.label_smoothing, z_loss=tc.z_loss, excluded=excluded)
+    sown = None
     if tc.loss_chunk_tokens:  # the output layer and the loss a chunk of tokens at a time
-      hidden = models.batch_hidden(model, params, batch, deterministic=deterministic, rngs=rngs)
+      hidden = models.batch_hidden(model, params, batch, deterministic=deterministic, rngs=rngs,
+                                   mutable=mutable)
+      if mixture:
+        hidden, sown = hidden[0], hidden[1][moe.COLLECTION]
       loss_sum, _, weight_sum = chunked_cross_entropy(
           hidden, models.vocab_projection(model, params), batch["targets"], weights,
           chunk_tokens=tc.loss_chunk_tokens, **kw)
@@ -82,9 +106,15 @@ def _make_loss_sums(cfg: Config, model: nn.Module) -> Callable:
       if use_ss:
         logits = two_pass_logits(model, arch, params, batch, tf_prob, key, deterministic)
       else:
-        logits = models.batch_logits(model, params, batch, deterministic=deterministic, rngs=rngs)
+        logits = models.batch_logits(model, params, batch, deterministic=deterministic, rngs=rngs,
+                                     mutable=mutable)
+        if mixture:
+          logits, sown = logits[0], logits[1][moe.COLLECTION]
       loss_sum, _, weight_sum = cross_entropy(logits, batch["targets"], weights, **kw)
-    return loss_sum, weight_sum
+    if not mixture:
+      return loss_sum, (weight_sum, {})
+    extras = moe_sums(cfg, sown, weight_sum)
+    return loss_sum + extras["moe_aux_loss"], (weight_sum, extras)
 
   return loss_sums
 
@@ -108,11 +138,14 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
     micro = dict(batch=optim.split_micro_batches(batch, n), rng=jax.random.split(key, n),
                  tf_prob=jnp.broadcast_to(tf_prob, (n,)))
     if n == 1:
-      (loss_sum, weight_sum), grads = grad_fn(state.params, jax.tree.map(lambda x: x[0], micro))
+      (loss_sum, (weight_sum, extras)), grads = grad_fn(state.params,
+                                                        jax.tree.map(lambda x: x[0], micro))
     else:
-      loss_sum, weight_sum, grads = optim.accumulate_gradients(grad_fn, state.params, micro)
+      loss_sum, (weight_sum, extras), grads = optim.accumulate_gradients(grad_fn, state.params,
+                                                                         micro)
     if axis_name is not None:
-      loss_sum, weight_sum, grads = jax.lax.psum((loss_sum, weight_sum, grads), axis_name)
+      loss_sum, weight_sum, extras, grads = jax.lax.psum((loss_sum, weight_sum, extras, grads),
+                                                         axis_name)
     denom = jnp.maximum(weight_sum, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -120,10 +153,13 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
     # state the previous one gave (for float32 parameters the casts are no-ops).
     opt_state = jax.tree.map(lambda new, old: new.astype(old.dtype), opt_state, state.opt_state)
     params = optax.apply_updates(state.params, updates)
+    if extras:  # the logged loss is the cross-entropy alone; the auxiliary losses apart
+      loss_sum = loss_sum - extras["moe_aux_loss"]
     loss, grad_norm = loss_sum / denom, optax.tree.norm(grads)
     metrics = dict(loss=loss, weight_sum=weight_sum, grad_norm=grad_norm,
                    learning_rate=lr_fn(state.step), teacher_forcing=tf_prob,
                    finite=jnp.isfinite(loss) & jnp.isfinite(grad_norm))
+    metrics |= {k: v / denom for k, v in extras.items()}
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     if tc.ema_decay:  # after the update, on every device alike (pmap: replicated params)
       new_state = new_state.replace(ema_params=optim.update_ema(
