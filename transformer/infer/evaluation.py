@@ -326,6 +326,10 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   scores, coverage = teacher_forced(cfg, model, params, task, split, scoring_progress)
   scoring_progress.close()
   results |= scores
+  if "confusion_matrix" in results:
+    results["confusion_matrix"] = class_confusion(results["confusion_matrix"],
+                                                  task.target_tokenizer)
+    results["classes"] = list(results["confusion_matrix"]["classes"])
   names = metric_names(cfg, task)
   if cfg.model.arch == "encoder_only" or cfg.data.objective != "none":
     # The teacher-forced metrics (accuracy, perplexity, F1, span corruption's loss) are the task's.
@@ -348,10 +352,6 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
         if cfg.eval.decode.method == "beam" else "")
   results["coverage"] = coverage
   wrote = write_results(out_dir or workdir, split, results, predictions)
-  if "confusion_matrix" in results:
-    results["confusion_matrix"] = class_confusion(results["confusion_matrix"],
-                                                  task.target_tokenizer)
-    results["classes"] = list(results["confusion_matrix"]["classes"])
   if verbose:
     print(format_table(results))
     if "confusion_matrix" in results:
