@@ -43,7 +43,8 @@ def test_collect_and_stats_by_hand(runs):
   s = vit._stats(results["tiny"])  # pylint: disable=protected-access
   assert (s["mean"], s["min"], s["max"], s["std"]) == (96.33, 95.0, 98.0, 1.53)
   assert s["mean_train_seconds"] == 101.0
-  assert vit._stats(results["patch4"])["test_accuracy"] == [90.0, 92.0]  # pylint: disable=protected-access
+  patch4 = vit._stats(results["patch4"])  # pylint: disable=protected-access
+  assert patch4["test_accuracy"] == [90.0, 92.0]
 
 
 def test_record_passes_the_schema(runs, tmp_path):

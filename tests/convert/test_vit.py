@@ -91,7 +91,7 @@ def test_round_trip_is_bitwise(tmp_path):
   save_tiny_vit(str(tmp_path / "hf"))
   convert.from_hf(str(tmp_path / "hf"), str(tmp_path / "run"))
   hf = convert.to_hf(str(tmp_path / "run"), str(tmp_path / "back"))
-  before, after = convert.read_hf(str(tmp_path / "hf"))[1], convert.read_hf(str(tmp_path / "back"))[1]
+  before, after = (convert.read_hf(str(tmp_path / d))[1] for d in ("hf", "back"))
   assert sorted(before) == sorted(after)
   for k in before:
     np.testing.assert_array_equal(after[k], before[k], err_msg=k)

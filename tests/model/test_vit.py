@@ -121,7 +121,8 @@ def test_without_positions_the_patch_order_does_not_matter(pooling):
 @pytest.mark.parametrize("overrides,message", [
     (dict(patch_size=3), "model.patch_size=3 must divide model.image_size=8"),
     (dict(head="mlm"), "model.image_size=8 needs model.arch='encoder_only' with model.head="),
-    (dict(positional="learned", pooling="class_token", max_len=16), "model.max_len=16 must be >= 17"),
+    (dict(positional="learned", pooling="class_token", max_len=16),
+     "model.max_len=16 must be >= 17"),
     (dict(image_size=0, pooling="class_token"), "model.pooling='class_token' needs image inputs"),
     (dict(positional="sincos2d", d_model=30, num_heads=2), "model.d_model=30 must be a multiple"),
 ])

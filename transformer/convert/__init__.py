@@ -222,8 +222,8 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None,
 def _define(f: flags.FlagValues) -> None:
   flags.DEFINE_string("workdir", None, "the workdir written or read", flag_values=f)
   flags.mark_flag_as_required("workdir", flag_values=f)
-  flags.DEFINE_string("from_hf", "", "a local Hugging Face GPT-2, T5, BERT or ViT directory to read",
-                      flag_values=f)
+  flags.DEFINE_string("from_hf", "", "a local Hugging Face GPT-2, T5, BERT or ViT directory to "
+                      "read", flag_values=f)
   flags.DEFINE_string("to_hf", "", "a directory to write a Hugging Face model to (GPT-2 for a "
                       "decoder-only run, T5 for an encoder-decoder, BERT for an encoder-only "
                       "masked LM, ViT for an image classifier)", flag_values=f)

@@ -165,8 +165,9 @@ def _batch(pixels: np.ndarray, label_ids: np.ndarray, rows: int) -> dict[str, np
 class ImageBatches(grain.IterDataset):
   """Endless augmented training batches of host `host` of `hosts` (`rows` per batch)."""
 
-  def __init__(self, pixels: np.ndarray, label_ids: np.ndarray, *, rows: int, seeds: tuple[int, ...],
-               crop_padding: int = 0, flip: bool = False, host: int = 0, hosts: int = 1):
+  def __init__(self, pixels: np.ndarray, label_ids: np.ndarray, *, rows: int,
+               seeds: tuple[int, ...], crop_padding: int = 0, flip: bool = False, host: int = 0,
+               hosts: int = 1):
     super().__init__()
     self.pixels, self.label_ids, self.rows, self.seeds = pixels, label_ids, rows, seeds
     self.crop_padding, self.flip, self.host, self.hosts = crop_padding, flip, host, hosts
@@ -281,7 +282,8 @@ class ImageTask:
     pixels, labels = self.split(d.train_split)
     self.stats["train"] = {"examples": len(labels), "dropped": 0, "truncated": 0,
                            "used": len(labels)}
-    return iter(ImageBatches(pixels, self.label_ids(labels), rows=d.batch_size // self.process_count,
+    rows = d.batch_size // self.process_count
+    return iter(ImageBatches(pixels, self.label_ids(labels), rows=rows,
                              seeds=(self.seed, d.shuffle_seed), crop_padding=d.crop_padding,
                              flip=d.flip, host=self.process_index, hosts=self.process_count))
 

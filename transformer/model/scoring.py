@@ -29,7 +29,8 @@ def num_classes(model_config: Any) -> int:
 
 def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
   """`eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight; per-class counts
-  and the confusion counts [reference, predicted] for classification and tagging heads). A tuple of models scores their mean probabilities."""
+  and the confusion counts [reference, predicted] for classification and tagging heads). A
+  tuple of models scores their mean probabilities."""
   members = tuple(model) if ensemble.is_ensemble(model) else (model,)
   ensemble.check_compatible([m.config for m in members])
   classes = num_classes(members[0].config)
