@@ -54,6 +54,9 @@ def test_eval_reports_accuracy_and_a_consistent_confusion_matrix(trained):
   assert one[0][0] == str(predicted[3]) and 0 < one[0][1] <= 1
   with pytest.raises(ValueError, match=r"images of shape \(5, 5\): this run takes an image"):
     run.classify(np.zeros((5, 5)))
+  with pytest.raises(ValueError, match=r"classifies images \(model.image_size=8\): give arrays of "
+                     "pixels, not text"):
+    run.classify(["hello"])
 
 
 def _naive_rollout(layers):
