@@ -30,7 +30,7 @@ def get_config(arg: str = "default"):
                  norm_position="pre", ffn="gelu", d_model=64, num_heads=4, mlp_dim=128,
                  num_encoder_layers=4, dropout_rate=0.1, norm_eps=1e-6)
   c.data.update(dataset="digits", batch_size=128, crop_padding=1, flip=False, prefetch=2)
-  c.train.update(optimizer="adamw", schedule="warmup_cosine", learning_rate=1e-3, b2=0.999,
+  c.train.update(optimizer="adamw", schedule="warmup_cosine", learning_rate=3e-3, b2=0.999,
                  eps=1e-8, warmup_steps=100, weight_decay=0.05, label_smoothing=0.1,
                  grad_clip=1.0, num_steps=1500, log_every_steps=100)
   c.eval.update(every_steps=250, num_batches=0, batch_size=256)
