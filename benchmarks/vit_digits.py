@@ -195,7 +195,8 @@ def _commit() -> str | None:
   return out.stdout.strip() or None
 
 
-def report(runs: str, out: str) -> dict:
+def report(runs: str, out: str, variants: tuple[str, ...] = ("tiny", "default"),
+           sweep: bool = True) -> dict:
   """Writes record.json, results.json and table.md under `out`; returns the record."""
   results = collect(runs)
   stats = {g: _stats(by_seed) for g, by_seed in results.items()}
@@ -214,12 +215,14 @@ def report(runs: str, out: str) -> dict:
            if r["train_seconds"] is not None]
   record = {
       "name": "vit_digits",
-      "title": "ViT on scikit-learn's 8x8 digits: configs/vit.py :tiny and default, 3 seeds "
-               "each, an SVC on the same split, and a patch-size sweep",
+      "title": (f"ViT on scikit-learn's 8x8 digits: configs/vit.py "
+                f"{' and '.join(':' + v for v in variants if v in results)} over seeds, an SVC "
+                f"on the same split" + (", a patch-size sweep" if "patch2" in results else "")),
       "task": "Image classification (scikit-learn digits, pinned stratified split "
               "1259/179/359)",
       "config": "configs/vit.py", "overrides": [],
-      "command": (f"python benchmarks/vit_digits.py --runs={runs} --seeds=0,1,2 --out={out}"),
+      "command": (f"python benchmarks/vit_digits.py --runs={runs} --seeds=0,1,2 "
+                  f"--variants={','.join(variants)}{'' if sweep else ' --nosweep'} --out={out}"),
       "commit": _commit(),
       "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU (shared)",
       "versions": None,
@@ -241,7 +244,7 @@ def main(argv):
     run_missing(RUNS.value, [int(s) for s in SEEDS.value], VARIANTS.value, SWEEP.value,
                 DRY_RUN.value)
   if not DRY_RUN.value:
-    report(RUNS.value, OUT.value)
+    report(RUNS.value, OUT.value, tuple(VARIANTS.value), SWEEP.value)
 
 
 if __name__ == "__main__":
