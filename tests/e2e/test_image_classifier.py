@@ -14,8 +14,9 @@ import pytest
 import transformer
 from transformer.infer import api, viz
 
-# ~60 s: two subprocesses. The parts are fast-tested apart: tests/model/test_vit.py (the model),
-# tests/data/test_images.py (the data), tests/infer/test_image_attention.py (rollout, the figure).
+# ~60 s: two subprocesses. The parts are fast-tested apart: tests/model/test_models_images.py
+# (the model), tests/data/test_images.py (the data), tests/infer/test_image_attention.py (rollout,
+# the figure), tests/convert/test_vit.py (Hugging Face).
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 30
