@@ -39,6 +39,7 @@ HF_WORKDIR = os.environ.get("EXPLORE_HF_WORKDIR") or os.path.join(ROOT, "runs", 
 HF_TEXT = "The quick brown fox jumps over the lazy dog."
 BERT_WORKDIR = os.environ.get("EXPLORE_BERT_WORKDIR") or os.path.join(ROOT, "runs", "bert")
 BERT_TEXT = "paris is the _ of france."
+VIT_WORKDIR = os.environ.get("EXPLORE_VIT_WORKDIR") or os.path.join(ROOT, "runs", "vit_tiny")
 
 # %% [markdown]
 # ## Restore (or train)
@@ -161,3 +162,22 @@ if os.path.isdir(os.path.join(BERT_WORKDIR, "checkpoints")):
                      save_path=os.path.join(FIG_DIR, "bert_attention.png"))
 else:
   print(f"no converted BERT in {BERT_WORKDIR}")
+
+# %% [markdown]
+# ## A Vision Transformer on digits
+# Skipped unless `VIT_WORKDIR` holds a trained ViT (`python train.py --config=configs/vit.py:tiny
+# --workdir=runs/vit_tiny`, a few CPU minutes). It classifies test images of the digits (pixels
+# in [0, 1]) and shows where its class token reads: the attention rollout over the layers (each
+# layer's head mean plus the residual's identity, multiplied), one cell per 2x2-pixel patch.
+
+# %%
+if os.path.isdir(os.path.join(VIT_WORKDIR, "checkpoints")):
+  vit = transformer.restore(VIT_WORKDIR, step="best")
+  pixels, labels = vit.task.split("test")
+  print("predicted", vit.classify(pixels[:8]), "true", [str(y) for y in labels[:8]])
+  for method in ("rollout", "last"):
+    viz.plot_image_attention(pixels[0], transformer.image_attention_map(vit, pixels[0], method),
+                             title=f"class token -> patches ({method})",
+                             save_path=os.path.join(FIG_DIR, f"vit_attention_{method}.png"))
+else:
+  print(f"no trained ViT in {VIT_WORKDIR}")

@@ -12,7 +12,7 @@ _EXPORTS = {
     "transformer.infer.decoding": ("generate",),
     "transformer.train.loop": ("train_and_evaluate",),
     "transformer.infer.evaluation": ("evaluate_split",),
-    "transformer.infer.api": ("restore", "Run", "Attention"),
+    "transformer.infer.api": ("restore", "Run", "Attention", "image_attention_map"),
     "transformer.infer.compare": ("compare", "Comparison"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -90,11 +90,30 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
   if m.ffn == "moe" and m.moe_top_k > m.moe_num_experts:
     raise ConfigError(f"model.moe_top_k={m.moe_top_k} must be <= model.moe_num_experts="
                       f"{m.moe_num_experts}")
+  _check_images(m)
   if m.arch != "decoder_only" and not m.num_encoder_layers:
     raise ConfigError(f"model.num_encoder_layers=0 must be > 0 with model.arch={m.arch!r}")
   if m.arch != "encoder_only" and not m.num_decoder_layers:
     raise ConfigError("model.num_decoder_layers=0 must be > 0")
   return resolved
+
+
+def _check_images(m: ModelConfig) -> None:
+  """The relations of an image model's keys (model.image_size > 0: a ViT)."""
+  if not m.image_size:
+    if m.pooling == "class_token":
+      raise ConfigError("model.pooling='class_token' needs image inputs (model.image_size > 0)")
+    return
+  if m.arch != "encoder_only" or m.head != "classify":
+    raise ConfigError(f"model.image_size={m.image_size} needs model.arch='encoder_only' with "
+                      f"model.head='classify' (got {m.arch!r}, {m.head!r})")
+  if m.image_size % m.patch_size:
+    raise ConfigError(f"model.patch_size={m.patch_size} must divide "
+                      f"model.image_size={m.image_size}")
+  length = (m.image_size // m.patch_size) ** 2 + (m.pooling == "class_token")
+  if m.positional == "learned" and length > m.max_len:
+    raise ConfigError(f"model.max_len={m.max_len} must be >= {length}, the patches"
+                      f"{' and the class token' if m.pooling == 'class_token' else ''}")
 
 
 # Wider beams take minutes to compile and gigabytes of cache for no better output.
@@ -136,7 +155,8 @@ def _validate(cfg: Config) -> Config:
   if excluded and m.vocab_size and excluded[-1] >= m.vocab_size:
     raise ConfigError(f"model.excluded_ids={m.excluded_ids!r} names id {excluded[-1]}, outside "
                       f"model.vocab_size={m.vocab_size}")
-  if (longest := max(d.max_source_len, d.max_target_len)) > m.max_len:
+  longest = max(d.max_source_len, d.max_target_len)
+  if longest > m.max_len and not m.image_size:  # an image model reads no token rows
     raise ConfigError(
         f"data.max_source_len/max_target_len={longest} must be <= model.max_len={m.max_len}")
   if d.objective == "mlm" and not (m.arch == "encoder_only" and m.head == "mlm"):

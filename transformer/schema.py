@@ -186,10 +186,19 @@ class ModelConfig:
                         "prefix")
   head: str = key("mlm", "encoder_only: mlm (masked LM, tied per tie_embeddings) | classify | tag",
                   ("mlm", "classify", "tag"), FH)
-  pooling: str = key("mean", "head=classify: first (the first token, BOS) | mean (its tokens)",
-                     ("first", "mean"), FH)
+  pooling: str = key("mean", "head=classify: first (the first token, BOS) | mean (its tokens) | "
+                     "class_token (images: a learned token before the patches, as ViT)",
+                     ("first", "mean", "class_token"), FH)
   num_classes: int = key(0, "head=classify|tag outputs; 0 = the label tokenizer's vocabulary",
                          ">= 0", FH)
+  # Images (ViT): encoder_only reads an image [b, H, W, C] cut into patches instead of tokens.
+  image_size: int = key(0, "encoder_only with head=classify: the side of a square image in "
+                        "pixels, read as patches; 0 = token inputs", ">= 0", F)
+  image_channels: int = key(3, "image_size > 0: channels per pixel (the last axis)", "> 0", F)
+  patch_size: int = key(4, "image_size > 0: the side of a square patch (it must divide "
+                        "image_size); a linear map of each flattened patch embeds it", "> 0", F)
+  head_bias: bool = key(False, "head=classify|tag: a learned bias on the class logits (ViT)",
+                        roles=FH)
   attention_impl: str = key("einsum", "einsum | fused (jax.nn.dot_product_attention; cuDNN on GPU)",
                             REGISTERED, EF)
   sliding_window: int = key(0, "attention to the sliding_window nearest keys (the query's own "
@@ -252,6 +261,11 @@ class DataConfig:
   shuffle_seed: int = key(0, "seed of the data order")
   prefetch: int = key(2, "training batches made ahead on a background thread; 0 = in the loop",
                       ">= 0")
+  # Images (model.image_size > 0): data.dataset is digits (scikit-learn's, offline) or a TFDS
+  # image builder prepared in data_dir; training batches are augmented as below.
+  crop_padding: int = key(0, "images: a random crop of the image padded by this many pixels "
+                          "each side; 0 = off", ">= 0")
+  flip: bool = key(False, "images: random horizontal flips (off for digits: a flipped 2 is no 2)")
 
 
 @dataclasses.dataclass(frozen=True)

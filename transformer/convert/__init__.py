@@ -1,11 +1,12 @@
-"""Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, T5, BERT and the
-Llama family (Llama 2 and 3, Mistral, Qwen2).
+"""Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, T5, BERT, the
+Llama family (Llama 2 and 3, Mistral, Qwen2) and ViT.
 
   python -m transformer.convert --from_hf=DIR --workdir=OUT [--text_file=CORPUS [--data_dir=D]]
   python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest] [--overwrite]
 
 `--from_hf` reads a local directory (config.json, model.safetensors or pytorch_model.bin,
-tokenizer.json; never the network) into a workdir training could have written, plus
+tokenizer.json, which a ViT has not: its labels are config.json's id2label; never the network)
+into a workdir training could have written, plus
 `converted_from.json`; config.json's model_type picks the family module (`FAMILIES`). Our ids in
 no Hugging Face id's place are `model.excluded_ids` (logit -1e30), so every consumer of the
 logits sees the original's distribution, id for id. `--to_hf` refuses a directory that is not
@@ -28,7 +29,7 @@ import numpy as np
 
 from transformer import cli, files
 from transformer.config import Config, ConfigError, ModelConfig, to_dict
-from transformer.convert import bert, gpt2, llama, t5
+from transformer.convert import bert, gpt2, llama, t5, vit
 from transformer.convert.common import ConvertError
 from transformer.data import tokenizers
 from transformer.model.models import build_model, example_batch
@@ -40,7 +41,7 @@ __all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf"
 
 CONVERTED_FROM = "converted_from.json"
 FAMILIES: dict[str, ModuleType] = {gpt2.MODEL_TYPE: gpt2, t5.MODEL_TYPE: t5,
-                                    bert.MODEL_TYPE: bert,
+                                    bert.MODEL_TYPE: bert, vit.MODEL_TYPE: vit,
                                     **{kind: llama for kind in llama.MODEL_TYPES}}
 
 
@@ -53,10 +54,12 @@ def family_of_hf(hf: dict[str, Any]) -> ModuleType:
 
 
 def family_of_config(m: ModelConfig) -> ModuleType:
-  """The family a model config exports as: by its architecture, the Llama family for a decoder
-  that it `exports` (RMSNorm), else GPT-2."""
+  """The family a model config exports as: by its architecture and whether it reads images; a
+  decoder with RMSNorm as the Llama family (its `exports`), else GPT-2."""
   families = [llama, *FAMILIES.values()]
-  return next(f for f in families if f.ARCH == m.arch and getattr(f, "exports", lambda _: True)(m))
+  return next(f for f in families
+              if f.ARCH == m.arch and getattr(f, "IMAGES", False) == bool(m.image_size)
+              and getattr(f, "exports", lambda _: True)(m))
 
 
 def _model_types(family: ModuleType) -> tuple[str, ...]:
@@ -178,6 +181,11 @@ def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") 
   _check_new_workdir(workdir)
   hf, state = read_hf(hf_dir)
   family = family_of_hf(hf)
+  if hasattr(family, "label_tokenizer"):  # an image classifier: labels, no text tokenizer
+    cfg = family.workdir_config(hf, state, "", text_file, data_dir)
+    write_workdir(cfg, family.params_from_hf(state, cfg.model, hf), family.label_tokenizer(hf),
+                  workdir, {"from_hf": os.path.abspath(hf_dir), "config": hf})
+    return cfg
   tokenizer_path = os.path.join(hf_dir, "tokenizer.json")
   if not files.exists(tokenizer_path):
     raise ConvertError(f"--from_hf={hf_dir}: no tokenizer.json (write one with transformers' "
@@ -215,6 +223,8 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None,
   tok_dir = os.path.join(workdir, "tokenizers", "target")
   tokenizer = tokenizers.load(tok_dir) if files.exists(os.path.join(tok_dir, "tokenizer.json")) \
       else None
+  if hasattr(family, "with_labels") and hasattr(tokenizer, "units"):  # the run's class names
+    hf |= family.with_labels(list(tokenizer.units))
   write_hf(hf_dir, hf, family.hf_from_params(params, cfg.model, hf), tokenizer, overwrite)
   return hf
 
@@ -222,11 +232,12 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None,
 def _define(f: flags.FlagValues) -> None:
   flags.DEFINE_string("workdir", None, "the workdir written or read", flag_values=f)
   flags.mark_flag_as_required("workdir", flag_values=f)
-  flags.DEFINE_string("from_hf", "", "a local Hugging Face GPT-2, T5, BERT, Llama, Mistral or "
-                      "Qwen2 directory to read", flag_values=f)
+  flags.DEFINE_string("from_hf", "", "a local Hugging Face GPT-2, T5, BERT, Llama, Mistral, "
+                      "Qwen2 or ViT directory to read", flag_values=f)
   flags.DEFINE_string("to_hf", "", "a directory to write a Hugging Face model to (a decoder-only "
                       "run: Llama, Mistral or Qwen2 with RMSNorm, else GPT-2; T5 for an "
-                      "encoder-decoder, BERT for an encoder-only masked LM)", flag_values=f)
+                      "encoder-decoder, BERT for an encoder-only masked LM, ViT for an image "
+                      "classifier)", flag_values=f)
   flags.DEFINE_string("text_file", "", "--from_hf of a decoder-only model or BERT: data for "
                       "eval.py (data.text_file)", flag_values=f)
   flags.DEFINE_string("data_dir", "", "--from_hf: where that data is prepared (data.data_dir; "

@@ -12,7 +12,7 @@ import numpy as np
 
 from transformer import files
 from transformer.config import ConfigError
-from transformer.data import builders, denoise, labels, objectives, pipeline, tokenizers
+from transformer.data import builders, denoise, images, labels, objectives, pipeline, tokenizers
 
 _READ_CHUNK = 8192
 
@@ -295,7 +295,11 @@ class Task:
 def load_task(cfg: Any, workdir: str | None = None, *, process_index: int | None = None,
               process_count: int | None = None) -> Task:
   """Prepares the data of `cfg.data` (offline, first use) and returns its Task; with a workdir,
-  tokenizers are read from / written to workdir/tokenizers/{source,target}."""
+  tokenizers are read from / written to workdir/tokenizers/{source,target}. An image model
+  (model.image_size > 0) gets an images.ImageTask."""
+  if cfg.model.image_size:
+    return images.ImageTask(cfg, workdir, process_index=process_index,
+                            process_count=process_count)
   return Task(cfg, workdir, process_index=process_index, process_count=process_count)
 
 

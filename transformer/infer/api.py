@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import Config
-from transformer.data import inputs, labels, load_task, objectives, pipeline
+from transformer.data import images as image_data, inputs, labels, load_task, objectives, pipeline
 from transformer.data.tokenizers import NUM_SPECIAL
 from transformer.infer import evaluation
 from transformer.infer.decoding import search_settings
@@ -182,10 +182,43 @@ class Run:
                                self.source_tokenizer, self.config.data.max_source_len,
                                "truncate")[0]
 
+  def image_inputs(self, images: Any) -> np.ndarray:
+    """Images as the model reads them, [b, H, W, C] in [-1, 1], from one image or a batch of
+    pixels in [0, 1] (uint8: in [0, 255]); [H, W] and [b, H, W] are one channel."""
+    m = self.config.model
+    if not m.image_size:
+      raise ValueError("this run reads tokens, not images (model.image_size=0)")
+    shape = (m.image_size, m.image_size, m.image_channels)
+    array = np.asarray(images)
+    if array.dtype.kind not in "uifb":
+      what = "text" if array.dtype.kind in "US" else f"{array.dtype} values"
+      raise ValueError(f"this run classifies images (model.image_size={m.image_size}): give "
+                       f"arrays of pixels, not {what}")
+    array = array.astype(np.float32) / (255.0 if array.dtype == np.uint8 else 1.0)
+    if m.image_channels == 1 and array.shape[-2:] == shape[:2]:
+      array = array[..., None]  # [.., H, W] -> [.., H, W, 1]
+    if array.shape == shape:
+      array = array[None]
+    if array.ndim != 4 or array.shape[1:] != shape or not len(array):
+      raise ValueError(f"images of shape {np.shape(images)}: this run takes an image {shape} "
+                       f"(H, W, C; pixels in [0, 1] or uint8) or a batch [b, *{shape}]")
+    return image_data.normalize(array)
+
+  def _image_logits(self, images: Any) -> np.ndarray:
+    """Class logits [b, classes] of images (see image_inputs), in batches of a bucketed size."""
+    array = self.image_inputs(images)
+    batch = np.zeros((_bucket(len(array)),) + array.shape[1:], np.float32)
+    batch[:len(array)] = array
+    return np.asarray(self._forward(self.params, {"images": batch}))[:len(array), 0]
+
   def classify_with_probability(self, texts: Sequence[str] | str) -> list[tuple[str, float]]:
-    """(predicted label, its probability) of each text (model.head='classify')."""
-    rows = self._encoder_rows(texts)
-    logits = self._encoder_logits(rows, "classify")[:, 0]  # slot 0: the row's one example
+    """(predicted label, its probability) of each text (model.head='classify'); a ViT's
+    (model.image_size > 0) of each image, pixels in [0, 1] (see _image_batch)."""
+    if self.config.model.image_size:
+      logits = self._image_logits(texts)
+    else:
+      rows = self._encoder_rows(texts)
+      logits = self._encoder_logits(rows, "classify")[:, 0]  # slot 0: the row's one example
     tok = self.target_tokenizer
     best, probs = _best_ids(logits, tok.vocab_size), _ordinary_probs(logits, tok.vocab_size)
     return [(tok.decode([int(i)]), float(p[i - NUM_SPECIAL])) for i, p in zip(best, probs)]
@@ -244,7 +277,9 @@ class Run:
     if self.members:
       raise ValueError(f"attention: this Run is an ensemble of {len(self.members)} runs; restore "
                        "one of them to look at its attention")
-    if self.config.model.arch == "encoder_only":
+    if self.config.model.image_size:  # `text` is an image
+      batch = {"images": jnp.asarray(self.image_inputs(text)[:1])}
+    elif self.config.model.arch == "encoder_only":
       batch = {"inputs": jnp.asarray(self._encoder_rows([text]))}
     else:
       if target is None:
@@ -254,6 +289,10 @@ class Run:
     found = _collect_weights(models.batch_intermediates(self.model, self.params, batch))
     first = lambda key: [w[0] for w in found.get(key, [])]  # noqa: E731  (batch of one)
     source, target_labels = [], []
+    if "images" in batch:  # the class token, then the patches row-major
+      m = self.config.model
+      cls = ["<cls>"] if m.pooling == "class_token" else []
+      source = cls + [f"patch {i}" for i in range((m.image_size // m.patch_size) ** 2)]
     if "inputs" in batch:
       source = _token_labels(self.source_tokenizer, np.asarray(batch["inputs"])[0])
     if "targets" in batch:
@@ -264,6 +303,38 @@ class Run:
         target_labels[1:len(prompt) + 1] = _token_labels(self.source_tokenizer, prompt)
     return Attention(source, target_labels, encoder_self=first(("encoder", "self")),
                      decoder_self=first(("decoder", "self")), cross=first(("decoder", "cross")))
+
+
+def attention_rollout(layers: Sequence[np.ndarray]) -> np.ndarray:
+  """Abnar & Zuidema's attention rollout of per-layer weights [heads, t, t]: the product, last
+  layer first, of each layer's head mean with the residual's identity added, rows renormalised."""
+  rollout = None
+  for weights in layers:
+    a = np.asarray(weights, np.float64).mean(0)
+    a = 0.5 * a + 0.5 * np.eye(a.shape[-1])
+    a /= a.sum(-1, keepdims=True)
+    rollout = a if rollout is None else a @ rollout
+  return rollout
+
+
+def image_attention_map(run: Run, image: Any, method: str = "rollout") -> np.ndarray:
+  """What a ViT's output reads of each patch, [grid, grid] over the image: the class token's row
+  (mean pooling: every token's row, averaged) of the attention rollout ('rollout') or of the last
+  layer's head-mean attention ('last')."""
+  m = run.config.model
+  if not m.image_size:
+    raise ValueError("image_attention_map needs a ViT run (model.image_size > 0)")
+  layers = run.attention(image).encoder_self
+  if method == "rollout":
+    weights = attention_rollout(layers)
+  elif method == "last":
+    weights = np.asarray(layers[-1], np.float64).mean(0)
+  else:
+    raise ValueError(f"method={method!r} is not one of rollout|last")
+  cls = m.pooling == "class_token"
+  row = weights[0, 1:] if cls else weights.mean(0)
+  grid = m.image_size // m.patch_size
+  return row.reshape(grid, grid)
 
 
 def restore(workdir: str | Sequence[str], step: int | str | None = None, task: Any = None,

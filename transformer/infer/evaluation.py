@@ -17,6 +17,7 @@ import numpy as np
 
 from transformer import files, metrics as metrics_lib
 from transformer.config import Config, ConfigError, DecodeConfig
+from transformer.data.tokenizers import NUM_SPECIAL
 from transformer.infer.decoding import generate
 from transformer.model import ensemble as ensemble_lib, scoring
 from transformer.model.models import build_model
@@ -179,7 +180,30 @@ def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str,
     raise EvaluationError(f"split {split!r} has no target tokens to evaluate")
   scores = scoring.teacher_forced_metrics(totals)
   del scores["scored_tokens"]  # reported in the coverage, next to the split's size
+  if "confusion" in totals:  # rows: the reference class, columns: the predicted one
+    scores["confusion_matrix"] = np.rint(totals["confusion"]).astype(int).tolist()
   return scores, {"scored_tokens": round(totals["weight_sum"]), "split_tokens": round(split_tokens)}
+
+
+def class_confusion(counts: Sequence[Sequence[int]], tokenizer: Any) -> dict[str, Any]:
+  """The confusion matrix over a label tokenizer's ordinary ids (its classes): {'classes',
+  'counts' [reference][predicted]}; predictions of a special id (never the argmax of a trained
+  head) are left out."""
+  size = getattr(tokenizer, "vocab_size", len(counts))
+  classes = [tokenizer.decode([i]) for i in range(NUM_SPECIAL, size)]
+  return {"classes": classes,
+          "counts": [list(row[NUM_SPECIAL:size]) for row in counts[NUM_SPECIAL:size]]}
+
+
+def format_confusion(confusion: dict[str, Any]) -> str:
+  """A text table of a confusion matrix: a row per reference class, a column per prediction."""
+  classes, counts = confusion["classes"], confusion["counts"]
+  width = max([len(c) for c in classes] + [len(str(v)) for row in counts for v in row] + [3])
+  head = " " * width + " " + " ".join(f"{c:>{width}}" for c in classes)
+  lines = ["confusion matrix (rows: reference, columns: predicted)", head]
+  lines += [f"{c:>{width}} " + " ".join(f"{v:>{width}}" for v in row)
+            for c, row in zip(classes, counts)]
+  return "\n".join(lines)
 
 
 def write_results(workdir: str, split: str, results: dict[str, Any],
@@ -206,7 +230,8 @@ def format_table(results: dict[str, Any]) -> str:
   """A two-column text table of the scalar results, then how much of the split they cover."""
   rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in results.items()
           if isinstance(v, (int, float, str))]
-  rows += [(k, ", ".join(map(str, v))) for k, v in results.items() if isinstance(v, list)]
+  rows += [(k, ", ".join(map(str, v))) for k, v in results.items()
+           if isinstance(v, list) and not (v and isinstance(v[0], list))]  # not a matrix
   cov = results.get("coverage", {})
   for what, unit in (("decoded", "examples"), ("scored", "tokens")):
     done, total = f"{what}_{unit}", f"split_{unit}"
@@ -301,6 +326,10 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   scores, coverage = teacher_forced(cfg, model, params, task, split, scoring_progress)
   scoring_progress.close()
   results |= scores
+  if "confusion_matrix" in results:
+    results["confusion_matrix"] = class_confusion(results["confusion_matrix"],
+                                                  task.target_tokenizer)
+    results["classes"] = list(results["confusion_matrix"]["classes"])
   names = metric_names(cfg, task)
   if cfg.model.arch == "encoder_only" or cfg.data.objective != "none":
     # The teacher-forced metrics (accuracy, perplexity, F1, span corruption's loss) are the task's.
@@ -325,6 +354,8 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   wrote = write_results(out_dir or workdir, split, results, predictions)
   if verbose:
     print(format_table(results))
+    if "confusion_matrix" in results:
+      print(format_confusion(results["confusion_matrix"]))
     for p in predictions[:3] if getattr(task, "kind", "") == "lm" else []:
       print(f"--- {p['source']!r} -> {p['hypothesis']!r}")
     if wrote:

@@ -217,3 +217,29 @@ def plot_label_efficiency(results: dict[str, dict[float, float]], metric: str = 
   ax.grid(True, alpha=0.3)
   ax.legend()
   return _finish(fig, save_path, tight=False)
+
+
+def plot_image_attention(image: Any, attention_map: Any, title: str = "",
+                         save_path: str | None = None) -> Any:
+  """An image (pixels [H, W] or [H, W, C] in [0, 1]) beside the same image under its attention
+  map [grid, grid] (e.g. api.image_attention_map), each map cell stretched over its patch."""
+  pixels = np.asarray(image, np.float32)
+  pixels = pixels[..., 0] if pixels.ndim == 3 and pixels.shape[-1] == 1 else pixels
+  amap = np.asarray(attention_map, np.float32)
+  if amap.ndim != 2 or pixels.shape[0] % amap.shape[0] or pixels.shape[1] % amap.shape[1]:
+    raise ValueError(f"plot_image_attention: a map {amap.shape} does not tile an image "
+                     f"{pixels.shape[:2]}")
+  cell = (pixels.shape[0] // amap.shape[0], pixels.shape[1] // amap.shape[1])
+  stretched = np.kron(amap / max(float(amap.max()), 1e-12), np.ones(cell))
+  gray = "gray" if pixels.ndim == 2 else None
+  fig, axes = plt.subplots(1, 2, figsize=(6, 3))
+  axes[0].imshow(pixels, cmap=gray, vmin=0.0, vmax=1.0)
+  axes[0].set_title("image", fontsize=9)
+  axes[1].imshow(pixels, cmap=gray, vmin=0.0, vmax=1.0)
+  axes[1].imshow(stretched, cmap="inferno", alpha=0.6, vmin=0.0, vmax=1.0)
+  axes[1].set_title("attention", fontsize=9)
+  for ax in axes:
+    ax.axis("off")
+  if title:
+    fig.suptitle(title)
+  return _finish(fig, save_path)

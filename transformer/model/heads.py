@@ -22,10 +22,11 @@ def output_dense(cfg: ModelConfig, features: int, axes: tuple[str, str], name: s
 
 
 def pool(x: Array, segment_ids: Array, target_segment_ids: Array, pooling: str) -> Array:
-  """x [b, s, d] -> [b, t, d]: the first token or token mean of each slot's segment (0: zeros)."""
+  """x [b, s, d] -> [b, t, d]: the first token (a ViT's class token) or token mean of each slot's
+  segment (0: zeros)."""
   member = ((segment_ids[:, None, :] == target_segment_ids[:, :, None])
             & (target_segment_ids[:, :, None] != 0))  # [b, t, s]
-  if check_value("model.pooling", pooling) == "first":
+  if check_value("model.pooling", pooling) in ("first", "class_token"):
     first = jnp.argmax(member, axis=-1)  # [b, t]
     weights = jax.nn.one_hot(first, x.shape[1]) * member.any(-1, keepdims=True)
   else:
@@ -100,4 +101,7 @@ class OutputHead(nn.Module):
       if target_segment_ids is None:  # one example per row: slot 0 is segment 1
         target_segment_ids = jnp.ones((x.shape[0], 1), jnp.int32)
       x = pool(x, segment_ids, target_segment_ids, cfg.pooling)
+    if cfg.head_bias:  # a float32 Dense with a bias
+      return dense(cfg.num_classes, ("embed", "classes"),
+                   dataclasses.replace(cfg, use_bias=True, dtype="float32"), "classifier")(x)
     return output_dense(cfg, cfg.num_classes, ("embed", "classes"), "classifier")(x)

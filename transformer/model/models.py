@@ -107,12 +107,52 @@ def _run_layers(cfg: ModelConfig, num_layers: int, x: Array, inputs: BlockInputs
   return make_norm(cfg, "final_norm")(x) if cfg.norm_position == "pre" else x
 
 
+def patchify(images: Array, patch_size: int) -> Array:
+  """images [b, H, W, C] -> patches [b, (H/p) (W/p), p p C]: row-major over the patch grid,
+  each patch flattened (row, column, channel)."""
+  b, h, w, c = images.shape
+  p = patch_size
+  x = images.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(b, (h // p) * (w // p), p * p * c)
+
+
+class PatchEmbed(nn.Module):
+  """ViT's input: images [b, H, W, C] -> [b, t, d], a linear map of each flattened patch, after
+  a learned class token (t = patches + 1) with model.pooling='class_token'."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, images: Array) -> Array:
+    cfg = self.config
+    if images.shape[1:] != (cfg.image_size, cfg.image_size, cfg.image_channels):
+      raise ValueError(f"images of shape {images.shape[1:]} (H, W, C), but the model takes "
+                       f"{(cfg.image_size, cfg.image_size, cfg.image_channels)} (model.image_size, "
+                       f"model.image_channels)")
+    patches = patchify(images.astype(jnp.dtype(cfg.dtype)), cfg.patch_size)
+    x = nn.Dense(cfg.d_model, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+                 kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
+                                                          ("patch", "embed")),
+                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
+                 name="projection")(patches)
+    if cfg.pooling == "class_token":
+      token = self.param("class_token", nn.with_logical_partitioning(
+          nn.initializers.zeros_init(), ("embed",)), (cfg.d_model,), jnp.dtype(cfg.param_dtype))
+      token = jnp.broadcast_to(jnp.asarray(token, x.dtype), (x.shape[0], 1, cfg.d_model))
+      x = jnp.concatenate([token, x], axis=1)
+    return x
+
+
 def _embed(stack: "Encoder | Decoder", tokens: Array, positions: Array,
            deterministic: bool) -> Array:
   """Token embeddings + absolute positional encoding, embedding norm (if configured), dropout;
   inside `stack`'s compact method."""
+  return _add_positions(stack, stack.embed(tokens), positions, deterministic)  # [b, t, d]
+
+
+def _add_positions(stack: "Encoder | Decoder", x: Array, positions: Array,
+                   deterministic: bool) -> Array:
+  """Embeddings x [b, t, d] + absolute positional encoding, embedding norm, dropout."""
   cfg = stack.config
-  x = stack.embed(tokens)  # [b, t, d]
   if positional.encoding(cfg).kind == "absolute":
     absolute = positional.AbsoluteEncoding(cfg, name="absolute_encoding")
     nn.share_scope(stack, absolute)  # a learned table sits in the stack's scope
@@ -145,14 +185,22 @@ class Encoder(nn.Module):
   embed: Embed
 
   @nn.compact
-  def __call__(self, tokens: Array, *, positions: Array | None = None,
-               segment_ids: Array | None = None, deterministic: bool = True) -> Array:
-    """tokens [b, s] -> encoded [b, s, d]; segment ids default to (tokens != 0)."""
+  def __call__(self, tokens: Array | None, *, positions: Array | None = None,
+               segment_ids: Array | None = None, deterministic: bool = True,
+               images: Array | None = None) -> Array:
+    """tokens [b, s] -> encoded [b, s, d]; segment ids default to (tokens != 0). Given images
+    [b, H, W, C] instead, the patch embeddings (PatchEmbed) are the sequence, all one segment."""
     cfg = self.config
+    if images is not None:
+      x = PatchEmbed(cfg, name="patch_embed")(images)
+      tokens = segment_ids = jnp.ones(x.shape[:2], jnp.int32)
     if positions is None:
       positions = _default_positions(tokens)
     segment_ids = default_segment_ids(tokens, segment_ids)
-    x = _embed(self, tokens, positions, deterministic)
+    if images is None:
+      x = _embed(self, tokens, positions, deterministic)
+    else:
+      x = _add_positions(self, x, positions, deterministic)
     mask = attn.segment_mask(segment_ids, segment_ids)  # same nonzero segment
     if cfg.sliding_window:
       idx = _default_positions(tokens)
@@ -310,10 +358,17 @@ class EncoderOnly(nn.Module):
     kind = "lm" if self.config.head == "mlm" else self.config.head
     self.head = heads.OutputHead(self.config, self.token_embed, kind)
 
-  def __call__(self, inputs: Array, inputs_positions: Array | None = None,
+  def __call__(self, inputs: Array | None, inputs_positions: Array | None = None,
                inputs_segment_ids: Array | None = None, targets_segment_ids: Array | None = None,
-               deterministic: bool = True) -> Array:
-    """Head logits for inputs [b, s]; targets_segment_ids [b, t]: each classification slot's."""
+               deterministic: bool = True, images: Array | None = None) -> Array:
+    """Head logits for inputs [b, s]; targets_segment_ids [b, t]: each classification slot's.
+    With model.image_size, images [b, H, W, C] (ViT) -> class logits [b, 1, num_classes]."""
+    if self.config.image_size:
+      if images is None:
+        raise ValueError(f"model.image_size={self.config.image_size}: this model reads images "
+                         "[b, H, W, C] (a batch's 'images'), not tokens")
+      encoded = self.encoder(None, deterministic=deterministic, images=images)
+      return self.head(encoded, jnp.ones(encoded.shape[:2], jnp.int32), targets_segment_ids)
     inputs_segment_ids = default_segment_ids(inputs, inputs_segment_ids)
     encoded = self.encoder(inputs, positions=inputs_positions, segment_ids=inputs_segment_ids,
                            deterministic=deterministic)
@@ -350,6 +405,8 @@ def _call_kwargs(arch: str, batch: dict[str, Any]) -> dict[str, Any]:
   targets = ("targets", "targets_positions", "targets_segment_ids")
   names = {"encoder_decoder": inputs + targets, "decoder_only": targets + ("prefix_mask",),
            "encoder_only": inputs + ("targets_segment_ids",)}[arch]
+  if "images" in batch:  # a ViT's batch: images [b, H, W, C] instead of input tokens
+    return {"inputs": None, "images": batch["images"]}
   return {n: batch[n] if n in ("inputs", "targets") else batch.get(n) for n in names}
 
 
@@ -398,6 +455,9 @@ def batch_init(model: nn.Module, rngs: dict[str, Array], batch: dict[str, Any]) 
 def example_batch(model_config: ModelConfig, length: int = 8) -> dict[str, np.ndarray]:
   """A one-row batch with the features the architecture reads (for init and shapes)."""
   ones = np.ones((1, length), np.int32)
+  if model_config.image_size:
+    size, channels = model_config.image_size, model_config.image_channels
+    return dict(images=np.zeros((1, size, size, channels), np.float32), targets=ones[:, :1])
   has_inputs = model_config.arch != "decoder_only"
   return dict(inputs=ones, targets=ones) if has_inputs else dict(targets=ones)
 

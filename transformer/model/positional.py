@@ -54,6 +54,38 @@ def sinusoidal_lookup(positions: Array, max_len: int, d: int) -> Array:
   return jnp.take(_sinusoidal_constant(rows, d), positions, axis=0, mode="clip")
 
 
+def sincos_2d_table(height: int, width: int, d: int, temperature: float = 10000.0) -> np.ndarray:
+  """big_vision's posemb_sincos_2d as [height * width, d] float32, the grid's rows row-major:
+  d/4 columns each of sin(x w_i), cos(x w_i), sin(y w_i), cos(y w_i), x the column, y the row,
+  w_i = temperature^(-i / (d/4 - 1))."""
+  quarter = d // 4
+  y, x = np.mgrid[:height, :width]
+  omega = 1.0 / temperature ** (np.arange(quarter) / max(quarter - 1, 1))
+  xs, ys = np.outer(x.ravel(), omega), np.outer(y.ravel(), omega)
+  return np.concatenate([np.sin(xs), np.cos(xs), np.sin(ys), np.cos(ys)], 1).astype(np.float32)
+
+
+def patch_grid(cfg: Any) -> int:
+  """The patches along each side of an image (model.image_size // model.patch_size)."""
+  return cfg.image_size // cfg.patch_size
+
+
+def _sincos_2d(cfg, positions):
+  """Rows of the patch grid's 2-D table; with a class token (position 0) a zero row first, as
+  big_vision adds no position to it. Token inputs are a grid of one row of model.max_len."""
+  grid = (patch_grid(cfg),) * 2 if cfg.image_size else (1, cfg.max_len)
+  table = sincos_2d_table(*grid, cfg.d_model)
+  if cfg.pooling == "class_token":
+    table = np.concatenate([np.zeros((1, cfg.d_model), np.float32), table])
+  _check_concrete_positions(positions, len(table), len(table), "sincos2d")
+  return jnp.take(jnp.asarray(table), positions, axis=0, mode="clip")
+
+
+def _check_sincos_2d(cfg):
+  if cfg.d_model % 4 or cfg.d_model < 8:
+    return f"model.d_model={cfg.d_model} must be a multiple of 4 and >= 8 with 'sincos2d'"
+
+
 class LearnedPositions(nn.Module):
   """A learned [max_len, features] table looked up by (checked, or clipped if traced) position."""
   max_len: int
@@ -253,6 +285,7 @@ ENCODINGS: schema.Table[Encoding] = schema.registry("model.positional", {
         q_pos, k_pos, alibi_slopes(cfg.num_heads))),
     "none": Encoding("none"),
     "shaw": Encoding("bias", _shaw),
+    "sincos2d": Encoding("absolute", _sincos_2d, check=_check_sincos_2d),
 })
 
 

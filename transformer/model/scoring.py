@@ -34,7 +34,8 @@ def num_classes(model_config: Any) -> int:
 def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
   """`eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight; per-class counts
   for classification and tagging heads; a mixture of experts' auxiliary losses and dropped
-  fraction, times the weight). A tuple of models scores their mean probabilities."""
+  fraction, times the weight; the confusion counts [reference, predicted] for classification and
+  tagging heads). A tuple of models scores their mean probabilities."""
   members = tuple(model) if ensemble.is_ensemble(model) else (model,)
   ensemble.check_compatible([m.config for m in members])
   classes = num_classes(members[0].config)
@@ -60,7 +61,8 @@ def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
       pred = jax.nn.one_hot(predicted, classes) * weights[..., None]  # [b, t, c]
       true = jax.nn.one_hot(batch["targets"], classes) * weights[..., None]
       sums |= dict(true_positives=jnp.sum(pred * true, (0, 1)), predicted=jnp.sum(pred, (0, 1)),
-                   references=jnp.sum(true, (0, 1)))
+                   references=jnp.sum(true, (0, 1)),
+                   confusion=jnp.einsum("btr,btp->rp", true, pred))  # [reference, predicted]
     return sums
 
   return eval_step

@@ -34,7 +34,7 @@ LOGICAL_AXIS_RULES = (
     ("batch", BATCH_AXES), ("expert", "data"), ("embed", "fsdp"),
     ("mlp", "tensor"), ("heads", "tensor"), ("kv_heads", "tensor"), ("vocab", "tensor"),
     ("classes", None), ("head_dim", None), ("layers", None), ("length", None),
-    ("relpos_buckets", None), ("norm", None),
+    ("relpos_buckets", None), ("norm", None), ("patch", None),
 )
 
 
