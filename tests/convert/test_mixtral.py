@@ -263,6 +263,15 @@ def test_balance_loss_coefficient_against_hugging_faces_loss():
       model_type="mixtral", vocab_size=50, **(SIZES | dict(num_hidden_layers=2)))))
   assert mixtral.hf_training(TrainConfig(moe_balance_loss=0.3), m, {}) == dict(
       output_router_logits=True, router_aux_loss_coef=0.3)
+  three = hf | dict(num_hidden_layers=3)  # k / L = 2 / 3: scaled there and back
+  ours = mixtral.train_overrides(three)["moe_balance_loss"]
+  assert ours == pytest.approx(0.02 * 2 / 3)
+  m3 = model_config(**mixtral.model_overrides(dict(model_type="mixtral", vocab_size=50,
+                                                   **(SIZES | dict(num_hidden_layers=3)))))
+  assert mixtral.hf_training(TrainConfig(moe_balance_loss=ours), m3, {})[
+      "router_aux_loss_coef"] == 0.02
+  assert mixtral.hf_training(TrainConfig(moe_balance_loss=0.0), m3, three) == dict(
+      output_router_logits=False, router_aux_loss_coef=0.02)
 
 
 def test_cli_from_hf_and_to_hf(converted, tmp_path):

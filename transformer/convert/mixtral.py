@@ -29,7 +29,7 @@ import numpy as np
 from transformer.config import Config, ModelConfig, TrainConfig
 from transformer.convert import llama
 from transformer.convert.common import (ConvertError, hf_choice, one, params_of, positive_ints,
-                                        require, require_hf, stacked, state_of, transpose, Weight)
+                                        require_hf, stacked, state_of, transpose, Weight)
 from transformer.data.tokenizers import NUM_SPECIAL
 
 MODEL_TYPE, NAME, ARCH = "mixtral", "Mixtral", "decoder_only"
@@ -85,7 +85,6 @@ def _rounded(x: float) -> float:
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
   """The Mixtral config.json dict of `m` (over `extra`'s); ConvertError names a key Mixtral
   lacks."""
-  require(m, FIXED, NAME)
   out = llama.shared_hf_config(m, extra, MODEL_TYPE, FIXED)
   out.setdefault("output_router_logits", False)
   out.setdefault("router_aux_loss_coef", 0.0)
