@@ -64,7 +64,7 @@ def train_overrides(hf: dict[str, Any]) -> dict[str, Any]:
   if not hf.get("output_router_logits", False):
     coef = 0.0
   scale = hf["num_experts_per_tok"] / hf["num_hidden_layers"]
-  return dict(moe_balance_loss=_rounded(coef * scale), moe_z_loss=0.0)
+  return dict(moe_balance_loss=coef * scale, moe_z_loss=0.0)
 
 
 def hf_training(t: TrainConfig, m: ModelConfig, out: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def hf_training(t: TrainConfig, m: ModelConfig, out: dict[str, Any]) -> dict[str
 
 
 def _rounded(x: float) -> float:
-  """`x` to 12 significant digits: a coefficient scaled there and back reads as it was."""
+  """`x` to 12 significant digits: an imported coefficient exported again reads as it was."""
   return float(f"{x:.12g}")
 
 
