@@ -29,6 +29,8 @@ pytest.importorskip("tokenizers")
 # one place: Mixtral is that decoder with another feed-forward).
 from test_llama import BOS, EOS, batch, log_probs, tokenizer, train, _perturbed  # noqa: E402
 
+from bench_loader import load_benchmark  # noqa: E402
+
 import transformer  # noqa: E402
 from transformer import convert  # noqa: E402
 from transformer.config import model_config, TrainConfig  # noqa: E402
@@ -40,6 +42,7 @@ from transformer.train import optim, steps  # noqa: E402
 
 from transformers.models.mixtral import modeling_mixtral  # noqa: E402
 
+bench = load_benchmark("hf_probabilities")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WINDOW = 4
 SIZES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -288,6 +291,42 @@ def test_cli_from_hf_and_to_hf(converted, tmp_path):
   lines = done.stdout.strip().splitlines()
   assert len(lines) == 2 and lines[0].startswith(f"wrote {out}: Mixtral-shaped")
   assert lines[1].startswith(f"wrote {back}: Mixtral with 2 layers, 4 experts")
+
+
+@pytest.mark.slow
+def test_fine_tuning_a_converted_mixtral_from_the_command_line(converted, tmp_path):
+  """`--from_hf --text_file`, `train.py --init_from` for 8 steps (the training loss falls, the
+  balance loss is logged), then `--to_hf`: Hugging Face's MixtralForCausalLM of the export scores
+  like the fine-tuned run to 1e-4."""
+  directory = converted("mixtral")[0]
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n".join(bench.corpus()) + "\n")
+  out, tuned, back = (str(tmp_path / name) for name in ("run", "tuned", "back"))
+  data = f"--config.data.text_file={corpus} --config.data.data_dir={tmp_path / 'tfds'}"
+  script = " && ".join([
+      f"{sys.executable} -m transformer.convert --from_hf={directory} --workdir={out} "
+      f"--text_file={corpus} --data_dir={tmp_path / 'tfds'}",
+      f"{sys.executable} train.py --config=configs/lm.py:nanogpt_cpu --workdir={tuned} "
+      f"--init_from={out} --config.data.dataset=text_files {data} "
+      "--config.data.max_target_len=32 --config.data.max_source_len=32 "
+      "--config.data.batch_size=8 --config.train.num_steps=8 --config.train.warmup_steps=0 "
+      "--config.train.learning_rate=3e-3 --config.train.log_every_steps=1 "
+      "--config.eval.every_steps=8 --config.eval.num_batches=1 --config.checkpoint.every_steps=8",
+      f"{sys.executable} -m transformer.convert --workdir={tuned} --to_hf={back}"])
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  with open(os.path.join(tuned, "metrics.jsonl")) as f:
+    logged = [m for m in map(json.loads, f) if "train/loss" in m]
+  losses = [m["train/loss"] for m in logged]
+  assert len(losses) == 8 and losses[-1] < losses[0] - 0.1
+  assert all(m["train/moe_balance_loss"] > 0 for m in logged)
+  run = transformer.restore(tuned)
+  assert run.config.model.ffn == "moe" and run.config.model.moe_capacity_factor == 0
+  model = transformers.MixtralForCausalLM.from_pretrained(back).eval()
+  got, want = log_probs(run, model, *batch(model.config.vocab_size), start_token=False)
+  assert np.abs(got - want).max() <= 1e-4
 
 
 def _hf_dir(tmp_path, config: dict) -> str:
