@@ -3,8 +3,10 @@ log-probabilities of `--from_hf` workdirs against Hugging Face's own, per family
 
   python benchmarks/hf_probabilities.py --out=docs/results/hf_probabilities
 
-For GPT-2, T5 and BERT, a tiny model is built offline from transformers' config class (every
-weight perturbed, as tests/convert/*.py do) with a tokenizer trained here, once as it is
+For GPT-2, T5, BERT, Llama 2, Llama 3 (Llama 3.1's RoPE scaling, a tied head), Mistral (a
+sliding window of 4, shorter than every input), Qwen2 (q/k/v biases) and Mixtral (4 experts,
+top-2), a tiny model is built offline from transformers' config class (every weight perturbed, as
+tests/convert/*.py do; no checkpoint is downloaded) with a tokenizer trained here, once as it is
 ("random") and once after TRAIN_STEPS Adam steps in torch on a small corpus ("trained":
 non-degenerate, non-symmetric weights), saved, converted with `convert.from_hf`, and restored with
 `transformer.restore`. Our log-probabilities are the log-softmax over our whole vocabulary of the
@@ -12,8 +14,9 @@ logits the notebook API gives (`Run.logits`; BERT's masked-LM logits of `Run.mas
 read at each Hugging Face id's place (`our_ids`); Hugging Face's are the log-softmax of its forward
 pass on the same tokens. The metric is the largest absolute difference over every id and every
 real position. "before" is the same converted parameters with `model.excluded_ids` cleared and
-GPT-2's <|endoftext|> read at its shifted id: the distribution of the same weights without the
-vocabulary map. Writes record.json (docs/results/<name>/record.json's schema) under --out.
+GPT-2's and the Llama family's end-of-sequence read at its shifted id: the distribution of the
+same weights without the vocabulary map. Writes record.json (docs/results/<name>/record.json's
+schema) under --out.
 """
 
 from __future__ import annotations
@@ -37,15 +40,32 @@ import transformers
 
 import transformer
 from transformer import convert
-from transformer.convert import bert, gpt2
+from transformer.convert import bert, gpt2, llama
 from transformer.infer.api import Run
 from transformer.model import models
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAMILIES = ("gpt2", "t5", "bert")
+LLAMAS = ("llama2", "llama3", "mistral", "qwen2", "mixtral")  # Llama-shaped decoders
+FAMILIES = ("gpt2", "t5", "bert", *LLAMAS)
 TRAIN_STEPS = 40
 EOT = "<|endoftext|>"
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+LLAMA_SPECIALS = ["<unk>", "<s>", "</s>"]  # Llama's ids 0, 1, 2 (bos 1, eos 2)
+WINDOW = 4  # Mistral's sliding window: every row of TEXTS is longer
+LLAMA_SIZES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                   bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-5)
+LLAMA_CONFIGS = {  # family -> (config class, model class, its keys over LLAMA_SIZES)
+    "llama2": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=4)),
+    "llama3": ("LlamaConfig", "LlamaForCausalLM", dict(
+        tie_word_embeddings=True, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=WINDOW)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4,
+                                                             num_experts_per_tok=2)),
+}
 TEXTS = ["the cat sees the moon.", "a dog likes some fish.", "my friend finds a red ball.",
          "she wants the mat.", "the old man eats it."]
 
@@ -62,7 +82,8 @@ def corpus(num_sentences: int = 200) -> list[str]:
 
 def tokenizer(family: str, lines: list[str]):
   """A `tokenizers` tokenizer of the family's kind trained on `lines`: BPE with <|endoftext|>
-  (GPT-2), unigram with <pad> 0, </s> 1, <unk> 2 (T5), WordPiece with BERT's specials."""
+  (GPT-2), unigram with <pad> 0, </s> 1, <unk> 2 (T5), WordPiece with BERT's specials, BPE with
+  <unk> 0, <s> 1, </s> 2 (the Llama family)."""
   from tokenizers import Tokenizer, decoders, models as tmodels, normalizers, pre_tokenizers
   from tokenizers import trainers
   if family == "bert":  # the vocabulary written out: WordPiece's trainer breaks ties at random
@@ -79,6 +100,11 @@ def tokenizer(family: str, lines: list[str]):
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
     trainer = trainers.UnigramTrainer(vocab_size=80, special_tokens=["<pad>", "</s>", "<unk>"],
                                       unk_token="<unk>", show_progress=False)
+  elif family in LLAMAS:
+    tok = Tokenizer(tmodels.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=100, special_tokens=LLAMA_SPECIALS,
+                                  show_progress=False)
   else:
     tok = Tokenizer(tmodels.BPE())
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
@@ -87,10 +113,31 @@ def tokenizer(family: str, lines: list[str]):
   return tok
 
 
+def llama_model(family: str, vocab: int) -> torch.nn.Module:
+  """A tiny random Llama-shaped model: matrices ~ N(0, 1/fan_in) (Mixtral's router too: routing
+  far from uniform), embeddings ~ N(0, 1), RMSNorm scales 1 + N(0, 0.3^2), biases N(0, 0.3^2)."""
+  config_cls, model_cls, extra = LLAMA_CONFIGS[family]
+  model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(
+      vocab_size=vocab, **(LLAMA_SIZES | extra)))
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.copy_(1 + 0.3 * torch.randn_like(p))
+      elif p.ndim == 1:
+        p.normal_(0.0, 0.3)
+      elif "embed" in name:
+        p.normal_(0.0, 1.0)
+      else:  # [out, in], or Mixtral's experts [E, out, in]
+        p.normal_(0.0, p.shape[-1] ** -0.5)
+  return model.eval()
+
+
 def hf_model(family: str, tok) -> torch.nn.Module:
   """A tiny random model of `family` for `tok`, dropout off, every weight perturbed (T5: its
   norms and relative-bias tables, and an untied head)."""
   vocab = tok.get_vocab_size()
+  if family in LLAMAS:
+    return llama_model(family, vocab)
   if family == "gpt2":
     eot = tok.token_to_id(EOT)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -134,15 +181,18 @@ def _padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor
 def train(family: str, model: torch.nn.Module, tok, lines: list[str], steps: int = TRAIN_STEPS,
           seed: int = 0) -> torch.nn.Module:
   """`steps` Adam steps (lr 3e-3, batches of 16 lines) of the family's own objective: causal LM
-  on <|endoftext|> line <|endoftext|> (GPT-2), copying a line (T5), masked LM with 15% [MASK]
-  (BERT)."""
+  on <|endoftext|> line <|endoftext|> (GPT-2) or <s> line </s> (the Llama family), copying a line
+  (T5), masked LM with 15% [MASK] (BERT)."""
   gen = torch.Generator().manual_seed(seed)
   optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
   model.train()
   for step in range(steps):
     batch = [lines[(step * 16 + i) % len(lines)] for i in range(16)]
     ids = [tok.encode(t, add_special_tokens=False).ids for t in batch]
-    if family == "gpt2":
+    if family in LLAMAS:
+      x, mask = _padded([[1] + r + [2] for r in ids], 2)
+      loss = model(input_ids=x, attention_mask=mask, labels=x.masked_fill(mask == 0, -100)).loss
+    elif family == "gpt2":
       eot = tok.token_to_id(EOT)
       x, mask = _padded([[eot] + r + [eot] for r in ids], eot)
       loss = model(input_ids=x, attention_mask=mask, labels=x.masked_fill(mask == 0, -100)).loss
@@ -198,11 +248,21 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 def log_probs(family: str, run: Run, model: Any, tok: Any, before: bool = False
               ) -> tuple[np.ndarray, np.ndarray]:
   """(ours, Hugging Face's) log-probabilities [positions, HF vocabulary] at every real position
-  of TEXTS: GPT-2 next tokens of <|endoftext|> text <|endoftext|>, T5 decoder tokens of text ->
-  text, BERT masked-LM outputs of [CLS] text-with-one-[MASK] [SEP]. `before`: our columns as the
-  plain id shift reads them (GPT-2's <|endoftext|> at its shifted id)."""
+  of TEXTS: GPT-2 next tokens of <|endoftext|> text <|endoftext|>, the Llama family's of <s> text
+  (our start token in <s>'s place), T5 decoder tokens of text -> text, BERT masked-LM outputs of
+  [CLS] text-with-one-[MASK] [SEP]. `before`: our columns as the plain id shift reads them (the
+  end-of-sequence id at its shifted id)."""
   hf = model.config.to_dict()
-  if family == "gpt2":
+  if family in LLAMAS:
+    ours = llama.our_ids(hf) if not before else np.arange(hf["vocab_size"]) + llama.ID_OFFSET
+    logits = run.logits([""] * len(TEXTS), TEXTS)
+    rows = [[1] + [i - llama.ID_OFFSET for i in run.target_tokenizer.encode(t)] for t in TEXTS]
+    assert min(map(len, rows)) > WINDOW, "Mistral's rows must be longer than its window"
+    ids, mask = _padded(rows, 2)
+    with torch.no_grad():
+      want = model(input_ids=ids, attention_mask=mask).logits.numpy()
+    real = mask.numpy().astype(bool)
+  elif family == "gpt2":
     ours = gpt2.our_ids(hf) if not before else np.arange(hf["vocab_size"]) + gpt2.ID_OFFSET
     logits = run.logits([""] * len(TEXTS), TEXTS)
     eot = hf["eos_token_id"]
@@ -278,9 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         metrics[f"{family}_{w}_max_abs_logprob_diff_after"] for w in ("random", "trained"))
   record = {
       "name": "hf_probabilities",
-      "title": "Converted GPT-2, T5 and BERT: max |log p ours - log p Hugging Face| over the "
-               "whole vocabulary, before and after model.excluded_ids",
-      "task": "Hugging Face conversion (tiny models built offline)", "config": None,
+      "title": "Converted GPT-2, T5, BERT, Llama 2, Llama 3, Mistral, Qwen2 and Mixtral: max |log "
+               "p ours - log p Hugging Face| over the whole vocabulary, before and after "
+               "model.excluded_ids",
+      "task": "Hugging Face conversion (tiny random models built offline from transformers' "
+              "config classes; no real checkpoint)", "config": None,
       "overrides": [], "command": "python benchmarks/hf_probabilities.py",
       "commit": _commit(), "hardware": "2-core x86_64 CPU",
       "versions": {"jax": jax.__version__, "torch": torch.__version__,

@@ -1,5 +1,5 @@
 """Hugging Face checkpoints <-> workdirs, with identical probabilities: GPT-2, T5, BERT, the
-Llama family (Llama 2 and 3, Mistral, Qwen2) and ViT.
+Llama family (Llama 2 and 3, Mistral, Qwen2), Mixtral and ViT.
 
   python -m transformer.convert --from_hf=DIR --workdir=OUT [--text_file=CORPUS [--data_dir=D]]
   python -m transformer.convert --workdir=OUT --to_hf=DIR [--step=latest] [--overwrite]
@@ -29,7 +29,7 @@ import numpy as np
 
 from transformer import cli, files
 from transformer.config import Config, ConfigError, ModelConfig, to_dict
-from transformer.convert import bert, gpt2, llama, t5, vit
+from transformer.convert import bert, gpt2, llama, mixtral, t5, vit
 from transformer.convert.common import ConvertError
 from transformer.data import tokenizers
 from transformer.model.models import build_model, example_batch
@@ -42,7 +42,8 @@ __all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf"
 CONVERTED_FROM = "converted_from.json"
 FAMILIES: dict[str, ModuleType] = {gpt2.MODEL_TYPE: gpt2, t5.MODEL_TYPE: t5,
                                     bert.MODEL_TYPE: bert, vit.MODEL_TYPE: vit,
-                                    **{kind: llama for kind in llama.MODEL_TYPES}}
+                                    **{kind: llama for kind in llama.MODEL_TYPES},
+                                    mixtral.MODEL_TYPE: mixtral}
 
 
 def family_of_hf(hf: dict[str, Any]) -> ModuleType:
@@ -55,8 +56,9 @@ def family_of_hf(hf: dict[str, Any]) -> ModuleType:
 
 def family_of_config(m: ModelConfig) -> ModuleType:
   """The family a model config exports as: by its architecture and whether it reads images; a
-  decoder with RMSNorm as the Llama family (its `exports`), else GPT-2."""
-  families = [llama, *FAMILIES.values()]
+  decoder with RMSNorm as Mixtral (with a mixture of experts) or the Llama family (their
+  `exports`), else GPT-2."""
+  families = [mixtral, llama, *FAMILIES.values()]
   return next(f for f in families
               if f.ARCH == m.arch and getattr(f, "IMAGES", False) == bool(m.image_size)
               and getattr(f, "exports", lambda _: True)(m))
@@ -216,6 +218,8 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None,
   # The source's config.json gives the keys ours lacks, unless it is another family's.
   hf = family.hf_config(cfg.model, extra if extra.get("model_type") in _model_types(family)
                         else None)
+  if hasattr(family, "hf_training"):  # config.json keys of the training objective (Mixtral's)
+    hf |= family.hf_training(cfg.train, cfg.model, hf)
   if cfg.data.tokenizer == "hf" and cfg.data.hf_id_offset != family.ID_OFFSET:
     raise ConvertError(f"data.hf_id_offset={cfg.data.hf_id_offset} has no {family.NAME} "
                        f"counterpart (need {family.ID_OFFSET})")
@@ -233,11 +237,11 @@ def _define(f: flags.FlagValues) -> None:
   flags.DEFINE_string("workdir", None, "the workdir written or read", flag_values=f)
   flags.mark_flag_as_required("workdir", flag_values=f)
   flags.DEFINE_string("from_hf", "", "a local Hugging Face GPT-2, T5, BERT, Llama, Mistral, "
-                      "Qwen2 or ViT directory to read", flag_values=f)
+                      "Qwen2, Mixtral or ViT directory to read", flag_values=f)
   flags.DEFINE_string("to_hf", "", "a directory to write a Hugging Face model to (a decoder-only "
-                      "run: Llama, Mistral or Qwen2 with RMSNorm, else GPT-2; T5 for an "
-                      "encoder-decoder, BERT for an encoder-only masked LM, ViT for an image "
-                      "classifier)", flag_values=f)
+                      "run: Mixtral with RMSNorm and model.ffn=moe, Llama, Mistral or Qwen2 with "
+                      "RMSNorm, else GPT-2; T5 for an encoder-decoder, BERT for an encoder-only "
+                      "masked LM, ViT for an image classifier)", flag_values=f)
   flags.DEFINE_string("text_file", "", "--from_hf of a decoder-only model or BERT: data for "
                       "eval.py (data.text_file)", flag_values=f)
   flags.DEFINE_string("data_dir", "", "--from_hf: where that data is prepared (data.data_dir; "

@@ -135,11 +135,16 @@ def _family_overrides(hf: dict[str, Any]) -> dict[str, Any]:
       raise ConvertError("config.json: use_sliding_window=true (Qwen2's window on some layers) "
                          "has no counterpart here (model.sliding_window is every layer's)")
     return dict(use_bias=False, qkv_bias=True, sliding_window=0)
+  return dict(use_bias=False, qkv_bias=False, sliding_window=sliding_window_of(hf))
+
+
+def sliding_window_of(hf: dict[str, Any]) -> int:
+  """model.sliding_window of config.json's sliding_window (null: 0, every key)."""
   window = hf.get("sliding_window")
   if window is not None and (not isinstance(window, int) or window <= 0):
     raise ConvertError(f"config.json: sliding_window={window!r} must be a positive integer or "
                        "null")
-  return dict(use_bias=False, qkv_bias=False, sliding_window=window or 0)
+  return window or 0
 
 
 def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = None
@@ -166,11 +171,12 @@ def _check_family(m: ModelConfig, kind: str) -> None:
   require(m, need, NAMES[kind])
 
 
-def shared_hf_config(m: ModelConfig, extra: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+def shared_hf_config(m: ModelConfig, extra: dict[str, Any] | None, kind: str,
+                     fixed: dict[str, Any] | None = None) -> dict[str, Any]:
   """The config.json keys every Llama-shaped family writes the same way, over `extra`'s;
-  ConvertError names a model key without a counterpart."""
-  name = NAMES.get(kind, kind)
-  require(m, FIXED | {"v_head_dim": m.head_dim}, name)
+  ConvertError names a model key without a counterpart (`fixed`: the family's FIXED)."""
+  name = NAMES.get(kind, kind.capitalize())
+  require(m, (FIXED if fixed is None else fixed) | {"v_head_dim": m.head_dim}, name)
   if m.vocab_size <= NUM_SPECIAL:
     raise ConvertError(f"model.vocab_size={m.vocab_size} leaves no Hugging Face ids "
                        f"(ids below {NUM_SPECIAL} are ours)")
@@ -221,13 +227,18 @@ def exports(m: ModelConfig) -> bool:
 def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenizer: str,
                    text_file: str = "", data_dir: str = "") -> Config:
   """The full config of a converted Llama, Mistral or Qwen2, an LM over `text_file` if given."""
-  m = model_overrides(hf, state)
+  return decoder_config(model_overrides(hf, state), hf_tokenizer, text_file, data_dir)
+
+
+def decoder_config(m: dict[str, Any], hf_tokenizer: str, text_file: str = "", data_dir: str = "",
+                   train: dict[str, Any] | None = None) -> Config:
+  """The full config of a converted Llama-shaped model of model keys `m` (and `train` keys)."""
   length = min(_LENGTH, m["max_len"])
   return converted_config(
       m, hf_tokenizer, ID_OFFSET, length,
       data=dict(dataset="text_files" if text_file else "", text_file=text_file,
                 data_dir=data_dir, batching="pack"),
-      train=dict(optimizer="adamw", learning_rate=1e-5, b2=0.95, eps=1e-8),
+      train=dict(optimizer="adamw", learning_rate=1e-5, b2=0.95, eps=1e-8) | (train or {}),
       evaluation=dict(metrics="bpc", num_batches=20), decode_len=min(64, length // 2))
 
 
