@@ -41,6 +41,10 @@ ROWS: tuple[tuple[str, tuple[Metric, ...]], ...] = (
     ("encoder_only", (("test_accuracy_scratch_1pct", "test accuracy, 1% of the labels: scratch"),
                       ("test_accuracy_mlm3000_1pct", "pretrained"))),
     ("lm_nanogpt_cpu", (("dev_loss", "val loss (nats/char)"),)),
+    ("moe_vs_dense", (("moe_dev_loss", "val loss: 8 experts top-2"),
+                      ("dense_dev_loss", "dense"), ("step_time_ratio", "step time ratio"))),
+    ("vit_digits", (("test_accuracy_tiny", "test accuracy: `:tiny`"),
+                    ("test_accuracy_default", "default"), ("test_accuracy_svc", "SVC"))),
     ("gpu_h200", (("gpt2s_bfloat16_fused_mfu_pct", "GPT-2 small, bf16, cuDNN attention: MFU"),
                   ("gpt2s_bfloat16_fused_tokens_per_s", "tokens/s"))),
 )

@@ -61,6 +61,25 @@ def compare(packed: dict[str, float], unpacked: dict[str, float]) -> tuple[float
   return diff, sorted(set(packed) ^ set(unpacked))
 
 
+def diverged_at(packed: dict[str, float], unpacked: dict[str, float], tolerance: float
+                ) -> int | None:
+  """The first logged step at which a compared training or evaluation value differs by more
+  than `tolerance` (as `compare` measures); None if none does."""
+  steps = sorted({int(k.split(":")[0]) for k in packed if k.split(":")[0].isdigit()})
+  for step in steps:
+    keys = [k for k in packed if k.startswith(f"{step}:") and k in unpacked]
+    if any(abs(packed[k] - unpacked[k]) / max(1.0, abs(unpacked[k])) > tolerance for k in keys):
+      return step
+  return None
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+  """(mean, sample standard deviation; 0 for one value)."""
+  mean = sum(values) / len(values)
+  var = sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
+  return mean, var ** 0.5
+
+
 def timed_sweep(args: argparse.Namespace, sweep_file: str, workdir: str, extra: list[str]
                 ) -> float:
   """Runs sweep.py to its end; returns its wall clock (exits with a line if it fails)."""
@@ -99,6 +118,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
   parser.add_argument("--work", default="", help="a fresh directory for the sweeps (default: "
                       "a new temporary one)")
   parser.add_argument("--out", default="", help="write record.json and log.txt here")
+  parser.add_argument("--compare_only", action="store_true",
+                      help="compare the sweeps already in --work (no training; no wall clocks)")
   args, extra = parser.parse_known_args(argv)
   bad = [e for e in extra if not e.startswith("--config.")]
   if bad:
@@ -106,7 +127,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
   if args.seeds < 2:
     parser.error(f"--seeds={args.seeds} must be >= 2")
   args.work = args.work or tempfile.mkdtemp(prefix="sweep_packing_")
-  if any(os.path.exists(os.path.join(args.work, n)) for n in ("packed", "unpacked")):
+  if not args.compare_only and any(os.path.exists(os.path.join(args.work, n))
+                                   for n in ("packed", "unpacked")):
     parser.error(f"--work={args.work} already holds a sweep; use a fresh directory")
   return args, extra
 
@@ -122,13 +144,16 @@ def main(argv: list[str] | None = None) -> dict:
   warm_file = os.path.join(args.work, "warm.py")
   with open(warm_file, "w") as f:
     f.write("def get_sweep():\n  return [{'seed': 0}]\n")
-  warm = timed_sweep(args, warm_file, os.path.join(args.work, "warm"),
-                     extra + ["--config.train.num_steps=1", "--config.eval.every_steps=1",
-                              "--config.eval.num_batches=1", "--config.eval.num_decode_examples=1"])
-  packed = timed_sweep(args, sweep_file, os.path.join(args.work, "packed"),
-                       extra + [f"--pack={args.seeds}"])
-  unpacked = timed_sweep(args, sweep_file, os.path.join(args.work, "unpacked"), extra)
-  diffs, lines = {}, []
+  warm = packed = unpacked = float("nan")
+  if not args.compare_only:
+    warm = timed_sweep(args, warm_file, os.path.join(args.work, "warm"),
+                       extra + ["--config.train.num_steps=1", "--config.eval.every_steps=1",
+                                "--config.eval.num_batches=1",
+                                "--config.eval.num_decode_examples=1"])
+    packed = timed_sweep(args, sweep_file, os.path.join(args.work, "packed"),
+                         extra + [f"--pack={args.seeds}"])
+    unpacked = timed_sweep(args, sweep_file, os.path.join(args.work, "unpacked"), extra)
+  diffs, lines, diverged, finals = {}, [], {}, {"packed": [], "unpacked": []}
   for s in range(args.seeds):
     mine, theirs = (logged(os.path.join(args.work, w, f"seed={s}"))
                     for w in ("packed", "unpacked"))
@@ -136,7 +161,12 @@ def main(argv: list[str] | None = None) -> dict:
     if only or not mine:
       raise SystemExit(f"sweep_packing: seed={s}: the packed and unpacked points logged "
                        f"different keys ({', '.join(only[:4]) or 'none at all'})")
-    lines.append(f"seed={s}: {len(mine)} logged values, largest difference {diffs[s]:.2e}")
+    diverged[s] = diverged_at(mine, theirs, args.tolerance)
+    for side, values in (("packed", mine), ("unpacked", theirs)):
+      if "test:wer" in values:
+        finals[side].append(values["test:wer"])
+    lines.append(f"seed={s}: {len(mine)} logged values, largest difference {diffs[s]:.2e}, "
+                 f"first beyond the tolerance at step {diverged[s]}")
   worst = max(diffs.values())
   ratio = packed / unpacked
   lines.append(f"warm-up {warm:.1f} s; packed {packed:.1f} s, unpacked {unpacked:.1f} s: "
@@ -153,11 +183,23 @@ def main(argv: list[str] | None = None) -> dict:
       "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
       "versions": {p: _version(p) for p in ("jax", "flax", "optax")},
       "wall_clock_s": round(time.time() - started, 1),
-      "rates": {"packed_wall_s": round(packed, 2), "unpacked_wall_s": round(unpacked, 2),
-                "wall_clock_ratio": round(ratio, 4), "warmup_wall_s": round(warm, 2)},
-      "metrics": {"max_abs_difference": worst, "tolerance": args.tolerance,
-                  "same_numbers": bool(worst <= args.tolerance)},
+      "rates": {},
+      "metrics": {"packed_wall_s": round(packed, 2), "unpacked_wall_s": round(unpacked, 2),
+                  "wall_clock_ratio": round(ratio, 4), "warmup_wall_s": round(warm, 2),
+                  "max_abs_difference": worst, "tolerance": args.tolerance},
       "seeds": list(range(args.seeds)), "report": "docs/sweeps.md#packing"}
+  first = min((d for d in diverged.values() if d is not None), default=None)
+  if first is not None:
+    record["metrics"]["first_step_beyond_tolerance"] = first
+  for side, values in finals.items():
+    if len(values) == args.seeds:
+      mean, sd = mean_sd(values)
+      record["metrics"] |= {f"{side}_test_wer": round(100 * mean, 2),
+                            f"{side}_test_wer_sd": round(100 * sd, 2)}
+  if args.compare_only:  # no sweep ran: no wall clocks
+    record["wall_clock_s"] = None
+    for key in ("packed_wall_s", "unpacked_wall_s", "wall_clock_ratio", "warmup_wall_s"):
+      del record["metrics"][key]
   if args.out:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "record.json"), "w") as f:

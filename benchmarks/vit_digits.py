@@ -171,7 +171,7 @@ def _stats(by_seed: dict[int, dict]) -> dict:
 
 
 NAMES = {"tiny": "ViT `:tiny` (d 64, 4 layers, 1,500 steps)",
-         "default": "ViT default (d 128, 6 layers, 4,000 steps)",
+         "default": "ViT default (d 64, 4 layers, 4x4 patches, 4,500 steps)",
          "patch2": "sweep: `:tiny`, 2x2 patches (16 tokens + class token)",
          "patch4": "sweep: `:tiny`, 4x4 patches (4 tokens + class token)"}
 

@@ -44,3 +44,14 @@ def test_bad_arguments_are_one_line(argv, culprit, capsys):
   with pytest.raises(SystemExit):
     sweep_packing.parse(argv)
   assert culprit in capsys.readouterr().err
+
+
+def test_the_first_step_beyond_the_tolerance_and_the_spread():
+  """diverged_at names the first logged step with a value apart by more than the tolerance
+  (relative above 1); eval.py's values (no step) do not count; mean_sd is the sample's."""
+  packed = {"50:train/loss": 2.0, "100:train/loss": 1.0, "100:eval/wer": 0.5, "test:wer": 0.4}
+  unpacked = {"50:train/loss": 2.0 + 1e-6, "100:train/loss": 1.0 + 1e-3, "100:eval/wer": 0.5,
+              "test:wer": 0.9}
+  assert sweep_packing.diverged_at(packed, unpacked, 1e-5) == 100
+  assert sweep_packing.diverged_at(packed, unpacked, 1e-2) is None
+  assert sweep_packing.mean_sd([1.0, 3.0]) == (2.0, 2.0 ** 0.5)
