@@ -18,6 +18,7 @@ Writes under --out: record.json (test accuracy per seed, mean, min-max spread, w
 results.json (every run's test metrics and the SVC's grid) and table.md.
 """
 
+import argparse
 import itertools
 import json
 import os
@@ -26,15 +27,8 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags
 import numpy as np
 
-RUNS = flags.DEFINE_string("runs", None, "directory of the runs", required=True)
-OUT = flags.DEFINE_string("out", "docs/results/vit_digits", "output directory")
-SEEDS = flags.DEFINE_list("seeds", [], "seeds to train and evaluate first (missing runs only)")
-VARIANTS = flags.DEFINE_list("variants", ["tiny", "default"], "configs/vit.py variants")
-SWEEP = flags.DEFINE_bool("sweep", True, "run the patch-size sweep too (with --seeds)")
-DRY_RUN = flags.DEFINE_bool("dry_run", False, "print the missing runs' commands, run nothing")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SVC_GRID = {"C": (1.0, 3.0, 10.0, 30.0), "gamma": ("scale", 0.01, 0.03, 0.1)}
@@ -238,14 +232,25 @@ def report(runs: str, out: str, variants: tuple[str, ...] = ("tiny", "default"),
   return record
 
 
-def main(argv):
-  del argv
-  if SEEDS.value:
-    run_missing(RUNS.value, [int(s) for s in SEEDS.value], VARIANTS.value, SWEEP.value,
-                DRY_RUN.value)
-  if not DRY_RUN.value:
-    report(RUNS.value, OUT.value, tuple(VARIANTS.value), SWEEP.value)
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--runs", required=True, help="directory of the runs")
+  parser.add_argument("--out", default="docs/results/vit_digits", help="output directory")
+  parser.add_argument("--seeds", default="", help="seeds to train and evaluate first (missing "
+                      "runs only), comma-separated")
+  parser.add_argument("--variants", default="tiny,default", help="configs/vit.py variants")
+  parser.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
+                      help="run the patch-size sweep too (with --seeds)")
+  parser.add_argument("--dry_run", action="store_true",
+                      help="print the missing runs' commands, run nothing")
+  args = parser.parse_args(argv)
+  variants = [v for v in args.variants.split(",") if v]
+  if args.seeds:
+    run_missing(args.runs, [int(s) for s in args.seeds.split(",")], variants, args.sweep,
+                args.dry_run)
+  if not args.dry_run:
+    report(args.runs, args.out, tuple(variants), args.sweep)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

@@ -175,6 +175,7 @@ def test_round_trip_is_bitwise_equal(converted, variant, tmp_path):
     assert config.get(key) == source.get(key), key
 
 
+@pytest.mark.slow  # default coverage: the round trips and the log-probabilities
 def test_fine_tune_step_then_export_scores_like_hugging_face(converted, tmp_path):
   """One step of our train step on the converted model (its balance loss in the objective)
   changes every expert's weights; the export of the result loads in Hugging Face and scores like

@@ -341,6 +341,8 @@ def test_members_equal_their_separate_steps():
                                atol=1e-6)
 
 
+# default coverage: the train step's aux losses (test_train_step_adds_the_weighted_aux_losses...)
+@pytest.mark.slow
 def test_evaluation_reports_the_aux_losses_token_averaged():
   """The eval step's moe sums, over two batches, give the weight-averaged per-batch values."""
   cfg = _train_cfg()

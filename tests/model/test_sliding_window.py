@@ -166,6 +166,7 @@ def test_greedy_generation_equals_argmax_of_full_passes():
       seq.append(int(want))
 
 
+@pytest.mark.slow  # default coverage: greedy generation and cached decoding past the window
 def test_beam_search_scores_equal_full_passes():
   """Beam search (3 beams sharing each row's ring, no length penalty) past the window returns
   sequences whose scores equal the log-probability a full uncached pass gives them."""

@@ -254,6 +254,8 @@ OPT_BASE = {"train.num_steps": 8, "train.log_every_steps": 2, "eval.every_steps"
             "train.schedule": "warmup_linear", "train.warmup_steps": 0}
 
 
+# default coverage: tests/train/test_optim.py's traced keys equal their Python values
+@pytest.mark.slow
 def test_optimizer_and_loss_keys_vary_per_member(tmp_path):
   """A members run varying weight decay, warmup, Adam's betas, z-loss and clipping logs each
   member's separate run's train losses, grad norms and learning rates (within 1e-5)."""
