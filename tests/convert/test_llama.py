@@ -104,18 +104,17 @@ def train(model, tok, steps: int = 20) -> torch.nn.Module:
   return model.eval()
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-  """variant -> (HF directory, HF model, tokenizer, our workdir, restored Run), built and
-  converted once for the module."""
-  root = tmp_path_factory.mktemp("llama")
+def conversions(root, build):
+  """variant -> (HF directory, HF model, tokenizer, our workdir, restored Run): the HF model
+  `build(variant, vocab_size)` (trained a few steps for a '_trained' variant), saved in root and
+  converted, each once."""
   cache = {}
 
   def get(variant: str):
     if variant not in cache:
       torch.manual_seed(0)
       tok = tokenizer()
-      model = hf_model(variant, tok.get_vocab_size())
+      model = build(variant, tok.get_vocab_size())
       if variant.endswith("_trained"):
         model = train(model, tok)
       directory = str(root / variant)
@@ -127,6 +126,12 @@ def converted(tmp_path_factory):
     return cache[variant]
 
   return get
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+  """The module's conversions of hf_model's variants."""
+  return conversions(tmp_path_factory.mktemp("llama"), hf_model)
 
 
 def log_softmax(x):

@@ -25,9 +25,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-# The Llama family's tokenizer, torch training loop, batch and log-probabilities (one concept in
-# one place: Mixtral is that decoder with another feed-forward).
-from test_llama import BOS, EOS, batch, log_probs, tokenizer, train, _perturbed  # noqa: E402
+# The Llama family's conversions (its tokenizer and torch training loop), batch and
+# log-probabilities (one concept in one place: Mixtral is that decoder with another feed-forward).
+from test_llama import (  # noqa: E402
+    BOS, EOS, batch, conversions, log_probs, _perturbed)
 
 from bench_loader import load_benchmark  # noqa: E402
 
@@ -70,27 +71,8 @@ def hf_model(variant: str, vocab: int) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-  """variant -> (HF directory, HF model, tokenizer, our workdir, restored Run), built and
-  converted once for the module."""
-  root = tmp_path_factory.mktemp("mixtral")
-  cache = {}
-
-  def get(variant: str):
-    if variant not in cache:
-      torch.manual_seed(0)
-      tok = tokenizer()
-      model = hf_model(variant, tok.get_vocab_size())
-      if variant.endswith("_trained"):
-        model = train(model, tok)
-      directory = str(root / variant)
-      model.save_pretrained(directory)
-      tok.save(os.path.join(directory, "tokenizer.json"))
-      workdir = directory + "_ours"
-      convert.from_hf(directory, workdir)
-      cache[variant] = directory, model, tok, workdir, transformer.restore(workdir)
-    return cache[variant]
-
-  return get
+  """The module's conversions of hf_model's variants (test_llama's `conversions`)."""
+  return conversions(tmp_path_factory.mktemp("mixtral"), hf_model)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

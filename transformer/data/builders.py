@@ -354,7 +354,7 @@ def _catalog_builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
                      f"{'|'.join(LOCAL_BUILDERS)}") from None
 
 
-def _catalog_source(name: str, split: str, data_dir: str) -> Sequence[Any]:
+def catalog_source(name: str, split: str, data_dir: str) -> Sequence[Any]:
   """tfds.data_source without ever downloading; a missing dataset is a one-line error."""
   try:
     return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
@@ -383,7 +383,7 @@ def open_dataset(d: Any) -> Dataset:
   else:
     builder = _catalog_builder(d.dataset, data_dir)
     splits = tuple(builder.info.splits.keys()) or SPLITS  # unknown until prepared (or mocked)
-    open_split = lambda split: _catalog_source(d.dataset, split, data_dir)
+    open_split = lambda split: catalog_source(d.dataset, split, data_dir)
   features = set(builder.info.features.keys())
   source_key, target_key = d.source_key or None, d.target_key or None
   if not target_key:

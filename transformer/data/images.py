@@ -76,15 +76,8 @@ def _digits() -> ImageData:
 def _tfds_split(name: str, split: str, data_dir: str, image_key: str, label_key: str
                 ) -> tuple[np.ndarray, np.ndarray]:
   """A prepared TFDS split as (pixels in [0, 1], labels)."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (TFDS is slow)
-  try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-  except Exception as e:  # pylint: disable=broad-except  (tfds raises many kinds)
-    raise FileNotFoundError(
-        f"data.dataset={name!r} split {split!r} is not prepared as array_record under "
-        f"data.data_dir={data_dir!r}: on a machine with internet run `tfds build {name} "
-        f"--file_format=array_record --data_dir=DIR`, copy DIR here and set data.data_dir=DIR "
-        f"({type(e).__name__})") from None
+  from transformer.data import builders  # pylint: disable=g-import-not-at-top  (TFDS is slow)
+  source = builders.catalog_source(name, split, data_dir)
   records = [source[i] for i in range(len(source))]
   images = np.stack([np.asarray(r[image_key]) for r in records])
   if images.ndim == 3:  # [n, H, W]: one channel

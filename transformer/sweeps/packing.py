@@ -11,7 +11,6 @@ same pack, and a point finished meanwhile (e.g. unpacked) is trained no more, so
 pack (the others resume from their checkpoints in a pack of their own).
 """
 
-import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -241,25 +240,8 @@ def run(config: ml_collections.ConfigDict, points: Sequence[Point], commands: Co
       failed.extend(unfinished)
 
   runner.reset_stop()
-  _run_all(packs, one, parallel, console)
+  runner.run_each(packs, one, parallel, console)
   names = {p.name for p in failed}
   rest = runner.run([p for p in points if p.name not in names], commands, parallel, launch,
                     console=console)
   return sorted(failed + rest, key=lambda p: p.index)
-
-
-def _run_all(packs: Sequence[Pack], one: Callable[[Pack], None], parallel: int,
-             console: watch.Console) -> None:
-  """`one(pack)` for each pack, `parallel` at a time, signals forwarded to the processes."""
-  pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel))
-  with runner.forwarding_signals(), console, pool:
-    futures = [pool.submit(one, k) for k in packs]
-    try:
-      for future in futures:
-        future.result()
-    except BaseException:  # a signal (forwarded already) or an error: stop, wait for children
-      for future in futures:
-        future.cancel()
-      if runner.stop_signal() is None:
-        runner.stop_running()
-      raise

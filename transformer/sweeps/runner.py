@@ -289,9 +289,17 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
       if not ok:
         failed.append(p)
 
+  run_each(todo, one, parallel, console)
+  return sorted(failed, key=lambda p: p.index)
+
+
+def run_each(items: Sequence[Any], one: Callable[[Any], None], parallel: int,
+             console: watch.Console) -> None:
+  """`one(item)` for each item, `parallel` at a time, with signals forwarded to the running
+  processes; a signal or an error cancels the rest, stops the running processes and is raised."""
   pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel))
   with forwarding_signals(), console, pool:
-    futures = [pool.submit(one, p) for p in todo]
+    futures = [pool.submit(one, item) for item in items]
     try:
       for future in futures:
         future.result()
@@ -301,7 +309,6 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
       if _stop_signal is None:
         stop_running()
       raise
-  return sorted(failed, key=lambda p: p.index)
 
 
 def prepare_data(config: ml_collections.ConfigDict, points: Sequence[Point],
