@@ -14,7 +14,8 @@ fraction of the grid's.
 
 --config.* flags pass on to both sweeps (after the benchmark's own: eval.every_steps=250,
 checkpoint.every_steps=250). The rungs are the evaluations: with 1000 steps and halving from the
-first evaluation they are at steps 250 and 500 (and ASHA stops nothing at 1000, the end).
+first evaluation they are at steps 250 and 500 (and ASHA stops nothing at 1000, the end);
+--reduction_factor=4 keeps a quarter of the points at each rung instead of half.
 The last line printed is the record's path; the record (docs/results/sweep_asha/record.json, with
 sweeps.json beside it: each sweep's command, steps per point and results rows)
 holds the metrics grid_best_dev_wer, asha_best_dev_wer, wer_gap_points (ASHA's best minus the
@@ -148,6 +149,8 @@ def main() -> None:
   parser.add_argument("--seeds", default="0,1,2,3", type=lambda s: [int(x) for x in s.split(",")])
   parser.add_argument("--parallel", type=int, default=2, help="points run at the same time")
   parser.add_argument("--asha_metric", default="eval/wer")
+  parser.add_argument("--reduction_factor", type=float, default=2,
+                      help="ASHA's reduction factor (sweep.py --asha_reduction_factor)")
   args, rest = parser.parse_known_args()
   bad = [a for a in rest if not a.startswith("--config.")]
   if bad:
@@ -161,7 +164,8 @@ def main() -> None:
                    [f"--parallel={args.parallel}", *passed])
   asha = run_sweep("asha", sweep, os.path.join(args.workdir, "asha"),
                    [f"--parallel={args.parallel}", "--early_stop=asha",
-                    f"--asha_metric={args.asha_metric}", *passed])
+                    f"--asha_metric={args.asha_metric}",
+                    f"--asha_reduction_factor={args.reduction_factor:g}", *passed])
   result = record(args, passed, grid, asha, time.time() - start)
   directory = os.path.join(args.out, "sweep_asha")
   os.makedirs(directory, exist_ok=True)
