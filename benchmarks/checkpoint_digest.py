@@ -26,7 +26,6 @@ import platform
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import commands  # noqa: E402  (benchmarks/ is the script's directory)
 import jax  # noqa: E402  pylint: disable=wrong-import-position
 import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -119,12 +119,6 @@ def measure(name: str, repeats: int, root: str) -> dict[str, float]:
   return out
 
 
-def _commit() -> str | None:
-  try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return None
 
 
 def main(argv=None) -> int:
@@ -160,8 +154,8 @@ def main(argv=None) -> int:
         "title": "Checksummed checkpoints: save and restore time with and without the digest",
         "task": "checkpoint save/restore of random train states (:fast and GPT-2 small sized)",
         "config": "configs/g2p.py:fast", "overrides": [], "command": command,
-        "commit": _commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
-        "versions": {p: _version(p) for p in ("jax", "orbax-checkpoint", "numpy")},
+        "commit": commands.git_commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
+        "versions": commands.versions("jax", "orbax-checkpoint", "numpy"),
         "wall_clock_s": wall, "rates": {}, "metrics": metrics, "seeds": [],
         "report": "docs/reliability.md#checksummed-checkpoints"}
     with open(os.path.join(args.out, "record.json"), "w") as f:
@@ -173,12 +167,6 @@ def main(argv=None) -> int:
   return 0
 
 
-def _version(name: str) -> str | None:
-  import importlib.metadata  # pylint: disable=g-import-not-at-top
-  try:
-    return importlib.metadata.version(name)
-  except importlib.metadata.PackageNotFoundError:
-    return None
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 import transformers
 
+import commands  # benchmarks/ is the script's directory
 import transformer
 from transformer import convert
 from transformer.convert import bert, gpt2, llama
@@ -310,12 +310,6 @@ def measure(family: str, trained: bool, root: str) -> dict[str, float]:
   return out
 
 
-def _commit() -> str | None:
-  try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.strip() or None
-  except (OSError, subprocess.CalledProcessError):
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -344,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
       "task": "Hugging Face conversion (tiny random models built offline from transformers' "
               "config classes; no real checkpoint)", "config": None,
       "overrides": [], "command": "python benchmarks/hf_probabilities.py",
-      "commit": _commit(), "hardware": "2-core x86_64 CPU",
+      "commit": commands.git_commit(), "hardware": "2-core x86_64 CPU",
       "versions": {"jax": jax.__version__, "torch": torch.__version__,
                    "transformers": transformers.__version__,
                    "python": platform.python_version()},

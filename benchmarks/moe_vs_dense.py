@@ -25,11 +25,11 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
 import commands  # benchmarks/ is the script's directory
+from transformer import files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORD = os.path.join(REPO, "docs", "results", "moe_vs_dense", "record.json")
@@ -47,8 +47,7 @@ def train(config: str, workdir: str, seed: int, extra: list[str]) -> dict:
   proc = commands.run(cmd, cwd=REPO)
   if proc.returncode:
     raise SystemExit(f"moe_vs_dense: `train.py --workdir={workdir}` {commands.failure(proc)}")
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+  rows = files.read_json_lines(os.path.join(workdir, "metrics.jsonl"))
   rates = [r["perf/steps_per_sec"] for r in rows if "perf/steps_per_sec" in r]
   evals = [r["eval/loss"] for r in rows if "eval/loss" in r]
   dropped = [r["train/moe_dropped"] for r in rows if "train/moe_dropped" in r]
@@ -80,12 +79,6 @@ def summarise(runs: dict[str, list[dict]], seeds: list[int]) -> tuple[dict, dict
   return metrics, spread
 
 
-def _commit() -> str | None:
-  try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return None
 
 
 def main() -> None:
@@ -123,7 +116,7 @@ def main() -> None:
       "task": "Character LM (tiny Shakespeare)", "config": "configs/lm.py:moe vs :moe_dense",
       "overrides": overrides,
       "command": "python benchmarks/moe_vs_dense.py " + " ".join(sys.argv[1:]),
-      "commit": _commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
+      "commit": commands.git_commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
       "versions": {"jax": jax.__version__}, "wall_clock_s": round(time.time() - started, 1),
       "rates": {"steps_per_s": round(1000.0 / metrics["moe_ms_per_step"], 3)},
       "metrics": metrics, "seeds": seeds, "report": "docs/moe.md#results", "spread": spread}

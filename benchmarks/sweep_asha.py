@@ -30,11 +30,11 @@ import csv
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
 import commands  # benchmarks/ is the script's directory
+from transformer.sweeps import watch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "configs/g2p.py:tiny"
@@ -55,21 +55,10 @@ def sweep_file(path: str, learning_rates: list[float], seeds: list[int]) -> str:
 def trained_steps(workdir: str) -> int:
   """The training steps a point ran: its newest checkpoint (a stopped point saves where it
   stopped) or its last logged step, whichever is later (0 if neither)."""
-  steps = [0]
   checkpoints = os.path.join(workdir, "checkpoints")
-  if os.path.isdir(checkpoints):
-    steps += [int(d) for d in os.listdir(checkpoints) if d.isdigit()]
-  path = os.path.join(workdir, "metrics.jsonl")
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        try:
-          row = json.loads(line)
-        except ValueError:  # a line cut short by a kill
-          continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-          steps.append(row["step"])
-  return max(steps)
+  saved = [int(d) for d in os.listdir(checkpoints) if d.isdigit()] if os.path.isdir(
+      checkpoints) else []
+  return max([0, *saved, *(row["step"] for row in watch.metrics_rows(workdir))])
 
 
 def run_sweep(name: str, sweep: str, workdir: str, extra: list[str]) -> dict:
@@ -90,22 +79,8 @@ def run_sweep(name: str, sweep: str, workdir: str, extra: list[str]) -> dict:
           "rows": rows, "steps": steps, "best_dev_wer": min(wers) if wers else None}
 
 
-def versions() -> dict:
-  """Package versions of the environment that ran it."""
-  from importlib import metadata  # pylint: disable=g-import-not-at-top
-  out = {"python": platform.python_version()}
-  for package in ("jax", "flax", "ray"):
-    try:
-      out[package] = metadata.version(package)
-    except metadata.PackageNotFoundError:
-      out[package] = None
-  return out
 
 
-def commit() -> str | None:
-  proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                        check=False)
-  return proc.stdout.strip() or None
 
 
 def record(args, passed: list[str], grid: dict, asha: dict, wall: float) -> dict:
@@ -120,8 +95,8 @@ def record(args, passed: list[str], grid: dict, asha: dict, wall: float) -> dict
                f"({len(args.learning_rates)} learning rates x {len(args.seeds)} seeds)",
       "task": "G2P (CMUdict)", "config": CONFIG, "overrides": passed,
       "command": " ".join(["python", "benchmarks/sweep_asha.py", *sys.argv[1:]]),
-      "commit": commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
-      "versions": versions(), "wall_clock_s": round(wall, 1), "rates": {},
+      "commit": commands.git_commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
+      "versions": {"python": platform.python_version()} | commands.versions("jax", "flax", "ray"), "wall_clock_s": round(wall, 1), "rates": {},
       "metrics": {
           "grid_best_dev_wer": grid["best_dev_wer"], "asha_best_dev_wer": asha["best_dev_wer"],
           "wer_gap_points": gap,

@@ -23,12 +23,13 @@ import json
 import os
 import platform
 import shlex
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
 
 import commands  # benchmarks/ is the script's directory
+from transformer import files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPARED = ("train/loss", "train/grad_norm", "eval/")  # metrics.jsonl keys (prefixes) compared
@@ -38,10 +39,9 @@ def logged(workdir: str) -> dict[str, float]:
   """'<step>:<key>' -> value of a point's compared metrics.jsonl values and its eval.py metrics
   ('test:<key>'), numbers only."""
   out = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for row in (json.loads(line) for line in f if line.strip()):
-      out |= {f"{row['step']}:{k}": float(v) for k, v in row.items()
-              if k.startswith(COMPARED) and isinstance(v, (int, float))}
+  for row in files.read_json_lines(os.path.join(workdir, "metrics.jsonl")):
+    out |= {f"{row['step']}:{k}": float(v) for k, v in row.items()
+            if k.startswith(COMPARED) and isinstance(v, (int, float))}
   for name in sorted(os.listdir(workdir)):
     if name.startswith("metrics.") and name.endswith(".json"):
       with open(os.path.join(workdir, name)) as f:
@@ -51,12 +51,18 @@ def logged(workdir: str) -> dict[str, float]:
   return out
 
 
+def difference(packed: float, unpacked: float) -> float:
+  """|packed - unpacked|, relative to |unpacked| above 1 (a perplexity of 72 is exp(loss): float32
+  rounding leaves its 5th decimal)."""
+  return abs(packed - unpacked) / max(1.0, abs(unpacked))
+
+
 def compare(packed: dict[str, float], unpacked: dict[str, float]) -> tuple[float, list[str]]:
   """(largest difference, the keys only one side has) of two points' `logged`; a difference is
   absolute, relative for values above 1 (a perplexity of 72 is exp(loss): float32 rounding
   leaves its 5th decimal)."""
   shared = sorted(set(packed) & set(unpacked))
-  diff = max((abs(packed[k] - unpacked[k]) / max(1.0, abs(unpacked[k])) for k in shared),
+  diff = max((difference(packed[k], unpacked[k]) for k in shared),
              default=0.0)
   return diff, sorted(set(packed) ^ set(unpacked))
 
@@ -68,16 +74,14 @@ def diverged_at(packed: dict[str, float], unpacked: dict[str, float], tolerance:
   steps = sorted({int(k.split(":")[0]) for k in packed if k.split(":")[0].isdigit()})
   for step in steps:
     keys = [k for k in packed if k.startswith(f"{step}:") and k in unpacked]
-    if any(abs(packed[k] - unpacked[k]) / max(1.0, abs(unpacked[k])) > tolerance for k in keys):
+    if any(difference(packed[k], unpacked[k]) > tolerance for k in keys):
       return step
   return None
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
   """(mean, sample standard deviation; 0 for one value)."""
-  mean = sum(values) / len(values)
-  var = sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
-  return mean, var ** 0.5
+  return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def timed_sweep(args: argparse.Namespace, sweep_file: str, workdir: str, extra: list[str]
@@ -93,20 +97,8 @@ def timed_sweep(args: argparse.Namespace, sweep_file: str, workdir: str, extra: 
   return wall
 
 
-def _commit() -> str | None:
-  try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return None
 
 
-def _version(name: str) -> str | None:
-  import importlib.metadata  # pylint: disable=g-import-not-at-top
-  try:
-    return importlib.metadata.version(name)
-  except importlib.metadata.PackageNotFoundError:
-    return None
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -179,9 +171,9 @@ def main(argv: list[str] | None = None) -> dict:
       "title": f"{args.seeds} seeds of {args.config} as one packed train.members program vs "
                "one process each (sweep.py --pack)",
       "task": "G2P (CMUdict)" if "g2p" in args.config else args.config,
-      "config": args.config, "overrides": extra, "command": command, "commit": _commit(),
+      "config": args.config, "overrides": extra, "command": command, "commit": commands.git_commit(),
       "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
-      "versions": {p: _version(p) for p in ("jax", "flax", "optax")},
+      "versions": commands.versions("jax", "flax", "optax"),
       "wall_clock_s": round(time.time() - started, 1),
       "rates": {},
       "metrics": {"packed_wall_s": round(packed, 2), "unpacked_wall_s": round(unpacked, 2),

@@ -29,6 +29,8 @@ import time
 
 import numpy as np
 
+from commands import git_commit  # benchmarks/ is the script's directory
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SVC_GRID = {"C": (1.0, 3.0, 10.0, 30.0), "gamma": ("scale", 0.01, 0.03, 0.1)}
@@ -184,9 +186,6 @@ def table(stats: dict[str, dict], svc: dict) -> list[str]:
   return lines
 
 
-def _commit() -> str | None:
-  out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-  return out.stdout.strip() or None
 
 
 def report(runs: str, out: str, variants: tuple[str, ...] = ("tiny", "default"),
@@ -217,7 +216,7 @@ def report(runs: str, out: str, variants: tuple[str, ...] = ("tiny", "default"),
       "config": "configs/vit.py", "overrides": [],
       "command": (f"python benchmarks/vit_digits.py --runs={runs} --seeds=0,1,2 "
                   f"--variants={','.join(variants)}{'' if sweep else ' --nosweep'} --out={out}"),
-      "commit": _commit(),
+      "commit": git_commit(),
       "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU (shared)",
       "versions": None,
       "wall_clock_s": round(float(sum(walls)), 1) if walls else None,

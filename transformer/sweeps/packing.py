@@ -185,7 +185,7 @@ def _run_unit(packs: Mapping[str, Pack], unit: Any, commands: Commands,
   pack = packs.get(unit.name)
   if pack is not None and train_pack(pack, commands, launch):
     return False
-  return all([runner.run_point(p, commands, launch) for p in unit.points])
+  return runner.run_points(unit.points, commands, launch)
 
 
 def dry_run_lines(packs: Sequence[Pack], alone: Sequence[Point], points: Sequence[Point],

@@ -117,10 +117,7 @@ def connect(address: str, num_cpus: int | None = None, what: str = "--launcher=r
   """Connects to the cluster at `address` ('' = starts a local Ray on 127.0.0.1 with `num_cpus`
   CPUs); returns the ray module. Usage statistics stay off."""
   os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-  if is_loopback(address):  # read when ray is imported
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-  if address:
-    check_reachable(address)
+  preflight(address, what)
   ray = import_ray(what)
   if ray.is_initialized():
     return ray
@@ -213,8 +210,8 @@ def interrupted(point: Point) -> bool:
 
 
 def run_points(unit: Unit, commands: Commands, launch: runner.Launch) -> bool:
-  """Runs a unit of single points with runner.run_point; True if every point succeeded."""
-  return all([runner.run_point(p, commands, launch) for p in unit.points])
+  """Runs a unit of single points (runner.run_points); True if every point succeeded."""
+  return runner.run_points(unit.points, commands, launch)
 
 
 RunUnit = Callable[[Unit, Commands, runner.Launch], bool]

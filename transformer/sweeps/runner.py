@@ -257,8 +257,7 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
   to `echo`, or through `console` (which also shows the running points' status lines): a line
   when a point fails (its exit code and log) or finishes (its result). A signal (FORWARDED)
   reaches the running points; this waits for them and raises KeyboardInterrupt."""
-  global _stop_signal
-  _stop_signal = None
+  reset_stop()
   check_same_runs(points, commands)
   console = console or watch.Console(echo)
   todo = []
@@ -291,6 +290,11 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
 
   run_each(todo, one, parallel, console)
   return sorted(failed, key=lambda p: p.index)
+
+
+def run_points(points: Sequence[Point], commands: Commands, launch: Launch) -> bool:
+  """run_point for each point, one after another; True if every one succeeded."""
+  return all([run_point(p, commands, launch) for p in points])
 
 
 def run_each(items: Sequence[Any], one: Callable[[Any], None], parallel: int,
