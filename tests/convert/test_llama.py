@@ -304,6 +304,16 @@ def test_scanned_layers_export_like_unrolled_ones(converted):
   assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)
 
 
+def test_a_missing_tensor_is_a_convert_error_naming_it(converted):
+  """Any tensor the state dict lacks (here one layer's up projection, and the final norm) is a
+  ConvertError naming it, not a KeyError from deep inside."""
+  _, model, _, _, run = converted("llama3")
+  for key in ("model.layers.1.mlp.up_proj.weight", "model.norm.weight"):
+    state = {k: v.numpy() for k, v in model.state_dict().items() if k != key}
+    with pytest.raises(convert.ConvertError, match=f"the Llama weights have no {key}"):
+      llama.params_from_hf(state, run.config.model, model.config.to_dict())
+
+
 def test_cli_from_hf_and_to_hf(converted, tmp_path):
   """`python -m transformer.convert --from_hf=DIR --workdir=OUT`, then `--workdir=OUT
   --to_hf=DIR2`, as subprocesses: each exits 0 with one summary line naming the family, and

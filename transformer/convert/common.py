@@ -151,15 +151,20 @@ def dense(path: str, key: str, to_ours: Callable = np.asarray, to_hf: Callable =
           one(f"{path}.bias", f"{key}.bias")]
 
 
-def params_of(state: dict[str, np.ndarray], weights: list[Weight]) -> dict[str, Any]:
-  """Our parameters (unrolled layers) from a Hugging Face state dict, by `weights`."""
+def params_of(state: dict[str, np.ndarray], weights: list[Weight],
+              family: str = "Hugging Face") -> dict[str, Any]:
+  """Our parameters (unrolled layers) from a Hugging Face state dict, by `weights`; a tensor the
+  state dict lacks is a ConvertError naming it."""
   params: dict[str, Any] = {}
   for w in weights:
     *parents, leaf = w.path.split(".")
     node = params
     for key in parents:
       node = node.setdefault(key, {})
-    node[leaf] = w.to_ours(state)
+    try:
+      node[leaf] = w.to_ours(state)
+    except KeyError as e:
+      raise ConvertError(f"the {family} weights have no {e.args[0]}") from None
   return params
 
 

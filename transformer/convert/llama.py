@@ -343,10 +343,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
                    tokenizer: Any = None) -> dict[str, Any]:
   """Our DecoderOnly parameters (unrolled layers) from a ...ForCausalLM state dict."""
   del tokenizer  # the specials are in the config
-  missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in state]
-  if missing:
-    raise ConvertError(f"the {NAME} weights have no {missing[0]}")
-  return params_of(state, weights(m, hf))
+  return params_of(state, weights(m, hf), NAME)
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None

@@ -141,10 +141,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
                    tokenizer: Any = None) -> dict[str, Any]:
   """Our DecoderOnly parameters (unrolled layers) from a MixtralForCausalLM state dict."""
   del tokenizer  # the specials are in the config
-  try:
-    return params_of(hub_layout(state), llama.weights(m, hf, ffn=ffn_weights))
-  except KeyError as e:
-    raise ConvertError(f"the {NAME} weights have no {e.args[0]}") from None
+  return params_of(hub_layout(state), llama.weights(m, hf, ffn=ffn_weights), NAME)
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
