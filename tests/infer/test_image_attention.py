@@ -26,6 +26,17 @@ def test_rollout_is_the_product_of_residual_mixed_head_means():
   np.testing.assert_allclose(rollout.sum(1), 1.0, atol=1e-12)
 
 
+def test_rollout_known_answers():
+  """Worked by hand (t = 3, residual mixing 0.5 A + 0.5 I): identity attention rolls out to the
+  identity; a first layer whose heads all read token 0 and a second whose heads all read token 1
+  give rows 0.5 e0 + 0.25 e1 + 0.25 e_i (the other order would give 0.25 e0 + 0.5 e1 + 0.25 e_i)."""
+  eye = np.eye(3)[None].repeat(2, 0)  # [heads, t, t]
+  np.testing.assert_allclose(api.attention_rollout([eye, eye]), np.eye(3), atol=1e-12)
+  to = lambda j: np.tile(np.eye(3)[j], (2, 3, 1))  # every head, every query -> token j
+  want = np.array([[0.75, 0.25, 0.0], [0.5, 0.5, 0.0], [0.5, 0.25, 0.25]])
+  np.testing.assert_allclose(api.attention_rollout([to(0), to(1)]), want, atol=1e-12)
+
+
 def test_image_attention_figure(tmp_path):
   image = np.random.default_rng(0).random((8, 8, 1))
   fig = viz.plot_image_attention(image, np.arange(16.0).reshape(4, 4),

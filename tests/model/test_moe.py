@@ -112,6 +112,20 @@ def test_capacity_drops_the_later_tokens_of_a_full_expert():
     assert np.all(y[gone] == 0.0)
 
 
+def test_a_token_with_every_choice_dropped_outputs_zero():
+  """At C = ceil(0.25 * 7 * 2 / 4) = 1 slot per expert per row, at most 4 of a row's 14 pairs are
+  kept, so some tokens lose both choices: their output is exactly 0, the rest the reference's."""
+  cfg = _cfg(moe_capacity_factor=0.25)
+  x = _x()
+  p = _params(cfg, x)
+  y, _ = _apply(cfg, p, x)
+  want, kept = _reference(cfg, p, x)
+  gone = ~kept.any(-1)
+  assert gone.any()
+  assert np.all(np.asarray(y)[gone] == 0.0)
+  np.testing.assert_allclose(y, want, **TOL)
+
+
 def test_capacity_with_room_for_all_equals_dropless():
   x = _x()
   cfg = _cfg(moe_capacity_factor=float(E))  # C = t * k: every pair fits
@@ -337,8 +351,8 @@ def test_members_equal_their_separate_steps():
   for i, (state, m) in enumerate(separate):
     for key in ("loss", "moe_aux_loss", "moe_dropped", "moe_load_3", "grad_norm"):
       np.testing.assert_allclose(metrics[key][i], m[key], rtol=1e-5, err_msg=key)
-    np.testing.assert_allclose(jax.tree.leaves(new.params)[0][i], jax.tree.leaves(state.params)[0],
-                               atol=1e-6)
+    for got, want in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params)):
+      np.testing.assert_allclose(got[i], want, atol=1e-6)  # every parameter, router and experts
 
 
 # default coverage: the train step's aux losses (test_train_step_adds_the_weighted_aux_losses...)
