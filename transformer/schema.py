@@ -201,9 +201,10 @@ class ModelConfig:
                         roles=FH)
   attention_impl: str = key("einsum", "einsum | fused (jax.nn.dot_product_attention; cuDNN on GPU)",
                             REGISTERED, EF)
-  sliding_window: int = key(0, "attention to the sliding_window nearest keys (the query's own "
-                            "included; decoding keeps that many cache slots, a ring); 0 = all "
-                            "keys (Mistral's)", ">= 0")
+  sliding_window: int = key(0, "attention to keys fewer than this many positions away: causal, "
+                            "the query's own and the W-1 before it (Mistral's; decoding keeps W "
+                            "cache slots, a ring); bidirectional, W-1 on each side; 0 = all keys",
+                            ">= 0")
   causal_kernel: bool = key(False, "decoder self-attention outside decoding and the prefix-LM "
                             "passes the fused kernel its own causal flag (segments stay a dense "
                             "mask)", roles=FT)

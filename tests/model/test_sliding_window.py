@@ -73,6 +73,22 @@ def test_one_layer_sees_only_its_window():
       cfg, sliding_window=0)).apply({"params": params}, tokens, method="decode")), **TOL)
 
 
+def test_an_encoders_window_reaches_both_sides():
+  """Bidirectional attention (an encoder) keeps the keys fewer than W positions away on either
+  side: with one layer, changing token j changes position i's output if and only if
+  |i - j| < W."""
+  cfg = _cfg(arch="encoder_only", num_encoder_layers=1, sliding_window=W, positional="learned")
+  model, params = _init(cfg)
+  tokens = np.random.default_rng(2).integers(4, V, size=(B, 9))
+  base = np.asarray(model.apply({"params": params}, jnp.asarray(tokens)))
+  for j in range(9):
+    changed = tokens.copy()
+    changed[:, j] = 4 + (changed[:, j] - 3) % (V - 4)  # another real token
+    out = np.asarray(model.apply({"params": params}, jnp.asarray(changed)))
+    moved = [not np.allclose(out[:, i], base[:, i], **TOL) for i in range(9)]
+    assert moved == [abs(i - j) < W for i in range(9)], j
+
+
 @pytest.mark.parametrize("pos,scan,prompt_len", [("rope", False, 4), ("rope", True, 2),
                                                  ("alibi", False, 6), ("learned", False, 1)])
 def test_cached_decoding_longer_than_the_window(pos, scan, prompt_len):
