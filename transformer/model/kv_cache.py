@@ -140,7 +140,8 @@ def _write(cache: Array, new: Array, index: Array, ring: bool = False) -> Array:
 
 def _ring_write(cache: Array, new: Array, start: Array, r: int) -> Array:
   """A ring cache [c, k, r*W, *] with new [b, k, t, *] (sequence indices start..start+t-1) at
-  slots index mod W of each query row's region; t > 1 only unshared (r = 1)."""
+  slots index mod W of each query row's region; t > 1 only unshared (r = 1, which
+  SelfAttentionCache checks)."""
   c, k, slots, _ = cache.shape
   window, t = slots // r, new.shape[2]
   if t == 1:  # a decode step: one in-place update per region
@@ -149,11 +150,15 @@ def _ring_write(cache: Array, new: Array, start: Array, r: int) -> Array:
     for j in range(r):
       cache = lax.dynamic_update_slice(cache, new[:, j], (zero, zero, j * window + slot, zero))
     return cache
-  if r != 1:
-    raise ValueError(f"{t} tokens per call into a sliding-window cache shared by {r} rows")
-  keep = min(t, window)  # each slot once: the last `window` tokens
-  slot_ids = (start + t - keep + jnp.arange(keep, dtype=jnp.int32)) % window
+  slot_ids, keep = ring_slots(start, t, window)  # t > 1: SelfAttentionCache's rows are unshared
   return cache.at[:, :, slot_ids].set(new[:, :, t - keep:].astype(cache.dtype))
+
+
+def ring_slots(start: Array, t: int, window: int) -> tuple[Array, int]:
+  """(the ring slots of sequence indices start..start+t-1 that are kept, how many): each slot
+  once, the last min(t, window) tokens at index mod window."""
+  keep = min(t, window)
+  return (start + t - keep + jnp.arange(keep, dtype=jnp.int32)) % window, keep
 
 
 def _own_slots(mask, bias, slot_rows, b, c, slots):
@@ -242,8 +247,7 @@ class StackCache(nn.Module):
     q_idx = cache_index[:, None] + jnp.arange(t, dtype=jnp.int32)  # [b, t] sequence indices
     new["cached_indices"] = q_idx
     window = cached["cached_indices"].value.shape[1]
-    keep = min(t, window)
-    slot_ids = (cache_index[0] + t - keep + jnp.arange(keep, dtype=jnp.int32)) % window
+    slot_ids, keep = ring_slots(cache_index[0], t, window)
     old = {k: v.value for k, v in cached.items()}
     for k, value in new.items():
       cached[k].value = old[k].at[:, slot_ids].set(value[:, t - keep:].astype(jnp.int32))
