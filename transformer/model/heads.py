@@ -16,9 +16,10 @@ Array = jax.Array
 EXCLUDED_LOGIT = -1e30
 
 
-def output_dense(cfg: ModelConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
-  """A bias-free Dense computed in float32 whatever cfg.dtype (as Embed.attend)."""
-  return dense(features, axes, dataclasses.replace(cfg, use_bias=False, dtype="float32"), name)
+def output_dense(cfg: ModelConfig, features: int, axes: tuple[str, str], name: str,
+                 bias: bool = False) -> nn.Dense:
+  """A Dense computed in float32 whatever cfg.dtype (as Embed.attend), bias-free by default."""
+  return dense(features, axes, dataclasses.replace(cfg, use_bias=bias, dtype="float32"), name)
 
 
 def pool(x: Array, segment_ids: Array, target_segment_ids: Array, pooling: str) -> Array:
@@ -101,7 +102,5 @@ class OutputHead(nn.Module):
       if target_segment_ids is None:  # one example per row: slot 0 is segment 1
         target_segment_ids = jnp.ones((x.shape[0], 1), jnp.int32)
       x = pool(x, segment_ids, target_segment_ids, cfg.pooling)
-    if cfg.head_bias:  # a float32 Dense with a bias
-      return dense(cfg.num_classes, ("embed", "classes"),
-                   dataclasses.replace(cfg, use_bias=True, dtype="float32"), "classifier")(x)
-    return output_dense(cfg, cfg.num_classes, ("embed", "classes"), "classifier")(x)
+    return output_dense(cfg, cfg.num_classes, ("embed", "classes"), "classifier",
+                        bias=cfg.head_bias)(x)
