@@ -181,7 +181,9 @@ def teacher_forced(cfg: Config, model: Any, params: Any, task: Any, split: str,
   scores = scoring.teacher_forced_metrics(totals)
   del scores["scored_tokens"]  # reported in the coverage, next to the split's size
   if "confusion" in totals:  # rows: the reference class, columns: the predicted one
-    scores["confusion_matrix"] = np.rint(totals["confusion"]).astype(int).tolist()
+    scores["confusion_matrix"] = class_confusion(np.rint(totals["confusion"]).astype(int).tolist(),
+                                                 task.target_tokenizer)
+    scores["classes"] = list(scores["confusion_matrix"]["classes"])
   return scores, {"scored_tokens": round(totals["weight_sum"]), "split_tokens": round(split_tokens)}
 
 
@@ -189,7 +191,7 @@ def class_confusion(counts: Sequence[Sequence[int]], tokenizer: Any) -> dict[str
   """The confusion matrix over a label tokenizer's ordinary ids (its classes): {'classes',
   'counts' [reference][predicted]}; predictions of a special id (never the argmax of a trained
   head) are left out."""
-  size = getattr(tokenizer, "vocab_size", len(counts))
+  size = tokenizer.vocab_size
   classes = [tokenizer.decode([i]) for i in range(NUM_SPECIAL, size)]
   return {"classes": classes,
           "counts": [list(row[NUM_SPECIAL:size]) for row in counts[NUM_SPECIAL:size]]}
@@ -230,8 +232,7 @@ def format_table(results: dict[str, Any]) -> str:
   """A two-column text table of the scalar results, then how much of the split they cover."""
   rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in results.items()
           if isinstance(v, (int, float, str))]
-  rows += [(k, ", ".join(map(str, v))) for k, v in results.items()
-           if isinstance(v, list) and not (v and isinstance(v[0], list))]  # not a matrix
+  rows += [(k, ", ".join(map(str, v))) for k, v in results.items() if isinstance(v, list)]
   cov = results.get("coverage", {})
   for what, unit in (("decoded", "examples"), ("scored", "tokens")):
     done, total = f"{what}_{unit}", f"split_{unit}"
@@ -326,10 +327,6 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   scores, coverage = teacher_forced(cfg, model, params, task, split, scoring_progress)
   scoring_progress.close()
   results |= scores
-  if "confusion_matrix" in results:
-    results["confusion_matrix"] = class_confusion(results["confusion_matrix"],
-                                                  task.target_tokenizer)
-    results["classes"] = list(results["confusion_matrix"]["classes"])
   names = metric_names(cfg, task)
   if cfg.model.arch == "encoder_only" or cfg.data.objective != "none":
     # The teacher-forced metrics (accuracy, perplexity, F1, span corruption's loss) are the task's.
