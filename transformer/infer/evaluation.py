@@ -296,14 +296,7 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   """Evaluates a run's checkpoint on `split`, writes the files and returns the metrics. `params`,
   `average_last`: as read_params; `ensemble`: more runs, evaluated with this one into `out_dir`."""
   workdirs = [workdir, *ensemble]
-  if ensemble and not out_dir:
-    raise EvaluationError("an ensemble's metrics need their own directory: give --out")
-  if out_dir and ensemble and os.path.normpath(out_dir) in map(os.path.normpath, workdirs):
-    raise EvaluationError(f"--out={out_dir} is one of the ensemble's runs: give a new directory")
-  if (out_dir and os.path.normpath(out_dir) != os.path.normpath(workdir)
-      and files.exists(os.path.join(out_dir, "config.json"))):  # its metrics would be replaced
-    raise EvaluationError(f"--out={out_dir} holds another run (its config.json): give a new "
-                          "directory")
+  _check_out_dir(workdirs, out_dir)
   configs, restored = read_members(workdirs, WHOLE_SPLIT | (overrides or {}), step, params,
                                    average_last)
   files.check_writable(out_dir or workdir)  # before the split is evaluated, not after
@@ -314,15 +307,7 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
     from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
     task = load_task(cfg, workdir, process_index=0, process_count=1)  # the whole split, each host
   provenance.check_split_data(workdir, task, split)
-  results: dict[str, Any] = {"split": split, "step": restored[0].step,
-                             "params": restored[0].source}
-  if average_last:
-    results["averaged_steps"] = list(restored[0].steps)
-  if ensemble:  # each member's own: the fields above are the first run's
-    results |= {"ensemble": workdirs, "ensemble_steps": [r.step for r in restored],
-                "ensemble_params": [r.source for r in restored]}
-    if average_last:
-      results["ensemble_averaged_steps"] = [list(r.steps) for r in restored]
+  results = _checkpoint_fields(split, workdirs, restored, average_last)
   scoring_progress, decoding_progress = _console_progress(split, verbose)
   scores, coverage = teacher_forced(cfg, model, params, task, split, scoring_progress)
   scoring_progress.close()
@@ -350,12 +335,48 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   results["coverage"] = coverage
   wrote = write_results(out_dir or workdir, split, results, predictions)
   if verbose:
-    print(format_table(results))
-    if "confusion_matrix" in results:
-      print(format_confusion(results["confusion_matrix"]))
-    for p in predictions[:3] if getattr(task, "kind", "") == "lm" else []:
-      print(f"--- {p['source']!r} -> {p['hypothesis']!r}")
-    if wrote:
-      print("wrote " + ", ".join(os.path.join(out_dir or workdir, name)
-                                 for name in result_files(split)))
+    _print_results(results, predictions if getattr(task, "kind", "") == "lm" else [],
+                   out_dir or workdir if wrote else None, split)
   return results
+
+
+def _check_out_dir(workdirs: Sequence[str], out_dir: str | None) -> None:
+  """EvaluationError unless the results' directory is one an evaluation of `workdirs` may write:
+  an ensemble's own new directory, never another run's."""
+  workdir, ensemble = workdirs[0], workdirs[1:]
+  if ensemble and not out_dir:
+    raise EvaluationError("an ensemble's metrics need their own directory: give --out")
+  if out_dir and ensemble and os.path.normpath(out_dir) in map(os.path.normpath, workdirs):
+    raise EvaluationError(f"--out={out_dir} is one of the ensemble's runs: give a new directory")
+  if (out_dir and os.path.normpath(out_dir) != os.path.normpath(workdir)
+      and files.exists(os.path.join(out_dir, "config.json"))):  # its metrics would be replaced
+    raise EvaluationError(f"--out={out_dir} holds another run (its config.json): give a new "
+                          "directory")
+
+
+def _checkpoint_fields(split: str, workdirs: Sequence[str], restored: Sequence[Any],
+                       average_last: int) -> dict[str, Any]:
+  """What the results say of the parameters evaluated: the first run's step and source (and
+  averaged steps), and with an ensemble each member's."""
+  results: dict[str, Any] = {"split": split, "step": restored[0].step,
+                             "params": restored[0].source}
+  if average_last:
+    results["averaged_steps"] = list(restored[0].steps)
+  if len(workdirs) > 1:  # each member's own: the fields above are the first run's
+    results |= {"ensemble": list(workdirs), "ensemble_steps": [r.step for r in restored],
+                "ensemble_params": [r.source for r in restored]}
+    if average_last:
+      results["ensemble_averaged_steps"] = [list(r.steps) for r in restored]
+  return results
+
+
+def _print_results(results: dict[str, Any], samples: Sequence[dict[str, Any]],
+                   written_to: str | None, split: str) -> None:
+  """The results table, the confusion matrix, an LM's first samples and the files written."""
+  print(format_table(results))
+  if "confusion_matrix" in results:
+    print(format_confusion(results["confusion_matrix"]))
+  for p in samples[:3]:
+    print(f"--- {p['source']!r} -> {p['hypothesis']!r}")
+  if written_to:
+    print("wrote " + ", ".join(os.path.join(written_to, name) for name in result_files(split)))
