@@ -106,19 +106,30 @@ class Task:
     self.stats: dict[str, Any] = {}
     tok_dir = lambda side: os.path.join(workdir, "tokenizers", side) if workdir else None
     if not d.dataset:  # a model without data (transformer/convert/): its workdir's tokenizer
-      if not workdir:
-        raise ValueError("data.dataset is unset: a model without data needs its workdir")
-      self.dataset, self.source_tokenizer = None, None
-      self.target_tokenizer = tokenizers.load(tok_dir("target"))
-      self.kind = "lm" if self.arch == "decoder_only" else "seq2seq"
-      if self.kind == "seq2seq":  # an encoder-decoder (T5): the source's tokenizer is saved too
-        source = tok_dir("source")
-        self.source_tokenizer = (tokenizers.load(source) if files.exists(
-            os.path.join(source, "tokenizer.json")) else self.target_tokenizer)
+      self._saved_tokenizers(workdir, tok_dir)
       return
-    self.dataset = ds = builders.open_dataset(d)
-    self.kind = ds.kind
+    self.dataset = builders.open_dataset(d)
+    self.kind = self.dataset.kind
     self.head = cfg.model.head if self.arch == "encoder_only" else ""
+    self._check_kind(d)
+    self._example_cache: dict[tuple[str, str], tuple[pipeline.Examples, dict[str, int]]] = {}
+    self._tokenizers(d, workdir, tok_dir)
+    self._objective(d)
+
+  def _saved_tokenizers(self, workdir: str | None, tok_dir: Any) -> None:
+    """A model without data: the tokenizers saved in its workdir."""
+    if not workdir:
+      raise ValueError("data.dataset is unset: a model without data needs its workdir")
+    self.dataset, self.source_tokenizer = None, None
+    self.target_tokenizer = tokenizers.load(tok_dir("target"))
+    self.kind = "lm" if self.arch == "decoder_only" else "seq2seq"
+    if self.kind == "seq2seq":  # an encoder-decoder (T5): the source's tokenizer is saved too
+      source = tok_dir("source")
+      self.source_tokenizer = (tokenizers.load(source) if files.exists(
+          os.path.join(source, "tokenizer.json")) else self.target_tokenizer)
+
+  def _check_kind(self, d: Any) -> None:
+    """ValueError if the dataset's kind does not suit the architecture, head or label."""
     if self.kind == "lm" and self.arch != "decoder_only" and d.objective == "none":
       raise ValueError(f"data.dataset={d.dataset!r} is a language-modelling task: set "
                        f"model.arch='decoder_only' (or data.objective=mlm|span)")
@@ -127,7 +138,10 @@ class Task:
                        f"not the language-modelling {d.dataset!r}")
     if d.label != "none" and self.kind == "lm":
       raise ValueError(f"data.label={d.label!r} needs cmudict_g2p/stress, not {d.dataset!r}")
-    self._example_cache: dict[tuple[str, str], tuple[pipeline.Examples, dict[str, int]]] = {}
+
+  def _tokenizers(self, d: Any, workdir: str | None, tok_dir: Any) -> None:
+    """The source and target tokenizers: trained on the training split, or the workdir's."""
+    ds = self.dataset
     train = lambda: self._records(d.train_split)
     get = lambda kind, key, side, texts: _get_tokenizer(d, kind, key, ds.root, tok_dir(side), texts)
     target_key = ds.target_key + ("" if d.label == "none" else f":{d.label}")  # labels, not phones
@@ -151,6 +165,8 @@ class Task:
         self.target_tokenizer = tokenizers.OffsetTokenizer(
             self.target_tokenizer, self.source_tokenizer.vocab_size - tokenizers.NUM_SPECIAL)
 
+  def _objective(self, d: Any) -> None:
+    """data.objective's denoising transform and its extra ids (None without one)."""
     self.extra_ids, self.transform = None, None
     if d.objective != "none":
       self.extra_ids = objectives.ExtraIds(self.source_tokenizer.vocab_size)
