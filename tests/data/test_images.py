@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 
 from configs import vit
 from transformer.config import from_configdict
-from transformer.data import images, load_task
+from transformer.data import images, load_task, tokenizers
 from transformer.data.tokenizers import NUM_SPECIAL
 
 # sha256 of each split's example ids (int64): the split must never move.
@@ -125,6 +125,17 @@ def test_bad_dataset_is_a_one_line_error(overrides, message):
   with pytest.raises(ValueError, match=message) as e:
     load_task(from_configdict(c), process_index=0, process_count=1)
   assert "\n" not in str(e.value)
+
+
+def test_a_run_made_for_other_classes_is_refused(tmp_path):
+  """A workdir whose saved labels are not the data set's classes (a converted classifier of other
+  classes, evaluated on the digits) is a one-line error, not class k scored against digit k."""
+  workdir = str(tmp_path / "run")
+  tokenizers.SymbolTokenizer(tuple("abcdefghij")).save(f"{workdir}/tokenizers/target")
+  with pytest.raises(ValueError, match="has the classes 0, 1, 2, 3, 4, ... but this run's labels "
+                                       "are a, b, c, d, e"):
+    load_task(_cfg(), workdir, process_index=0, process_count=1)
+  assert load_task(_cfg(), str(tmp_path / "fresh"), process_index=0, process_count=1)
 
 
 def test_image_task_has_no_text_interface():

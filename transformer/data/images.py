@@ -249,6 +249,11 @@ class ImageTask:
                              else tokenizers.SymbolTokenizer(self.data.class_names))
     if saved and not has_saved:
       self.target_tokenizer.save(saved)
+    if list(self.target_tokenizer.units) != list(self.data.class_names):  # label i is id 4 + i
+      raise ValueError(f"data.dataset={d.dataset!r} has the classes "
+                       f"{', '.join(self.data.class_names[:5])}, ... but this run's labels are "
+                       f"{', '.join(list(self.target_tokenizer.units)[:5])}, ...: evaluate or "
+                       f"train it on the data set it was made for")
 
   @property
   def class_names(self) -> list[str]:
