@@ -368,3 +368,31 @@ def test_two_processes_preparing_the_same_fresh_data_both_read_it(tmp_path):
   assert second.returncode == 0 and second.stdout.split() == ["2000"], second.stderr[-2000:]
   assert "waiting for another process preparing tsv_pairs/" in second.stderr
   assert "(first use, offline)" in err and "(first use, offline)" not in second.stderr
+
+
+def test_records_reads_in_chunks_in_order_with_or_without_getitems():
+  """builders.records: every record once, in order, one __getitems__ call per chunk; a source
+  whose __getitems__ raises TypeError (tfds' mock sources) or has none is read one by one."""
+
+  class Source:
+    def __init__(self, n, broken=False):
+      self.n, self.broken, self.calls = n, broken, []
+
+    def __len__(self):
+      return self.n
+
+    def __getitem__(self, i):
+      return {"i": i}
+
+    def __getitems__(self, indices):
+      self.calls.append(list(indices))
+      if self.broken:
+        raise TypeError("no batch reads")
+      return [{"i": i} for i in indices]
+
+  source = Source(7)
+  assert [r["i"] for r in builders.records(source, chunk=3)] == list(range(7))
+  assert source.calls == [[0, 1, 2], [3, 4, 5], [6]]
+  assert [r["i"] for r in builders.records(Source(5, broken=True), chunk=2)] == list(range(5))
+  assert [r["i"] for r in builders.records([{"i": 0}, {"i": 1}])] == [0, 1]
+  assert list(builders.records(Source(0))) == []

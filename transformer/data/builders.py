@@ -366,6 +366,18 @@ def catalog_source(name: str, split: str, data_dir: str) -> Sequence[Any]:
         f"({type(e).__name__})") from None
 
 
+def records(source: Sequence[Any], chunk: int = 8192) -> Iterator[Any]:
+  """Every record of a data source in order, read `chunk` at a time (one read per chunk)."""
+  getitems = getattr(source, "__getitems__", None)
+  for start in range(0, len(source), chunk):
+    indices = list(range(start, min(start + chunk, len(source))))
+    try:
+      chunk_records = getitems(indices) if getitems else [source[i] for i in indices]
+    except TypeError:  # tfds.testing.mock_data sources lack a working __getitems__
+      chunk_records = [source[i] for i in indices]
+    yield from chunk_records
+
+
 def open_dataset(d: Any) -> Dataset:
   """Resolves data config `d` (cfg.data) to a Dataset, preparing local builders on first use."""
   data_dir = os.path.expanduser(d.data_dir) if d.data_dir else (

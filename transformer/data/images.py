@@ -78,7 +78,7 @@ def _tfds_split(name: str, split: str, data_dir: str, image_key: str, label_key:
   """A prepared TFDS split as (pixels in [0, 1], labels)."""
   from transformer.data import builders  # pylint: disable=g-import-not-at-top  (TFDS is slow)
   source = builders.catalog_source(name, split, data_dir)
-  records = [source[i] for i in range(len(source))]
+  records = list(builders.records(source))
   images = np.stack([np.asarray(r[image_key]) for r in records])
   if images.ndim == 3:  # [n, H, W]: one channel
     images = images[..., None]

@@ -14,25 +14,14 @@ from transformer import files
 from transformer.config import ConfigError
 from transformer.data import builders, denoise, images, labels, objectives, pipeline, tokenizers
 
-_READ_CHUNK = 8192
-
 
 def _text(value: Any) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def read_records(source: Sequence[Any], keys: Sequence[str]) -> list[tuple[str, ...]]:
-  """The text features `keys` of every record of `source`, read in chunks."""
-  getitems = getattr(source, "__getitems__", None)
-  out = []
-  for start in range(0, len(source), _READ_CHUNK):
-    chunk = list(range(start, min(start + _READ_CHUNK, len(source))))
-    try:
-      records = getitems(chunk) if getitems else [source[i] for i in chunk]
-    except TypeError:  # tfds.testing.mock_data sources lack a working __getitems__
-      records = [source[i] for i in chunk]
-    out.extend(tuple(_text(r[k]) for k in keys) for r in records)
-  return out
+  """The text features `keys` of every record of `source`."""
+  return [tuple(_text(r[k]) for k in keys) for r in builders.records(source)]
 
 
 def _digest_path(path: str) -> str:
