@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from transformer.config import Config, excluded_ids, from_configdict, id_ranges, ModelConfig
+from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
 from transformer.schema import get_config
 
 
@@ -61,6 +62,50 @@ def first_of(state: dict[str, np.ndarray], keys: tuple[str, ...], family: str) -
     if key in state:
       return state[key]
   raise ConvertError(f"the {family} weights have no {' or '.join(keys)}")
+
+
+def first_id(value: Any) -> int | None:
+  """A config.json token id (Llama 3 lists several end-of-sequence ids: the first), or None."""
+  if isinstance(value, list):
+    value = value[0] if value else None
+  return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def shifted_ids(hf: dict[str, Any]) -> np.ndarray:
+  """Our id of each id of a decoder's config.json dict: id + NUM_SPECIAL (our 0 is padding), its
+  end-of-sequence id our EOS, where decoding stops as `generate` stops."""
+  ids = np.arange(hf["vocab_size"]) + NUM_SPECIAL
+  eos_id = first_id(hf.get("eos_token_id"))
+  if eos_id is not None and 0 <= eos_id < hf["vocab_size"]:
+    ids[eos_id] = EOS_ID
+  return ids
+
+
+def shifted_eos(m: ModelConfig) -> int | None:
+  """The inverse of `shifted_ids` on export: the Hugging Face end-of-sequence id, whose shifted id
+  is the one excluded id above NUM_SPECIAL (a model trained here has none: every id is its own,
+  our EOS is dropped); ConvertError if the vocabulary leaves no Hugging Face ids."""
+  if m.vocab_size <= NUM_SPECIAL:
+    raise ConvertError(f"model.vocab_size={m.vocab_size} leaves no Hugging Face ids "
+                       f"(ids below {NUM_SPECIAL} are ours)")
+  excluded = excluded_ids(m)
+  shifted = [i for i in excluded if i >= NUM_SPECIAL]
+  return shifted[0] - NUM_SPECIAL if len(shifted) == 1 and EOS_ID not in excluded else None
+
+
+def shifted_table(table: np.ndarray, hf: dict[str, Any], name: str, fill_keys: tuple[str, ...]
+                  ) -> np.ndarray:
+  """A table [V, ...] in our ids: each row at its `shifted_ids` place, the others copies of the
+  row of the first in-range id among config.json's `fill_keys` (else the mean row)."""
+  if table.shape[0] != hf["vocab_size"]:
+    raise ConvertError(f"the {name} weights have {table.shape[0]} vocabulary rows, config.json "
+                       f"vocab_size={hf['vocab_size']}")
+  ids = [first_id(hf.get(k)) for k in fill_keys]
+  ids = [i for i in ids if i is not None and 0 <= i < table.shape[0]]
+  row = table[ids[0]] if ids else table.mean(axis=0).astype(table.dtype)
+  out = np.repeat(row[None], table.shape[0] + NUM_SPECIAL, axis=0)
+  out[shifted_ids(hf)] = table
+  return out
 
 
 def unmapped_ids(ours: np.ndarray, vocab_size: int) -> str:

@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from transformer.config import Config, excluded_ids, ModelConfig
+from transformer.config import Config, ModelConfig
 from transformer.convert.common import (CONVERTED, converted_config, ConvertError, dense, hf_choice,
                                         hf_ffn, norm, one, params_of, positive_ints, require,
-                                        require_hf, require_unmapped_excluded, reshaped, state_of,
+                                        require_hf, require_unmapped_excluded, reshaped,
+                                        shifted_eos, shifted_ids, shifted_table, state_of,
                                         unmapped_ids, Weight)
-from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
+from transformer.data.tokenizers import NUM_SPECIAL
 
 MODEL_TYPE, NAME, ARCH = "gpt2", "GPT-2", "decoder_only"
 ID_OFFSET = NUM_SPECIAL
@@ -34,11 +35,7 @@ HF_FIXED = dict(scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
 
 def our_ids(hf: dict[str, Any]) -> np.ndarray:
   """Our id of each GPT-2 id of a config.json dict: id + NUM_SPECIAL, <|endoftext|> our EOS."""
-  ids = np.arange(hf["vocab_size"]) + NUM_SPECIAL
-  eos_id = hf.get("eos_token_id")
-  if isinstance(eos_id, int) and 0 <= eos_id < hf["vocab_size"]:
-    ids[eos_id] = EOS_ID
-  return ids
+  return shifted_ids(hf)
 
 
 def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = None
@@ -70,13 +67,7 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
   h = m.d_model // m.num_heads
   require(m, FIXED | {"num_kv_heads": m.num_heads, "head_dim": h, "v_head_dim": h}, NAME)
   activation = hf_ffn(m, (extra or {}).get("activation_function"), _ACTIVATIONS, NAME)
-  if m.vocab_size <= NUM_SPECIAL:
-    raise ConvertError(f"model.vocab_size={m.vocab_size} leaves no Hugging Face ids "
-                       f"(ids below {NUM_SPECIAL} are ours)")
-  # <|endoftext|>, moved to our EOS: its shifted id is the one excluded id above NUM_SPECIAL.
-  excluded = excluded_ids(m)
-  shifted = [i for i in excluded if i >= NUM_SPECIAL]
-  eot = shifted[0] - NUM_SPECIAL if len(shifted) == 1 and EOS_ID not in excluded else None
+  eot = shifted_eos(m)  # <|endoftext|>
   out = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "bos_token_id": eot,
          "eos_token_id": eot} | dict(extra or {})
   inner = None if out.get("n_inner") is None and m.mlp_dim == 4 * m.d_model else m.mlp_dim
@@ -106,15 +97,7 @@ def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenize
 def _our_table(table: np.ndarray, hf: dict[str, Any]) -> np.ndarray:
   """A GPT-2 table [V, ...] in our ids: each row at its `our_ids` place, the others copies of
   <|endoftext|>'s (the mean row without one)."""
-  if table.shape[0] != hf["vocab_size"]:
-    raise ConvertError(f"the GPT-2 weights have {table.shape[0]} vocabulary rows, config.json "
-                       f"vocab_size={hf['vocab_size']}")
-  eos_id = hf.get("eos_token_id")
-  has_eos = isinstance(eos_id, int) and 0 <= eos_id < table.shape[0]
-  row = table[eos_id] if has_eos else table.mean(axis=0).astype(table.dtype)
-  out = np.repeat(row[None], table.shape[0] + NUM_SPECIAL, axis=0)
-  out[our_ids(hf)] = table
-  return out
+  return shifted_table(table, hf, NAME, ("eos_token_id",))
 
 
 def _weights(m: ModelConfig, hf: dict[str, Any] | None) -> list[Weight]:

@@ -19,12 +19,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from transformer.config import Config, excluded_ids, ModelConfig
-from transformer.convert.common import (CONVERTED, converted_config, ConvertError, hf_choice, norm,
-                                        one, params_of, positive_ints, require, require_hf,
-                                        require_unmapped_excluded, stacked, state_of, transpose,
+from transformer.config import Config, ModelConfig
+from transformer.convert.common import (CONVERTED, converted_config, ConvertError, first_id,
+                                        hf_choice, norm, one, params_of, positive_ints, require,
+                                        require_hf, require_unmapped_excluded, shifted_eos,
+                                        shifted_ids, shifted_table, stacked, state_of, transpose,
                                         unmapped_ids, Weight)
-from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
+from transformer.data.tokenizers import NUM_SPECIAL
 
 MODEL_TYPE, NAME, ARCH = "llama", "Llama", "decoder_only"
 MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -41,20 +42,9 @@ _ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
 _LENGTH = 1024  # the converted workdir's data lengths (the checkpoints' contexts are far longer)
 
 
-def first_id(value: Any) -> int | None:
-  """A config.json token id (Llama 3 lists several end-of-sequence ids: the first), or None."""
-  if isinstance(value, list):
-    value = value[0] if value else None
-  return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def our_ids(hf: dict[str, Any]) -> np.ndarray:
   """Our id of each Hugging Face id of a config.json dict: id + NUM_SPECIAL, eos our EOS."""
-  ids = np.arange(hf["vocab_size"]) + NUM_SPECIAL
-  eos_id = first_id(hf.get("eos_token_id"))
-  if eos_id is not None and 0 <= eos_id < hf["vocab_size"]:
-    ids[eos_id] = EOS_ID
-  return ids
+  return shifted_ids(hf)
 
 
 def rope_overrides(hf: dict[str, Any]) -> dict[str, Any]:
@@ -177,14 +167,7 @@ def shared_hf_config(m: ModelConfig, extra: dict[str, Any] | None, kind: str,
   ConvertError names a model key without a counterpart (`fixed`: the family's FIXED)."""
   name = NAMES.get(kind, kind.capitalize())
   require(m, (FIXED if fixed is None else fixed) | {"v_head_dim": m.head_dim}, name)
-  if m.vocab_size <= NUM_SPECIAL:
-    raise ConvertError(f"model.vocab_size={m.vocab_size} leaves no Hugging Face ids "
-                       f"(ids below {NUM_SPECIAL} are ours)")
-  # The end-of-sequence id, moved to our EOS: its shifted id is the one excluded id above
-  # NUM_SPECIAL (a model trained here has none: every id is its own, our EOS is dropped).
-  excluded = excluded_ids(m)
-  shifted = [i for i in excluded if i >= NUM_SPECIAL]
-  eos = shifted[0] - NUM_SPECIAL if len(shifted) == 1 and EOS_ID not in excluded else None
+  eos = shifted_eos(m)
   out = {"bos_token_id": eos, "eos_token_id": eos} | dict(extra or {})
   if first_id(out.get("eos_token_id")) != eos:
     out["eos_token_id"] = eos
@@ -245,15 +228,7 @@ def decoder_config(m: dict[str, Any], hf_tokenizer: str, text_file: str = "", da
 def _our_table(table: np.ndarray, hf: dict[str, Any]) -> np.ndarray:
   """A table [V, ...] in our ids: each row at its `our_ids` place, the others copies of the BOS
   row (else the end-of-sequence row, else the mean row)."""
-  if table.shape[0] != hf["vocab_size"]:
-    raise ConvertError(f"the {NAME} weights have {table.shape[0]} vocabulary rows, config.json "
-                       f"vocab_size={hf['vocab_size']}")
-  ids = [first_id(hf.get(k)) for k in ("bos_token_id", "eos_token_id")]
-  ids = [i for i in ids if i is not None and 0 <= i < table.shape[0]]
-  row = table[ids[0]] if ids else table.mean(axis=0).astype(table.dtype)
-  out = np.repeat(row[None], table.shape[0] + NUM_SPECIAL, axis=0)
-  out[our_ids(hf)] = table
-  return out
+  return shifted_table(table, hf, NAME, ("bos_token_id", "eos_token_id"))
 
 
 def vocab_weights(m: ModelConfig, hf: dict[str, Any] | None) -> list[Weight]:
