@@ -39,8 +39,9 @@ def structure(flat: Mapping[str, Any]) -> str:
 
 
 def packable(flat: Mapping[str, Any]) -> bool:
-  """True if a point of this flat config may train as a member (members.members_of's rules)."""
-  return (flat.get("parallel.mode") == "mesh" and not flat.get("train.early_stop_patience")
+  """True if a point of this flat config may train as a member: members.unsupported says nothing
+  and it trains no members of its own."""
+  return (not members.unsupported(flat.get("parallel.mode"), flat.get("train.early_stop_patience"))
           and not str(flat.get("train.members", "")).strip())
 
 

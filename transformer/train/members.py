@@ -75,14 +75,23 @@ def member_name(overrides: dict[str, Any]) -> str:
   return re.sub(r"[^A-Za-z0-9._=,+-]", "_", text)
 
 
+def unsupported(mode: str, early_stop_patience: int) -> str:
+  """Why a run with this parallel.mode and train.early_stop_patience cannot train members ('' if
+  it can); sweep.py --pack asks it too."""
+  if mode != "mesh":
+    return f"train.members needs parallel.mode=mesh (got {mode!r})"
+  if early_stop_patience:
+    return "train.members cannot stop members early: set train.early_stop_patience=0"
+  return ""
+
+
 def members_of(cfg: Config) -> list[Member]:
   """The members of cfg's train.members ([] for ""), each config validated; raises ConfigError."""
   if not cfg.train.members.strip():
     return []
-  if cfg.parallel.mode != "mesh":
-    raise ConfigError(f"train.members needs parallel.mode=mesh (got {cfg.parallel.mode!r})")
-  if cfg.train.early_stop_patience:
-    raise ConfigError("train.members cannot stop members early: set train.early_stop_patience=0")
+  why = unsupported(cfg.parallel.mode, cfg.train.early_stop_patience)
+  if why:
+    raise ConfigError(why)
   base = with_values(cfg, {"train.members": ""})
   members: list[Member] = []
   for overrides in parse(cfg.train.members, cfg.seed):
