@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One accelerator session's measurements in one prepared command, sized for <= 8 minutes on one
-# H100: each part has its own time limit in seconds (PROFILE_S=120 GPT2S_S=45 GPT2M_S=40
-# SPEED_S=70 QUALITY_S=200 from the environment, 475 s, plus ~20 s of setup; XLA_S and MEMBERS_S
-# are 0 unless set, and a part with limit 0 is skipped), so one that breaks or runs long leaves
-# the others their time:
+# H100: each part has its own time limit in seconds (PROFILE_S=100 GPT2S_S=40 GPT2M_S=35
+# SPEED_S=60 SWEEP_S=75 QUALITY_S=155 from the environment, 465 s, plus ~20 s of setup; XLA_S and
+# MEMBERS_S are 0 unless set, and a part with limit 0 is skipped), so one that breaks or runs long
+# leaves the others their time:
 #   setup    wheels/ (benchmarks/device_wheels.sh) installed into /tmp/site when present; the
 #            device and the versions
 #   profile  benchmarks/step_profile.py --ops: the per-op table (time by category, FLOPs, bytes,
@@ -21,6 +21,9 @@
 #            data.prefetch): steps/s; and its step alone on random batches, 1 and 8 per dispatch,
 #            and with the XLA:CPU kernels;
 #            the first run prepares the data directory every later part reads
+#   sweep    benchmarks/sweep_packing.py: 16 points of :fast (4 seeds x 4 learning rates, 600
+#            steps) packed by sweep.py --pack=16 against the first point alone: the wall-clock
+#            ratio and the numbers, into OUT_DIR/results/<device>_sweep_packing/
 #   members  8 seeds of :fast in one program against one (train.members); skipped, with a line
 #            saying so, where this tree's config has no such key
 #   quality  configs/g2p.py:gpu start to finish (benchmarks/g2p_flagship.py): one seed, or with
@@ -48,16 +51,20 @@ if [ -d wheels ] && ls wheels/*.whl >/dev/null 2>&1 && [ "$smoke" = 0 ]; then
 fi
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 commit=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || true)}
+export COMMIT=$commit  # the records' commit where the tree has no .git (commands.git_commit)
 data="$work/data"  # a fresh data directory, prepared by the first train.py run
 
 if [ "$smoke" = 0 ]; then
   lm_s=gpt2s lm_m=gpt2m g2p=g2pfast steps=10 rounds=2 matmul=8192 train_steps=1000 threads=8
+  sweep_args="--seeds=4 --learning_rates=1e-3,2e-3,3e-3,5e-3 --config.train.num_steps=600"
   profile_args="--dtype=bfloat16 --attention=fused"
   rows_s=32 rows_m=16 chunk=8192 train_args="" quality_args=""
   limit() { echo "$1"; }
 else  # every part end to end in seconds on a CPU: tiny models, a few steps
   lm_s=lmtiny lm_m=lmtiny g2p=lmtiny steps=1 rounds=1 matmul=128 train_steps=4 threads=1
   rows_s=8 rows_m=8 chunk=64 profile_args=""
+  sweep_args="--seeds=2 --learning_rates=1e-3,3e-3 --config.train.num_steps=4
+    --config.eval.every_steps=4 --config.checkpoint.every_steps=4"
   tiny="--config.model.num_encoder_layers=1 --config.model.num_decoder_layers=1
     --config.model.d_model=32 --config.model.num_heads=2 --config.model.mlp_dim=64
     --config.data.batch_size=8"
@@ -90,10 +97,11 @@ acc=($py benchmarks/accelerator.py --steps=$steps --rounds=$rounds --matmul_n=$m
 print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__,
       'orbax', o.__version__, jax.devices())" || exit 1
 
+  device=$($py -c "import jax; print(jax.devices()[0].device_kind)")
   c="causal_kernel=true" l="loss_chunk_tokens=$chunk"
   slug=$(cd benchmarks && $py -c "import jax, session_records as s
 print(s.device_slug(jax.devices()[0].device_kind))")
-  part profile "$(limit "${PROFILE_S:-120}")" bash -c "
+  part profile "$(limit "${PROFILE_S:-100}")" bash -c "
     for size in $lm_s $lm_m $g2p; do
       args='$profile_args'; [ \$size = g2pfast ] && args=''
       XLA_FLAGS='--xla_gpu_enable_command_buffer=' COMMIT=$commit $py benchmarks/step_profile.py \
@@ -101,17 +109,22 @@ print(s.device_slug(jax.devices()[0].device_kind))")
         --out=$out/results/${slug}_profile_\$size || exit 1
     done"
   xla_flags="--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false"
-  part gpt2s "$(limit "${GPT2S_S:-45}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
+  part gpt2s "$(limit "${GPT2S_S:-40}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
     --variants="base|$c,$l,rows=$rows_s" \
     --json_out="$work/accelerator_gpt2s.json"
-  part gpt2m "$(limit "${GPT2M_S:-40}")" "${acc[@]}" --sizes=$lm_m --dtypes=bfloat16 --attention=fused \
+  part gpt2m "$(limit "${GPT2M_S:-35}")" "${acc[@]}" --sizes=$lm_m --dtypes=bfloat16 --attention=fused \
     --variants="base|$c,$l,rows=$rows_m" --json_out="$work/accelerator_gpt2m.json"
   part xla "$(limit "${XLA_S:-0}")" "${acc[@]}" --sizes=$lm_s --dtypes=bfloat16 --attention=fused \
     --variants="$c,$l,rows=$rows_s" --json_out="$work/accelerator_xla.json" \
     --xla_flags="${XLA_GPU_FLAGS:-$xla_flags}"
-  part speed "$(limit "${SPEED_S:-70}")" "${acc[@]}" --sizes=$g2p --dtypes=float32 --attention=einsum \
+  part speed "$(limit "${SPEED_S:-60}")" "${acc[@]}" --sizes=$g2p --dtypes=float32 --attention=einsum \
     --variants="base|steps_per_dispatch=8|kernels=cpu" --train_g2p=1,8 --train_steps=$train_steps \
     --train_args="--config.data.data_dir=$data $train_args" --json_out="$work/speed.json"
+  hardware="one $device"; [ "$smoke" = 0 ] || hardware="$(nproc)-core CPU (smoke)"
+  part sweep "$(limit "${SWEEP_S:-75}")" $py benchmarks/sweep_packing.py \
+    --config=configs/g2p.py:fast --baseline=one --eval_split= --hardware="$hardware" \
+    --work="$work/sweep" --out="$out/results/${slug}_sweep_packing" $sweep_args \
+    --config.eval.num_decode_examples=256 --config.data.data_dir="$data" $train_args
 
   if $py -c "import sys; from transformer import schema
 sys.exit(0 if 'members' in schema.get_config().train else 1)"; then
@@ -129,11 +142,10 @@ sys.exit(0 if 'members' in schema.get_config().train else 1)"; then
     echo "== members: skipped: this tree's config has no train.members; no 8-seed ratio measured"
   fi
 
-  part quality "$(limit "${QUALITY_S:-200}")" $py benchmarks/g2p_flagship.py \
+  part quality "$(limit "${QUALITY_S:-155}")" $py benchmarks/g2p_flagship.py \
     --config=configs/g2p.py:gpu --seeds="${QUALITY_SEEDS:-0}" --out="$work/quality" \
     --data_dir="$data" $([ "${QUALITY_SEEDS:-0}" = 0 ] || echo --members --ensemble) $quality_args
 
-  device=$($py -c "import jax; print(jax.devices()[0].device_kind)")
   versions=$($py -c "import json, jax, flax, optax, orbax.checkpoint as o
 print(json.dumps({'jax': jax.__version__, 'flax': flax.__version__, 'optax': optax.__version__, 'orbax-checkpoint': o.__version__}))")
   $py benchmarks/session_records.py --work="$work" --out="$out/results" --commit="$commit" \

@@ -30,13 +30,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def git_commit(repo: str = REPO) -> str | None:
-  """The checkout's HEAD commit; None outside a git checkout."""
+  """The checkout's HEAD commit; outside a git checkout $COMMIT (the device session sets it: its
+  copy of the tree has no .git), else None."""
   try:
     out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                          check=True).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
-    return None
-  return out or None
+    out = ""
+  return out or os.environ.get("COMMIT") or None
 
 
 def versions(*packages: str) -> dict[str, str | None]:

@@ -1,19 +1,26 @@
-r"""A seed sweep packed into one train.members program against the same sweep unpacked, one after
-the other in one run: the same numbers, and the wall-clock ratio packed / unpacked.
+r"""A seed (or seed x learning-rate) sweep packed into one train.members program against the same
+sweep unpacked, or against its first point alone, one after the other in one run: the same numbers,
+and the wall-clock ratio packed / unpacked (or packed / one point).
 
   python benchmarks/sweep_packing.py --out=docs/results/sweep_packing     # 4 seeds of :tiny
+  python benchmarks/sweep_packing.py --config=configs/g2p.py:fast --seeds=4 \
+      --learning_rates=1e-3,2e-3,3e-3,5e-3 --baseline=one --hardware="$(nvidia-smi \
+      --query-gpu=name --format=csv,noheader)" --out=...  # 16 points vs one, on a GPU
   python benchmarks/sweep_packing.py --out=/tmp/sp --config.train.num_steps=4 \
       --config.eval.every_steps=4 --config.eval.num_batches=1 \
       --config.eval.num_decode_examples=4 --eval_split=       # a check that it runs
   (--config.* flags pass on to every sweep.py command)
 
 First a one-point, one-step sweep warms up (it prepares the data and fills the file caches; its
-time is logged, not compared). Then `sweep.py --pack=N` (one process trains the N seeds, then
+time is logged, not compared). Then `sweep.py --pack=N` (one process trains the N points, then
 eval.py runs per point) and `sweep.py` (N train.py processes one after another, --parallel=1, each
-then eval.py), each timed start to finish, each in its own workdir under --work. Every logged
-train loss, grad norm and in-training evaluation, and each point's eval.py metrics, must agree
-within --tolerance. --out gets record.json and log.txt (the record's wall_clock_ratio is packed /
-unpacked; the goal on a CPU: <= 1.1). A difference is absolute, relative for values above 1.
+then eval.py; with --baseline=one only the first point), each timed start to finish, each in its
+own workdir under --work. The points are seeds 0 .. S-1, times --learning_rates when given (seeds
+outer). Every logged train loss, grad norm and in-training evaluation, and each point's eval.py
+metrics, are compared between a point's packed and unpacked runs. --out gets record.json and
+log.txt (the record's wall_clock_ratio is packed / unpacked; the goals: <= 1.1 on a CPU, and for
+16 points of :fast against one on a GPU, <= 2.5). A difference is absolute, relative for values
+above 1; the run fails if one exceeds --tolerance.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import time
 
 import commands  # benchmarks/ is the script's directory
 from transformer import files
+from transformer.sweeps import spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPARED = ("train/loss", "train/grad_norm", "eval/")  # metrics.jsonl keys (prefixes) compared
@@ -101,10 +109,38 @@ def timed_sweep(args: argparse.Namespace, sweep_file: str, workdir: str, extra: 
 
 
 
+def title(args: argparse.Namespace, n: int) -> str:
+  """'4 seeds' or '16 points (4 seeds x 4 learning rates)'."""
+  if not args.learning_rates:
+    return f"{n} seeds"
+  return f"{n} points ({args.seeds} seeds x {len(args.learning_rates)} learning rates)"
+
+
+def points(args: argparse.Namespace) -> list[dict]:
+  """The sweep's points: every seed, times every learning rate when there are some (seeds outer)."""
+  if not args.learning_rates:
+    return [{"seed": s} for s in range(args.seeds)]
+  return [{"seed": s, "train.learning_rate": lr} for s in range(args.seeds)
+          for lr in args.learning_rates]
+
+
+def write_sweep(path: str, sweep: list[dict]) -> str:
+  """A sweep file returning `sweep`; its path."""
+  with open(path, "w") as f:
+    f.write(f"def get_sweep():\n  return {sweep!r}\n")
+  return path
+
+
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--config", default="configs/g2p.py:tiny")
   parser.add_argument("--seeds", type=int, default=4, help="points: seeds 0 .. N-1, one pack")
+  parser.add_argument("--learning_rates", default="", type=lambda s: [float(x) for x in
+                      s.split(",")] if s else [], help="and each of these learning rates")
+  parser.add_argument("--baseline", default="unpacked", choices=("unpacked", "one"),
+                      help="unpacked: every point alone; one: the first point alone")
+  parser.add_argument("--hardware", default=f"{os.cpu_count()}-core {platform.machine()} CPU",
+                      help="the record's hardware (name the accelerator)")
   parser.add_argument("--eval_split", default="test", help="eval.py's split; '' = none")
   parser.add_argument("--tolerance", type=float, default=1e-5)
   parser.add_argument("--work", default="", help="a fresh directory for the sweeps (default: "
@@ -116,8 +152,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
   bad = [e for e in extra if not e.startswith("--config.")]
   if bad:
     parser.error(f"unknown arguments {bad} (only --config.* flags pass on to sweep.py)")
-  if args.seeds < 2:
-    parser.error(f"--seeds={args.seeds} must be >= 2")
+  if args.seeds * max(1, len(args.learning_rates)) < 2:
+    parser.error(f"--seeds={args.seeds} must be >= 2 (or give --learning_rates)")
   args.work = args.work or tempfile.mkdtemp(prefix="sweep_packing_")
   if not args.compare_only and any(os.path.exists(os.path.join(args.work, n))
                                    for n in ("packed", "unpacked")):
@@ -130,12 +166,12 @@ def main(argv: list[str] | None = None) -> dict:
   args, extra = parse(argv)
   started, load = time.time(), os.getloadavg()
   os.makedirs(args.work, exist_ok=True)
-  sweep_file = os.path.join(args.work, "seeds.py")
-  with open(sweep_file, "w") as f:
-    f.write(f"def get_sweep():\n  return [{{'seed': s}} for s in range({args.seeds})]\n")
-  warm_file = os.path.join(args.work, "warm.py")
-  with open(warm_file, "w") as f:
-    f.write("def get_sweep():\n  return [{'seed': 0}]\n")
+  sweep = points(args)
+  names = spec.point_names(sweep)
+  sweep_file = write_sweep(os.path.join(args.work, "points.py"), sweep)
+  alone = sweep if args.baseline == "unpacked" else sweep[:1]
+  alone_file = write_sweep(os.path.join(args.work, "alone.py"), alone)
+  warm_file = write_sweep(os.path.join(args.work, "warm.py"), sweep[:1])
   warm = packed = unpacked = float("nan")
   if not args.compare_only:
     warm = timed_sweep(args, warm_file, os.path.join(args.work, "warm"),
@@ -143,40 +179,41 @@ def main(argv: list[str] | None = None) -> dict:
                                 "--config.eval.num_batches=1",
                                 "--config.eval.num_decode_examples=1"])
     packed = timed_sweep(args, sweep_file, os.path.join(args.work, "packed"),
-                         extra + [f"--pack={args.seeds}"])
-    unpacked = timed_sweep(args, sweep_file, os.path.join(args.work, "unpacked"), extra)
+                         extra + [f"--pack={len(sweep)}"])
+    unpacked = timed_sweep(args, alone_file, os.path.join(args.work, "unpacked"), extra)
   diffs, lines, diverged, finals = {}, [], {}, {"packed": [], "unpacked": []}
-  for s in range(args.seeds):
-    mine, theirs = (logged(os.path.join(args.work, w, f"seed={s}"))
-                    for w in ("packed", "unpacked"))
+  for s in names[:len(alone)]:
+    mine, theirs = (logged(os.path.join(args.work, w, s)) for w in ("packed", "unpacked"))
     diffs[s], only = compare(mine, theirs)
     if only or not mine:
-      raise SystemExit(f"sweep_packing: seed={s}: the packed and unpacked points logged "
+      raise SystemExit(f"sweep_packing: {s}: the packed and unpacked points logged "
                        f"different keys ({', '.join(only[:4]) or 'none at all'})")
     diverged[s] = diverged_at(mine, theirs, args.tolerance)
     for side, values in (("packed", mine), ("unpacked", theirs)):
       if "test:wer" in values:
         finals[side].append(values["test:wer"])
-    lines.append(f"seed={s}: {len(mine)} logged values, largest difference {diffs[s]:.2e}, "
+    lines.append(f"{s}: {len(mine)} logged values, largest difference {diffs[s]:.2e}, "
                  f"first beyond the tolerance at step {diverged[s]}")
   worst = max(diffs.values())
   ratio = packed / unpacked
-  lines.append(f"warm-up {warm:.1f} s; packed {packed:.1f} s, unpacked {unpacked:.1f} s: "
+  alone_what = "unpacked" if args.baseline == "unpacked" else "the first point alone"
+  lines.append(f"warm-up {warm:.1f} s; packed {packed:.1f} s, {alone_what} {unpacked:.1f} s: "
                f"{ratio:.3f}x; largest difference {worst:.2e} (tolerance {args.tolerance:g})")
   print("\n".join(lines), flush=True)
   command = shlex.join(["python", "benchmarks/sweep_packing.py",
                         *(argv if argv is not None else sys.argv[1:])])
   record = {
       "name": os.path.basename(os.path.normpath(args.out)) if args.out else "sweep_packing",
-      "title": f"{args.seeds} seeds of {args.config} as one packed train.members program vs "
-               "one process each (sweep.py --pack)",
+      "title": f"{title(args, len(sweep))} of {args.config} as one packed train.members "
+               f"program vs {'one process each' if args.baseline == 'unpacked' else 'one of them alone'}"
+               " (sweep.py --pack)",
       "task": "G2P (CMUdict)" if "g2p" in args.config else args.config,
       "config": args.config, "overrides": extra, "command": command, "commit": commands.git_commit(),
-      "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
-      "versions": commands.versions("jax", "flax", "optax"),
+      "hardware": args.hardware, "versions": commands.versions("jax", "flax", "optax"),
       "wall_clock_s": round(time.time() - started, 1),
       "rates": {},
-      "metrics": {"packed_wall_s": round(packed, 2), "unpacked_wall_s": round(unpacked, 2),
+      "metrics": {"points": len(sweep), "points_alone": len(alone),
+                  "packed_wall_s": round(packed, 2), "unpacked_wall_s": round(unpacked, 2),
                   "wall_clock_ratio": round(ratio, 4), "warmup_wall_s": round(warm, 2),
                   "max_abs_difference": worst, "tolerance": args.tolerance},
       "seeds": list(range(args.seeds)), "report": "docs/sweeps.md#packing"}
@@ -184,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
   if first is not None:
     record["metrics"]["first_step_beyond_tolerance"] = first
   for side, values in finals.items():
-    if len(values) == args.seeds:
+    if len(values) == len(alone) and args.baseline == "unpacked":
       mean, sd = mean_sd(values)
       record["metrics"] |= {f"{side}_test_wer": round(100 * mean, 2),
                             f"{side}_test_wer_sd": round(100 * sd, 2)}

@@ -55,3 +55,21 @@ def test_the_first_step_beyond_the_tolerance_and_the_spread():
   assert sweep_packing.diverged_at(packed, unpacked, 1e-5) == 100
   assert sweep_packing.diverged_at(packed, unpacked, 1e-2) is None
   assert sweep_packing.mean_sd([1.0, 3.0]) == (2.0, 2.0 ** 0.5)
+
+
+def test_points_are_seeds_times_learning_rates_and_names_match_sweep_py():
+  """Seeds outer; the one-point baseline's directory has its packed twin's name (spec.point_names
+  names both)."""
+  args, _ = sweep_packing.parse(["--seeds=2", "--learning_rates=1e-3,3e-3", "--baseline=one"])
+  points = sweep_packing.points(args)
+  assert points == [{"seed": 0, "train.learning_rate": 1e-3},
+                    {"seed": 0, "train.learning_rate": 3e-3},
+                    {"seed": 1, "train.learning_rate": 1e-3},
+                    {"seed": 1, "train.learning_rate": 3e-3}]
+  names = sweep_packing.spec.point_names(points)
+  assert sweep_packing.spec.point_names(points[:1]) == names[:1]
+  assert sweep_packing.title(args, len(points)) == "4 points (2 seeds x 2 learning rates)"
+  args, _ = sweep_packing.parse(["--seeds=3"])
+  assert sweep_packing.points(args) == [{"seed": 0}, {"seed": 1}, {"seed": 2}]
+  args, _ = sweep_packing.parse(["--seeds=1", "--learning_rates=1e-3,3e-3"])  # 2 points: enough
+  assert len(sweep_packing.points(args)) == 2
