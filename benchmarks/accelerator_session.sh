@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One accelerator session's measurements in one prepared command, sized for <= 8 minutes on one
-# H100: each part has its own time limit in seconds (PROFILE_S=100 GPT2S_S=40 GPT2M_S=35
-# SPEED_S=60 SWEEP_S=75 QUALITY_S=155 from the environment, 465 s, plus ~20 s of setup; XLA_S and
+# H100: each part has its own time limit in seconds (PROFILE_S=90 GPT2S_S=40 GPT2M_S=35
+# SPEED_S=60 SWEEP_S=90 QUALITY_S=155 from the environment, 470 s, plus ~20 s of setup; XLA_S and
 # MEMBERS_S are 0 unless set, and a part with limit 0 is skipped), so one that breaks or runs long
 # leaves the others their time:
 #   setup    wheels/ (benchmarks/device_wheels.sh) installed into /tmp/site when present; the
@@ -23,7 +23,8 @@
 #            the first run prepares the data directory every later part reads
 #   sweep    benchmarks/sweep_packing.py: 16 points of :fast (4 seeds x 4 learning rates, 600
 #            steps) packed by sweep.py --pack=16 against the first point alone: the wall-clock
-#            ratio and the numbers, into OUT_DIR/results/<device>_sweep_packing/
+#            ratio and the numbers, into OUT_DIR/results/<device>_sweep_packing/ (no warm-up:
+#            the speed part prepared the data)
 #   members  8 seeds of :fast in one program against one (train.members); skipped, with a line
 #            saying so, where this tree's config has no such key
 #   quality  configs/g2p.py:gpu start to finish (benchmarks/g2p_flagship.py): one seed, or with
@@ -101,7 +102,7 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
   c="causal_kernel=true" l="loss_chunk_tokens=$chunk"
   slug=$(cd benchmarks && $py -c "import jax, session_records as s
 print(s.device_slug(jax.devices()[0].device_kind))")
-  part profile "$(limit "${PROFILE_S:-100}")" bash -c "
+  part profile "$(limit "${PROFILE_S:-90}")" bash -c "
     for size in $lm_s $lm_m $g2p; do
       args='$profile_args'; [ \$size = g2pfast ] && args=''
       XLA_FLAGS='--xla_gpu_enable_command_buffer=' COMMIT=$commit $py benchmarks/step_profile.py \
@@ -121,8 +122,8 @@ print(s.device_slug(jax.devices()[0].device_kind))")
     --variants="base|steps_per_dispatch=8|kernels=cpu" --train_g2p=1,8 --train_steps=$train_steps \
     --train_args="--config.data.data_dir=$data $train_args" --json_out="$work/speed.json"
   hardware="one $device"; [ "$smoke" = 0 ] || hardware="$(nproc)-core CPU (smoke)"
-  part sweep "$(limit "${SWEEP_S:-75}")" $py benchmarks/sweep_packing.py \
-    --config=configs/g2p.py:fast --baseline=one --eval_split= --hardware="$hardware" \
+  part sweep "$(limit "${SWEEP_S:-90}")" $py benchmarks/sweep_packing.py \
+    --config=configs/g2p.py:fast --baseline=one --no_warmup --eval_split= --hardware="$hardware" \
     --work="$work/sweep" --out="$out/results/${slug}_sweep_packing" $sweep_args \
     --config.eval.num_decode_examples=256 --config.data.data_dir="$data" $train_args
 

@@ -12,9 +12,10 @@ and the wall-clock ratio packed / unpacked (or packed / one point).
   (--config.* flags pass on to every sweep.py command)
 
 First a one-point, one-step sweep warms up (it prepares the data and fills the file caches; its
-time is logged, not compared). Then `sweep.py --pack=N` (one process trains the N points, then
-eval.py runs per point) and `sweep.py` (N train.py processes one after another, --parallel=1, each
-then eval.py; with --baseline=one only the first point), each timed start to finish, each in its
+time is logged, not compared; --no_warmup skips it where earlier runs did that). Then
+`sweep.py --pack=N` (one process trains the N points, then eval.py runs per point) and `sweep.py`
+(N train.py processes one after another, --parallel=1, each then eval.py; with --baseline=one
+only the first point), each timed start to finish, each in its
 own workdir under --work. The points are seeds 0 .. S-1, times --learning_rates when given (seeds
 outer). Every logged train loss, grad norm and in-training evaluation, and each point's eval.py
 metrics, are compared between a point's packed and unpacked runs. --out gets record.json and
@@ -146,6 +147,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
   parser.add_argument("--work", default="", help="a fresh directory for the sweeps (default: "
                       "a new temporary one)")
   parser.add_argument("--out", default="", help="write record.json and log.txt here")
+  parser.add_argument("--no_warmup", action="store_true",
+                      help="no warm-up sweep: the data directory is prepared and the caches warm")
   parser.add_argument("--compare_only", action="store_true",
                       help="compare the sweeps already in --work (no training; no wall clocks)")
   args, extra = parser.parse_known_args(argv)
@@ -174,10 +177,10 @@ def main(argv: list[str] | None = None) -> dict:
   warm_file = write_sweep(os.path.join(args.work, "warm.py"), sweep[:1])
   warm = packed = unpacked = float("nan")
   if not args.compare_only:
-    warm = timed_sweep(args, warm_file, os.path.join(args.work, "warm"),
-                       extra + ["--config.train.num_steps=1", "--config.eval.every_steps=1",
-                                "--config.eval.num_batches=1",
-                                "--config.eval.num_decode_examples=1"])
+    warm = float("nan") if args.no_warmup else timed_sweep(
+        args, warm_file, os.path.join(args.work, "warm"),
+        extra + ["--config.train.num_steps=1", "--config.eval.every_steps=1",
+                 "--config.eval.num_batches=1", "--config.eval.num_decode_examples=1"])
     packed = timed_sweep(args, sweep_file, os.path.join(args.work, "packed"),
                          extra + [f"--pack={len(sweep)}"])
     unpacked = timed_sweep(args, alone_file, os.path.join(args.work, "unpacked"), extra)
@@ -197,7 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
   worst = max(diffs.values())
   ratio = packed / unpacked
   alone_what = "unpacked" if args.baseline == "unpacked" else "the first point alone"
-  lines.append(f"warm-up {warm:.1f} s; packed {packed:.1f} s, {alone_what} {unpacked:.1f} s: "
+  warm_text = "" if args.no_warmup else f"warm-up {warm:.1f} s; "
+  lines.append(f"{warm_text}packed {packed:.1f} s, {alone_what} {unpacked:.1f} s: "
                f"{ratio:.3f}x; largest difference {worst:.2e} (tolerance {args.tolerance:g})")
   print("\n".join(lines), flush=True)
   command = shlex.join(["python", "benchmarks/sweep_packing.py",
@@ -205,10 +209,11 @@ def main(argv: list[str] | None = None) -> dict:
   record = {
       "name": os.path.basename(os.path.normpath(args.out)) if args.out else "sweep_packing",
       "title": f"{title(args, len(sweep))} of {args.config} as one packed train.members "
-               f"program vs {'one process each' if args.baseline == 'unpacked' else 'one of them alone'}"
-               " (sweep.py --pack)",
+               f"program vs {alone_what if args.baseline == 'one' else 'one process each'} "
+               "(sweep.py --pack)",
       "task": "G2P (CMUdict)" if "g2p" in args.config else args.config,
-      "config": args.config, "overrides": extra, "command": command, "commit": commands.git_commit(),
+      "config": args.config, "overrides": extra, "command": command,
+      "commit": commands.git_commit(),
       "hardware": args.hardware, "versions": commands.versions("jax", "flax", "optax"),
       "wall_clock_s": round(time.time() - started, 1),
       "rates": {},
@@ -225,10 +230,12 @@ def main(argv: list[str] | None = None) -> dict:
       mean, sd = mean_sd(values)
       record["metrics"] |= {f"{side}_test_wer": round(100 * mean, 2),
                             f"{side}_test_wer_sd": round(100 * sd, 2)}
+  if args.no_warmup:
+    del record["metrics"]["warmup_wall_s"]
   if args.compare_only:  # no sweep ran: no wall clocks
     record["wall_clock_s"] = None
     for key in ("packed_wall_s", "unpacked_wall_s", "wall_clock_ratio", "warmup_wall_s"):
-      del record["metrics"][key]
+      record["metrics"].pop(key, None)
   if args.out:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "record.json"), "w") as f:
