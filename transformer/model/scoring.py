@@ -31,6 +31,18 @@ def num_classes(model_config: Any) -> int:
   return m.num_classes if m.arch == "encoder_only" and m.head != "mlm" else 0
 
 
+def class_counts(predicted: Array, targets: Array, weights: Array, classes: int
+                 ) -> dict[str, Array]:
+  """Per-class weighted counts [c] of predictions [b, t] against targets [b, t] (each position
+  counted with its weight, once): true_positives, predicted, references, and the confusion
+  matrix [reference, predicted]."""
+  pred = jax.nn.one_hot(predicted, classes)  # [b, t, c]
+  true = jax.nn.one_hot(targets, classes) * weights[..., None]
+  return dict(true_positives=jnp.sum(pred * true, (0, 1)),
+              predicted=jnp.sum(pred * weights[..., None], (0, 1)),
+              references=jnp.sum(true, (0, 1)), confusion=jnp.einsum("btr,btp->rp", true, pred))
+
+
 def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
   """`eval_step(params, batch) -> sums` (unsmoothed loss, correct tokens, weight; per-class counts
   for classification and tagging heads; a mixture of experts' auxiliary losses and dropped
@@ -58,11 +70,7 @@ def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
       aux = moe.aux_metrics(sown[moe.COLLECTION], members[0].config.moe_num_experts)
       sums |= {f"moe_{k}_sum": aux[k] * weight_sum for k in MOE_METRICS}
     if classes:
-      pred = jax.nn.one_hot(predicted, classes) * weights[..., None]  # [b, t, c]
-      true = jax.nn.one_hot(batch["targets"], classes) * weights[..., None]
-      sums |= dict(true_positives=jnp.sum(pred * true, (0, 1)), predicted=jnp.sum(pred, (0, 1)),
-                   references=jnp.sum(true, (0, 1)),
-                   confusion=jnp.einsum("btr,btp->rp", true, pred))  # [reference, predicted]
+      sums |= class_counts(predicted, batch["targets"], weights, classes)
     return sums
 
   return eval_step
