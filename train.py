@@ -78,7 +78,8 @@ def main(argv):
   workdirs = runs.member_workdirs(flags.FLAGS.config, workdir)
   if len(workdirs) > 1:  # train.members: each member's workdir is a run of its own
     print("\n".join(f"member workdir: {w}" for w in workdirs))
-  print("\n".join(next_steps(workdirs[0])), flush=True)
+  images = from_configdict(flags.FLAGS.config).model.image_size > 0
+  print("\n".join(next_steps(workdirs[0], images)), flush=True)
 
 
 def python_command() -> str:
@@ -92,16 +93,19 @@ def resume_command() -> str:
   return shlex.join([python_command(), *sys.argv])
 
 
-def next_steps(workdir: str) -> list[str]:
-  """The lines that end a run: its workdir, and the commands that evaluate it, decode with it and
-  show its curves."""
+def next_steps(workdir: str, images: bool = False) -> list[str]:
+  """The lines that end a run: its workdir, and the commands that evaluate it, use it (decode
+  text read line by line; an image classifier from Python) and show its curves."""
   python, w = python_command(), shlex.quote(workdir)
   eval_py = shlex.quote(os.path.join(os.path.dirname(sys.argv[0]), "eval.py"))
+  evaluated = "the confusion matrix" if images else "predictions"
+  use = (f"  in Python: transformer.restore({workdir!r}).classify(pixels)   # [n, H, W, C] in "
+         "[0, 1]" if images else
+         f"  {python} -m transformer.infer.predict --workdir={w}   # then one input per line")
   return [f"workdir: {workdir} (checkpoints, metrics.jsonl, TensorBoard events)",
           "next:",
-          f"  {python} {eval_py} --workdir={w} --split=test   # metrics.test.json, predictions",
-          f"  {python} -m transformer.infer.predict --workdir={w}   # then one input per line",
-          f"  tensorboard --logdir={w}"]
+          f"  {python} {eval_py} --workdir={w} --split=test   # metrics.test.json, {evaluated}",
+          use, f"  tensorboard --logdir={w}"]
 
 
 def load_tables() -> None:

@@ -27,6 +27,7 @@ def trained(tmp_path_factory):
   """A workdir of configs/vit.py:tiny trained STEPS steps by train.py, evaluated by eval.py."""
   workdir = str(tmp_path_factory.mktemp("vit") / "run")
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  outputs = []
   for command in (
       ["train.py", "--config=configs/vit.py:tiny", f"--workdir={workdir}",
        f"--config.train.num_steps={STEPS}", "--config.eval.every_steps=15",
@@ -35,7 +36,11 @@ def trained(tmp_path_factory):
     proc = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    outputs.append(proc.stdout)
   assert "confusion matrix" in proc.stdout
+  # train.py's closing lines point an image classifier to Python's classify, not to predict.
+  assert f"transformer.restore({workdir!r}).classify(pixels)" in outputs[0]
+  assert "infer.predict" not in outputs[0]
   return workdir
 
 
