@@ -16,7 +16,8 @@ fraction of the grid's.
 checkpoint.every_steps=250). The rungs are the evaluations: with 1000 steps and halving from the
 first evaluation they are at steps 250 and 500 (and ASHA stops nothing at 1000, the end);
 --reduction_factor=4 keeps a quarter of the points at each rung instead of half.
-The last line printed is the record's path; the record (docs/results/sweep_asha/record.json, with
+--record_only makes the record again from sweeps.json (no sweeps run). The last line printed is
+the record's path; the record (docs/results/sweep_asha/record.json, with
 sweeps.json beside it: each sweep's command, steps per point and results rows)
 holds the metrics grid_best_dev_wer, asha_best_dev_wer, wer_gap_points (ASHA's best minus the
 grid's, in WER points: the goal is <= 0.5), asha_step_fraction (the goal: <= 0.4), the steps and
@@ -83,6 +84,11 @@ def run_sweep(name: str, sweep: str, workdir: str, extra: list[str]) -> dict:
 
 
 
+def percent(wer: float | None) -> float | None:
+  """A WER in percent, as the records hold it."""
+  return None if wer is None else round(100 * wer, 2)
+
+
 def record(args, passed: list[str], grid: dict, asha: dict, wall: float) -> dict:
   """docs/results/sweep_asha/record.json's content."""
   stopped = [r["point"] for r in asha["rows"] if r["status"].startswith("stopped")]
@@ -98,7 +104,8 @@ def record(args, passed: list[str], grid: dict, asha: dict, wall: float) -> dict
       "commit": commands.git_commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
       "versions": {"python": platform.python_version()} | commands.versions("jax", "flax", "ray"), "wall_clock_s": round(wall, 1), "rates": {},
       "metrics": {
-          "grid_best_dev_wer": grid["best_dev_wer"], "asha_best_dev_wer": asha["best_dev_wer"],
+          "grid_best_dev_wer": percent(grid["best_dev_wer"]),
+          "asha_best_dev_wer": percent(asha["best_dev_wer"]),
           "wer_gap_points": gap,
           "asha_step_fraction": round(asha_steps / grid_steps, 4) if grid_steps else None,
           "grid_steps": grid_steps, "asha_steps": asha_steps,
@@ -109,10 +116,31 @@ def record(args, passed: list[str], grid: dict, asha: dict, wall: float) -> dict
   }
 
 
+def write_json(path: str, content: dict) -> None:
+  with open(path, "w") as f:
+    json.dump(content, f, indent=1)
+    f.write("\n")
+
+
 def raw(grid: dict, asha: dict) -> dict:
   """sweeps.json beside the record: each sweep's command, wall clock, steps per point and rows."""
   return {name: {k: s[k] for k in ("command", "wall_clock_s", "steps", "rows")}
           for name, s in (("grid", grid), ("asha", asha))}
+
+
+def rebuilt(args: argparse.Namespace, directory: str) -> dict:
+  """The record in `directory` made again from sweeps.json beside it (its command, commit,
+  overrides and seeds kept): what --record_only writes after a change to how the record is
+  made."""
+  with open(os.path.join(directory, "record.json")) as f:
+    old = json.load(f)
+  with open(os.path.join(directory, "sweeps.json")) as f:
+    sweeps = json.load(f)
+  for s in sweeps.values():
+    wers = [float(r["dev/wer"]) for r in s["rows"] if r.get("dev/wer")]
+    s["best_dev_wer"] = min(wers) if wers else None
+  new = record(args, old["overrides"], sweeps["grid"], sweeps["asha"], old["wall_clock_s"])
+  return new | {k: old[k] for k in ("command", "commit", "hardware", "versions", "seeds")}
 
 
 def main() -> None:
@@ -126,7 +154,14 @@ def main() -> None:
   parser.add_argument("--asha_metric", default="eval/wer")
   parser.add_argument("--reduction_factor", type=float, default=2,
                       help="ASHA's reduction factor (sweep.py --asha_reduction_factor)")
+  parser.add_argument("--record_only", action="store_true",
+                      help="no sweeps: make OUT/sweep_asha/record.json again from sweeps.json")
   args, rest = parser.parse_known_args()
+  directory = os.path.join(args.out, "sweep_asha")
+  if args.record_only:
+    write_json(os.path.join(directory, "record.json"), rebuilt(args, directory))
+    print(os.path.join(directory, "record.json"))
+    return
   bad = [a for a in rest if not a.startswith("--config.")]
   if bad:
     raise SystemExit(f"sweep_asha: unknown argument {bad[0]} (only --config.* pass on)")
@@ -142,12 +177,9 @@ def main() -> None:
                     f"--asha_metric={args.asha_metric}",
                     f"--asha_reduction_factor={args.reduction_factor:g}", *passed])
   result = record(args, passed, grid, asha, time.time() - start)
-  directory = os.path.join(args.out, "sweep_asha")
   os.makedirs(directory, exist_ok=True)
   for name, content in (("record.json", result), ("sweeps.json", raw(grid, asha))):
-    with open(os.path.join(directory, name), "w") as f:
-      json.dump(content, f, indent=1)
-      f.write("\n")
+    write_json(os.path.join(directory, name), content)
   print(json.dumps(result["metrics"]))
   print(os.path.join(directory, "record.json"))
 

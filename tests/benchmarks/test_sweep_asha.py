@@ -47,9 +47,19 @@ def test_record_compares_best_wers_and_counts_trained_steps(tmp_path):
   m = record["metrics"]
   assert m["asha_step_fraction"] == pytest.approx(11 / 16) and m["grid_steps"] == 16
   assert m["wer_gap_points"] == pytest.approx(0.3) and m["asha_points_stopped"] == 1
+  assert (m["grid_best_dev_wer"], m["asha_best_dev_wer"]) == (40.0, 40.3)  # percent
   assert set(record) <= set(REQUIRED) | set(OPTIONAL) and set(REQUIRED) <= set(record)
   assert all(isinstance(record[k], t) for k, t in REQUIRED.items())
   assert sweep_asha.raw(grid, asha)["asha"]["steps"] == {"a": 8, "b": 3}
+  # --record_only makes the same metrics again from sweeps.json, keeping the command and commit.
+  out = tmp_path / "sweep_asha"
+  out.mkdir()
+  for a, b in ((grid, "0.40"), (asha, "0.403")):
+    a["rows"][0]["dev/wer"] = b
+  sweep_asha.write_json(str(out / "sweeps.json"), sweep_asha.raw(grid, asha))
+  sweep_asha.write_json(str(out / "record.json"), record | {"commit": "abc", "metrics": {}})
+  again = sweep_asha.rebuilt(args, str(out))
+  assert again["metrics"] == m and again["commit"] == "abc"
 
 
 @pytest.mark.slow  # ~6 min on 2 cores: two sweeps of two real :tiny points
