@@ -217,7 +217,7 @@ def run_on_ray(points, commands, console) -> list:
       asha = ray_launcher.Asha(f.asha_metric, f.asha_mode,
                                f.asha_grace_steps or f.config.eval.every_steps,
                                f.asha_reduction_factor)
-      return ray_launcher.run_asha(points, commands, resources, f.ray_max_retries, f.parallel,
+      return ray_launcher.run_asha(points, commands, resources, f.ray_max_retries,
                                    asha, os.path.join(f.workdir, "ray_tune"), console)
     todo = []
     for p in points:

@@ -16,7 +16,8 @@ fraction of the grid's.
 checkpoint.every_steps=250). The rungs are the evaluations: with 1000 steps and halving from the
 first evaluation they are at steps 250 and 500 (and ASHA stops nothing at 1000, the end);
 --reduction_factor=4 keeps a quarter of the points at each rung instead of half.
---record_only makes the record again from sweeps.json (no sweeps run). The last line printed is
+--record_only makes the record again from sweeps.json (no sweeps run); --reuse_grid runs ASHA
+again beside a finished grid. The last line printed is
 the record's path; the record (docs/results/sweep_asha/record.json, with
 sweeps.json beside it: each sweep's command, steps per point and results rows)
 holds the metrics grid_best_dev_wer, asha_best_dev_wer, wer_gap_points (ASHA's best minus the
@@ -154,6 +155,9 @@ def main() -> None:
   parser.add_argument("--asha_metric", default="eval/wer")
   parser.add_argument("--reduction_factor", type=float, default=2,
                       help="ASHA's reduction factor (sweep.py --asha_reduction_factor)")
+  parser.add_argument("--reuse_grid", action="store_true",
+                      help="WORKDIR/grid holds the finished grid: its command and wall clock are "
+                      "read from OUT/sweep_asha/sweeps.json; ASHA runs in a fresh WORKDIR/asha")
   parser.add_argument("--record_only", action="store_true",
                       help="no sweeps: make OUT/sweep_asha/record.json again from sweeps.json")
   args, rest = parser.parse_known_args()
@@ -172,11 +176,15 @@ def main() -> None:
   start = time.time()
   grid = run_sweep("grid", sweep, os.path.join(args.workdir, "grid"),
                    [f"--parallel={args.parallel}", *passed])
+  if args.reuse_grid:  # sweep.py found every point done: the run that trained them timed them
+    with open(os.path.join(directory, "sweeps.json")) as f:
+      grid |= {k: json.load(f)["grid"][k] for k in ("command", "wall_clock_s")}
   asha = run_sweep("asha", sweep, os.path.join(args.workdir, "asha"),
                    [f"--parallel={args.parallel}", "--early_stop=asha",
                     f"--asha_metric={args.asha_metric}",
                     f"--asha_reduction_factor={args.reduction_factor:g}", *passed])
-  result = record(args, passed, grid, asha, time.time() - start)
+  wall = (grid["wall_clock_s"] + asha["wall_clock_s"]) if args.reuse_grid else time.time() - start
+  result = record(args, passed, grid, asha, wall)
   os.makedirs(directory, exist_ok=True)
   for name, content in (("record.json", result), ("sweeps.json", raw(grid, asha))):
     write_json(os.path.join(directory, name), content)

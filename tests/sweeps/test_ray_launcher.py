@@ -191,34 +191,42 @@ def test_a_pack_runs_as_one_ray_task_then_its_points_evaluate(tmp_path, cluster_
 
 
 def test_asha_stops_the_worse_point_at_a_rung_and_a_rerun_finishes_it(tmp_path, cluster_address):
-  """ASHA (rungs at steps 2 and 4 of 8, halving) over a good learning rate and a useless one,
-  one trial at a time: the good point, its train process killed after its step-2 checkpoint, is
-  run again by Tune from that checkpoint, trains to its end and is evaluated; the useless one is
-  stopped at the first rung (its loss is worse than the good one's there), saves a checkpoint
-  and leaves an early_stop.json, and its row says 'stopped by asha at step 2'. A rerun under
-  ASHA leaves it stopped; a rerun without early stopping resumes it from its checkpoint to the
-  end, and its row is then done."""
-  points, commands = fake_sweep(tmp_path, [1.0, 1e-6])
+  """ASHA (rungs at steps 2 and 4 of 8, halving) over a useless learning rate and a good one,
+  one trial at a time. The useless point, first at the first rung, is paused there (a rung holding
+  fewer results than the reduction factor promotes no point while others may still reach it):
+  its train.py saves and exits. The good point, its train process killed after its step-2
+  checkpoint, is run again by Tune from that checkpoint; first at the rung of step 4, it is
+  paused there too. Resumed, the useless one is stopped at step 2 (its loss is worse than the
+  good one's there), leaves an early_stop.json, and its row says 'stopped by asha at step 2';
+  the good one resumes from its checkpoint, trains to its end and is evaluated. A rerun under
+  ASHA leaves the stopped one stopped; a rerun without early stopping resumes it from its
+  checkpoint to the end, and its row is then done."""
+  points, commands = fake_sweep(tmp_path, [1e-6, 1.0])
   lines = []
   ray_launcher.connect(cluster_address)
   asha = ray_launcher.Asha("eval/loss", "min", grace_steps=2, reduction_factor=2)
 
   def sweep_once():
-    return ray_launcher.run_asha(points, commands, ray_launcher.Resources(1), 1, 1, asha,
+    return ray_launcher.run_asha(points, commands, ray_launcher.Resources(2), 1, asha,
                                  str(tmp_path / "w" / "ray_tune"), watch.Console(lines.append))
 
   killed = []
-  thread = kill_when(points[0], 2, "pid", killed)
+  thread = kill_when(points[1], 2, "pid", killed)
   assert sweep_once() == []
   thread.join()
-  good, bad = points
+  bad, good = points
   assert runner.status(good, commands) == "done" and killed == [good.name]
-  assert [s["step"] for s in starts(good)][0] == 0 and starts(good)[1]["step"] >= 2
+  # Started, killed and run again from step 2; paused at step 4 and resumed when the useless
+  # point may still reach that rung (it is paused at the first), not after it was stopped.
+  good_starts = [s["step"] for s in starts(good)]
+  assert len(good_starts) in (2, 3) and good_starts[0] == 0, good_starts
+  assert 2 <= good_starts[1] < 4 and all(4 <= s < 8 for s in good_starts[2:]), good_starts
   note = runner.stopped_early(bad)
   assert note["by"] == "asha" and note["step"] == 2
   assert note["value"] == pytest.approx(1 / (1 + 2e-6))
   saved = runner.latest_checkpoint(bad)
   assert saved is not None and 2 <= saved < 8 and runner.trained_step(bad) is None
+  assert len(starts(bad)) == 1  # paused at step 2, then stopped there: never run again
   assert f"{bad.name}: stopped by ASHA at step 2 (eval/loss 1)" in lines
   rows = {r["point"]: r for r in report.write_report(points, str(tmp_path / "w"))["rows"]}
   assert rows[good.name]["status"] == "done"
@@ -329,7 +337,7 @@ ray_launcher.connect(sys.argv[1])
 print("READY", points[0].workdir, flush=True)
 try:
   if sys.argv[3] == "asha":
-    ray_launcher.run_asha(points, commands, ray_launcher.Resources(1), 2, 1,
+    ray_launcher.run_asha(points, commands, ray_launcher.Resources(1), 2,
                           ray_launcher.Asha(grace_steps=2), sys.argv[2] + "/tune",
                           watch.Console(print))
   else:

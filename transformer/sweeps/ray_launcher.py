@@ -354,8 +354,14 @@ def trainable_class(points: Sequence[Point], commands: Commands, asha: Asha,
 
     def setup(self, config: dict[str, Any]) -> None:
       self.point = by_index[config["index"]]
-      self.last_step, self.value = 0, None
-      self.launch, self.ok, self.thread = TiedProcesses(), None, None
+      self.last_step, self.value, self.replay = 0, None, None
+      self.launch, self.ok, self.thread, self.started = TiedProcesses(), None, None, False
+
+    def _start(self) -> None:
+      """Starts the point's processes once (not for a point done or stopped by ASHA)."""
+      if self.started:
+        return
+      self.started = True
       if runner.status(self.point, commands) != "done" and not runner.stopped_early(self.point):
         self.thread = threading.Thread(target=self._run, name="sweep-point", daemon=True)
         self.thread.start()
@@ -374,6 +380,10 @@ def trainable_class(points: Sequence[Point], commands: Commands, asha: Asha,
               and interrupted(self.point))
 
     def step(self) -> dict[str, Any]:
+      if self.replay is not None:  # resumed after a pause at a rung: that rung's result again
+        result, self.replay = self.replay, None
+        return result
+      self._start()
       self.launch.resume()  # Tune asks for more: ASHA let the point continue
       while True:
         still = self.running()  # before reading: a process that ended has logged all it will
@@ -393,6 +403,19 @@ def trainable_class(points: Sequence[Point], commands: Commands, asha: Asha,
           return {"step": self.last_step, "done": True}
         time.sleep(poll_seconds)
 
+    def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+      """Tune pauses the trial (then cleanup() stops train.py, which saves its own checkpoint):
+      the last evaluation reported."""
+      del checkpoint_dir  # the point's workdir holds its checkpoints
+      return {"step": self.last_step, "metric": self.value}
+
+    def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+      """Resumed: the first step() reports the paused rung's result again, for ASHA to decide on
+      before train.py starts again."""
+      self.last_step, self.value = checkpoint["step"], checkpoint["metric"]
+      if self.value is not None:
+        self.replay = {"step": self.last_step, "metric": self.value, "done": False}
+
     def cleanup(self) -> None:
       self.launch.stop()
       if self.thread is not None:
@@ -410,7 +433,7 @@ def stopped_line(point: Point) -> str:
 
 
 def run_asha(points: Sequence[Point], commands: Commands, resources: Resources, max_retries: int,
-             parallel: int, asha: Asha, storage: str, console: watch.Console) -> list[Point]:
+             asha: Asha, storage: str, console: watch.Console) -> list[Point]:
   """Runs every point as a trial under Ray Tune's ASHAScheduler (connect() first); returns the
   points that failed (neither trained to their end nor stopped by ASHA). Ctrl-C stops the trials
   (each train.py saves a checkpoint) and raises KeyboardInterrupt."""
@@ -419,11 +442,55 @@ def run_asha(points: Sequence[Point], commands: Commands, resources: Resources, 
   by_index = {p.index: p for p in points}
 
   class RecordingAsha(ASHAScheduler):
-    """ASHA that writes a stopped point's note (the driver decides, so it writes it); Tune
-    pickles it, so it prints rather than holding the console."""
+    """Ray Tune's ASHA, which promotes a point only against the results its rung holds: a point
+    reaching a rung before the rung holds reduction-factor results, while other points may still
+    reach it, is paused (its train.py saves and exits) instead of promoted unseen; Tune resumes
+    it once no point waits to start, and ASHA then decides on it against the rung as it is.
+    Writes a stopped point's note (the driver decides, so it writes it); Tune pickles it, so it
+    prints rather than holding the console."""
+
+    def __init__(self, **kwargs: Any) -> None:
+      super().__init__(**kwargs)
+      self.paused: dict[str, float] = {}  # trial id -> the rung it was paused at
+
+    def rungs(self, trial: Any) -> dict[float, dict[str, float]]:
+      """{rung's step: {trial id: its recorded result}} of the trial's bracket."""
+      return dict(self._trial_info[trial.trial_id]._rungs)  # pylint: disable=protected-access
+
+    def may_still_reach(self, controller: Any, trial: Any, rung: float) -> bool:
+      """Whether a point other than `trial` may still report a result at `rung`: one not yet
+      started (Tune makes a trial when it can start it) or one below the rung, running, waiting
+      or paused."""
+      trials = controller.get_trials()
+      if len(trials) < len(points):
+        return True
+      for other in trials:
+        if other is trial or other.status in ("TERMINATED", "ERROR"):
+          continue
+        if other.status == "PENDING" or (other.last_result or {}).get("step", 0) < rung:
+          return True
+      return False
+
+    def decide(self, controller: Any, trial: Any, result: dict[str, Any]) -> str:
+      rung = self.paused.pop(trial.trial_id, None)
+      if rung is not None and "metric" in result:  # resumed: decide against the rung as it is
+        bracket = self._trial_info[trial.trial_id]  # pylint: disable=protected-access
+        cutoff = bracket.cutoff(self.rungs(trial)[rung])
+        value = self._metric_op * result["metric"]  # pylint: disable=protected-access
+        return self.STOP if cutoff is not None and value < cutoff else self.CONTINUE
+      before = {r for r, recorded in self.rungs(trial).items() if trial.trial_id in recorded}
+      action = super().on_trial_result(controller, trial, result)
+      now = [r for r, recorded in self.rungs(trial).items()
+             if trial.trial_id in recorded and r not in before]  # the rung it just reached
+      if action == self.CONTINUE and now and not result.get("done"):
+        factor = self._reduction_factor  # pylint: disable=protected-access
+        if len(self.rungs(trial)[now[0]]) < factor and self.may_still_reach(controller, trial, now[0]):
+          self.paused[trial.trial_id] = now[0]
+          return self.PAUSE
+      return action
 
     def on_trial_result(self, controller: Any, trial: Any, result: dict[str, Any]) -> str:
-      action = super().on_trial_result(controller, trial, result)
+      action = self.decide(controller, trial, result)
       point = by_index[trial.config["index"]]
       if (action == self.STOP and not result.get("done") and "metric" in result
           and result["step"] < point.num_steps):
@@ -440,7 +507,10 @@ def run_asha(points: Sequence[Point], commands: Commands, resources: Resources, 
                                   resources.tune_resources())
   tuner = tune.Tuner(
       trainable, param_space={"index": tune.grid_search([p.index for p in points])},
-      tune_config=tune.TuneConfig(scheduler=scheduler, max_concurrent_trials=max(1, parallel)),
+      # No max_concurrent_trials: Tune's limiter counts a paused trial as running, so no point
+      # would start while one waits at a rung. The resources cap the points that run at once
+      # (a local Ray holds --parallel points' resources: sweep.py's run_on_ray).
+      tune_config=tune.TuneConfig(scheduler=scheduler),
       run_config=tune.RunConfig(
           name="asha", storage_path=os.path.abspath(storage), verbose=0,
           failure_config=tune.FailureConfig(max_failures=max_retries)))
