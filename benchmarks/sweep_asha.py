@@ -178,7 +178,8 @@ def main() -> None:
                    [f"--parallel={args.parallel}", *passed])
   if args.reuse_grid:  # sweep.py found every point done: the run that trained them timed them
     with open(os.path.join(directory, "sweeps.json")) as f:
-      grid |= {k: json.load(f)["grid"][k] for k in ("command", "wall_clock_s")}
+      timed = json.load(f)["grid"]
+    grid |= {k: timed[k] for k in ("command", "wall_clock_s")}
   asha = run_sweep("asha", sweep, os.path.join(args.workdir, "asha"),
                    [f"--parallel={args.parallel}", "--early_stop=asha",
                     f"--asha_metric={args.asha_metric}",
