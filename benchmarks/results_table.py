@@ -38,8 +38,6 @@ ROWS: tuple[tuple[str, tuple[Metric, ...]], ...] = (
     ("sweep_positional", (("test_wer_sinusoidal", "test WER: sinusoidal"),
                           ("test_wer_rope", "RoPE"), ("test_wer_alibi", "ALiBi"),
                           ("test_wer_none", "none"))),
-    ("sweep_asha", (("grid_best_dev_wer", "best dev WER: full grid"), ("asha_best_dev_wer", "ASHA"),
-                    ("asha_step_fraction", "ASHA's share of the grid's steps"))),
     ("encoder_only", (("test_accuracy_scratch_1pct", "test accuracy, 1% of the labels: scratch"),
                       ("test_accuracy_mlm3000_1pct", "pretrained"))),
     ("lm_nanogpt_cpu", (("dev_loss", "val loss (nats/char)"),)),
