@@ -214,11 +214,11 @@ def run_on_ray(points, commands, console) -> list:
   with ray_launcher.cluster(address, local_cpus, what):
     console.say(f"running on {ray_launcher.submitted_to(address)}")
     if f.early_stop == "asha":
-      asha = ray_launcher.Asha(f.asha_metric, f.asha_mode,
-                               f.asha_grace_steps or f.config.eval.every_steps,
-                               f.asha_reduction_factor)
-      return ray_launcher.run_asha(points, commands, resources, f.ray_max_retries,
-                                   asha, os.path.join(f.workdir, "ray_tune"), console)
+      from transformer.sweeps import asha  # pylint: disable=g-import-not-at-top
+      settings = asha.Asha(f.asha_metric, f.asha_mode,
+                           f.asha_grace_steps or f.config.eval.every_steps, f.asha_reduction_factor)
+      return asha.run_asha(points, commands, resources, f.ray_max_retries, settings,
+                           os.path.join(f.workdir, "ray_tune"), console)
     todo = []
     for p in points:
       state = runner.status(p, commands)

@@ -22,7 +22,7 @@ import pytest
 
 from sweep_fixtures import (
     FAKE_EVAL, FAKE_PACK_TRAIN, ROOT, TINY, load_config_file, sweep_cli, write_sweep)
-from transformer.sweeps import packing, ray_launcher, report, runner, spec, watch
+from transformer.sweeps import asha, packing, ray_launcher, report, runner, spec, watch
 
 # Before Ray is imported (it reads them then): no usage statistics, and a loopback address stays
 # 127.0.0.1 (Ray would otherwise replace it by this machine's network address).
@@ -204,10 +204,10 @@ def test_asha_stops_the_worse_point_at_a_rung_and_a_rerun_finishes_it(tmp_path, 
   points, commands = fake_sweep(tmp_path, [1e-6, 1.0])
   lines = []
   ray_launcher.connect(cluster_address)
-  asha = ray_launcher.Asha("eval/loss", "min", grace_steps=2, reduction_factor=2)
+  settings = asha.Asha("eval/loss", "min", grace_steps=2, reduction_factor=2)
 
   def sweep_once():
-    return ray_launcher.run_asha(points, commands, ray_launcher.Resources(2), 1, asha,
+    return asha.run_asha(points, commands, ray_launcher.Resources(2), 1, settings,
                                  str(tmp_path / "w" / "ray_tune"), watch.Console(lines.append))
 
   killed = []
@@ -259,7 +259,8 @@ def test_missing_ray_and_unreachable_address_are_one_line_errors(tmp_path):
 
 
 def test_only_the_launcher_imports_ray():
-  """Ray is an extra: no module of the library or entry point but ray_launcher imports it."""
+  """Ray is an extra: no module of the library or entry point but ray_launcher and asha imports
+  it."""
   importers = []
   for path in [*pathlib.Path(ROOT, "transformer").rglob("*.py"), pathlib.Path(ROOT, "sweep.py")]:
     for node in ast.walk(ast.parse(path.read_text())):
@@ -267,7 +268,8 @@ def test_only_the_launcher_imports_ray():
                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
       if any(n == "ray" or n.startswith("ray.") for n in names):
         importers.append(path.relative_to(ROOT).as_posix())
-  assert sorted(set(importers)) == ["transformer/sweeps/ray_launcher.py"]
+  assert sorted(set(importers)) == ["transformer/sweeps/asha.py",
+                                    "transformer/sweeps/ray_launcher.py"]
 
 
 REAL_TINY = {  # a 1+1-layer d=16 model, 4 steps, an evaluation and a checkpoint every 2
@@ -331,15 +333,14 @@ def test_real_tiny_sweep_on_a_two_node_cluster_and_under_asha(tmp_path):
 CTRL_C_DRIVER = """
 import pathlib, sys
 import test_ray_launcher as t
-from transformer.sweeps import ray_launcher, watch
+from transformer.sweeps import asha, ray_launcher, watch
 points, commands = t.fake_sweep(pathlib.Path(sys.argv[2]), [1.0], num_steps=400)
 ray_launcher.connect(sys.argv[1])
 print("READY", points[0].workdir, flush=True)
 try:
   if sys.argv[3] == "asha":
-    ray_launcher.run_asha(points, commands, ray_launcher.Resources(1), 2,
-                          ray_launcher.Asha(grace_steps=2), sys.argv[2] + "/tune",
-                          watch.Console(print))
+    asha.run_asha(points, commands, ray_launcher.Resources(1), 2, asha.Asha(grace_steps=2),
+                  sys.argv[2] + "/tune", watch.Console(print))
   else:
     ray_launcher.run(ray_launcher.point_units(points), commands, ray_launcher.Resources(1), 2,
                      watch.Console(print), poll_seconds=0.2)
