@@ -327,15 +327,20 @@ def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
   return state_of(params, weights(m, hf))
 
 
+def describe_shape(m: ModelConfig, name: str, extras: list[str]) -> str:
+  """'<name>-shaped model with L layers, ..., <extras>, vocabulary ...' (a converted workdir)."""
+  return (f"{name}-shaped model with {m.num_decoder_layers} layers, d_model {m.d_model}, "
+          f"{m.num_heads} heads / {m.num_kv_heads} kv heads{''.join(', ' + e for e in extras)}, "
+          f"vocabulary {m.vocab_size} ({NUM_SPECIAL} ours + {m.vocab_size - NUM_SPECIAL}; never "
+          f"predicted: {m.excluded_ids or 'none'})")
+
+
 def describe_workdir(cfg: Config) -> str:
   m = cfg.model
   extras = [f"sliding window {m.sliding_window}"] if m.sliding_window else []
   extras += ["q/k/v biases"] if m.qkv_bias else []
   extras += [f"RoPE scaling {m.rope_scaling}"] if m.rope_scaling != "none" else []
-  return (f"{NAMES[model_type_of(m)]}-shaped model with {m.num_decoder_layers} layers, d_model "
-          f"{m.d_model}, {m.num_heads} heads / {m.num_kv_heads} kv heads"
-          f"{''.join(', ' + e for e in extras)}, vocabulary {m.vocab_size} ({NUM_SPECIAL} ours + "
-          f"{m.vocab_size - NUM_SPECIAL}; never predicted: {m.excluded_ids or 'none'})")
+  return describe_shape(m, NAMES[model_type_of(m)], extras)
 
 
 def describe_hf(hf: dict[str, Any]) -> str:

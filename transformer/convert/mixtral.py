@@ -30,7 +30,6 @@ from transformer.config import Config, ModelConfig, TrainConfig
 from transformer.convert import llama
 from transformer.convert.common import (ConvertError, hf_choice, one, params_of, positive_ints,
                                         require_hf, stacked, state_of, transpose, Weight)
-from transformer.data.tokenizers import NUM_SPECIAL
 
 MODEL_TYPE, NAME, ARCH = "mixtral", "Mixtral", "decoder_only"
 ID_OFFSET = llama.ID_OFFSET
@@ -152,11 +151,8 @@ def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
 
 def describe_workdir(cfg: Config) -> str:
   m = cfg.model
-  window = f", sliding window {m.sliding_window}" if m.sliding_window else ""
-  return (f"Mixtral-shaped model with {m.num_decoder_layers} layers, d_model {m.d_model}, "
-          f"{m.num_heads} heads / {m.num_kv_heads} kv heads, {m.moe_num_experts} experts top-"
-          f"{m.moe_top_k}{window}, vocabulary {m.vocab_size} ({NUM_SPECIAL} ours + "
-          f"{m.vocab_size - NUM_SPECIAL}; never predicted: {m.excluded_ids or 'none'})")
+  window = [f"sliding window {m.sliding_window}"] if m.sliding_window else []
+  return llama.describe_shape(m, NAME, [f"{m.moe_num_experts} experts top-{m.moe_top_k}", *window])
 
 
 def describe_hf(hf: dict[str, Any]) -> str:
