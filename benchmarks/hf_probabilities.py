@@ -114,11 +114,16 @@ def tokenizer(family: str, lines: list[str]):
 
 
 def llama_model(family: str, vocab: int) -> torch.nn.Module:
-  """A tiny random Llama-shaped model: matrices ~ N(0, 1/fan_in) (Mixtral's router too: routing
-  far from uniform), embeddings ~ N(0, 1), RMSNorm scales 1 + N(0, 0.3^2), biases N(0, 0.3^2)."""
+  """A tiny random Llama-shaped model (`randomize`d)."""
   config_cls, model_cls, extra = LLAMA_CONFIGS[family]
-  model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(
-      vocab_size=vocab, **(LLAMA_SIZES | extra)))
+  return randomize(getattr(transformers, model_cls)(getattr(transformers, config_cls)(
+      vocab_size=vocab, **(LLAMA_SIZES | extra))))
+
+
+def randomize(model: torch.nn.Module) -> torch.nn.Module:
+  """The model in eval mode with weights far from a fresh one's: matrices ~ N(0, 1/fan_in)
+  (Mixtral's router too: routing far from uniform), embeddings ~ N(0, 1), norm scales
+  1 + N(0, 0.3^2), biases N(0, 0.3^2)."""
   with torch.no_grad():
     for name, p in model.named_parameters():
       if "norm" in name:

@@ -69,21 +69,9 @@ def tokenizer():
 
 
 def hf_model(variant: str, vocab: int) -> torch.nn.Module:
-  """A tiny random model of `variant`: projections ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm
-  scales 1 + N(0, 0.3^2), biases N(0, 0.3^2)."""
+  """A tiny random model of `variant` (hf_probabilities.randomize)."""
   config_cls, model_cls, extra = VARIANTS[variant.removesuffix("_trained")]
-  model = model_cls(config_cls(vocab_size=vocab, **(SIZES | extra)))
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "norm" in name:
-        p.copy_(1 + 0.3 * torch.randn_like(p))
-      elif p.ndim == 1:
-        p.normal_(0.0, 0.3)
-      elif "embed" in name:
-        p.normal_(0.0, 1.0)
-      else:
-        p.normal_(0.0, p.shape[1] ** -0.5)
-  return model.eval()
+  return bench.randomize(model_cls(config_cls(vocab_size=vocab, **(SIZES | extra))))
 
 
 def train(model, tok, steps: int = 20) -> torch.nn.Module:
@@ -373,12 +361,9 @@ def test_export_refuses_knobs_the_family_lacks():
   assert mistral["model_type"] == "mistral" and mistral["sliding_window"] == 8
 
 
-@pytest.mark.slow
-def test_fine_tuning_a_converted_mistral_then_exporting_it(converted, tmp_path):
-  """`--from_hf --text_file`, `train.py --init_from` for 8 steps (the training loss falls from the
-  converted model's), then `--to_hf`: Hugging Face's MistralForCausalLM of the export scores like
-  the fine-tuned run to 1e-4 on rows longer than the window."""
-  directory, _, _, _, _ = converted("mistral")
+def fine_tune_and_export(directory: str, tmp_path) -> tuple[str, str, list[dict]]:
+  """`--from_hf DIRECTORY --text_file`, `train.py --init_from` for 8 steps, then `--to_hf`, as a
+  user runs them; (the fine-tuned workdir, the export, its logged training rows)."""
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("\n".join(bench.corpus()) + "\n")
   out, tuned, back = (str(tmp_path / name) for name in ("run", "tuned", "back"))
@@ -398,7 +383,18 @@ def test_fine_tuning_a_converted_mistral_then_exporting_it(converted, tmp_path):
                         timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
   with open(os.path.join(tuned, "metrics.jsonl")) as f:
-    losses = [m["train/loss"] for m in map(json.loads, f) if "train/loss" in m]
+    logged = [m for m in map(json.loads, f) if "train/loss" in m]
+  return tuned, back, logged
+
+
+@pytest.mark.slow
+def test_fine_tuning_a_converted_mistral_then_exporting_it(converted, tmp_path):
+  """`--from_hf --text_file`, `train.py --init_from` for 8 steps (the training loss falls from the
+  converted model's), then `--to_hf`: Hugging Face's MistralForCausalLM of the export scores like
+  the fine-tuned run to 1e-4 on rows longer than the window."""
+  directory, _, _, _, _ = converted("mistral")
+  tuned, back, logged = fine_tune_and_export(directory, tmp_path)
+  losses = [m["train/loss"] for m in logged]
   assert len(losses) == 8 and losses[-1] < losses[0] - 0.1
   run = transformer.restore(tuned)
   assert run.config.model.sliding_window == WINDOW

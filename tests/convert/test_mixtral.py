@@ -28,7 +28,7 @@ pytest.importorskip("tokenizers")
 # The Llama family's conversions (its tokenizer and torch training loop), batch and
 # log-probabilities (one concept in one place: Mixtral is that decoder with another feed-forward).
 from test_llama import (  # noqa: E402
-    BOS, EOS, batch, conversions, log_probs, _perturbed)
+    BOS, EOS, batch, conversions, fine_tune_and_export, log_probs, _perturbed)
 
 from bench_loader import load_benchmark  # noqa: E402
 
@@ -54,19 +54,10 @@ VARIANTS = {"mixtral": dict(sliding_window=WINDOW), "mixtral_trained": dict(slid
 
 
 def hf_model(variant: str, vocab: int) -> torch.nn.Module:
-  """A tiny random Mixtral: matrices ~ N(0, 1/fan_in) (the router too: routing far from uniform),
-  embeddings ~ N(0, 1), norm scales 1 + N(0, 0.3^2)."""
-  model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
-      vocab_size=vocab, **(SIZES | VARIANTS[variant])))
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "norm" in name:
-        p.copy_(1 + 0.3 * torch.randn_like(p))
-      elif "embed" in name:
-        p.normal_(0.0, 1.0)
-      else:  # [out, in] or the experts' [E, out, in]
-        p.normal_(0.0, p.shape[-1] ** -0.5)
-  return model.eval()
+  """A tiny random Mixtral (hf_probabilities.randomize: the router too, routing far from
+  uniform)."""
+  return bench.randomize(transformers.MixtralForCausalLM(transformers.MixtralConfig(
+      vocab_size=vocab, **(SIZES | VARIANTS[variant]))))
 
 
 @pytest.fixture(scope="module")
@@ -282,26 +273,7 @@ def test_fine_tuning_a_converted_mixtral_from_the_command_line(converted, tmp_pa
   balance loss is logged), then `--to_hf`: Hugging Face's MixtralForCausalLM of the export scores
   like the fine-tuned run to 1e-4."""
   directory = converted("mixtral")[0]
-  corpus = tmp_path / "corpus.txt"
-  corpus.write_text("\n".join(bench.corpus()) + "\n")
-  out, tuned, back = (str(tmp_path / name) for name in ("run", "tuned", "back"))
-  data = f"--config.data.text_file={corpus} --config.data.data_dir={tmp_path / 'tfds'}"
-  script = " && ".join([
-      f"{sys.executable} -m transformer.convert --from_hf={directory} --workdir={out} "
-      f"--text_file={corpus} --data_dir={tmp_path / 'tfds'}",
-      f"{sys.executable} train.py --config=configs/lm.py:nanogpt_cpu --workdir={tuned} "
-      f"--init_from={out} --config.data.dataset=text_files {data} "
-      "--config.data.max_target_len=32 --config.data.max_source_len=32 "
-      "--config.data.batch_size=8 --config.train.num_steps=8 --config.train.warmup_steps=0 "
-      "--config.train.learning_rate=3e-3 --config.train.log_every_steps=1 "
-      "--config.eval.every_steps=8 --config.eval.num_batches=1 --config.checkpoint.every_steps=8",
-      f"{sys.executable} -m transformer.convert --workdir={tuned} --to_hf={back}"])
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
-  done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=600)
-  assert done.returncode == 0, done.stderr[-2000:]
-  with open(os.path.join(tuned, "metrics.jsonl")) as f:
-    logged = [m for m in map(json.loads, f) if "train/loss" in m]
+  tuned, back, logged = fine_tune_and_export(directory, tmp_path)
   losses = [m["train/loss"] for m in logged]
   assert len(losses) == 8 and losses[-1] < losses[0] - 0.1
   assert all(m["train/moe_balance_loss"] > 0 for m in logged)
