@@ -185,12 +185,10 @@ def test_converted_configs_carry_each_familys_knobs(converted):
              for x in m.values())
 
 
-@pytest.mark.parametrize("variant", NAMES)
-def test_greedy_generation_equals_hugging_face_generate(converted, variant):
-  """Our cached greedy decoding (batched prompts of different lengths: start token + left-padded
-  prefill; Mistral's ring cache of 4 slots) emits generate(do_sample=False)'s tokens for 12 steps,
-  Hugging Face given <s> before each prompt, left-padded the same."""
-  _, model, _, _, run = converted(variant)
+def assert_greedy_equals_generate(run, model, **generate_kwargs) -> None:
+  """Our cached greedy decoding of batched prompts of different lengths (start token +
+  left-padded prefill) emits generate(do_sample=False)'s tokens for 12 steps, Hugging Face given
+  <s> before each prompt, left-padded the same."""
   steps = 12
   prompts = [[5, 17, 30, 8, 41], [22, 3], [60, 9, 62]]
   places = llama.our_ids(model.config.to_dict())
@@ -206,11 +204,20 @@ def test_greedy_generation_equals_hugging_face_generate(converted, variant):
   with torch.no_grad():
     out = model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
                          do_sample=False, max_new_tokens=steps, eos_token_id=EOS,
-                         pad_token_id=EOS).numpy()[:, width:]
+                         pad_token_id=EOS, **generate_kwargs).numpy()[:, width:]
   for r in range(3):
     hf = list(out[r])
     hf = hf[:hf.index(EOS)] if EOS in hf else hf
     assert [back[t] for t in ours[r]] == hf
+
+
+@pytest.mark.parametrize("variant", NAMES)
+def test_greedy_generation_equals_hugging_face_generate(converted, variant):
+  """Our cached greedy decoding (batched prompts of different lengths: start token + left-padded
+  prefill; Mistral's ring cache of 4 slots) emits generate(do_sample=False)'s tokens for 12 steps,
+  Hugging Face given <s> before each prompt, left-padded the same."""
+  _, model, _, _, run = converted(variant)
+  assert_greedy_equals_generate(run, model)
 
 
 @pytest.mark.parametrize("variant", NAMES)

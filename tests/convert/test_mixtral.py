@@ -10,7 +10,6 @@ steps in torch (router and experts away from their init). The reference is alway
 own forward pass, generate or load_balancing_loss_func, never our code.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -28,7 +27,8 @@ pytest.importorskip("tokenizers")
 # The Llama family's conversions (its tokenizer and torch training loop), batch and
 # log-probabilities (one concept in one place: Mixtral is that decoder with another feed-forward).
 from test_llama import (  # noqa: E402
-    BOS, EOS, batch, conversions, fine_tune_and_export, log_probs, _perturbed)
+    BOS, EOS, assert_greedy_equals_generate, batch, conversions, fine_tune_and_export, log_probs,
+    _perturbed)
 
 from bench_loader import load_benchmark  # noqa: E402
 
@@ -37,7 +37,6 @@ from transformer import convert  # noqa: E402
 from transformer.config import model_config, TrainConfig  # noqa: E402
 from transformer.convert import llama, mixtral  # noqa: E402
 from transformer.data import tokenizers  # noqa: E402
-from transformer.infer import evaluation  # noqa: E402
 from transformer.model import moe  # noqa: E402
 from transformer.train import optim, steps  # noqa: E402
 
@@ -99,26 +98,7 @@ def test_greedy_generation_equals_hugging_face_generate(converted, variant):
   generate(do_sample=False)'s tokens for 12 steps, Hugging Face given <s> before each prompt,
   left-padded the same."""
   _, model, _, _, run = converted(variant)
-  steps_ = 12
-  prompts = [[5, 17, 30, 8, 41], [22, 3], [60, 9, 62]]
-  places = llama.our_ids(model.config.to_dict())
-  back = {int(o): h for h, o in enumerate(places)}
-  greedy = dataclasses.replace(run.config.eval.decode, method="greedy", max_decode_len=steps_)
-  ours, _ = evaluation.decode_batches(run.config, run.model, run.params,
-                                      [[int(places[i]) for i in p] for p in prompts], greedy,
-                                      eos_id=tokenizers.EOS_ID, batch_size=4)
-  width = max(map(len, prompts)) + 1
-  ids, mask = np.full((3, width), EOS), np.zeros((3, width), np.int64)
-  for r, p in enumerate(prompts):
-    ids[r, width - len(p) - 1:], mask[r, width - len(p) - 1:] = [BOS, *p], 1
-  with torch.no_grad():
-    out = model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                         do_sample=False, max_new_tokens=steps_, eos_token_id=EOS,
-                         pad_token_id=EOS, output_router_logits=False).numpy()[:, width:]
-  for r in range(3):
-    hf = list(out[r])
-    hf = hf[:hf.index(EOS)] if EOS in hf else hf
-    assert [back[t] for t in ours[r]] == hf
+  assert_greedy_equals_generate(run, model, output_router_logits=False)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
