@@ -48,8 +48,6 @@ def main(argv):
   cli.quiet_logging()
   # Imported here so that --help and flag errors do not pay for importing JAX.
   from transformer.infer import evaluation  # pylint: disable=g-import-not-at-top
-  # Every component table registered, so that validation checks each choice before anything runs.
-  from transformer import components  # noqa: F401  pylint: disable=g-import-not-at-top
   from transformer.run import checkpoints, restore# pylint: disable=g-import-not-at-top
   overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
   # ConfigError is a ValueError
@@ -61,10 +59,5 @@ def main(argv):
                               ensemble=flags.FLAGS.ensemble, out_dir=flags.FLAGS.out)
 
 
-def load_tables() -> None:
-  """Registers every component table (imports JAX): --help_keys lists each choice's names."""
-  from transformer import components  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-
-
 if __name__ == "__main__":
-  cli.run(main, load_tables)
+  cli.run(main)

@@ -113,8 +113,6 @@ def main(argv):
 def run_sweep() -> None:
   """Plans the sweep, runs (or prints) its points and writes the report."""
   from transformer.sweeps import runner, spec  # pylint: disable=g-import-not-at-top
-  # Every component table registered, so that validation checks each choice before anything runs.
-  from transformer import components  # noqa: F401  pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
   config_arg = config_flags.get_config_filename(f["config"])
@@ -241,10 +239,5 @@ def report_flags() -> list[str]:
   return [a for a in sys.argv[1:] if a.split("=", 1)[0].startswith(keep)]
 
 
-def load_tables() -> None:
-  """Registers every component table (imports JAX): --help_keys lists each choice's names."""
-  from transformer import components  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-
-
 if __name__ == "__main__":
-  cli.run(main, load_tables)
+  cli.run(main)

@@ -39,8 +39,6 @@ def main(argv):
   cli.quiet_logging()
   # Imported here so that --help and flag errors do not pay for importing JAX.
   from transformer.train import loop, runs  # pylint: disable=g-import-not-at-top
-  # Every component table registered, so that validation checks each choice before anything runs.
-  from transformer import components  # noqa: F401  pylint: disable=g-import-not-at-top
   from transformer.run.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
   workdir = flags.FLAGS.workdir
@@ -108,10 +106,5 @@ def next_steps(workdir: str, images: bool = False) -> list[str]:
           use, f"  tensorboard --logdir={w}"]
 
 
-def load_tables() -> None:
-  """Registers every component table (imports JAX): --help_keys lists each choice's names."""
-  from transformer import components  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-
-
 if __name__ == "__main__":
-  cli.run(main, load_tables)
+  cli.run(main)

@@ -1,6 +1,6 @@
 """Every choice discoverable, every --help ours, every command quiet when its output pipe closes.
 
-`--help_keys` lists each choice key's allowed values (a registered table's names included) and each
+`--help_keys` lists each choice key's allowed values (transformer/choices.py's names included) and each
 range; a wrong value of a choice key gets "did you mean"; predict's and convert's --help are our
 own short screens (absl's list under --helpfull); predict with no input says what it expects
 (status 2) and prompts on a terminal; a closed output pipe (`... | head -1`) ends train.py,
@@ -17,7 +17,7 @@ import sys
 import pytest
 
 import g2p_mini
-from transformer import cli, components, schema  # noqa: F401  (components: every table registered)
+from transformer import cli, schema
 from transformer.infer import predict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,8 +50,8 @@ def _key_lines(stdout: str) -> dict[str, str]:
 
 
 def test_help_keys_lists_every_choice_and_range():
-  """Each choice key's line ends with its allowed values (a registered key's: its table's names,
-  e.g. model.ffn's swiglu), each ranged key's with its range."""
+  """Each choice key's line ends with its allowed values (a named choice's: transformer/choices.py's
+  names, e.g. model.ffn's swiglu), each ranged key's with its range."""
   out = _run(["train.py", "--help_keys"])
   assert out.returncode == 0, out.stderr[-2000:]
   lines = _key_lines(out.stdout)
@@ -62,11 +62,11 @@ def test_help_keys_lists_every_choice_and_range():
       assert lines[k.name].endswith(f"(one of {shown})"), lines[k.name]
     elif k.range:
       assert lines[k.name].endswith(f"({k.range})"), lines[k.name]
-  assert lines["model.ffn"].endswith("|squared_relu)")  # registered: the table's names
+  assert lines["model.ffn"].endswith("|squared_relu)")  # choices.FFNS' names
 
 
 @pytest.mark.parametrize("override, hint", [
-    ("model.ffn=swiglo", "did you mean 'swiglu'?"),  # a registered table's key
+    ("model.ffn=swiglo", "did you mean 'swiglu'?"),  # a key of choices.py's names
     ("model.norm_position=pree", "did you mean 'pre'?"),  # a key of literal choices
 ])
 def test_a_wrong_choice_gets_a_suggestion(override, hint, tmp_path):

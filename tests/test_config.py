@@ -8,7 +8,7 @@ import ml_collections
 import pytest
 
 from configs import base
-from transformer import components, config as config_lib, schema
+from transformer import config as config_lib, schema
 from transformer.model import positional
 
 
@@ -230,11 +230,10 @@ def test_excluded_ids_parse_and_relate_to_the_vocabulary():
 
 
 def test_docs_config_md_is_the_generated_key_reference():
-  """docs/config.md is exactly what `python -m transformer.components` prints (regenerate it so)."""
+  """docs/config.md is exactly what `python -m transformer.schema` prints (regenerate it so)."""
   import pathlib  # pylint: disable=g-import-not-at-top
   path = pathlib.Path(__file__).resolve().parent.parent / "docs" / "config.md"
-  assert path.read_text() == components.markdown(), (
-      "python -m transformer.components > docs/config.md")
+  assert path.read_text() == schema.markdown(), "python -m transformer.schema > docs/config.md"
 
 
 def test_every_key_is_declared_once_with_a_meaning_and_valid_range_and_roles():
@@ -246,52 +245,6 @@ def test_every_key_is_declared_once_with_a_meaning_and_valid_range_and_roles():
     assert k.roles <= set(schema.ROLES), k.name
     assert not k.choices() or k.default in k.choices(), k.name
     assert not k.range or schema.RANGES[k.range](k.default), k.name
-
-
-def test_every_registered_key_has_its_table_once_the_components_are_loaded():
-  """transformer.components imports every module that registers a table: each REGISTERED key's
-  allowed values are its table's names, the default among them."""
-  assert components.unregistered() == []
-  registered = [k for k in schema.SCHEMA if isinstance(k.allowed, schema.Registered)]
-  assert {k.name for k in registered} >= {"model.ffn", "train.optimizer", "eval.decode.method"}
-  for k in registered:
-    assert k.choices() == tuple(schema.registered(k.name)) and k.default in k.choices(), k.name
-
-
-@pytest.mark.parametrize("key,value", [("model.ffn", "swiglo"), ("train.optimizer", "adamx"),
-                                       ("data.source_tokenizer", "bpe")])
-def test_a_table_refuses_an_unknown_name_as_validation_does(key, value):
-  """Looking a name up in a registered table that lacks it raises the same one-line ConfigError
-  as validating the config; `in` and `get` answer without raising."""
-  table = schema.registered(key)
-  with pytest.raises(config_lib.ConfigError) as at_use:
-    table[value]  # pylint: disable=pointless-statement
-  d = _base_dict()
-  _set(d, key, value)
-  with pytest.raises(config_lib.ConfigError) as validated:
-    config_lib.from_configdict(d)
-  assert str(at_use.value) == str(validated.value) and "\n" not in str(at_use.value)
-  assert value not in table and table.get(value) is None
-  with pytest.raises(config_lib.ConfigError, match=r"^model.ffn=\['relu'\] is not one of"):
-    schema.registered("model.ffn")[["relu"]]  # pylint: disable=pointless-statement
-
-
-def test_a_table_not_yet_registered_still_refuses_at_its_use(monkeypatch):
-  """Validation checks a REGISTERED key once its table is registered; before that, the value
-  passes validation and the table refuses it where the component is looked up."""
-  from transformer.model import layers  # pylint: disable=g-import-not-at-top
-  monkeypatch.delitem(schema._TABLES, "model.ffn")  # pylint: disable=protected-access
-  assert config_lib.model_config(ffn="swiglo").ffn == "swiglo"
-  with pytest.raises(config_lib.ConfigError, match=r"^model.ffn='swiglo' is not one of relu\|"):
-    layers.FFNS["swiglo"]  # pylint: disable=pointless-statement
-
-
-def test_registry_takes_only_registered_keys_and_their_defaults():
-  with pytest.raises(ValueError, match="model.d_model is not a config key marked REGISTERED"):
-    schema.registry("model.d_model", {"512": None})
-  with pytest.raises(ValueError, match="lacks its default 'relu'"):
-    schema.registry("model.ffn", {"gelu": None})
-  assert schema.registered("model.ffn") is not None
 
 
 def test_the_config_classes_are_the_declaration():

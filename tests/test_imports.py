@@ -1,5 +1,5 @@
 """The `transformer` package's imports point one way (the README's Layout; an arrow is an import):
-sweeps -> train -> infer -> run -> data, model -> the shared modules (schema, config, metrics);
+sweeps -> train -> infer -> run -> data, model -> the shared modules (choices, schema, config, metrics);
 convert -> train; infer never imports train, model code never imports data, training or I/O code.
 
 Every module's imports are read with `ast`, function-level ones included, into a graph of
@@ -19,7 +19,8 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "transformer"
 # What each part of the package may import besides itself: a top-level module is its own part
 # (transformer.cli's lazy import of the model sizes an out-of-memory message).
-SHARED = {"transformer.schema", "transformer.config", "transformer.metrics"}
+SHARED = {"transformer.choices", "transformer.schema", "transformer.config",
+          "transformer.metrics"}
 PACKAGE_MAY_IMPORT = {
     "shared": SHARED,
     "transformer.files": set(),
@@ -36,9 +37,6 @@ PACKAGE_MAY_IMPORT["transformer.sweeps"] = PACKAGE_MAY_IMPORT["transformer.train
     "transformer.train"}
 PACKAGE_MAY_IMPORT["transformer.convert"] = PACKAGE_MAY_IMPORT["transformer.sweeps"] - {
     "transformer.infer"}
-# The one module that loads every registered component table (docs/config.md): the top.
-PACKAGE_MAY_IMPORT["transformer.components"] = PACKAGE_MAY_IMPORT["transformer.sweeps"] | {
-    "transformer.sweeps", "transformer.convert"}
 # Whose string imports are not arrows: the package facade's lazy _EXPORTS (it is the top).
 STRING_IMPORTS_ALLOWED = {"transformer"}
 

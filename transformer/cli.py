@@ -275,7 +275,7 @@ def _allowed(key: str) -> str:
 
 def key_lines(config: ml_collections.ConfigDict) -> list[str]:
   """Every key of `config` with its default, meaning and allowed values or range, one per line,
-  under its section (a REGISTERED key's names once its table is registered)."""
+  under its section."""
   out, section = [], None
   for key, value in sorted(schema.flat_items(config).items(), key=lambda kv: kv[0].rpartition(".")[::2]):
     head, _, name = key.rpartition(".")
@@ -288,15 +288,12 @@ def key_lines(config: ml_collections.ConfigDict) -> list[str]:
   return out
 
 
-def _help(argv: Sequence[str], load_tables: Callable[[], Any] | None = None) -> None:
-  """Answers --help (one screen), --helpfull (absl's list) or --help_keys (every config key;
-  `load_tables()` registers the component tables whose names it lists) and exits 0; else
-  returns."""
+def _help(argv: Sequence[str]) -> None:
+  """Answers --help (one screen), --helpfull (absl's list) or --help_keys (every config key) and
+  exits 0; else returns."""
   args = argv[1:]
   script = os.path.basename(argv[0])
   if "--help_keys" in args:
-    if load_tables is not None:
-      load_tables()
     print("Every config key, its default, meaning and allowed values (declared in "
           "transformer/schema.py; a table: docs/config.md).")
     print("\n".join(key_lines(schema.get_config())))
@@ -343,10 +340,9 @@ def parse_own_flags(prog: str, define: Callable[[flags.FlagValues], None],
   return flag_values, rest[1:]
 
 
-def parse_flags(argv: Sequence[str], load_tables: Callable[[], Any] | None = None) -> list[str]:
-  """app.run's `flags_parser`: a bad flag or argument is one line, exit 1; --help* exit 0
-  (`load_tables`: as `_help`'s)."""
-  _help(argv, load_tables)
+def parse_flags(argv: Sequence[str]) -> list[str]:
+  """app.run's `flags_parser`: a bad flag or argument is one line, exit 1; --help* exit 0."""
+  _help(argv)
   path = _config_path(argv[1:])
   if path and not os.path.isfile(path):
     fail(f"--config file {path} not found")
@@ -386,7 +382,7 @@ def closed_pipe_is_quiet() -> Iterator[None]:
     sys.exit(CLOSED_PIPE_STATUS)
 
 
-def run(main: Callable[[list[str]], Any], load_tables: Callable[[], Any] | None = None) -> None:
-  """app.run(main) with `parse_flags` (`load_tables`: as `_help`'s), quiet on a closed pipe."""
+def run(main: Callable[[list[str]], Any]) -> None:
+  """app.run(main) with `parse_flags`, quiet on a closed pipe."""
   with closed_pipe_is_quiet():
-    app.run(main, flags_parser=lambda argv: parse_flags(argv, load_tables))
+    app.run(main, flags_parser=parse_flags)

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from transformer import schema
+from transformer import choices, schema
 # The config classes and ConfigError, declared in schema.py, are imported from here by the library.
 from transformer.schema import (  # noqa: F401
     CheckpointConfig, Config, ConfigError, DataConfig, DecodeConfig, EvalConfig, get_config, KEYS,
@@ -62,6 +62,24 @@ def _convert(cls: type, section: str, value: Any) -> Any:
   return cls(**kwargs)
 
 
+def _check_positional(m: ModelConfig) -> None:
+  """The sizes an encoding needs: rope's even head_dim, relative's buckets, sincos2d's d_model."""
+  if m.positional == "rope" and m.head_dim % 2:
+    raise ConfigError(f"model.head_dim={m.head_dim} must be even with model.positional='rope'")
+  if m.positional == "relative":
+    # The log-spaced buckets must reach beyond the exact ones (else NaN); bidirectional halves them.
+    least = 4 if m.arch == "encoder_decoder" else 2
+    if m.relative_num_buckets < least:
+      raise ConfigError(f"model.relative_num_buckets={m.relative_num_buckets} must be >= {least} "
+                        f"with model.arch={m.arch!r}")
+    if m.relative_max_distance <= m.relative_num_buckets // 2:  # the causal exact buckets
+      raise ConfigError(f"model.relative_max_distance={m.relative_max_distance} must be > "
+                        f"model.relative_num_buckets // 2 = {m.relative_num_buckets // 2}")
+  if m.positional == "sincos2d" and (m.d_model % 4 or m.d_model < 8):
+    raise ConfigError(f"model.d_model={m.d_model} must be a multiple of 4 and >= 8 with "
+                      f"'sincos2d'")
+
+
 def _resolve_model(m: ModelConfig) -> ModelConfig:
   """Fills the sizes written 0 (derive) and checks the relations between model sizes."""
   if not m.head_dim and m.d_model % m.num_heads:
@@ -74,12 +92,7 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
   head_dim = m.head_dim or m.d_model // m.num_heads
   resolved = dataclasses.replace(m, num_kv_heads=kv_heads, head_dim=head_dim,
                                  v_head_dim=m.v_head_dim or head_dim)
-  # An encoding's own check of the sizes (rope's even head_dim, ...), once its table is registered;
-  # without it, positional.encoding runs the same check where the model looks the encoding up.
-  encodings = schema.registered("model.positional")
-  check = encodings[resolved.positional].check if encodings else None
-  if check and (problem := check(resolved)):
-    raise ConfigError(problem)
+  _check_positional(resolved)
   if m.rope_scaling != "none" and m.positional != "rope":
     raise ConfigError(f"model.rope_scaling={m.rope_scaling!r} needs model.positional='rope', got "
                       f"{m.positional!r}")
@@ -87,7 +100,7 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
     raise ConfigError(f"model.rope_high_freq_factor={m.rope_high_freq_factor} must be > "
                       f"model.rope_low_freq_factor={m.rope_low_freq_factor} with "
                       f"model.rope_scaling='llama3'")
-  if m.ffn == "moe" and m.moe_top_k > m.moe_num_experts:
+  if choices.FFNS[m.ffn].mixture and m.moe_top_k > m.moe_num_experts:
     raise ConfigError(f"model.moe_top_k={m.moe_top_k} must be <= model.moe_num_experts="
                       f"{m.moe_num_experts}")
   _check_images(m)

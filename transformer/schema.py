@@ -2,21 +2,22 @@
 its default, meaning, allowed values or range, and roles (`cfg.model.d_model` is
 `ModelConfig.d_model`: go to its definition to read what it means). SCHEMA (one Key per field,
 walked from `Config`), the default ConfigDict (`get_config`), validation (transformer/config.py),
-checkpoint compatibility (`with_role`) and docs/config.md (`python -m transformer.components >
+checkpoint compatibility (`with_role`) and docs/config.md (`python -m transformer.schema >
 docs/config.md`, checked by a test) all derive from them. Defaults are the base Transformer of
 Vaswani et al. (2017); sizes written 0 (role `derived`) are derived.
 
-A key marked REGISTERED takes the names of a component table (model.ffn, train.optimizer, ...):
-the module that holds the table registers it here
-(`FEED_FORWARDS = schema.registry('model.ffn', {...})`), so the arrow points down and this module
-names no other. Validation checks a value against the table once it is registered, and the table
-itself refuses a name it lacks with the same one-line ConfigError wherever it is looked up."""
+A named choice's allowed values (model.ffn, train.optimizer, ...) come from transformer/choices.py,
+which imports nothing: validation is complete in any process, whatever else is imported. The
+implementations' tables (`schema.Table`: layers.ACTIVATIONS, optim.OPTIMIZERS, ...) refuse a name
+they lack with the same one-line ConfigError validation gives."""
 
 import dataclasses
 import difflib
 from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 import ml_collections
+
+from transformer import choices
 
 # Roles: what a key means to code beyond the model's own.
 FIXED, ON_OFF, DERIVED, EVAL = "fixed", "on_off", "derived", "eval"
@@ -48,37 +49,25 @@ class ConfigError(ValueError):
   """An invalid configuration; the message is one line naming the key."""
 
 
-class Registered:
-  """The allowed values of a key that are the names of a registered component table."""
-
-  def __repr__(self) -> str:
-    return "REGISTERED"
-
-
-REGISTERED = Registered()
-
-
 @dataclasses.dataclass(frozen=True)
 class Key:
   """One config key, of its default's type; `allowed` values or a RANGES entry `range` limit it."""
   name: str
   default: Any
   meaning: str
-  allowed: tuple[Any, ...] | Registered = ()
+  allowed: tuple[Any, ...] = ()
   range: str = ""
   roles: frozenset[str] = frozenset()
 
   def choices(self) -> tuple[Any, ...]:
-    """The allowed values (empty: any value of the type, or a table not registered yet)."""
-    if isinstance(self.allowed, Registered):
-      return tuple(_TABLES.get(self.name, ()))
+    """The allowed values (empty: any value of the type)."""
     return self.allowed
 
 
-def key(default: Any, meaning: str, check: tuple[Any, ...] | Registered | str = (),
+def key(default: Any, meaning: str, check: tuple[Any, ...] | str = (),
         roles: tuple[str, ...] = ()) -> Any:
   """A config key as a field of its section's class; `check` is its allowed values (a tuple, or
-  REGISTERED) or its range (a RANGES key). The field's metadata carries the rest of its Key."""
+  choices.py's names) or its range (a RANGES key). The field's metadata carries the rest of its Key."""
   range_ = check if isinstance(check, str) else ""
   return dataclasses.field(default=default, metadata={
       "meaning": meaning, "allowed": () if range_ else check, "range": range_,
@@ -94,8 +83,6 @@ def section(cls: type) -> Any:
 F, D, E, FT, T = (FIXED,), (FIXED, DERIVED), (EVAL,), (FINETUNE,), (RUN_TOKENIZER,)
 FH, FV, EF = F + (HEAD,), F + (VOCAB_HEAD,), E + FT
 DTYPES = ("float32", "bfloat16", "float16")
-# The dense feed-forward variants (transformer/model/layers.py's FFNS), a mixture's experts'.
-DENSE_FFNS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "squared_relu")
 
 # The config classes: frozen (hashable: jit static arguments); a validated one comes from
 # transformer.config.from_configdict, which also fills the sizes written 0.
@@ -120,7 +107,7 @@ class ModelConfig:
   num_encoder_layers: int = key(6, "encoder blocks", ">= 0", F)
   num_decoder_layers: int = key(6, "decoder blocks", ">= 0", F)
   positional: str = key("sinusoidal", "the positional encoding (transformer/model/positional.py)",
-                        REGISTERED, F)
+                        tuple(choices.POSITIONALS), F)
   rope_base: float = key(10000.0, "positional=rope: the base of the rotation frequencies", "> 0")
   rope_scaling: str = key("none", "positional=rope: frequency scaling: none | linear (every "
                           "frequency / rope_scaling_factor) | llama3 (Llama 3.1's: low "
@@ -137,11 +124,12 @@ class ModelConfig:
   relative_num_buckets: int = key(32, "positional=relative: T5's buckets", "> 0", F)
   relative_max_distance: int = key(128, "positional=relative|shaw: the largest distance told apart",
                                    "> 0", F)
-  norm: str = key("layernorm", "the norm", REGISTERED, F)
+  norm: str = key("layernorm", "the norm", choices.NORMS, F)
   norm_position: str = key("post", "post (the paper's LayerNorm(x + Sublayer(x))) | pre",
                            ("post", "pre"), F)
   norm_eps: float = key(1e-6, "the norms' epsilon", "> 0")
-  ffn: str = key("relu", "the feed-forward variant (transformer/model/layers.py)", REGISTERED, F)
+  ffn: str = key("relu", "the feed-forward variant (transformer/model/layers.py)", tuple(choices.FFNS),
+                 F)
   use_bias: bool = key(True, "biases in attention projections and the feed-forward layers", roles=F)
   qkv_bias: bool = key(False, "biases on the query/key/value projections even with use_bias=False "
                        "(Qwen2)", roles=F)
@@ -149,7 +137,7 @@ class ModelConfig:
   moe_top_k: int = key(2, "ffn=moe: experts each token is routed to (at most moe_num_experts)",
                        "> 0")
   moe_expert_ffn: str = key("swiglu", "ffn=moe: each expert's feed-forward variant (hidden size "
-                            "mlp_dim)", DENSE_FFNS, F)
+                            "mlp_dim)", tuple(choices.DENSE_FFNS), F)
   moe_capacity_factor: float = key(1.25, "ffn=moe: each expert takes at most ceil(factor * t * "
                                    "top_k / experts) tokens of a row of t, in position order; "
                                    "the rest pass through the residual; 0 = dropless (grouped "
@@ -200,7 +188,7 @@ class ModelConfig:
   head_bias: bool = key(False, "head=classify|tag: a learned bias on the class logits (ViT)",
                         roles=FH)
   attention_impl: str = key("einsum", "einsum | fused (jax.nn.dot_product_attention; cuDNN on GPU)",
-                            REGISTERED, EF)
+                            choices.ATTENTION_IMPLS, EF)
   sliding_window: int = key(0, "attention to keys fewer than this many positions away: causal, "
                             "the query's own and the W-1 before it (Mistral's; decoding keeps W "
                             "cache slots, a ring); bidirectional, W-1 on each side; 0 = all keys",
@@ -210,7 +198,7 @@ class ModelConfig:
                             "mask)", roles=FT)
   scan_layers: bool = key(False, "nn.scan over layers: compile time flat in depth", roles=F)
   remat: str = key("none", "nn.remat policy of each block (dots*: save every matmul)",
-                   REGISTERED, FT)
+                   choices.REMAT_POLICIES, FT)
   dtype: str = key("float32", "compute dtype", DTYPES, EF)
   param_dtype: str = key("float32", "parameter storage dtype", DTYPES, F)
   max_len: int = key(512, "longest sequence: learned/sinusoidal tables and the decoding cache",
@@ -245,9 +233,9 @@ class DataConfig:
                                  "WordPiece hf)")
   noise_density: float = key(0.15, "span: fraction of tokens corrupted", "in [0, 1]")
   mean_span_length: float = key(3.0, "span: mean length of a corrupted span", ">= 1")
-  tokenizer: str = key("symbol", "target (or shared) tokenizer", REGISTERED, T)
+  tokenizer: str = key("symbol", "target (or shared) tokenizer", choices.TOKENIZERS, T)
   source_tokenizer: str = key("char", "source tokenizer; \"\" = the same as the target",
-                              REGISTERED, T)
+                              choices.SOURCE_TOKENIZERS, T)
   spm_model_type: str = key("bpe", "sentencepiece: the model type", ("bpe", "unigram"), T)
   spm_vocab_size: int = key(8000, "sentencepiece: the vocabulary size", "> 0", T)
   hf_tokenizer: str = key("", "tokenizer=hf: a Hugging Face tokenizer.json (or its directory)",
@@ -272,7 +260,8 @@ class DataConfig:
 @dataclasses.dataclass(frozen=True)
 class ScheduledSamplingConfig:
   """Scheduled sampling's teacher-forcing schedule (`cfg.train.scheduled_sampling`)."""
-  schedule: str = key("none", "teacher-forcing schedule (Mihaylova & Martins 2019)", REGISTERED)
+  schedule: str = key("none", "teacher-forcing schedule (Mihaylova & Martins 2019)",
+                      choices.SAMPLING_SCHEDULES)
   k: float = key(1.0, "linear: start teacher-forcing prob; exponential: base, in [0, 1]; "
                  "inverse_sigmoid: k, > 0")
   c: float = key(0.0, "linear: decrease per step", ">= 0")
@@ -283,11 +272,12 @@ class ScheduledSamplingConfig:
 class TrainConfig:
   """The optimizer, schedule, loss and loop of training (`cfg.train`)."""
   num_steps: int = key(100_000, "training steps", "> 0")
-  optimizer: str = key("adam", "the optimizer (transformer/train/optim.py)", REGISTERED, F)
+  optimizer: str = key("adam", "the optimizer (transformer/train/optim.py)", choices.OPTIMIZERS,
+                       F)
   learning_rate: float = key(1.0, "peak value; for schedule=rsqrt a multiplier of the paper's "
                              "formula", "> 0")
   schedule: str = key("rsqrt", "the learning-rate schedule (transformer/train/optim.py)",
-                      REGISTERED)
+                      choices.SCHEDULES)
   warmup_steps: int = key(4000, "steps of learning-rate warmup", ">= 0")
   min_learning_rate_ratio: float = key(0.0, "end of cosine/linear decay, as a fraction of the peak",
                                        "in [0, 1]")
@@ -336,7 +326,7 @@ class TrainConfig:
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
   """Decoding: the method and its settings (`cfg.eval.decode`)."""
-  method: str = key("beam", "the decoding method", REGISTERED, E)
+  method: str = key("beam", "the decoding method", choices.DECODE_METHODS, E)
   beam_size: int = key(4, "beams", "> 0", E)
   length_penalty: float = key(0.6, "GNMT alpha", roles=E)
   temperature: float = key(1.0, "sample: softmax temperature", "> 0", E)
@@ -434,8 +424,8 @@ def not_one_of(name: str, value: Any, options: Any) -> ConfigError:
 
 
 class Table(Mapping[str, V], Generic[V]):
-  """A component table registered for a config key: a read-only mapping whose lookup of a name it
-  lacks raises the key's one-line ConfigError, the one validation gives for the same value."""
+  """The implementations of config key `name`'s choices (transformer/choices.py): a read-only
+  mapping whose lookup of a name it lacks raises the one-line ConfigError validation gives."""
 
   def __init__(self, name: str, entries: Mapping[str, V]):
     self.name, self._entries = name, dict(entries)
@@ -463,25 +453,6 @@ class Table(Mapping[str, V], Generic[V]):
 
   def __repr__(self) -> str:
     return f"Table({self.name!r}, {self._entries!r})"
-
-
-_TABLES: dict[str, Table] = {}
-
-
-def registry(name: str, entries: Mapping[str, V]) -> Table[V]:
-  """Registers the component table of REGISTERED key `name` (its allowed values are the table's
-  names) and returns it as a Table; the module holding the table calls this."""
-  if name not in KEYS or not isinstance(KEYS[name].allowed, Registered):
-    raise ValueError(f"{name} is not a config key marked REGISTERED")
-  if KEYS[name].default not in entries:
-    raise ValueError(f"the table of {name} lacks its default {KEYS[name].default!r}")
-  _TABLES[name] = Table(name, entries)
-  return _TABLES[name]
-
-
-def registered(name: str) -> Table | None:
-  """The table registered for key `name`, or None (its module is not imported yet)."""
-  return _TABLES.get(name)
 
 
 def with_role(role: str, section_name: str = "") -> tuple[str, ...]:
@@ -517,17 +488,19 @@ def flat_items(cd: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def markdown() -> str:
-  """The key reference docs/config.md: one table row per key of SCHEMA (a REGISTERED key's
-  names are those of its table; transformer/components.py registers every table first)."""
+  """The key reference docs/config.md: one table row per key of SCHEMA."""
   lines = ["# Config keys", "",
-           "Generated from `transformer/schema.py` by `python -m transformer.components > "
+           "Generated from `transformer/schema.py` by `python -m transformer.schema > "
            "docs/config.md`; every key is declared there once.", "",
            "Roles:", "", *(f"- `{r}`: {meaning}" for r, meaning in ROLES.items()), "",
            "| key | type | default | allowed | roles | meaning |", "|---|---|---|---|---|---|"]
   for k in SCHEMA:
-    allowed = (" \\| ".join(repr(o) for o in k.choices()) or k.range
-               or ("a registered name" if isinstance(k.allowed, Registered) else ""))
+    allowed = " \\| ".join(repr(o) for o in k.choices()) or k.range
     roles = ", ".join(r for r in ROLES if r in k.roles)
     lines.append(f"| `{k.name}` | {type(k.default).__name__} | `{k.default!r}` | {allowed} | "
                  f"{roles} | {k.meaning.replace('|', '&#124;')} |")
   return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+  print(markdown(), end="")

@@ -76,8 +76,8 @@ def test_sincos_2d_table_is_big_visions(h, w, d):
 def test_sincos_2d_entry_adds_the_grid_table_and_nothing_to_the_class_token():
   """With a class token the positional lookup is [0-row, grid rows]; the encoding is absolute."""
   cfg = model_config(**(BASE | dict(positional="sincos2d", pooling="class_token")))
-  assert positional.ENCODINGS["sincos2d"].kind == "absolute"
-  rows = np.asarray(positional.ENCODINGS["sincos2d"].fn(cfg, jnp.arange(17)[None]))[0]
+  assert positional.encoding(cfg).kind == "absolute"
+  rows = np.asarray(positional.ENCODINGS["sincos2d"](cfg, jnp.arange(17)[None]))[0]
   np.testing.assert_array_equal(rows[0], 0)
   np.testing.assert_allclose(rows[1:], _posemb_sincos_2d(4, 4, 32), atol=1e-6)
 

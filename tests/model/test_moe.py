@@ -184,8 +184,8 @@ def test_balanced_router_gives_balance_loss_one():
 
 def test_expert_variants_are_the_dense_feedforwards():
   """model.moe_expert_ffn's choices are layers.FFNS; model.ffn's are those and 'moe'."""
-  assert schema.DENSE_FFNS == tuple(layers.FFNS)
-  assert set(schema.registered("model.ffn")) == {"moe", *layers.FFNS}
+  assert schema.KEYS["model.moe_expert_ffn"].choices() == tuple(layers.FFNS)
+  assert set(schema.KEYS["model.ffn"].choices()) == {"moe", *layers.FFNS}
 
 
 def test_top_k_above_the_experts_is_a_config_error():

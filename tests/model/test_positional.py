@@ -342,12 +342,12 @@ def test_every_table_entry_has_its_kinds_signature(name):
   """Each entry: a known kind, config keys that exist, a valid config
   choice; its function returns its kind's shape: [b, t, d] (absolute), [b, n, t, s] float32
   (bias), x's shape (rotary); translating all positions leaves a bias unchanged."""
-  encoding = positional.ENCODINGS[name]
+  cfg = model_config(positional=name, d_model=16, num_heads=2, max_len=64)
+  encoding = positional.encoding(cfg)
   assert encoding.kind in ("absolute", "bias", "rotary", "none")
   fields = {f.name for f in dataclasses.fields(ModelConfig)}
   assert set(ENCODING_KEYS.get(name, ())) <= fields
   assert name in KEYS["model.positional"].choices()
-  cfg = model_config(positional=name, d_model=16, num_heads=2, max_len=64)
   positions = jnp.array([[0, 1, 2, 0, 1, 5]])
   x = jnp.asarray(np.random.default_rng(0).normal(size=(1, 6, 2, 8)), jnp.float32)
   module = _Apply(cfg)

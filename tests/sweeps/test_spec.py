@@ -7,7 +7,6 @@ import pytest
 
 from sweep_fixtures import ROOT, TINY, load_config_file, sweep_cli, write_sweep
 from configs import sweeps as helpers
-from transformer import components  # noqa: F401  (every table registered, as in sweep.py)
 from transformer.config import ConfigError
 from transformer.sweeps import spec
 

@@ -292,7 +292,7 @@ class OffsetTokenizer(Tokenizer):
     self.inner.save(directory)
 
 
-TOKENIZERS: schema.Table[type[Tokenizer]] = schema.registry("data.tokenizer", {
+TOKENIZERS: schema.Table[type[Tokenizer]] = schema.Table("data.tokenizer", {
     "char": CharTokenizer,
     "byte": ByteTokenizer,
     "symbol": SymbolTokenizer,
@@ -300,7 +300,7 @@ TOKENIZERS: schema.Table[type[Tokenizer]] = schema.registry("data.tokenizer", {
     "hf": HFTokenizer,
 })
 # The values of data.source_tokenizer: "" is the target's own tokenizer.
-SOURCE_TOKENIZERS: schema.Table[type[Tokenizer] | None] = schema.registry(
+SOURCE_TOKENIZERS: schema.Table[type[Tokenizer] | None] = schema.Table(
     "data.source_tokenizer", {"": None, **TOKENIZERS})
 
 

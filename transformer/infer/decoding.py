@@ -35,7 +35,7 @@ class Search(NamedTuple):
 
 
 # The decoding methods (eval.decode.method): name -> its Search from the eval.decode section.
-METHODS: schema.Table[Callable[[Any], Search]] = schema.registry("eval.decode.method", {
+METHODS: schema.Table[Callable[[Any], Search]] = schema.Table("eval.decode.method", {
     "greedy": lambda d: Search("greedy"),
     "sample": lambda d: Search("sample", temperature=float(d.temperature), top_k=int(d.top_k),
                                top_p=float(d.top_p)),

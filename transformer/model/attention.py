@@ -145,8 +145,8 @@ def _einsum_output(q, k, v, mask, bias, scale):
 
 
 # model.attention_impl: name -> out(q, k, v, mask, bias, scale), without dropout or weights.
-IMPLEMENTATIONS = schema.registry("model.attention_impl",
-                                 {"einsum": _einsum_output, "fused": _fused_attention})
+IMPLEMENTATIONS = schema.Table("model.attention_impl",
+                              {"einsum": _einsum_output, "fused": _fused_attention})
 
 
 def _causal_window_mask(length: int, window: int) -> Array:

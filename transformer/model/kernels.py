@@ -155,7 +155,7 @@ def use(name: str):
 
 _SAVE_MATMULS = jax.checkpoint_policies.save_only_these_names(MATMUL_NAME)
 # The remat policies (model.remat): name -> nn.remat's policy ('none': no remat).
-REMAT_POLICIES: schema.Table[Any] = schema.registry("model.remat", {
+REMAT_POLICIES: schema.Table[Any] = schema.Table("model.remat", {
     "none": None,
     "full": None,  # save nothing: recompute the whole block in the backward pass
     "dots": jax.checkpoint_policies.save_from_both_policies(

@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import schema
+from transformer import choices, schema
 from transformer.config import ModelConfig
 from transformer.model import kernels
 
@@ -62,36 +62,32 @@ def _gelu_erf(x: Array) -> Array:
 _gelu_tanh = functools.partial(nn.gelu, approximate=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class FFN:
-  """A feed-forward variant: W2 act(W1 x), or gated W2 (act(Wg x) * Wu x); `mixture`: routed
-  experts of the variant model.moe_expert_ffn (transformer/model/moe.py), no activation here."""
-  activation: Callable[[Array], Array] | None
-  gated: bool = False
-  mixture: bool = False
-
-
-# The dense feed-forward variants: name -> activation and whether it gates (schema.DENSE_FFNS).
-FFNS: schema.Table[FFN] = schema.Table("model.ffn", {
-    "relu": FFN(nn.relu),
-    "gelu": FFN(_gelu_erf),
-    "gelu_tanh": FFN(_gelu_tanh),
-    "swiglu": FFN(nn.silu, gated=True),
-    "geglu": FFN(_gelu_erf, gated=True),
-    "geglu_tanh": FFN(_gelu_tanh, gated=True),  # T5 v1.1 / Flan-T5's "gated-gelu"
-    "squared_relu": FFN(lambda x: jnp.square(nn.relu(x))),  # Primer (So et al. 2021)
+# The activations the dense feed-forward variants name (choices.DENSE_FFNS: swiglu's is silu, ...).
+ACTIVATIONS: schema.Table[Callable[[Array], Array]] = schema.Table("activation", {
+    "relu": nn.relu,
+    "gelu": _gelu_erf,
+    "gelu_tanh": _gelu_tanh,
+    "silu": nn.silu,
+    "squared_relu": lambda x: jnp.square(nn.relu(x)),  # Primer (So et al. 2021)
 })
 
-# The feed-forward layers (model.ffn): a mixture of experts (transformer/model/moe.py, its experts
-# of the dense variant model.moe_expert_ffn) and the dense variants.
-FEED_FORWARDS: schema.Table[FFN] = schema.registry(
-    "model.ffn", {"moe": FFN(None, mixture=True), **FFNS})
+
+@dataclasses.dataclass(frozen=True)
+class FFN:
+  """A dense feed-forward variant's maths: W2 act(W1 x), or gated W2 (act(Wg x) * Wu x)."""
+  activation: Callable[[Array], Array]
+  gated: bool = False
+
+
+# The dense feed-forward variants (model.moe_expert_ffn): name -> the maths of its facts.
+FFNS: schema.Table[FFN] = schema.Table("model.moe_expert_ffn", {
+    name: FFN(ACTIVATIONS[facts.activation], facts.gated)
+    for name, facts in choices.DENSE_FFNS.items()})
 
 
 def dense_ffn(config: ModelConfig) -> FFN:
   """The dense variant a config's feed-forward layers compute (a mixture's: its experts')."""
-  ffn = FEED_FORWARDS[config.ffn]
-  return FFNS[config.moe_expert_ffn] if ffn.mixture else ffn
+  return FFNS[config.moe_expert_ffn if choices.FFNS[config.ffn].mixture else config.ffn]
 
 
 def dropout(x: Array, rate: float | Array, rng: Array, bits: int = 8) -> Array:
@@ -194,7 +190,7 @@ class LayerNorm(nn.Module):
 
 
 # The norms (model.norm): name -> a module maker taking flax's norm keyword arguments.
-NORMS: schema.Table[Callable[..., nn.Module]] = schema.registry(
+NORMS: schema.Table[Callable[..., nn.Module]] = schema.Table(
     "model.norm", {"layernorm": LayerNorm, "rmsnorm": nn.RMSNorm})
 
 

@@ -11,9 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer import choices
 from transformer.config import check_value, ConfigError, ModelConfig
 from transformer.model import attention as attn, heads, kernels, kv_cache, moe, positional
-from transformer.model.layers import Dropout, Embed, FEED_FORWARDS, FeedForward, make_norm
+from transformer.model.layers import Dropout, Embed, FeedForward, make_norm
 
 Array = jax.Array
 
@@ -76,7 +77,7 @@ class Block(nn.Module):
       x = _residual(cfg, x, lambda y: cross(
           y, inputs.encoded, mask=inputs.cross_mask, deterministic=det, decode=inputs.step),
                     make_norm(cfg, "cross_attention_norm"), det)
-    ffn = (moe.MoEFeedForward if FEED_FORWARDS[cfg.ffn].mixture else FeedForward)(cfg, name="ffn")
+    ffn = (moe.MoEFeedForward if choices.FFNS[cfg.ffn].mixture else FeedForward)(cfg, name="ffn")
     x = _residual(cfg, x, lambda y: ffn(y, deterministic=det), make_norm(cfg, "ffn_norm"), det)
     return x
 

@@ -1,4 +1,5 @@
-"""Positional encodings in one table, `ENCODINGS`: name -> kind, function, config check.
+"""Positional encodings in one table, `ENCODINGS`: name -> function; each name's kind is declared in
+transformer/choices.py (POSITIONALS) and the sizes it needs are checked by transformer/config.py.
 
 The kind says where an encoding enters the model, and so the function's signature:
 - 'absolute': fn(cfg, positions [b, t]) -> [b, t, d], added to the token embeddings;
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import schema
+from transformer import choices, schema
 
 Array = jax.Array
 
@@ -79,11 +80,6 @@ def _sincos_2d(cfg, positions):
     table = np.concatenate([np.zeros((1, cfg.d_model), np.float32), table])
   _check_concrete_positions(positions, len(table), len(table), "sincos2d")
   return jnp.take(jnp.asarray(table), positions, axis=0, mode="clip")
-
-
-def _check_sincos_2d(cfg):
-  if cfg.d_model % 4 or cfg.d_model < 8:
-    return f"model.d_model={cfg.d_model} must be a multiple of 4 and >= 8 with 'sincos2d'"
 
 
 class LearnedPositions(nn.Module):
@@ -227,10 +223,9 @@ def alibi_bias(q_positions: Array, k_positions: Array, slopes: Any) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class Encoding:
-  """One entry: its kind, its function and a `check` of the ModelConfig (a message or None)."""
+  """A config's encoding: its kind (choices.POSITIONALS) and its function (ENCODINGS; 'none': None)."""
   kind: str
   fn: Optional[Callable[..., Array]] = None
-  check: Optional[Callable[[Any], Optional[str]]] = None
 
 
 def _learned(cfg, positions):
@@ -238,26 +233,10 @@ def _learned(cfg, positions):
                           dtype=jnp.dtype(cfg.dtype), name="position_embed")(positions)
 
 
-def _check_rope(cfg):
-  if cfg.head_dim % 2:
-    return f"model.head_dim={cfg.head_dim} must be even with model.positional='rope'"
-
-
 def _relative(cfg, q_positions, k_positions, bidirectional):
   return RelativePositionBias(cfg.relative_num_buckets, cfg.relative_max_distance, cfg.num_heads,
                               bidirectional=bidirectional, param_dtype=jnp.dtype(cfg.param_dtype),
                               name="relative_bias")(q_positions, k_positions)
-
-
-def _check_relative(cfg):
-  # The log-spaced buckets must reach beyond the exact ones (else NaN); bidirectional halves them.
-  least = 4 if cfg.arch == "encoder_decoder" else 2
-  if cfg.relative_num_buckets < least:
-    return (f"model.relative_num_buckets={cfg.relative_num_buckets} must be >= {least} "
-            f"with model.arch={cfg.arch!r}")
-  if cfg.relative_max_distance <= max_distance_bound(cfg.relative_num_buckets, False):
-    return (f"model.relative_max_distance={cfg.relative_max_distance} must be > "
-            f"model.relative_num_buckets // 2 = {cfg.relative_num_buckets // 2}")
 
 
 def _shaw(cfg, q_positions, k_positions, bidirectional):
@@ -273,29 +252,22 @@ def _shaw(cfg, q_positions, k_positions, bidirectional):
   return jnp.transpose(table(distance + clip).astype(jnp.float32), (0, 3, 1, 2))
 
 
-ENCODINGS: schema.Table[Encoding] = schema.registry("model.positional", {
-    "sinusoidal": Encoding("absolute", lambda cfg, pos: sinusoidal_lookup(pos, cfg.max_len,
-                                                                          cfg.d_model)),
-    "learned": Encoding("absolute", _learned),
-    "rope": Encoding("rotary", lambda cfg, x, pos: apply_rope(x, pos, cfg.rope_base,
-                                                              config_rope_frequencies(cfg)),
-                     check=_check_rope),
-    "relative": Encoding("bias", _relative, check=_check_relative),
-    "alibi": Encoding("bias", lambda cfg, q_pos, k_pos, bidirectional: alibi_bias(
-        q_pos, k_pos, alibi_slopes(cfg.num_heads))),
-    "none": Encoding("none"),
-    "shaw": Encoding("bias", _shaw),
-    "sincos2d": Encoding("absolute", _sincos_2d, check=_check_sincos_2d),
+ENCODINGS: schema.Table[Optional[Callable[..., Array]]] = schema.Table("model.positional", {
+    "sinusoidal": lambda cfg, pos: sinusoidal_lookup(pos, cfg.max_len, cfg.d_model),
+    "learned": _learned,
+    "rope": lambda cfg, x, pos: apply_rope(x, pos, cfg.rope_base, config_rope_frequencies(cfg)),
+    "relative": _relative,
+    "alibi": lambda cfg, q_pos, k_pos, bidirectional: alibi_bias(q_pos, k_pos,
+                                                                 alibi_slopes(cfg.num_heads)),
+    "none": None,
+    "shaw": _shaw,
+    "sincos2d": _sincos_2d,
 })
 
 
 def encoding(cfg: Any) -> Encoding:
-  """The table entry of a ModelConfig's `positional`, whose check the config must pass (a
-  one-line ConfigError, as validation gives once this table is registered)."""
-  entry = ENCODINGS[cfg.positional]
-  if entry.check and (problem := entry.check(cfg)):
-    raise schema.ConfigError(problem)
-  return entry
+  """The kind and function of a (validated) ModelConfig's `positional`."""
+  return Encoding(choices.POSITIONALS[cfg.positional].kind, ENCODINGS[cfg.positional])
 
 
 class AbsoluteEncoding(nn.Module):

@@ -7,8 +7,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import metrics as metrics_lib
-from transformer.model import ensemble, layers, models, moe
+from transformer import choices, metrics as metrics_lib
+from transformer.model import ensemble, models, moe
 from transformer.model.losses import cross_entropy
 
 Array = jax.Array
@@ -51,7 +51,7 @@ def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
   members = tuple(model) if ensemble.is_ensemble(model) else (model,)
   ensemble.check_compatible([m.config for m in members])
   classes = num_classes(members[0].config)
-  mixture = len(members) == 1 and layers.FEED_FORWARDS[members[0].config.ffn].mixture
+  mixture = len(members) == 1 and choices.FFNS[members[0].config.ffn].mixture
 
   def eval_step(params, batch):
     batch = {k: v for k, v in batch.items() if v is not None}

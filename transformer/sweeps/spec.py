@@ -2,8 +2,7 @@
 
 A sweep file (configs/sweeps/*.py) has `get_sweep()` return override dicts keyed like
 `--config.*`. No JAX here: planning, dry runs and TPU commands are instant. A point's choice of a
-component (model.ffn, train.optimizer, ...) is checked against its table once the table is
-registered: sweep.py loads every table (transformer.components) before planning.
+component (model.ffn, train.optimizer, ...) is checked as every key is (transformer/choices.py).
 """
 
 import copy

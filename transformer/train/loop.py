@@ -23,8 +23,6 @@ import optax
 
 from transformer import files
 from transformer.config import Config, ConfigError, from_configdict
-# Imported for its table: with it registered, a bad data.tokenizer is refused before data loads.
-from transformer.data import tokenizers  # pylint: disable=unused-import
 from transformer.infer import evaluation
 from transformer.model import scoring
 from transformer.model.models import build_model

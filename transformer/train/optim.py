@@ -71,7 +71,7 @@ def _warmup_then(decay: Callable[[jax.Array, float, float], jax.Array]):
 
 # The learning-rate schedules (train.schedule): name -> lr(s, train config, d_model), s from 1.
 Schedule = Callable[[jax.Array, Any, int], jax.Array]
-SCHEDULES: schema.Table[Schedule] = schema.registry("train.schedule", {
+SCHEDULES: schema.Table[Schedule] = schema.Table("train.schedule", {
     "rsqrt": _rsqrt,
     "warmup_cosine": _warmup_then(
         lambda p, peak, low: low + (peak - low) * 0.5 * (1.0 + jnp.cos(jnp.pi * p))),
@@ -101,7 +101,7 @@ def weight_decay_mask(train_cfg: Any) -> Callable[[Any], Any]:
 
 # train.optimizer: name -> (train config, weight decay) -> the transforms between clip and lr.
 Optimizer = Callable[[Any, optax.GradientTransformation], list[optax.GradientTransformation]]
-OPTIMIZERS: schema.Table[Optimizer] = schema.registry("train.optimizer", {
+OPTIMIZERS: schema.Table[Optimizer] = schema.Table("train.optimizer", {
     "adam": lambda tc, decay: [decay, optax.scale_by_adam(b1=tc.b1, b2=tc.b2, eps=tc.eps)],
     "adamw": lambda tc, decay: [optax.scale_by_adam(b1=tc.b1, b2=tc.b2, eps=tc.eps), decay],
     "adafactor": lambda tc, decay: [optax.scale_by_factored_rms(), optax.clip_by_block_rms(1.0),

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from transformer import choices
 from transformer.config import Config, ConfigError, excluded_ids
 from transformer.model import layers, models, moe, scoring
 from transformer.model.losses import chunked_cross_entropy, cross_entropy
@@ -74,7 +75,7 @@ def _make_loss_sums(cfg: Config, model: nn.Module) -> Callable:
   of experts' `moe_sums` (the loss sum includes its moe_aux_loss), else nothing."""
   arch, tc = cfg.model.arch, cfg.train
   use_ss = tc.scheduled_sampling.schedule != "none"
-  mixture = layers.FEED_FORWARDS[cfg.model.ffn].mixture
+  mixture = choices.FFNS[cfg.model.ffn].mixture
   if mixture and use_ss:
     raise ConfigError("model.ffn='moe' needs train.scheduled_sampling.schedule='none' (its "
                       "auxiliary losses come from one teacher-forced pass)")
