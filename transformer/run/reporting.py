@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, TextIO
 from absl import logging
 import jax
 
-from transformer import config as config_lib, files
+from transformer import choices, config as config_lib, files
 from transformer.run import provenance
 
 # Peak dense bf16 FLOP/s per chip (Google Cloud TPU docs, NVIDIA datasheets without 2:4
@@ -47,8 +47,8 @@ def _attention_flops(cfg: Any, t: int, s: int) -> int:
 def _ffn_flops(cfg: Any, t: int) -> int:
   """Forward FLOPs of one feed-forward layer for t tokens (gated variants have 3 matrices); a
   mixture's active ones: its router, top_k experts and the shared experts (no capacity slack)."""
-  mixture = cfg.ffn == "moe"
-  matrices = 3 if (cfg.moe_expert_ffn if mixture else cfg.ffn) in ("swiglu", "geglu") else 2
+  mixture = choices.FFNS[cfg.ffn].mixture
+  matrices = 3 if choices.FFNS[cfg.moe_expert_ffn if mixture else cfg.ffn].gated else 2
   dense = 2 * t * cfg.d_model * cfg.mlp_dim * matrices
   if not mixture:
     return dense
