@@ -60,6 +60,7 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from configs import base, g2p, lm  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer import choices  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top,wrong-import-position
 # The layout of the tree timed (--compare reads older revisions' trees too).
 build_model = tree_module("transformer.model.models", "transformer.models").build_model
@@ -120,8 +121,7 @@ def train_flops(cfg, shapes: dict[str, tuple[int, int]]) -> float:
   m = cfg.model
   hd, vd, kv = m.head_dim, m.v_head_dim, m.num_kv_heads
   attn_w = m.d_model * (m.num_heads * hd + kv * hd + kv * vd) + m.num_heads * vd * m.d_model
-  gated = m.ffn in ("swiglu", "geglu")
-  mlp_w = m.d_model * m.mlp_dim * (3 if gated else 2)
+  mlp_w = m.d_model * m.mlp_dim * (3 if choices.FFNS[m.ffn].gated else 2)
   flops = 0.0
   tgt_rows, tgt_len = shapes["targets"]
   tgt_tokens = tgt_rows * tgt_len

@@ -9,6 +9,8 @@ prefix with bidirectional attention (`model.prefix_lm`) and is trained on the ta
   python sweep.py --config=configs/g2p.py:small --sweep=configs/sweeps/arch.py --workdir=runs/sweep_arch
 """
 
+from transformer import choices
+
 
 def _layer_sizes(m):
   """(attention, feed-forward) weights of one layer of model config `m` (biases ignored)."""
@@ -16,7 +18,7 @@ def _layer_sizes(m):
   head_dim = m.head_dim or m.d_model // m.num_heads
   v_head_dim = m.v_head_dim or head_dim
   attention = m.d_model * (heads * head_dim + kv_heads * (head_dim + v_head_dim) + heads * v_head_dim)
-  ffn = (3 if m.ffn in ("swiglu", "geglu") else 2) * m.d_model * m.mlp_dim
+  ffn = (3 if choices.FFNS[m.ffn].gated else 2) * m.d_model * m.mlp_dim
   return attention, ffn
 
 

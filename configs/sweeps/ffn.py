@@ -7,11 +7,12 @@ Transformer".
   python sweep.py --config=configs/g2p.py:small --sweep=configs/sweeps/ffn.py --workdir=runs/sweep_ffn
 """
 
-from configs.sweeps import chain, sweep
+from configs.sweeps import sweep
+from transformer import choices
 
 
 def get_sweep(config):
-  """Four runs, one per `model.ffn`; the gated ones with mlp_dim * 2/3."""
+  """Four runs, one per `model.ffn`; the gated ones (choices.FFNS) with mlp_dim * 2/3."""
   gated_dim = max(8, round(config.model.mlp_dim * 2 / 3 / 8) * 8)
-  return chain(sweep("model.ffn", ["relu", "gelu"]),
-               [{"model.ffn": ffn, "model.mlp_dim": gated_dim} for ffn in ("swiglu", "geglu")])
+  return [p | ({"model.mlp_dim": gated_dim} if choices.FFNS[p["model.ffn"]].gated else {})
+          for p in sweep("model.ffn", ["relu", "gelu", "swiglu", "geglu"])]

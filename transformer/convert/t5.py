@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from transformer import choices
 from transformer.config import Config, ModelConfig
 from transformer.convert.common import (CONVERTED, converted_config, ConvertError, first_of,
                                         hf_choice, hf_ffn, norm, one, params_of, positive_ints,
@@ -101,7 +102,7 @@ def _weights(m: ModelConfig) -> list[Weight]:
   d, n, h = m.d_model, m.num_heads, m.head_dim
   to_heads = lambda w: w.T.reshape(d, n, h)  # torch [n*h, d] -> ours [d, n, h]  # noqa: E731
   from_heads = lambda k: np.reshape(k, (d, n * h)).T  # noqa: E731
-  gated = m.ffn in ("geglu_tanh", "swiglu")
+  gated = choices.FFNS[m.ffn].gated
   ffn = {"wi_0": "wi_gate", "wi_1": "wi_up", "wo": "wo"} if gated else {"wi": "wi", "wo": "wo"}
 
   def attention(p: str, a: str, cross: bool) -> list[Weight]:
