@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.config import check_value, excluded_ids, ModelConfig
+from transformer.config import excluded_ids, ModelConfig
 from transformer.model.layers import dense, dense_ffn, Embed, make_norm
 
 Array = jax.Array
@@ -27,7 +27,7 @@ def pool(x: Array, segment_ids: Array, target_segment_ids: Array, pooling: str) 
   segment (0: zeros)."""
   member = ((segment_ids[:, None, :] == target_segment_ids[:, :, None])
             & (target_segment_ids[:, :, None] != 0))  # [b, t, s]
-  if check_value("model.pooling", pooling) in ("first", "class_token"):
+  if pooling in ("first", "class_token"):
     first = jnp.argmax(member, axis=-1)  # [b, t]
     weights = jax.nn.one_hot(first, x.shape[1]) * member.any(-1, keepdims=True)
   else:

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import choices
-from transformer.config import check_value, ConfigError, ModelConfig
+from transformer.config import ConfigError, ModelConfig
 from transformer.model import attention as attn, heads, kernels, kv_cache, moe, positional
 from transformer.model.layers import Dropout, Embed, FeedForward, make_norm
 
@@ -384,7 +384,7 @@ def build_model(model_config: ModelConfig) -> EncoderDecoder | DecoderOnly | Enc
     if getattr(cfg, key) <= 0:
       raise ConfigError(f"model.{key}={getattr(cfg, key)} must be set (> 0) before build_model")
   archs = dict(encoder_decoder=EncoderDecoder, decoder_only=DecoderOnly, encoder_only=EncoderOnly)
-  return archs[check_value("model.arch", cfg.arch)](cfg)
+  return archs[cfg.arch](cfg)
 
 
 # The batch-level entry points: a pipeline batch in, logits out, for every architecture.

@@ -107,8 +107,6 @@ class Checkpointer:
     self._check_metadata(read_only)  # before orbax lists the steps and reads their metadata
     self.config = config_lib.to_dict(config)
     self._best_key = ckpt_cfg.keep_best_by
-    config_lib.check_value("checkpoint.keep", ckpt_cfg.keep)  # the latest is needed to resume
-    config_lib.check_value("checkpoint.best_mode", ckpt_cfg.best_mode)
     worst = math.inf if ckpt_cfg.best_mode == "min" else -math.inf
 
     def metric(metrics):  # missing (no eval at that step) or NaN/inf never ranks as the best
