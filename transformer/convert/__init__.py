@@ -7,7 +7,9 @@ Llama family (Llama 2 and 3, Mistral, Qwen2), Mixtral and ViT.
 `--from_hf` reads a local directory (config.json, model.safetensors or pytorch_model.bin,
 tokenizer.json, which a ViT has not: its labels are config.json's id2label; never the network)
 into a workdir training could have written, plus
-`converted_from.json`; config.json's model_type picks the family module (`FAMILIES`). Our ids in
+`converted_from.json`; config.json's model_type picks the family (`FAMILIES`: each module's
+declared `Family`, family.py), whose checks (checks.py: format, every tensor's shape, none missing
+or left over, finite values, special-token ids) run before anything is written. Our ids in
 no Hugging Face id's place are `model.excluded_ids` (logit -1e30), so every consumer of the
 logits sees the original's distribution, id for id. `--to_hf` refuses a directory that is not
 empty unless `--overwrite` is given; then it replaces only the files it writes (each written whole
@@ -29,43 +31,44 @@ import numpy as np
 
 from transformer import cli, files
 from transformer.config import Config, ConfigError, ModelConfig, to_dict
-from transformer.convert import bert, gpt2, llama, mixtral, t5, vit
-from transformer.convert.common import ConvertError
+from transformer.convert import bert, checks, gpt2, llama, mixtral, t5, vit
+from transformer.convert.family import ConvertError, Family
 from transformer.data import tokenizers
 from transformer.model.models import build_model, example_batch
-from transformer.run import checkpoints, reporting, restore
+from transformer.run import checkpoints, provenance, reporting, restore
 from transformer.train import optim, steps
 
-__all__ = ["ConvertError", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf",
+__all__ = ["ConvertError", "Family", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf",
            "check_export_dir", "main"]
 
-CONVERTED_FROM = "converted_from.json"
-FAMILIES: dict[str, ModuleType] = {gpt2.MODEL_TYPE: gpt2, t5.MODEL_TYPE: t5,
-                                    bert.MODEL_TYPE: bert, vit.MODEL_TYPE: vit,
-                                    **{kind: llama for kind in llama.MODEL_TYPES},
-                                    mixtral.MODEL_TYPE: mixtral}
+CONVERTED_FROM = provenance.CONVERTED_FROM
+# Every family; a new one is a module ending in its Family, listed here.
+FAMILIES: tuple[Family, ...] = (gpt2.FAMILY, t5.FAMILY, bert.FAMILY, llama.FAMILY,
+                                mixtral.FAMILY, vit.FAMILY)
 
 
-def family_of_hf(hf: dict[str, Any]) -> ModuleType:
-  """The family module of a config.json dict; ConvertError names an unsupported model_type."""
-  if hf.get("model_type") not in FAMILIES:
-    raise ConvertError(f"config.json: model_type={hf.get('model_type')!r} is not supported "
-                       f"(one of {'|'.join(FAMILIES)})")
-  return FAMILIES[hf["model_type"]]
+def family_of_hf(hf: dict[str, Any]) -> Family:
+  """The family of a config.json dict; ConvertError names an unsupported model_type."""
+  for family in FAMILIES:
+    if family.reads(hf):
+      return family
+  kinds = [kind for family in FAMILIES for kind in family.model_types]
+  raise ConvertError(f"config.json: model_type={hf.get('model_type')!r} is not supported "
+                     f"(one of {'|'.join(kinds)})")
+
+
+def export_family(m: ModelConfig) -> Family:
+  """The family model config `m` exports as (the families of one architecture are disjoint)."""
+  found = [family for family in FAMILIES if family.exports_model(m)]
+  if len(found) != 1:
+    raise ConvertError(f"model.arch={m.arch!r} has {len(found)} Hugging Face families to export "
+                       f"as ({', '.join(f.name for f in found) or 'none'}); it needs one")
+  return found[0]
 
 
 def family_of_config(m: ModelConfig) -> ModuleType:
-  """The family a model config exports as: by its architecture and whether it reads images; a
-  decoder with RMSNorm as Mixtral (with a mixture of experts) or the Llama family (their
-  `exports`), else GPT-2."""
-  families = [mixtral, llama, *FAMILIES.values()]
-  return next(f for f in families
-              if f.ARCH == m.arch and getattr(f, "IMAGES", False) == bool(m.image_size)
-              and getattr(f, "exports", lambda _: True)(m))
-
-
-def _model_types(family: ModuleType) -> tuple[str, ...]:
-  return getattr(family, "MODEL_TYPES", (family.MODEL_TYPE,))
+  """The module declaring the family `m` exports as (its docstring maps every key)."""
+  return sys.modules[export_family(m).module]
 
 
 def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -74,12 +77,8 @@ def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   if not files.exists(path):
     raise ConvertError(f"--from_hf={directory}: no config.json (a Hugging Face model directory?)")
   hf = json.loads(files.read_text(path))
-  family_of_hf(hf).model_overrides(hf)  # an unsupported config is reported before any weight
-  found = [os.path.join(directory, name) for name in ("model.safetensors", "pytorch_model.bin")
-           if files.exists(os.path.join(directory, name))]
-  if not found:
-    raise ConvertError(f"--from_hf={directory}: no model.safetensors or pytorch_model.bin")
-  weights = found[0]
+  family_of_hf(hf).model_overrides(hf, None)  # an unsupported config is reported before any weight
+  weights = checks.weights_file(directory)
   try:
     if weights.endswith(".safetensors"):
       from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top  (optional)
@@ -183,10 +182,11 @@ def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") 
   _check_new_workdir(workdir)
   hf, state = read_hf(hf_dir)
   family = family_of_hf(hf)
-  if hasattr(family, "label_tokenizer"):  # an image classifier: labels, no text tokenizer
+  source = {"from_hf": os.path.abspath(hf_dir), "config": hf}
+  if family.label_tokenizer is not None:  # an image classifier: labels, no text tokenizer
     cfg = family.workdir_config(hf, state, "", text_file, data_dir)
     write_workdir(cfg, family.params_from_hf(state, cfg.model, hf), family.label_tokenizer(hf),
-                  workdir, {"from_hf": os.path.abspath(hf_dir), "config": hf})
+                  workdir, source)
     return cfg
   tokenizer_path = os.path.join(hf_dir, "tokenizer.json")
   if not files.exists(tokenizer_path):
@@ -198,10 +198,21 @@ def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") 
   if tokenizer.vocab_size > cfg.model.vocab_size:
     raise ConvertError(f"{tokenizer_path}: {tokenizer.vocab_size - cfg.data.hf_id_offset} ids, "
                        f"more than config.json's vocab_size={hf['vocab_size']}")
+  checks.check_special_ids(hf, min(tokenizer.vocab_size - cfg.data.hf_id_offset,
+                                   hf["vocab_size"]))
   params = family.params_from_hf(state, cfg.model, hf, tokenizer)
-  write_workdir(cfg, params, tokenizer, workdir,
-                {"from_hf": os.path.abspath(hf_dir), "config": hf})
+  write_workdir(cfg, params, tokenizer, workdir, source)
   return cfg
+
+
+def source_config(workdir: str, family: Family) -> dict[str, Any] | None:
+  """The config.json a run descends from (converted_from.json, which fine-tuning with
+  --init_from carries on), when it is `family`'s: it gives the keys ours lacks (BOS, names)."""
+  path = os.path.join(workdir, CONVERTED_FROM)
+  if not files.exists(path):
+    return None
+  hf = json.loads(files.read_text(path))["config"]
+  return hf if family.reads(hf) else None
 
 
 def to_hf(workdir: str, hf_dir: str, step: int | str | None = None,
@@ -212,23 +223,19 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None,
     raise ConvertError(f"--to_hf={hf_dir} is the run's own workdir; give another directory")
   check_export_dir(hf_dir, overwrite)
   cfg = restore.load_run_config(workdir)
-  family = family_of_config(cfg.model)
-  source = os.path.join(workdir, CONVERTED_FROM)
-  extra = json.loads(files.read_text(source))["config"] if files.exists(source) else {}
-  # The source's config.json gives the keys ours lacks, unless it is another family's.
-  hf = family.hf_config(cfg.model, extra if extra.get("model_type") in _model_types(family)
-                        else None)
-  if hasattr(family, "hf_training"):  # config.json keys of the training objective (Mixtral's)
+  family = export_family(cfg.model)
+  hf = family.hf_config(cfg.model, source_config(workdir, family))
+  if family.hf_training is not None:  # config.json keys of the training objective
     hf |= family.hf_training(cfg.train, cfg.model, hf)
-  if cfg.data.tokenizer == "hf" and cfg.data.hf_id_offset != family.ID_OFFSET:
-    raise ConvertError(f"data.hf_id_offset={cfg.data.hf_id_offset} has no {family.NAME} "
-                       f"counterpart (need {family.ID_OFFSET})")
+  if cfg.data.tokenizer == "hf" and cfg.data.hf_id_offset != family.id_offset:
+    raise ConvertError(f"data.hf_id_offset={cfg.data.hf_id_offset} has no {family.name} "
+                       f"counterpart (need {family.id_offset})")
   params, _ = restore.restore_params(cfg, workdir, step)
   tok_dir = os.path.join(workdir, "tokenizers", "target")
   tokenizer = tokenizers.load(tok_dir) if files.exists(os.path.join(tok_dir, "tokenizer.json")) \
       else None
-  if hasattr(family, "with_labels") and hasattr(tokenizer, "units"):  # the run's class names
-    hf |= family.with_labels(list(tokenizer.units))
+  if family.hf_tokenizer_keys is not None:  # config.json keys of the run's tokenizer
+    hf |= family.hf_tokenizer_keys(tokenizer)
   write_hf(hf_dir, hf, family.hf_from_params(params, cfg.model, hf), tokenizer, overwrite)
   return hf
 
@@ -264,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     if args.from_hf:
       cfg = from_hf(args.from_hf, args.workdir, args.text_file, args.data_dir)
-      print(f"wrote {args.workdir}: {family_of_config(cfg.model).describe_workdir(cfg)}")
+      print(f"wrote {args.workdir}: {export_family(cfg.model).describe_workdir(cfg)}")
     else:
       step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
       hf = to_hf(args.workdir, args.to_hf, step, overwrite=args.overwrite)

@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 
 from transformer.config import Config, ModelConfig
-from transformer.convert.common import (CONVERTED, converted_config, ConvertError, dense, first_of,
-                                        hf_choice, hf_ffn, norm, one, params_of, positive_ints,
-                                        require, require_hf, require_unmapped_excluded, reshaped,
-                                        stacked, state_of, transpose, unmapped_ids, Weight)
+from transformer.convert.common import (CONVERTED, converted_config, ConvertError, dense,
+                                        encoder_layer, first_of, hf_choice, hf_ffn, norm, one,
+                                        params_of, positive_ints, require, require_hf,
+                                        require_unmapped_excluded, state_of, transpose,
+                                        unmapped_ids, Weight)
+from transformer.convert.family import Family
 from transformer.data.objectives import ExtraIds
 from transformer.data.tokenizers import BOS_ID, EOS_ID, NUM_SPECIAL, PAD_ID, UNK_ID
 
@@ -129,8 +131,7 @@ def _with_our_rows(table: np.ndarray, ids: dict[int, int]) -> np.ndarray:
 def _weights(m: ModelConfig, hf: dict[str, Any] | None, ids: dict[int, int] | None = None
              ) -> list[Weight]:
   """Our EncoderOnly's parameters and BERT's tensors; `ids` (`_special_ids`) is for import."""
-  d, n = m.d_model, m.num_heads
-  h = d // n
+  d = m.d_model
   to_ours = lambda x: _with_our_rows(x, ids)  # noqa: E731
   to_hf = lambda x: np.asarray(x)[NUM_SPECIAL:NUM_SPECIAL + _hf_vocab(m)]  # noqa: E731
   e, t = "bert.embeddings", "cls.predictions"
@@ -143,19 +144,9 @@ def _weights(m: ModelConfig, hf: dict[str, Any] | None, ids: dict[int, int] | No
              lambda x: {positions: x, types: np.zeros((num_types, d), np.asarray(x).dtype)}),
       *norm("encoder.embedding_norm", f"{e}.LayerNorm")]
   for i in range(m.num_encoder_layers):
-    p, q = f"encoder.layers_{i}", f"bert.encoder.layer.{i}"
-    a = f"{q}.attention"
-    weights += [
-        stacked(f"{p}.self_attention.qkv.kernel", _qkv(a, "weight"), 1,
-                lambda w: w.T.reshape(d, n, h), lambda k: k.reshape(d, d).T),
-        stacked(f"{p}.self_attention.qkv.bias", _qkv(a, "bias"), 0, reshaped(n, h),
-                reshaped(d)),
-        *dense(f"{p}.self_attention.out", f"{a}.output.dense", lambda w: w.T.reshape(n, h, d),
-               lambda k: np.asarray(k).reshape(d, d).T),
-        *norm(f"{p}.attention_norm", f"{a}.output.LayerNorm"),
-        *dense(f"{p}.ffn.wi", f"{q}.intermediate.dense", transpose, transpose),
-        *dense(f"{p}.ffn.wo", f"{q}.output.dense", transpose, transpose),
-        *norm(f"{p}.ffn_norm", f"{q}.output.LayerNorm")]
+    q = f"bert.encoder.layer.{i}"
+    weights += encoder_layer(m, f"encoder.layers_{i}", q, "self",
+                             (f"{q}.attention.output.LayerNorm", f"{q}.output.LayerNorm"))
   weights += [
       *dense("head.transform", f"{t}.transform.dense", transpose, transpose),
       *norm("head.transform_norm", f"{t}.transform.LayerNorm"),
@@ -170,10 +161,6 @@ def _weights(m: ModelConfig, hf: dict[str, Any] | None, ids: dict[int, int] | No
   return weights
 
 
-def _qkv(prefix: str, what: str) -> tuple[str, ...]:
-  return tuple(f"{prefix}.self.{x}.{what}" for x in ("query", "key", "value"))
-
-
 def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
                    tokenizer: Any = None) -> dict[str, Any]:
   """Our EncoderOnly parameters (unrolled layers, MLM head) from a BertForMaskedLM state dict."""
@@ -185,7 +172,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
   if "cls.predictions.transform.dense.weight" not in state:
     raise ConvertError("the BERT weights have no cls.predictions.* (a BertForMaskedLM "
                        "checkpoint; a BertModel has no masked-LM head)")
-  return params_of(state, _weights(m, hf, ids))
+  return params_of(state, _weights(m, hf, ids), FAMILY, m)
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
@@ -203,3 +190,15 @@ def describe_workdir(cfg: Config) -> str:
 
 def describe_hf(hf: dict[str, Any]) -> str:
   return f"BERT with {hf['num_hidden_layers']} layers, vocabulary {hf['vocab_size']}"
+
+
+FAMILY = Family(
+    name=NAME, model_types=(MODEL_TYPE,), arch=ARCH, id_offset=ID_OFFSET, fixed=FIXED,
+    hf_fixed=HF_FIXED, model_overrides=model_overrides, workdir_config=workdir_config,
+    hf_config=hf_config, params_from_hf=params_from_hf, hf_from_params=hf_from_params,
+    describe_workdir=describe_workdir, describe_hf=describe_hf,
+    # The position-id buffer older files hold; the tied head's copy of the word embeddings;
+    # BertForPreTraining's pooler and next-sentence head, which the masked LM does not use.
+    unused=(r"bert\.embeddings\.position_ids", r"cls\.predictions\.decoder\.weight",
+            r"bert\.pooler\..*", r"cls\.seq_relationship\..*"),
+    module=__name__)

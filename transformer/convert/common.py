@@ -1,6 +1,7 @@
-"""What the converters of every Hugging Face family share: the one-line error, config checks, the
-vocabulary map, the converted workdir's config, and the weight tables: a family lists its
-parameters as `Weight`s once, and `params_of` / `state_of` read that list in either direction."""
+"""What the converters of every Hugging Face family share: config checks, the vocabulary map, the
+converted workdir's config, and the weight tables: a family lists its parameters as `Weight`s
+once, and `params_of` / `state_of` read that list in either direction (`params_of` checks every
+tensor against the config on the way, checks.py). BERT and ViT share `encoder_layer`."""
 
 from collections.abc import Mapping
 import functools
@@ -11,6 +12,8 @@ import jax
 import numpy as np
 
 from transformer.config import Config, excluded_ids, from_configdict, id_ranges, ModelConfig
+from transformer.convert import checks
+from transformer.convert.family import ConvertError, Family
 from transformer.data.tokenizers import EOS_ID, NUM_SPECIAL
 from transformer.schema import get_config
 
@@ -19,10 +22,6 @@ from transformer.schema import get_config
 CONVERTED = dict(num_kv_heads=0, v_head_dim=0, share_src_tgt_embeddings=True,
                  scale_embeddings=False, prefix_lm=False, scan_layers=False, dtype="float32",
                  param_dtype="float32")
-
-
-class ConvertError(ValueError):
-  """A checkpoint or config that cannot be converted; the message is one line naming the key."""
 
 
 def require(m: Any, need: dict[str, Any], family: str) -> None:
@@ -196,10 +195,38 @@ def dense(path: str, key: str, to_ours: Callable = np.asarray, to_hf: Callable =
           one(f"{path}.bias", f"{key}.bias")]
 
 
-def params_of(state: dict[str, np.ndarray], weights: list[Weight],
-              family: str = "Hugging Face") -> dict[str, Any]:
-  """Our parameters (unrolled layers) from a Hugging Face state dict, by `weights`; a tensor the
-  state dict lacks is a ConvertError naming it."""
+def encoder_layer(m: ModelConfig, p: str, q: str, attention: str, norms: tuple[str, str]
+                  ) -> list[Weight]:
+  """One layer of a BERT-style encoder (BERT's, ViT's), ours `p`, Hugging Face's `q`: q/k/v
+  `{q}.attention.{attention}.query|key|value`, `{q}.attention.output.dense`,
+  `{q}.intermediate.dense`, `{q}.output.dense`, and the LayerNorms `norms` (the attention's, the
+  feed-forward's; the layer's order, pre or post, is the model config's)."""
+  d, n = m.d_model, m.num_heads
+  h = d // n
+  qkv = lambda what: tuple(f"{q}.attention.{attention}.{x}.{what}"  # noqa: E731
+                           for x in ("query", "key", "value"))
+  return [
+      stacked(f"{p}.self_attention.qkv.kernel", qkv("weight"), 1,
+              lambda w: w.T.reshape(d, n, h), lambda k: k.reshape(d, d).T),
+      stacked(f"{p}.self_attention.qkv.bias", qkv("bias"), 0, reshaped(n, h), reshaped(d)),
+      *dense(f"{p}.self_attention.out", f"{q}.attention.output.dense",
+             lambda w: w.T.reshape(n, h, d), lambda k: np.asarray(k).reshape(d, d).T),
+      *norm(f"{p}.attention_norm", norms[0]),
+      *dense(f"{p}.ffn.wi", f"{q}.intermediate.dense", transpose, transpose),
+      *dense(f"{p}.ffn.wo", f"{q}.output.dense", transpose, transpose),
+      *norm(f"{p}.ffn_norm", norms[1])]
+
+
+def params_of(state: dict[str, np.ndarray], weights: list[Weight], family: Family,
+              m: ModelConfig) -> dict[str, Any]:
+  """Our parameters (unrolled layers) from a Hugging Face state dict, by `weights`, after the
+  checks every family gets (checks.py): each tensor the shape model config `m` needs, finite,
+  none missing and none left unread but the family's `unused`; else a ConvertError naming it."""
+  shapes = checks.param_shapes(m)
+  expected = {k: tuple(np.shape(v)) for w in weights if w.path in shapes
+              for k, v in w.to_hf(np.zeros(shapes[w.path], np.float32)).items()}
+  checks.check_shapes(state, expected)
+  reading = checks.Reading(state)
   params: dict[str, Any] = {}
   for w in weights:
     *parents, leaf = w.path.split(".")
@@ -207,18 +234,21 @@ def params_of(state: dict[str, np.ndarray], weights: list[Weight],
     for key in parents:
       node = node.setdefault(key, {})
     try:
-      node[leaf] = w.to_ours(state)
+      node[leaf] = w.to_ours(reading)
     except KeyError as e:
-      raise ConvertError(f"the {family} weights have no {e.args[0]}") from None
+      raise ConvertError(f"the {family.name} weights have no {e.args[0]}") from None
+  checks.check_all_read(state, reading.read | set(expected), family.unused, family.name)
   return params
 
 
 def state_of(params: Any, weights: list[Weight]) -> dict[str, np.ndarray]:
-  """The Hugging Face state dict (contiguous float32 numpy) of our parameters, by `weights`."""
+  """The Hugging Face state dict (contiguous float32 numpy) of our parameters, by `weights`; a
+  parameter holding a NaN or an infinity is a ConvertError naming it."""
   params = _unrolled(params)
   out: dict[str, Any] = {}
   for w in weights:
-    out |= w.to_hf(functools.reduce(operator.getitem, w.path.split("."), params))
+    value = functools.reduce(operator.getitem, w.path.split("."), params)
+    out |= w.to_hf(checks.finite(f"parameter {w.path}", value))
   return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in out.items()}
 
 

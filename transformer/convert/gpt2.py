@@ -18,6 +18,7 @@ from transformer.convert.common import (CONVERTED, converted_config, ConvertErro
                                         require_hf, require_unmapped_excluded, reshaped,
                                         shifted_eos, shifted_ids, shifted_table, state_of,
                                         unmapped_ids, Weight)
+from transformer.convert.family import Family
 from transformer.data.tokenizers import NUM_SPECIAL
 
 MODEL_TYPE, NAME, ARCH = "gpt2", "GPT-2", "decoder_only"
@@ -131,7 +132,8 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
                    tokenizer: Any = None) -> dict[str, Any]:
   """Our DecoderOnly parameters (unrolled layers) from a GPT2LMHeadModel state dict."""
   del tokenizer  # GPT-2's specials are in its config
-  return params_of({k.removeprefix("transformer."): v for k, v in state.items()}, _weights(m, hf))
+  return params_of({k.removeprefix("transformer."): v for k, v in state.items()}, _weights(m, hf),
+                   FAMILY, m)
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
@@ -150,3 +152,15 @@ def describe_workdir(cfg: Config) -> str:
 
 def describe_hf(hf: dict[str, Any]) -> str:
   return f"GPT-2 with {hf['n_layer']} layers, vocabulary {hf['vocab_size']}"
+
+
+FAMILY = Family(
+    name=NAME, model_types=(MODEL_TYPE,), arch=ARCH, id_offset=ID_OFFSET, fixed=FIXED,
+    hf_fixed=HF_FIXED, model_overrides=model_overrides, workdir_config=workdir_config,
+    hf_config=hf_config, params_from_hf=params_from_hf, hf_from_params=hf_from_params,
+    describe_workdir=describe_workdir, describe_hf=describe_hf,
+    # A decoder without RMSNorm (one with it is the Llama family's or Mixtral's).
+    exports=lambda m: m.norm != "rmsnorm",
+    # The causal-mask buffers older files hold; lm_head.weight of a tied head (wte's copy).
+    unused=(r"h\.\d+\.attn\.(masked_)?bias", r"lm_head\.weight"),
+    module=__name__)

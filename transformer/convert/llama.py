@@ -25,6 +25,7 @@ from transformer.convert.common import (CONVERTED, converted_config, ConvertErro
                                         require_hf, require_unmapped_excluded, shifted_eos,
                                         shifted_ids, shifted_table, stacked, state_of, transpose,
                                         unmapped_ids, Weight)
+from transformer.convert.family import Family
 from transformer.data.tokenizers import NUM_SPECIAL
 
 MODEL_TYPE, NAME, ARCH = "llama", "Llama", "decoder_only"
@@ -38,6 +39,8 @@ FIXED = dict(arch="decoder_only", positional="rope", norm="rmsnorm", norm_positi
              logits_bias=False, ffn_dropout_rate=0.0)
 # config.json keys whose other values we lack: required on import, written on export.
 HF_FIXED = dict(hidden_act="silu")
+# Tensors no parameter reads: RoPE's buffers in older files; lm_head.weight of a tied head.
+UNUSED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight")
 _ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
 _LENGTH = 1024  # the converted workdir's data lengths (the checkpoints' contexts are far longer)
 
@@ -203,8 +206,9 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
 
 
 def exports(m: ModelConfig) -> bool:
-  """Whether a decoder-only model config exports as this family (RMSNorm: GPT-2 has none)."""
-  return m.norm == "rmsnorm"
+  """Whether a decoder-only model config exports as this family (RMSNorm: GPT-2 has none; a
+  mixture of experts is Mixtral's)."""
+  return m.norm == "rmsnorm" and m.ffn != "moe"
 
 
 def workdir_config(hf: dict[str, Any], state: dict[str, np.ndarray], hf_tokenizer: str,
@@ -318,7 +322,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
                    tokenizer: Any = None) -> dict[str, Any]:
   """Our DecoderOnly parameters (unrolled layers) from a ...ForCausalLM state dict."""
   del tokenizer  # the specials are in the config
-  return params_of(state, weights(m, hf), NAME)
+  return params_of(state, weights(m, hf), FAMILY, m)
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
@@ -346,3 +350,12 @@ def describe_workdir(cfg: Config) -> str:
 def describe_hf(hf: dict[str, Any]) -> str:
   return (f"{NAMES.get(hf.get('model_type'), NAME)} with {hf['num_hidden_layers']} layers, "
           f"vocabulary {hf['vocab_size']}")
+
+
+FAMILY = Family(
+    name=NAME, model_types=MODEL_TYPES, arch=ARCH, id_offset=ID_OFFSET, fixed=FIXED,
+    hf_fixed=HF_FIXED, model_overrides=model_overrides, workdir_config=workdir_config,
+    hf_config=hf_config, params_from_hf=params_from_hf, hf_from_params=hf_from_params,
+    describe_workdir=describe_workdir, describe_hf=describe_hf,
+    exports=exports, unused=UNUSED,
+    module=__name__)

@@ -30,6 +30,7 @@ from transformer.config import Config, ModelConfig, TrainConfig
 from transformer.convert import llama
 from transformer.convert.common import (ConvertError, hf_choice, one, params_of, positive_ints,
                                         require_hf, stacked, state_of, transpose, Weight)
+from transformer.convert.family import Family
 
 MODEL_TYPE, NAME, ARCH = "mixtral", "Mixtral", "decoder_only"
 ID_OFFSET = llama.ID_OFFSET
@@ -38,7 +39,7 @@ FIXED = llama.FIXED | dict(ffn="moe", moe_expert_ffn="swiglu", moe_capacity_fact
                            moe_renormalize=True, moe_num_shared_experts=0, use_bias=False,
                            qkv_bias=False)
 # config.json keys whose other values we lack: required on import, written on export.
-HF_FIXED = dict(router_jitter_noise=0.0)
+HF_FIXED = llama.HF_FIXED | dict(router_jitter_noise=0.0)
 _EXPERT = (("wi_gate", "w1"), ("wi_up", "w3"), ("wo", "w2"))
 
 
@@ -140,7 +141,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
                    tokenizer: Any = None) -> dict[str, Any]:
   """Our DecoderOnly parameters (unrolled layers) from a MixtralForCausalLM state dict."""
   del tokenizer  # the specials are in the config
-  return params_of(hub_layout(state), llama.weights(m, hf, ffn=ffn_weights), NAME)
+  return params_of(hub_layout(state), llama.weights(m, hf, ffn=ffn_weights), FAMILY, m)
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
@@ -158,3 +159,12 @@ def describe_workdir(cfg: Config) -> str:
 def describe_hf(hf: dict[str, Any]) -> str:
   return (f"{NAME} with {hf['num_hidden_layers']} layers, {hf['num_local_experts']} experts, "
           f"vocabulary {hf['vocab_size']}")
+
+
+FAMILY = Family(
+    name=NAME, model_types=(MODEL_TYPE,), arch=ARCH, id_offset=ID_OFFSET, fixed=FIXED,
+    hf_fixed=HF_FIXED, model_overrides=model_overrides, workdir_config=workdir_config,
+    hf_config=hf_config, params_from_hf=params_from_hf, hf_from_params=hf_from_params,
+    describe_workdir=describe_workdir, describe_hf=describe_hf,
+    exports=exports, unused=llama.UNUSED, hf_training=hf_training,
+    module=__name__)

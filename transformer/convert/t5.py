@@ -18,6 +18,7 @@ from transformer.convert.common import (CONVERTED, converted_config, ConvertErro
                                         hf_choice, hf_ffn, norm, one, params_of, positive_ints,
                                         require, require_hf, require_unmapped_excluded, stacked,
                                         state_of, transpose, Weight)
+from transformer.convert.family import Family
 from transformer.data.tokenizers import EOS_ID, PAD_ID
 
 MODEL_TYPE, NAME, ARCH = "t5", "T5", "encoder_decoder"
@@ -139,7 +140,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
                    tokenizer: Any = None) -> dict[str, Any]:
   """Our EncoderDecoder parameters (unrolled layers) from a T5 state dict."""
   del hf, tokenizer  # T5's ids are ours
-  return params_of(state, _weights(m))
+  return params_of(state, _weights(m), FAMILY, m)
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
@@ -159,3 +160,13 @@ def describe_workdir(cfg: Config) -> str:
 def describe_hf(hf: dict[str, Any]) -> str:
   return (f"T5 with {hf['num_layers']}+{hf['num_decoder_layers']} layers, vocabulary "
           f"{hf['vocab_size']}")
+
+
+FAMILY = Family(
+    name=NAME, model_types=(MODEL_TYPE,), arch=ARCH, id_offset=ID_OFFSET, fixed=FIXED,
+    hf_fixed=HF_FIXED, model_overrides=model_overrides, workdir_config=workdir_config,
+    hf_config=hf_config, params_from_hf=params_from_hf, hf_from_params=hf_from_params,
+    describe_workdir=describe_workdir, describe_hf=describe_hf,
+    # The stacks' copies of shared.weight; lm_head.weight of a tied head (equal to it).
+    unused=(r"(encoder|decoder)\.embed_tokens\.weight", r"lm_head\.weight"),
+    module=__name__)

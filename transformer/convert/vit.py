@@ -16,16 +16,16 @@ from typing import Any
 import numpy as np
 
 from transformer.config import Config, from_configdict, ModelConfig
-from transformer.convert.common import (CONVERTED, ConvertError, dense, hf_choice, hf_ffn, norm,
-                                        one, params_of, positive_ints, require, require_hf,
-                                        reshaped, stacked, state_of, transpose, Weight)
+from transformer.convert.common import (CONVERTED, ConvertError, dense, encoder_layer, hf_choice,
+                                        hf_ffn, norm, one, params_of, positive_ints, require,
+                                        require_hf, reshaped, state_of, Weight)
+from transformer.convert.family import Family
 from transformer.data import tokenizers
 from transformer.data.tokenizers import NUM_SPECIAL
 from transformer.model.heads import EXCLUDED_LOGIT
 from transformer.schema import get_config
 
 MODEL_TYPE, NAME, ARCH = "vit", "ViT", "encoder_only"
-IMAGES = True  # the family of encoder-only models that read images (BERT's read tokens)
 ID_OFFSET = NUM_SPECIAL
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "relu": "relu"}
@@ -107,6 +107,13 @@ def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, 
                 "num_channels": m.image_channels} | HF_FIXED | with_labels(names)
 
 
+def tokenizer_labels(tokenizer: Any) -> dict[str, Any]:
+  """config.json's id2label and label2id of a run's label tokenizer ({} for any other)."""
+  if isinstance(tokenizer, tokenizers.SymbolTokenizer):
+    return with_labels(list(tokenizer.units))
+  return {}
+
+
 def with_labels(names: list[str]) -> dict[str, Any]:
   """config.json's id2label and label2id of class names in label order."""
   return {"id2label": {str(i): n for i, n in enumerate(names)},
@@ -137,8 +144,7 @@ def _classes_to_ours(x: np.ndarray, fill: float) -> np.ndarray:
 
 def _weights(m: ModelConfig) -> list[Weight]:
   """Our EncoderOnly's parameters and ViT's tensors."""
-  d, n = m.d_model, m.num_heads
-  h, p, c = d // n, m.patch_size, m.image_channels
+  d, p, c = m.d_model, m.patch_size, m.image_channels
   e = "vit.embeddings"
   weights = [
       one("encoder.patch_embed.class_token", f"{e}.cls_token", reshaped(d), reshaped(1, 1, d)),
@@ -149,19 +155,9 @@ def _weights(m: ModelConfig) -> list[Weight]:
              lambda w: np.asarray(w).transpose(2, 3, 1, 0).reshape(p * p * c, d),
              lambda k: np.asarray(k).reshape(p, p, c, d).transpose(3, 2, 0, 1))]
   for i in range(m.num_encoder_layers):
-    ours, q = f"encoder.layers_{i}", f"vit.encoder.layer.{i}"
-    a = f"{q}.attention"
-    weights += [
-        stacked(f"{ours}.self_attention.qkv.kernel", _qkv(a, "weight"), 1,
-                lambda w: w.T.reshape(d, n, h), lambda k: k.reshape(d, d).T),
-        stacked(f"{ours}.self_attention.qkv.bias", _qkv(a, "bias"), 0, reshaped(n, h),
-                reshaped(d)),
-        *dense(f"{ours}.self_attention.out", f"{a}.output.dense", lambda w: w.T.reshape(n, h, d),
-               lambda k: np.asarray(k).reshape(d, d).T),
-        *norm(f"{ours}.attention_norm", f"{q}.layernorm_before"),
-        *dense(f"{ours}.ffn.wi", f"{q}.intermediate.dense", transpose, transpose),
-        *dense(f"{ours}.ffn.wo", f"{q}.output.dense", transpose, transpose),
-        *norm(f"{ours}.ffn_norm", f"{q}.layernorm_after")]
+    q = f"vit.encoder.layer.{i}"
+    weights += encoder_layer(m, f"encoder.layers_{i}", q, "attention",
+                             (f"{q}.layernorm_before", f"{q}.layernorm_after"))
   weights += [
       *norm("encoder.final_norm", "vit.layernorm"),
       one("head.classifier.kernel", "classifier.weight",
@@ -171,10 +167,6 @@ def _weights(m: ModelConfig) -> list[Weight]:
           lambda b: _classes_to_ours(np.asarray(b), EXCLUDED_LOGIT),
           lambda b: np.asarray(b)[NUM_SPECIAL:])]
   return weights
-
-
-def _qkv(prefix: str, what: str) -> tuple[str, ...]:
-  return tuple(f"{prefix}.attention.{x}.{what}" for x in ("query", "key", "value"))
 
 
 def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, Any],
@@ -189,7 +181,7 @@ def params_from_hf(state: dict[str, np.ndarray], m: ModelConfig, hf: dict[str, A
   if labels != m.num_classes - NUM_SPECIAL:
     raise ConvertError(f"classifier.weight has {labels} labels, config.json's id2label "
                        f"{m.num_classes - NUM_SPECIAL}")
-  return params_of(state, _weights(m))
+  return params_of(state, _weights(m), FAMILY, m)
 
 
 def hf_from_params(params: Any, m: ModelConfig, hf: dict[str, Any] | None = None
@@ -209,3 +201,12 @@ def describe_workdir(cfg: Config) -> str:
 def describe_hf(hf: dict[str, Any]) -> str:
   return (f"ViT with {hf['num_hidden_layers']} layers, {hf['image_size']}px images, "
           f"{len(hf.get('id2label') or {})} labels")
+
+
+FAMILY = Family(
+    name=NAME, model_types=(MODEL_TYPE,), arch=ARCH, id_offset=ID_OFFSET, fixed=FIXED,
+    hf_fixed=HF_FIXED, model_overrides=model_overrides, workdir_config=workdir_config,
+    hf_config=hf_config, params_from_hf=params_from_hf, hf_from_params=hf_from_params,
+    describe_workdir=describe_workdir, describe_hf=describe_hf,
+    reads_images=True, label_tokenizer=label_tokenizer, hf_tokenizer_keys=tokenizer_labels,
+    module=__name__)

@@ -25,10 +25,21 @@ import jax
 from transformer import files
 from transformer.data import builders
 
+# A converted run's Hugging Face source ({"from_hf": its directory, "config": its config.json}).
+CONVERTED_FROM = "converted_from.json"
 # Larger splits are fingerprinted by their file sizes only: hashing them would cost too much.
 DATA_HASH_LIMIT = 1 << 30
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow-datasets",
             "numpy")
+
+
+def carry_converted_from(init_from: str, workdir: str) -> None:
+  """Copies the converted_from.json of the run `init_from` into `workdir` (fine-tuning from it),
+  unless `workdir` has one: the fine-tuned model descends from the same Hugging Face checkpoint,
+  whose config.json its export keeps (BOS id, names). A resumed run keeps its own."""
+  source, target = (os.path.join(d, CONVERTED_FROM) for d in (init_from, workdir))
+  if files.exists(source) and not files.exists(target):
+    files.write_text_atomic(target, files.read_text(source))
 
 
 def _git(args: list[str], cwd: str) -> str | None:

@@ -203,14 +203,16 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
 
 
 def _load_task(cfg: Config, workdir: str, init_from: str) -> Any:
-  """transformer.data's task for `cfg` (fine-tuning: the run's tokenizers copied first); a data
-  problem is one ConfigError line."""
+  """transformer.data's task for `cfg` (fine-tuning: the run's tokenizers and converted_from.json
+  copied first); a data problem is one ConfigError line."""
   from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
   from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
   try:
     if init_from and not files.exists(os.path.join(workdir, "tokenizers")):
       copy_tokenizers(init_from, workdir, only_source=cfg.model.arch == "encoder_only",
                       also_target=cfg.data.objective != "none")
+    if init_from:
+      provenance.carry_converted_from(init_from, workdir)
     return load_task(cfg, workdir)
   except (ValueError, OSError) as e:  # a missing file, an unprepared dataset, a bad size
     raise ConfigError(f"data: {str(e).strip().splitlines()[0]}") from e
