@@ -88,6 +88,9 @@ class Reading(Mapping):
       finite(key, value)
     return value
 
+  def __contains__(self, key: object) -> bool:  # asking is not reading
+    return key in self._state
+
   def __iter__(self) -> Iterator[str]:
     return iter(self._state)
 
