@@ -1,13 +1,15 @@
 """Exports of runs of a converted family round-trip bitwise, also after `--init_from` fine-tuning
 and after a resume: export -> convert -> export again gives the same config.json, tensors and
 tokenizer.json, the export keeps the source's special-token ids (fine-tuning carries
-converted_from.json), and the model converted back scores like Hugging Face's own model of the
+converted_from.json), and a decoder converted back scores like Hugging Face's own model of the
 export, our start token included.
 
-Offline: test_llama's (and test_mixtral's, test_gpt2's) tiny random models, fine-tuned for two
-steps by train.py's train_and_evaluate on test_llama's corpus, then resumed for two more. The
-Llama test is the fast one; the other families' are `-m slow`
-(`pytest -m slow tests/convert/test_convert_round_trip.py`).
+Offline: each family's tiny random model as its own tests build it, converted, fine-tuned for two
+steps by train.py's train_and_evaluate (a decoder on test_llama's corpus with lm.py:nanogpt_cpu,
+T5 on a TSV task with g2p.py:tiny, BERT's masked LM with mlm.py:text), then resumed for two more.
+The Llama test is the fast one; the other families' are `-m slow`
+(`pytest -m slow tests/convert/test_convert_round_trip.py`). ViT's is not here: fine-tuning it
+needs an image dataset (test_vit.py round-trips a ViT made here).
 """
 
 import json
@@ -23,27 +25,73 @@ safetensors_numpy = pytest.importorskip("safetensors.numpy")
 import transformer  # noqa: E402
 from transformer import convert  # noqa: E402
 from transformer.train.loop import train_and_evaluate  # noqa: E402
-from configs import lm  # noqa: E402
+from configs import g2p, lm, mlm  # noqa: E402
+import test_bert  # noqa: E402
+import test_gpt2  # noqa: E402
 import test_llama  # noqa: E402
 import test_mixtral  # noqa: E402
+import test_t5  # noqa: E402
 
-MODELS = {"llama": (test_llama.hf_model, "llama2", transformers.LlamaForCausalLM),
-          "mistral": (test_llama.hf_model, "mistral", transformers.MistralForCausalLM),
-          "mixtral": (test_mixtral.hf_model, "mixtral", transformers.MixtralForCausalLM)}
+DECODERS = {"llama": (test_llama.hf_model, "llama2", transformers.LlamaForCausalLM),
+            "mistral": (test_llama.hf_model, "mistral", transformers.MistralForCausalLM),
+            "mixtral": (test_mixtral.hf_model, "mixtral", transformers.MixtralForCausalLM),
+            "gpt2": (None, "", transformers.GPT2LMHeadModel)}
 
 
-def fine_tune(init_from: str, workdir: str, root, steps: int) -> None:
-  """configs/lm.py:nanogpt_cpu fine-tuned from `init_from` in `workdir` until `steps` (resuming
-  what `workdir` holds), checkpoints every 2 steps."""
+def save(family: str, directory) -> None:
+  """Saves `family`'s tiny random Hugging Face model and tokenizer.json in `directory`."""
+  torch.manual_seed(0)
+  if family == "bert":
+    test_bert.save_tiny_bert(str(directory))
+    return
+  if family == "t5":
+    test_t5.hf_model("flan").save_pretrained(directory)
+    tok = test_t5.tiny_tokenizer()
+  elif family == "gpt2":
+    tok = test_gpt2.tiny_tokenizer(test_gpt2.corpus())
+    eot = tok.token_to_id(test_gpt2.EOT)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=4,
+        bos_token_id=eot, eos_token_id=eot)).save_pretrained(directory)
+  else:
+    build, variant, _ = DECODERS[family]
+    tok = test_llama.tokenizer()
+    build(variant, tok.get_vocab_size()).save_pretrained(directory)
+  tok.save(str(directory / "tokenizer.json"))
+
+
+def task_config(family: str, root):
+  """The config fine-tuning `family`'s conversion: its kind of task, small, on files in root."""
+  if family == "t5":
+    lines = [f"{s}\t{s.upper()}" for s in test_t5.TEXT]
+    for split in ("train", "dev"):
+      (root / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    cd = g2p.get_config("tiny")
+    cd.data.update(dataset="tsv_pairs", train_file=str(root / "train.tsv"),
+                   dev_file=str(root / "dev.tsv"))
+    cd.eval.update(num_decode_examples=0)
+    return cd
   corpus = root / "corpus.txt"
-  corpus.write_text("\n".join(test_llama.bench.corpus()) + "\n")
-  cd = lm.get_config("nanogpt_cpu")
+  if family == "bert":
+    corpus.write_text("\n".join(test_bert.SENTENCES) + "\n")
+    cd = mlm.get_config("text")
+  else:
+    corpus.write_text("\n".join(test_llama.bench.corpus()) + "\n")
+    cd = lm.get_config("nanogpt_cpu")
+    cd.data.update(dataset="text_files")
+  cd.data.update(text_file=str(corpus), max_target_len=32, max_source_len=32)
+  return cd
+
+
+def fine_tune(family: str, init_from: str, workdir: str, root, steps: int) -> None:
+  """`family`'s task_config fine-tuned from `init_from` in `workdir` until `steps` (resuming
+  what `workdir` holds), a checkpoint every 2 steps."""
+  cd = task_config(family, root)
   cd.update_from_flattened_dict({
-      "data.dataset": "text_files", "data.text_file": str(corpus),
-      "data.data_dir": str(root / "tfds"), "data.max_target_len": 32, "data.max_source_len": 32,
-      "data.batch_size": 4, "train.num_steps": steps, "train.warmup_steps": 0,
-      "train.learning_rate": 3e-3, "train.log_every_steps": 1, "eval.every_steps": 1000,
-      "eval.num_batches": 1, "checkpoint.every_steps": 2})
+      "data.data_dir": str(root / "tfds"), "data.batch_size": 4, "train.num_steps": steps,
+      "train.warmup_steps": 0, "train.schedule": "constant", "train.learning_rate": 3e-3,
+      "train.log_every_steps": 1, "eval.every_steps": 1000, "eval.num_batches": 1,
+      "checkpoint.every_steps": 2})
   train_and_evaluate(cd, workdir, init_from=init_from)
 
 
@@ -76,12 +124,8 @@ def source(tmp_path_factory):
 
   def get(family: str):
     if family not in cache:
-      build, variant, _ = MODELS[family]
-      torch.manual_seed(0)
-      tok = test_llama.tokenizer()
       directory = root / family
-      build(variant, tok.get_vocab_size()).save_pretrained(directory)
-      tok.save(str(directory / "tokenizer.json"))
+      save(family, directory)
       convert.from_hf(str(directory), str(root / f"{family}_ours"))
       cache[family] = str(directory), str(root / f"{family}_ours")
     return cache[family]
@@ -90,21 +134,24 @@ def source(tmp_path_factory):
 
 
 def check_fine_tuned_round_trip(family: str, source, tmp_path) -> None:
-  """Fine-tunes the conversion 2 steps, exports and round-trips it; resumes 2 more, again."""
+  """Fine-tunes the conversion 2 steps, exports and round-trips it; resumes 2 more, again; a
+  decoder converted back scores like Hugging Face's model of the export."""
   directory, ours = source(family)
   hf = json.loads(open(os.path.join(directory, "config.json")).read())
+  ids = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
   tuned = str(tmp_path / "tuned")
   for steps in (2, 4):  # the fine-tuned run, then that run resumed
-    fine_tune(ours, tuned, tmp_path, steps)
+    fine_tune(family, ours, tuned, tmp_path, steps)
     assert transformer.restore(tuned).step == steps
     first, back = assert_round_trips(tuned, tmp_path / f"at_{steps}")
     exported = json.loads(open(os.path.join(first, "config.json")).read())
-    assert (exported["bos_token_id"], exported["eos_token_id"]) == (
-        hf["bos_token_id"], hf["eos_token_id"])
-    model = MODELS[family][2].from_pretrained(first).eval()
-    ids, mask = test_llama.batch(model.config.vocab_size)
-    got, want = test_llama.log_probs(transformer.restore(back), model, ids, mask)
-    assert np.abs(got - want).max() <= 1e-4
+    assert {k: exported.get(k) for k in ids} == {k: hf.get(k) for k in ids}
+    if family in DECODERS:
+      model = DECODERS[family][2].from_pretrained(first).eval()
+      rows, mask = test_llama.batch(model.config.vocab_size)
+      rows[:, 0] = hf["bos_token_id"]
+      got, want = test_llama.log_probs(transformer.restore(back), model, rows, mask)
+      assert np.abs(got - want).max() <= 1e-4
 
 
 def test_llama_fine_tuned_and_resumed_round_trips_with_its_bos(source, tmp_path):
@@ -115,7 +162,8 @@ def test_llama_fine_tuned_and_resumed_round_trips_with_its_bos(source, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["mistral", "mixtral"])
-def test_other_decoders_fine_tuned_and_resumed_round_trip(family, source, tmp_path):
-  """As the Llama test, for Mistral (a sliding window) and Mixtral (experts)."""
+@pytest.mark.parametrize("family", ["gpt2", "t5", "bert", "mistral", "mixtral"])
+def test_every_family_fine_tuned_and_resumed_round_trips(family, source, tmp_path):
+  """As the Llama test, for GPT-2, T5 (a seq2seq task), BERT (its masked LM), Mistral (a sliding
+  window) and Mixtral (experts)."""
   check_fine_tuned_round_trip(family, source, tmp_path)
