@@ -167,6 +167,8 @@ FAMILY = Family(
     hf_fixed=HF_FIXED, model_overrides=model_overrides, workdir_config=workdir_config,
     hf_config=hf_config, params_from_hf=params_from_hf, hf_from_params=hf_from_params,
     describe_workdir=describe_workdir, describe_hf=describe_hf,
-    # The stacks' copies of shared.weight; lm_head.weight of a tied head (equal to it).
-    unused=(r"(encoder|decoder)\.embed_tokens\.weight", r"lm_head\.weight"),
+    # The stacks' copies of shared.weight; lm_head.weight of a tied head (equal to it); the
+    # cross-attention bias table older files hold, which T5 never reads.
+    unused=(r"(encoder|decoder)\.embed_tokens\.weight", r"lm_head\.weight",
+            r"decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight"),
     module=__name__)
