@@ -197,8 +197,8 @@ FAMILY = Family(
     hf_fixed=HF_FIXED, model_overrides=model_overrides, workdir_config=workdir_config,
     hf_config=hf_config, params_from_hf=params_from_hf, hf_from_params=hf_from_params,
     describe_workdir=describe_workdir, describe_hf=describe_hf,
-    # The position-id buffer older files hold; the tied head's copy of the word embeddings;
+    # The id buffers older files hold; the tied head's copy of the word embeddings;
     # BertForPreTraining's pooler and next-sentence head, which the masked LM does not use.
-    unused=(r"bert\.embeddings\.position_ids", r"cls\.predictions\.decoder\.weight",
+    unused=(r"bert\.embeddings\.(position|token_type)_ids", r"cls\.predictions\.decoder\.weight",
             r"bert\.pooler\..*", r"cls\.seq_relationship\..*"),
     module=__name__)
