@@ -61,7 +61,7 @@ def random_state(name: str):
   """A train state of `name`'s shapes filled with random float32 (int leaves zero)."""
   cfg = _config(name)
   model = models.build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model)
   shapes = jax.eval_shape(lambda: steps.create_train_state(
       cfg, model, jax.random.key(0), models.example_batch(cfg.model, 2), tx))
   rng = np.random.default_rng(0)

@@ -171,7 +171,7 @@ def build_sized(name: str, cd, shapes: dict[str, tuple[int, int]], keep_hlo_text
   cd.model.update(model_overrides)
   cfg = from_configdict(cd)
   model = build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model)
   packed = name.startswith("g2p")
   batches = [random_batch(shapes, packed, seed) for seed in range(4 * steps_per_dispatch)]
   example = {k: np.asarray(v)[:1] for k, v in batches[0].items()}

@@ -104,6 +104,9 @@ def _resolve_model(m: ModelConfig) -> ModelConfig:
     raise ConfigError(f"model.moe_top_k={m.moe_top_k} must be <= model.moe_num_experts="
                       f"{m.moe_num_experts}")
   _check_images(m)
+  if m.parametrization == "mup" and m.mup_base_width <= 0:
+    raise ConfigError("model.parametrization='mup' needs model.mup_base_width > 0 (the d_model at "
+                      "which µP equals the standard parametrization)")
   if m.arch != "decoder_only" and not m.num_encoder_layers:
     raise ConfigError(f"model.num_encoder_layers=0 must be > 0 with model.arch={m.arch!r}")
   if m.arch != "encoder_only" and not m.num_decoder_layers:

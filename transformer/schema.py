@@ -152,6 +152,15 @@ class ModelConfig:
                                      "its init)", roles=F)
   scale_decoder_output: bool = key(False, "decoder output * d_model**-0.5 before the logits "
                                    "(original T5)", roles=F)
+  parametrization: str = key("standard", "standard | mup: the maximal-update parametrization for "
+                            "Adam, relative to mup_base_width (init scales, multipliers, "
+                            "per-parameter learning rates: transformer/model/parametrization.py, "
+                            "docs/mup.md)", ("standard", "mup"), F)
+  mup_base_width: int = key(0, "parametrization=mup: the d_model at which µP equals the standard "
+                            "parametrization (the width the learning rate was tuned at)", ">= 0", F)
+  mup_base_head_dim: int = key(0, "parametrization=mup: the head_dim at the base width (attention "
+                               "logits * sqrt(this) / head_dim); 0 = head_dim * mup_base_width / "
+                               "d_model (heads fixed, head_dim grows with the width)", ">= 0", F)
   dropout_rate: float = key(0.1, "dropout of the embeddings and residual branches", "in [0, 1]", FT)
   attention_dropout_rate: float = key(0.0, "dropout of the attention weights", "in [0, 1]", FT)
   ffn_dropout_rate: float = key(0.0, "dropout of the feed-forward hidden layer", "in [0, 1]", FT)

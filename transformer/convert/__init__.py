@@ -142,7 +142,7 @@ def write_workdir(cfg: Config, params: Any, tokenizer: Any, workdir: str,
   `converted_from` ({"from_hf": dir, "config": its config.json}) in converted_from.json."""
   _check_new_workdir(workdir)
   model = build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model)
   key = jax.random.key(cfg.seed)
   # The state training would start from, as shapes only (a random init would compile for nothing).
   fresh = jax.eval_shape(lambda: steps.create_train_state(cfg, model, key,

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from transformer import schema
 from transformer.config import ModelConfig
-from transformer.model import kernels, kv_cache, layers, positional
+from transformer.model import kernels, kv_cache, layers, parametrization, positional
 
 Array = jax.Array
 # Replaces masked logits (not added to them), so logits + bias can never overflow to -inf.
@@ -157,6 +157,13 @@ def _causal_window_mask(length: int, window: int) -> Array:
   return causal_mask(length) & sliding_window_mask(idx, idx, window)
 
 
+def _logits_scale(q: Array, scale_logits: bool, scale: Optional[float]) -> float:
+  """`scale` if given, else 1/sqrt(h) (scale_logits) or 1."""
+  if scale is not None:
+    return scale
+  return 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
+
+
 def _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal) -> bool:
   """ValueError for a missing dropout rng or a non-square causal call; -> whether dropout acts."""
   dropout_active = not deterministic and not layers.is_off(dropout_rate)
@@ -173,16 +180,17 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
                           dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
                           deterministic: bool = True, impl: str = "einsum",
                           scale_logits: bool = True, causal: bool = False,
-                          window: int = 0) -> Array:
+                          window: int = 0, scale: Optional[float] = None) -> Array:
   """softmax(q.k / sqrt(h) + bias, masked) . v for q [b,t,n,h], k [b,s,k,h], v [b,s,k,hv] ->
   out [b, t, n, hv]; a fully masked row gives zeros. scale_logits=False drops the 1/sqrt(h) (T5).
   impl='fused' falls back to einsum for dropout. causal=True (t == s) adds key j <= query i to
   `mask` (fused: by its flag), and with `window` > 0 also i - j < window (fused: its
-  local_window_size). `dot_product_attention_weights` also gives the weights."""
+  local_window_size). `scale` replaces the logits' scale (µP's, parametrization.attention_scale).
+  `dot_product_attention_weights` also gives the weights."""
   _check_shapes(q, k, v, mask, bias)
   output = IMPLEMENTATIONS[impl]  # an unknown impl: model.attention_impl's one-line ConfigError
   dropout_active = _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal)
-  scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
+  scale = _logits_scale(q, scale_logits, scale)
   if impl == "fused" and causal and not dropout_active:
     # the kernel's own causal flag and window
     return _fused_attention(q, k, v, mask, bias, scale, causal, window)
@@ -198,13 +206,13 @@ def dot_product_attention_weights(q: Array, k: Array, v: Array, *, mask: Optiona
                                   bias: Optional[Array] = None, dropout_rate: float = 0.0,
                                   dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
                                   deterministic: bool = True, scale_logits: bool = True,
-                                  causal: bool = False, window: int = 0
-                                  ) -> tuple[Array, Array]:
+                                  causal: bool = False, window: int = 0,
+                                  scale: Optional[float] = None) -> tuple[Array, Array]:
   """dot_product_attention's out [b, t, n, hv] and its float32 weights [b, n, t, s] (after
   dropout; zeros on masked pairs), both from the einsum path."""
   _check_shapes(q, k, v, mask, bias)
   _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal)
-  scale = 1.0 / math.sqrt(q.shape[-1]) if scale_logits else 1.0
+  scale = _logits_scale(q, scale_logits, scale)
   if causal:
     mask = combine_masks(mask, _causal_window_mask(q.shape[1], window))
   return _einsum_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, dropout_bits,
@@ -320,7 +328,8 @@ class MultiHeadAttention(nn.Module):
     settings = dict(mask=mask, bias=bias, dropout_rate=cfg.attention_dropout_rate,
                     dropout_rng=self.make_rng("dropout") if dropout_active else None,
                     dropout_bits=cfg.dropout_bits, deterministic=deterministic,
-                    scale_logits=cfg.scale_attention_logits, causal=causal)
+                    scale_logits=cfg.scale_attention_logits, causal=causal,
+                    scale=parametrization.attention_scale(cfg))
     if causal and cfg.sliding_window:  # without the causal flag the window is in `mask`
       settings["window"] = cfg.sliding_window
     if self.is_mutable_collection("intermediates"):

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.config import excluded_ids, ModelConfig
+from transformer.model import parametrization
 from transformer.model.layers import dense, dense_ffn, Embed, make_norm
 
 Array = jax.Array
@@ -18,8 +19,17 @@ EXCLUDED_LOGIT = -1e30
 
 def output_dense(cfg: ModelConfig, features: int, axes: tuple[str, str], name: str,
                  bias: bool = False) -> nn.Dense:
-  """A Dense computed in float32 whatever cfg.dtype (as Embed.attend), bias-free by default."""
-  return dense(features, axes, dataclasses.replace(cfg, use_bias=bias, dtype="float32"), name)
+  """A Dense computed in float32 whatever cfg.dtype (as Embed.attend), bias-free by default;
+  a readout: µP scales its init std by sqrt(m) (`readout`, its 1/m multiplier)."""
+  return dense(features, axes, dataclasses.replace(cfg, use_bias=bias, dtype="float32"), name,
+               init_scale=parametrization.readout_init_scale(cfg))
+
+
+def readout(cfg: ModelConfig, x: Array) -> Array:
+  """x [..., d] scaled by the readout multiplier (µP's 1/m; standard: x itself) before a
+  readout's kernel, as µP's output layers take it."""
+  multiplier = parametrization.readout_multiplier(cfg)
+  return x if multiplier == 1.0 else x * jnp.asarray(multiplier, x.dtype)
 
 
 def pool(x: Array, segment_ids: Array, target_segment_ids: Array, pooling: str) -> Array:
@@ -65,9 +75,10 @@ class VocabHead(nn.Module):
       x = dense(cfg.d_model, ("embed", "mlp"), cfg, "transform")(x)
       x = make_norm(cfg, "transform_norm")(dense_ffn(cfg).activation(x))
     if cfg.tie_embeddings:
-      logits = self.embed.attend(x)[..., :cfg.vocab_size]
+      logits = self.embed.attend(readout(cfg, x))[..., :cfg.vocab_size]
     else:
-      logits = output_dense(cfg, cfg.vocab_size, ("embed", "vocab"), "logits_dense")(x)
+      logits = output_dense(cfg, cfg.vocab_size, ("embed", "vocab"), "logits_dense")(
+          readout(cfg, x))
     if cfg.logits_bias:
       logits = LogitsBias(cfg.vocab_size, name="logits_bias")(logits)
     excluded = excluded_ids(cfg)
@@ -103,4 +114,4 @@ class OutputHead(nn.Module):
         target_segment_ids = jnp.ones((x.shape[0], 1), jnp.int32)
       x = pool(x, segment_ids, target_segment_ids, cfg.pooling)
     return output_dense(cfg, cfg.num_classes, ("embed", "classes"), "classifier",
-                        bias=cfg.head_bias)(x)
+                        bias=cfg.head_bias)(readout(cfg, x))

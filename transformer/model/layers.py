@@ -12,30 +12,39 @@ import jax.numpy as jnp
 
 from transformer import choices, schema
 from transformer.config import ModelConfig
-from transformer.model import kernels
+from transformer.model import kernels, parametrization
 
 Array = jax.Array
 
 
+def scaled_lecun_normal(scale: float = 1.0, **axes) -> Callable:
+  """lecun_normal (std 1/sqrt(fan_in)) with its std times `scale` (1: lecun_normal itself)."""
+  if scale == 1.0:
+    return nn.initializers.lecun_normal(**axes)
+  return nn.initializers.variance_scaling(scale**2, "fan_in", "truncated_normal", **axes)
+
+
 def dense(features: int, axes: tuple[str, str], cfg: ModelConfig, name: str,
-           dot_general=None) -> nn.Dense:
-  """A Dense layer whose kernel and bias carry logical axis names."""
+           dot_general=None, init_scale: float = 1.0) -> nn.Dense:
+  """A Dense layer whose kernel (lecun_normal, std times `init_scale`) and bias carry logical
+  axis names."""
   return nn.Dense(
       features, use_bias=cfg.use_bias, dtype=jnp.dtype(cfg.dtype), dot_general=dot_general,
       param_dtype=jnp.dtype(cfg.param_dtype),
-      kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
+      kernel_init=nn.with_logical_partitioning(scaled_lecun_normal(init_scale), axes),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes[1],)),
       name=name)
 
 
 class Embed(nn.Module):
-  """Token embedding [vocab, d_model], stddev d_model**-0.5; `attend`: logits against it (tying)."""
+  """Token embedding [vocab, d_model], stddev d_model**-0.5 (µP: the base width's); `attend`:
+  logits against it (tying)."""
   config: ModelConfig
   num_embeddings: int
 
   def setup(self):
     cfg = self.config
-    init = nn.initializers.normal(stddev=cfg.d_model**-0.5)
+    init = nn.initializers.normal(stddev=parametrization.embedding_std(cfg))
     self.embedding = self.param("embedding", nn.with_logical_partitioning(init, ("vocab", "embed")),
                                 (self.num_embeddings, cfg.d_model), jnp.dtype(cfg.param_dtype))
 
@@ -43,8 +52,8 @@ class Embed(nn.Module):
     """[b, t] int -> [b, t, d] in the compute dtype."""
     cfg = self.config
     x = jnp.take(jnp.asarray(self.embedding, jnp.dtype(cfg.dtype)), tokens, axis=0)
-    if cfg.scale_embeddings:
-      x = x * jnp.asarray(cfg.d_model**0.5, x.dtype)
+    if cfg.scale_embeddings:  # sqrt(d_model); µP: sqrt(base width), fixed as the width grows
+      x = x * jnp.asarray(parametrization.constants_width(cfg)**0.5, x.dtype)
     return x
 
   def attend(self, x: Array) -> Array:

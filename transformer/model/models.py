@@ -13,7 +13,8 @@ import numpy as np
 
 from transformer import choices
 from transformer.config import ConfigError, ModelConfig
-from transformer.model import attention as attn, heads, kernels, kv_cache, moe, positional
+from transformer.model import (attention as attn, heads, kernels, kv_cache, moe, parametrization,
+                               positional)
 from transformer.model.layers import Dropout, Embed, FeedForward, make_norm
 
 Array = jax.Array
@@ -261,7 +262,7 @@ class Decoder(nn.Module):
                     remat_allowed=not decode, cross_attention=self.cross_attention,
                     deterministic=deterministic, causal_kernel=causal_kernel)
     if cfg.scale_decoder_output:  # T5 1.0 (tied head): the logits' input times d_model**-0.5
-      x = x * jnp.asarray(cfg.d_model**-0.5, x.dtype)
+      x = x * jnp.asarray(parametrization.constants_width(cfg)**-0.5, x.dtype)
     if self.hidden_only:
       return x
     head = heads.VocabHead(cfg, self.embed, name="vocab")

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from transformer.config import ModelConfig
-from transformer.model import layers
+from transformer.model import layers, parametrization
 
 Array = jax.Array
 
@@ -98,9 +98,11 @@ class MoEFeedForward(nn.Module):
     num_experts, k = cfg.moe_num_experts, cfg.moe_top_k
     router = nn.Dense(num_experts, use_bias=False, dtype=jnp.float32,
                       param_dtype=jnp.dtype(cfg.param_dtype), name="router",
-                      kernel_init=nn.with_logical_partitioning(
-                          nn.initializers.lecun_normal(), ("embed", None)))
-    logits = router(x.astype(jnp.float32))  # [b, t, E]
+                      kernel_init=nn.with_logical_partitioning(layers.scaled_lecun_normal(
+                          parametrization.readout_init_scale(cfg)), ("embed", None)))
+    x32 = x.astype(jnp.float32)
+    multiplier = parametrization.readout_multiplier(cfg)  # a readout: µP's 1/m
+    logits = router(x32 if multiplier == 1.0 else x32 * multiplier)  # [b, t, E]
     probs, gates, experts = route(logits, k, cfg.moe_renormalize)
     aux = aux_losses(logits, probs, experts)
     ffn = layers.dense_ffn(cfg)

@@ -258,7 +258,7 @@ def _setup(cfg: Config, workdir: str, task: Any, main: bool, started: float) -> 
   the memory here), each run's checkpointer and the training batches."""
   runs = runs_lib.runs_of(cfg, workdir)
   model = build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model)
   example = {k: np.asarray(v)[:1] for k, v in next(iter(task.train_iterator())).items()
              if v is not None}
   init = functools.partial(steps.create_train_state, cfg, model, example_batch=example, tx=tx)
@@ -367,7 +367,7 @@ def _compile(s: _Setup) -> _Compiled:
   if s.stacked:  # each member builds its model and optimizer
     train_step = members.make_train_step(
         [r.cfg for r in s.runs],
-        lambda c: (build_model(c.model), optim.make_optimizer(c.train, d_model=c.model.d_model)))
+        lambda c: (build_model(c.model), optim.make_optimizer(c.train, c.model)))
   else:
     train_step = steps.make_train_step(s.cfg, s.model, s.tx)
   run = parallel.compile_train_step(train_step, mode, s.mesh, s.shardings)

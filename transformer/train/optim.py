@@ -7,7 +7,7 @@ p = (s - warmup) / (num_steps - warmup) clipped to [0, 1]:
   warmup_cosine: peak * s / warmup while s < warmup, then min + (peak - min) * (1 + cos(pi p)) / 2
   warmup_linear: the same warmup, then peak + (min - peak) * p
   constant: peak * min(1, s / warmup)
-Optimizers chain clip -> [L2] -> preconditioner -> [decay] -> -lr: adam's weight decay is L2 on
+Optimizers chain clip -> [L2] -> preconditioner -> [decay] -> [µP factors] -> -lr: adam's weight decay is L2 on
 the gradient, the others' decoupled. The decay mask goes by names, never rank (scanned layers
 carry a leading axis): norm scales and biases (a leaf 'scale' or 'bias', a module name with 'norm')
 and embeddings (a name with 'embed') decay only if train.weight_decay_* says so. The float32 EMA
@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import optax
 
 from transformer import schema
+from transformer.config import ModelConfig
+from transformer.model import parametrization
 
 
 def _peak(tc: Any) -> Any:
@@ -80,9 +82,11 @@ SCHEDULES: schema.Table[Schedule] = schema.Table("train.schedule", {
 })
 
 
-def make_schedule(train_cfg: Any, d_model: int) -> optax.Schedule:
-  """Returns the learning-rate schedule `count -> lr` named by `train.schedule` (see module doc)."""
+def make_schedule(train_cfg: Any, model: ModelConfig | int) -> optax.Schedule:
+  """Returns the learning-rate schedule `count -> lr` named by `train.schedule` (see module doc);
+  `model`: the model config (or a standard model's d_model), whose width rsqrt reads."""
   fn = SCHEDULES[train_cfg.schedule]
+  d_model = model if isinstance(model, int) else parametrization.constants_width(model)
   return lambda count: fn(jnp.asarray(count, jnp.float32) + 1.0, train_cfg, d_model)
 
 
@@ -129,17 +133,32 @@ def _clip(train_cfg: Any) -> optax.GradientTransformation:
   return optax.clip_by_global_norm(float(clip)) if clip > 0 else optax.identity()
 
 
-def make_optimizer(train_cfg: Any, d_model: int) -> optax.GradientTransformation:
-  """Returns the optax optimizer named by `train.optimizer` with clipping, decay and schedule.
-  Vmapped members (members.py) may give weight_decay, grad_clip, b1, b2 and the schedule's
-  learning_rate and warmup_steps as arrays."""
+def scale_by_factors(model_cfg: ModelConfig) -> optax.GradientTransformation:
+  """Multiplies each update by its parameter's learning-rate factor (parametrization.py: µP's
+  1/m on hidden matrices); stateless; factors of 1 leave their leaves untouched."""
+  def update(updates, state, params=None):
+    del params
+    def scale(path, u):
+      factor = parametrization.learning_rate_factor(model_cfg, parametrization.path_names(path))
+      return u if factor == 1.0 else u * jnp.asarray(factor, u.dtype)
+    return jax.tree_util.tree_map_with_path(scale, updates), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def make_optimizer(train_cfg: Any, model: ModelConfig | int) -> optax.GradientTransformation:
+  """Returns the optax optimizer named by `train.optimizer` with clipping, decay and schedule;
+  `model`: the model config (a µP model's learning-rate factors enter just before -lr), or a
+  standard model's d_model. Vmapped members (members.py) may give weight_decay, grad_clip, b1,
+  b2 and the schedule's learning_rate and warmup_steps as arrays."""
   transforms = OPTIMIZERS[train_cfg.optimizer]  # an unknown name: a one-line ConfigError
   # Off switches are stateless placeholders with the same (empty) state as the real transform,
   # so a run may resume with another grad_clip or weight_decay (the optimizer-state tree of a
   # checkpoint must match): EmptyState for clipping, MaskedState(EmptyState) for the decay.
   decay = optax.masked(_decay(train_cfg), weight_decay_mask(train_cfg))
-  return optax.chain(_clip(train_cfg), *transforms(train_cfg, decay),
-                     optax.scale_by_learning_rate(make_schedule(train_cfg, d_model)))
+  factors = ([] if isinstance(model, int) or not parametrization.is_mup(model)
+             else [scale_by_factors(model)])
+  return optax.chain(_clip(train_cfg), *transforms(train_cfg, decay), *factors,
+                     optax.scale_by_learning_rate(make_schedule(train_cfg, model)))
 
 
 def split_micro_batches(batch: Any, num_micro: int) -> Any:

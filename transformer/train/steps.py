@@ -125,7 +125,7 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
   overrides state.rng; the sums are `psum`med over pmap's `axis_name` before normalising. Metrics
   stay on device: loss, weight_sum, grad_norm, learning_rate, teacher_forcing, finite."""
   tc = cfg.train
-  lr_fn = optim.make_schedule(tc, d_model=cfg.model.d_model)
+  lr_fn = optim.make_schedule(tc, cfg.model)
   grad_fn = jax.value_and_grad(_make_loss_sums(cfg, model), has_aux=True)
 
   def train_step(state: TrainState, batch: dict[str, Any], rng: Array | None = None,
@@ -192,7 +192,7 @@ def create_train_state(cfg: Config, model: nn.Module, rng: Array, example_batch:
                        unbox: bool = True) -> TrainState:
   """A fresh TrainState at step 0 with the run key `rng` and, with train.ema_decay, an EMA equal to
   the params. unbox=False keeps flax's logical-axis boxes (for deriving shardings)."""
-  tx = tx or optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = tx or optim.make_optimizer(cfg.train, cfg.model)
   batch = {k: jnp.asarray(v) for k, v in example_batch.items() if v is not None}
 
   @jax.jit  # one compiled call instead of seconds of op-by-op dispatch
