@@ -34,6 +34,7 @@ from transformer.config import Config, ConfigError, ModelConfig, to_dict
 from transformer.convert import bert, checks, gpt2, llama, mixtral, t5, vit
 from transformer.convert.family import ConvertError, Family
 from transformer.data import tokenizers
+from transformer.model import parametrization
 from transformer.model.models import build_model, example_batch
 from transformer.run import checkpoints, provenance, reporting, restore
 from transformer.train import optim, steps
@@ -223,20 +224,25 @@ def to_hf(workdir: str, hf_dir: str, step: int | str | None = None,
     raise ConvertError(f"--to_hf={hf_dir} is the run's own workdir; give another directory")
   check_export_dir(hf_dir, overwrite)
   cfg = restore.load_run_config(workdir)
-  family = export_family(cfg.model)
-  hf = family.hf_config(cfg.model, source_config(workdir, family))
+  try:  # µP's multipliers are folded into the weights: the export is a standard model
+    standard, _ = parametrization.to_standard(cfg.model, {})
+  except ConfigError as e:
+    raise ConvertError(str(e)) from None
+  family = export_family(standard)
+  hf = family.hf_config(standard, source_config(workdir, family))
   if family.hf_training is not None:  # config.json keys of the training objective
-    hf |= family.hf_training(cfg.train, cfg.model, hf)
+    hf |= family.hf_training(cfg.train, standard, hf)
   if cfg.data.tokenizer == "hf" and cfg.data.hf_id_offset != family.id_offset:
     raise ConvertError(f"data.hf_id_offset={cfg.data.hf_id_offset} has no {family.name} "
                        f"counterpart (need {family.id_offset})")
   params, _ = restore.restore_params(cfg, workdir, step)
+  _, params = parametrization.to_standard(cfg.model, params)
   tok_dir = os.path.join(workdir, "tokenizers", "target")
   tokenizer = tokenizers.load(tok_dir) if files.exists(os.path.join(tok_dir, "tokenizer.json")) \
       else None
   if family.hf_tokenizer_keys is not None:  # config.json keys of the run's tokenizer
     hf |= family.hf_tokenizer_keys(tokenizer)
-  write_hf(hf_dir, hf, family.hf_from_params(params, cfg.model, hf), tokenizer, overwrite)
+  write_hf(hf_dir, hf, family.hf_from_params(params, standard, hf), tokenizer, overwrite)
   return hf
 
 

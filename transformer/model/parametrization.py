@@ -25,10 +25,13 @@ learning rates are untouched. Every factor of 1 is left out of the computation: 
 and a µP model at its base width, compute what they always did, bit for bit.
 """
 
+import dataclasses
 import math
 from typing import Any
 
+from flax import traverse_util
 import jax
+import numpy as np
 
 from transformer.config import ConfigError, ModelConfig
 
@@ -44,6 +47,8 @@ INPUT_MODULES = frozenset({"projection"})
 # Leaves that are input tables or vectors, wherever they sit.
 EMBEDDING_LEAVES = frozenset({"embedding", "rel_embedding", "class_token"})
 VECTOR_LEAVES = frozenset({"scale", "bias"})
+# The token embedding tables (layers.Embed), the ones scale_embeddings multiplies.
+TOKEN_EMBEDDINGS = frozenset({"token_embed", "source_embed", "target_embed"})
 
 
 def is_mup(cfg: ModelConfig) -> bool:
@@ -131,3 +136,49 @@ def learning_rate_factors(cfg: ModelConfig, params: Any) -> Any:
   """A pytree of `params`' structure of float learning-rate factors (see the module doc)."""
   return jax.tree_util.tree_map_with_path(
       lambda path, _: learning_rate_factor(cfg, path_names(path)), params)
+
+
+def _fold_factors(cfg: ModelConfig) -> dict[str, float]:
+  """What folding µP into a standard model multiplies: the readout kernels, the query
+  projections (the attention scale's ratio) and the token embedding (scale_embeddings)."""
+  m = width_ratio(cfg)
+  readout = 1.0 / m * (math.sqrt(m) if cfg.scale_decoder_output else 1.0)
+  standard = 1.0 / math.sqrt(cfg.head_dim) if cfg.scale_attention_logits else 1.0
+  query = (attention_scale(cfg) or standard) / standard
+  embedding = 1.0 / math.sqrt(m) if cfg.scale_embeddings else 1.0
+  return {"readout": readout, "query": query, "embedding": embedding}
+
+
+def to_standard(cfg: ModelConfig, params: Any) -> tuple[ModelConfig, Any]:
+  """(the standard-parametrization config, params with µP's multipliers folded in): the same
+  function of the inputs. ConfigError for tied embeddings off the base width (one table cannot
+  take the input's factor and the logits' 1/m)."""
+  if not is_mup(cfg):
+    return cfg, params
+  factors = _fold_factors(cfg)
+  if cfg.tie_embeddings and (factors["readout"] != 1.0 or factors["embedding"] != 1.0):
+    raise ConfigError(f"model.parametrization='mup' with model.tie_embeddings=True at d_model="
+                      f"{cfg.d_model} != model.mup_base_width={cfg.mup_base_width}: the logits' "
+                      "multiplier cannot be folded into the shared embedding (train untied "
+                      "embeddings to export)")
+  standard = dataclasses.replace(cfg, parametrization="standard", mup_base_width=0,
+                                 mup_base_head_dim=0)
+  return standard, _fold(params, factors)
+
+
+def _fold(params: Any, factors: dict[str, float]) -> Any:
+  """params with each kernel scaled by its fold factor (q of a fused qkv: index 0 of its axis)."""
+  flat = traverse_util.flatten_dict(params)
+  for path, value in flat.items():
+    leaf, parent = path[-1], path[-2] if len(path) > 1 else ""
+    x = np.asarray(value)
+    if parent in READOUT_MODULES and leaf == "kernel" and factors["readout"] != 1.0:
+      flat[path] = x * np.asarray(factors["readout"], x.dtype)
+    elif parent == "query" and factors["query"] != 1.0:
+      flat[path] = x * np.asarray(factors["query"], x.dtype)
+    elif parent == "qkv" and factors["query"] != 1.0:  # [.., d, 3, n, h] / bias [.., 3, n, h]
+      flat[path] = x.copy()
+      flat[path][..., 0, :, :] *= np.asarray(factors["query"], x.dtype)
+    elif parent in TOKEN_EMBEDDINGS and leaf == "embedding" and factors["embedding"] != 1.0:
+      flat[path] = x * np.asarray(factors["embedding"], x.dtype)
+  return traverse_util.unflatten_dict(flat)

@@ -45,11 +45,11 @@ def small_config(width: int, parametrization_name: str, base_width: int, *, laye
   return from_configdict(c)
 
 
-def _mean_abs(x: Any) -> float:
-  return float(jnp.mean(jnp.abs(jnp.asarray(x, jnp.float32))))
+def _mean_abs(x: Any) -> jax.Array:
+  return jnp.mean(jnp.abs(jnp.asarray(x, jnp.float32)))
 
 
-def layer_sizes(cfg: Config, model: Any, params: Any, batch: dict[str, Any]) -> dict[str, float]:
+def layer_sizes(cfg: Config, model: Any, params: Any, batch: dict[str, Any]) -> dict[str, Any]:
   """{layer name: mean |output|} of one deterministic forward pass (see the module doc)."""
   m = cfg.model
   logits, state = model.apply({"params": params}, batch["targets"], deterministic=True,
@@ -75,11 +75,12 @@ def run(cfg: Config, batch: dict[str, np.ndarray], num_steps: int) -> list[dict[
   model = models.build_model(cfg.model)
   state = steps.create_train_state(cfg, model, jax.random.key(cfg.seed), batch)
   step = jax.jit(steps.make_train_step(cfg, model, optim.make_optimizer(cfg.train, cfg.model)))
-  sizes = [layer_sizes(cfg, model, state.params, batch)]
+  measure = jax.jit(lambda params: layer_sizes(cfg, model, params, batch))
+  sizes = [measure(state.params)]
   for _ in range(num_steps):
     state, _ = step(state, batch)
-    sizes.append(layer_sizes(cfg, model, state.params, batch))
-  return sizes
+    sizes.append(measure(state.params))
+  return [{k: float(v) for k, v in s.items()} for s in sizes]
 
 
 def check(widths: Sequence[int], parametrization_name: str, batch: dict[str, np.ndarray], *,
