@@ -279,3 +279,32 @@ def test_optimizer_and_loss_keys_vary_per_member(tmp_path):
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{overrides} {key}")
     finals.append(_losses(alone)[-1])
   assert abs(finals[0] - finals[1]) > 1e-3 and abs(finals[0] - finals[2]) > 1e-3
+
+
+def test_mup_members_with_traced_learning_rates_equal_their_separate_steps():
+  """Under µP (d_model 32 on base 8: hidden matrices at lr / 4) a members step with traced
+  learning rates 1e-3 and 4e-3 equals each member's own step, 3 steps, within 1e-5; the rates
+  reach the update (the members' parameters differ)."""
+  from transformer.train import optim, steps  # pylint: disable=g-import-not-at-top
+  from transformer.model.models import build_model  # pylint: disable=g-import-not-at-top
+  task = synthetic_task.ReverseTask()
+  mup = {"model.parametrization": "mup", "model.mup_base_width": 8, "model.dropout_rate": 0.0,
+         "model.use_bias": False}
+  cfg = loop.fill_vocab_sizes(from_configdict(_config(**mup, **{
+      "train.members": "train.learning_rate=1e-3;train.learning_rate=4e-3"})), task)
+  configs = [m.cfg for m in members.members_of(cfg)]
+  build = lambda c: (build_model(c.model), optim.make_optimizer(c.train, c.model))
+  model, tx = build(configs[0])
+  batch = next(task.train_iterator())
+  one = steps.create_train_state(configs[0], model, jax.random.PRNGKey(0),
+                                 {k: v[:1] for k, v in batch.items()}, tx)
+  together = jax.tree.map(lambda x: np.stack([x, x]), one)
+  step = jax.jit(members.make_train_step(configs, build))
+  alone = [one, one]
+  singles = [jax.jit(steps.make_train_step(c, *build(c))) for c in configs]
+  for _ in range(3):
+    together, _ = step(together, batch)
+    alone = [s(a, batch)[0] for s, a in zip(singles, alone)]
+  for i in range(2):
+    assert _max_diff(jax.tree.map(lambda x, i=i: x[i], together.params), alone[i].params) < TOL
+  assert _max_diff(alone[0].params, alone[1].params) > 1e-4
