@@ -93,7 +93,7 @@ def train_steps_per_s(cfg, num_steps: int) -> float:
   from transformer.train.optim import make_optimizer  # pylint: disable=g-import-not-at-top
   task = load_task(cfg, process_index=0, process_count=1)
   cfg = loop.fill_vocab_sizes(cfg, task)
-  model, tx = build_model(cfg.model), make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  model, tx = build_model(cfg.model), make_optimizer(cfg.train, cfg.model.d_model)
   it = task.train_iterator()
   batches = [next(it) for _ in range(num_steps + 1)]
   state = steps.create_train_state(cfg, model, jax.random.PRNGKey(0), batches[0], tx)

@@ -135,7 +135,7 @@ def test_fine_tune_step_then_export_scores_like_hugging_face(converted, tmp_path
   ours to 1e-4, and converting it back gives the same parameters bitwise."""
   _, model, _, workdir, run = converted("mixtral_trained")
   cfg = run.config
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
   state = steps.TrainState(step=jnp.zeros((), jnp.int32), params=run.params,
                            opt_state=tx.init(run.params), rng=steps.key_data(jax.random.key(0)))
   rng = np.random.default_rng(0)

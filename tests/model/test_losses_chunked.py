@@ -101,7 +101,7 @@ def test_train_step_with_chunked_loss_takes_the_plain_steps_update():
     cd.train.loss_chunk_tokens = chunk
     cfg = from_configdict(cd)
     model = models.build_model(cfg.model)
-    tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+    tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
     state = steps.create_train_state(cfg, model, jax.random.key(0), batch, tx)
     results.append(jax.jit(steps.make_train_step(cfg, model, tx))(state, batch))
   (plain, plain_metrics), (chunked, chunked_metrics) = results

@@ -278,7 +278,7 @@ def test_train_step_adds_the_weighted_aux_losses_and_logs_them():
   tokens = _tokens(b=4, t=8)
   batch = dict(targets=tokens)
   model = models.build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
   state = steps.create_train_state(cfg, model, jax.random.key(0), batch, tx=tx)
   _, metrics = jax.jit(steps.make_train_step(cfg, model, tx))(state, batch)
   logits, sown = jax.jit(lambda p: models.batch_logits(model, p, batch, mutable=["moe"]))(
@@ -311,7 +311,7 @@ def test_grad_accumulation_averages_the_aux_losses_like_the_loss():
   tokens = _tokens(b=4, t=8)
   cfg = _train_cfg(grad_accum_steps=2)
   model = models.build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
   state = steps.create_train_state(cfg, model, jax.random.key(0), dict(targets=tokens), tx=tx)
   _, metrics = jax.jit(steps.make_train_step(cfg, model, tx))(state, dict(targets=tokens))
   halves = [moe.aux_metrics(models.batch_logits(model, state.params, dict(targets=half),
@@ -331,7 +331,7 @@ def test_moe_with_scheduled_sampling_is_a_config_error():
   cfg = from_configdict(cd)
   with pytest.raises(ConfigError, match="model.ffn='moe' needs train.scheduled_sampling"):
     steps.make_train_step(cfg, models.build_model(cfg.model),
-                          optim.make_optimizer(cfg.train, d_model=512))
+                          optim.make_optimizer(cfg.train, 512))
 
 
 def test_members_equal_their_separate_steps():
@@ -339,7 +339,7 @@ def test_members_equal_their_separate_steps():
   own train step, auxiliary metrics included."""
   configs = [_train_cfg(learning_rate=lr) for lr in (0.1, 0.3)]
   batch = dict(targets=_tokens(b=4, t=8))
-  build = lambda c: (models.build_model(c.model), optim.make_optimizer(c.train, d_model=D))
+  build = lambda c: (models.build_model(c.model), optim.make_optimizer(c.train, D))
   states, separate = [], []
   for seed, cfg in enumerate(configs):
     model, tx = build(cfg)

@@ -204,7 +204,7 @@ def test_a_shared_override_reaches_the_step():
   cfg = loop.fill_vocab_sizes(from_configdict(_config(**{
       "train.members": "seed=0,train.learning_rate=1e-3;seed=1,train.learning_rate=1e-3"})), task)
   configs = [m.cfg for m in members.members_of(cfg)]
-  build = lambda c: (build_model(c.model), optim.make_optimizer(c.train, d_model=c.model.d_model))
+  build = lambda c: (build_model(c.model), optim.make_optimizer(c.train, c.model.d_model))
   model, tx = build(configs[0])
   batch = next(task.train_iterator())
   one = steps.create_train_state(configs[0], model, jax.random.PRNGKey(0),

@@ -24,7 +24,7 @@ def train_cfg(**overrides):
 def test_rsqrt_matches_paper_formula():
   """The Noam schedule equals d^-0.5 * min(s^-0.5, s * w^-1.5) with s = count + 1, peak at s = w."""
   sched = optim.make_schedule(train_cfg(schedule="rsqrt", learning_rate=2.0, warmup_steps=4000),
-                              d_model=512)
+                              512)
   for count in [0, 1, 99, 3998, 3999, 4000, 10_000, 99_999]:
     s = count + 1
     expected = 2.0 * 512**-0.5 * min(s**-0.5, s * 4000**-1.5)
@@ -45,7 +45,7 @@ def test_warmup_cosine_closed_form():
   """Linear warmup to the peak, then a half cosine reaching min_ratio * peak at num_steps."""
   cfg = train_cfg(schedule="warmup_cosine", learning_rate=1e-3, warmup_steps=10, num_steps=110,
                   min_learning_rate_ratio=0.1)
-  sched = optim.make_schedule(cfg, d_model=128)
+  sched = optim.make_schedule(cfg, 128)
   peak, low = 1e-3, 1e-4
   for count in [0, 4, 8]:
     np.testing.assert_allclose(float(sched(count)), peak * (count + 1) / 10, rtol=1e-6)
@@ -141,7 +141,7 @@ def test_adamw_decays_only_masked_params():
   """With zero gradients AdamW's update is exactly -lr * wd * param on decayed leaves, 0 elsewhere."""
   cfg = train_cfg(optimizer="adamw", schedule="constant", learning_rate=0.5, warmup_steps=0,
                   weight_decay=0.1)
-  tx = optim.make_optimizer(cfg, d_model=4)
+  tx = optim.make_optimizer(cfg, 4)
   params = toy_params()
   updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
   mask = optim.weight_decay_mask(cfg)(params)
@@ -152,7 +152,7 @@ def test_adamw_decays_only_masked_params():
 def test_adam_matches_reference_adam_with_paper_settings():
   """adam with b1 0.9, b2 0.98, eps 1e-9 equals a hand-written bias-corrected Adam for 3 steps."""
   cfg = train_cfg(optimizer="adam", schedule="constant", learning_rate=0.01, warmup_steps=0)
-  tx = optim.make_optimizer(cfg, d_model=4)
+  tx = optim.make_optimizer(cfg, 4)
   w = jnp.array([1.0, -2.0, 3.0])
   state, m, v, ref = tx.init(w), np.zeros(3), np.zeros(3), np.array(w)
   for t in range(1, 4):
@@ -168,7 +168,7 @@ def test_global_norm_clipping():
   """With grad_clip=1, SGD's update is the gradient rescaled to global norm 1; small grads pass."""
   cfg = train_cfg(optimizer="sgd", momentum=0.0, schedule="constant", learning_rate=1.0,
                   warmup_steps=0, grad_clip=1.0)
-  tx = optim.make_optimizer(cfg, d_model=4)
+  tx = optim.make_optimizer(cfg, 4)
   params = {"a": jnp.zeros(2), "b": jnp.zeros(1)}
   grads = {"a": jnp.array([3.0, 0.0]), "b": jnp.array([4.0])}  # global norm 5
   upd, _ = tx.update(grads, tx.init(params), params)
@@ -183,14 +183,14 @@ def test_sgd_momentum_and_adafactor_run():
   """SGD momentum accumulates g + 0.9 * g on the 2nd step; adafactor makes finite descent steps."""
   cfg = train_cfg(optimizer="sgd", momentum=0.9, schedule="constant", learning_rate=1.0,
                   warmup_steps=0)
-  tx = optim.make_optimizer(cfg, d_model=4)
+  tx = optim.make_optimizer(cfg, 4)
   p = jnp.zeros(2)
   g = jnp.array([1.0, 2.0])
   state = tx.init(p)
   _, state = tx.update(g, state, p)
   upd, _ = tx.update(g, state, p)
   np.testing.assert_allclose(upd, -1.9 * g, rtol=1e-6)
-  tx = optim.make_optimizer(train_cfg(optimizer="adafactor", weight_decay=0.01), d_model=4)
+  tx = optim.make_optimizer(train_cfg(optimizer="adafactor", weight_decay=0.01), 4)
   params = toy_params()
   grads = jax.tree.map(jnp.ones_like, params)
   upd, _ = tx.update(grads, tx.init(params), params)
@@ -235,7 +235,7 @@ def test_lion_matches_numpy_reference():
   p <- p - lr (u + wd p), m <- b2 m + (1 - b2) g; three steps with decoupled weight decay."""
   cfg = train_cfg(optimizer="lion", b1=0.9, b2=0.99, learning_rate=0.1, schedule="constant",
                   warmup_steps=0, weight_decay=0.5, weight_decay_norms_and_biases=True)
-  tx = optim.make_optimizer(cfg, d_model=4)
+  tx = optim.make_optimizer(cfg, 4)
   rng = np.random.default_rng(0)
   p = {"kernel": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32)}
   want, m = np.asarray(p["kernel"], np.float64), np.zeros((3, 2))

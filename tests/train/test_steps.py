@@ -55,7 +55,7 @@ def make_batch(seed=0, b=4, s=7, t=6, packed=False):
 
 def one_step(cfg, batch, seed=0, state=None):
   model = build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
   if state is None:
     state = steps.create_train_state(cfg, model, jax.random.PRNGKey(seed), batch, tx=tx)
   new_state, metrics = jax.jit(steps.make_train_step(cfg, model, tx))(state, batch)
@@ -140,7 +140,7 @@ def test_train_steps_reduce_loss():
   cfg = tiny_config(optimizer="adam", learning_rate=3e-2)
   batch = make_batch()
   model = build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
   state = steps.create_train_state(cfg, model, jax.random.PRNGKey(0), batch, tx=tx)
   step = jax.jit(steps.make_train_step(cfg, model, tx))
   losses = []
@@ -190,7 +190,7 @@ def test_create_train_state_takes_typed_and_legacy_keys_alike():
   same parameters and stores the same uint32 key data (the slow test below covers the steps)."""
   cfg = tiny_config()
   model, batch = build_model(cfg.model), make_batch()
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
   typed = steps.create_train_state(cfg, model, jax.random.key(2), batch, tx=tx)
   legacy = steps.create_train_state(cfg, model, jax.random.PRNGKey(2), batch, tx=tx)
   np.testing.assert_array_equal(typed.rng, legacy.rng)
@@ -211,7 +211,7 @@ def test_functions_taking_a_key_accept_typed_and_legacy_keys():
   cfg = tiny_config()
   cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dropout_rate=0.3))
   model, batch = build_model(cfg.model), make_batch()
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
   step = jax.jit(steps.make_train_step(cfg, model, tx))
   sample = dataclasses.replace(cfg.eval.decode, method="sample", temperature=2.0)
   two_pass = jax.jit(lambda p, b, tf, key: scheduled_sampling.two_pass_logits(
@@ -243,7 +243,7 @@ def test_bfloat16_parameters_keep_their_dtypes_through_steps():
                   max_len=64, param_dtype="bfloat16", dtype="bfloat16")
   cfg = from_configdict(cd)
   model = models.build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
   batch = {"targets": jnp.asarray(np.random.default_rng(0).integers(1, 17, (2, 8)), jnp.int32)}
   state = steps.create_train_state(cfg, model, jax.random.key(0), batch, tx)
   dtypes = jax.tree.map(lambda x: x.dtype, state)

@@ -74,7 +74,7 @@ def train_steps(*overrides):
   data = DATA[:options.pop("num_batches", len(DATA))]
   cfg = tiny_config(**options)
   model = build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
   state = steps.create_train_state(cfg, model, jax.random.PRNGKey(0), data[0], tx=tx)
   step = jax.jit(steps.make_train_step(cfg, model, tx))
   states = []
@@ -87,7 +87,7 @@ def abstract_states(**overrides):
   """(abstract initial state, abstract state after one step) by jax.eval_shape: nothing compiles."""
   cfg = tiny_config(**overrides)
   model = build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+  tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
   init = jax.eval_shape(lambda: steps.create_train_state(cfg, model, jax.random.PRNGKey(0),
                                                          DATA[0], tx=tx))
   return init, jax.eval_shape(steps.make_train_step(cfg, model, tx), init, DATA[0])[0]
@@ -153,7 +153,7 @@ from transformer.model.models import build_model
 from transformer.train import optim, parallel, steps
 assert jax.device_count() == 2
 cfg = t.tiny_config(ema_decay=0.5)
-model, tx = build_model(cfg.model), optim.make_optimizer(cfg.train, d_model=cfg.model.d_model)
+model, tx = build_model(cfg.model), optim.make_optimizer(cfg.train, cfg.model.d_model)
 data = t.DATA[:3]
 init = lambda unbox=True: steps.create_train_state(cfg, model, jax.random.PRNGKey(0), data[0], tx, unbox)
 mesh = parallel.make_mesh(t.tiny_config(**{"parallel.mesh_shape.data": 1,
