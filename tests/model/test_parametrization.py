@@ -144,3 +144,20 @@ def test_config_errors_and_undeclared_roles():
     parametrization.role(["decoder", "mystery", "kernel"])
   assert parametrization.role(["decoder", "layers", "ffn", "wi_gate", "kernel"]) == "hidden"
   assert parametrization.role(["decoder", "layers", "ffn", "router", "kernel"]) == "readout"
+
+
+def test_resuming_with_another_parametrization_is_refused(tmp_path):
+  """model.parametrization and model.mup_base_width are FIXED: a workdir trained under one is
+  not resumed under another (a one-line CheckpointError naming the key)."""
+  import json  # pylint: disable=g-import-not-at-top
+  from transformer.config import to_dict  # pylint: disable=g-import-not-at-top
+  from transformer.run import checkpoints  # pylint: disable=g-import-not-at-top
+  cd = get_config()
+  cd.model.update(parametrization="mup", mup_base_width=128)
+  (tmp_path / "config.json").write_text(json.dumps(to_dict(from_configdict(cd))))
+  for key, value in (("parametrization", "standard"), ("mup_base_width", 64)):
+    other = get_config()
+    other.model.update(parametrization="mup", mup_base_width=128)
+    other.model.update(**{key: value})
+    with pytest.raises(checkpoints.CheckpointError, match=f"model.{key}="):
+      checkpoints.check_compatible(str(tmp_path), from_configdict(other))
