@@ -161,3 +161,31 @@ def test_resuming_with_another_parametrization_is_refused(tmp_path):
     other.model.update(**{key: value})
     with pytest.raises(checkpoints.CheckpointError, match=f"model.{key}="):
       checkpoints.check_compatible(str(tmp_path), from_configdict(other))
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(arch="encoder_decoder", num_encoder_layers=1, source_vocab_size=V, num_kv_heads=2,
+         scan_layers=True, positional="relative", tie_embeddings=False, use_bias=True),
+    dict(ffn="moe", moe_num_experts=4, moe_top_k=2, moe_expert_ffn="swiglu",
+         moe_num_shared_experts=1),
+    dict(arch="encoder_only", num_encoder_layers=1, num_decoder_layers=0, head="mlm",
+         head_transform=True, logits_bias=True, positional="rope"),
+    dict(arch="encoder_only", num_encoder_layers=1, num_decoder_layers=0, head="classify",
+         num_classes=3, image_size=8, patch_size=4, pooling="class_token", head_bias=True),
+], ids=["encdec_gqa_scan", "moe", "mlm_head", "vit"])
+def test_every_parameter_of_every_architecture_has_a_role(overrides):
+  """Encoder-decoder (GQA, scanned layers, relative bias), MoE (experts hidden, router a
+  readout), masked-LM heads and ViT: every parameter gets a role; the expected ones by name."""
+  cfg = model_config(**(SMALL | dict(d_model=32, mlp_dim=64, parametrization="mup",
+                                     mup_base_width=8) | overrides))
+  shapes = jax.eval_shape(lambda: scoring.init_params(
+      models.build_model(cfg), jax.random.key(0), models.example_batch(cfg)))
+  roles = {name: parametrization.role(name.split("/")) for name in _flat(shapes)}
+  hidden = [n for n, r in roles.items() if r == "hidden"]
+  assert hidden and all(n.split("/")[-2] in parametrization.HIDDEN_MODULES for n in hidden)
+  if "moe_num_experts" in overrides:
+    assert roles["decoder/layers_0/ffn/router/kernel"] == "readout"
+    assert roles["decoder/layers_0/ffn/wi_gate/kernel"] == "hidden"
+  if "image_size" in overrides:
+    assert roles["encoder/patch_embed/projection/kernel"] == "embedding"
+    assert roles["head/classifier/kernel"] == "readout"
