@@ -49,14 +49,20 @@ def model_flags(parametrization: str, width: int, base: int, layers: int) -> lis
           "--config.model.num_heads=4", f"--config.model.num_decoder_layers={layers}"]
 
 
-def train_width(workdir: str, flags: list[str], rates: list[float], seeds: list[int]) -> dict:
-  """Runs one members program; {rate: [final eval/loss per seed]} and its wall clock."""
-  cmd = [sys.executable, "train.py", "--config=configs/lm.py:nanogpt_cpu",
-         f"--workdir={workdir}", f"--config.train.members={members_spec(rates, seeds)}", *flags]
+def train_width(workdir: str, flags: list[str], rates: list[float], seeds: list[int],
+                reuse: str = "") -> dict:
+  """Runs one members program (or reads the one of the same name under `reuse`, run by the same
+  command); {rate: [final eval/loss per seed]} and its wall clock (None when reused)."""
   start = time.time()
-  proc = commands.run(cmd, cwd=REPO)
-  if proc.returncode:
-    raise SystemExit(f"mup_transfer: `train.py --workdir={workdir}` {commands.failure(proc)}")
+  if reuse and os.path.isdir(os.path.join(reuse, os.path.basename(workdir))):
+    workdir = os.path.join(reuse, os.path.basename(workdir))
+  else:
+    cmd = [sys.executable, "train.py", "--config=configs/lm.py:nanogpt_cpu",
+           f"--workdir={workdir}", f"--config.train.members={members_spec(rates, seeds)}", *flags]
+    proc = commands.run(cmd, cwd=REPO)
+    if proc.returncode:
+      raise SystemExit(f"mup_transfer: `train.py --workdir={workdir}` {commands.failure(proc)}")
+    reuse = ""
   losses: dict[float, list[float]] = {}
   for lr in rates:
     for s in seeds:
@@ -66,7 +72,7 @@ def train_width(workdir: str, flags: list[str], rates: list[float], seeds: list[
       if not evals:
         raise SystemExit(f"mup_transfer: {workdir}/{name}/metrics.jsonl has no eval/loss")
       losses.setdefault(lr, []).append(evals[-1])
-  return {"losses": losses, "wall_clock_s": time.time() - start}
+  return {"losses": losses, "wall_clock_s": None if reuse else time.time() - start}
 
 
 def analyse(curves: dict[int, dict[float, list[float]]], rates: list[float]) -> dict:
@@ -115,6 +121,8 @@ def _arguments() -> tuple[argparse.Namespace, list[str]]:
   parser.add_argument("--seeds", type=int, default=2)
   parser.add_argument("--layers", type=int, default=2)
   parser.add_argument("--smoke", action="store_true", help="2 widths, 3 rates, 4 steps")
+  parser.add_argument("--reuse", default="", help="an earlier --out of the same settings: its "
+                      "finished programs (<parametrization>_d<width>) are read, not rerun")
   args, extra = parser.parse_known_args()
   bad = [e for e in extra if not e.startswith("--config.")]
   if bad:
@@ -147,10 +155,12 @@ def main() -> None:
   for p in PARAMETRIZATIONS:
     for w in widths:
       flags = model_flags(p, w, widths[0], args.layers) + overrides
-      r = train_width(os.path.join(args.out, f"{p}_d{w}"), flags, rates, seeds)
-      curves[p][w], walls[f"{p}_d{w}"] = r["losses"], round(r["wall_clock_s"], 1)
+      r = train_width(os.path.join(args.out, f"{p}_d{w}"), flags, rates, seeds, args.reuse)
+      wall = r["wall_clock_s"]
+      curves[p][w], walls[f"{p}_d{w}"] = r["losses"], wall and round(wall, 1)
       best = min(rates, key=lambda lr: statistics.mean(r["losses"][lr]))
-      print(f"{p} d_model {w}: best rate {best:g}, {r['wall_clock_s']:.0f} s", flush=True)
+      print(f"{p} d_model {w}: best rate {best:g}, "
+            f"{'reused' if wall is None else f'{wall:.0f} s'}", flush=True)
   write_record(args, overrides, curves, rates, seeds, widths, walls, started)
 
 

@@ -397,3 +397,18 @@ def test_main_restores_the_callers_logging_verbosity(tmp_path):
   logging.set_verbosity(logging.INFO)
   assert convert.main(["--workdir", str(tmp_path / "none"), "--to_hf", str(tmp_path / "x")]) == 1
   assert logging.get_verbosity() == logging.INFO
+
+
+def test_tied_mup_run_off_its_base_is_refused_in_one_line(converted, tmp_path, capsys):
+  """--to_hf of a µP run (tied embeddings, d_model 32 on base width 8) cannot fold its logits'
+  1/4 into the shared table: exit status 1 and one line naming model.tie_embeddings."""
+  bad = tmp_path / "mup"
+  bad.mkdir()
+  with open(os.path.join(converted, "config.json")) as f:
+    cfg = json.load(f)
+  cfg["model"].update(parametrization="mup", mup_base_width=8)
+  (bad / "config.json").write_text(json.dumps(cfg))
+  assert convert.main(["--workdir", str(bad), "--to_hf", str(tmp_path / "x")]) == 1
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "model.tie_embeddings=True at d_model=32" in err
+  assert not os.path.exists(tmp_path / "x" / "model.safetensors")
