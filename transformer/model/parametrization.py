@@ -5,15 +5,16 @@ shape so that a model of d_model == model.mup_base_width is the standard one exa
 With m = d_model / mup_base_width (every width of the ladder, d_model, mlp_dim and heads x
 head_dim, grows by the same m) each parameter has a role, found from its path:
 
-  role       what it is                                     init std      forward   Adam lr
-  embedding  vocab/positions/patches -> width (fan-in fixed) std_sp*sqrt(m)* x1        x1
-  hidden     width -> width (attention q/k/v/out, FFN,        std_sp       x1        x1/m
-             MoE experts, head transform)
-  readout    width -> fixed (logits, classifier, MoE router)  std_sp*sqrt(m) x1/m      x1
-  vector     norm scales, biases, relative-bias tables        std_sp       x1        x1
+  role       what it is                                        init std         forward  Adam lr
+  embedding  vocab, positions, relative-bias buckets, patches ->    std_sp*sqrt(m)*  x1       x1
+             width (fan-in fixed)
+  hidden     width -> width (attention q/k/v/out, FFN, MoE experts, std_sp           x1       x1/m
+             head transform)
+  readout    width -> fixed (logits, classifier, MoE router)        std_sp*sqrt(m)   x1/m     x1
+  vector     norm scales and biases                                 std_sp           x1       x1
 
-  * only the token embedding, whose standard std is d_model**-0.5; learned position tables and
-    patch projections already start at a width-free scale.
+  * only the token embedding, whose standard std is d_model**-0.5; the other input tables and
+    the patch projection already start at a width-free scale.
 
 Beside these, attention logits take sqrt(h_base) / head_dim instead of 1/sqrt(head_dim) (h_base =
 model.mup_base_head_dim, or head_dim / m: the head size at the base width), and the width-free
