@@ -75,32 +75,47 @@ def main() -> None:
   results = {p: coord_check.check(widths, p, batch, num_steps=num_steps, seeds=seeds,
                                   vocab_size=vocab, learning_rate=args.learning_rate)
              for p in PARAMETRIZATIONS}
+  write_record(results, widths, num_steps, seeds, args, time.time() - started)
+
+
+def flat_metrics(results: dict[str, dict]) -> dict[str, float]:
+  """Per parametrization: the largest widest/narrowest ratio, the logits', and every layer's."""
   metrics = {}
   for p, result in results.items():
     ratios = {k: round(v, 3) for k, v in result["ratios"].items()}
-    metrics[p] = {"ratio_widest_over_narrowest": ratios,
-                  "max_ratio": max(ratios.values()), "logits_ratio": ratios["logits"]}
-    print(p, json.dumps(ratios), flush=True)
+    metrics[f"{p}_max_ratio"] = max(ratios.values())
+    metrics[f"{p}_logits_ratio"] = ratios["logits"]
+    metrics.update({f"{p}_ratio_{k.replace('/', '_')}": v for k, v in ratios.items()})
+  return metrics
+
+
+def write_record(results: dict[str, dict], widths: list[int], num_steps: int, seeds: list[int],
+                 args: argparse.Namespace, wall: float) -> None:
+  """record.json, curves.json (every layer's mean |output| per step, the raw outputs) and the
+  plot, in --out."""
   import jax  # pylint: disable=g-import-not-at-top  (only to name the versions)
+  for p in results:
+    print(p, json.dumps({k: round(v, 3) for k, v in results[p]["ratios"].items()}), flush=True)
   record = {
       "name": "mup_coord_check",
       "title": f"coordinate check, d_model {widths[0]}..{widths[-1]}, {num_steps} Adam steps at "
                f"lr {args.learning_rate:g}, standard vs µP",
       "task": "Character LM (tiny Shakespeare), one batch of 4 x 32 characters",
       "config": "transformer/train/coord_check.py:small_config",
-      "overrides": [f"mup_base_width={widths[0]}", "num_decoder_layers=2", "num_heads=4",
-                    "mlp_dim=4*d_model", "adam, constant rate, no clip, no decay"],
+      "overrides": [f"--widths={','.join(map(str, widths))}", f"--steps={num_steps}",
+                    f"--learning_rate={args.learning_rate:g}"],
       "command": "python benchmarks/mup_coord_check.py " + " ".join(sys.argv[1:]),
       "commit": commands.git_commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
-      "versions": {"jax": jax.__version__}, "wall_clock_s": round(time.time() - started, 1),
-      "rates": {}, "metrics": {"widths": widths, "step": num_steps, **metrics}, "seeds": seeds,
-      "report": "docs/mup.md#coordinate-check",
-      "spread": {"mean_abs_output_per_step": {
-          p: {str(w): {k: [round(x, 5) for x in v] for k, v in r["curves"][w].items()}
-              for w in widths} for p, r in results.items()}}}
+      "versions": {"jax": jax.__version__}, "wall_clock_s": round(wall, 1), "rates": {},
+      "metrics": flat_metrics(results), "seeds": seeds, "report": "docs/mup.md#coordinate-check"}
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "record.json"), "w") as f:
     json.dump(record, f, indent=1)
+  curves = {p: {str(w): {k: [round(x, 5) for x in v] for k, v in r["curves"][w].items()}
+                for w in widths} for p, r in results.items()}
+  with open(os.path.join(args.out, "curves.json"), "w") as f:
+    json.dump({"widths": widths, "step": num_steps, "mean_abs_output_per_step": curves}, f,
+              indent=1)
   plot(results, widths, num_steps, os.path.join(args.out, "coord_check.png"))
   print(f"wrote {os.path.relpath(os.path.join(args.out, 'record.json'))}")
 

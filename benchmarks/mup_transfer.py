@@ -94,6 +94,31 @@ def analyse(curves: dict[int, dict[float, list[float]]], rates: list[float]) -> 
               mean[b][transferred] < mean[a][transferred] for a, b in zip(widths, widths[1:]))}
 
 
+def flat_metrics(analysis: dict[str, dict], widths: list[int]) -> dict[str, float]:
+  """The record's numbers: per parametrization the best rate's movement in grid steps, the
+  largest transfer penalty, each width's best rate and its loss at the transferred rate."""
+  out: dict[str, float] = {}
+  for p, a in analysis.items():
+    out[f"{p}_best_rate_moves_grid_steps"] = a["best_rate_moves_grid_steps"]
+    out[f"{p}_max_transfer_penalty"] = a["max_transfer_penalty"]
+    out[f"{p}_wider_is_better_at_transferred_rate"] = int(a["wider_is_better_at_transferred_rate"])
+    for w in widths:
+      out[f"{p}_best_rate_d{w}"] = a["best_rate"][str(w)]
+      out[f"{p}_loss_at_transferred_rate_d{w}"] = a["loss_at_transferred_rate"][str(w)]
+  return out
+
+
+def seed_spread(curves: dict, analysis: dict) -> dict[str, list[float]]:
+  """[lowest, highest] seed of each loss at the transferred rate."""
+  out = {}
+  for p, by_width in curves.items():
+    rate = analysis[p]["best_rate"][str(min(by_width))]
+    for w, losses in by_width.items():
+      out[f"{p}_loss_at_transferred_rate_d{w}"] = [round(min(losses[rate]), 4),
+                                                   round(max(losses[rate]), 4)]
+  return out
+
+
 def plot(curves: dict[str, dict[int, dict[float, list[float]]]], path: str) -> None:
   """Validation loss against learning rate, one line per width, one panel per parametrization."""
   from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
@@ -165,8 +190,10 @@ def main() -> None:
 
 
 def write_record(args, overrides, curves, rates, seeds, widths, walls, started) -> None:
-  """Writes record.json (and the plot) to docs/results/mup_transfer, or --out for a smoke run."""
-  metrics = {p: analyse(curves[p], rates) for p in PARAMETRIZATIONS}
+  """Writes record.json, losses.json (the raw outputs) and the plot to docs/results/mup_transfer,
+  or --out for a smoke run."""
+  analysis = {p: analyse(curves[p], rates) for p in PARAMETRIZATIONS}
+  metrics = flat_metrics(analysis, widths)
   raw = {p: {str(w): {f"{lr:g}": [round(x, 4) for x in v] for lr, v in by_w.items()}
              for w, by_w in curves[p].items()} for p in PARAMETRIZATIONS}
   import jax  # pylint: disable=g-import-not-at-top  (only to name the versions)
@@ -175,20 +202,25 @@ def write_record(args, overrides, curves, rates, seeds, widths, walls, started) 
       "title": f"learning-rate transfer over d_model {widths[0]}..{widths[-1]}, standard vs µP, "
                f"{len(rates)} rates x {len(seeds)} seeds per width as one members program",
       "task": "Character LM (tiny Shakespeare)", "config": "configs/lm.py:nanogpt_cpu",
-      "overrides": overrides + [f"--layers={args.layers}", "mlp_dim=4*d_model", "num_heads=4",
-                                f"mup_base_width={widths[0]}"],
+      "overrides": overrides + [f"--layers={args.layers}", f"--widths={args.widths}",
+                                f"--rates={args.rates}", "--config.model.mlp_dim=4*d_model",
+                                "--config.model.num_heads=4",
+                                f"--config.model.mup_base_width={widths[0]}"],
       "command": "python benchmarks/mup_transfer.py " + " ".join(sys.argv[1:]),
       "commit": commands.git_commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
       "versions": {"jax": jax.__version__}, "wall_clock_s": round(time.time() - started, 1),
-      "rates": {}, "metrics": {"widths": widths, "learning_rates": rates, **metrics},
+      "rates": {}, "metrics": metrics,
       "seeds": seeds, "report": "docs/mup.md#learning-rate-transfer",
-      "spread": {"validation_loss_per_seed": raw, "wall_clock_s_per_program": walls}}
+      "spread": seed_spread(curves, analysis)}
   out = args.out if args.smoke else RESULTS
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "record.json"), "w") as f:
     json.dump(record, f, indent=1)
+  with open(os.path.join(out, "losses.json"), "w") as f:  # the raw outputs
+    json.dump({"widths": widths, "learning_rates": rates, "analysis": analysis,
+               "validation_loss_per_seed": raw, "wall_clock_s_per_program": walls}, f, indent=1)
   plot(curves, os.path.join(out, "transfer.png"))
-  print(json.dumps(metrics))
+  print(json.dumps(analysis))
   print(f"wrote {os.path.relpath(os.path.join(out, 'record.json'))}")
 
 
