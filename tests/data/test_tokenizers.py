@@ -93,3 +93,40 @@ def test_bad_kind_and_missing_dir_are_one_line_errors(tmp_path):
     T.build("words", TEXTS)
   with pytest.raises(FileNotFoundError, match="tokenizer.json"):
     T.load(str(tmp_path))
+
+
+SPELLED = "a <s> b </s> c <unk> <pad> <|endoftext|> [SEP] d"  # specials as a corpus spells them
+
+
+def _hf_tokenizer(offset: int) -> T.HFTokenizer:
+  """A byte-level BPE trained here whose specials <pad> </s> <unk> <s> <|endoftext|> are ids 0-4
+  (T5's pad and end of sequence first, as offset 0 needs)."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  tok = Tokenizer(models.BPE(unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator(TEXTS * 5, trainers.BpeTrainer(
+      vocab_size=300, special_tokens=["<pad>", "</s>", "<unk>", "<s>", "<|endoftext|>"],
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+  return T.HFTokenizer(tok.to_str(), offset)
+
+
+@pytest.mark.parametrize("kind", ["char", "byte", "symbol", "sentencepiece", "hf", "hf0"])
+def test_special_tokens_spelled_in_text_are_text(kind):
+  """Text is text, for every kind: `<s>`, `</s>`, `<unk>`, `<pad>`, `<|endoftext|>` spelled in a
+  corpus never become pad, EOS or BOS, nor any id of a Hugging Face tokenizer's own special tokens
+  (whose shifted copies a converted model never predicts); the byte-level ones decode back to the
+  text exactly."""
+  texts = TEXTS + [SPELLED]
+  if kind.startswith("hf"):
+    tok = _hf_tokenizer(0 if kind == "hf0" else T.NUM_SPECIAL)
+    specials = {tok.token_id(t) + tok.offset
+                for t in ("<pad>", "</s>", "<unk>", "<s>", "<|endoftext|>")}
+  else:
+    tok = _all(kind, texts * 20, spm_vocab_size=80) if kind == "sentencepiece" else \
+        _all(kind, texts)
+    specials = {T.PAD_ID, T.EOS_ID, T.BOS_ID}
+  ids = tok.encode(SPELLED)
+  assert not set(ids) & specials, (kind, ids)
+  if kind in ("byte", "hf", "hf0"):
+    assert tok.decode(ids) == SPELLED

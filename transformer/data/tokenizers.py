@@ -6,6 +6,10 @@ the decoder) and unk 3; ordinary tokens start at NUM_SPECIAL = 4. A tokenizer is
 directory holding `tokenizer.json` (plus `spm.model` or `hf_tokenizer.json`). A Hugging Face
 tokenizer's id i is our id i + `data.hf_id_offset`: NUM_SPECIAL (GPT-2), or 0 for one whose ids 0
 and 1 are pad and end-of-sequence as ours are (T5); transformer/convert/ maps weights the same way.
+
+Text is text: `encode` reads a special token spelled in the text (`<s>`, `</s>`, `<unk>`, `<pad>`,
+`<|endoftext|>`, `[SEP]`) as its characters, never as the special id, so a corpus cannot inject
+control tokens; the special ids come only from the pipeline (EOS, BOS) or an unknown unit (UNK).
 """
 
 import io
@@ -35,7 +39,7 @@ class Tokenizer:
   vocab_size: int  # number of ids, specials included
 
   def encode(self, text: str) -> list[int]:
-    """Token ids of `text`, without BOS/EOS."""
+    """Token ids of `text`, without BOS/EOS; a special token spelled in `text` is text."""
     raise NotImplementedError
 
   def decode(self, ids: Iterable[int]) -> str:
@@ -195,7 +199,8 @@ class SentencePieceTokenizer(Tokenizer):
 
 class HFTokenizer(Tokenizer):
   """A Hugging Face `tokenizers` tokenizer (its tokenizer.json text); its id i is our i + `offset`.
-  Its own special tokens (GPT-2's <|endoftext|>) are ordinary ids here. offset=0 needs its ids 0
+  Its own special tokens (GPT-2's <|endoftext|>) are ordinary ids here, and never come from text
+  (`encode_special_tokens`: `</s>` in text is split like any other word). offset=0 needs its ids 0
   and 1 to be special tokens (T5's <pad> and </s>); its id 2 is then our BOS, which decoding drops
   (T5's <unk>, never produced on text T5 covers)."""
 
@@ -206,6 +211,7 @@ class HFTokenizer(Tokenizer):
     check_value("data.hf_id_offset", offset)
     self.tokenizer_json, self.offset = tokenizer_json, offset
     self._tok = _HF.from_str(tokenizer_json)
+    self._tok.encode_special_tokens = True  # text is text (the module doc); not saved in the json
     self.vocab_size = offset + self._tok.get_vocab_size(with_added_tokens=True)
     spec = json.loads(tokenizer_json)
     if offset == 0:
