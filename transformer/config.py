@@ -171,10 +171,10 @@ def _validate(cfg: Config) -> Config:
   if excluded and m.vocab_size and excluded[-1] >= m.vocab_size:
     raise ConfigError(f"model.excluded_ids={m.excluded_ids!r} names id {excluded[-1]}, outside "
                       f"model.vocab_size={m.vocab_size}")
-  longest = max(d.max_source_len, d.max_target_len)
-  if longest > m.max_len and not m.image_size:  # an image model reads no token rows
-    raise ConfigError(
-        f"data.max_source_len/max_target_len={longest} must be <= model.max_len={m.max_len}")
+  too_long = [f"data.{k}={getattr(d, k)}" for k in ("max_source_len", "max_target_len")
+              if getattr(d, k) > m.max_len]
+  if too_long and not m.image_size:  # an image model reads no token rows
+    raise ConfigError(f"{' and '.join(too_long)} must be <= model.max_len={m.max_len}")
   if d.objective == "mlm" and not (m.arch == "encoder_only" and m.head == "mlm"):
     raise ConfigError(f"data.objective='mlm' needs model.arch='encoder_only' with "
                       f"model.head='mlm' (got {m.arch!r}, {m.head!r})")

@@ -179,6 +179,10 @@ def test_a_converted_bert_that_does_not_fit_the_task_is_a_one_line_error(root, c
   """mlm.py:text as it is asks for rows of 128 tokens, BERT here has 32 positions: one line
   naming --init_from and the keys."""
   cd = _mlm_config(root, **{"data.max_source_len": 128, "data.max_target_len": 128})
-  with pytest.raises(ConfigError, match=r"^--init_from=.*data.max_source_len/max_target_len=128 "
-                                        r"must be <= model.max_len=32$"):
+  with pytest.raises(ConfigError, match=r"^--init_from=.*: data.max_source_len=128 and "
+                                        r"data.max_target_len=128 must be <= model.max_len=32$"):
+    finetune.init_from_config(from_configdict(cd), converted)
+  cd = _mlm_config(root, **{"data.max_source_len": 128})  # only the key that is too long
+  with pytest.raises(ConfigError, match=r"^--init_from=.*: data.max_source_len=128 must be <= "
+                                        r"model.max_len=32$"):
     finetune.init_from_config(from_configdict(cd), converted)

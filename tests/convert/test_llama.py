@@ -242,6 +242,18 @@ def test_round_trip_is_bitwise_equal(converted, variant, tmp_path):
     assert written.get(key) == source.get(key), key
 
 
+def test_export_tells_autotokenizer_its_special_tokens(converted, tmp_path):
+  """--to_hf writes tokenizer_config.json beside tokenizer.json: transformers' AutoTokenizer of
+  the export knows <s>, </s>, <unk> at the source's ids and the model's length."""
+  _, model, tok, workdir, _ = converted("llama2")
+  convert.to_hf(workdir, str(tmp_path / "back"))
+  auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "back"))
+  assert (auto.bos_token, auto.eos_token, auto.unk_token) == ("<s>", "</s>", "<unk>")
+  assert (auto.bos_token_id, auto.eos_token_id, auto.unk_token_id) == (BOS, EOS, 0)
+  assert auto.model_max_length == model.config.max_position_embeddings
+  assert auto("the cat sees", add_special_tokens=False).input_ids == tok.encode("the cat sees").ids
+
+
 def _perturbed(params, seed: int = 7):
   """New random arrays of the same shapes (norm scales around 1), as after fine-tuning."""
   rng = np.random.default_rng(seed)

@@ -1,4 +1,4 @@
-"""Fine-tuning a converted Llama as docs/hf_conversion.md shows it (`train.py
+"""Fine-tuning a converted Llama with the command docs/hf_conversion.md shows (`train.py
 --config=configs/lm.py:char --init_from=<converted> --config.data.dataset=text_files`), on a corpus
 that spells the tokenizer's special tokens as text (`<s>`, `</s>`, `<unk>`, as docs and code do).
 
@@ -10,6 +10,7 @@ the same first batch.
 
 import json
 import os
+import shlex
 
 import numpy as np
 import pytest
@@ -27,9 +28,21 @@ from configs import lm  # noqa: E402
 import test_llama  # noqa: E402
 
 STEPS = 2
-# The documented command's overrides (docs/hf_conversion.md, the Llama family's block).
-DOCUMENTED = {"data.dataset": "text_files", "data.max_target_len": 128,
-              "data.max_source_len": 128}
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def documented() -> tuple[str, dict[str, str]]:
+  """(config variant, --config.* overrides) of the Llama fine-tune command that
+  docs/hf_conversion.md shows."""
+  with open(os.path.join(REPO, "docs", "hf_conversion.md"), encoding="utf-8") as f:
+    text = f.read()
+  start = text.index("python train.py --config=configs/lm.py:char --workdir=runs/llama_tuned")
+  lines = text[start:].splitlines()
+  end = next(i for i, line in enumerate(lines) if not line.endswith("\\"))
+  words = shlex.split(" ".join(line.rstrip("\\") for line in lines[:end + 1]))
+  variant = next(w for w in words if w.startswith("--config=")).split(":")[1]
+  return variant, dict(w[len("--config."):].split("=", 1) for w in words
+                       if w.startswith("--config."))
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +68,17 @@ def test_fine_tuning_on_spelled_specials_logs_the_models_own_loss(converted):
   first logged train/loss is the converted model's evaluation loss of that first batch (a few
   nats, not the 1e26 of an excluded id's -1e30 logit)."""
   root, workdir = converted
-  cd = lm.get_config("char")
+  variant, overrides = documented()
+  assert overrides["data.dataset"] == "text_files" and "model.dropout_rate" in overrides
+  cd = lm.get_config(variant)
+  for key, value in overrides.items():  # typed as the config's value
+    section, name = key.split(".")
+    cd[section][name] = type(cd[section][name])(float(value) if value[0].isdigit() else value)
   cd.update_from_flattened_dict({
-      **DOCUMENTED, "data.text_file": _corpus(root), "data.data_dir": str(root / "tfds"),
+      "data.text_file": _corpus(root), "data.data_dir": str(root / "tfds"),
       "data.batch_size": 8, "train.num_steps": STEPS, "train.log_every_steps": 1,
-      "train.warmup_steps": 1, "train.learning_rate": 1e-4, "eval.every_steps": STEPS,
-      "eval.num_batches": 1, "checkpoint.every_steps": STEPS, "model.dropout_rate": 0.0})
+      "train.warmup_steps": 1, "eval.every_steps": STEPS, "eval.num_batches": 1,
+      "checkpoint.every_steps": STEPS})
   tuned = str(root / "tuned")
   train_and_evaluate(cd, tuned, init_from=workdir)
   with open(os.path.join(tuned, "metrics.jsonl")) as f:

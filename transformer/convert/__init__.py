@@ -32,6 +32,7 @@ import numpy as np
 from transformer import cli, files
 from transformer.config import Config, ConfigError, ModelConfig, to_dict
 from transformer.convert import bert, checks, gpt2, llama, mixtral, t5, vit
+from transformer.convert.common import first_id
 from transformer.convert.family import ConvertError, Family
 from transformer.data import tokenizers
 from transformer.model import parametrization
@@ -108,6 +109,22 @@ def check_export_dir(directory: str, overwrite: bool = False) -> None:
                        "directory, or --overwrite to replace the files the export writes")
 
 
+def hf_tokenizer_config(hf: dict[str, Any], tokenizer: tokenizers.HFTokenizer) -> dict[str, Any]:
+  """tokenizer_config.json of an export: the special tokens that config.json's ids and the
+  tokenizer's model name (AutoTokenizer then knows BOS, EOS, pad and unk), BERT's [CLS] [SEP]
+  [MASK] where it has them, and the model's length."""
+  out: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+  for key in ("bos", "eos", "pad"):
+    hf_id = first_id(hf.get(f"{key}_token_id"))
+    if hf_id is not None and tokenizer.token(hf_id) is not None:
+      out[f"{key}_token"] = tokenizer.token(hf_id)
+  named = {"unk": tokenizer.unk_token, "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+  out |= {f"{key}_token": token for key, token in named.items()
+          if token and tokenizer.token_id(token) is not None}
+  length = hf.get("max_position_embeddings") or hf.get("n_positions")
+  return out | ({"model_max_length": length} if length else {})
+
+
 def write_hf(directory: str, hf: dict[str, Any], state: dict[str, np.ndarray],
              tokenizer: Any = None, overwrite: bool = False) -> None:
   """Writes config.json, model.safetensors and, for an 'hf' tokenizer, its tokenizer.json into
@@ -118,6 +135,8 @@ def write_hf(directory: str, hf: dict[str, Any], state: dict[str, np.ndarray],
              "config.json": json.dumps(hf, indent=2, sort_keys=True).encode("utf-8")}
   if isinstance(tokenizer, tokenizers.HFTokenizer):
     written["tokenizer.json"] = tokenizer.tokenizer_json.encode("utf-8")
+    written["tokenizer_config.json"] = json.dumps(
+        hf_tokenizer_config(hf, tokenizer), indent=2, sort_keys=True).encode("utf-8")
   files.makedirs(directory)
   if not files.is_local(directory):  # an object upload is whole by itself; a bucket cannot rename
     for name, data in written.items():

@@ -223,12 +223,17 @@ class HFTokenizer(Tokenizer):
     model = spec.get("model") or {}
     unk = model.get("unk_token")  # BPE, WordPiece; a Unigram model (T5's) gives its unk_id
     unk_hf = self._tok.token_to_id(unk) if unk else model.get("unk_id")
+    self.unk_token = self.token(unk_hf) if unk_hf is not None else None
     # Without an unknown token nothing is unknown; with offset 0 our UNK_ID is one of its pieces.
     self.unk_id = (UNK_ID if offset else -1) if unk_hf is None else unk_hf + offset
 
   def token_id(self, token: str) -> int | None:
     """The tokenizer's own id (without our offset) of `token`, e.g. BERT's "[MASK]", or None."""
     return self._tok.token_to_id(token)
+
+  def token(self, hf_id: int) -> str | None:
+    """The token of the tokenizer's own id `hf_id` (without our offset), or None."""
+    return self._tok.id_to_token(hf_id)
 
   def encode(self, text: str) -> list[int]:
     return [i + self.offset for i in self._tok.encode(text, add_special_tokens=False).ids]
