@@ -6,6 +6,7 @@ the same points trained alone."""
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -90,6 +91,10 @@ def test_dry_run_prints_the_grouping(packed):
   assert "--config.train.learning_rate" not in lines[2]
   assert lines[3:5] == [" ".join(commands.eval(p)) for p in points[:2]]
   assert lines[5] == "# lr=2.0: new"
+  assert lines[-1].startswith("# 3 points: 2 training runs to start (")
+  assert lines[-1].endswith(", 3 evaluations, 0 points done")
+  only_packs = packing.dry_run_lines(packs, [], points[:2], commands, 2)  # nothing alone
+  assert only_packs[-1].startswith("# 2 points: 1 training runs to start (")
 
 
 def test_packed_run_trains_packs_evaluates_points_and_reruns_only_what_failed(packed):
@@ -128,6 +133,24 @@ def test_packed_run_trains_packs_evaluates_points_and_reruns_only_what_failed(pa
   assert packing.run(config, points, commands, 2, workdir, launch=recording(calls),
                      console=console) == []
   assert calls == []
+
+
+def test_a_packed_points_finished_line_counts_its_packs_training(packed, monkeypatch):
+  """A packed point's 'finished in' is its pack's training plus its own evaluation (81 s + 11 s
+  on a fake clock), not its evaluation alone."""
+  config, points, commands, workdir = packed
+  clock, lines = [1000.0], []
+  monkeypatch.setattr(time, "time", lambda: clock[0])
+
+  def launch(argv, log_path, cwd):
+    clock[0] += 81 if any(a.startswith("--config.train.members=") for a in argv) else 11
+    return runner.launch_subprocess(argv, log_path, cwd)
+
+  assert packing.run(config, points[:2], commands, 2, workdir, launch=launch,
+                     console=watch.Console(lines.append)) == []
+  assert any(line.endswith(": trained in 1:21") for line in lines), lines
+  finished = [line for line in lines if ": finished in " in line]
+  assert len(finished) == 2 and all(": finished in 1:32," in line for line in finished), lines
 
 
 def test_a_point_finished_alone_leaves_its_pack(packed):

@@ -202,7 +202,8 @@ def dry_run_lines(packs: Sequence[Pack], alone: Sequence[Point], points: Sequenc
     if commands.has_eval():
       lines += [shlex.join(commands.eval(p)) for p in k.points]
   in_packs = {p.name for k in packs for p in k.points}
-  return lines + runner.dry_run_lines([p for p in points if p.name not in in_packs], commands)
+  return lines + runner.dry_run_lines([p for p in points if p.name not in in_packs], commands,
+                                      [(len(k.points), k.points[0].num_steps) for k in packs])
 
 
 def run(config: ml_collections.ConfigDict, points: Sequence[Point], commands: Commands,

@@ -270,7 +270,6 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
   lock, failed = threading.Lock(), []
 
   def one(p: Point) -> None:
-    start = time.time()
     try:
       ok = run_point(p, commands, launch, on_stage=lambda stage: console.running(p, stage))
     finally:
@@ -281,7 +280,9 @@ def run(points: Sequence[Point], commands: Commands, parallel: int = 1,
         console.say(f"{p.name}: stopped; " + ("no checkpoint yet" if step is None else
                                               f"its latest checkpoint is step {step}"))
       elif ok:
-        console.say(watch.finished_line(p, commands.eval_split, time.time() - start))
+        record = read_record(p)  # its training's seconds too when a pack trained it
+        seconds = record.get("train_seconds", 0.0) + record.get("eval_seconds", 0.0)
+        console.say(watch.finished_line(p, commands.eval_split, seconds))
       else:
         attempts = read_record(p).get("attempts") or [{}]
         console.say(watch.failed_line(p, attempts[-1], os.path.join(p.workdir, LOG)))
@@ -329,9 +330,13 @@ def prepare_data(config: ml_collections.ConfigDict, points: Sequence[Point],
       load_task(cfg, None, process_index=0, process_count=1)
 
 
-def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
-  """The commands `run` would start, a comment line per point, and a comment that counts them."""
-  lines, stages, steps, states = [], [], 0, []
+def dry_run_lines(points: Sequence[Point], commands: Commands,
+                  packs: Sequence[tuple[int, int]] = ()) -> list[str]:
+  """The commands `run` would start, a comment line per point, and a comment that counts them,
+  with `packs` (points, steps) of packed training runs listed before (packing.dry_run_lines)."""
+  packed = sum(n for n, _ in packs)
+  stages = ["train"] * len(packs) + ["eval"] * (packed if commands.has_eval() else 0)
+  lines, steps, states = [], sum(s for _, s in packs), []
   for p in points:
     todo = pending_commands(p, commands)
     states.append(status(p, commands))
@@ -339,7 +344,7 @@ def dry_run_lines(points: Sequence[Point], commands: Commands) -> list[str]:
     lines += [shlex.join(argv) for _, argv in todo]
     stages += [stage for stage, _ in todo]
     steps += p.num_steps if ("train", commands.train(p)) in todo else 0
-  lines.append(f"# {len(points)} points: {stages.count('train')} training runs to start "
+  lines.append(f"# {len(points) + packed} points: {stages.count('train')} training runs to start "
                f"({'at most ' if 'resume' in states else ''}{steps} training steps in all), "
                f"{stages.count('eval')} evaluations, {states.count('done')} points done")
   return lines
