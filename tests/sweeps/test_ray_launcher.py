@@ -190,14 +190,16 @@ def test_a_pack_runs_as_one_ray_task_then_its_points_evaluate(tmp_path, cluster_
   assert [r["status"] for r in rows] == ["done"] * 3
 
 
-def test_asha_stops_the_worse_point_at_a_rung_and_a_rerun_finishes_it(tmp_path, cluster_address):
+def test_asha_stops_the_worse_point_at_a_rung_and_a_rerun_finishes_it(tmp_path, cluster_address,
+                                                                       capsys):
   """ASHA (rungs at steps 2 and 4 of 8, halving) over a useless learning rate and a good one,
   one trial at a time. The useless point, first at the first rung, is paused there (a rung holding
   fewer results than the reduction factor promotes no point while others may still reach it):
   its train.py saves and exits. The good point, its train process killed after its step-2
   checkpoint, is run again by Tune from that checkpoint; first at the rung of step 4, it is
   paused there too. Resumed, the useless one is stopped at step 2 (its loss is worse than the
-  good one's there), leaves an early_stop.json, and its row says 'stopped by asha at step 2';
+  good one's there), leaves an early_stop.json, is said stopped once, and its row says 'stopped
+  by asha at step 2';
   the good one resumes from its checkpoint, trains to its end and is evaluated. A rerun under
   ASHA leaves the stopped one stopped; a rerun without early stopping resumes it from its
   checkpoint to the end, and its row is then done."""
@@ -227,7 +229,8 @@ def test_asha_stops_the_worse_point_at_a_rung_and_a_rerun_finishes_it(tmp_path, 
   saved = runner.latest_checkpoint(bad)
   assert saved is not None and 2 <= saved < 8 and runner.trained_step(bad) is None
   assert len(starts(bad)) == 1  # paused at step 2, then stopped there: never run again
-  assert f"{bad.name}: stopped by ASHA at step 2 (eval/loss 1)" in lines
+  said = capsys.readouterr().out.splitlines() + lines  # the scheduler's print, the console's
+  assert said.count(f"{bad.name}: stopped by ASHA at step 2 (eval/loss 1)") == 1, said
   rows = {r["point"]: r for r in report.write_report(points, str(tmp_path / "w"))["rows"]}
   assert rows[good.name]["status"] == "done"
   assert rows[bad.name]["status"] == "stopped by asha at step 2"

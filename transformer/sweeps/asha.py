@@ -242,8 +242,9 @@ def run_asha(points: Sequence[Point], commands: Commands, resources: Resources, 
   for p in points:
     console.say(f"[{p.index + 1}/{len(points)}] {p.name}: {runner.status(p, commands)}"
                 + (" (stopped by ASHA: replayed)" if runner.stopped_early(p) else ""))
+  started = time.time()
   fit(tuner)
-  return report(points, commands, console)
+  return report(points, commands, console, announced_since=started)
 
 
 def fit(tuner: Any) -> None:
@@ -261,14 +262,18 @@ def fit(tuner: Any) -> None:
     raise KeyboardInterrupt
 
 
-def report(points: Sequence[Point], commands: Commands, console: watch.Console) -> list[Point]:
-  """Says how each point ended (done, stopped by ASHA, failed); returns the failed ones."""
+def report(points: Sequence[Point], commands: Commands, console: watch.Console,
+           announced_since: float | None = None) -> list[Point]:
+  """Says how each point ended (done, stopped by ASHA, failed), but not a stop whose note was
+  written after `announced_since` (the scheduler printed it then); returns the failed ones."""
   failed = []
   for p in points:
     if runner.status(p, commands) == "done":
       console.say(watch.finished_line(p, commands.eval_split, None))
     elif runner.stopped_early(p):
-      console.say(stopped_line(p))
+      note = os.path.join(p.workdir, runner.STOPPED)
+      if announced_since is None or os.path.getmtime(note) < announced_since:
+        console.say(stopped_line(p))
     else:
       attempt = (runner.read_record(p).get("attempts") or [{}])[-1]
       console.say(watch.failed_line(p, attempt, os.path.join(p.workdir, runner.LOG)))
