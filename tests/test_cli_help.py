@@ -59,10 +59,25 @@ def test_help_keys_lists_every_choice_and_range():
   for k in schema.SCHEMA:
     if k.choices():
       shown = "|".join(str(c) if c != "" else repr(c) for c in k.choices())
-      assert lines[k.name].endswith(f"(one of {shown})"), lines[k.name]
+      # listed once: by the meaning ("min | max") or after it
+      assert lines[k.name].count(" | ") == 0 or "(one of" not in lines[k.name], lines[k.name]
+      assert lines[k.name].endswith(f"(one of {shown})") or all(
+          str(c) in lines[k.name] for c in k.choices()), lines[k.name]
     elif k.range:
       assert lines[k.name].endswith(f"({k.range})"), lines[k.name]
   assert lines["model.ffn"].endswith("|squared_relu)")  # choices.FFNS' names
+  assert lines["train.early_stop_mode"].endswith("# min | max"), lines["train.early_stop_mode"]
+
+
+def test_help_keys_shows_the_config_files_values():
+  """--help_keys --config=FILE:ARG shows that config's values (:tiny's batch of 64, not the
+  default 128); a missing file is one line."""
+  out = _run(["train.py", "--help_keys", "--config=configs/g2p.py:tiny"])
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "configs/g2p.py:tiny" in out.stdout.splitlines()[0]
+  assert _key_lines(out.stdout)["data.batch_size"].startswith("  batch_size = 64  #")
+  out = _run(["train.py", "--help_keys", "--config=configs/nope.py"])
+  assert (out.returncode, out.stderr) == (1, "error: --config file configs/nope.py not found\n")
 
 
 @pytest.mark.parametrize("override, hint", [

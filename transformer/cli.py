@@ -263,12 +263,14 @@ def help_text(script: str, doc: str, main_flags: Sequence[flags.Flag]) -> str:
   return "\n".join([text, "", "flags:", *lines, *tail])
 
 
-def _allowed(key: str) -> str:
-  """` (one of a|b|c)` or ` (> 0)`: what key `key` accepts, when the schema limits it."""
+def _allowed(key: str, meaning: str = "") -> str:
+  """What `key` accepts (` (one of a|b|c)`, ` (> 0)`), unless its `meaning` names each choice."""
   if key not in schema.KEYS:
     return ""
   declared = schema.KEYS[key]
   if choices := declared.choices():
+    if all(re.search(rf"(^|[\s|]){re.escape(str(c))}\b", meaning) for c in choices if c != ""):
+      return "" if "" not in choices else " (or '')"
     return " (one of " + "|".join(str(c) if c != "" else repr(c) for c in choices) + ")"
   return f" ({declared.range})" if declared.range else ""
 
@@ -283,20 +285,27 @@ def key_lines(config: ml_collections.ConfigDict) -> list[str]:
       out.append(f"{head}:" if head else "(top level):")
       section = head
     meaning = schema.KEYS[key].meaning if key in schema.KEYS else ""
-    meaning += _allowed(key)
+    meaning += _allowed(key, meaning)
     out.append(f"  {name} = {value!r}" + (f"  # {meaning.strip()}" if meaning else ""))
   return out
 
 
 def _help(argv: Sequence[str]) -> None:
-  """Answers --help (one screen), --helpfull (absl's list) or --help_keys (every config key) and
-  exits 0; else returns."""
+  """Answers --help (one screen), --helpfull (absl's list) or --help_keys (every key of --config,
+  its value there) and exits 0; else returns."""
   args = argv[1:]
   script = os.path.basename(argv[0])
   if "--help_keys" in args:
-    print("Every config key, its default, meaning and allowed values (declared in "
-          "transformer/schema.py; a table: docs/config.md).")
-    print("\n".join(key_lines(schema.get_config())))
+    given = next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), "")
+    if given and not os.path.isfile(_config_path(args)):
+      fail(f"--config file {_config_path(args)} not found")
+    try:  # the values of the --config file (its get_config(arg)), else the defaults
+      config = flags.FLAGS["config"].parser.parse(given) if given else schema.get_config()
+      config.keys()  # ml_collections' stand-in for a file that failed to load raises
+    except Exception as e:  # pylint: disable=broad-except  (a config file raises anything)
+      fail(flag_error(e, args))
+    print(f"Every config key: its value in {given or 'configs/base.py'}, meaning, allowed values.")
+    print("\n".join(key_lines(config)))
     sys.exit(0)
   if "--helpfull" in args:  # absl's list: every module's flags, absl's own included
     print(flags.FLAGS.get_help())
