@@ -260,3 +260,21 @@ def test_the_config_classes_are_the_declaration():
   assert pickle.loads(pickle.dumps(cfg)) == cfg
   assert hash(cfg) == hash(config_lib.from_configdict(base.get_config()))
   assert config_lib.to_dict(schema.Config()) == {"format": 1, **base.get_config().to_dict()}
+
+
+@pytest.mark.parametrize("arg, want", [
+    ("--config.train.num_steps=1e3", "--config.train.num_steps=1000"),
+    ("--config.train.num_steps=1000.0", "--config.train.num_steps=1000"),
+    ("--config.train.num_steps=7", "--config.train.num_steps=7"),
+    ("--config.train.learning_rate=1e-3", "--config.train.learning_rate=1e-3"),  # a float key
+    ("--workdir=1e3", "--workdir=1e3"),
+])
+def test_an_integral_value_of_an_int_key_is_an_int(arg, want):
+  assert config_lib.integral_override(arg) == want
+
+
+@pytest.mark.parametrize("value", ["2.5", "ten", "inf", "nan"])
+def test_a_non_integer_value_of_an_int_key_is_one_line(value):
+  with pytest.raises(config_lib.ConfigError,
+                     match=rf"^--config.train.num_steps={value}: must be an integer$"):
+    config_lib.integral_override(f"--config.train.num_steps={value}")

@@ -22,6 +22,7 @@ from absl import logging
 import ml_collections
 
 from transformer import schema
+from transformer.config import integral_override
 
 _WRAPPED = "Error whilst parsing config file"  # ml_collections' wrapper of a config file's error
 # Libraries whose logs below these levels are noise on a terminal: orbax logs every save, XLA its
@@ -265,9 +266,8 @@ def help_text(script: str, doc: str, main_flags: Sequence[flags.Flag]) -> str:
 
 def _allowed(key: str, meaning: str = "") -> str:
   """What `key` accepts (` (one of a|b|c)`, ` (> 0)`), unless its `meaning` names each choice."""
-  if key not in schema.KEYS:
+  if (declared := schema.KEYS.get(key)) is None:
     return ""
-  declared = schema.KEYS[key]
   if choices := declared.choices():
     if all(re.search(rf"(^|[\s|]){re.escape(str(c))}\b", meaning) for c in choices if c != ""):
       return "" if "" not in choices else " (or '')"
@@ -297,8 +297,6 @@ def _help(argv: Sequence[str]) -> None:
   script = os.path.basename(argv[0])
   if "--help_keys" in args:
     given = next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), "")
-    if given and not os.path.isfile(_config_path(args)):
-      fail(f"--config file {_config_path(args)} not found")
     try:  # the values of the --config file (its get_config(arg)), else the defaults
       config = flags.FLAGS["config"].parser.parse(given) if given else schema.get_config()
       config.keys()  # ml_collections' stand-in for a file that failed to load raises
@@ -351,12 +349,12 @@ def parse_own_flags(prog: str, define: Callable[[flags.FlagValues], None],
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
   """app.run's `flags_parser`: a bad flag or argument is one line, exit 1; --help* exit 0."""
-  _help(argv)
   path = _config_path(argv[1:])
   if path and not os.path.isfile(path):
     fail(f"--config file {path} not found")
-  try:
-    rest = flags.FLAGS(argv)
+  _help(argv)
+  try:  # an int key's integral value ('1e3') as an int, another one line (integral_override)
+    rest = flags.FLAGS([argv[0], *map(integral_override, argv[1:])])
     config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
     if config is not None and not isinstance(config, ml_collections.ConfigDict):
       getattr(config, "keys", None)  # ml_collections' stand-in for a file that failed to load raises

@@ -40,6 +40,26 @@ def check_value(name: str, v: Any) -> Any:
   return v
 
 
+def integral_override(arg: str) -> str:
+  """A `--config.KEY=VALUE` argument of an int key with an integral VALUE written as an int
+  ('1e3', '1000.0' -> '1000'); other arguments as they are. ConfigError if VALUE is no integer."""
+  name, sep, value = arg.removeprefix("--config.").partition("=")
+  key = KEYS.get(name)
+  if not (arg.startswith("--config.") and sep and key is not None and type(key.default) is int):
+    return arg
+  try:
+    return f"--config.{name}={int(value)}"
+  except ValueError:
+    pass
+  try:
+    number = float(value)
+  except ValueError:
+    number = math.nan
+  if not number.is_integer():
+    raise ConfigError(f"--config.{name}={value}: must be an integer")
+  return f"--config.{name}={int(number)}"
+
+
 def _convert(cls: type, section: str, value: Any) -> Any:
   """Builds config class `cls` (of `section`, "" for Config) from a mapping, checking keys and
   leaves."""

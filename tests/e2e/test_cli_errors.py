@@ -123,7 +123,10 @@ CLI = [
     ("train.py", config_file, ["--config={N}", "--workdir={T}/new"], None,
      "none.py: get_config() returned None (it must return an ml_collections.ConfigDict)"),
     ("train.py", config_file, ["--config={C}", "--workdir={W}", "--config.train.num_steps=ten"],
-     None, "--config.train.num_steps=ten: invalid literal for int()"),
+     None, "--config.train.num_steps=ten: must be an integer"),
+    ("train.py", config_file, ["--config={C}", "--workdir={T}/new", "--config.train.num_steps=1e3",
+                               "--config.data.train_file=/no/such.tsv"], None,
+     "error: data.train_file='/no/such.tsv': no such file"),  # 1e3 taken; the data is the culprit
     ("train.py", config_file, ["--config={C}", "--workdir={W}", "--config.model.d_modle=8"], None,
      "--config.model.d_modle: unknown config key (not a key of configs/base.py); did you mean "
      "--config.model.d_model?"),

@@ -91,6 +91,27 @@ def test_a_stale_lock_is_taken_over_and_released_at_every_exit(tmp_path, caplog)
   assert path.read_text() == ""
 
 
+def test_a_workdir_the_lock_created_is_removed_when_the_run_fails_at_once(tmp_path):
+  """A body that raises before writing anything (a bad data path) leaves no workdir it created,
+  nor a train.lock; a workdir that existed, or one written to, stays."""
+  new = tmp_path / "new"
+  with pytest.raises(ValueError):
+    with lock.writer_lock(str(new)):
+      raise ValueError("data.text_file: no such file")
+  assert not new.exists()
+  existing = tmp_path / "existing"
+  existing.mkdir()
+  with pytest.raises(ValueError):
+    with lock.writer_lock(str(existing)):
+      raise ValueError("bad")
+  assert (existing / lock.LOCK_FILE).read_text() == ""
+  with pytest.raises(ValueError):
+    with lock.writer_lock(str(new)):
+      (new / "config.json").write_text("{}")
+      raise ValueError("bad")
+  assert sorted(os.listdir(new)) == ["config.json", lock.LOCK_FILE]
+
+
 def test_a_live_holder_and_another_hosts_lock_are_refused(tmp_path):
   holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
       import sys, time

@@ -134,6 +134,6 @@ def test_sweep_py_names_a_failed_points_log(tmp_path):
                   f"--config.data.data_dir={tmp_path / 'tfds'}", timeout=300)
   assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
   log = w / "lr=0.5" / runner.LOG
-  assert (f"lr=0.5: FAILED (train, exit code 1), see {log}: error: data: data.train_file="
+  assert (f"lr=0.5: FAILED (train, exit code 1), see {log}: error: data.train_file="
           f"'{tmp_path / 'missing.tsv'}': no such file") in out.stdout.splitlines(), out.stdout
   assert "\x1b" not in out.stdout  # a pipe: no control characters

@@ -77,7 +77,10 @@ def _refusal(path: str, holder: dict[str, Any], why: str) -> WorkdirError:
 
 @contextlib.contextmanager
 def writer_lock(workdir: str) -> Iterator[None]:
-  """Holds `<workdir>/train.lock`; WorkdirError if another live writer holds it."""
+  """Holds `<workdir>/train.lock`; WorkdirError if another live writer holds it. A local workdir
+  this call created is removed again when the body raises before anything else was written there
+  (a bad data path leaves no workdir behind)."""
+  created = not files.exists(workdir)
   files.makedirs(workdir)
   path = os.path.join(workdir, LOCK_FILE)
   me = {"host": socket.gethostname(), "pid": os.getpid(),
@@ -106,6 +109,11 @@ def writer_lock(workdir: str) -> Iterator[None]:
       os.fsync(fd)
       try:
         yield
+      except BaseException:
+        if created and os.listdir(workdir) == [LOCK_FILE]:  # removed while still held
+          os.remove(path)
+          os.rmdir(workdir)
+        raise
       finally:
         # Released by emptying it: an empty lock file is nobody's. (Removing it would let a
         # process that opened the old file and one that creates a new one both hold "the" lock.)

@@ -215,7 +215,8 @@ def _load_task(cfg: Config, workdir: str, init_from: str) -> Any:
       provenance.carry_converted_from(init_from, workdir)
     return load_task(cfg, workdir)
   except (ValueError, OSError) as e:  # a missing file, an unprepared dataset, a bad size
-    raise ConfigError(f"data: {str(e).strip().splitlines()[0]}") from e
+    line = str(e).strip().splitlines()[0]
+    raise ConfigError(line if line.startswith("data.") else f"data: {line}") from e
 
 
 def _sized_config(cfg: Config, task: Any, init_from: str) -> Config:
