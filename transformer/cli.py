@@ -26,9 +26,10 @@ from transformer.config import integral_override
 
 _WRAPPED = "Error whilst parsing config file"  # ml_collections' wrapper of a config file's error
 # Libraries whose logs below these levels are noise on a terminal: orbax logs every save, XLA its
-# missing TPU/GPU backends, TFDS every dataset it opens (with a warning for each custom config).
+# missing TPU/GPU backends, TFDS every dataset it opens (with a warning for each custom config),
+# matplotlib its first font cache.
 _QUIET_BELOW = {"orbax": pylogging.WARNING, "xla_bridge": pylogging.WARNING,
-                "tensorflow_datasets": pylogging.ERROR}
+                "tensorflow_datasets": pylogging.ERROR, "matplotlib": pylogging.ERROR}
 # JAX's guess at an accelerator whose plugin is not installed ("An NVIDIA GPU may be present on
 # this machine, but ..."); a backend that is installed and fails to start still warns.
 _BACKEND_GUESS = "may be present on this machine"
@@ -56,15 +57,18 @@ def quiet_backends() -> None:
 
 
 def quiet_logging() -> None:
-  """Keeps our INFO logs and everyone's warnings, except library chatter and the tracebacks of a
-  failed background write (its error reaches the caller, reported in one line)."""
+  """Keeps our INFO logs and everyone's warnings, as plain lines ('warning: ...'), except library
+  chatter and the tracebacks of a failed background write (its error reaches the caller, reported
+  in one line)."""
 
   def keep(r: pylogging.LogRecord) -> bool:
     chatter = any(name in r.pathname and r.levelno < level for name, level in _QUIET_BELOW.items())
     background = r.exc_info and any(name in r.pathname for name in _BACKGROUND_WRITERS)
+    r.prefix = "" if r.levelno < pylogging.WARNING else f"{r.levelname.lower()}: "
     return not_backend_guess(r) and not chatter and not background
 
   logging.get_absl_handler().addFilter(keep)
+  logging.get_absl_handler().setFormatter(pylogging.Formatter("%(prefix)s%(message)s"))
   quiet_backends()
   # The coroutines of a failed background write that its closed loop never ran: Python names
   # each at exit, after the one line that reported the failure.
@@ -368,12 +372,6 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   return rest
 
 
-def _stdout_to_devnull() -> None:
-  """Points standard output at /dev/null, so that Python's final flush has nowhere to fail."""
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, sys.stdout.fileno())
-
-
 @contextlib.contextmanager
 def closed_pipe_is_quiet() -> Iterator[None]:
   """A program's body: when its output pipe closes early (`... | head -1`), it ends with status
@@ -385,7 +383,7 @@ def closed_pipe_is_quiet() -> Iterator[None]:
     finally:  # what is still buffered fails here, not in Python's flush at exit
       sys.stdout.flush()
   except BrokenPipeError:
-    _stdout_to_devnull()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit too
     sys.exit(CLOSED_PIPE_STATUS)
 
 

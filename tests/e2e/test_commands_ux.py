@@ -3,7 +3,8 @@
 Data preparation is one line of ours; a finished or mismatched workdir logs no orbax warnings;
 `--help` is one screen that exits 0 and `--help_keys` lists every key; a schedule whose warmup
 lasts the whole run warns in one line; the progress bar always shows the loss; predict answers
-each stdin line as it arrives; JAX's accelerator guesses stay off a CPU run. train.py's last lines
+each stdin line as it arrives; JAX's accelerator guesses stay off a CPU run; the API restores a
+run without TFDS's notes. train.py's last lines
 (the workdir and the next commands): tests/e2e/test_train.py; eval.py naming the files it wrote:
 tests/infer/test_evaluation.py.
 """
@@ -87,6 +88,14 @@ def test_help_is_one_screen_and_exits_0(tool):
   assert "--workdir" in out.stdout and "docs/config.md" in out.stdout
   assert f"python {tool} --help_keys" in out.stdout
   assert out.stderr == ""
+
+
+def test_the_api_restores_a_run_without_library_notes(trained):
+  """`python -c "import transformer; transformer.restore(W)"` (the README's API) prints the run
+  and nothing on stderr: no TFDS "Using custom data configuration" note for our builders."""
+  out = _run(["-c", f"import transformer; print(transformer.restore({trained!r}))"])
+  assert out.returncode == 0 and out.stdout.startswith("Run("), out.stderr[-2000:]
+  assert "Using custom data configuration" not in out.stderr, out.stderr
 
 
 def test_help_keys_lists_every_key_with_its_default():

@@ -6,6 +6,7 @@ for 60 steps; a persistent compilation cache shared by the runs keeps them to a 
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -182,7 +183,7 @@ def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
   warns in one line that its 20 steps end inside the warmup, and its last lines name the workdir and
   the eval, predict and TensorBoard commands; the same command again resumes the finished run
   instead of retraining (metrics.jsonl unchanged) and says so in one line before the same commands,
-  with no library warning."""
+  with no library warning; its log lines are plain ('warning: ...'), without absl's prefix."""
   workdir = str(tmp_path / "g2p")
   data_dir = cmudict_data.prepared_data_dir(tmp_path_factory)
   cmd = [sys.executable, "train.py", "--config=configs/g2p.py:tiny", f"--workdir={workdir}",
@@ -202,7 +203,11 @@ def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
       ["-m", "transformer.infer.predict", f"--workdir={workdir}"]]
   assert last[4].split() == ["tensorboard", f"--logdir={workdir}"]
   warned = [line for line in proc.stderr.splitlines() if "warmup" in line]  # 20 of 100 steps
-  assert len(warned) == 1 and "train.num_steps=20 <= train.warmup_steps=100" in warned[0]
+  assert len(warned) == 1 and warned[0].startswith("warning: train.num_steps=20 <= "
+                                                   "train.warmup_steps=100"), warned
+  # Plain lines: no absl prefix ("I1129 03:04:34.752485 1398 task.py:66] "), no TFDS config note
+  assert not re.search(r"^[IWEF]\d{4} \d\d:|WARNING:absl|Using custom data", proc.stderr,
+                       re.M), proc.stderr[-3000:]
   files = os.listdir(workdir)
   for name in ("config.json", "provenance.json", "metrics.jsonl", "checkpoints"):
     assert name in files, name
@@ -217,7 +222,8 @@ def test_train_py_g2p_tiny_smoke_and_rerun(tmp_path, tmp_path_factory):
   assert again.returncode == 0, again.stderr[-3000:]
   finished = f"{workdir} holds a finished run (step 20): nothing to train"
   assert again.stdout.splitlines() == [finished, *last]
-  warned = [line for line in again.stderr.splitlines() if line.startswith(("W", "E"))]
+  warned = [line for line in again.stderr.splitlines()
+            if line.startswith(("W", "E", "warning:", "error:"))]
   assert not warned, again.stderr  # no orbax "read only" warnings, no warmup warning
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     assert f.read() == before

@@ -14,6 +14,10 @@ from transformer import files
 from transformer.config import ConfigError
 from transformer.data import builders, denoise, images, labels, objectives, pipeline, tokenizers
 
+# TFDS warns "Using custom data configuration" for each builder config; every one of ours is.
+logging.get_absl_logger().addFilter(
+    lambda r: not r.getMessage().startswith("Using custom data configuration"))
+
 
 def _text(value: Any) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
