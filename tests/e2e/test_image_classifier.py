@@ -5,6 +5,7 @@ test split (accuracy and a confusion matrix that agree with each other and with
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -38,6 +39,8 @@ def trained(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     outputs.append(proc.stdout)
   assert "confusion matrix" in proc.stdout
+  assert re.search(r"^scored +359 of 359 examples \(the whole split\)$", proc.stdout, re.M), \
+      proc.stdout  # one label per image, not "tokens"
   # train.py's closing lines point an image classifier to Python's classify, not to predict.
   assert f"transformer.restore({workdir!r}).classify(pixels)" in outputs[0]
   assert "infer.predict" not in outputs[0]

@@ -228,18 +228,19 @@ def result_files(split: str) -> tuple[str, str]:
   return f"metrics.{split}.json", f"predictions.{split}.jsonl"
 
 
-def format_table(results: dict[str, Any]) -> str:
-  """A two-column text table of the scalar results, then how much of the split they cover."""
+def format_table(results: dict[str, Any], scored: str = "tokens") -> str:
+  """A two-column text table of the scalar results, then how much of the split they cover
+  (`scored`: what the scored units are, e.g. a classifier's examples)."""
   rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in results.items()
           if isinstance(v, (int, float, str))]
   rows += [(k, ", ".join(map(str, v))) for k, v in results.items() if isinstance(v, list)]
   cov = results.get("coverage", {})
-  for what, unit in (("decoded", "examples"), ("scored", "tokens")):
+  for what, unit, shown in (("decoded", "examples", "examples"), ("scored", "tokens", scored)):
     done, total = f"{what}_{unit}", f"split_{unit}"
     if done in cov:
       whole = "the whole split" if cov[done] == cov[total] else (
           f"{cov[done] / max(cov[total], 1):.1%} of the split: a partial evaluation")
-      rows.append((what, f"{cov[done]} of {cov[total]} {unit} ({whole})"))
+      rows.append((what, f"{cov[done]} of {cov[total]} {shown} ({whole})"))
   width = max(len(k) for k, _ in rows)
   return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -335,8 +336,10 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   results["coverage"] = coverage
   wrote = write_results(out_dir or workdir, split, results, predictions)
   if verbose:
+    scored = "examples" if cfg.model.head == "classify" and cfg.model.arch == "encoder_only" \
+        else "tokens"  # a classifier scores one label per example (image)
     _print_results(results, predictions if getattr(task, "kind", "") == "lm" else [],
-                   out_dir or workdir if wrote else None, split)
+                   out_dir or workdir if wrote else None, split, scored)
   return results
 
 
@@ -371,9 +374,9 @@ def _checkpoint_fields(split: str, workdirs: Sequence[str], restored: Sequence[A
 
 
 def _print_results(results: dict[str, Any], samples: Sequence[dict[str, Any]],
-                   written_to: str | None, split: str) -> None:
+                   written_to: str | None, split: str, scored: str = "tokens") -> None:
   """The results table, the confusion matrix, an LM's first samples and the files written."""
-  print(format_table(results))
+  print(format_table(results, scored))
   if "confusion_matrix" in results:
     print(format_confusion(results["confusion_matrix"]))
   for p in samples[:3]:
