@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -73,11 +74,15 @@ def start_cluster(nodes: int, cpus_per_node: int):
   from ray.cluster_utils import Cluster  # pylint: disable=g-import-not-at-top
   temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a limit
   common = {"node_ip_address": "127.0.0.1", "num_cpus": cpus_per_node}
-  cluster = Cluster(initialize_head=True, head_node_args={
-      **common, "include_dashboard": False, "temp_dir": temp})
-  for _ in range(nodes - 1):
-    cluster.add_node(**common)
-  cluster.wait_for_nodes()
+  with warnings.catch_warnings():
+    # Ray's processes start by subprocess (fork, then exec at once): JAX's fork hook, armed by
+    # an earlier test of this worker, warns of a fork that runs no JAX code.
+    warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+    cluster = Cluster(initialize_head=True, head_node_args={
+        **common, "include_dashboard": False, "temp_dir": temp})
+    for _ in range(nodes - 1):
+      cluster.add_node(**common)
+    cluster.wait_for_nodes()
   return cluster, temp
 
 

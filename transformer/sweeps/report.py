@@ -83,8 +83,9 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
 
 def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None,
              groups: Sequence[Sequence[int]] = ()) -> str:
-  """A Markdown table of the rows, the best value of `metric` in bold; the columns equal in every
-  row (but KEPT and results) left out and their values stated once above it. `groups`
+  """A Markdown table of the rows, the best value of `metric` in bold (none when all tie); the
+  columns equal in every row (but KEPT and results) left out and their values stated once above
+  it. `groups`
   (compare.seed_groups of the points' overrides): where one has n > 1 points, a second table with
   one row per group, mean ± std."""
   cols = compare.shown_columns(rows, columns(rows), keep=KEPT)
@@ -92,7 +93,7 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None,
           if c not in cols and rows[0].get(c) not in (None, "")]
   values = [r.get(metric) for r in rows if compare.is_number(r.get(metric))]
   better = max if metric and any(h in metric for h in HIGHER_IS_BETTER) else min
-  best = better(values) if metric and values else None
+  best = better(values) if metric and len(set(values)) > 1 else None  # a tie singles out none
   text = f"Same for every point: {', '.join(same)}.\n\n" if same else ""
   text += compare.markdown_table(rows, cols, bold=None if best is None else (metric, best))
   if any(len(g) > 1 for g in groups):
