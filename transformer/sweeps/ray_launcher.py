@@ -103,6 +103,10 @@ def preflight(address: str, what: str = "--launcher=ray") -> None:
   """SweepError now (before data or processes) if Ray is missing or the address is unreachable."""
   if is_loopback(address):  # read when ray is imported
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+  # Ray 2.60's `ray start` turns token authentication on and a client sends its token (from
+  # ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) only in this mode; a cluster
+  # without authentication accepts such a client too.
+  os.environ.setdefault("RAY_AUTH_MODE", "token")
   import_ray(what)
   if address:
     check_reachable(address)
@@ -124,8 +128,10 @@ def connect(address: str, num_cpus: int | None = None, what: str = "--launcher=r
       ray.init(address=address, runtime_env=runtime_env, log_to_driver=False,
                logging_level="ERROR")
     else:
-      ray.init(_node_ip_address="127.0.0.1", num_cpus=num_cpus, include_dashboard=False,
-               runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
+      # address="local": a Ray of its own, whatever cluster (live or stale) this machine has
+      ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=num_cpus,
+               include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
+               logging_level="ERROR")
   except (ConnectionError, RuntimeError, ValueError) as e:
     where = f"--ray_address={address}" if address else "a local Ray"
     raise SweepError(f"{where}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
