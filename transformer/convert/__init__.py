@@ -31,7 +31,7 @@ import numpy as np
 
 from transformer import cli, files
 from transformer.config import Config, ConfigError, ModelConfig, to_dict
-from transformer.convert import bert, checks, gpt2, llama, mixtral, t5, vit
+from transformer.convert import agreement, bert, checks, gpt2, llama, mixtral, t5, vit
 from transformer.convert.common import first_id
 from transformer.convert.family import ConvertError, Family
 from transformer.data import tokenizers
@@ -274,8 +274,12 @@ def _define(f: flags.FlagValues) -> None:
                       "run: Mixtral with RMSNorm and model.ffn=moe, Llama, Mistral or Qwen2 with "
                       "RMSNorm, else GPT-2; T5 for an encoder-decoder, BERT for an encoder-only "
                       "masked LM, ViT for an image classifier)", flag_values=f)
+  flags.DEFINE_string("check", "", "a Hugging Face directory to score the workdir against (a "
+                      "decoder-only one: its source or its export): the largest difference of "
+                      "log-probabilities at each position", flag_values=f)
   flags.DEFINE_string("text_file", "", "--from_hf of a decoder-only model or BERT: data for "
-                      "eval.py (data.text_file)", flag_values=f)
+                      "eval.py (data.text_file); --check: its first lines are the texts",
+                      flag_values=f)
   flags.DEFINE_string("data_dir", "", "--from_hf: where that data is prepared (data.data_dir; "
                       "default: the usual TFDS directory)", flag_values=f)
   flags.DEFINE_string("step", "latest", "--to_hf: an integer, 'latest' or 'best'", flag_values=f)
@@ -287,9 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   """Runs the command line; returns the exit status (errors are one line on stderr)."""
   args, rest = cli.parse_own_flags("python -m transformer.convert", _define,
                                    sys.argv[1:] if argv is None else list(argv), __doc__)
-  if rest or bool(args.from_hf) == bool(args.to_hf):
-    print("error: give exactly one of --from_hf and --to_hf, and no arguments (see --help)",
-          file=sys.stderr)
+  if rest or [bool(args.from_hf), bool(args.to_hf), bool(args.check)].count(True) != 1:
+    print("error: give exactly one of --from_hf, --to_hf and --check, and no arguments (see "
+          "--help)", file=sys.stderr)
     return 2
   verbosity = logging.get_verbosity()  # restored below: in-process callers keep their logging
   logging.set_verbosity(logging.ERROR)  # orbax and TFDS are chatty; stderr is for our one line
@@ -297,6 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.from_hf:
       cfg = from_hf(args.from_hf, args.workdir, args.text_file, args.data_dir)
       print(f"wrote {args.workdir}: {export_family(cfg.model).describe_workdir(cfg)}")
+    elif args.check:
+      texts = agreement.texts_of(args.text_file)
+      diffs = agreement.position_differences(args.workdir, args.check, texts)
+      print(agreement.report(args.workdir, args.check, diffs, len(texts)))
     else:
       step = int(args.step) if args.step.lstrip("-").isdigit() else args.step
       hf = to_hf(args.workdir, args.to_hf, step, overwrite=args.overwrite)
