@@ -103,10 +103,6 @@ def preflight(address: str, what: str = "--launcher=ray") -> None:
   """SweepError now (before data or processes) if Ray is missing or the address is unreachable."""
   if is_loopback(address):  # read when ray is imported
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-  # Ray 2.60's `ray start` turns token authentication on and a client sends its token (from
-  # ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) only in this mode; a cluster
-  # without authentication accepts such a client too.
-  os.environ.setdefault("RAY_AUTH_MODE", "token")
   import_ray(what)
   if address:
     check_reachable(address)
@@ -134,7 +130,12 @@ def connect(address: str, num_cpus: int | None = None, what: str = "--launcher=r
                logging_level="ERROR")
   except (ConnectionError, RuntimeError, ValueError) as e:
     where = f"--ray_address={address}" if address else "a local Ray"
-    raise SweepError(f"{where}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    # Ray 2.60's `ray start` turns token authentication on; a client must be in the same mode.
+    hint = ("; a cluster that `ray start` started wants token authentication: export "
+            "RAY_AUTH_MODE=token (docs/sweeps.md#ray)"
+            if address and os.environ.get("RAY_AUTH_MODE") != "token" else "")
+    raise SweepError(f"{where}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}"
+                     f"{hint}") from None
   return ray
 
 
