@@ -160,6 +160,10 @@ def test_evaluate_covers_the_whole_split_unless_asked_for_less(workdir, tmp_path
     assert json.load(f)["coverage"] == part["coverage"]
   table = evaluation.format_table(part)
   assert f"decoded     5 of {len(words)} examples" in table and "partial" in table
+  # A classifier scores one label per example: its scored line counts examples, not tokens.
+  whole = {"coverage": {"scored_tokens": 359, "split_tokens": 359}}
+  assert evaluation.format_table(whole, "examples").splitlines() == [
+      "scored  359 of 359 examples (the whole split)"]
 
 
 def test_in_training_evaluation_says_it_is_partial(workdir):
