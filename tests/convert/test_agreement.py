@@ -1,5 +1,5 @@
-"""`python -m transformer.convert --workdir=RUN --check=HF_DIR` (transformer/convert/agreement.py):
-the largest log-probability difference per position between a decoder-only workdir and a Hugging
+"""`python -m transformer.convert --workdir=RUN --check=HF_DIR` (convert/agreement.py): the
+largest log-probability difference per position between a decoder-only workdir and a Hugging
 Face directory, on test_llama.py's tiny offline Llama 2.
 
 A converted workdir scores like its source (below 1e-4 everywhere). A fine-tuned workdir (every
