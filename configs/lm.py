@@ -8,6 +8,10 @@ or any local text file: add `--config.data.dataset=text_files --config.data.text
   nanogpt_cpu     nanoGPT's CPU settings (a 4-layer model, short blocks, small batches).
   bpe             `char` with a SentencePiece BPE vocabulary.
   moe, moe_dense  `nanogpt_cpu` with 8 GELU experts of 256, top-2; its dense twin (docs/moe.md).
+  isoflop         `nanogpt_cpu`'s recipe for IsoFLOP sweeps (configs/sweeps/isoflop.py sets each
+                  point's shape and steps): batches of 16 x 64, learning rate 2e-3 (the best of
+                  configs/sweeps/isoflop_lr.py's scan on the smallest budget), one evaluation at
+                  the end on the whole validation split (docs/scaling.md).
 
   python train.py --config=configs/lm.py:nanogpt_cpu --workdir=runs/shakespeare_char \
       --config.data.dataset=text_files --config.data.text_file=/path/to/tinyshakespeare.txt
@@ -17,11 +21,11 @@ Result of :nanogpt_cpu against nanoGPT's: docs/performance.md#character-lm-again
 
 from configs import base
 
-VARIANTS = ("char", "nanogpt_cpu", "bpe", "moe", "moe_dense")
+VARIANTS = ("char", "nanogpt_cpu", "bpe", "moe", "moe_dense", "isoflop")
 
 
 def get_config(arg: str = "char"):
-  """The LM config; `arg` picks the variant (char | nanogpt_cpu | bpe | moe | moe_dense)."""
+  """The LM config; `arg` picks the variant (char | nanogpt_cpu | bpe | moe | moe_dense | isoflop)."""
   variant = arg or "char"
   if variant not in VARIANTS:
     raise ValueError(f"configs/lm.py: unknown variant {variant!r} (one of {', '.join(VARIANTS)})")
@@ -37,7 +41,7 @@ def get_config(arg: str = "char"):
   c.eval.update(metrics="bpc", num_batches=20, num_decode_examples=0)
   c.eval.decode.update(method="sample", temperature=0.8, top_k=200)
   c.checkpoint.update(keep_best_by="eval/loss", keep=2)
-  if variant in ("nanogpt_cpu", "moe", "moe_dense"):
+  if variant in ("nanogpt_cpu", "moe", "moe_dense", "isoflop"):
     c.model.update(num_decoder_layers=4, num_heads=4, d_model=128, mlp_dim=512, dropout_rate=0.0,
                    max_len=64)
     c.data.update(max_target_len=64, max_source_len=64, batch_size=12)
@@ -47,6 +51,11 @@ def get_config(arg: str = "char"):
     if variant == "moe":  # 2 active experts of hidden 256: the dense FFN's 512, 4x its weights
       c.model.update(ffn="moe", mlp_dim=256, moe_num_experts=8, moe_top_k=2,
                      moe_expert_ffn="gelu", moe_capacity_factor=1.25)
+    if variant == "isoflop":  # every run evaluates once, at its end, on all of validation
+      c.data.update(batch_size=16)
+      c.train.update(learning_rate=2e-3)
+      c.eval.update(every_steps=10**9, num_batches=0)
+      c.checkpoint.update(every_steps=1000, keep=1)
   else:
     c.model.update(num_decoder_layers=6, num_heads=6, d_model=384, mlp_dim=1536, dropout_rate=0.2,
                    max_len=256)

@@ -1,10 +1,10 @@
 """IsoFLOP sweeps from a base config: for each compute budget, a ladder of model shapes, each
 trained for the steps that spend the budget.
 
-Shapes (`shape_for`): non-embedding parameters N ~ (4 + 2 r) L d^2 (attention's four d x d
-matrices, an FFN of two d x r d matrices), depth L and width d = aspect_ratio * L, heads of
-`head_dim`, mlp_dim = r d. For a target N: L = round((N / ((4 + 2 r) aspect^2))^(1/3)) >= 1, then d
-the multiple of head_dim nearest sqrt(N / ((4 + 2 r) L)). Sizes per budget (`sizes_for`): `num_sizes`
+Shapes (`Ladder.shape_for`): non-embedding parameters N ~ (4 + 2 r) L d^2 (attention's four
+d x d matrices, an FFN of two d x r d matrices) for depth L, width d, mlp_dim = r d, heads of
+`head_dim`. For a target N: of the widths that are multiples of head_dim with d / L within a
+factor 2 of `aspect_ratio`, the (d, L) whose estimate is nearest N. Sizes per budget (`sizes_for`): `num_sizes`
 targets spaced by the factor `spacing`, centred (geometrically) on N_c = sqrt(C / (6 k)), where a
 model trained on k = tokens_per_param tokens per parameter spends C = 6 N D (Chinchilla's k = 20
 is a prior, not a fit). Steps (`plan`): num_steps = round(C / (FLOPs per token x tokens per step))
@@ -49,14 +49,28 @@ class Ladder:
   head_dim: int = 16
   mlp_ratio: int = 4
 
+  def estimate(self, d_model: int, num_layers: int) -> int:
+    """Non-embedding parameters of a shape under the rule's estimate (4 + 2 r) L d^2."""
+    return (4 + 2 * self.mlp_ratio) * num_layers * d_model ** 2
+
   def shape_for(self, params: float) -> Shape:
-    """The shape whose non-embedding parameters are nearest `params` under this rule."""
+    """Of the shapes with d a multiple of head_dim and d / L within a factor 2 of the aspect
+    ratio, the one whose estimated parameters are nearest `params` (in ratio; ties: the one
+    nearest the aspect ratio)."""
     if params <= 0:
       raise ValueError(f"a model of {params} parameters has no shape")
-    per_layer = 4 + 2 * self.mlp_ratio
-    layers = max(1, round((params / (per_layer * self.aspect_ratio ** 2)) ** (1 / 3)))
-    width = math.sqrt(params / (per_layer * layers))
-    d = max(self.head_dim, round(width / self.head_dim) * self.head_dim)
+    candidates = []
+    for layers in range(1, 257):
+      d = max(self.head_dim, round(math.sqrt(params / self.estimate(1, layers)) / self.head_dim)
+              * self.head_dim)
+      for width in (d - self.head_dim, d, d + self.head_dim):
+        ratio = width / layers
+        if width >= self.head_dim and 0.5 <= ratio / self.aspect_ratio <= 2:
+          candidates.append((abs(math.log(self.estimate(width, layers) / params)),
+                             abs(math.log(ratio / self.aspect_ratio)), width, layers))
+    if not candidates:
+      raise ValueError(f"no shape of {params:.3g} parameters has d / L near {self.aspect_ratio}")
+    _, _, d, layers = min(candidates)
     return Shape(d, layers, d // self.head_dim, self.mlp_ratio * d)
 
 
