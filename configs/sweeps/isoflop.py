@@ -1,21 +1,21 @@
-r"""IsoFLOP sweep of a decoder-only LM: 4 compute budgets (5e10 to 4e11 training FLOPs, a factor 2
+r"""IsoFLOP sweep of a decoder-only LM: 4 compute budgets (2.5e10 to 2e11 training FLOPs, a factor 2
 apart) x 5 model sizes x seeds 0 and 1 (transformer/scaling/isoflop.py: the shape rule, the
 steps that spend each budget, warmup and decay scaled with the run).
 
 Sizes are spaced 1.7x in non-embedding parameters (an 8x window per budget), centred where a run
-sees 10 tokens per parameter, so that the smallest model of the top budget reads Tiny
-Shakespeare's training split fewer than 4 times; shapes have d_model / layers = 16 and heads of 8
+sees 10 tokens per parameter, so that no run reads Tiny Shakespeare's training split
+more than 4 times; shapes have d_model / layers = 16 and heads of 8
 dimensions. docs/scaling.md's study runs it so (benchmarks/scaling_isoflop.py holds the command):
 
   python sweep.py --config=configs/lm.py:isoflop --sweep=configs/sweeps/isoflop.py \
       --workdir=runs/isoflop --pack=2 --eval_split= \
       --config.data.dataset=text_files --config.data.text_file=../shared/data/tinyshakespeare.txt
-  python -m transformer.scaling fit runs/isoflop --holdout=4e11
+  python -m transformer.scaling fit runs/isoflop --holdout=2e11
 """
 
 from transformer.scaling import isoflop
 
-BUDGETS = tuple(5e10 * 2 ** i for i in range(4))
+BUDGETS = tuple(2.5e10 * 2 ** i for i in range(4))
 LADDER = isoflop.Ladder(aspect_ratio=16, head_dim=8, mlp_ratio=4)
 SIZES = dict(num_sizes=5, spacing=1.7, tokens_per_param=10.0)
 SEEDS = (0, 1)

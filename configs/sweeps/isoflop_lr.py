@@ -1,5 +1,6 @@
-r"""The learning-rate scan behind configs/lm.py:isoflop: isoflop.py's 5 sizes of its smallest
-budget, each at 4 learning rates (seed 0); the members of a size train as one packed program.
+r"""The learning-rate scan behind configs/lm.py:isoflop: 5 shapes from 12k to 83k non-embedding
+parameters (the range of isoflop.py's budgets), each trained on 5e10 FLOPs (isoflop.py's second
+budget) at 6 learning rates (seed 0); the members of a shape train as one packed program.
 
   python sweep.py --config=configs/lm.py:isoflop --sweep=configs/sweeps/isoflop_lr.py \
       --workdir=runs/isoflop_lr --pack=4 --eval_split= \
@@ -9,11 +10,15 @@ budget, each at 4 learning rates (seed 0); the members of a size train as one pa
 from configs.sweeps import isoflop
 from transformer.scaling import isoflop as isoflop_lib
 
-LEARNING_RATES = (1e-3, 2e-3, 4e-3, 8e-3)
+LEARNING_RATES = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)
+BUDGET = 5e10
+SHAPES = ((32, 1), (24, 2), (32, 2), (40, 3), (48, 3))  # (d_model, layers); heads of 8, mlp 4 d
 
 
 def get_sweep(config):
-  """Smallest budget x sizes x learning rates."""
-  runs = isoflop.runs(config, isoflop.BUDGETS[:1])
-  return [{**point, "train.learning_rate": lr} for point in isoflop_lib.sweep_points(config, runs, [0])
-          for lr in LEARNING_RATES]
+  """The budget's sizes x learning rates."""
+  vocab = config.model.vocab_size or isoflop.VOCAB_SIZE
+  runs = [isoflop_lib.run_for(config, BUDGET, isoflop_lib.Shape(d, layers, d // 8, 4 * d),
+                              vocab_size=vocab) for d, layers in SHAPES]
+  return [{**point, "train.learning_rate": lr}
+          for point in isoflop_lib.sweep_points(config, runs, [0]) for lr in LEARNING_RATES]

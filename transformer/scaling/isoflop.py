@@ -102,30 +102,36 @@ class Run:
             "train.warmup_steps": self.warmup_steps}
 
 
-def plan(config: Any, budgets: Sequence[float], ladder: Ladder = Ladder(), num_sizes: int = 5,
-         spacing: float = 2.0, tokens_per_param: float = 20.0, warmup_fraction: float = 0.05,
-         vocab_size: int = 0) -> list[Run]:
-  """The runs of an IsoFLOP sweep of the ConfigDict `config`, budget-major; `vocab_size` (or the
-  config's model.vocab_size) is the vocabulary the FLOPs are counted with."""
+def run_for(config: Any, budget: float, shape: Shape, warmup_fraction: float = 0.05,
+            vocab_size: int = 0) -> Run:
+  """The run of `shape` that spends `budget` FLOPs under the ConfigDict `config`; `vocab_size`
+  (or the config's model.vocab_size) is the vocabulary the FLOPs are counted with."""
   vocab = vocab_size or config.model.vocab_size
   if vocab <= 0:
     raise ValueError("model.vocab_size is 0: pass vocab_size= (the tokenizer's, as the run's "
                      "config.json will have it) to count FLOPs")
+  cd = spec.apply_overrides(config, {**shape.overrides(config.model.arch),
+                                     "model.vocab_size": vocab})
+  cfg = config_lib.from_configdict(cd)
+  per_token, per_step = counting.flops_per_token(cfg), counting.tokens_per_step(cfg)
+  steps = max(1, round(budget / (per_token * per_step)))
+  warmup = min(steps - 1, round(warmup_fraction * steps)) if steps > 1 else 0
+  return Run(budget, shape, steps, warmup, per_token, steps * per_step,
+             steps * per_step * per_token)
+
+
+def plan(config: Any, budgets: Sequence[float], ladder: Ladder = Ladder(), num_sizes: int = 5,
+         spacing: float = 2.0, tokens_per_param: float = 20.0, warmup_fraction: float = 0.05,
+         vocab_size: int = 0) -> list[Run]:
+  """The runs of an IsoFLOP sweep of the ConfigDict `config`, budget-major (`run_for` each
+  budget's `sizes_for` shapes)."""
   runs = []
   for budget in budgets:
     shapes = [ladder.shape_for(n) for n in sizes_for(budget, num_sizes, spacing, tokens_per_param)]
     if len(set(shapes)) < len(shapes):
       raise ValueError(f"budget {budget:g}: two sizes round to the same shape ({shapes}); "
                        "widen the spacing or lower head_dim")
-    for shape in shapes:
-      cd = spec.apply_overrides(config, {**shape.overrides(config.model.arch),
-                                         "model.vocab_size": vocab})
-      cfg = config_lib.from_configdict(cd)
-      per_token, per_step = counting.flops_per_token(cfg), counting.tokens_per_step(cfg)
-      steps = max(1, round(budget / (per_token * per_step)))
-      warmup = min(steps - 1, round(warmup_fraction * steps)) if steps > 1 else 0
-      runs.append(Run(budget, shape, steps, warmup, per_token, steps * per_step,
-                      steps * per_step * per_token))
+    runs += [run_for(config, budget, shape, warmup_fraction, vocab_size) for shape in shapes]
   return runs
 
 
