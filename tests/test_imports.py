@@ -1,6 +1,7 @@
 """The `transformer` package's imports point one way (the README's Layout; an arrow is an import):
-sweeps -> train -> infer -> run -> data, model -> the shared modules (choices, schema, config, metrics);
-convert -> train; infer never imports train, model code never imports data, training or I/O code.
+scaling -> sweeps -> train -> infer -> run -> data, model -> the shared modules (choices, schema,
+config, metrics); convert -> train; infer never imports train, model code never imports data,
+training or I/O code.
 
 Every module's imports are read with `ast`, function-level ones included, into a graph of
 `transformer.*` modules; `importlib.import_module("transformer.x")` and `__import__(...)` with a
@@ -37,6 +38,9 @@ PACKAGE_MAY_IMPORT["transformer.sweeps"] = PACKAGE_MAY_IMPORT["transformer.train
     "transformer.train"}
 PACKAGE_MAY_IMPORT["transformer.convert"] = PACKAGE_MAY_IMPORT["transformer.sweeps"] - {
     "transformer.infer"}
+# Scaling laws read runs (infer.compare), count models (model, run's MFU count) and plan sweeps.
+PACKAGE_MAY_IMPORT["transformer.scaling"] = PACKAGE_MAY_IMPORT["transformer.sweeps"] | {
+    "transformer.sweeps"}
 # Whose string imports are not arrows: the package facade's lazy _EXPORTS (it is the top).
 STRING_IMPORTS_ALLOWED = {"transformer"}
 

@@ -125,6 +125,9 @@ def plan(config: Any, budgets: Sequence[float], ladder: Ladder = Ladder(), num_s
          vocab_size: int = 0) -> list[Run]:
   """The runs of an IsoFLOP sweep of the ConfigDict `config`, budget-major (`run_for` each
   budget's `sizes_for` shapes)."""
+  if not (vocab_size or config.model.vocab_size):
+    raise ValueError("model.vocab_size is 0: pass vocab_size= (the tokenizer's, as the run's "
+                     "config.json will have it) to count FLOPs")
   runs = []
   for budget in budgets:
     shapes = [ladder.shape_for(n) for n in sizes_for(budget, num_sizes, spacing, tokens_per_param)]
