@@ -14,7 +14,8 @@ from transformer.config import from_configdict, to_dict
 from transformer.scaling import approach3, command, counting, isoflop, observations
 from transformer.sweeps import spec
 
-SURFACE = approach3.Fit(E=0.9, A=60.0, B=80.0, alpha=0.40, beta=0.34, objective=0.0)  # optimum mid-window
+# alpha != beta; its optimum lies mid-window of isoflop.py's sizes
+SURFACE = approach3.Fit(E=0.9, A=60.0, B=80.0, alpha=0.40, beta=0.34, objective=0.0)
 BUDGETS = (2.5e10, 5e10, 1e11, 2e11)
 
 

@@ -4,14 +4,15 @@ trained for the steps that spend the budget.
 Shapes (`Ladder.shape_for`): non-embedding parameters N ~ (4 + 2 r) L d^2 (attention's four
 d x d matrices, an FFN of two d x r d matrices) for depth L, width d, mlp_dim = r d, heads of
 `head_dim`. For a target N: of the widths that are multiples of head_dim with d / L within a
-factor 2 of `aspect_ratio`, the (d, L) whose estimate is nearest N. Sizes per budget (`sizes_for`): `num_sizes`
-targets spaced by the factor `spacing`, centred (geometrically) on N_c = sqrt(C / (6 k)), where a
-model trained on k = tokens_per_param tokens per parameter spends C = 6 N D (Chinchilla's k = 20
-is a prior, not a fit). Steps (`plan`): num_steps = round(C / (FLOPs per token x tokens per step))
-with counting.flops_per_token (MFU's count: attention and the output head included), warmup
-warmup_fraction of the run, and the schedule (train.schedule, e.g. warmup_cosine) decays over
-num_steps, so both scale with the run. Seeds are points that differ only in `seed`: `sweep.py
---pack=N` trains them as members of one program.
+factor 2 of `aspect_ratio`, the (d, L) whose estimate is nearest N. Sizes per budget
+(`sizes_for`): `num_sizes` targets spaced by the factor `spacing`, centred (geometrically) on
+N_c = sqrt(C / (6 k)), where a model trained on k = tokens_per_param tokens per parameter spends
+C = 6 N D (Chinchilla's k = 20 is a prior, not a fit). Steps (`run_for`): num_steps =
+round(C / (FLOPs per token x tokens per step)) with counting.flops_per_token (MFU's count:
+attention and the output head included), warmup warmup_fraction of the run, and the schedule
+(train.schedule, e.g. warmup_cosine) decays over num_steps, so both scale with the run. Seeds
+are points that differ only in `seed`: `sweep.py --pack=N` trains them as members of one
+program.
 """
 
 import dataclasses

@@ -39,7 +39,8 @@ def _prediction(name: str, result: Mapping[str, Any]) -> list[str]:
 
 
 def text(result: Mapping[str, Any]) -> str:
-  """The fits side by side and the predictions, as printed by `python -m transformer.scaling fit`."""
+  """The fits side by side and the predictions (what `python -m transformer.scaling fit`
+  prints)."""
   a2, a3 = result["approach2"], result["approach3"]
   fitted = ", ".join(f"{b:.3g}" for b in result["fitted_budgets"])
   lines = [f"{len(result['runs'])} runs ({result['metric']}); fitted budgets: {fitted} FLOPs"]
