@@ -20,7 +20,7 @@ from transformer.train.loop import fill_vocab_sizes
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 G2P_VARIANTS = ["tiny", "fast", "best", "small", "base", "ablate"]
 ALL = [f"{name}:{v}" for name in ("g2p", "g2p_decoder_only") for v in G2P_VARIANTS] + [
-    "g2p:gpu", "lm:char", "lm:nanogpt_cpu", "lm:bpe", "lm:moe", "lm:moe_dense",
+    "g2p:gpu", "lm:char", "lm:nanogpt_cpu", "lm:bpe", "lm:moe", "lm:moe_dense", "lm:isoflop",
     "wmt14_ende:", "lm1b:", "mlm:cmudict",
     "mlm:text", "classify:"]
 
