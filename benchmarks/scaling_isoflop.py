@@ -1,8 +1,9 @@
 r"""A CPU-sized IsoFLOP study of a character LM: fit scaling laws on the lower budgets, predict the
 top one. Three stages, each through the project's own commands:
 
-  1. the learning-rate scan (configs/sweeps/isoflop_lr.py: 5 shapes x 6 rates on 5e10 FLOPs);
-     the rate with the lowest mean final validation loss over the shapes is the study's;
+  1. the learning-rate scan (configs/sweeps/isoflop_lr.py: 5 shapes x 4 rates on 5e10 FLOPs, 2
+     shapes at a fifth); the rate of the lowest mean regret (final validation loss minus the
+     best of its shape) is the study's;
   2. the IsoFLOP sweep (configs/sweeps/isoflop.py: 4 budgets x 5 sizes x seeds 0, 1; the seeds of
      a size packed as members) at that rate;
   3. `python -m transformer.scaling fit SWEEP --holdout=<top budget>`: Approach 2 and Approach 3
@@ -73,14 +74,18 @@ def final_losses(workdir: str) -> list[dict]:
 
 
 def best_rate(rows: list[dict]) -> tuple[float, dict[str, float]]:
-  """The rate of the lowest mean loss over the shapes, and each rate's mean."""
-  rates = sorted({r["learning_rate"] for r in rows})
-  means = {}
-  for rate in rates:
-    losses = [r["loss"] for r in rows if r["learning_rate"] == rate]
-    means[repr(rate)] = (sum(losses) / len(losses) if None not in losses else float("inf"))
-  best = min(rates, key=lambda r: means[repr(r)])
-  return best, means
+  """The rate of the lowest mean regret (its final loss minus the best of its shape) over the
+  shapes it was run at, and each rate's mean regret."""
+  best = {}
+  for r in rows:
+    shape = (r["d_model"], r["layers"])
+    best[shape] = min(best.get(shape, float("inf")), r["loss"])
+  regrets: dict[str, list[float]] = {}
+  for r in rows:
+    regrets.setdefault(repr(r["learning_rate"]), []).append(
+        r["loss"] - best[(r["d_model"], r["layers"])])
+  means = {rate: sum(v) / len(v) for rate, v in regrets.items()}
+  return float(min(means, key=means.get)), means
 
 
 def metrics(result: dict, rate: float, epochs: list[float]) -> dict[str, float]:
@@ -130,7 +135,7 @@ def main() -> None:
   scan_wall = sweep("scan", "configs/sweeps/isoflop_lr.py", scan_dir, 6, data)
   scan = final_losses(scan_dir)
   rate, means = best_rate(scan)
-  print(f"learning rate {rate:g} (mean final loss by rate: {means})", flush=True)
+  print(f"learning rate {rate:g} (mean regret by rate: {means})", flush=True)
   sweep_wall = sweep("isoflop", "configs/sweeps/isoflop.py", sweep_dir, 2,
                      data + [f"--config.train.learning_rate={rate!r}"])
   directory = os.path.join(args.out, "scaling_isoflop")
@@ -161,7 +166,7 @@ def main() -> None:
       "rates": {}, "metrics": metrics(result, rate, epochs) | {
           "scan_wall_clock_s": round(scan_wall, 1), "sweep_wall_clock_s": round(sweep_wall, 1)},
       "seeds": [0, 1], "report": "docs/scaling.md#a-measured-isoflop-study"}
-  study = {"learning_rate_scan": scan, "mean_loss_by_rate": means, "fit_command": " ".join(
+  study = {"learning_rate_scan": scan, "mean_regret_by_rate": means, "fit_command": " ".join(
       ["python", *fit[1:]]), "epochs": {r["path"]: e for r, e in zip(result["runs"], epochs)},
       "train_chars": train_chars, "text_sha256": TEXT_SHA256}
   for name, content in (("record.json", record), ("study.json", study)):
