@@ -1,7 +1,6 @@
 """benchmarks/scaling_isoflop.py: the learning rate it picks from the scan and the record's flat
 metrics from a fit's scaling.json."""
 
-
 import pytest
 
 from bench_loader import load_benchmark
