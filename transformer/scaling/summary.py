@@ -27,9 +27,8 @@ def _prediction(name: str, result: Mapping[str, Any]) -> list[str]:
                      if held and vertex else ""),
            "loss": f"observed: {seen['best_loss']:.4f}" if held else ""}
   for k, label in (("n_opt", "N* (parameters)"), ("d_opt", "D* (tokens)"), ("loss", "L*")):
-    lines.append(_row(label, _value(a2 | {"intervals": a2["intervals"]}, k, 4 if k == "loss"
-                                    else 3), _value(a3, k, 4 if k == "loss" else 3),
-                      notes.get(k, "")))
+    digits = 4 if k == "loss" else 3
+    lines.append(_row(label, _value(a2, k, digits), _value(a3, k, digits), notes.get(k, "")))
   if held:
     for a in ("approach2", "approach3"):
       c = held[a]
