@@ -1,6 +1,8 @@
 """Parameter and FLOP counts (transformer/scaling/counting.py) against hand counts of three
 decoder-only shapes and against XLA's cost analysis of the compiled gradient."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,3 +63,13 @@ def test_flops_within_two_percent_of_xla_cost_analysis():
   ours = counting.flops_per_token(cfg) * counting.tokens_per_step(cfg)
   # XLA also counts norms, GELU and softmax (about 1% here): ours is the matmuls only
   assert 0.98 < analysis["flops"] / ours < 1.03
+
+
+@pytest.mark.parametrize("ffn", ["swiglu", "geglu_tanh"])
+def test_a_gated_ffn_counts_three_matrices(ffn):
+  """choices.FFNS says these are gated: the FFN's weights and FLOPs are 3/2 of a plain one's."""
+  plain = counting.count(config(32, 2, 4, 128))
+  cfg = config(32, 2, 4, 128)
+  gated = counting.count(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, ffn=ffn)))
+  assert gated.non_embedding - plain.non_embedding == 2 * 32 * 128
+  assert gated.flops_per_token - plain.flops_per_token == 3 * 2 * 2 * 32 * 128

@@ -1,25 +1,24 @@
 """IsoFLOP sweeps from a base config: for each compute budget, a ladder of model shapes, each
 trained for the steps that spend the budget.
 
-Shapes (`Ladder.shape_for`): non-embedding parameters N ~ (4 + 2 r) L d^2 (attention's four
-d x d matrices, an FFN of two d x r d matrices) for depth L, width d, mlp_dim = r d, heads of
-`head_dim`. For a target N: of the widths that are multiples of head_dim with d / L within a
-factor 2 of `aspect_ratio`, the (d, L) whose estimate is nearest N. Sizes per budget
-(`sizes_for`): `num_sizes` targets spaced by the factor `spacing`, centred (geometrically) on
-N_c = sqrt(C / (6 k)), where a model trained on k = tokens_per_param tokens per parameter spends
-C = 6 N D (Chinchilla's k = 20 is a prior, not a fit). Steps (`run_for`): num_steps =
-round(C / (FLOPs per token x tokens per step)) with counting.flops_per_token (MFU's count:
+Shapes (`Ladder.shape_for`): non-embedding parameters N ~ (4 + 2 r) L d^2 (attention's four d x d
+matrices, an FFN of two d x r d matrices, three where choices.FFNS says it is gated) for depth L,
+width d, mlp_dim = r d, heads of `head_dim`. For a target N: of the widths that are multiples of
+head_dim with d / L within a factor 2 of `aspect_ratio`, the (d, L) whose estimate is nearest N.
+Sizes per budget (`sizes_for`): `num_sizes` targets spaced by the factor `spacing`, centred
+(geometrically) on N_c = sqrt(C / (6 k)), where a model trained on k = tokens_per_param tokens per
+parameter spends C = 6 N D (Chinchilla's k = 20 is a prior, not a fit). Steps (`run_for`): num_steps
+= round(C / (FLOPs per token x tokens per step)) with counting.flops_per_token (MFU's count:
 attention and the output head included), warmup warmup_fraction of the run, and the schedule
-(train.schedule, e.g. warmup_cosine) decays over num_steps, so both scale with the run. Seeds
-are points that differ only in `seed`: `sweep.py --pack=N` trains them as members of one
-program.
+(train.schedule, e.g. warmup_cosine) decays over num_steps, so both scale with the run. Seeds are
+points that differ only in `seed`: `sweep.py --pack=N` trains them as members of one program.
 """
 
 import dataclasses
 import math
 from typing import Any, Sequence
 
-from transformer import config as config_lib
+from transformer import choices, config as config_lib
 from transformer.scaling import counting
 from transformer.sweeps import spec
 
@@ -45,14 +44,17 @@ class Shape:
 
 @dataclasses.dataclass(frozen=True)
 class Ladder:
-  """The shape rule: fixed aspect ratio d / L, heads of head_dim, mlp_dim = mlp_ratio x d."""
+  """The shape rule: fixed aspect ratio d / L, heads of head_dim, mlp_dim = mlp_ratio x d; a
+  `gated` FFN (plan sets it from choices.FFNS) has three matrices."""
   aspect_ratio: float = 32.0
   head_dim: int = 16
   mlp_ratio: int = 4
+  gated: bool = False
 
   def estimate(self, d_model: int, num_layers: int) -> int:
-    """Non-embedding parameters of a shape under the rule's estimate (4 + 2 r) L d^2."""
-    return (4 + 2 * self.mlp_ratio) * num_layers * d_model ** 2
+    """Non-embedding parameters of a shape under the rule's estimate (4 + m r) L d^2, m the FFN's
+    matrices."""
+    return (4 + (3 if self.gated else 2) * self.mlp_ratio) * num_layers * d_model ** 2
 
   def shape_for(self, params: float) -> Shape:
     """Of the shapes with d a multiple of head_dim and d / L within a factor 2 of the aspect
@@ -129,6 +131,10 @@ def plan(config: Any, budgets: Sequence[float], ladder: Ladder = Ladder(), num_s
   if not (vocab_size or config.model.vocab_size):
     raise ValueError("model.vocab_size is 0: pass vocab_size= (the tokenizer's, as the run's "
                      "config.json will have it) to count FLOPs")
+  ffn = choices.FFNS[config.model.ffn]
+  if ffn.mixture:
+    raise ValueError("model.ffn=moe: the shape rule sizes dense feed-forwards")
+  ladder = dataclasses.replace(ladder, gated=ffn.gated)
   runs = []
   for budget in budgets:
     shapes = [ladder.shape_for(n) for n in sizes_for(budget, num_sizes, spacing, tokens_per_param)]
