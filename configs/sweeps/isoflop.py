@@ -3,9 +3,10 @@ apart) x 5 model sizes x seeds 0 and 1 (transformer/scaling/isoflop.py: the shap
 steps that spend each budget, warmup and decay scaled with the run).
 
 Sizes are spaced 1.7x in non-embedding parameters (an 8x window per budget), centred where a run
-sees 10 tokens per parameter, so that no run reads Tiny Shakespeare's training split
-more than 4 times; shapes have d_model / layers = 16 and heads of 8
-dimensions. docs/scaling.md's study runs it so (benchmarks/scaling_isoflop.py holds the command):
+sees 10 tokens per parameter, so that no run reads Tiny Shakespeare's training split more than 4
+times; shapes have d_model / layers = 16 (within a factor 2: of those, d_model a multiple of 4, the
+one nearest the target) and 4 heads. docs/scaling.md's study runs it so
+(benchmarks/scaling_isoflop.py holds the command):
 
   python sweep.py --config=configs/lm.py:isoflop --sweep=configs/sweeps/isoflop.py \
       --workdir=runs/isoflop --pack=2 --eval_split= \
@@ -16,7 +17,7 @@ dimensions. docs/scaling.md's study runs it so (benchmarks/scaling_isoflop.py ho
 from transformer.scaling import isoflop
 
 BUDGETS = tuple(2.5e10 * 2 ** i for i in range(4))
-LADDER = isoflop.Ladder(aspect_ratio=16, head_dim=8, mlp_ratio=4)
+LADDER = isoflop.Ladder(aspect_ratio=16, mlp_ratio=4, num_heads=4)
 SIZES = dict(num_sizes=5, spacing=1.7, tokens_per_param=10.0)
 SEEDS = (0, 1)
 VOCAB_SIZE = 69  # the char tokenizer of Tiny Shakespeare: 65 characters and 4 special tokens

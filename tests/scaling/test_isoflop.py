@@ -58,3 +58,12 @@ def test_no_vocabulary_is_a_clear_error():
   config = lm.get_config("isoflop")
   with pytest.raises(ValueError, match="model.vocab_size is 0"):
     isoflop.plan(config, [1e10])
+
+
+def test_fixed_heads_give_widths_in_steps_of_the_heads():
+  ladder = isoflop.Ladder(aspect_ratio=16, mlp_ratio=4, num_heads=4)
+  shapes = [ladder.shape_for(n) for n in (7e3, 1.2e4, 2e4, 3.5e4, 6e4)]
+  assert all(s.num_heads == 4 and s.d_model % 4 == 0 for s in shapes)
+  estimates = [ladder.estimate(s.d_model, s.num_layers) for s in shapes]
+  assert all(abs(math.log(e / n)) < math.log(1.12) for e, n in zip(estimates, (7e3, 1.2e4, 2e4,
+                                                                                3.5e4, 6e4)))

@@ -44,12 +44,14 @@ class Shape:
 
 @dataclasses.dataclass(frozen=True)
 class Ladder:
-  """The shape rule: fixed aspect ratio d / L, heads of head_dim, mlp_dim = mlp_ratio x d; a
-  `gated` FFN (plan sets it from choices.FFNS) has three matrices."""
+  """The shape rule: fixed aspect ratio d / L, heads of head_dim (or a fixed `num_heads`, d a
+  multiple of it), mlp_dim = mlp_ratio x d; a `gated` FFN (plan sets it from choices.FFNS) has
+  three matrices."""
   aspect_ratio: float = 32.0
   head_dim: int = 16
   mlp_ratio: int = 4
   gated: bool = False
+  num_heads: int = 0  # 0: d / head_dim heads
 
   def estimate(self, d_model: int, num_layers: int) -> int:
     """Non-embedding parameters of a shape under the rule's estimate (4 + m r) L d^2, m the FFN's
@@ -57,24 +59,24 @@ class Ladder:
     return (4 + (3 if self.gated else 2) * self.mlp_ratio) * num_layers * d_model ** 2
 
   def shape_for(self, params: float) -> Shape:
-    """Of the shapes with d a multiple of head_dim and d / L within a factor 2 of the aspect
-    ratio, the one whose estimated parameters are nearest `params` (in ratio; ties: the one
-    nearest the aspect ratio)."""
+    """Of the shapes with d a multiple of head_dim (of num_heads, if set) and d / L within a
+    factor 2 of the aspect ratio, the one whose estimated parameters are nearest `params` (in
+    ratio; ties: the one nearest the aspect ratio)."""
     if params <= 0:
       raise ValueError(f"a model of {params} parameters has no shape")
+    step = self.num_heads or self.head_dim
     candidates = []
     for layers in range(1, 257):
-      d = max(self.head_dim, round(math.sqrt(params / self.estimate(1, layers)) / self.head_dim)
-              * self.head_dim)
-      for width in (d - self.head_dim, d, d + self.head_dim):
+      d = max(step, round(math.sqrt(params / self.estimate(1, layers)) / step) * step)
+      for width in (d - step, d, d + step):
         ratio = width / layers
-        if width >= self.head_dim and 0.5 <= ratio / self.aspect_ratio <= 2:
+        if width >= step and 0.5 <= ratio / self.aspect_ratio <= 2:
           candidates.append((abs(math.log(self.estimate(width, layers) / params)),
                              abs(math.log(ratio / self.aspect_ratio)), width, layers))
     if not candidates:
       raise ValueError(f"no shape of {params:.3g} parameters has d / L near {self.aspect_ratio}")
     _, _, d, layers = min(candidates)
-    return Shape(d, layers, d // self.head_dim, self.mlp_ratio * d)
+    return Shape(d, layers, self.num_heads or d // self.head_dim, self.mlp_ratio * d)
 
 
 def sizes_for(budget: float, num_sizes: int = 5, spacing: float = 2.0,
