@@ -13,7 +13,7 @@ TRUE = synthetic_surface.TRUE
 def test_bias_of_approach_2_on_the_noise_free_surface_is_measured_and_small():
   budget, n, _, loss = synthetic_surface.isoflop_runs()
   fit = approach2.fit(budget, n, loss)
-  bias = fit.a - TRUE.a  # reported in docs/scaling.md#approach-2s-bias
+  bias = fit.a - TRUE.a  # reported in docs/scaling.md#known-answers
   print(f"Approach 2 on the noise-free surface: a = {fit.a:.4f} (true {TRUE.a:.4f}, bias "
         f"{bias:+.4f}); b = {fit.b:.4f} (true {TRUE.b:.4f})")
   assert abs(bias) < 0.01
