@@ -14,6 +14,7 @@ _EXPORTS = {
     "transformer.infer.evaluation": ("evaluate_split",),
     "transformer.infer.api": ("restore", "Run", "Attention", "image_attention_map"),
     "transformer.infer.compare": ("compare", "Comparison"),
+    "transformer.scaling.fits": ("fit_runs",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

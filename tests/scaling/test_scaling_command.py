@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+import transformer
 from configs import lm
 from configs.sweeps import isoflop as isoflop_sweep
 from transformer.config import from_configdict, to_dict
@@ -98,3 +99,9 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
   assert command.main(["fit", str(tmp_path / "nothing")]) == 2
   errors = capsys.readouterr().err.strip().splitlines()
   assert len(errors) == 3 and all(e.startswith("error: ") for e in errors)
+
+
+def test_a_notebook_gets_the_commands_numbers(sweep_dir):
+  result = transformer.fit_runs(sweep_dir, holdout=2e11, samples=3)
+  assert abs(result["approach3"]["alpha"] - SURFACE.alpha) < 0.005
+  assert set(result["approach3"]["predictions"]) == {"2e+11"}

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from transformer.scaling import approach2, approach3
+from transformer.scaling import approach2, approach3, observations
 from transformer.scaling.observations import Observations, ScalingError
 
 PERCENTILES = (2.5, 97.5)
@@ -126,3 +126,12 @@ def analyse(obs: Observations, holdout: float = 0.0, predict: Sequence[float] = 
         name: check(result[name]["predictions"][key(c)], seen)
         for name in ("approach2", "approach3")}
   return result
+
+
+def fit_runs(paths: Sequence[str] | str, holdout: float = 0.0, predict: Sequence[float] = (),
+             samples: int = 100, metric: str = "eval/loss", params: str = "non_embedding"
+             ) -> dict[str, Any]:
+  """Both fits of the runs under `paths` (workdirs, globs or a sweep's workdir): what
+  `python -m transformer.scaling fit` writes to scaling.json; plots.plot(result, path) draws it."""
+  obs = observations.read([paths] if isinstance(paths, str) else list(paths), metric, params)
+  return analyse(obs, holdout, predict, samples) | {"params": params}
