@@ -56,3 +56,14 @@ def test_power_laws_through_exact_vertices():
   assert fit.a == pytest.approx(0.5, abs=1e-4) and fit.gamma == pytest.approx(0.05, abs=1e-4)
   assert fit.n_opt(1e18) == pytest.approx(0.1 * 1e9, rel=1e-3)
   assert fit.loss_opt(1e18) == pytest.approx(3.0 * 1e18 ** -0.05, rel=1e-4)
+
+
+def test_a_budget_without_a_vertex_is_dropped_and_named():
+  budget, n, _, loss = synthetic_surface.isoflop_runs()
+  top = budget == budget.max()
+  loss = np.where(top, 3.0 - 0.01 * np.log(n) ** 2, loss)  # no minimum at the top budget
+  fit = approach2.fit(budget, n, loss)
+  assert len(fit.profiles) == 3 and len(fit.dropped) == 1
+  assert fit.dropped[0].startswith("budget 1e+21: the loss parabola opens downward")
+  with pytest.raises(ValueError, match="opens downward"):
+    approach2.fit(budget, n, loss, drop=False)

@@ -27,6 +27,7 @@ class Profile:
 class Fit:
   """The budgets' profiles and the power laws through their vertices."""
   profiles: tuple[Profile, ...]
+  dropped: tuple[str, ...]  # budgets without a vertex, and why
   a: float  # N* ~ C^a
   k_n: float
   gamma: float  # L* ~ C^-gamma
@@ -66,19 +67,28 @@ def profile(budget: float, n: np.ndarray, loss: np.ndarray) -> Profile:
 
 
 def fit(budget: Sequence[float], n: Sequence[float], loss: Sequence[float],
-        flops_per_token: Callable[[float], float] = lambda n: 6 * n) -> Fit:
-  """Approach 2 over runs labelled by their budget (equal labels: one IsoFLOP profile)."""
+        flops_per_token: Callable[[float], float] = lambda n: 6 * n, drop: bool = True) -> Fit:
+  """Approach 2 over runs labelled by their budget (equal labels: one IsoFLOP profile); a budget
+  without a vertex is dropped and named (`drop`), else its ValueError raised."""
   budget, n, loss = (np.asarray(v, np.float64) for v in (budget, n, loss))
-  profiles = tuple(profile(c, n[budget == c], loss[budget == c]) for c in np.unique(budget))
+  profiles, dropped = [], []
+  for c in np.unique(budget):
+    try:
+      profiles.append(profile(c, n[budget == c], loss[budget == c]))
+    except ValueError as e:
+      if not drop:
+        raise
+      dropped.append(str(e))
   if len(profiles) < 2:
-    raise ValueError(f"Approach 2 needs 2 or more budgets, got {len(profiles)}")
+    raise ValueError(f"Approach 2 needs 2 or more budgets with a vertex, got {len(profiles)}"
+                     + (f" ({'; '.join(dropped)})" if dropped else ""))
   c = np.log([p.budget for p in profiles])
   a, log_k_n = np.polyfit(c, np.log([p.n_opt for p in profiles]), 1)
   slope_l, log_k_l = np.polyfit(c, np.log([p.loss_opt for p in profiles]), 1)
   d_opt = [p.budget / flops_per_token(p.n_opt) for p in profiles]
   b, _ = np.polyfit(c, np.log(d_opt), 1)
-  return Fit(profiles, float(a), float(np.exp(log_k_n)), float(-slope_l), float(np.exp(log_k_l)),
-             float(b))
+  return Fit(tuple(profiles), tuple(dropped), float(a), float(np.exp(log_k_n)), float(-slope_l),
+             float(np.exp(log_k_l)), float(b))
 
 
 def bootstrap(budget: Sequence[float], n: Sequence[float], loss: Sequence[float],
@@ -86,7 +96,7 @@ def bootstrap(budget: Sequence[float], n: Sequence[float], loss: Sequence[float]
               flops_per_token: Callable[[float], float] = lambda n: 6 * n
               ) -> tuple[list[Fit], int]:
   """Fits to `samples` resamples of the runs within each budget; and how many resamples gave no
-  fit (a parabola without a minimum, or fewer than 3 sizes)."""
+  fit (a budget's parabola without a minimum, or fewer than 3 sizes)."""
   budget, n, loss = (np.asarray(v, np.float64) for v in (budget, n, loss))
   rng = np.random.default_rng(seed)
   groups = [np.flatnonzero(budget == c) for c in np.unique(budget)]
@@ -94,7 +104,7 @@ def bootstrap(budget: Sequence[float], n: Sequence[float], loss: Sequence[float]
   for _ in range(samples):
     i = np.concatenate([rng.choice(g, len(g)) for g in groups])
     try:
-      fits.append(fit(budget[i], n[i], loss[i], flops_per_token))
+      fits.append(fit(budget[i], n[i], loss[i], flops_per_token, drop=False))
     except ValueError:
       failed += 1
   return fits, failed

@@ -45,9 +45,11 @@ def interval(values: Sequence[float]) -> list[float] | None:
 def _approach2(data: dict[str, np.ndarray], f: Callable, samples: int, seed: int,
                budgets: Sequence[float]) -> dict[str, Any]:
   base = approach2.fit(data["budget"], data["n"], data["loss"], f)
-  boots, failed = approach2.bootstrap(data["budget"], data["n"], data["loss"], samples, seed, f)
+  kept = np.isin(data["budget"], [p.budget for p in base.profiles])  # the budgets with a vertex
+  boots, failed = approach2.bootstrap(data["budget"][kept], data["n"][kept], data["loss"][kept],
+                                      samples, seed, f)
   out = {"a": base.a, "b": base.b, "gamma": base.gamma, "k_n": base.k_n, "k_l": base.k_l,
-         "profiles": [dataclasses.asdict(p) for p in base.profiles],
+         "profiles": [dataclasses.asdict(p) for p in base.profiles], "dropped": list(base.dropped),
          "intervals": {k: interval([getattr(b, k) for b in boots]) for k in ("a", "b", "gamma")},
          "bootstrap": {"samples": len(boots), "failed": failed}, "predictions": {}}
   for c in budgets:

@@ -57,6 +57,7 @@ def text(result: Mapping[str, Any]) -> str:
   lines += ["", "IsoFLOP vertices (Approach 2):"]
   lines += [f"  {p['budget']:.3g} FLOPs: N* {p['n_opt']:.3g}, L* {p['loss_opt']:.4f} "
             f"({p['runs']} runs)" for p in a2["profiles"]]
+  lines += [f"  left out of Approach 2: {why}" for why in a2.get("dropped", [])]
   for name in a2["predictions"]:
     lines += [""] + _prediction(name, result)
   return "\n".join(lines) + "\n"
