@@ -18,7 +18,7 @@ from transformer.scaling import isoflop
 
 BUDGETS = tuple(2.5e10 * 2 ** i for i in range(4))
 LADDER = isoflop.Ladder(aspect_ratio=16, mlp_ratio=4, num_heads=4)
-SIZES = dict(num_sizes=5, spacing=1.7, tokens_per_param=10.0)
+SIZES = dict(num_sizes=7, spacing=1.7, tokens_per_param=10.0 * 1.7 ** 2)
 SEEDS = (0, 1)
 VOCAB_SIZE = 69  # the char tokenizer of Tiny Shakespeare: 65 characters and 4 special tokens
 
