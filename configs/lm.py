@@ -3,15 +3,11 @@ r"""Decoder-only character (or BPE) language model on a text corpus.
 The corpus is TFDS `tiny_shakespeare` (prepared in array_record form in the TFDS data directory)
 or any local text file: add `--config.data.dataset=text_files --config.data.text_file=PATH`
 (split: the first 90% train, the last 10% validation, nanoGPT's convention). Variants:
-  char (default)  nanoGPT's shakespeare_char sizes: pre-LN, learned positions, GELU, AdamW,
-                  warmup + cosine. For an accelerator.
+  char (default)  nanoGPT's shakespeare_char sizes (pre-LN, learned positions, GELU); for a GPU.
   nanogpt_cpu     nanoGPT's CPU settings (a 4-layer model, short blocks, small batches).
   bpe             `char` with a SentencePiece BPE vocabulary.
   moe, moe_dense  `nanogpt_cpu` with 8 GELU experts of 256, top-2; its dense twin (docs/moe.md).
-  isoflop         `nanogpt_cpu`'s recipe for IsoFLOP sweeps (configs/sweeps/isoflop.py sets each
-                  point's shape and steps): batches of 16 x 64, learning rate 2e-3 (the best of
-                  configs/sweeps/isoflop_lr.py's scan on the smallest budget), one evaluation at
-                  the end on the whole validation split (docs/scaling.md).
+  isoflop         `nanogpt_cpu`'s recipe for IsoFLOP sweeps, lr 1.6e-2 (docs/scaling.md).
 
   python train.py --config=configs/lm.py:nanogpt_cpu --workdir=runs/shakespeare_char \
       --config.data.dataset=text_files --config.data.text_file=/path/to/tinyshakespeare.txt
@@ -52,8 +48,8 @@ def get_config(arg: str = "char"):
       c.model.update(ffn="moe", mlp_dim=256, moe_num_experts=8, moe_top_k=2,
                      moe_expert_ffn="gelu", moe_capacity_factor=1.25)
     if variant == "isoflop":  # every run evaluates once, at its end, on all of validation
-      c.data.update(batch_size=16)
-      c.train.update(learning_rate=2e-3)
+      c.data.update(batch_size=16)  # configs/sweeps/isoflop.py sets each shape and its steps
+      c.train.update(learning_rate=1.6e-2)  # configs/sweeps/isoflop_lr.py's pick
       c.eval.update(every_steps=10**9, num_batches=0)
       c.checkpoint.update(every_steps=1000, keep=1)
   else:
