@@ -21,7 +21,7 @@ VARIANTS = ("char", "nanogpt_cpu", "bpe", "moe", "moe_dense", "isoflop")
 
 
 def get_config(arg: str = "char"):
-  """The LM config; `arg` picks the variant (char | nanogpt_cpu | bpe | moe | moe_dense | isoflop)."""
+  """The LM config; `arg` picks the variant (one of VARIANTS)."""
   variant = arg or "char"
   if variant not in VARIANTS:
     raise ValueError(f"configs/lm.py: unknown variant {variant!r} (one of {', '.join(VARIANTS)})")

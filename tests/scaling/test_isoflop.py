@@ -32,7 +32,7 @@ def test_sizes_are_spaced_around_the_tokens_per_parameter_centre():
 def test_every_run_spends_its_budget_with_scaled_warmup():
   config = lm.get_config("isoflop")
   runs = isoflop_sweep.runs(config)
-  assert len(runs) == 4 * 5 and {r.budget for r in runs} == set(isoflop_sweep.BUDGETS)
+  assert len(runs) == 4 * 7 and {r.budget for r in runs} == set(isoflop_sweep.BUDGETS)
   for run in runs:
     cd = spec.apply_overrides(config, {**run.overrides("decoder_only"),
                                        "model.vocab_size": isoflop_sweep.VOCAB_SIZE})
@@ -45,10 +45,10 @@ def test_every_run_spends_its_budget_with_scaled_warmup():
 def test_sweep_file_plans_and_packs_seeds_together(tmp_path):
   config = lm.get_config("isoflop")
   points = spec.plan(config, "configs/lm.py:isoflop", "configs/sweeps/isoflop.py", str(tmp_path))
-  assert len(points) == 4 * 5 * 2
+  assert len(points) == 4 * 7 * 2
   flat = [dict(spec.flat_items(spec.apply_overrides(config, p.overrides))) for p in points]
   groups = packing.group(flat, [None] * len(flat), 2)
-  assert len(groups) == 20
+  assert len(groups) == 28
   for g in groups:  # the two seeds of one run
     assert sorted(points[i].overrides["seed"] for i in g) == [0, 1]
     assert len({points[i].num_steps for i in g}) == 1

@@ -46,10 +46,13 @@ def write_run(workdir: str, overrides: dict, loss_of=None, done: bool = True,
 
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory) -> str:
-  """An IsoFLOP sweep's workdir: isoflop.py's 4 budgets x 5 sizes, one seed, on the surface."""
+  """An IsoFLOP sweep's workdir: 4 budgets x 5 sizes of isoflop.py's ladder, one seed, on the
+  surface."""
   root = str(tmp_path_factory.mktemp("isoflop"))
-  points = isoflop.sweep_points(lm.get_config("isoflop"),
-                                isoflop_sweep.runs(lm.get_config("isoflop"), BUDGETS), [0])
+  config = lm.get_config("isoflop")
+  runs = isoflop.plan(config, BUDGETS, isoflop_sweep.LADDER, num_sizes=5, spacing=1.7,
+                      tokens_per_param=10.0, vocab_size=isoflop_sweep.VOCAB_SIZE)
+  points = isoflop.sweep_points(config, runs, [0])
   for name, point in zip(spec.point_names(points), points):
     write_run(os.path.join(root, name), point)
   return root
