@@ -4,14 +4,14 @@ top one. Three stages, each through the project's own commands:
   1. the learning-rate scan (configs/sweeps/isoflop_lr.py: 5 shapes x 4 rates on 5e10 FLOPs, 2
      shapes at a fifth); the rate of the lowest mean regret (final validation loss minus the
      best of its shape) is the study's;
-  2. the IsoFLOP sweep (configs/sweeps/isoflop.py: 4 budgets x 5 sizes x seeds 0, 1; the seeds of
+  2. the IsoFLOP sweep (configs/sweeps/isoflop.py: 4 budgets x 7 sizes x seeds 0, 1; the seeds of
      a size packed as members) at that rate;
   3. `python -m transformer.scaling fit SWEEP --holdout=<top budget>`: Approach 2 and Approach 3
      on the 3 lower budgets, their predictions of the top budget's best loss and size checked
      against its runs (goals: loss within 2%, size within 1.5x).
 
   python benchmarks/scaling_isoflop.py --workdir=runs/scaling_isoflop --out=docs/results
-      # ~40 CPU minutes on 2 cores; reruns skip finished runs (sweep.py resumes)
+      # ~30 minutes on 2 shared cores; reruns skip finished runs (sweep.py resumes)
 
 The corpus is Tiny Shakespeare (../shared/data/tinyshakespeare.txt, pinned by its sha256 below;
 --text_file to use another copy), split 90/10 (train/validation). Writes
@@ -153,7 +153,7 @@ def main() -> None:
   epochs = [r["tokens"] / train_chars for r in result["runs"]]
   record = {
       "name": "scaling_isoflop",
-      "title": "IsoFLOP study of a character LM: 4 budgets x 5 sizes x 2 seeds, the top budget "
+      "title": "IsoFLOP study of a character LM: 4 budgets x 7 sizes x 2 seeds, the top budget "
                "predicted from the lower three",
       "task": "character LM (Tiny Shakespeare, sha256 " + TEXT_SHA256[:12] + "...)",
       "config": CONFIG, "overrides": data + [f"--config.train.learning_rate={rate!r}"],
