@@ -128,9 +128,10 @@ def optimum(f: Fit, budget: float, flops_per_token: Callable[[float], float] = l
   def loss_at(log_n: float) -> float:
     n = np.exp(log_n)
     return float(f.loss(n, budget / flops_per_token(n)))
-  # the closed form under 6 N D brackets the search
-  g = (f.alpha * max(f.A, 1e-300) / (f.beta * max(f.B, 1e-300))) ** (1 / (f.alpha + f.beta))
-  guess = np.log(g * (budget / 6) ** f.a)
+  # the closed form under 6 N D (in logs: extreme fits overflow floats) brackets the search
+  log_g = (np.log(f.alpha * max(f.A, 1e-300)) - np.log(f.beta * max(f.B, 1e-300))) / (
+      f.alpha + f.beta)
+  guess = float(np.clip(log_g + f.a * np.log(budget / 6), -20.0, 60.0))
   result = optimize.minimize_scalar(loss_at, bounds=(guess - 15, guess + 15), method="bounded",
                                     options=dict(xatol=1e-10))
   n = float(np.exp(result.x))
