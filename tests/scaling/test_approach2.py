@@ -67,3 +67,10 @@ def test_a_budget_without_a_vertex_is_dropped_and_named():
   assert fit.dropped[0].startswith("budget 1e+21: the loss parabola opens downward")
   with pytest.raises(ValueError, match="opens downward"):
     approach2.fit(budget, n, loss, drop=False)
+
+
+def test_a_vertex_outside_the_sizes_is_no_vertex():
+  n = np.exp(np.linspace(10, 12, 5))
+  loss = 2.0 + 0.05 * (np.log(n) - 9.0) ** 2  # the minimum at ln N = 9, below the sizes
+  with pytest.raises(ValueError, match="vertex .* lies outside its sizes"):
+    approach2.profile(1e15, n, loss)

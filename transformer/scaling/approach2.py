@@ -36,11 +36,11 @@ class Fit:
 
   def n_opt(self, budget: float) -> float:
     """Compute-optimal parameters at `budget` FLOPs."""
-    return self.k_n * budget ** self.a
+    return float(np.exp(np.log(self.k_n) + self.a * np.log(budget)))  # inf, not OverflowError
 
   def loss_opt(self, budget: float) -> float:
     """Loss of the compute-optimal model at `budget` FLOPs."""
-    return self.k_l * budget ** -self.gamma
+    return float(np.exp(np.log(self.k_l) - self.gamma * np.log(budget)))
 
 
 def parabola(log_n: np.ndarray, loss: np.ndarray) -> tuple[float, float, float]:
@@ -54,7 +54,8 @@ def parabola(log_n: np.ndarray, loss: np.ndarray) -> tuple[float, float, float]:
 
 
 def profile(budget: float, n: np.ndarray, loss: np.ndarray) -> Profile:
-  """One budget's parabola and vertex; ValueError if it opens downward or has < 3 sizes."""
+  """One budget's parabola and vertex; ValueError if it opens downward, its vertex lies outside
+  the sizes, or it has < 3 sizes."""
   if len(set(np.round(n))) < 3:
     raise ValueError(f"budget {budget:.3g}: {len(set(np.round(n)))} model sizes; a parabola "
                      "needs 3 or more")
@@ -63,6 +64,9 @@ def profile(budget: float, n: np.ndarray, loss: np.ndarray) -> Profile:
     raise ValueError(f"budget {budget:.3g}: the loss parabola opens downward (no minimum "
                      "among these sizes)")
   x = -c1 / (2 * c2)
+  if not np.log(n.min()) <= x <= np.log(n.max()):
+    raise ValueError(f"budget {budget:.3g}: the parabola's vertex (N {np.exp(x):.3g}) lies "
+                     f"outside its sizes ({n.min():.3g} to {n.max():.3g})")
   return Profile(budget, (c0, c1, c2), float(np.exp(x)), float(c0 + c1 * x + c2 * x * x), len(n))
 
 

@@ -57,7 +57,7 @@ def _approach2(data: dict[str, np.ndarray], f: Callable, samples: int, seed: int
     out["predictions"][key(c)] = {
         "n_opt": n, "d_opt": c / f(n), "loss": base.loss_opt(c),
         "intervals": {"n_opt": interval([b.n_opt(c) for b in boots]),
-                      "d_opt": interval([c / f(b.n_opt(c)) for b in boots]),
+                      "d_opt": interval([c / max(f(b.n_opt(c)), 1e-300) for b in boots]),
                       "loss": interval([b.loss_opt(c) for b in boots])}}
   return out
 
