@@ -238,6 +238,15 @@ class HFTokenizer(Tokenizer):
   def encode(self, text: str) -> list[int]:
     return [i + self.offset for i in self._tok.encode(text, add_special_tokens=False).ids]
 
+  def hf_encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    """The tokenizer's own ids (no offset) of `text`; add_special_tokens applies its
+    post-processor (a Llama tokenizer's BOS, a T5 tokenizer's EOS) as transformers does."""
+    return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+  def hf_decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """The text of the tokenizer's own ids (no offset), as transformers decodes them."""
+    return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
   def _decode_ids(self, ids: list[int]) -> str:
     return self._tok.decode([i - self.offset for i in ids if i >= self.offset],
                             skip_special_tokens=False)

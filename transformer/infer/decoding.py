@@ -232,22 +232,31 @@ def beam_search(step_fn: StepFn, first_logits: jnp.ndarray, cache: Any, *, beam_
   return state.fin_seqs[:, 0], state.fin_scores[:, 0]
 
 
-def _left_pad_prompt(prompt: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+def _left_pad_prompt(prompt: jnp.ndarray, start_token: bool = True
+                     ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Right-padded prompts [b, p] -> left-padded decoder inputs [b, p+1] = pads, start token 0,
-  prompt; with segment ids (0 on padding) and positions (0 at each row's start token)."""
+  prompt; with segment ids (0 on padding) and positions (0 at each row's start token). Without
+  `start_token`, [b, p] = pads, prompt (a prompt that brings its own first token, as a Hugging
+  Face model's BOS)."""
   b, p = prompt.shape
   lengths = jnp.sum(prompt != 0, axis=1)  # [b]
-  with_start = jnp.pad(prompt, ((0, 0), (1, 0)))  # [b, p+1]: 0, prompt, right padding
-  positions = jnp.arange(p + 1)[None, :] - (p - lengths)[:, None]  # [b, p+1]
+  if start_token:
+    with_start = jnp.pad(prompt, ((0, 0), (1, 0)))  # [b, p+1]: 0, prompt, right padding
+    p += 1
+    lengths += 1
+  else:
+    with_start = prompt
+  positions = jnp.arange(p)[None, :] - (p - lengths)[:, None]  # [b, p]
   real = positions >= 0
   tokens = jnp.where(real, jnp.take_along_axis(with_start, jnp.maximum(positions, 0), axis=1), 0)
   return tokens, real.astype(jnp.int32), jnp.where(real, positions, 0).astype(jnp.int32)
 
 
 def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, prefix_lm: bool,
-            beams: int = 1) -> tuple[jnp.ndarray, Any, StepFn]:
+            beams: int = 1, start_token: bool = True) -> tuple[jnp.ndarray, Any, StepFn]:
   """(first_logits [b, v], cache, step_fn for b * beams rows): the encoder run and the start token
-  fed (batch['inputs']), or start token + left-padded prompt (batch['prompt']) prefilled at once."""
+  fed (batch['inputs']), or start token (unless not `start_token`) + left-padded prompt
+  (batch['prompt']) prefilled at once."""
   is_variables = isinstance(params, dict) and set(params) == {"params"}  # or a params tree
   variables = dict(params) if is_variables else {"params": params}
   apply = functools.partial(model.apply, deterministic=True, decode=True, mutable=["cache"],
@@ -278,7 +287,7 @@ def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, pre
   else:
     prompt = batch["prompt"]
     b = prompt.shape[0]
-    tokens, segments, positions = _left_pad_prompt(prompt)
+    tokens, segments, positions = _left_pad_prompt(prompt, start_token)
     cache = kv_cache.empty(model, jnp.zeros((b, tokens.shape[1] + max_len - 1), jnp.int32))
     prompt_targets = jnp.pad(tokens[:, 1:] != 0, ((0, 0), (0, 1)))  # input i's target: i+1
     prefix = models.decoder_prefix(prompt_targets, segments) if prefix_lm else None
@@ -298,12 +307,13 @@ def prefill(model, params: Any, batch: dict[str, jnp.ndarray], max_len: int, pre
 
 @functools.lru_cache(maxsize=32)
 def _compiled(members: tuple, search: Search, eos_id: int, max_len: int, return_all_beams: bool,
-              prefix_lm: bool):
+              prefix_lm: bool, start_token: bool = True):
   """One jitted decoder per (models, settings): one search over the members' mean probability."""
   k = search.beam_size if search.method == "beam" else 1
 
   def decode(params: tuple, batch: dict[str, jnp.ndarray], rng: jnp.ndarray):
-    prefilled = [prefill(m, p, batch, max_len, prefix_lm, beams=k) for m, p in zip(members, params)]
+    prefilled = [prefill(m, p, batch, max_len, prefix_lm, beams=k, start_token=start_token)
+                 for m, p in zip(members, params)]
     first_logits, cache, member_steps = zip(*prefilled)
     first_logits = ensemble.log_mean_probs(first_logits)
 
@@ -329,10 +339,12 @@ def _compiled(members: tuple, search: Search, eos_id: int, max_len: int, return_
 
 def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_id: int,
              max_decode_len: int, rng: jnp.ndarray | None = None, return_all_beams: bool = False,
-             prefix_lm: bool | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+             prefix_lm: bool | None = None, start_token: bool = True
+             ) -> tuple[jnp.ndarray, jnp.ndarray]:
   """(tokens [b, max_decode_len] ending in EOS then 0s, scores [b]) of a batch {'inputs': [b, s]}
   or {'prompt': [b, p]} (decoder-only), right-padded with 0. prefix_lm: attend over the prompt
-  bidirectionally (None = the config's; an LM trained on plain text needs False). `model` and
+  bidirectionally (None = the config's; an LM trained on plain text needs False); start_token:
+  False feeds a decoder-only prompt without our start token in front. `model` and
   `params` may be tuples: an ensemble, the mean of their probabilities."""
   members, params = ensemble.members(model, params)
   ensemble.check_compatible([m.config for m in members])
@@ -347,7 +359,8 @@ def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_
   if tokens.ndim != 2 or tokens.shape[0] == 0:
     raise ValueError(f"generate: batch[{key!r}] must be [batch, length] token ids, got "
                      f"shape {tokens.shape}")
-  cache_len = max_decode_len if key == "inputs" else tokens.shape[1] + max_decode_len
+  cache_len = max_decode_len if key == "inputs" else tokens.shape[1] + max_decode_len - (
+      not start_token)
   for i, m in enumerate(members):
     if cache_len > m.config.max_len:
       member = f" (ensemble member {i})" if len(members) > 1 else ""
@@ -356,5 +369,5 @@ def generate(model, params: Any, batch: dict[str, Any], decode_cfg: Any, *, eos_
   if prefix_lm is None:
     prefix_lm = any(bool(getattr(m.config, "prefix_lm", False)) for m in members)
   fn = _compiled(members, search, int(eos_id), int(max_decode_len), bool(return_all_beams),
-                 bool(prefix_lm) and cfg.arch == "decoder_only")
+                 bool(prefix_lm) and cfg.arch == "decoder_only", bool(start_token))
   return fn(tuple(params), {key: tokens}, jax.random.key(0) if rng is None else rng)

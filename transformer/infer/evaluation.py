@@ -43,16 +43,18 @@ def source_ids(task: Any, text: str) -> list[int]:
 def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[int]],
                    decode_cfg: DecodeConfig | None = None, *, eos_id: int,
                    batch_size: int = 0, rng: jax.Array | None = None,
-                   prefix_lm: bool | None = None, progress: Progress | None = None
+                   prefix_lm: bool | None = None, progress: Progress | None = None,
+                   start_token: bool = True, width: int = 0
                    ) -> tuple[list[list[int]], list[float]]:
-  """(token lists up to EOS, scores) of encoder inputs or prompts, in batches of one shape;
-  `progress(done, total)` is called before the first batch and after each."""
+  """(token lists up to EOS, scores) of encoder inputs or prompts, in batches of one shape (at
+  least `width` wide); `progress(done, total)` is called before the first batch and after each;
+  start_token: as generate's."""
   if not ids:
     return [], []
   decode_cfg = decode_cfg or cfg.eval.decode
   b = batch_size or min(cfg.eval.batch_size or cfg.data.batch_size, 64)
   key = "inputs" if cfg.model.arch == "encoder_decoder" else "prompt"
-  width = max(*map(len, ids), 1, cfg.data.max_source_len if key == "inputs" else 0)
+  width = max(*map(len, ids), 1, width, cfg.data.max_source_len if key == "inputs" else 0)
   max_decode_len = decode_cfg.max_decode_len or cfg.data.max_target_len
   if key == "prompt" and not decode_cfg.max_decode_len:
     # The prompt and its continuation share the model.max_len cache: by default decode what fits.
@@ -71,7 +73,8 @@ def decode_batches(cfg: Config, model: Any, params: Any, ids: Sequence[Sequence[
       array[r, :len(row)] = row
     sub = None if rng is None else jax.random.fold_in(rng, start)
     tokens, scores = generate(model, params, {key: jnp.asarray(array)}, decode_cfg, eos_id=eos_id,
-                              max_decode_len=max_decode_len, rng=sub, prefix_lm=prefix_lm)
+                              max_decode_len=max_decode_len, rng=sub, prefix_lm=prefix_lm,
+                              start_token=start_token)
     for row, score in zip(np.asarray(tokens)[:len(chunk)].tolist(), np.asarray(scores)):
       tokens_out.append(row[:row.index(eos_id)] if eos_id in row else [t for t in row if t])
       scores_out.append(float(score))
