@@ -40,6 +40,14 @@ flags.DEFINE_list("ensemble", [], "Further runs' workdirs (same vocabularies): e
                   "--workdir as one model, the mean of their probabilities, each at --step.")
 flags.DEFINE_string("out", None, "Where the metrics and predictions go (required with --ensemble; "
                     "default for a single run: its --workdir).")
+flags.DEFINE_list("harness_tasks", [], "lm-evaluation-harness tasks (names, comma-separated): "
+                  "run them instead of --split's evaluation; prints the harness's table and writes "
+                  "metrics.harness.json (docs/evaluation.md; needs the eval extra).")
+flags.DEFINE_integer("harness_num_fewshot", None, "Few-shot examples per harness request (default: "
+                     "each task's own).")
+flags.DEFINE_integer("harness_limit", 0, "Documents per harness task (0 = all).")
+flags.DEFINE_string("harness_include_path", "", "A directory of the harness's task YAML files, "
+                    "searched before the harness's own tasks.")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -50,6 +58,9 @@ def main(argv):
   from transformer.infer import evaluation  # pylint: disable=g-import-not-at-top
   from transformer.run import checkpoints, restore# pylint: disable=g-import-not-at-top
   overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
+  if flags.FLAGS.harness_tasks:
+    harness(overrides)
+    return
   # ConfigError is a ValueError
   with cli.one_line_errors(ValueError, OSError, checkpoints.CheckpointError, model_config=lambda:
                            restore.load_run_config(flags.FLAGS.workdir).model):
@@ -57,6 +68,23 @@ def main(argv):
                               overrides=overrides, params=flags.FLAGS.params,
                               average_last=flags.FLAGS.average_last,
                               ensemble=flags.FLAGS.ensemble, out_dir=flags.FLAGS.out)
+
+
+def harness(overrides: dict) -> None:
+  """--harness_tasks: the harness's tasks on the run (transformer/infer/harness/tasks.py)."""
+  from transformer.run import checkpoints, restore  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
+  if overrides:
+    cli.fail(f"--config.* overrides do not apply to --harness_tasks (given: {sorted(overrides)})")
+  try:
+    from transformer.infer.harness import tasks  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    cli.fail(f"--harness_tasks needs lm-eval ({e}): pip install -e '.[eval]'")
+  with cli.one_line_errors(ValueError, OSError, checkpoints.CheckpointError, model_config=lambda:
+                           restore.load_run_config(f.workdir).model):
+    tasks.evaluate_workdir(f.workdir, f.harness_tasks, f.harness_num_fewshot, f.harness_limit,
+                           f.harness_include_path, step=f.step, params=f.params,
+                           average_last=f.average_last, ensemble=f.ensemble, out_dir=f.out)
 
 
 if __name__ == "__main__":

@@ -353,6 +353,14 @@ class EvalConfig:
   num_decode_examples: int = key(0, "examples decoded per in-training evaluation; 0 = the whole "
                                  "split", ">= 0", E)
   metrics: str = key("auto", "auto (by task) or a comma list: wer,per,bleu,bpc", roles=E)
+  harness_tasks: str = key("", "lm-evaluation-harness tasks (a comma list) scored in evaluations "
+                           "as eval/harness/<task>/<metric>; \"\" = none (needs the eval extra)",
+                           roles=E)
+  harness_every_steps: int = key(0, "harness tasks at the evaluations whose step is a multiple of "
+                                 "this (and the last); 0 = every evaluation", ">= 0", E)
+  harness_limit: int = key(0, "documents per harness task; 0 = all", ">= 0", E)
+  harness_include_path: str = key("", "a directory of the harness's task YAML files "
+                                  "(docs/evaluation.md)", roles=E)
   decode: DecodeConfig = section(DecodeConfig)
 
 

@@ -496,6 +496,10 @@ def _evaluate(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int
     r.last_eval |= evaluation.decode_metrics(
         r.cfg, s.model, steps.eval_params(r.item(fetched_state)), s.task, cfg.data.eval_split,
         cfg.eval.num_decode_examples, progress=bar.evaluating)
+    if r.cfg.eval.harness_tasks:  # lm-eval (the `eval` extra): imported by runs that name tasks
+      from transformer.infer.harness import tasks as harness  # pylint: disable=g-import-not-at-top
+      r.last_eval |= harness.training_metrics(r.cfg, s.model, steps.eval_params(
+          r.item(fetched_state)), s.task, r.workdir, step)
   stop = False
   for r in s.runs:  # after every decode: a throughput window counts no evaluation
     r.reporter.write_scalars(step, r.last_eval)

@@ -51,10 +51,11 @@ def _rows_per_batch(tokens: int, width: int, most: int) -> int:
 
 class RunLM(TemplateLM):
   """A run (one model, or an ensemble: the mean of its members' probabilities) as the harness's
-  LM; `hf`: the converted model's config.json (converted_from.json), None for a run of ours."""
+  LM; `hf`: the converted model's config.json (converted_from.json), None for a run of ours;
+  `kind`: its task's ('lm' or 'seq2seq')."""
 
   def __init__(self, config: Config, model: Any, params: Any, source_tokenizer: Any,
-               target_tokenizer: Any, hf: dict[str, Any] | None = None,
+               target_tokenizer: Any, hf: dict[str, Any] | None = None, kind: str = "lm",
                batch_tokens: int = 4096, max_rows: int = 64):
     super().__init__()
     arch = config.model.arch
@@ -63,7 +64,9 @@ class RunLM(TemplateLM):
                             "model.arch='encoder_only' (give a decoder_only or encoder_decoder run)")
     self.config, self.model, self.params = config, model, params
     self.backend = "seq2seq" if arch == "encoder_decoder" else "causal"
-    self.prefix_lm = arch == "decoder_only" and config.model.prefix_lm
+    # A prefix-LM reads the context bidirectionally, as it read its sources; one trained on plain
+    # text (kind 'lm': no prefix in its rows) is causal throughout.
+    self.prefix_lm = arch == "decoder_only" and config.model.prefix_lm and kind != "lm"
     self.source_tok = source_tokenizer or target_tokenizer
     self.tok = target_tokenizer
     self.hf = hf if getattr(target_tokenizer, "kind", "") == "hf" else None

@@ -33,7 +33,7 @@ def lm_of(run: Any, batch_tokens: int = 4096) -> RunLM:
   source = os.path.join(run.workdir, CONVERTED_FROM)
   hf = json.loads(files.read_text(source))["config"] if files.exists(source) else None
   return RunLM(run.config, run.model, run.params, run.source_tokenizer, run.target_tokenizer,
-               hf=hf, batch_tokens=batch_tokens)
+               hf=hf, kind=run.kind, batch_tokens=batch_tokens)
 
 
 def _manager(names: Sequence[str], include_path: str, standard_tasks: bool) -> TaskManager:
@@ -158,13 +158,18 @@ def evaluate_workdir(workdir: str, tasks: Sequence[str], num_fewshot: int | None
   return written
 
 
-def training_metrics(cfg: Any, model: Any, params: Any, task: Any, workdir: str
+def training_metrics(cfg: Any, model: Any, params: Any, task: Any, workdir: str, step: int
                      ) -> dict[str, float]:
-  """eval/harness/<task>/<metric> of eval.harness_tasks on the parameters being trained."""
+  """eval/harness/<task>/<metric> of eval.harness_tasks on the parameters being trained, at an
+  evaluation of theirs (eval.harness_every_steps; the last step's); else {}."""
+  every = cfg.eval.harness_every_steps
+  if every and step % every and step != cfg.train.num_steps:
+    return {}
   names = [n.strip() for n in cfg.eval.harness_tasks.split(",") if n.strip()]
   source = os.path.join(workdir, CONVERTED_FROM)
   hf = json.loads(files.read_text(source))["config"] if files.exists(source) else None
-  lm = RunLM(cfg, model, params, task.source_tokenizer, task.target_tokenizer, hf=hf)
+  lm = RunLM(cfg, model, params, task.source_tokenizer, task.target_tokenizer, hf=hf,
+             kind=getattr(task, "kind", "seq2seq"))
   results = run_tasks(lm, names, limit=cfg.eval.harness_limit or None,
                       include_path=cfg.eval.harness_include_path)
   return {f"eval/harness/{k}": v for k, v in flat_metrics(results).items()}

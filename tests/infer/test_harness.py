@@ -1,0 +1,129 @@
+"""transformer/infer/harness: our lm-evaluation-harness LM equals the harness's reference `hf`
+backend on the same weights, request for request, offline.
+
+A tiny GPT-2 and a tiny Llama (benchmarks/hf_probabilities.build: built in torch from a config
+class, trained a few steps, no download; the Llama's tokenizer.json adds <s> as a real one does)
+are converted with `convert.from_hf`; the harness's own HFLM (device="cpu") runs on the torch
+model, `RunLM` on the converted workdir, both on the local tasks in harness_tasks/ (multiple
+choice, rolling perplexity, generation). Every loglikelihood request's log-probability agrees to
+1e-3 and its greedy flag exactly, every document's rolling log-likelihood to 1e-3, every
+generation is the same string, and the task metrics are equal. The Llama case is slow (about 40 s
+on 2 cores: `pytest -m slow tests/infer/test_harness.py`).
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")  # before `datasets` is imported
+lm_eval = pytest.importorskip("lm_eval")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+import transformer  # noqa: E402
+from transformer import convert  # noqa: E402
+from transformer.infer.harness import tasks as harness  # noqa: E402
+from transformer.run.restore import EvaluationError  # noqa: E402
+from bench_loader import load_benchmark  # noqa: E402
+
+bench = load_benchmark("hf_probabilities")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+TASKS_DIR = os.path.join(HERE, "harness_tasks")
+TASKS = ["tiny_choice", "tiny_text", "tiny_generate"]
+
+
+def hf_tokenizer(directory: str, tok, hf_config: dict):
+  """transformers' tokenizer of the saved tokenizer.json, its BOS and EOS config.json's ids."""
+  name = lambda key: tok.id_to_token(hf_config[key]) if hf_config.get(key) is not None else None  # noqa: E731
+  return transformers.PreTrainedTokenizerFast(
+      tokenizer_file=os.path.join(directory, "tokenizer.json"), bos_token=name("bos_token_id"),
+      eos_token=name("eos_token_id"))
+
+
+def converted(root, family: str):
+  """(torch model, transformers tokenizer, our converted workdir) of a tiny trained `family`."""
+  directory, workdir = str(root / family), str(root / f"{family}_run")
+  model, tok = bench.build(family, True, directory)
+  if family != "gpt2":  # a Llama tokenizer.json's post-processor puts <s> first
+    from tokenizers import processors
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A",
+                                                       special_tokens=[("<s>", 1)])
+    tok.save(os.path.join(directory, "tokenizer.json"))
+  convert.from_hf(directory, workdir)
+  with open(os.path.join(directory, "config.json")) as f:
+    return model, hf_tokenizer(directory, tok, json.load(f)), workdir
+
+
+@pytest.fixture(scope="module", params=["gpt2", pytest.param("llama2", marks=pytest.mark.slow)])
+def both(request, tmp_path_factory):
+  """(ours, reference): simple_evaluate's results with samples of RunLM and of HFLM."""
+  from lm_eval import simple_evaluate
+  from lm_eval.models.huggingface import HFLM
+  model, tok, workdir = converted(tmp_path_factory.mktemp("harness"), request.param)
+  ours = harness.run_tasks(harness.lm_of(transformer.restore(workdir)), TASKS,
+                           include_path=TASKS_DIR, standard_tasks=False, log_samples=True)
+  manager, loaded = harness.load_tasks(TASKS, TASKS_DIR, standard_tasks=False)
+  tasks = [t for item in loaded for t in item["tasks"].values()]
+  reference = simple_evaluate(HFLM(pretrained=model, tokenizer=tok, device="cpu", batch_size=4),
+                              tasks=tasks, task_manager=manager, log_samples=True,
+                              bootstrap_iters=0)
+  return ours, reference
+
+
+def responses(results, task):
+  """Each document's responses (per request, the model's raw answer), in document order."""
+  return [[r[0] for r in s["resps"]] for s in sorted(results["samples"][task],
+                                                     key=lambda s: s["doc_id"])]
+
+
+def test_loglikelihood_equals_hf_backend(both):
+  """Multiple choice: per request, log p(choice | question) within 1e-3 and the same greedy
+  flag; accuracy and normalized accuracy equal."""
+  ours, ref = both
+  got, want = responses(ours, "tiny_choice"), responses(ref, "tiny_choice")
+  assert len(got) == len(want) == 14
+  for doc_got, doc_want in zip(got, want):
+    for (logp, greedy), (ref_logp, ref_greedy) in zip(doc_got, doc_want):
+      assert abs(logp - ref_logp) <= 1e-3 and greedy == ref_greedy
+  assert any(greedy for doc in want for _, greedy in doc)  # the flag is exercised both ways
+  for metric in ("acc,none", "acc_norm,none"):
+    assert ours["results"]["tiny_choice"][metric] == ref["results"]["tiny_choice"][metric]
+
+
+def test_rolling_loglikelihood_equals_hf_backend(both):
+  """Rolling perplexity: documents longer than the model's length (windows), each document's
+  log-likelihood within 1e-3; word/byte perplexity and bits per byte within 1e-4 relative."""
+  ours, ref = both
+  for doc_got, doc_want in zip(responses(ours, "tiny_text"), responses(ref, "tiny_text")):
+    assert abs(doc_got[0] - doc_want[0]) <= 1e-3
+  for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
+    assert ours["results"]["tiny_text"][metric] == pytest.approx(
+        ref["results"]["tiny_text"][metric], rel=1e-4)
+
+
+def test_generations_equal_hf_backend(both):
+  """generate_until: our KV-cached greedy decoding cut at the stop string gives the hf backend's
+  text, document for document."""
+  ours, ref = both
+  got, want = responses(ours, "tiny_generate"), responses(ref, "tiny_generate")
+  assert got == want and any(text for doc in want for text in doc)
+  assert ours["results"]["tiny_generate"] == ref["results"]["tiny_generate"]
+
+
+def test_unknown_task_names_the_nearest():
+  with pytest.raises(EvaluationError, match=r"unknown task 'tiny_choise' \(nearest: tiny_choice"):
+    harness.load_tasks(["tiny_choise"], TASKS_DIR, standard_tasks=False)
+
+
+def test_a_task_that_needs_the_hub_offline_is_one_line(tmp_path):
+  """A task whose data set is on the Hub, run offline: one line naming the task and data set."""
+  (tmp_path / "hub_task.yaml").write_text(
+      "task: hub_task\ndataset_path: some-org/not-downloaded\noutput_type: loglikelihood\n"
+      "test_split: test\ndoc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n")
+  with pytest.raises(EvaluationError, match=r"^task 'hub_task' needs its data set "
+                     r"'some-org/not-downloaded' from the Hugging Face Hub.*HF_DATASETS_CACHE"):
+    harness.load_tasks(["hub_task"], str(tmp_path), standard_tasks=False)

@@ -1,0 +1,114 @@
+"""The harness on runs trained here: a tiny char LM logs harness metrics as it trains
+(eval.harness_tasks), `eval.py --harness_tasks` gives the same numbers from its checkpoint and
+writes metrics.harness.json (which `compare` shows as columns), and RunLM's log-likelihoods
+equal an independent teacher-forced pass (the start token first, as training's shift right).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import types
+
+import jax
+import numpy as np
+import pytest
+
+os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")  # before `datasets` is imported
+pytest.importorskip("lm_eval")
+
+import transformer  # noqa: E402
+from configs import lm  # noqa: E402
+from transformer.infer import compare  # noqa: E402
+from transformer.infer.harness import tasks as harness  # noqa: E402
+from transformer.model import models  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+TASKS_DIR = os.path.join(HERE, "harness_tasks")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """The workdir of a tiny char LM (30 steps) that runs tiny_choice and tiny_text at steps 15
+  and 30 (eval.every_steps=15, eval.harness_every_steps=15)."""
+  tmp = tmp_path_factory.mktemp("harness_lm")
+  lines = [json.loads(line)["text"] for line in open(os.path.join(TASKS_DIR, "data", "text.jsonl"))]
+  (tmp / "corpus.txt").write_text("\n".join(lines * 4), encoding="utf-8")
+  cd = lm.get_config("char")
+  cd.model.update(d_model=32, num_heads=2, mlp_dim=64, num_decoder_layers=2, dropout_rate=0.0,
+                  max_len=64)
+  cd.data.update(dataset="text_files", text_file=str(tmp / "corpus.txt"),
+                 data_dir=str(tmp / "tfds"), max_target_len=64, max_source_len=64, batch_size=8)
+  cd.train.update(num_steps=30, learning_rate=3e-3, warmup_steps=5, log_every_steps=15)
+  cd.eval.update(every_steps=15, num_batches=1, harness_tasks="tiny_choice,tiny_text",
+                 harness_every_steps=15, harness_include_path=TASKS_DIR)
+  cd.checkpoint.update(every_steps=30)
+  workdir = str(tmp / "run")
+  transformer.train_and_evaluate(cd, workdir)
+  return workdir
+
+
+def logged(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_training_logs_harness_metrics(trained):
+  """Both evaluations log every task's metrics under eval/harness/, finite and in range."""
+  evals = [r for r in logged(trained) if "eval/harness/tiny_choice/acc" in r]
+  assert [r["step"] for r in evals] == [15, 30]
+  for r in evals:
+    assert 0.0 <= r["eval/harness/tiny_choice/acc"] <= 1.0
+    assert math.isfinite(r["eval/harness/tiny_text/bits_per_byte"])
+  assert evals[1]["eval/harness/tiny_text/bits_per_byte"] < evals[0][
+      "eval/harness/tiny_text/bits_per_byte"]  # it learns the text it is scored on
+
+
+def test_eval_py_gives_the_logged_numbers_and_compare_shows_them(trained):
+  """`eval.py --harness_tasks` on the last checkpoint: the step-30 numbers training logged, the
+  harness's table on stdout, metrics.harness.json written, harness/<task>/<metric> columns."""
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  done = subprocess.run(
+      [sys.executable, "eval.py", f"--workdir={trained}", "--harness_tasks=tiny_choice,tiny_text",
+       f"--harness_include_path={TASKS_DIR}"], cwd=REPO, env=env, capture_output=True, text=True,
+      timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "|tiny_choice|" in done.stdout and "metrics.harness.json" in done.stdout
+  with open(os.path.join(trained, harness.RESULTS_FILE)) as f:
+    written = json.load(f)
+  last = [r for r in logged(trained) if "eval/harness/tiny_choice/acc" in r][-1]
+  for key in ("tiny_choice/acc", "tiny_choice/acc_norm", "tiny_text/bits_per_byte"):
+    assert written[key] == pytest.approx(last[f"eval/harness/{key}"], abs=1e-6)
+  row = compare.split_metrics(compare.read_run(trained))
+  assert row["harness/tiny_choice/acc"] == written["tiny_choice/acc"]
+
+
+def test_loglikelihood_equals_a_teacher_forced_pass(trained):
+  """A run of ours: log p(continuation | context) is the model's teacher-forced log-probability
+  of the continuation's tokens after the start token and the context (batch_logits shifts the
+  targets right itself), and an empty context is the start token alone."""
+  run = transformer.restore(trained)
+  lm_ = harness.lm_of(run)
+  pairs = [("the cat sees", " the moon."), ("", "she likes it."), ("a dog", " eats some fish.")]
+  from lm_eval.api.instance import Instance
+  got = lm_.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)],
+                          disable_tqdm=True)
+  tok = run.target_tokenizer
+  for (context, continuation), (logp, _) in zip(pairs, got):
+    ids = tok.encode(context + continuation)
+    n = len(tok.encode(continuation)) if not context else len(ids) - len(tok.encode(context))
+    logits = models.batch_logits(run.model, run.params, {"targets": np.asarray([ids])})
+    log_probs = np.asarray(jax.nn.log_softmax(logits[0], axis=-1))
+    want = sum(log_probs[i, ids[i]] for i in range(len(ids) - n, len(ids)))
+    assert logp == pytest.approx(float(want), abs=1e-4)
+
+
+def test_an_encoder_only_run_is_one_line():
+  from transformer.infer.harness.lm import RunLM
+  from transformer.run.restore import EvaluationError
+  config = types.SimpleNamespace(model=types.SimpleNamespace(arch="encoder_only"))
+  with pytest.raises(EvaluationError, match=r"^the harness scores text with a decoder: this run "
+                     r"is model.arch='encoder_only'"):
+    RunLM(config, None, None, None, None)
