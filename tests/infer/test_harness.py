@@ -1,14 +1,15 @@
 """transformer/infer/harness: our lm-evaluation-harness LM equals the harness's reference `hf`
 backend on the same weights, request for request, offline.
 
-A tiny GPT-2 and a tiny Llama (benchmarks/hf_probabilities.build: built in torch from a config
-class, trained a few steps, no download; the Llama's tokenizer.json adds <s> as a real one does)
-are converted with `convert.from_hf`; the harness's own HFLM (device="cpu") runs on the torch
+A tiny GPT-2, a tiny Llama and a tiny T5 (benchmarks/hf_probabilities.build: built in torch from
+a config class, trained a few steps, no download; the Llama's tokenizer.json adds <s> and the
+T5's </s> as real ones do) are converted with `convert.from_hf`; the harness's own HFLM
+(device="cpu"; T5 through its seq2seq path: the context into the encoder) runs on the torch
 model, `RunLM` on the converted workdir, both on the local tasks in harness_tasks/ (multiple
 choice, rolling perplexity, generation). Every loglikelihood request's log-probability agrees to
 1e-3 and its greedy flag exactly, every document's rolling log-likelihood to 1e-3, every
-generation is the same string, and the task metrics are equal. The Llama case is slow (about 40 s
-on 2 cores: `pytest -m slow tests/infer/test_harness.py`).
+generation is the same string, and the task metrics are equal. The Llama and T5 cases are slow
+(about 40 s each on 2 cores: `pytest -m slow tests/infer/test_harness.py`).
 """
 
 import json
@@ -44,31 +45,55 @@ def hf_tokenizer(directory: str, tok, hf_config: dict):
       eos_token=name("eos_token_id"))
 
 
+# Each tokenizer.json's post-processor as a real one's: a Llama tokenizer puts <s> first, a T5
+# tokenizer </s> last (their ids in hf_probabilities' tokenizers).
+POST_PROCESSORS = {"llama2": ("<s> $A", ("<s>", 1)), "t5": ("$A </s>", ("</s>", 1))}
+
+
 def converted(root, family: str):
   """(torch model, transformers tokenizer, our converted workdir) of a tiny trained `family`."""
   directory, workdir = str(root / family), str(root / f"{family}_run")
   model, tok = bench.build(family, True, directory)
-  if family != "gpt2":  # a Llama tokenizer.json's post-processor puts <s> first
+  if family in POST_PROCESSORS:
     from tokenizers import processors
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A",
-                                                       special_tokens=[("<s>", 1)])
+    single, special = POST_PROCESSORS[family]
+    tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=[special])
     tok.save(os.path.join(directory, "tokenizer.json"))
   convert.from_hf(directory, workdir)
+  if family == "t5":
+    return model, transformers.PreTrainedTokenizerFast(
+        tokenizer_file=os.path.join(directory, "tokenizer.json"), eos_token="</s>",
+        pad_token="<pad>", unk_token="<unk>"), workdir
   with open(os.path.join(directory, "config.json")) as f:
     return model, hf_tokenizer(directory, tok, json.load(f)), workdir
 
 
-@pytest.fixture(scope="module", params=["gpt2", pytest.param("llama2", marks=pytest.mark.slow)])
+def reference_lm(family: str, model, tok, max_len: int):
+  """The harness's HFLM on the torch model. T5 (its seq2seq path): batch size 1, where its
+  generation length (context + max_gen_toks, the batch's longest context) is each request's own,
+  our max_len (transformers' T5 config states none), and its untied head put back after HFLM's
+  tie_weights() (transformers 5 ties a T5's head to the embeddings regardless of the config)."""
+  from lm_eval.models.huggingface import HFLM
+  if family != "t5":
+    return HFLM(pretrained=model, tokenizer=tok, device="cpu", batch_size=4)
+  head = model.lm_head.weight.detach().clone()
+  lm = HFLM(pretrained=model, tokenizer=tok, device="cpu", batch_size=1, max_length=max_len)
+  model.lm_head.weight = torch.nn.Parameter(head)
+  return lm
+
+
+@pytest.fixture(scope="module", params=["gpt2", pytest.param("llama2", marks=pytest.mark.slow),
+                                        pytest.param("t5", marks=pytest.mark.slow)])
 def both(request, tmp_path_factory):
   """(ours, reference): simple_evaluate's results with samples of RunLM and of HFLM."""
   from lm_eval import simple_evaluate
-  from lm_eval.models.huggingface import HFLM
   model, tok, workdir = converted(tmp_path_factory.mktemp("harness"), request.param)
-  ours = harness.run_tasks(harness.lm_of(transformer.restore(workdir)), TASKS,
-                           include_path=TASKS_DIR, standard_tasks=False, log_samples=True)
+  run = transformer.restore(workdir)
+  ours = harness.run_tasks(harness.lm_of(run), TASKS, include_path=TASKS_DIR,
+                           standard_tasks=False, log_samples=True)
   manager, loaded = harness.load_tasks(TASKS, TASKS_DIR, standard_tasks=False)
   tasks = [t for item in loaded for t in item["tasks"].values()]
-  reference = simple_evaluate(HFLM(pretrained=model, tokenizer=tok, device="cpu", batch_size=4),
+  reference = simple_evaluate(reference_lm(request.param, model, tok, run.config.model.max_len),
                               tasks=tasks, task_manager=manager, log_samples=True,
                               bootstrap_iters=0)
   return ours, reference

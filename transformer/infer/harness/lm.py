@@ -252,7 +252,9 @@ class RunLM(TemplateLM):
     return out
 
   def _generate(self, contexts: list[str], kwargs: dict[str, Any]) -> list[str]:
-    """Generations of `contexts` with one set of normalized gen_kwargs, in bucketed batches."""
+    """Generations of `contexts` with one set of normalized gen_kwargs, in bucketed batches. A
+    seq2seq model runs to len(context) + max_gen_toks - 1 tokens, as the harness's seq2seq path
+    does (its generate max_length counts the context; at batch size 1, the context's own)."""
     until = model_utils.handle_stop_sequences(kwargs.pop("until", None),
                                               eos=self.tok_decode([self.eot_token_id]))
     steps = int(kwargs.pop("max_gen_toks"))
@@ -266,20 +268,24 @@ class RunLM(TemplateLM):
       encoded = self.tok_encode(context, False if own_start else None)
       self.truncated += len(encoded) > room
       ids.append(encoded[-room:])
-    decode_cfg = self._decode_config(kwargs, steps)
+    limits = [steps if self.backend == "causal" else min(len(i) + steps - 1, self.max_length)
+              for i in ids]
     texts: list[Any] = [None] * len(ids)
     groups = collections.defaultdict(list)
     for i in sorted(range(len(ids)), key=lambda i: -len(ids[i])):
       groups[bucket(len(ids[i]), room)].append(i)
     for width, members in groups.items():
-      per_batch = _rows_per_batch(self.batch_tokens, width + steps, self.max_rows)
+      most = max(limits[i] for i in members)
+      per_batch = _rows_per_batch(self.batch_tokens, width + most, self.max_rows)
       tokens, _ = evaluation.decode_batches(
-          self.config, self.model, self.params, [ids[i] for i in members], decode_cfg,
-          eos_id=EOS_ID, batch_size=min(per_batch, 1 << (len(members) - 1).bit_length()),
+          self.config, self.model, self.params, [ids[i] for i in members],
+          self._decode_config(kwargs, most), eos_id=EOS_ID,
+          batch_size=min(per_batch, 1 << (len(members) - 1).bit_length()),
           rng=jax.random.key(self.config.seed), prefix_lm=self.prefix_lm if
           self.backend == "causal" else None, start_token=own_start, width=width)
       for i, t in zip(members, tokens):
-        texts[i] = model_utils.postprocess_generated_text(self.tok_decode(t), until, None)
+        texts[i] = model_utils.postprocess_generated_text(self.tok_decode(t[:limits[i]]), until,
+                                                          None)
     return texts
 
   def _decode_config(self, kwargs: dict[str, Any], steps: int) -> Any:
