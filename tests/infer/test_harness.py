@@ -85,7 +85,7 @@ def reference_lm(family: str, model, tok, max_len: int):
 @pytest.fixture(scope="module", params=["gpt2", pytest.param("llama2", marks=pytest.mark.slow),
                                         pytest.param("t5", marks=pytest.mark.slow)])
 def both(request, tmp_path_factory):
-  """(ours, reference): simple_evaluate's results with samples of RunLM and of HFLM."""
+  """(ours, reference, (RunLM, HFLM)): simple_evaluate's results with samples of each LM."""
   from lm_eval import simple_evaluate
   model, tok, workdir = converted(tmp_path_factory.mktemp("harness"), request.param)
   run = transformer.restore(workdir)
@@ -93,10 +93,10 @@ def both(request, tmp_path_factory):
                            standard_tasks=False, log_samples=True)
   manager, loaded = harness.load_tasks(TASKS, TASKS_DIR, standard_tasks=False)
   tasks = [t for item in loaded for t in item["tasks"].values()]
-  reference = simple_evaluate(reference_lm(request.param, model, tok, run.config.model.max_len),
-                              tasks=tasks, task_manager=manager, log_samples=True,
+  hflm = reference_lm(request.param, model, tok, run.config.model.max_len)
+  reference = simple_evaluate(hflm, tasks=tasks, task_manager=manager, log_samples=True,
                               bootstrap_iters=0)
-  return ours, reference
+  return ours, reference, (harness.lm_of(run), hflm)
 
 
 def responses(results, task):
@@ -108,7 +108,7 @@ def responses(results, task):
 def test_loglikelihood_equals_hf_backend(both):
   """Multiple choice: per request, log p(choice | question) within 1e-3 and the same greedy
   flag; accuracy and normalized accuracy equal."""
-  ours, ref = both
+  ours, ref, _ = both
   got, want = responses(ours, "tiny_choice"), responses(ref, "tiny_choice")
   assert len(got) == len(want) == 14
   for doc_got, doc_want in zip(got, want):
@@ -122,7 +122,7 @@ def test_loglikelihood_equals_hf_backend(both):
 def test_rolling_loglikelihood_equals_hf_backend(both):
   """Rolling perplexity: documents longer than the model's length (windows), each document's
   log-likelihood within 1e-3; word/byte perplexity and bits per byte within 1e-4 relative."""
-  ours, ref = both
+  ours, ref, _ = both
   for doc_got, doc_want in zip(responses(ours, "tiny_text"), responses(ref, "tiny_text")):
     assert abs(doc_got[0] - doc_want[0]) <= 1e-3
   for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
@@ -133,7 +133,7 @@ def test_rolling_loglikelihood_equals_hf_backend(both):
 def test_generations_equal_hf_backend(both):
   """generate_until: our KV-cached greedy decoding cut at the stop string gives the hf backend's
   text, document for document."""
-  ours, ref = both
+  ours, ref, _ = both
   got, want = responses(ours, "tiny_generate"), responses(ref, "tiny_generate")
   assert got == want and any(text for doc in want for text in doc)
   assert ours["results"]["tiny_generate"] == ref["results"]["tiny_generate"]
@@ -152,3 +152,20 @@ def test_a_task_that_needs_the_hub_offline_is_one_line(tmp_path):
   with pytest.raises(EvaluationError, match=r"^task 'hub_task' needs its data set "
                      r"'some-org/not-downloaded' from the Hugging Face Hub.*HF_DATASETS_CACHE"):
     harness.load_tasks(["hub_task"], str(tmp_path), standard_tasks=False)
+
+
+def test_a_context_longer_than_the_model_is_cut_as_the_harness_cuts_it(both, caplog):
+  """Requests longer than model.max_len: cut from the left as the hf backend cuts them (the same
+  log-likelihoods), and said in one warning."""
+  from lm_eval.api.instance import Instance
+  _, _, (ours, reference) = both
+  long = " ".join(["the old man sees the moon. a dog likes some fish."] * 40)
+  requests = [Instance("loglikelihood", {}, (long, " it."), 0),
+              Instance("loglikelihood", {}, (long + " she", " eats"), 1)]
+  with caplog.at_level("WARNING"):
+    got = ours.loglikelihood(requests, disable_tqdm=True)
+  want = reference.loglikelihood(requests, disable_tqdm=True)
+  for (logp, greedy), (ref_logp, ref_greedy) in zip(got, want):
+    assert abs(logp - ref_logp) <= 1e-3 and greedy == ref_greedy
+  said = [r.message for r in caplog.records if r.name == "transformer.infer.harness.lm"]
+  assert len(said) == 1 and said[0].startswith("2 requests are longer than model.max_len=")

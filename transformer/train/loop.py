@@ -7,6 +7,7 @@ end)."""
 import contextlib
 import dataclasses
 import functools
+import importlib.util
 import itertools
 import json
 import math
@@ -51,6 +52,9 @@ def check_loop_config(cfg: Config) -> None:
     raise ConfigError(f"model.head='mlm' trains on masked inputs: set data.objective='mlm' (got "
                       f"{cfg.data.objective!r})")
   reporting.check_wandb(tc.wandb_project)  # before any data loads, not at the first log
+  if cfg.eval.harness_tasks and importlib.util.find_spec("lm_eval") is None:
+    raise ConfigError(f"eval.harness_tasks={cfg.eval.harness_tasks!r} needs lm-eval: "
+                      "pip install -e '.[eval]'")
   for key, value in (("train.early_stop_metric", tc.early_stop_metric),
                      ("checkpoint.keep_best_by", cfg.checkpoint.keep_best_by)):
     if value and not value.startswith("eval/"):
