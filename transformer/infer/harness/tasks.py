@@ -5,7 +5,8 @@ Tasks are found by name in --harness_include_path's YAML files first, then among
 own; a task's relative `data_files` are read from its YAML file's directory, so a task whose data
 is on disk (`dataset_path: json`) runs offline. Results: the harness's JSON in
 `metrics.harness.json` (flat `<task>/<metric>` numbers first, which `compare` shows as
-`harness/<task>/<metric>` columns, then the harness's own `results`, `n-shot`, `configs`).
+`harness/<task>/<metric>` columns, the step, the settings, then the harness's own `results`,
+`n-shot`, `versions`, `configs`).
 """
 
 import difflib
@@ -20,20 +21,25 @@ from lm_eval.tasks._yaml_loader import load_yaml
 
 from transformer import files
 from transformer.infer.harness.lm import RunLM
+from transformer.run.provenance import CONVERTED_FROM
 from transformer.run.restore import EvaluationError
 
 RESULTS_FILE = "metrics.harness.json"  # beside eval.py's metrics.<split>.json
-CONVERTED_FROM = "converted_from.json"  # transformer/convert writes the source's config.json here
+BOOTSTRAP_ITERS = 1000  # eval.py's standard errors (the harness's default, 100,000, takes minutes)
 _NETWORK_WORDS = ("offline", "connect", "resolve", "internet", "hub", "couldn't reach", "timed out")
 
 
 def lm_of(run: Any, batch_tokens: int = 4096) -> RunLM:
   """The harness LM of a restored `Run` (transformer.restore), a converted model's with its
   config.json (converted_from.json) for the Hugging Face tokenizer's special ids."""
-  source = os.path.join(run.workdir, CONVERTED_FROM)
-  hf = json.loads(files.read_text(source))["config"] if files.exists(source) else None
   return RunLM(run.config, run.model, run.params, run.source_tokenizer, run.target_tokenizer,
-               hf=hf, kind=run.kind, batch_tokens=batch_tokens)
+               hf=converted_from(run.workdir), kind=run.kind, batch_tokens=batch_tokens)
+
+
+def converted_from(workdir: str) -> dict[str, Any] | None:
+  """The Hugging Face config.json a converted workdir came from, None for a run of ours."""
+  source = os.path.join(workdir, CONVERTED_FROM)
+  return json.loads(files.read_text(source))["config"] if files.exists(source) else None
 
 
 def _manager(names: Sequence[str], include_path: str, standard_tasks: bool) -> TaskManager:
@@ -102,8 +108,9 @@ def _load_error(manager: TaskManager, name: str, error: Exception) -> str:
 
 def run_tasks(lm: RunLM, names: Sequence[str], num_fewshot: int | None = None,
               limit: int | None = None, include_path: str = "", standard_tasks: bool = True,
-              log_samples: bool = False) -> dict[str, Any]:
-  """The harness's results dict (simple_evaluate's) of `names` on `lm`."""
+              log_samples: bool = False, bootstrap_iters: int = 0) -> dict[str, Any]:
+  """The harness's results dict (simple_evaluate's) of `names` on `lm`; standard errors from
+  `bootstrap_iters` resamples (0: none)."""
   if not names:
     raise EvaluationError("--harness_tasks: give one or more task names")
   manager, loaded = load_tasks(names, include_path, standard_tasks)
@@ -115,7 +122,7 @@ def run_tasks(lm: RunLM, names: Sequence[str], num_fewshot: int | None = None,
         *item["groups"].values()]
   results = evaluator.simple_evaluate(
       lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit or None, task_manager=manager,
-      log_samples=log_samples, bootstrap_iters=0, verbosity=None)
+      log_samples=log_samples, bootstrap_iters=bootstrap_iters, verbosity=None)
   return results
 
 
@@ -143,10 +150,12 @@ def evaluate_workdir(workdir: str, tasks: Sequence[str], num_fewshot: int | None
   run = api.restore([workdir, *ensemble] if ensemble else workdir, step=step, params=params,
                     average_last=average_last)
   files.check_writable(out_dir or workdir)
-  results = run_tasks(lm_of(run), list(tasks), num_fewshot, limit, include_path)
+  results = run_tasks(lm_of(run), list(tasks), num_fewshot, limit, include_path,
+                      bootstrap_iters=BOOTSTRAP_ITERS)
   written = flat_metrics(results) | {
       "step": run.step if not ensemble else list(run.step), "params": run.params_source,
-      "tasks": list(tasks), "num_fewshot": num_fewshot, "limit": limit or None,
+      "settings": {"tasks": list(tasks), "num_fewshot": num_fewshot, "limit": limit or None,
+                   "ensemble": list(ensemble)},
       **{k: results[k] for k in ("results", "groups", "n-shot", "versions", "configs")
          if k in results}}
   path = os.path.join(out_dir or workdir, RESULTS_FILE)
@@ -166,10 +175,8 @@ def training_metrics(cfg: Any, model: Any, params: Any, task: Any, workdir: str,
   if every and step % every and step != cfg.train.num_steps:
     return {}
   names = [n.strip() for n in cfg.eval.harness_tasks.split(",") if n.strip()]
-  source = os.path.join(workdir, CONVERTED_FROM)
-  hf = json.loads(files.read_text(source))["config"] if files.exists(source) else None
-  lm = RunLM(cfg, model, params, task.source_tokenizer, task.target_tokenizer, hf=hf,
-             kind=getattr(task, "kind", "seq2seq"))
+  lm = RunLM(cfg, model, params, task.source_tokenizer, task.target_tokenizer,
+             hf=converted_from(workdir), kind=getattr(task, "kind", "seq2seq"))
   results = run_tasks(lm, names, limit=cfg.eval.harness_limit or None,
                       include_path=cfg.eval.harness_include_path)
   return {f"eval/harness/{k}": v for k, v in flat_metrics(results).items()}
