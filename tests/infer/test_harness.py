@@ -89,14 +89,15 @@ def both(request, tmp_path_factory):
   from lm_eval import simple_evaluate
   model, tok, workdir = converted(tmp_path_factory.mktemp("harness"), request.param)
   run = transformer.restore(workdir)
-  ours = harness.run_tasks(harness.lm_of(run), TASKS, include_path=TASKS_DIR,
-                           standard_tasks=False, log_samples=True)
+  ours_lm = harness.lm_of(run)
+  ours = harness.run_tasks(ours_lm, TASKS, include_path=TASKS_DIR, standard_tasks=False,
+                           log_samples=True)
   manager, loaded = harness.load_tasks(TASKS, TASKS_DIR, standard_tasks=False)
   tasks = [t for item in loaded for t in item["tasks"].values()]
   hflm = reference_lm(request.param, model, tok, run.config.model.max_len)
   reference = simple_evaluate(hflm, tasks=tasks, task_manager=manager, log_samples=True,
                               bootstrap_iters=0)
-  return ours, reference, (harness.lm_of(run), hflm)
+  return ours, reference, (ours_lm, hflm)
 
 
 def responses(results, task):
@@ -137,6 +138,17 @@ def test_generations_equal_hf_backend(both):
   got, want = responses(ours, "tiny_generate"), responses(ref, "tiny_generate")
   assert got == want and any(text for doc in want for text in doc)
   assert ours["results"]["tiny_generate"] == ref["results"]["tiny_generate"]
+
+
+def test_the_scorer_compiles_once_per_bucket(both):
+  """Every loglikelihood request of the three tasks (contexts of 4 to 64 tokens) was scored by
+  at most one compiled program per bucket width (16, 32, 64 up to model.max_len), not one per
+  request length."""
+  _, _, (ours, _) = both
+  if ours.backend != "causal":
+    pytest.skip("a seq2seq scorer's buckets are (encoder, decoder) width pairs")
+  widths = [width for width in (16, 32, 64, 128) if width < 2 * ours.max_length]
+  assert 1 <= ours._scorer._cache_size() <= len(widths)  # pylint: disable=protected-access
 
 
 def test_unknown_task_names_the_nearest():
