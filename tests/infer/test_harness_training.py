@@ -1,7 +1,8 @@
-"""The harness on runs trained here: a tiny char LM logs harness metrics as it trains
+"""The harness on runs of ours: a tiny char LM logs harness metrics as it trains
 (eval.harness_tasks), `eval.py --harness_tasks` gives the same numbers from its checkpoint and
 writes metrics.harness.json (which `compare` shows as columns), and RunLM's log-likelihoods
-equal an independent teacher-forced pass (the start token first, as training's shift right).
+equal an independent teacher-forced pass of the model (batch_logits: the start token first, as
+training's shift right), for a causal LM, an encoder-decoder and a prefix-LM.
 """
 
 import json
@@ -112,3 +113,58 @@ def test_an_encoder_only_run_is_one_line():
   with pytest.raises(EvaluationError, match=r"^the harness scores text with a decoder: this run "
                      r"is model.arch='encoder_only'"):
     RunLM(config, None, None, None, None)
+
+
+def _loglikelihoods(lm_, pairs):
+  from lm_eval.api.instance import Instance
+  return lm_.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)],
+                           disable_tqdm=True)
+
+
+def _summed(logits, targets, n):
+  """log p of the last n of `targets` [t] under logits [t, v]."""
+  log_probs = np.asarray(jax.nn.log_softmax(np.asarray(logits), axis=-1))
+  return float(sum(log_probs[i, targets[i]] for i in range(len(targets) - n, len(targets))))
+
+
+def test_an_encoder_decoder_scores_the_context_in_its_encoder():
+  """A seq2seq run of ours (a random tiny encoder-decoder, its own source and target
+  vocabularies): the context's source ids + EOS go into the encoder, the continuation is the
+  decoder's target, as the harness's seq2seq path does; an empty context is EOS alone."""
+  from decoding_fixtures import _tiny_model
+  from transformer.data.tokenizers import CharTokenizer, EOS_ID
+  from transformer.infer.harness.lm import RunLM
+  model, params, _ = _tiny_model("encoder_decoder")
+  source, target = CharTokenizer(list("abcdefg")), CharTokenizer(list("rstuvwxyz"))
+  lm_ = RunLM(types.SimpleNamespace(model=model.config), model, params, source, target,
+              kind="seq2seq")
+  pairs = [("abc", "xyz"), ("gfedcba", "rst"), ("", "uvw")]
+  for (context, continuation), (logp, _) in zip(pairs, _loglikelihoods(lm_, pairs)):
+    inputs = (source.encode(context) + [EOS_ID]) if context else [EOS_ID]
+    targets = target.encode(continuation)
+    logits = models.batch_logits(model, params, {"inputs": np.asarray([inputs]),
+                                                 "targets": np.asarray([targets])})[0]
+    assert logp == pytest.approx(_summed(logits, targets, len(targets)), abs=1e-4)
+
+
+def test_a_prefix_lm_reads_the_context_bidirectionally():
+  """A prefix-LM trained on pairs (task kind seq2seq): the start token and the context are its
+  bidirectional prefix (the model's own prefix_mask pass); trained on plain text (kind 'lm') it
+  is causal throughout, and the two differ."""
+  from decoding_fixtures import _tiny_model
+  from transformer.data.tokenizers import CharTokenizer
+  from transformer.infer.harness.lm import RunLM
+  model, params, _ = _tiny_model("decoder_only", prefix_lm=True)
+  tok = CharTokenizer(list("abcdefghi"))
+  config = types.SimpleNamespace(model=model.config)
+  pairs = [("abcd", "efg"), ("hi", "abcdefg")]
+  prefix = _loglikelihoods(RunLM(config, model, params, None, tok, kind="seq2seq"), pairs)
+  causal = _loglikelihoods(RunLM(config, model, params, None, tok, kind="lm"), pairs)
+  for (context, continuation), (logp, _), (causal_logp, _) in zip(pairs, prefix, causal):
+    ids, n = tok.encode(context + continuation), len(continuation)
+    mask = np.asarray([[1] * len(context) + [0] * n])
+    logits = models.batch_logits(model, params, {"targets": np.asarray([ids]), "prefix_mask": mask})
+    assert logp == pytest.approx(_summed(logits[0], ids, n), abs=1e-4)
+    logits = models.batch_logits(model, params, {"targets": np.asarray([ids])})
+    assert causal_logp == pytest.approx(_summed(logits[0], ids, n), abs=1e-4)
+    assert abs(logp - causal_logp) > 1e-3

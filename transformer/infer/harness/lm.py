@@ -107,15 +107,18 @@ class RunLM(TemplateLM):
 
   def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
     """Our ids of `string`; special tokens as the tokenizer adds them (a run of ours: the start
-    token first, a seq2seq run's encoder input EOS last), unless add_special_tokens is False."""
+    token first; a seq2seq run's encoder input: the source tokenizer's ids, EOS last), unless
+    add_special_tokens is False."""
     del kwargs
     if self.hf is not None:
       if add_special_tokens is None:  # the harness's rule: a text that starts with BOS keeps it
         add_special_tokens = not string.startswith(self._prefix_text)
       return [int(self._places[i]) for i in self.tok.hf_encode(string, add_special_tokens)]
     special = add_special_tokens is not False
-    if self.backend == "seq2seq":
-      return list(self.tok.encode(string)) + ([EOS_ID] if special else [])
+    if self.backend == "seq2seq":  # with specials an encoder input (the harness's context), else
+      # a decoder target (its continuation): each in its own vocabulary
+      return list(self.source_tok.encode(string)) + [EOS_ID] if special else list(
+          self.tok.encode(string))
     return ([START_ID] if special else []) + list(self.tok.encode(string))
 
   def tok_decode(self, ids: Sequence[int]) -> str:
@@ -123,15 +126,6 @@ class RunLM(TemplateLM):
     if self.hf is not None:
       return self.tok.hf_decode([self._inverse[int(i)] for i in ids if int(i) in self._inverse])
     return self.tok.decode(ids)
-
-  def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    if self.backend == "causal" or self.hf is not None:
-      return super()._encode_pair(context, continuation)
-    n_spaces = len(context) - len(context.rstrip())  # the harness's rule, both tokenizers ours
-    context, continuation = context[:len(context) - n_spaces], context[len(context) - n_spaces:] + \
-        continuation
-    return (list(self.source_tok.encode(context)) + [EOS_ID],
-            list(self.tok.encode(continuation)))
 
   # Scoring: jitted per bucket shape.
 
