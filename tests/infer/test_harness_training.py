@@ -168,3 +168,28 @@ def test_a_prefix_lm_reads_the_context_bidirectionally():
     logits = models.batch_logits(model, params, {"targets": np.asarray([ids])})
     assert causal_logp == pytest.approx(_summed(logits[0], ids, n), abs=1e-4)
     assert abs(logp - causal_logp) > 1e-3
+
+
+def test_an_ensemble_scores_the_mean_of_its_members_probabilities():
+  """Two members (the same random tiny LM, and one with other weights): log p of the ensemble is
+  the log of the mean of the members' probabilities, request by request."""
+  from decoding_fixtures import _tiny_model, random_params
+  from transformer.data.tokenizers import CharTokenizer
+  from transformer.infer.harness.lm import RunLM
+  model, params, src = _tiny_model("decoder_only")
+  other = random_params(model, (src,), seed=1)
+  tok = CharTokenizer(list("abcdefghi"))
+  config = types.SimpleNamespace(model=model.config)
+  pairs = [("abcd", "efg"), ("", "hi")]
+  one, two = (_loglikelihoods(RunLM(config, model, p, None, tok), pairs) for p in (params, other))
+  both = _loglikelihoods(RunLM(config, (model, model), (params, other), None, tok), pairs)
+  for (context, continuation), (logp, _), a, b in zip(pairs, both, one, two):
+    ids, n = [0] + tok.encode(context + continuation), len(continuation)
+    per_member = []
+    for p in (params, other):
+      logits = model.apply({"params": p}, np.asarray([ids[:-1]]), method="decode")[0]
+      log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+      per_member.append([log_probs[i - 1, ids[i]] for i in range(len(ids) - n, len(ids))])
+    want = float(np.sum(np.logaddexp(*per_member) - np.log(2)))
+    assert logp == pytest.approx(want, abs=1e-4)
+    assert a[0] != pytest.approx(b[0], abs=1e-3)  # the members differ
