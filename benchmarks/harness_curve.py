@@ -72,6 +72,7 @@ def write_tasks(directory: str, validation: str, docs: int, seed: int = 0) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Trains the LM with the harness tasks in its evaluations; writes record.json."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--text_file", default=os.path.join(commands.REPO, "..", "shared", "data",
                                                           "tinyshakespeare.txt"))

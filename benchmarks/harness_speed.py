@@ -11,8 +11,8 @@ rolling perplexity (--docs // 8 documents of ~600 tokens: 3 windows each) and gr
 (--docs // 4 prompts, 16 tokens). The harness runs the same requests through HFLM (device="cpu",
 float32) at its default batch size (1) and at each of --hf_batch_sizes, and through RunLM cold
 (compiling its bucket shapes) and warm (a second pass). Requests per second: the task's requests
-over the wall time of simple_evaluate on that one task. Both backends' numbers (accuracy,
-perplexity, generations) are also compared. Writes record.json under --out.
+over the wall time of simple_evaluate on that one task. Both backends' answers are compared too:
+the largest |log-likelihood difference|, the fraction of equal greedy flags and generations. Writes record.json under --out.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ WORDS = (["the cat", "a dog", "my friend", "the old man", "she"],
 
 
 def sentence(rnd: random.Random) -> str:
+  """One sentence of the tiny corpus' kind."""
   return " ".join(rnd.choice(w) for w in WORDS)
 
 
@@ -107,7 +108,35 @@ def timed(lm, task: str, manager, tasks: dict) -> tuple[float, int, dict]:
   return seconds, requests, results
 
 
+def summarize(metrics: dict, names: list[str], outputs: dict) -> None:
+  """Adds each task's best hf batch size and rate, our speedups, and |ours - hf|."""
+  for task in TASKS:
+    hf = {n: metrics[f"{task}_{n}_requests_per_s"] for n in names if n.startswith("hf_")}
+    best = max(hf, key=hf.get)
+    metrics[f"{task}_hf_best_requests_per_s"] = hf[best]
+    metrics[f"{task}_hf_best_batch_size"] = int(best.removeprefix("hf_bs"))
+    metrics[f"{task}_speedup_warm_vs_hf_default"] = round(
+        metrics[f"{task}_ours_warm_requests_per_s"] / hf["hf_bs1"], 2)
+    metrics[f"{task}_speedup_warm_vs_hf_best"] = round(
+        metrics[f"{task}_ours_warm_requests_per_s"] / hf[best], 2)
+    metrics[f"{task}_speedup_cold_vs_hf_best"] = round(
+        metrics[f"{task}_ours_cold_requests_per_s"] / hf[best], 2)
+    for key, value in outputs[("ours_warm", task)].items():  # the same numbers from both
+      metrics[f"{key.replace('/', '_')}_abs_diff_ours_vs_hf"] = abs(
+          value - outputs[("hf_bs1", task)][key])
+    ours, hf = outputs[("ours_warm", task, "answers")], outputs[("hf_bs1", task, "answers")]
+    if task == "speed_generate":
+      metrics[f"{task}_same_text_fraction"] = sum(a == b for a, b in zip(ours, hf)) / len(hf)
+      continue
+    logp = [(a[0], b[0]) if task == "speed_choice" else (a, b) for a, b in zip(ours, hf)]
+    metrics[f"{task}_max_abs_loglikelihood_diff"] = max(abs(a - b) for a, b in logp)
+    if task == "speed_choice":
+      same = sum(a[1] == b[1] for a, b in zip(ours, hf))
+      metrics[f"{task}_same_greedy_fraction"] = same / len(hf)
+
+
 def main(argv: list[str] | None = None) -> int:
+  """Measures every backend on every task; writes record.json."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=os.path.join(commands.REPO, "docs", "results",
                                                      "harness_speed"))
@@ -136,22 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         metrics[f"{task}_{name}_requests_per_s"] = round(requests / seconds, 2)
         metrics[f"{task}_requests"] = requests
         outputs[(name, task)] = harness.flat_metrics(results)
+        outputs[(name, task, "answers")] = [r[0] for d in sorted(
+            results["samples"][task], key=lambda d: d["doc_id"]) for r in d["resps"]]
         print(f"{task:15s} {name:9s} {requests:4d} requests {seconds:7.2f} s "
               f"{requests / seconds:8.2f} /s {outputs[(name, task)]}", flush=True)
-  for task in TASKS:
-    hf = {n: metrics[f"{task}_{n}_requests_per_s"] for n, _ in backends if n.startswith("hf_")}
-    best = max(hf, key=hf.get)
-    metrics[f"{task}_hf_best_requests_per_s"] = hf[best]
-    metrics[f"{task}_hf_best_batch_size"] = int(best.removeprefix("hf_bs"))
-    metrics[f"{task}_speedup_warm_vs_hf_default"] = round(
-        metrics[f"{task}_ours_warm_requests_per_s"] / hf["hf_bs1"], 2)
-    metrics[f"{task}_speedup_warm_vs_hf_best"] = round(
-        metrics[f"{task}_ours_warm_requests_per_s"] / hf[best], 2)
-    metrics[f"{task}_speedup_cold_vs_hf_best"] = round(
-        metrics[f"{task}_ours_cold_requests_per_s"] / hf[best], 2)
-    for key, value in outputs[("ours_warm", task)].items():  # the same numbers from both
-      metrics[f"{key.replace('/', '_')}_abs_diff_ours_vs_hf"] = abs(
-          value - outputs[("hf_bs1", task)][key])
+  summarize(metrics, [n for n, _ in backends], outputs)
   record = {
       "name": "harness_speed",
       "title": "lm-evaluation-harness requests per second: RunLM against the harness's hf backend "

@@ -39,7 +39,8 @@ TASKS = ["tiny_choice", "tiny_text", "tiny_generate"]
 
 def hf_tokenizer(directory: str, tok, hf_config: dict):
   """transformers' tokenizer of the saved tokenizer.json, its BOS and EOS config.json's ids."""
-  name = lambda key: tok.id_to_token(hf_config[key]) if hf_config.get(key) is not None else None  # noqa: E731
+  def name(key):
+    return tok.id_to_token(hf_config[key]) if hf_config.get(key) is not None else None
   return transformers.PreTrainedTokenizerFast(
       tokenizer_file=os.path.join(directory, "tokenizer.json"), bos_token=name("bos_token_id"),
       eos_token=name("eos_token_id"))

@@ -61,7 +61,8 @@ class RunLM(TemplateLM):
     arch = config.model.arch
     if arch == "encoder_only":
       raise EvaluationError("the harness scores text with a decoder: this run is "
-                            "model.arch='encoder_only' (give a decoder_only or encoder_decoder run)")
+                            "model.arch='encoder_only' (give a decoder_only or encoder_decoder "
+                            "run)")
     self.config, self.model, self.params = config, model, params
     self.backend = "seq2seq" if arch == "encoder_decoder" else "causal"
     # A prefix-LM reads the context bidirectionally, as it read its sources; one trained on plain
@@ -79,7 +80,9 @@ class RunLM(TemplateLM):
       if offset and self._hf_id("eos_token_id") is not None:
         self._places[self._hf_id("eos_token_id")] = EOS_ID
       self._inverse = {int(o): h for h, o in enumerate(self._places)}
-      self._prefix_text = self.tok.hf_decode([self._inverse[self.prefix_token_id]], False) or "\0"
+      prefix = self._inverse.get(self.prefix_token_id)
+      prefix_text = self.tok.hf_decode([prefix], False) if prefix is not None else ""
+      self._prefix_text = prefix_text or "\0"  # "\0": no text starts with it
     self._scorer = jax.jit(self._decoder_scores if self.backend == "causal"
                            else self._encoder_decoder_scores)
 
@@ -92,17 +95,21 @@ class RunLM(TemplateLM):
 
   @property
   def eot_token_id(self) -> int:
+    """End of text: our EOS (a converted model's end-of-sequence id is mapped to it)."""
     return EOS_ID
 
   @property
   def prefix_token_id(self) -> int:
+    """What an empty context and the first rolling window are conditioned on."""
     if self.hf is None:
       return EOS_ID if self.backend == "seq2seq" else START_ID
     hf_id = self._hf_id("bos_token_id")
-    return int(self._places[hf_id if hf_id is not None else self._hf_id("eos_token_id")])
+    hf_id = hf_id if hf_id is not None else self._hf_id("eos_token_id")
+    return START_ID if hf_id is None else int(self._places[hf_id])  # none: our start token
 
   @property
   def max_length(self) -> int:
+    """The model's window: model.max_len tokens."""
     return self.config.model.max_len
 
   def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
@@ -203,7 +210,8 @@ class RunLM(TemplateLM):
             [rows[i] for i in chunk], widths, b)))
         for r, i in enumerate(chunk):
           n, c = len(rows[i]["targets"]), rows[i]["count"]
-          out[i] = (float(np.sum(logp[r, n - c:n], dtype=np.float64)), bool(greedy[r, n - c:n].all()))
+          out[i] = (float(np.sum(logp[r, n - c:n], dtype=np.float64)),
+                    bool(greedy[r, n - c:n].all()))
     self._say_truncated()
     return out
 

@@ -98,7 +98,7 @@ def _load_error(manager: TaskManager, name: str, error: Exception) -> str:
   cfg = manager.task_index[name].cfg or {}
   first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
   if any(w in f"{type(error).__name__} {first}".lower() for w in _NETWORK_WORDS):
-    offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
+    offline = "1" in (os.environ.get("HF_DATASETS_OFFLINE"), os.environ.get("HF_HUB_OFFLINE"))
     return (f"task {name!r} needs its data set {cfg.get('dataset_path')!r} from the Hugging Face "
             f"Hub, which cannot be reached{' offline (HF_DATASETS_OFFLINE=1)' if offline else ''}: "
             "download it once online, or point HF_DATASETS_CACHE at a cache that holds it "
