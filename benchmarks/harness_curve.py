@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                                                           "tinyshakespeare.txt"))
   parser.add_argument("--out", default=os.path.join(commands.REPO, "docs", "results",
                                                      "harness_curve"))
-  parser.add_argument("--steps", type=int, default=400)
-  parser.add_argument("--every", type=int, default=100)
+  parser.add_argument("--steps", type=int, default=200)
+  parser.add_argument("--every", type=int, default=50)
   parser.add_argument("--docs", type=int, default=100)
   args = parser.parse_args(argv)
   start = time.time()

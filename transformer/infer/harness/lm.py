@@ -16,6 +16,7 @@ trained here conditions every sequence on our decoder's start token (id 0), as t
 
 import collections
 import dataclasses
+import functools
 import logging
 from typing import Any, Sequence
 
@@ -83,8 +84,7 @@ class RunLM(TemplateLM):
       prefix = self._inverse.get(self.prefix_token_id)
       prefix_text = self.tok.hf_decode([prefix], False) if prefix is not None else ""
       self._prefix_text = prefix_text or "\0"  # "\0": no text starts with it
-    self._scorer = jax.jit(self._decoder_scores if self.backend == "causal"
-                           else self._encoder_decoder_scores)
+    self._scorer = _scorer(model, self.backend, self.prefix_lm)
 
   # The vocabulary: text <-> our ids, the harness's special ids.
 
@@ -134,29 +134,7 @@ class RunLM(TemplateLM):
       return self.tok.hf_decode([self._inverse[int(i)] for i in ids if int(i) in self._inverse])
     return self.tok.decode(ids)
 
-  # Scoring: jitted per bucket shape.
-
-  def _decoder_scores(self, params: Any, tokens: jax.Array, targets: jax.Array,
-                      lengths: jax.Array, prefix_lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(log p(target) [b, t], target == argmax [b, t]) of decoder inputs `tokens` [b, t]."""
-    where = jnp.arange(tokens.shape[1])[None, :]
-    segments = (where < lengths[:, None]).astype(jnp.int32)
-    prefix = (where < prefix_lengths[:, None]) if self.prefix_lm else None
-    positions = jnp.broadcast_to(where, tokens.shape)
-    members, trees = ensemble.members(self.model, params)
-    logits = ensemble.log_mean_probs([m.apply(
-        {"params": p}, tokens, decoder_positions=positions, decoder_segment_ids=segments,
-        decoder_prefix_mask=prefix, method="decode") for m, p in zip(members, trees)])
-    return _picked(logits, targets)
-
-  def _encoder_decoder_scores(self, params: Any, inputs: jax.Array, targets: jax.Array
-                              ) -> tuple[jax.Array, jax.Array]:
-    """As _decoder_scores, of encoder inputs [b, s] and decoder targets [b, t] (shifted inside)."""
-    members, trees = ensemble.members(self.model, params)
-    logits = ensemble.log_mean_probs([models.batch_logits(m, p, {"inputs": inputs,
-                                                                 "targets": targets})
-                                      for m, p in zip(members, trees)])
-    return _picked(logits, targets)
+  # Scoring: jitted per bucket shape (_scorer).
 
   def _rows(self, requests: Sequence[tuple[Any, list[int], list[int]]]) -> list[dict[str, Any]]:
     """One scoring row per (key, context ids, continuation ids), cut as the `hf` backend cuts."""
@@ -299,6 +277,40 @@ class RunLM(TemplateLM):
             "top_p": float(kwargs.get("top_p") or 1.0)} if sample else {}))
     search_settings(cfg, self.config.model.vocab_size, self.config.model.max_len)
     return cfg
+
+
+@functools.lru_cache(maxsize=16)
+def _scorer(model: Any, backend: str, prefix_lm: bool) -> Any:
+  """The jitted scorer of a model (a tuple: an ensemble), shared by every RunLM of it, so each
+  bucket shape compiles once per process (in training: once, not at every evaluation)."""
+  if backend == "causal":
+    return jax.jit(functools.partial(_decoder_scores, model, prefix_lm))
+  return jax.jit(functools.partial(_encoder_decoder_scores, model))
+
+
+def _decoder_scores(model: Any, prefix_lm: bool, params: Any, tokens: jax.Array,
+                    targets: jax.Array, lengths: jax.Array, prefix_lengths: jax.Array
+                    ) -> tuple[jax.Array, jax.Array]:
+  """(log p(target) [b, t], target == argmax [b, t]) of decoder inputs `tokens` [b, t]."""
+  where = jnp.arange(tokens.shape[1])[None, :]
+  segments = (where < lengths[:, None]).astype(jnp.int32)
+  prefix = (where < prefix_lengths[:, None]) if prefix_lm else None
+  positions = jnp.broadcast_to(where, tokens.shape)
+  members, trees = ensemble.members(model, params)
+  logits = ensemble.log_mean_probs([m.apply(
+      {"params": p}, tokens, decoder_positions=positions, decoder_segment_ids=segments,
+      decoder_prefix_mask=prefix, method="decode") for m, p in zip(members, trees)])
+  return _picked(logits, targets)
+
+
+def _encoder_decoder_scores(model: Any, params: Any, inputs: jax.Array, targets: jax.Array
+                            ) -> tuple[jax.Array, jax.Array]:
+  """As _decoder_scores, of encoder inputs [b, s] and decoder targets [b, t] (shifted inside)."""
+  members, trees = ensemble.members(model, params)
+  logits = ensemble.log_mean_probs([models.batch_logits(m, p, {"inputs": inputs,
+                                                               "targets": targets})
+                                    for m, p in zip(members, trees)])
+  return _picked(logits, targets)
 
 
 def _picked(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
