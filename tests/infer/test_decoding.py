@@ -313,7 +313,7 @@ def test_generate_input_errors_and_jit_reuse():
     decoding.generate(model, params, {"prompt": src}, _decode_cfg(), eos_id=2, max_decode_len=60)
   first = decoding.generate(model, params, {"prompt": src}, _decode_cfg(), eos_id=2, max_decode_len=4)
   misses = decoding._compiled.cache_info().misses
-  fn = decoding._compiled((model,), decoding.Search("greedy"), 2, 4, False, True)
+  fn = decoding._compiled((model,), decoding.Search("greedy"), 2, 4, False, True, True)
   traces = fn._cache_size()
   second = decoding.generate(model, params, {"prompt": src}, _decode_cfg(), eos_id=2, max_decode_len=4)
   assert decoding._compiled.cache_info().misses == misses
