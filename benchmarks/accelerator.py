@@ -73,7 +73,7 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import train_step  # pylint: disable=g-import-not-at-top,wrong-import-position  (benchmarks/)
 from configs import lm  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.model import kernels  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.run import reporting
+from transformer.run import metrics_log, reporting
 
 SIZES = ("gpt2s", "gpt2m", "g2pfast", "lmtiny")
 CUDNN_CALL = "__cudnn$fmha"  # the custom-call target of XLA's cuDNN fused attention
@@ -177,12 +177,8 @@ def g2p_train_rates(ks: list[int], steps: int, extra: list[str]) -> list[dict]:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
         raise SystemExit(f"accelerator.py: --train_g2p K={k}: train.py exit {proc.returncode}: "
                          f"{tail[0]}")
-      rates = []
-      with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-          rate = json.loads(line).get("perf/steps_per_sec")
-          if rate is not None:
-            rates.append(rate)
+      rates = [r["perf/steps_per_sec"] for r in metrics_log.read(workdir)
+               if "perf/steps_per_sec" in r]
     later = rates[1:] or rates
     out.append({"steps_per_dispatch": k, "steps_per_s": statistics.median(later) if later else None,
                 "windows": len(rates), "wall_s": wall, "command": cmd[1:]})

@@ -49,6 +49,7 @@ import sys
 import time
 
 import commands  # benchmarks/ is the script's directory
+from transformer.run import metrics_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METRICS = ("wer", "per", "loss", "accuracy")
@@ -118,8 +119,7 @@ def test_seed(seed: int, workdir: str, data_dir: str, train_cmd: list[str], load
 
 def best_validation(workdir: str) -> dict:
   """The validation metrics of the evaluation with the lowest WER (the checkpoint --step=best)."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+  rows = metrics_log.read(workdir)
   evals = [r for r in rows if "eval/wer" in r]
   if not evals:
     raise SystemExit(f"g2p_flagship: {workdir}/metrics.jsonl has no eval/wer row")

@@ -28,6 +28,7 @@ import sys
 import time
 
 import commands  # benchmarks/ is the script's directory
+from transformer.run import metrics_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,8 +45,7 @@ def timed_train(config: str, workdir: str, extra: list[str]) -> dict:
                 and os.path.exists(os.path.join(workdir, d, "metrics.jsonl")))
   first = workdir if os.path.exists(os.path.join(workdir, "metrics.jsonl")) else (
       os.path.join(workdir, dirs[0]))
-  with open(os.path.join(first, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+  rows = metrics_log.read(first)
   rates = [r["perf/steps_per_sec"] for r in rows if "perf/steps_per_sec" in r]
   with open(os.path.join(first, "train_done.json")) as f:
     step = json.load(f)["step"]

@@ -29,7 +29,7 @@ import sys
 import time
 
 import commands  # benchmarks/ is the script's directory
-from transformer import files
+from transformer.run import metrics_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORD = os.path.join(REPO, "docs", "results", "moe_vs_dense", "record.json")
@@ -47,7 +47,7 @@ def train(config: str, workdir: str, seed: int, extra: list[str]) -> dict:
   proc = commands.run(cmd, cwd=REPO)
   if proc.returncode:
     raise SystemExit(f"moe_vs_dense: `train.py --workdir={workdir}` {commands.failure(proc)}")
-  rows = files.read_json_lines(os.path.join(workdir, "metrics.jsonl"))
+  rows = metrics_log.read(workdir)
   rates = [r["perf/steps_per_sec"] for r in rows if "perf/steps_per_sec" in r]
   evals = [r["eval/loss"] for r in rows if "eval/loss" in r]
   dropped = [r["train/moe_dropped"] for r in rows if "train/moe_dropped" in r]

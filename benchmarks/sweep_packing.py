@@ -37,7 +37,7 @@ import tempfile
 import time
 
 import commands  # benchmarks/ is the script's directory
-from transformer import files
+from transformer.run import metrics_log
 from transformer.sweeps import spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +48,7 @@ def logged(workdir: str) -> dict[str, float]:
   """'<step>:<key>' -> value of a point's compared metrics.jsonl values and its eval.py metrics
   ('test:<key>'), numbers only."""
   out = {}
-  for row in files.read_json_lines(os.path.join(workdir, "metrics.jsonl")):
+  for row in metrics_log.read(workdir):
     out |= {f"{row['step']}:{k}": float(v) for k, v in row.items()
             if k.startswith(COMPARED) and isinstance(v, (int, float))}
   for name in sorted(os.listdir(workdir)):

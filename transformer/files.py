@@ -4,7 +4,6 @@ upload is atomic by itself); a bucket object cannot be appended to, so `append_l
 """
 
 import errno
-import json
 import os
 
 from etils import epath
@@ -78,24 +77,6 @@ def read_text(path: PathLike) -> str:
 def read_bytes(path: PathLike) -> bytes:
   """The bytes of the file at `path`."""
   return epath.Path(path).read_bytes()
-
-
-def read_json_lines(path: PathLike) -> list[dict]:
-  """The JSON objects of a JSON-lines file, one per line ([] without the file); a line that is no
-  object (one cut short by a kill, the empty end) is skipped."""
-  try:
-    text = read_text(path)
-  except OSError:
-    return []
-  rows = []
-  for line in text.split("\n"):
-    try:
-      row = json.loads(line)
-    except ValueError:
-      continue
-    if isinstance(row, dict):
-      rows.append(row)
-  return rows
 
 
 def write_bytes_atomic(path: PathLike, data: bytes) -> None:

@@ -19,6 +19,7 @@ The sweep report (transformer/sweeps/report.py) builds its table with these func
 import dataclasses
 import glob
 import json
+import math
 import os
 import re
 import statistics
@@ -28,7 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from absl import flags
 
 from transformer import cli, files
-from transformer.run import provenance
+from transformer.run import metrics_log, provenance
 
 # The keys of one seed of a run; runs that differ only in these are one group.
 SEED_KEYS = ("seed", "data.shuffle_seed")
@@ -86,7 +87,11 @@ class Spread:
 
   @classmethod
   def of(cls, values: Sequence[float]) -> "Spread":
-    """The spread of `values` (std 0 for a single value)."""
+    """The spread of `values` (std 0 for a single value); a NaN or an infinity among them is
+    the mean (NaN, or that infinity), never averaged away, and the std is then NaN."""
+    if not all(math.isfinite(v) for v in values):
+      mean = math.fsum(values)  # NaN if any is, +-inf if an infinity is, NaN if both signs
+      return cls(mean, math.nan, min(values), max(values), len(values))
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return cls(statistics.fmean(values), std, min(values), max(values), len(values))
 
@@ -128,8 +133,9 @@ class Comparison:
 
 
 def read_logged(workdir: str) -> list[dict[str, Any]]:
-  """The records of `<workdir>/metrics.jsonl` ([] without one); a line cut by a kill is skipped."""
-  return files.read_json_lines(os.path.join(workdir, "metrics.jsonl"))
+  """The rows of `<workdir>/metrics.jsonl` ([] without one; metrics_log.read: lines that hold no
+  row named in one warning and skipped, NaN kept)."""
+  return metrics_log.read(os.path.join(workdir, metrics_log.FILE))
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -267,7 +273,8 @@ def split_metrics(run: RunFiles, split: str | None = None) -> dict[str, Any]:
 
 def median_rate(logged: Sequence[Mapping[str, Any]]) -> float | None:
   """The median perf/tokens_per_sec of the logged windows after the first (which compiles)."""
-  rates = [r["perf/tokens_per_sec"] for r in logged if is_number(r.get("perf/tokens_per_sec"))]
+  rates = [r["perf/tokens_per_sec"] for r in logged
+           if metrics_log.is_finite(r.get("perf/tokens_per_sec"))]
   return statistics.median(rates[1:] or rates) if rates else None
 
 
@@ -279,7 +286,8 @@ def tokens_seen(logged: Sequence[Mapping[str, Any]]) -> float | None:
   for r in logged:
     tokens = r.get("perf/nonpad_tokens_per_sec", r.get("perf/tokens_per_sec"))
     rate = r.get("perf/steps_per_sec")
-    if is_number(tokens) and is_number(rate) and rate > 0 and is_number(r.get("step")):
+    if (metrics_log.is_finite(tokens) and metrics_log.is_finite(rate) and rate > 0
+        and is_number(r.get("step"))):
       total += tokens / rate * (r["step"] - previous)
       previous, found = r["step"], True
   return total if found else None
@@ -289,7 +297,8 @@ def wall_seconds(run: RunFiles) -> float | None:
   """train_done.json's wall_seconds, else the last time/elapsed_s logged."""
   if run.done and is_number(run.done.get("wall_seconds")):
     return run.done["wall_seconds"]
-  elapsed = [r["time/elapsed_s"] for r in run.logged if is_number(r.get("time/elapsed_s"))]
+  elapsed = [r["time/elapsed_s"] for r in run.logged
+             if metrics_log.is_finite(r.get("time/elapsed_s"))]
   return elapsed[-1] if elapsed else None
 
 
@@ -299,11 +308,15 @@ def _dev_name(metric: str) -> str:
 
 def best_eval(run: RunFiles) -> dict[str, Any]:
   """'best <metric>' and 'best step': the best logged value of checkpoint.keep_best_by (by
-  checkpoint.best_mode), the metric the run kept its best checkpoint by; {} if never logged."""
+  checkpoint.best_mode), the metric the run kept its best checkpoint by; {} if never logged. A
+  NaN is never the best (the first one is, if no value is finite)."""
   metric = run.config.get("checkpoint.keep_best_by") or ""
   logged = [(r[metric], r["step"]) for r in run.logged if is_number(r.get(metric)) and "step" in r]
   if not metric or not logged:
     return {}
+  if not (finite := [vs for vs in logged if not math.isnan(vs[0])]):
+    return {f"best {_dev_name(metric)}": logged[0][0], "best step": logged[0][1]}
+  logged = finite
   better = max if run.config.get("checkpoint.best_mode") == "max" else min
   value, step = better(logged, key=lambda vs: vs[0])
   return {f"best {_dev_name(metric)}": value, "best step": step}
@@ -393,7 +406,7 @@ def format_cell(key: str, value: Any) -> str:
   as written, a Spread as 'mean ± std' ('mean' alone when its values are equal)."""
   if isinstance(value, Spread):
     mean = int(value.mean) if value.mean.is_integer() else value.mean
-    if value.n < 2 or value.std == 0:
+    if value.n < 2 or value.std == 0 or math.isnan(value.std):
       return _number(key, mean)
     return f"{_number(key, mean)} ± {_number(key, value.std, like=value.mean)}"
   if value is None or value == "":

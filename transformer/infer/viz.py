@@ -5,7 +5,6 @@ returns a matplotlib Figure (Agg backend: headless), saved as a PNG at `save_pat
   plot_attention(att.cross[-1], queries=att.target_tokens, keys=att.source_tokens)
 """
 
-import json
 import math
 import os
 from typing import Any, Sequence
@@ -19,6 +18,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from transformer import files  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.model.positional import sinusoidal_table  # pylint: disable=wrong-import-position
+from transformer.run import metrics_log  # pylint: disable=wrong-import-position
 
 
 def _finish(fig: Any, save_path: str | None, tight: bool = True) -> Any:
@@ -75,18 +75,11 @@ def plot_positional_encoding(max_len: int = 64, d_model: int = 128, table: Any =
 
 
 def read_metrics(metrics_path: str) -> list[dict[str, Any]]:
-  """The records of a metrics.jsonl file (or of `<workdir>/metrics.jsonl`)."""
-  path = os.path.join(metrics_path, "metrics.jsonl") if files.isdir(metrics_path) else metrics_path
+  """The rows of a metrics.jsonl file (or of `<workdir>/metrics.jsonl`), read by metrics_log."""
+  path = metrics_log.path_of(metrics_path)
   if not files.exists(path):
     raise FileNotFoundError(f"{path} not found: no metrics were logged")
-  records = []
-  for n, line in enumerate(files.read_text(path).split("\n"), start=1):
-    if line.strip():
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        raise ValueError(f"{path}:{n}: not a JSON line") from None
-  return records
+  return metrics_log.read(path)
 
 
 def plot_learning_curves(metrics_path: str, keys: Sequence[str] | None = None,

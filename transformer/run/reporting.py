@@ -19,7 +19,7 @@ from absl import logging
 import jax
 
 from transformer import choices, config as config_lib, files
-from transformer.run import provenance
+from transformer.run import metrics_log, provenance
 
 # Peak dense bf16 FLOP/s per chip (Google Cloud TPU docs, NVIDIA datasheets without 2:4
 # sparsity); the first key found in jax.devices()[0].device_kind wins.
@@ -127,27 +127,18 @@ def _wandb_run(workdir: str, config: Mapping[str, Any], record: Mapping[str, Any
 
 
 def _resume_jsonl(path: str, last_step: int) -> float:
-  """Drops metrics.jsonl rows after `last_step` and rows a write cut short (each named in a
-  warning); the last kept time/elapsed_s if resuming, or 0."""
+  """Drops metrics.jsonl rows after `last_step` and lines that hold no row (a write cut short,
+  stray bytes: named in one warning); the last kept time/elapsed_s if resuming, or 0."""
   if not files.exists(path):
     return 0.0
-  rows, torn = [], 0
-  for number, line in enumerate(files.read_text(path).split("\n"), 1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except ValueError:  # a write cut short (a kill, a full disk): its row is not readable
-      row = None
-    if not isinstance(row, dict):
-      torn += 1
-      logging.warning("%s:%d is not a metrics row (a write cut short): dropped", path, number)
-      continue
-    rows.append((line, row))
-  kept = [(line, row) for line, row in rows if row.get("step", 0) <= last_step]
-  if len(kept) != len(rows) or torn:
-    files.write_text_atomic(path, "".join(line + "\n" for line, _ in kept))
-  elapsed = [row["time/elapsed_s"] for _, row in kept if row.get("time/elapsed_s") is not None]
+  rows, skipped = [], []
+  for line in metrics_log.lines(path):
+    (skipped if line.row is None else rows).append(line)
+  metrics_log.warn_skipped(path, skipped, "dropped")
+  kept = [line for line in rows if line.row["step"] <= last_step]
+  if len(kept) != len(rows) or skipped:
+    files.write_bytes_atomic(path, b"".join(line.raw + b"\n" for line in kept))
+  elapsed = [line.row["time/elapsed_s"] for line in kept if "time/elapsed_s" in line.row]
   return float(elapsed[-1]) if elapsed and last_step else 0.0
 
 

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from transformer import files
 from transformer.infer import compare
+from transformer.run import metrics_log
 from transformer.sweeps import runner, spec
 
 # Metrics tried in order by metric='auto'; the first one that some point has is plotted.
@@ -91,7 +92,7 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None,
   cols = compare.shown_columns(rows, columns(rows), keep=KEPT)
   same = [f"{c} {compare.format_cell(c, rows[0].get(c))}" for c in columns(rows)
           if c not in cols and rows[0].get(c) not in (None, "")]
-  values = [r.get(metric) for r in rows if compare.is_number(r.get(metric))]
+  values = [r.get(metric) for r in rows if metrics_log.is_finite(r.get(metric))]
   better = max if metric and any(h in metric for h in HIGHER_IS_BETTER) else min
   best = better(values) if metric and len(set(values)) > 1 else None  # a tie singles out none
   text = f"Same for every point: {', '.join(same)}.\n\n" if same else ""
@@ -108,7 +109,7 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None,
 def metric_figure(rows: Sequence[dict[str, Any]], metric: str) -> Any:
   """Horizontal bars: `metric` per point that has it; None for fewer than two (no comparison)."""
   from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
-  have = [r for r in rows if compare.is_number(r.get(metric))]
+  have = [r for r in rows if metrics_log.is_finite(r.get(metric))]
   if len(have) < 2:
     return None
   fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(have), 2) + 1.2))

@@ -14,6 +14,7 @@ import threading
 from typing import Any, Callable, Sequence, TextIO
 
 from transformer import files
+from transformer.run import metrics_log
 from transformer.sweeps import spec
 
 # The in-training metric a status line shows: the first of these the point has logged.
@@ -33,9 +34,9 @@ def duration(seconds: float) -> str:
 
 
 def metrics_rows(workdir: str) -> list[dict[str, Any]]:
-  """The stepped rows of `workdir`/metrics.jsonl ([] if none; a line cut by a kill is skipped)."""
-  return [row for row in files.read_json_lines(os.path.join(workdir, "metrics.jsonl"))
-          if isinstance(row.get("step"), int)]
+  """The rows of `workdir`/metrics.jsonl ([] if none; metrics_log.read: lines that hold no row
+  named in one warning and skipped)."""
+  return metrics_log.read(os.path.join(workdir, metrics_log.FILE))
 
 
 def _value(key: str, value: float) -> str:
