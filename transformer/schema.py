@@ -479,6 +479,15 @@ def with_role(role: str, section_name: str = "") -> tuple[str, ...]:
                if role in k.roles and k.name.startswith(prefix))
 
 
+def kept_on_resume() -> tuple[str, ...]:
+  """The keys a resumed run must keep: those of role fixed or on_off (the train state's
+  structure) and every other model key but those of role eval or finetune, for each changes the
+  function the weights compute (the window, the MoE routing, the RoPE frequencies, ...)."""
+  free = (EVAL, FINETUNE)
+  return tuple(k.name for k in SCHEMA if FIXED in k.roles or ON_OFF in k.roles or (
+      k.name.startswith("model.") and not any(r in k.roles for r in free)))
+
+
 def lookup(tree: Any, name: str) -> Any:
   """The value of dotted key `name` in a nested dict or dataclass (None where a part is missing)."""
   for part in name.split("."):

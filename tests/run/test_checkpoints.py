@@ -19,7 +19,7 @@ import optax
 import pytest
 
 from configs import base
-from transformer import cli, config as config_lib
+from transformer import cli, config as config_lib, schema
 from transformer.config import ConfigError, from_configdict, to_dict
 from transformer.run import checkpoints, digests, restore
 from transformer.train import preemption
@@ -174,6 +174,25 @@ def test_check_compatible_names_first_differing_model_key(tmp_path):
   raw = base.get_config()
   raw.model.d_model = 256
   checkpoints.check_compatible(workdir, raw)  # ConfigDict with head_dim=0 etc.
+
+
+@pytest.mark.parametrize("key,old,new", [
+    ("sliding_window", 0, 16), ("moe_capacity_factor", 1.25, 2.0), ("moe_top_k", 2, 1),
+    ("rope_base", 10000.0, 500000.0), ("norm_eps", 1e-6, 1e-5)])
+def test_resume_refuses_a_key_that_changes_the_function_of_the_weights(tmp_path, key, old, new):
+  """A resume may not change a model key that keeps the train state's structure but changes
+  what the weights compute (the window, MoE routing and capacity, RoPE, ...): schema roles
+  decide (every model key but those of role eval or finetune), not a list."""
+  workdir = str(tmp_path / "x")
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(config_dict(**{key: old}), f)
+  with pytest.raises(checkpoints.CheckpointError, match=rf"model\.{key}={old!r}, this config "
+                     rf"has {new!r}"):
+    checkpoints.check_compatible(workdir, config_dict(**{key: new}))
+  kept = schema.kept_on_resume()
+  assert f"model.{key}" in kept and "model.d_model" in kept and "train.optimizer" in kept
+  assert not {"model.dropout_rate", "model.dtype", "model.remat", "model.attention_impl"} & set(kept)
 
 
 def test_check_compatible_falls_back_to_config_json(tmp_path):

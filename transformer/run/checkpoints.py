@@ -401,15 +401,16 @@ def _saved_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
 
 
 def check_compatible(workdir: str, config: Any) -> None:
-  """Raises CheckpointError naming the first key of role `fixed` (or `on_off`: whether it is 0)
-  that `config` changes from the run in `workdir`; derived sizes written 0 are not compared."""
+  """Raises CheckpointError naming the first key of schema.kept_on_resume() (of role `on_off`:
+  whether it is 0) that `config` changes from the run in `workdir`; derived sizes written 0 are
+  not compared."""
   saved, source = _saved_config(workdir)
   if not saved:
     return
   if problem := config_lib.format_problem(saved, source):
     raise CheckpointError(problem)
   new = config_lib.to_dict(config)
-  for key in schema.with_role(schema.FIXED) + schema.with_role(schema.ON_OFF):
+  for key in schema.kept_on_resume():
     old, cur = schema.lookup(saved, key), schema.lookup(new, key)
     roles = schema.KEYS[key].roles
     if old is None or cur is None or (schema.DERIVED in roles and (not old or not cur)):
