@@ -41,9 +41,11 @@ def main(argv):
   from transformer.train import loop, runs  # pylint: disable=g-import-not-at-top
   from transformer.run.checkpoints import CheckpointError  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
+  from transformer.run.provenance import DataMismatchError  # pylint: disable=g-import-not-at-top
   workdir = flags.FLAGS.workdir
   try:
-    with cli.one_line_errors(ConfigError, CheckpointError, loop.TrainingDiverged,
+    with cli.one_line_errors(ConfigError, CheckpointError, DataMismatchError,
+                             loop.TrainingDiverged,
                              model_config=lambda: from_configdict(flags.FLAGS.config).model):
       metrics = loop.train_and_evaluate(flags.FLAGS.config, workdir,
                                             init_from=flags.FLAGS.init_from or "")

@@ -110,3 +110,35 @@ def test_a_resumed_run_keeps_the_recorded_cache_digests_and_refuses_an_edited_ca
   assert provenance.carried_over(str(path), old | {"splits": {"train": other}}) == (
       old | {"splits": {"train": other}})
   assert provenance.carried_over(str(tmp_path / "none.json"), new) == new
+
+
+def _fingerprint(train_sha):
+  split = lambda sha: {"files": 1, "bytes": 100, "records": 10, "records_sha256": sha}  # noqa: E731
+  return {"dataset": "text_files/f1", "version": "1.1.0", "dir": "/data/text_files/f1/1.1.0",
+          "splits": {"train": split(train_sha), "validation": split("dev"), "test": split("t")}}
+
+
+def test_a_resume_refuses_a_training_split_whose_records_changed(tmp_path):
+  """A data file edited between a run and its resume (other records in data.train_split or
+  data.eval_split) is refused in one line naming the config's data file and both digests, before
+  anything in the workdir changes; a fresh start, or another split (test), is not refused."""
+  from transformer.run import reporting  # pylint: disable=g-import-not-at-top  (JAX)
+  config = {"data": {"dataset": "text_files", "text_file": "/corpus.txt", "train_split": "train",
+                     "eval_split": "validation"}}
+  workdir = str(tmp_path)
+  reporting.Reporter(workdir, config, start_step=0, show_progress=False,
+                     data=_fingerprint("aaaa")).close()
+  before = {n: (tmp_path / n).read_bytes() for n in ("provenance.json", "config.json")}
+  with pytest.raises(provenance.DataMismatchError) as err:
+    reporting.Reporter(workdir, config, start_step=10, show_progress=False,
+                       data=_fingerprint("bbbb"))
+  message = str(err.value)
+  assert "\n" not in message and message.startswith(
+      f"data.text_file='/corpus.txt' changed since the run in {workdir} read it: its 'train' "
+      "split now holds 10 records, records sha256 bbbb, the run's 10 records, records sha256 aaaa")
+  assert {n: (tmp_path / n).read_bytes() for n in before} == before
+  other_test = _fingerprint("aaaa")
+  other_test["splits"]["test"]["records_sha256"] = "changed"
+  reporting.Reporter(workdir, config, start_step=10, show_progress=False, data=other_test).close()
+  reporting.Reporter(workdir, config, start_step=0, show_progress=False,
+                     data=_fingerprint("bbbb")).close()

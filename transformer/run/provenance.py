@@ -134,11 +134,16 @@ def data_difference(run: Mapping[str, Any] | None, now: Mapping[str, Any] | None
   return None
 
 
+def _held(f: Mapping[str, Any]) -> str:
+  """What one split's fingerprint `f` holds, in words."""
+  return (f"{f['records']} records, records sha256 {f['records_sha256'][:12]}"
+          if "records_sha256" in f else f"sha256 {(f.get('sha256') or 'not hashed')[:12]}")
+
+
 def _describe(fingerprint: Mapping[str, Any], split: str) -> str:
   """One split of a data fingerprint in words."""
   f = fingerprint["splits"][split]
-  held = (f"{f['records']} records, records sha256 {f['records_sha256'][:12]}"
-          if "records_sha256" in f else f"sha256 {(f.get('sha256') or 'not hashed')[:12]}")
+  held = _held(f)
   return (f"{fingerprint['dataset']} {fingerprint['version']} {split} ({f['files']} files, "
           f"{f['bytes']} bytes, {held})")
 
@@ -176,16 +181,26 @@ def _check_caches(split: str, old: Mapping[str, Any], new: Mapping[str, Any], di
           "records again")
 
 
-def carried_over(path: str, data: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+def carried_over(path: str, data: Mapping[str, Any] | None, trained: Sequence[str] = (),
+                 source: str = "") -> Mapping[str, Any] | None:
   """`data` (a resumed run's new fingerprint) with the cache digests that the earlier
   provenance.json at `path` recorded for splits whose records are the same (a split recorded by
-  an evaluation stays recorded); raises DataMismatchError when such a cache's bytes changed."""
+  an evaluation stays recorded); raises DataMismatchError when such a cache's bytes changed, or
+  when the records of a split in `trained` (those a resumed run trained and evaluated on) are not
+  the recorded ones (a data file edited since; `source` names the config's data files)."""
   if not data or not files.exists(path):
     return data
   try:
     run = json.loads(files.read_text(path)).get("data") or {}
   except (OSError, ValueError):  # an unreadable record is replaced, as before
     return data
+  for name in trained:
+    old, new = (run.get("splits") or {}).get(name), data["splits"].get(name)
+    if old is not None and new is not None and not _same_records(old, new):
+      raise DataMismatchError(
+          f"{source or 'the data'} changed since the run in {os.path.dirname(path)} read it: "
+          f"its {name!r} split now holds {_held(new)}, the run's {_held(old)} ({path}); use "
+          "another --workdir, or restore the data the run read")
   splits = {name: dict(split) for name, split in data["splits"].items()}
   for name, old in (run.get("splits") or {}).items():
     new = splits.get(name)

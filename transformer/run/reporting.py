@@ -206,8 +206,14 @@ class Reporter:
     if not self.active:
       return
     files.makedirs(workdir)
-    data = provenance.carried_over(os.path.join(workdir, "provenance.json"), data)
-    records = {"config.json": config_lib.to_dict(config),
+    as_dict = config_lib.to_dict(config)
+    d = as_dict.get("data") or {}
+    trained = [d[k] for k in ("train_split", "eval_split") if d.get(k)] if start_step else []
+    source = ", ".join(f"data.{k}={d[k]!r}" for k in ("text_file", "train_file", "dev_file",
+                                                       "test_file") if d.get(k))
+    data = provenance.carried_over(os.path.join(workdir, "provenance.json"), data, trained,
+                                   source or f"data.dataset={d.get('dataset')!r}")
+    records = {"config.json": as_dict,
                "provenance.json": provenance.provenance(mesh_shape, data)}
     for name, record in records.items():
       files.write_text_atomic(os.path.join(workdir, name),
