@@ -123,6 +123,7 @@ def run_sweep() -> None:
                        os.path.abspath(f.workdir) if on_ray else f.workdir)
   except (spec.SweepError, ConfigError) as e:
     cli.fail(str(e))
+  check_asha(points)
   script = lambda name: os.path.relpath(os.path.join(ROOT, name))  # pylint: disable=unnecessary-lambda-assignment
   commands = spec.Commands(config_arg, base, python=f.python, train_script=script("train.py"),
                              eval_script=script("eval.py"), eval_split=f.eval_split)
@@ -198,6 +199,28 @@ def run_sweep() -> None:
   print("wrote " + ", ".join(out[k] for k in ("csv", "md", "plot", "curves") if k in out))
   if failed:
     cli.fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")
+
+
+def check_asha(points) -> None:
+  """Ends the program in one line, before anything runs, for ASHA settings no point can meet: a
+  metric some point's in-training evaluations never log, a reduction factor <= 1."""
+  f = flags.FLAGS
+  if f.early_stop != "asha":
+    return
+  from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
+  from transformer.model import scoring  # pylint: disable=g-import-not-at-top  (imports JAX)
+  from transformer.sweeps import spec  # pylint: disable=g-import-not-at-top
+  if not f.asha_reduction_factor > 1:
+    cli.fail(f"--asha_reduction_factor={f.asha_reduction_factor} must be > 1 (1/fraction of the "
+             "points kept at each rung)")
+  if f.asha_grace_steps < 0:
+    cli.fail(f"--asha_grace_steps={f.asha_grace_steps} must be >= 0")
+  for p in points:
+    try:
+      scoring.check_in_training_metric(from_configdict(spec.apply_overrides(f.config, p.overrides)),
+                                       "--asha_metric", f.asha_metric)
+    except ConfigError as e:
+      cli.fail(f"{e} (point {p.name})")
 
 
 def run_on_ray(points, commands, console) -> list:

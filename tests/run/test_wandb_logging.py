@@ -128,3 +128,26 @@ def test_a_missing_package_is_one_line_naming_the_key_and_the_extra(tmp_path, mo
   assert str(e.value) == ("train.wandb_project='p' needs the wandb package: "
                           "pip install -e '.[wandb]'")
   assert not os.path.exists(tmp_path / "w" / "metrics.jsonl")
+
+
+def test_an_online_run_without_credentials_or_a_bad_mode_is_refused_before_the_workdir(
+    tmp_path, monkeypatch):
+  """Online (train.wandb_mode, else WANDB_MODE, else W&B's default) without an API key, or a
+  WANDB_MODE W&B does not know: one ConfigError before the workdir exists, not W&B's traceback
+  after it was written; offline, or a key in the netrc W&B reads, passes."""
+  monkeypatch.delenv("WANDB_MODE")
+  monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+  workdir = tmp_path / "w"
+  with pytest.raises(ConfigError, match=r"^train.wandb_project='p' logs online but W&B has no "
+                     r"API key \(WANDB_API_KEY, or `wandb login`\); or log locally: "
+                     r"--config.train.wandb_mode=offline$"):
+    _train(str(workdir), 5, **{"train.wandb_project": "p"})
+  assert not workdir.exists()
+  monkeypatch.setenv("WANDB_MODE", "ofline")
+  with pytest.raises(ConfigError, match=r"^WANDB_MODE='ofline' is not a W&B mode"):
+    _train(str(workdir), 5, **{"train.wandb_project": "p"})
+  assert not workdir.exists()
+  reporting.check_wandb("p", "offline")
+  monkeypatch.setenv("WANDB_MODE", "online")
+  (tmp_path / "netrc").write_text("machine api.wandb.ai login user password " + "k" * 40 + "\n")
+  reporting.check_wandb("p")

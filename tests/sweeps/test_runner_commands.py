@@ -100,3 +100,29 @@ def test_is_done_is_the_local_runners_test(fake, capsys):
   os.remove(os.path.join(p.workdir, "metrics.test.json"))
   assert runner.main(args) == 1 and capsys.readouterr().out.endswith(": eval\n")
   assert runner.main(args[:3]) == 0  # no eval split: trained is done
+
+
+def test_sweep_settings_no_point_can_meet_are_refused_before_anything_runs(tmp_path):
+  """An ASHA metric a point's in-training evaluations never log (a typo, a decoded metric of an
+  MoE-less run's moe_*), a reduction factor <= 1, a --workdir that is a file: one line each,
+  exit 1, nothing written."""
+  path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.ffn", ["relu", "moe"])\n')
+  w = tmp_path / "w"
+  cases = {("--early_stop=asha", "--asha_metric=eval/wr"): "--asha_metric='eval/wr' is not a "
+           "metric this config's in-training evaluations log; they log eval/loss, eval/accuracy",
+           ("--early_stop=asha", "--asha_metric=eval/moe_dropped"): "(point ffn=relu)",
+           ("--early_stop=asha", "--asha_reduction_factor=1"): "--asha_reduction_factor=1.0 "
+           "must be > 1"}
+  for flags, expected in cases.items():
+    out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={w}", *flags)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1 and last.startswith("error: ") and expected in last, out.stderr
+    assert "Traceback" not in out.stderr and not w.exists()
+  out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={w}", "--dry_run",
+                  "--early_stop=asha", "--asha_metric=dev/wer")
+  assert out.returncode == 0, out.stderr
+  w.write_text("a file")
+  out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={w}", "--report_only")
+  assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
+      f"error: --workdir={w} is a file, not a directory: name a directory for the sweep's points")
+  assert w.read_text() == "a file"

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer import choices, metrics as metrics_lib
+from transformer.config import ConfigError
 from transformer.model import ensemble, models, moe
 from transformer.model.losses import cross_entropy
 
@@ -74,6 +75,40 @@ def make_eval_step(model: nn.Module | tuple[nn.Module, ...]) -> Callable:
     return sums
 
   return eval_step
+
+
+def teacher_forced_names(model_config: Any) -> list[str]:
+  """The names teacher_forced_metrics gives the evaluation sums of a model of `model_config`."""
+  m = model_config
+  names = ["loss", "accuracy", "perplexity", "scored_tokens"]
+  if choices.FFNS[m.ffn].mixture:
+    names += [f"moe_{k}" for k in MOE_METRICS]
+  if m.arch == "encoder_only" and m.head != "mlm":
+    names.append("f1")
+  return names
+
+
+def in_training_metrics(cfg: Any) -> list[str]:
+  """The eval/<name> keys an in-training evaluation of `cfg` may log: the teacher-forced ones
+  and, where the task may decode (not encoder-only, no objective), the decoded ones of
+  eval.metrics (wer and per with their _stress tracks) and decoded_examples; the dataset decides
+  among those (a language model decodes none)."""
+  names = teacher_forced_names(cfg.model)
+  if cfg.model.arch != "encoder_only" and cfg.data.objective == "none":
+    decoded = (["wer", "per", "bleu"] if cfg.eval.metrics == "auto" else
+               [m.strip() for m in cfg.eval.metrics.split(",") if m.strip() != "bpc"])
+    names += [n for m in decoded for n in ((m, m + "_stress") if m in ("wer", "per") else (m,))]
+    names += ["decoded_examples"] if decoded else []
+  return ["eval/" + n for n in names]
+
+
+def check_in_training_metric(cfg: Any, key: str, value: str) -> None:
+  """Raises ConfigError unless `value` (of flag or key `key`) is a metric in_training_metrics
+  names (dev/<name> read as eval/<name>)."""
+  logged = in_training_metrics(cfg)
+  if ("eval/" + value[len("dev/"):] if value.startswith("dev/") else value) not in logged:
+    raise ConfigError(f"{key}={value!r} is not a metric this config's in-training evaluations "
+                      f"log; they log {', '.join(logged)}")
 
 
 def teacher_forced_metrics(sums: dict[str, float], prefix: str = "") -> dict[str, float]:

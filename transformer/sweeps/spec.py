@@ -157,6 +157,9 @@ def point_names(points: Sequence[Mapping[str, Any]]) -> list[str]:
 def plan(config: ml_collections.ConfigDict, config_arg: str, sweep_path: str,
          workdir: str) -> list[Point]:
   """Loads, checks and names a sweep's points; raises SweepError or ConfigError (one line)."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise SweepError(f"--workdir={workdir} is a file, not a directory: name a directory for the "
+                     "sweep's points")
   overrides = load_sweep(sweep_path, config)
   check_keys(overrides, config, sweep_path, config_arg)
   seen: dict[str, int] = {}

@@ -51,7 +51,7 @@ def check_loop_config(cfg: Config) -> None:
   if cfg.model.arch == "encoder_only" and cfg.model.head == "mlm" and cfg.data.objective != "mlm":
     raise ConfigError(f"model.head='mlm' trains on masked inputs: set data.objective='mlm' (got "
                       f"{cfg.data.objective!r})")
-  reporting.check_wandb(tc.wandb_project)  # before any data loads, not at the first log
+  reporting.check_wandb(tc.wandb_project, tc.wandb_mode)  # before any data loads, not at the first log
   if cfg.eval.harness_tasks and importlib.util.find_spec("lm_eval") is None:
     raise ConfigError(f"eval.harness_tasks={cfg.eval.harness_tasks!r} needs lm-eval: "
                       "pip install -e '.[eval]'")
@@ -59,6 +59,8 @@ def check_loop_config(cfg: Config) -> None:
                      ("checkpoint.keep_best_by", cfg.checkpoint.keep_best_by)):
     if value and not value.startswith("eval/"):
       raise ConfigError(f"{key}={value!r} must name an evaluation metric such as 'eval/loss'")
+    if value:
+      scoring.check_in_training_metric(cfg, key, value)
 
 
 def schedule_warning(cfg: Config) -> str:
