@@ -142,3 +142,24 @@ def test_image_task_has_no_text_interface():
   task = load_task(_cfg(), process_index=0, process_count=1)
   assert task.eval_examples("test") == [] and not task.decodes and task.kind == "image"
   assert dataclasses.is_dataclass(task.data)
+
+
+@pytest.mark.parametrize("pixels,message", [
+    (np.full((2, 8, 8, 1), 255.0), r"images: pixels of float64 must be in \[0, 1\] \(or uint8 in "
+     r"\[0, 255\]\), these span \[255, 255\]; divide by 255, or pass uint8"),
+    (np.full((8, 8, 1), 255, np.int64), r"pixels of int64 must be in \[0, 1\]"),
+    (np.full((8, 8, 1), 4000, np.uint16), r"pixels of uint16 must be in \[0, 1\].*span \[4000, 4000\]$"),
+    (np.where(np.eye(8)[..., None] > 0, np.nan, 0.5), r"images: pixels hold NaN or infinities"),
+    (np.full((8, 8, 1), -0.5, np.float32), r"span \[-0.5, -0.5\]; divide by 255"),
+])
+def test_pixels_out_of_their_documented_range_are_refused(pixels, message):
+  """A ViT run's classify() takes floats in [0, 1] or uint8: a float image in [0, 255], other
+  integer pixels, NaN or negative values are one ValueError, never silently scaled wrong."""
+  import types  # pylint: disable=g-import-not-at-top
+  from transformer.infer import api  # pylint: disable=g-import-not-at-top
+  run = types.SimpleNamespace(config=from_configdict(vit.get_config()))
+  with pytest.raises(ValueError, match=message):
+    api.Run.image_inputs(run, pixels)
+  ok = api.Run.image_inputs(run, np.full((8, 8, 1), 255, np.uint8))
+  np.testing.assert_allclose(ok, 1.0)
+  np.testing.assert_allclose(api.Run.image_inputs(run, np.full((8, 8), 0.25)), -0.5)

@@ -82,9 +82,8 @@ def _tfds_split(name: str, split: str, data_dir: str, image_key: str, label_key:
   images = np.stack([np.asarray(r[image_key]) for r in records])
   if images.ndim == 3:  # [n, H, W]: one channel
     images = images[..., None]
-  scale = 255.0 if images.dtype == np.uint8 else 1.0
   labels = np.asarray([int(r[label_key]) for r in records], np.int64)
-  return images.astype(np.float32) / scale, labels
+  return to_unit_range(images, f"{name} {split} {image_key}"), labels
 
 
 def _tfds(d: Any, data_dir: str) -> ImageData:
@@ -138,6 +137,23 @@ def augment(pixels: np.ndarray, draws: Sequence[np.random.Generator], crop_paddi
     mirrored = np.array([g.random() < 0.5 for g in draws], bool).reshape(n)
     out = np.where(mirrored[:, None, None, None], out[:, :, ::-1], out)
   return out
+
+
+def to_unit_range(images: np.ndarray, where: str) -> np.ndarray:
+  """Pixels as documented (uint8 in [0, 255], any other number type in [0, 1]) as float32 in
+  [0, 1]; raises ValueError naming `where` for NaN, infinities or values out of that range (a
+  float image in [0, 255], uint16 or int pixels that are not uint8)."""
+  array = np.asarray(images)
+  if array.dtype == np.uint8:
+    return array.astype(np.float32) / 255.0
+  array = array.astype(np.float32)
+  if not np.isfinite(array).all():
+    raise ValueError(f"{where}: pixels hold NaN or infinities")
+  if array.size and (array.min() < 0.0 or array.max() > 1.0):
+    hint = "; divide by 255, or pass uint8" if array.max() <= 255.0 else ""
+    raise ValueError(f"{where}: pixels of {np.asarray(images).dtype} must be in [0, 1] (or uint8 "
+                     f"in [0, 255]), these span [{array.min():g}, {array.max():g}]{hint}")
+  return array
 
 
 def normalize(pixels: np.ndarray) -> np.ndarray:

@@ -194,7 +194,7 @@ class Run:
       what = "text" if array.dtype.kind in "US" else f"{array.dtype} values"
       raise ValueError(f"this run classifies images (model.image_size={m.image_size}): give "
                        f"arrays of pixels, not {what}")
-    array = array.astype(np.float32) / (255.0 if array.dtype == np.uint8 else 1.0)
+    array = image_data.to_unit_range(array, "images")
     if m.image_channels == 1 and array.shape[-2:] == shape[:2]:
       array = array[..., None]  # [.., H, W] -> [.., H, W, 1]
     if array.shape == shape:
