@@ -167,6 +167,18 @@ def test_evaluation_refuses_a_corrupt_step_and_offers_the_newest_good_one(synthe
   assert restore.read_params(cfg, workdir, step=10).step == 10
   with pytest.raises(EvaluationError, match="fails verification"):
     restore.read_params(cfg, workdir, average_last=2)
+  # train.py --init_from has no --step: its advice names what it can do instead.
+  from transformer.config import ConfigError  # pylint: disable=g-import-not-at-top
+  from transformer.train import finetune  # pylint: disable=g-import-not-at-top
+  where = os.path.join(workdir, "checkpoints", "20")
+  with pytest.raises(ConfigError) as e:
+    finetune.init_params(workdir)
+  assert str(e.value).startswith(f"--init_from={workdir}: its newest checkpoint {where} fails "
+                                 "verification (") and "--step" not in str(e.value)
+  assert str(e.value).endswith(f"--init_from reads the newest step: `mv {where} {where}.corrupt` "
+                               "to start from step 10, the newest that verifies")
+  os.rename(where, where + ".corrupt")  # the advice, followed
+  assert finetune.init_params(workdir) is not None
 
 
 def test_restore_refuses_an_edited_config_json(g2p_run, tmp_path):

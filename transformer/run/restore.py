@@ -29,6 +29,15 @@ class EvaluationError(ValueError):
   """A workdir, step or split that cannot be evaluated; the message is one line naming it."""
 
 
+class StepFailsVerification(EvaluationError):
+  """A checkpoint step whose digest does not verify; `verified`: the newest other step that
+  does (None if none), for a caller without --step to word its own advice."""
+
+  def __init__(self, message: str, where: str, reason: str, verified: int | None):
+    super().__init__(message)
+    self.where, self.reason, self.verified = where, reason, verified
+
+
 def _first_line(error: BaseException) -> str:
   return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
 
@@ -157,7 +166,8 @@ def check_step(cfg: Config, workdir: str, step: int, available: list[int]) -> No
                  if s != step and verify_step(os.path.join(directory, str(s))) is None), None)
     offer = (f"the newest checkpoint that verifies is step {good}: use --step={good}"
              if good is not None else "no other checkpoint of the run verifies")
-    raise EvaluationError(f"checkpoint {where} fails verification ({reason}); {offer}")
+    raise StepFailsVerification(f"checkpoint {where} fails verification ({reason}); {offer}",
+                                where, reason, good)
   meta = read_step_meta(where) or {}
   check_tokenizers(workdir, meta, f"checkpoint {where}", EvaluationError)
   if meta.get("config"):

@@ -63,6 +63,12 @@ def init_params(init_from: str, fresh: Any = None, head: str = "") -> Any:
   run = _run_config(init_from)
   try:
     params = restore.restore_params(run, init_from)[0]
+  except restore.StepFailsVerification as e:  # train.py has no --step: other advice
+    other = (f"--init_from reads the newest step: `mv {e.where} {e.where}.corrupt` to start "
+             f"from step {e.verified}, the newest that verifies" if e.verified is not None
+             else "no other step of that run verifies")
+    raise config_lib.ConfigError(f"--init_from={init_from}: its newest checkpoint {e.where} "
+                                 f"fails verification ({e.reason}); {other}") from None
   except restore.EvaluationError as e:
     raise config_lib.ConfigError(f"--init_from={init_from}: {e}") from None
   if fresh is None:
