@@ -18,6 +18,7 @@ The sweep report (transformer/sweeps/report.py) builds its table with these func
 
 import dataclasses
 import glob
+import io
 import json
 import math
 import os
@@ -29,7 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from absl import flags
 
 from transformer import cli, files
-from transformer.run import metrics_log, provenance
+from transformer.run import guard, metrics_log, provenance
 
 # The keys of one seed of a run; runs that differ only in these are one group.
 SEED_KEYS = ("seed", "data.shuffle_seed")
@@ -552,8 +553,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   args, paths = cli.parse_own_flags("python -m transformer.infer.compare RUN [RUN|'GLOB' ...]",
                                     _define, sys.argv[1:] if argv is None else argv)
   try:
+    if args.plot:  # before anything is read: a path no command may write is refused at once
+      guard.check(args.plot, "--plot", is_file=True)
     result = compare(paths, split=args.split or None, group=args.group)
-  except CompareError as e:
+  except (CompareError, guard.WriteRefused) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   except OSError as e:
@@ -561,10 +564,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1
   print(result.text(), end="")
   if args.plot:
-    fig = result.plot(save_path=args.plot)
+    fig = result.plot()
     if fig is None:
       print("warning: --plot: no metric was logged by two of the runs; nothing plotted")
     else:
+      png = io.BytesIO()
+      fig.savefig(png, format="png", dpi=100, bbox_inches="tight")
+      guard.write_bytes(os.path.dirname(os.path.abspath(args.plot)), os.path.basename(args.plot),
+                        png.getvalue())
       print(f"wrote {args.plot}")
   return 0
 

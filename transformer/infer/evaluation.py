@@ -21,7 +21,7 @@ from transformer.data.tokenizers import NUM_SPECIAL
 from transformer.infer.decoding import generate
 from transformer.model import ensemble as ensemble_lib, scoring
 from transformer.model.models import build_model
-from transformer.run import provenance, reporting
+from transformer.run import guard, provenance, reporting
 from transformer.run.restore import EvaluationError, load_run_config, read_params
 
 Progress = Callable[[int, int], None]  # (done, in all; 0 when not known), called after each batch
@@ -217,12 +217,11 @@ def write_results(workdir: str, split: str, results: dict[str, Any],
   if jax.process_index() != 0:  # every host evaluates the same whole split: one writer
     return False
   metrics_name, predictions_name = result_files(split)
-  files.makedirs(workdir)
-  files.write_text_atomic(os.path.join(workdir, predictions_name), "".join(
-      json.dumps(p, ensure_ascii=False) + "\n" for p in predictions))
+  guard.write_bytes(workdir, predictions_name, "".join(
+      json.dumps(p, ensure_ascii=False) + "\n" for p in predictions).encode("utf-8"))
   finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
-  files.write_text_atomic(os.path.join(workdir, metrics_name), json.dumps(
-      {k: finite(v) for k, v in results.items()}, indent=1))
+  guard.write_bytes(workdir, metrics_name, json.dumps(
+      {k: finite(v) for k, v in results.items()}, indent=1).encode("utf-8"))
   return True
 
 
@@ -300,7 +299,7 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   """Evaluates a run's checkpoint on `split`, writes the files and returns the metrics. `params`,
   `average_last`: as read_params; `ensemble`: more runs, evaluated with this one into `out_dir`."""
   workdirs = [workdir, *ensemble]
-  _check_out_dir(workdirs, out_dir)
+  _check_out_dir(workdirs, out_dir, split)
   configs, restored = read_members(workdirs, WHOLE_SPLIT | (overrides or {}), step, params,
                                    average_last)
   files.check_writable(out_dir or workdir)  # before the split is evaluated, not after
@@ -346,9 +345,10 @@ def evaluate_split(workdir: str, split: str = "test", step: int | str | None = N
   return results
 
 
-def _check_out_dir(workdirs: Sequence[str], out_dir: str | None) -> None:
-  """EvaluationError unless the results' directory is one an evaluation of `workdirs` may write:
-  an ensemble's own new directory, never another run's."""
+def _check_out_dir(workdirs: Sequence[str], out_dir: str | None, split: str) -> None:
+  """EvaluationError unless the results' directory is one an evaluation of `workdirs` may write
+  (guard.check: the run's own workdir, or a directory outside every run whose files of `split`'s
+  names the evaluation wrote itself): an ensemble's own new directory, never another run's."""
   workdir, ensemble = workdirs[0], workdirs[1:]
   if ensemble and not out_dir:
     raise EvaluationError("an ensemble's metrics need their own directory: give --out")
@@ -358,6 +358,11 @@ def _check_out_dir(workdirs: Sequence[str], out_dir: str | None) -> None:
       and files.exists(os.path.join(out_dir, "config.json"))):  # its metrics would be replaced
     raise EvaluationError(f"--out={out_dir} holds another run (its config.json): give a new "
                           "directory")
+  if out_dir:
+    try:
+      guard.check(out_dir, "--out", result_files(split), own=None if ensemble else workdir)
+    except guard.WriteRefused as e:
+      raise EvaluationError(str(e)) from None
 
 
 def _checkpoint_fields(split: str, workdirs: Sequence[str], restored: Sequence[Any],

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 
 from transformer.config import ConfigError, from_configdict
+from transformer.run import guard
 from transformer.schema import flat_items, get_config
 
 # Short labels of common keys in workdir names and table columns (others: the key's last part).
@@ -160,6 +161,10 @@ def plan(config: ml_collections.ConfigDict, config_arg: str, sweep_path: str,
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise SweepError(f"--workdir={workdir} is a file, not a directory: name a directory for the "
                      "sweep's points")
+  try:
+    guard.check(workdir, "--workdir")  # a sweep owns no run: never inside one
+  except guard.WriteRefused as e:
+    raise SweepError(str(e)) from None
   overrides = load_sweep(sweep_path, config)
   check_keys(overrides, config, sweep_path, config_arg)
   seen: dict[str, int] = {}

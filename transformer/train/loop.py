@@ -27,7 +27,7 @@ from transformer.config import Config, ConfigError, from_configdict
 from transformer.infer import evaluation
 from transformer.model import scoring
 from transformer.model.models import build_model
-from transformer.run import checkpoints, lock, provenance, reporting
+from transformer.run import checkpoints, guard, lock, provenance, reporting
 from transformer.train import finetune, members, optim, parallel, preemption, prefetch, steps
 from transformer.train import runs as runs_lib
 
@@ -134,6 +134,10 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   if init_from:
     cfg = finetune.init_from_config(cfg, init_from)
   check_loop_config(cfg)
+  try:  # a run's workdir is trained only as itself: never inside another run's
+    guard.check(workdir, "--workdir", own=workdir)
+  except guard.WriteRefused as e:
+    raise lock.WorkdirError(str(e)) from None
   for directory in (workdir, os.path.join(workdir, "checkpoints")):  # not minutes into a save
     files.check_writable(directory)
   names = [m.name for m in members.members_of(cfg)]  # checks train.members before any data loads
