@@ -42,6 +42,7 @@ from typing import Any, Callable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
+import adversarial_surfaces  # noqa: E402  (benchmarks/, the script's directory)
 
 OUTCOMES = ("ok", "clear error", "unclear error", "traceback", "hang", "silent corruption",
             "loss", "skipped")
@@ -811,6 +812,9 @@ CASES = [
     Case("metrics.jsonl row cut short, resume", "resume", "ok", metrics_row_cut_short,
          check=_metrics_readable, may_change=RESUME + ("run/metrics.jsonl",)),
 ]
+# issue 61: readers of metrics.jsonl, resume of a changed meaning, inputs, the one write guard
+CASES += [Case(name, item, expect, setup, culprit, check, may_change=may_change)
+          for name, item, expect, setup, culprit, check, may_change in adversarial_surfaces.CASES]
 
 
 # ----------------------------------------------------------------------------- running
