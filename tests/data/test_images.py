@@ -148,7 +148,8 @@ def test_image_task_has_no_text_interface():
     (np.full((2, 8, 8, 1), 255.0), r"images: pixels of float64 must be in \[0, 1\] \(or uint8 in "
      r"\[0, 255\]\), these span \[255, 255\]; divide by 255, or pass uint8"),
     (np.full((8, 8, 1), 255, np.int64), r"pixels of int64 must be in \[0, 1\]"),
-    (np.full((8, 8, 1), 4000, np.uint16), r"pixels of uint16 must be in \[0, 1\].*span \[4000, 4000\]$"),
+    (np.full((8, 8, 1), 4000, np.uint16),
+     r"pixels of uint16 must be in \[0, 1\].*span \[4000, 4000\]$"),
     (np.where(np.eye(8)[..., None] > 0, np.nan, 0.5), r"images: pixels hold NaN or infinities"),
     (np.full((8, 8, 1), -0.5, np.float32), r"span \[-0.5, -0.5\]; divide by 255"),
 ])

@@ -1,4 +1,4 @@
-"""Weights & Biases beside TensorBoard (transformer/run/reporting.py), in W&B's offline mode.
+"""Weights & Biases beside TensorBoard (transformer/run/wandb_logging.py), in W&B's offline mode.
 
 A run with train.wandb_project set writes an offline W&B run in its workdir whose config is the
 run's config with its provenance, whose history holds the same scalars at the same steps as
@@ -17,7 +17,7 @@ import pytest
 
 import synthetic_task
 from transformer.config import ConfigError
-from transformer.run import reporting
+from transformer.run import wandb_logging
 from transformer.train import loop
 
 wandb = pytest.importorskip("wandb")
@@ -86,7 +86,7 @@ def test_an_offline_run_logs_what_metrics_jsonl_holds_and_a_resumed_run_continue
   workdir = str(tmp_path / "reverse")
   keys = {"train.wandb_project": "transformer-tests", "train.wandb_mode": "offline"}
   _train(workdir, 10, **keys)
-  run_id = open(os.path.join(workdir, reporting.WANDB_RUN_ID)).read().strip()
+  run_id = open(os.path.join(workdir, wandb_logging.WANDB_RUN_ID)).read().strip()
   first = glob.glob(os.path.join(workdir, "wandb", "offline-run-*", f"run-{run_id}.wandb"))
   assert len(first) == 1
   config, history = offline_run(first[0])
@@ -101,7 +101,7 @@ def test_an_offline_run_logs_what_metrics_jsonl_holds_and_a_resumed_run_continue
   assert all(logged[k] == pytest.approx(v, rel=1e-6) for k, v in written.items())
 
   _train(workdir, 20, **keys)  # resumed from step 10: the same W&B run, continued
-  assert open(os.path.join(workdir, reporting.WANDB_RUN_ID)).read().strip() == run_id
+  assert open(os.path.join(workdir, wandb_logging.WANDB_RUN_ID)).read().strip() == run_id
   files = sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*", f"run-{run_id}.wandb")))
   assert len(files) == 2
   later = {(row["step"], k): v for row in offline_run(next(f for f in files if f != first[0]))[1]
@@ -116,7 +116,7 @@ def test_without_the_key_nothing_of_wandb_is_written(tmp_path):
   workdir = str(tmp_path / "plain")
   _train(workdir, 5)
   assert not os.path.exists(os.path.join(workdir, "wandb"))
-  assert not os.path.exists(os.path.join(workdir, reporting.WANDB_RUN_ID))
+  assert not os.path.exists(os.path.join(workdir, wandb_logging.WANDB_RUN_ID))
 
 
 def test_a_missing_package_is_one_line_naming_the_key_and_the_extra(tmp_path, monkeypatch):
@@ -147,7 +147,7 @@ def test_an_online_run_without_credentials_or_a_bad_mode_is_refused_before_the_w
   with pytest.raises(ConfigError, match=r"^WANDB_MODE='ofline' is not a W&B mode"):
     _train(str(workdir), 5, **{"train.wandb_project": "p"})
   assert not workdir.exists()
-  reporting.check_wandb("p", "offline")
+  wandb_logging.check_wandb("p", "offline")
   monkeypatch.setenv("WANDB_MODE", "online")
   (tmp_path / "netrc").write_text("machine api.wandb.ai login user password " + "k" * 40 + "\n")
-  reporting.check_wandb("p")
+  wandb_logging.check_wandb("p")

@@ -27,7 +27,7 @@ from transformer.config import Config, ConfigError, from_configdict
 from transformer.infer import evaluation
 from transformer.model import scoring
 from transformer.model.models import build_model
-from transformer.run import checkpoints, guard, lock, provenance, reporting
+from transformer.run import checkpoints, guard, lock, provenance, reporting, wandb_logging
 from transformer.train import finetune, members, optim, parallel, preemption, prefetch, steps
 from transformer.train import runs as runs_lib
 
@@ -51,7 +51,8 @@ def check_loop_config(cfg: Config) -> None:
   if cfg.model.arch == "encoder_only" and cfg.model.head == "mlm" and cfg.data.objective != "mlm":
     raise ConfigError(f"model.head='mlm' trains on masked inputs: set data.objective='mlm' (got "
                       f"{cfg.data.objective!r})")
-  reporting.check_wandb(tc.wandb_project, tc.wandb_mode)  # before any data loads, not at the first log
+  # Before any data loads or the workdir is touched, not at the first log.
+  wandb_logging.check_wandb(tc.wandb_project, tc.wandb_mode)
   if cfg.eval.harness_tasks and importlib.util.find_spec("lm_eval") is None:
     raise ConfigError(f"eval.harness_tasks={cfg.eval.harness_tasks!r} needs lm-eval: "
                       "pip install -e '.[eval]'")
