@@ -142,3 +142,27 @@ def test_a_resume_refuses_a_training_split_whose_records_changed(tmp_path):
   reporting.Reporter(workdir, config, start_step=10, show_progress=False, data=other_test).close()
   reporting.Reporter(workdir, config, start_step=0, show_progress=False,
                      data=_fingerprint("bbbb")).close()
+
+
+def test_a_resume_on_an_edited_training_file_is_refused_and_the_run_left_as_it_was(run_copy,
+                                                                                  tmp_path):
+  """Training further a finished run whose training file was edited since (a word added): one
+  DataMismatchError naming data.train_file, the run's files as they were (train_done.json kept:
+  the run is still finished at its checkpoint)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from transformer.train import loop  # pylint: disable=g-import-not-at-top
+  workdir, data_dir, _ = run_copy
+  with open(os.path.join(workdir, "config.json")) as f:
+    cd = ml_collections.ConfigDict(json.load(f))
+  edited = str(tmp_path / "train.tsv")
+  shutil.copy(cd.data.train_file, edited)
+  with open(edited, "a", encoding="utf-8") as f:
+    f.write("zyzzyva\tZ IH1 Z IY0 V AH0\n")
+  cd.data.update(train_file=edited, data_dir=data_dir)
+  cd.train.num_steps += 10
+  before = {n: open(os.path.join(workdir, n), "rb").read()
+            for n in ("train_done.json", "metrics.jsonl", "provenance.json")}
+  with pytest.raises(provenance.DataMismatchError, match=rf"^data.train_file='{edited}' changed "
+                     r"since the run in .* read it: its 'train' split now holds \d+ records"):
+    loop.train_and_evaluate(cd, workdir)
+  assert {n: open(os.path.join(workdir, n), "rb").read() for n in before} == before

@@ -181,24 +181,24 @@ def _check_caches(split: str, old: Mapping[str, Any], new: Mapping[str, Any], di
           "records again")
 
 
-def carried_over(path: str, data: Mapping[str, Any] | None, trained: Sequence[str] = (),
-                 source: str = "") -> Mapping[str, Any] | None:
+def carried_over(path: str, data: Mapping[str, Any] | None,
+                 trained: Mapping[str, str] | None = None) -> Mapping[str, Any] | None:
   """`data` (a resumed run's new fingerprint) with the cache digests that the earlier
   provenance.json at `path` recorded for splits whose records are the same (a split recorded by
   an evaluation stays recorded); raises DataMismatchError when such a cache's bytes changed, or
-  when the records of a split in `trained` (those a resumed run trained and evaluated on) are not
-  the recorded ones (a data file edited since; `source` names the config's data files)."""
+  when the records of a split of `trained` (those a resumed run trained and evaluated on, each
+  -> the config's data file it is read from) are not the recorded ones (a file edited since)."""
   if not data or not files.exists(path):
     return data
   try:
     run = json.loads(files.read_text(path)).get("data") or {}
   except (OSError, ValueError):  # an unreadable record is replaced, as before
     return data
-  for name in trained:
+  for name, source in (trained or {}).items():
     old, new = (run.get("splits") or {}).get(name), data["splits"].get(name)
     if old is not None and new is not None and not _same_records(old, new):
       raise DataMismatchError(
-          f"{source or 'the data'} changed since the run in {os.path.dirname(path)} read it: "
+          f"{source} changed since the run in {os.path.dirname(path)} read it: "
           f"its {name!r} split now holds {_held(new)}, the run's {_held(old)} ({path}); use "
           "another --workdir, or restore the data the run read")
   splits = {name: dict(split) for name, split in data["splits"].items()}

@@ -105,6 +105,16 @@ def _resume_jsonl(path: str, last_step: int) -> float:
   return float(elapsed[-1]) if elapsed and last_step else 0.0
 
 
+# The data.* key of the file each split of a file-based dataset is read from.
+_SPLIT_FILES = {"train": "train_file", "validation": "dev_file", "test": "test_file"}
+
+
+def _data_source(d: Mapping[str, Any], split: str) -> str:
+  """'data.<key>=<value>' naming where `split` of the data config `d` comes from."""
+  key = "text_file" if d.get("text_file") else _SPLIT_FILES.get(split, "")
+  return f"data.{key}={d[key]!r}" if d.get(key) else f"data.dataset={d.get('dataset')!r}"
+
+
 def duration(seconds: float) -> str:
   """'m:ss', or 'h:mm:ss' from an hour on."""
   minutes, secs = divmod(int(round(max(seconds, 0.0))), 60)
@@ -172,10 +182,8 @@ class Reporter:
     as_dict = config_lib.to_dict(config)
     d = as_dict.get("data") or {}
     trained = [d[k] for k in ("train_split", "eval_split") if d.get(k)] if start_step else []
-    source = ", ".join(f"data.{k}={d[k]!r}" for k in ("text_file", "train_file", "dev_file",
-                                                       "test_file") if d.get(k))
-    data = provenance.carried_over(os.path.join(workdir, "provenance.json"), data, trained,
-                                   source or f"data.dataset={d.get('dataset')!r}")
+    data = provenance.carried_over(os.path.join(workdir, "provenance.json"), data,
+                                   {split: _data_source(d, split) for split in trained})
     records = {"config.json": as_dict,
                "provenance.json": provenance.provenance(mesh_shape, data)}
     for name, record in records.items():

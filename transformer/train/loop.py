@@ -168,11 +168,11 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
   tc = cfg.train
   if start >= tc.num_steps or s.runs[0].saved.get("train/stopped_early"):
     return _finished_before(s, start)
-  _clear_done_markers(s)
   _log_start(s, start)
   compiled = _compile(s)
   state = compiled.train.prepare_state(state)
-  _reporters(s, start)
+  _reporters(s, start)  # may refuse the resume (data changed since): the run is still finished
+  _clear_done_markers(s)
   preempt = preemption.install_preemption_handler()
 
   # ---- the loop: dispatch steps (one, or train.steps_per_dispatch in one scan), then check the
