@@ -28,7 +28,7 @@ import sys
 import time
 
 import commands  # benchmarks/ is the script's directory
-from transformer import files
+from transformer.run import metrics_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "docs", "results", "mup_transfer")
@@ -67,7 +67,7 @@ def train_width(workdir: str, flags: list[str], rates: list[float], seeds: list[
   for lr in rates:
     for s in seeds:
       name = f"seed={s},train.learning_rate={lr:g}"
-      rows = files.read_json_lines(os.path.join(workdir, name, "metrics.jsonl"))
+      rows = metrics_log.read(os.path.join(workdir, name, "metrics.jsonl"))
       evals = [r["eval/loss"] for r in rows if "eval/loss" in r]
       if not evals:
         raise SystemExit(f"mup_transfer: {workdir}/{name}/metrics.jsonl has no eval/loss")
