@@ -218,8 +218,10 @@ def test_restore_into_wrong_structure_is_one_line_error(tmp_path):
   with pytest.raises(checkpoints.CheckpointError, match="no checkpoint for step 5"):
     ckpt.restore(5, {"w": jax.ShapeDtypeStruct((4, 3), jnp.float32)})
   ckpt.close()
+  bad = base.get_config()
+  bad.checkpoint.keep = 0  # the schema refuses it before any Checkpointer is built
   with pytest.raises(ConfigError, match=r"checkpoint\.keep=0 must be > 0"):
-    checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(keep=0))
+    from_configdict(bad)
 
 
 def test_restore_from_8_devices_onto_1(tmp_path):
