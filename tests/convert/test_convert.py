@@ -56,6 +56,21 @@ def test_export_into_the_runs_own_workdir_is_refused_even_with_overwrite(tmp_pat
   assert _contents(run) == before
 
 
+def test_export_inside_any_runs_workdir_is_refused_even_with_overwrite(tmp_path):
+  """--to_hf=RUN/tokenizers (or any folder inside a run) with --overwrite would replace the run's
+  own files: refused in one line naming the run, nothing written."""
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "tokenizers").mkdir()
+  (run / "tokenizers" / "config.json").write_text('{"the run": true}')
+  before = _contents(run / "tokenizers")
+  with pytest.raises(convert.ConvertError, match=f"is inside the run {run}"):
+    convert.check_export_dir(str(run / "tokenizers"), overwrite=True)
+  with pytest.raises(convert.ConvertError, match="is the workdir of a run"):
+    convert.write_hf(str(run), HF, STATE, overwrite=True)
+  assert _contents(run / "tokenizers") == before and not (run / "model.safetensors").exists()
+
+
 def test_overwrite_replaces_only_the_files_the_export_writes(tmp_path):
   """With overwrite, config.json and model.safetensors are the export's, notes.txt is kept and
   no temporary file is left."""

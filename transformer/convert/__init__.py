@@ -37,7 +37,7 @@ from transformer.convert.family import ConvertError, Family
 from transformer.data import tokenizers
 from transformer.model import parametrization
 from transformer.model.models import build_model, example_batch
-from transformer.run import checkpoints, provenance, reporting, restore
+from transformer.run import checkpoints, guard, provenance, reporting, restore
 from transformer.train import optim, steps
 
 __all__ = ["ConvertError", "Family", "FAMILIES", "from_hf", "to_hf", "read_hf", "write_hf",
@@ -99,9 +99,14 @@ def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
 
 def check_export_dir(directory: str, overwrite: bool = False) -> None:
-  """Raises ConvertError when `directory` is a file, or holds files and `overwrite` is False."""
+  """Raises ConvertError when `directory` is a file, a run's workdir or inside one (the write
+  guard), or holds files and `overwrite` is False."""
   if files.exists(directory) and not files.isdir(directory):
     raise ConvertError(f"--to_hf={directory} is a file, not a directory")
+  try:  # any run's workdir, or a folder inside one, belongs to that run, --overwrite or not
+    guard.check(directory, "--to_hf", overwrite=True)
+  except guard.WriteRefused as e:
+    raise ConvertError(str(e)) from None
   held = files.listdir(directory) if files.exists(directory) else []
   if held and not overwrite:
     shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
