@@ -97,7 +97,7 @@ def test_a_divergence_before_any_checkpoint_says_there_is_none(tmp_path):
   ckpt = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg)
   run = runs_lib.Run("", str(tmp_path), None, {}, ckpt=ckpt)
   metrics = {"loss": np.float32(np.nan), "grad_norm": np.float32(np.nan)}
-  error = loop._Pending([run])._diverged(run, 3, np.array([False]), metrics)
-  assert str(error) == (f"non-finite training loss=nan grad_norm=nan at step 3; stopped (no "
+  error = runs_lib.RunGroup([run])._diverged(run, 3, np.array([False]), metrics)
+  assert error == (f"non-finite training loss=nan grad_norm=nan at step 3; stopped (no "
                         f"checkpoint saved yet in {ckpt.directory})")
   ckpt.close()

@@ -12,7 +12,7 @@ import synthetic_task
 from transformer.config import ConfigError, from_configdict
 from transformer.model import scoring
 from transformer.run import checkpoints, restore
-from transformer.train import loop, members
+from transformer.train import hyper, loop, members
 
 SPEC = "seed=0;seed=1;seed=0,train.learning_rate=1e-3,train.label_smoothing=0.2,model.dropout_rate=0"
 NAMES = ["seed=0", "seed=1",
@@ -186,13 +186,14 @@ def test_seeds_short_form_and_member_names():
   group = members.members_of(cfg)
   assert [m.name for m in group] == ["seed=5", "seed=6", "seed=7"]
   assert [m.cfg.seed for m in group] == [5, 6, 7]
-  assert members.hyperparameters([m.cfg for m in group]) == {}
+  assert hyper.stacked([m.cfg for m in group]) == hyper.Hyper()
   assert all(m.cfg.train.members == "" for m in group)
   assert members.member_name({"train.learning_rate": 3e-4, "seed": 2}) == (
       "train.learning_rate=0.0003,seed=2")
   cfg = from_configdict(_config(**{"train.members": SPEC}))
-  assert members.varying_keys([m.cfg for m in members.members_of(cfg)]) == (
+  assert hyper.varying_keys([m.cfg for m in members.members_of(cfg)]) == (
       "train.learning_rate", "train.label_smoothing", "model.dropout_rate")
+  assert set(members.MEMBER_KEYS) == {"seed", *hyper.FIELDS}  # the rest is traced
 
 
 def test_a_shared_override_reaches_the_step():
@@ -210,7 +211,8 @@ def test_a_shared_override_reaches_the_step():
   one = steps.create_train_state(configs[0], model, jax.random.PRNGKey(0),
                                  {k: v[:1] for k, v in batch.items()}, tx)
   state = jax.tree.map(lambda x: np.stack([x, x]), one)
-  _, metrics = jax.jit(members.make_train_step(configs, build))(state, batch)
+  _, metrics = jax.jit(members.make_train_step(configs, steps.make_train_step(
+      configs[0], model, tx)))(state, batch)
   np.testing.assert_allclose(np.asarray(metrics["learning_rate"]), [1e-3, 1e-3], rtol=1e-6)
 
 
@@ -261,7 +263,7 @@ def test_optimizer_and_loss_keys_vary_per_member(tmp_path):
   member's separate run's train losses, grad norms and learning rates (within 1e-5)."""
   spec = ";".join(",".join(f"{k}={v}" for k, v in o.items()) for o in OPT_PLAIN)
   cfg = from_configdict(_config(**OPT_BASE, **{"train.members": spec}))
-  assert members.varying_keys([m.cfg for m in members.members_of(cfg)]) == (
+  assert hyper.varying_keys([m.cfg for m in members.members_of(cfg)]) == (
       "train.weight_decay", "train.warmup_steps", "train.b1", "train.b2", "train.z_loss",
       "train.grad_clip")
   together = str(tmp_path / "together")

@@ -1,6 +1,5 @@
 """Tests for transformer/train/optim.py: schedules against closed forms, decay mask, clipping, accumulation."""
 
-import dataclasses
 import math
 
 import jax
@@ -12,6 +11,7 @@ import pytest
 from configs import base
 from transformer.config import from_configdict
 from transformer.train import optim
+from transformer.train.hyper import Hyper
 
 
 def train_cfg(**overrides):
@@ -268,7 +268,7 @@ def test_traced_warmup_equals_the_python_one(schedule):
     tc = train_cfg(schedule=schedule, warmup_steps=warmup, num_steps=100)
     want = jax.vmap(optim.make_schedule(tc, 64))(counts)
     traced = jax.jit(lambda w, tc=tc: jax.vmap(optim.make_schedule(
-        dataclasses.replace(tc, warmup_steps=w), 64))(counts))
+        tc, 64, Hyper(warmup_steps=w)))(counts))
     np.testing.assert_allclose(traced(jnp.float32(warmup)), want, rtol=1e-6)
 
 
@@ -287,7 +287,7 @@ def test_traced_decay_clip_and_betas_equal_the_python_ones(optimizer):
 
     @jax.jit
     def traced(arrays, state, tc=tc):
-      tx = optim.make_optimizer(dataclasses.replace(tc, **arrays), 64)
+      tx = optim.make_optimizer(tc, 64, Hyper(**arrays))
       assert jax.tree.structure(tx.init(params)) == jax.tree.structure(state)
       return tx.update(grads, state, params)[0]
 

@@ -1,5 +1,6 @@
 """Training: the loop behind `train.py`, data -> steps -> eval -> checkpoints -> reporting (the
-steps are steps.py's, the runs runs.py's). Read top to bottom: the helpers the entry points share,
+steps are steps.py's; the runs, a plain run or train.members' members, runs.py's RunGroup). Read
+top to bottom: the helpers the entry points share,
 `train_and_evaluate`, then `_train`, the loop in named phases, and each phase in the order `_train`
 calls it (set-up, the state to start from, compiled steps and reporters, the loop's steps, the
 end)."""
@@ -27,9 +28,9 @@ from transformer.config import Config, ConfigError, from_configdict
 from transformer.infer import evaluation
 from transformer.model import scoring
 from transformer.model.models import build_model
-from transformer.run import checkpoints, guard, lock, provenance, reporting, wandb_logging
+from transformer.run import guard, lock, provenance, reporting, wandb_logging
 from transformer.train import finetune, members, optim, parallel, preemption, prefetch, steps
-from transformer.train import runs as runs_lib
+from transformer.train.runs import EarlyStopping, RunGroup, runs_of
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
 FINISHED_BEFORE = "finished_before"  # a metric: the workdir held a finished run, nothing trained
@@ -166,7 +167,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
   state = _initial_state(s, init_from)
   start = int(np.ravel(jax.device_get(state.step))[0])
   tc = cfg.train
-  if start >= tc.num_steps or s.runs[0].saved.get("train/stopped_early"):
+  if start >= tc.num_steps or s.group.first.saved.get("train/stopped_early"):
     return _finished_before(s, start)
   _log_start(s, start)
   compiled = _compile(s)
@@ -177,7 +178,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
 
   # ---- the loop: dispatch steps (one, or train.steps_per_dispatch in one scan), then check the
   # dispatch before it (a one-dispatch lag keeps the device busy)
-  step, stop_reason, window, pending = start, "", [], _Pending(s.runs)
+  step, stop_reason, window, pending = start, "", [], _Pending(s.group)
   try:
     while step < tc.num_steps:
       n = dispatch_size(cfg, step)
@@ -186,7 +187,8 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
       pending.check()  # the dispatch before, while the device runs this one
       pending.hold(step, metrics)
       window.append(metrics)
-      _progress(s.runs, metrics, step, first=step - n == start)
+      s.group.first.reporter.progress(step, s.group.first_loss(metrics) if step - n == start
+                                      else None)  # the loss: from this process's first dispatch
       if step % tc.log_every_steps == 0 or step == tc.num_steps:
         pending.check()
         _log(s, step, window)
@@ -200,7 +202,7 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
       asked = [preempt.should_stop(i) for i in range(step - n + 1, step + 1)]
       if any(asked) and not stop_reason and step < tc.num_steps:
         stop_reason = preempt.reason  # 'interrupted' (SIGINT) or 'preempted' (SIGTERM)
-      if stop_reason or step == tc.num_steps or s.runs[0].ckpt.should_save(step):
+      if stop_reason or step == tc.num_steps or s.group.first.ckpt.should_save(step):
         pending.check()
         _save(s, compiled, state, step, stop_reason, evaluated)
       if stop_reason:
@@ -243,50 +245,40 @@ def _sized_config(cfg: Config, task: Any, init_from: str) -> Config:
 
 @dataclasses.dataclass
 class _Setup:
-  """What set-up gives the rest of the loop: one program training `runs` (a plain run, or the
-  train.members members with their states stacked on a leading axis)."""
+  """What set-up gives the rest of the loop: one program training `group`'s runs."""
   cfg: Config
   workdir: str
   task: Any
   main: bool  # this process writes the runs' files
   started: float  # time.time() when train_and_evaluate was called
-  runs: list[runs_lib.Run]  # each with its checkpointer (reporters come with _reporters)
+  group: RunGroup  # each run with its checkpointer (reporters come with _reporters)
   model: nn.Module
   tx: optax.GradientTransformation
   init: Callable[..., steps.TrainState]  # (rng, unbox=True) -> a fresh state of one run
   mesh: jax.sharding.Mesh | None  # None in pmap mode
-  shardings: Any  # the train state's (members: the stacked state's)
+  shardings: Any  # the group's train state's
   abstract: Any  # one run's state as jax.ShapeDtypeStructs on its shardings: restore's target
   train_iter: Any  # the training batches (a prefetch.Prefetch with data.prefetch)
-
-  @property
-  def stacked(self) -> bool:
-    """True for a train.members program: states stacked [N, ...]."""
-    return self.runs[0].index is not None
 
 
 def _setup(cfg: Config, workdir: str, task: Any, main: bool, started: float) -> _Setup:
   """The runs, model and optimizer, the mesh, the state's shardings and shapes (checked against
   the memory here), each run's checkpointer and the training batches."""
-  runs = runs_lib.runs_of(cfg, workdir)
+  group = RunGroup(runs_of(cfg, workdir))
   model = build_model(cfg.model)
   tx = optim.make_optimizer(cfg.train, cfg.model)
   example = {k: np.asarray(v)[:1] for k, v in next(iter(task.train_iterator())).items()
              if v is not None}
   init = functools.partial(steps.create_train_state, cfg, model, example_batch=example, tx=tx)
   mesh = parallel.make_mesh(cfg.parallel) if cfg.parallel.mode == "mesh" else None
-  shardings, abstract = _abstract_state(init, jax.random.PRNGKey(cfg.seed), mesh)
+  shardings, abstract = _abstract_state(init, jax.random.key(cfg.seed), mesh)
   parallel.check_fits(abstract, cfg.model)
-  if runs[0].index is not None:  # one state per member on a leading, unsharded axis
-    shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(
-        s.mesh, jax.sharding.PartitionSpec(None, *s.spec)), shardings)
-  for r in runs:
-    r.ckpt = checkpoints.Checkpointer(r.workdir, cfg.checkpoint, config=r.config_dict)
+  group.open_checkpoints(cfg.checkpoint)
   train_iter = task.train_iterator()
   if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
     train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
-  return _Setup(cfg, workdir, task, main, started, runs, model, tx, init, mesh, shardings,
-                abstract, train_iter)
+  return _Setup(cfg, workdir, task, main, started, group, model, tx, init, mesh,
+                group.shardings(shardings), abstract, train_iter)
 
 
 def _abstract_state(init: Callable[..., steps.TrainState], rng: jax.Array,
@@ -310,13 +302,10 @@ def _abstract_state(init: Callable[..., steps.TrainState], rng: jax.Array,
 def _initial_state(s: _Setup, init_from: str) -> steps.TrainState:
   """The newest checkpoints that verify (with the data position), else a fresh state: each
   member's from its own seed, a plain run's from cfg.seed (fine-tuning: the run's parameters)."""
-  state = runs_lib.restore(s.runs, s.abstract, s.train_iter)
+  state = s.group.restore(s.abstract, s.shardings, s.train_iter)
   if state is not None:
-    return jax.device_put(state, s.shardings) if s.stacked else state
-  if s.stacked:  # each member's initial state is its separate run's: its seed's
-    seeds = jnp.stack([jax.random.PRNGKey(r.cfg.seed) for r in s.runs])
-    return jax.jit(jax.vmap(s.init), out_shardings=s.shardings)(seeds)
-  state = jax.jit(s.init, out_shardings=s.shardings)(jax.random.PRNGKey(s.cfg.seed))
+    return state
+  state = s.group.fresh_state(s.init, s.shardings)  # a member's is its separate run's
   return _fine_tune_start(s, state, init_from) if init_from else state
 
 
@@ -335,20 +324,20 @@ def _fine_tune_start(s: _Setup, state: steps.TrainState, init_from: str) -> step
 
 def _finished_before(s: _Setup, start: int) -> dict[str, float]:
   """A workdir whose run had ended: its saved metrics, its done markers written if missing."""
-  stopped_early = s.runs[0].saved.get("train/stopped_early")
-  for r in s.runs:
+  stopped_early = s.group.first.saved.get("train/stopped_early")
+  for r in s.group.runs:
     r.ckpt.close()
     r.final = ({k: v for k, v in r.saved.items() if not k.startswith("early_stop/")}
                | {"step": start})
     if s.main and not files.exists(os.path.join(r.workdir, DONE_FILE)):  # finished before markers
       write_done_marker(r.workdir, start, "early_stop" if stopped_early else "num_steps", r.final,
                         time.time() - s.started)
-  return runs_lib.result(s.runs, start) | {FINISHED_BEFORE: 1.0}
+  return s.group.result(start) | {FINISHED_BEFORE: 1.0}
 
 
 def _clear_done_markers(s: _Setup) -> None:
   """A run trained further is not finished: its DONE_FILE goes."""
-  for r in s.runs:
+  for r in s.group.runs:
     if s.main and files.exists(os.path.join(r.workdir, DONE_FILE)):
       files.remove(os.path.join(r.workdir, DONE_FILE))
 
@@ -373,15 +362,11 @@ class _Compiled:
 
 
 def _compile(s: _Setup) -> _Compiled:
-  """The train step (members: vmapped, each member's hyperparameters traced), K of them in one
-  scan, and the eval step, compiled for the parallel mode."""
+  """The group's train step, K of them in one scan, and the eval step, compiled for the parallel
+  mode."""
   mode = s.cfg.parallel.mode
-  if s.stacked:  # each member builds its model and optimizer
-    train_step = members.make_train_step(
-        [r.cfg for r in s.runs],
-        lambda c: (build_model(c.model), optim.make_optimizer(c.train, c.model)))
-  else:
-    train_step = steps.make_train_step(s.cfg, s.model, s.tx)
+  train_step = s.group.train_step(lambda c: steps.make_train_step(
+      c, build_model(c.model), optim.make_optimizer(c.train, c.model)))
   run = parallel.compile_train_step(train_step, mode, s.mesh, s.shardings)
   multi = (parallel.compile_multi_step(steps.scan_steps(train_step), s.mesh, s.shardings)
            if s.cfg.train.steps_per_dispatch > 1 else None)
@@ -390,8 +375,7 @@ def _compile(s: _Setup) -> _Compiled:
   def eval_fn(state, batch):
     return eval_step(steps.eval_params(state), batch)
 
-  run_eval = parallel.compile_eval_step(
-      jax.vmap(eval_fn, in_axes=(0, None)) if s.stacked else eval_fn, mode, s.mesh, s.shardings)
+  run_eval = parallel.compile_eval_step(s.group.eval_step(eval_fn), mode, s.mesh, s.shardings)
   return _Compiled(run, multi, run_eval)
 
 
@@ -399,7 +383,7 @@ def _reporters(s: _Setup, start: int) -> None:
   """Gives each run its reporter (one progress bar, the first run's) and its early stopping."""
   cfg = s.cfg
   fingerprint = provenance.data_fingerprint(s.task) if s.main else None
-  for i, r in enumerate(s.runs):
+  for i, r in enumerate(s.group.runs):
     r.reporter = reporting.Reporter(
         r.workdir, r.config_dict, s.main, total_steps=cfg.train.num_steps,
         start_step=start, mesh_shape=dict(s.mesh.shape) if s.mesh is not None else None,
@@ -407,7 +391,7 @@ def _reporters(s: _Setup, start: int) -> None:
             cfg.model, cfg.data.batch_size, cfg.data.max_source_len, cfg.data.max_target_len),
         peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),
         show_progress=i == 0, data=fingerprint, started=s.started)
-    r.early = runs_lib.EarlyStopping(cfg.train, r.saved)
+    r.early = EarlyStopping(cfg.train, r.saved)
 
 
 # ---- the loop's steps
@@ -417,14 +401,12 @@ def _dispatch(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int
               ) -> tuple[steps.TrainState, dict[str, Any]]:
   """Runs steps step+1..step+n on the next n batches: (state, metrics still on device); first
   raises CheckpointError if an asynchronous save has failed since the last dispatch."""
-  for r in s.runs:
-    r.ckpt.check_saves()
+  s.group.check_saves()
   batches = [next(s.train_iter) for _ in range(n)]
   for batch in batches:  # (all, non-padding) token positions, counted on the host
     seqs = [batch[k] for k in ("inputs", "targets") if batch.get(k) is not None]
-    tokens = (sum(int(np.size(x)) for x in seqs), sum(int(np.count_nonzero(x)) for x in seqs))
-    for r in s.runs:
-      r.reporter.add_tokens(*tokens)
+    s.group.add_tokens(sum(int(np.size(x)) for x in seqs),
+                       sum(int(np.count_nonzero(x)) for x in seqs))
   with reporting.maybe_profile(step, s.cfg.train, s.workdir):
     if n == 1:
       return compiled.train.step(state, compiled.train.prepare_batch(batches[0]))
@@ -435,8 +417,8 @@ class _Pending:
   """The newest dispatch, checked for a divergence one dispatch late (the device runs the next
   meanwhile): one small transfer per dispatch, the finite flags; the rest only to word one."""
 
-  def __init__(self, runs: list[runs_lib.Run]):
-    self.runs = runs
+  def __init__(self, group: RunGroup):
+    self.group = group
     self.held: tuple[int, dict[str, Any]] | None = None  # (the step after it, its metrics)
 
   def hold(self, step: int, metrics: dict[str, Any]) -> None:
@@ -446,89 +428,40 @@ class _Pending:
   def check(self) -> None:
     """Raises TrainingDiverged if the held dispatch's loss or grad norm is not finite; checks it
     once, however many points of the loop ask."""
-    if self.held is None:
-      return
-    step, metrics = self.held
-    self.held = None
-    flags = jax.device_get(metrics["finite"])
-    for r in self.runs:  # scalars, or [K] for K steps (a member: its slice)
-      finite = np.ravel(r.metrics(flags))
-      if not finite.all():
-        raise self._diverged(r, step, finite, r.metrics(jax.device_get(metrics)))
-
-  def _diverged(self, r: runs_lib.Run, step: int, finite: np.ndarray, m: dict[str, Any]
-                ) -> TrainingDiverged:
-    for other in self.runs:
-      other.ckpt.wait()  # the last good checkpoints stay; this state is never saved
-    i = int(np.argmin(finite))
-    loss, grad_norm = (float(np.ravel(m[k])[i]) for k in ("loss", "grad_norm"))
-    stacked = r.index is not None
-    who, whom = (f"member {r.name}: ", f"all {len(self.runs)} members ") if stacked else ("", "")
-    good = r.ckpt.latest_good_step()
-    kept = (f"last checkpoint that verifies: step {good} in {r.ckpt.directory}" if good is not None
-            else f"no checkpoint in {r.ckpt.directory} verifies" if r.ckpt.all_steps()
-            else f"no checkpoint saved yet in {r.ckpt.directory}")
-    return TrainingDiverged(f"{who}non-finite training loss={loss} grad_norm={grad_norm} at step "
-                            f"{step - finite.size + i + 1}; stopped {whom}({kept})")
-
-
-def _progress(runs: list[runs_lib.Run], metrics: dict[str, Any], step: int, first: bool) -> None:
-  """Moves the progress bar; it shows the loss from this process's first dispatch on (then every
-  logged step's)."""
-  loss = float(np.mean(runs[0].metrics(jax.device_get(metrics["loss"])))) if first else None
-  runs[0].reporter.progress(step, loss)
+    if self.held is not None:
+      held, self.held = self.held, None
+      if message := self.group.divergence(*held):
+        raise TrainingDiverged(message)
 
 
 def _log(s: _Setup, step: int, window: list[dict[str, Any]]) -> None:
   """Writes the train scalars of the dispatches in `window` (one transfer): the mean loss and
   grad norm, the last learning rate (and teacher forcing), the throughput."""
-  all_fetched = jax.device_get(window)
   last = ["learning_rate"] + (["teacher_forcing"]
                               if s.cfg.train.scheduled_sampling.schedule != "none" else [])
-  for r in s.runs:
-    fetched = [r.metrics(m) for m in all_fetched]
-    means = ("loss", "grad_norm", *sorted(k for k in fetched[0] if k.startswith("moe_")))
-    scalars = {f"train/{k}": float(np.mean(np.concatenate([np.ravel(m[k]) for m in fetched])))
-               for k in means}
-    scalars |= {f"train/{k}": float(np.ravel(fetched[-1][k])[-1]) for k in last}
-    r.reporter.write_scalars(step, scalars | r.reporter.throughput())
-    r.final |= scalars
+  s.group.write_train_scalars(step, jax.device_get(window), last)
 
 
 def _evaluate(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int) -> bool:
   """Evaluates every run (teacher-forced sums, then decoding, its progress on the bar) and writes
   its metrics; True when early stopping asks to stop."""
-  cfg, bar = s.cfg, s.runs[0].reporter  # the one progress bar; its ETA does not count this
+  cfg, bar = s.cfg, s.group.first.reporter
   bar.evaluating()
+
+  def decode(run_cfg: Any, state: steps.TrainState) -> dict[str, float]:
+    return evaluation.decode_metrics(run_cfg, s.model, steps.eval_params(state), s.task,
+                                     cfg.data.eval_split, cfg.eval.num_decode_examples,
+                                     progress=bar.evaluating)
+
   sums = eval_sums(cfg, compiled.eval, state, s.task)
-  fetched_state = compiled.train.fetch_state(state)
-  for r in s.runs:
-    r.last_eval = scoring.teacher_forced_metrics(r.item(sums), prefix="eval/") if sums else {}
-    r.last_eval |= evaluation.decode_metrics(
-        r.cfg, s.model, steps.eval_params(r.item(fetched_state)), s.task, cfg.data.eval_split,
-        cfg.eval.num_decode_examples, progress=bar.evaluating)
-    if r.cfg.eval.harness_tasks:  # lm-eval (the `eval` extra): imported by runs that name tasks
-      from transformer.infer.harness import tasks as harness  # pylint: disable=g-import-not-at-top
-      r.last_eval |= harness.training_metrics(r.cfg, s.model, steps.eval_params(
-          r.item(fetched_state)), s.task, r.workdir, step)
-  stop = False
-  for r in s.runs:  # after every decode: a throughput window counts no evaluation
-    r.reporter.write_scalars(step, r.last_eval)
-    r.reporter.reset_throughput()
-    bar.evaluated(step, r.last_eval, r.name)
-    stop = r.early.update(r.last_eval) or stop
-  bar.evaluation_done()
-  return stop
+  return s.group.evaluate(step, sums, compiled.train.fetch_state(state), decode)
 
 
 def _save(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int, stop_reason: str,
           evaluated: bool) -> None:
   """Starts each run's async save of `step` with its data position and metrics."""
   extra = {"train/stopped_early": 1.0} if stop_reason == "early_stop" else {}
-  fetched_state = compiled.train.fetch_state(state)
-  for r in s.runs:
-    r.ckpt.save(step, r.item(fetched_state), s.train_iter,
-                (r.last_eval if evaluated else {}) | r.early.state() | extra, force=True)
+  s.group.save(step, compiled.train.fetch_state(state), s.train_iter, evaluated, extra)
 
 
 # ---- the end
@@ -538,9 +471,9 @@ def _close(s: _Setup, preempt: preemption.PreemptionHandler) -> None:
   """However the loop ended: the checkpoints committed, then the reporters closed, the signal
   handlers restored and the prefetch thread stopped."""
   try:  # a Ctrl-C during this wait stops it: the save in flight is then never committed
-    _close_all([r.ckpt.close for r in s.runs])
+    _close_all([r.ckpt.close for r in s.group.runs])
   finally:
-    _close_all([r.reporter.close for r in s.runs])
+    _close_all([r.reporter.close for r in s.group.runs])
     preempt.uninstall()
     if isinstance(s.train_iter, prefetch.Prefetch):
       s.train_iter.close()
@@ -564,8 +497,8 @@ def _finish(s: _Setup, step: int, stop_reason: str) -> dict[str, float]:
   reason = "early_stop" if stop_reason == "early_stop" else (
       "num_steps" if step >= s.cfg.train.num_steps else "")
   stopped = {stop_reason: 1.0} if stop_reason else {}
-  for r in s.runs:
+  for r in s.group.runs:
     r.final = r.final | r.last_eval | {"step": step} | stopped
     if s.main and reason:
       write_done_marker(r.workdir, step, reason, r.final, time.time() - s.started)
-  return runs_lib.result(s.runs, step) | stopped
+  return s.group.result(step) | stopped

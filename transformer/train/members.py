@@ -4,7 +4,7 @@ MEMBER_KEYS hyperparameters, trained by one vmapped train step.
 train.members: ';'-separated members of ','-separated key=value overrides (e.g.
 "seed=0;train.learning_rate=1e-3,model.dropout_rate=0"), or "seeds:N" (seeds cfg.seed ..). Member
 i trains in `<workdir>/<name>` as its plain run would, on the same batches, its state stacked on a
-leading axis and its TRACED_KEYS traced: it equals its separate run up to float rounding.
+leading axis and its other keys traced (hyper.py): it equals its separate run up to float rounding.
 """
 
 import dataclasses
@@ -13,19 +13,17 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from transformer import schema
 from transformer.config import Config, ConfigError, from_configdict, to_dict
-from transformer.train import steps
+from transformer.train import hyper, steps
 
-# Keys a member may override, and their types. Anything else would change the program.
+# Keys a member may override, and their types: the seed, and hyper.FIELDS (traced when they
+# differ). Anything else would change the program.
 MEMBER_KEYS = {"seed": int, "train.learning_rate": float, "train.label_smoothing": float,
                "model.dropout_rate": float, "model.attention_dropout_rate": float,
                "model.ffn_dropout_rate": float, "train.weight_decay": float,
                "train.warmup_steps": int, "train.b1": float, "train.b2": float,
                "train.z_loss": float, "train.grad_clip": float}
-TRACED_KEYS = tuple(k for k in MEMBER_KEYS if k != "seed")  # step inputs when they differ
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,19 +101,8 @@ def members_of(cfg: Config) -> list[Member]:
   return members
 
 
-def varying_keys(configs: list[Config]) -> tuple[str, ...]:
-  """The TRACED_KEYS whose values differ between the members' configs."""
-  return tuple(k for k in TRACED_KEYS if len({schema.lookup(c, k) for c in configs}) > 1)
-
-
-def hyperparameters(configs: list[Config]) -> dict[str, np.ndarray]:
-  """{key: float32 [N]} of the varying keys: what the vmapped step traces per member."""
-  return {k: np.asarray([schema.lookup(c, k) for c in configs], np.float32)
-          for k in varying_keys(configs)}
-
-
 def with_values(cfg: Config, values: dict[str, Any]) -> Config:
-  """cfg with each (dotted) key of `values` set to its value (in the vmap: a member's tracers)."""
+  """cfg with each (dotted) key of `values` set to its value."""
   for key, value in values.items():
     section, _, name = key.rpartition(".")
     if section:  # e.g. train.learning_rate: a new train section
@@ -124,20 +111,17 @@ def with_values(cfg: Config, values: dict[str, Any]) -> Config:
   return cfg
 
 
-def make_train_step(configs: list[Config], build: Callable[[Config], tuple[Any, Any]]) -> Callable:
-  """Returns `train_step(state, batch) -> (state, metrics [N])`: steps.make_train_step vmapped over
-  a stacked state and the varying keys, the batch shared; `build(cfg) -> (model, tx)`."""
-  cfg, hyper = configs[0], hyperparameters(configs)
+def make_train_step(configs: list[Config], train_step: Callable) -> Callable:
+  """Returns `step(state, batch) -> (state, metrics [N])`: steps.make_train_step's `train_step`
+  (of configs[0]) vmapped over a stacked state and the members' traced values (a Hyper of the
+  keys that differ), the batch shared."""
+  values = hyper.stacked(configs)
 
-  def one(state: steps.TrainState, values: dict[str, Any], batch: dict[str, Any]) -> Any:
-    member_cfg = with_values(cfg, values)
-    return steps.make_train_step(member_cfg, *build(member_cfg))(state, batch)
-
-  def train_step(state: steps.TrainState, batch: dict[str, Any], rng: Any = None,
-                 axis_name: str | None = None) -> Any:
+  def step(state: steps.TrainState, batch: dict[str, Any], rng: Any = None,
+           axis_name: str | None = None) -> Any:
     if rng is not None or axis_name is not None:
       raise ValueError("a members' train step takes no rng override and no pmap axis")
-    values = {k: jnp.asarray(v) for k, v in hyper.items()}
-    return jax.vmap(one, in_axes=(0, 0, None))(state, values, batch)
+    member = lambda s, h: train_step(s, batch, hyper=h)  # pylint: disable=unnecessary-lambda-assignment
+    return jax.vmap(member)(state, jax.tree.map(jnp.asarray, values))
 
-  return train_step
+  return step

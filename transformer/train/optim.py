@@ -22,47 +22,48 @@ import jax.numpy as jnp
 import optax
 
 from transformer import schema
-from transformer.config import ModelConfig
+from transformer.config import ModelConfig, TrainConfig
 from transformer.model import parametrization
+from transformer.train.hyper import Hyper, Scalar
 
 
-def _peak(tc: Any) -> Any:
-  """train.learning_rate: a Python float, or an array (vmapped members' rates, members.py)."""
-  lr = tc.learning_rate
-  return float(lr) if isinstance(lr, (int, float)) else jnp.asarray(lr, jnp.float32)
-
-
-def _traced(value: Any) -> bool:
-  """True for a member's hyperparameter traced as an array (members.py), not a Python number."""
+def _traced(value: Scalar) -> bool:
+  """True for a traced hyperparameter (hyper.py), not a Python number."""
   return not isinstance(value, (int, float))
 
 
-def _warmup_steps(tc: Any) -> Any:
-  """train.warmup_steps: a Python int, or a float32 array (vmapped members' warmups)."""
-  w = tc.warmup_steps
+def _peak(tc: TrainConfig, h: Hyper) -> Scalar:
+  """train.learning_rate: a Python float, or a traced float32 array."""
+  lr = h.get("learning_rate", tc)
+  return jnp.asarray(lr, jnp.float32) if _traced(lr) else float(lr)
+
+
+def _warmup_steps(tc: TrainConfig, h: Hyper) -> Scalar:
+  """train.warmup_steps: a Python int, or a traced float32 array."""
+  w = h.get("warmup_steps", tc)
   return jnp.asarray(w, jnp.float32) if _traced(w) else int(w)
 
 
-def _warmup(s: jax.Array, warmup: Any) -> jax.Array:
+def _warmup(s: jax.Array, warmup: Scalar) -> jax.Array:
   if _traced(warmup):  # 0 = no warmup, decided per member
     return jnp.where(warmup > 0, jnp.minimum(1.0, s / jnp.maximum(warmup, 1.0)), 1.0)
   return jnp.minimum(1.0, s / warmup) if warmup > 0 else jnp.ones_like(s)
 
 
-def _rsqrt(s: jax.Array, tc: Any, d_model: int) -> jax.Array:
-  decay, warmup = jax.lax.rsqrt(s), _warmup_steps(tc)
+def _rsqrt(s: jax.Array, tc: TrainConfig, h: Hyper, d_model: int) -> jax.Array:
+  decay, warmup = jax.lax.rsqrt(s), _warmup_steps(tc, h)
   if _traced(warmup):
     decay = jnp.where(warmup > 0, jnp.minimum(decay, s * jnp.maximum(warmup, 1.0)**-1.5), decay)
   elif warmup > 0:
     decay = jnp.minimum(decay, s * warmup**-1.5)
-  return _peak(tc) * d_model**-0.5 * decay
+  return _peak(tc, h) * d_model**-0.5 * decay
 
 
 def _warmup_then(decay: Callable[[jax.Array, float, float], jax.Array]):
   """A schedule: linear warmup to the peak, then `decay(p, peak, min)` over p in [0, 1]."""
-  def schedule(s, tc, d_model):
+  def schedule(s, tc, h, d_model):
     del d_model
-    peak, warmup = _peak(tc), _warmup_steps(tc)
+    peak, warmup = _peak(tc, h), _warmup_steps(tc, h)
     low = float(tc.min_learning_rate_ratio) * peak
     span = (jnp.maximum(int(tc.num_steps) - warmup, 1.0) if _traced(warmup)
             else max(int(tc.num_steps) - warmup, 1))
@@ -71,26 +72,29 @@ def _warmup_then(decay: Callable[[jax.Array, float, float], jax.Array]):
   return schedule
 
 
-# The learning-rate schedules (train.schedule): name -> lr(s, train config, d_model), s from 1.
-Schedule = Callable[[jax.Array, Any, int], jax.Array]
+# The learning-rate schedules (train.schedule): name -> lr(s, train config, traced values,
+# d_model), s from 1.
+Schedule = Callable[[jax.Array, TrainConfig, Hyper, int], jax.Array]
 SCHEDULES: schema.Table[Schedule] = schema.Table("train.schedule", {
     "rsqrt": _rsqrt,
     "warmup_cosine": _warmup_then(
         lambda p, peak, low: low + (peak - low) * 0.5 * (1.0 + jnp.cos(jnp.pi * p))),
     "warmup_linear": _warmup_then(lambda p, peak, low: peak + (low - peak) * p),
-    "constant": lambda s, tc, d_model: _peak(tc) * _warmup(s, _warmup_steps(tc)),
+    "constant": lambda s, tc, h, d_model: _peak(tc, h) * _warmup(s, _warmup_steps(tc, h)),
 })
 
 
-def make_schedule(train_cfg: Any, model: ModelConfig | int) -> optax.Schedule:
+def make_schedule(train_cfg: TrainConfig, model: ModelConfig | int, hyper: Hyper = Hyper()
+                  ) -> optax.Schedule:
   """Returns the learning-rate schedule `count -> lr` named by `train.schedule` (see module doc);
-  `model`: the model config (or a standard model's d_model), whose width rsqrt reads."""
+  `model`: the model config (or a standard model's d_model), whose width rsqrt reads; `hyper`'s
+  traced learning_rate and warmup_steps replace the config's."""
   fn = SCHEDULES[train_cfg.schedule]
   d_model = model if isinstance(model, int) else parametrization.constants_width(model)
-  return lambda count: fn(jnp.asarray(count, jnp.float32) + 1.0, train_cfg, d_model)
+  return lambda count: fn(jnp.asarray(count, jnp.float32) + 1.0, train_cfg, hyper, d_model)
 
 
-def weight_decay_mask(train_cfg: Any) -> Callable[[Any], Any]:
+def weight_decay_mask(train_cfg: TrainConfig) -> Callable[[Any], Any]:
   """Returns `params -> pytree of bools` (True = decayed) following the module doc's rules."""
   def decide(path, _):
     # Dict keys only: a Partitioned box's attribute key names no module.
@@ -103,30 +107,36 @@ def weight_decay_mask(train_cfg: Any) -> Callable[[Any], Any]:
   return lambda params: jax.tree_util.tree_map_with_path(decide, params)
 
 
-# train.optimizer: name -> (train config, weight decay) -> the transforms between clip and lr.
-Optimizer = Callable[[Any, optax.GradientTransformation], list[optax.GradientTransformation]]
+# train.optimizer: name -> (train config, traced values, weight decay) -> the transforms between
+# clip and lr.
+Optimizer = Callable[[TrainConfig, Hyper, optax.GradientTransformation],
+                     list[optax.GradientTransformation]]
 OPTIMIZERS: schema.Table[Optimizer] = schema.Table("train.optimizer", {
-    "adam": lambda tc, decay: [decay, optax.scale_by_adam(b1=tc.b1, b2=tc.b2, eps=tc.eps)],
-    "adamw": lambda tc, decay: [optax.scale_by_adam(b1=tc.b1, b2=tc.b2, eps=tc.eps), decay],
-    "adafactor": lambda tc, decay: [optax.scale_by_factored_rms(), optax.clip_by_block_rms(1.0),
-                                    optax.scale_by_param_block_rms(), decay],
-    "sgd": lambda tc, decay: (
+    "adam": lambda tc, h, decay: [decay, optax.scale_by_adam(
+        b1=h.get("b1", tc), b2=h.get("b2", tc), eps=tc.eps)],
+    "adamw": lambda tc, h, decay: [optax.scale_by_adam(
+        b1=h.get("b1", tc), b2=h.get("b2", tc), eps=tc.eps), decay],
+    "adafactor": lambda tc, h, decay: [optax.scale_by_factored_rms(),
+                                       optax.clip_by_block_rms(1.0),
+                                       optax.scale_by_param_block_rms(), decay],
+    "sgd": lambda tc, h, decay: (
         [optax.trace(decay=float(tc.momentum))] if tc.momentum > 0 else []) + [decay],
-    "lion": lambda tc, decay: [optax.scale_by_lion(b1=tc.b1, b2=tc.b2), decay],  # Chen et al. 2023
+    "lion": lambda tc, h, decay: [optax.scale_by_lion(  # Chen et al. 2023
+        b1=h.get("b1", tc), b2=h.get("b2", tc)), decay],
 })
 
 
-def _decay(train_cfg: Any) -> optax.GradientTransformation:
+def _decay(train_cfg: TrainConfig, h: Hyper) -> optax.GradientTransformation:
   """train.weight_decay's transform (a traced decay: always added, 0 adds nothing)."""
-  wd = train_cfg.weight_decay
+  wd = h.get("weight_decay", train_cfg)
   if _traced(wd):
     return optax.add_decayed_weights(jnp.asarray(wd, jnp.float32))
   return optax.add_decayed_weights(float(wd)) if wd > 0 else optax.identity()
 
 
-def _clip(train_cfg: Any) -> optax.GradientTransformation:
+def _clip(train_cfg: TrainConfig, h: Hyper) -> optax.GradientTransformation:
   """train.grad_clip's transform (a traced clip: 0 becomes an infinite norm, never reached)."""
-  clip = train_cfg.grad_clip
+  clip = h.get("grad_clip", train_cfg)
   if _traced(clip):
     clip = jnp.asarray(clip, jnp.float32)
     return optax.clip_by_global_norm(jnp.where(clip > 0, clip, jnp.inf))
@@ -145,20 +155,21 @@ def scale_by_factors(model_cfg: ModelConfig) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(train_cfg: Any, model: ModelConfig | int) -> optax.GradientTransformation:
+def make_optimizer(train_cfg: TrainConfig, model: ModelConfig | int, hyper: Hyper = Hyper()
+                   ) -> optax.GradientTransformation:
   """Returns the optax optimizer named by `train.optimizer` with clipping, decay and schedule;
   `model`: the model config (a µP model's learning-rate factors enter just before -lr), or a
-  standard model's d_model. Vmapped members (members.py) may give weight_decay, grad_clip, b1,
-  b2 and the schedule's learning_rate and warmup_steps as arrays."""
+  standard model's d_model; `hyper`'s traced weight_decay, grad_clip, b1, b2, learning_rate and
+  warmup_steps (members.py) replace the config's."""
   transforms = OPTIMIZERS[train_cfg.optimizer]  # an unknown name: a one-line ConfigError
   # Off switches are stateless placeholders with the same (empty) state as the real transform,
   # so a run may resume with another grad_clip or weight_decay (the optimizer-state tree of a
   # checkpoint must match): EmptyState for clipping, MaskedState(EmptyState) for the decay.
-  decay = optax.masked(_decay(train_cfg), weight_decay_mask(train_cfg))
+  decay = optax.masked(_decay(train_cfg, hyper), weight_decay_mask(train_cfg))
   factors = ([] if isinstance(model, int) or not parametrization.is_mup(model)
              else [scale_by_factors(model)])
-  return optax.chain(_clip(train_cfg), *transforms(train_cfg, decay), *factors,
-                     optax.scale_by_learning_rate(make_schedule(train_cfg, model)))
+  return optax.chain(_clip(train_cfg, hyper), *transforms(train_cfg, hyper, decay), *factors,
+                     optax.scale_by_learning_rate(make_schedule(train_cfg, model, hyper)))
 
 
 def split_micro_batches(batch: Any, num_micro: int) -> Any:

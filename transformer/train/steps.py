@@ -17,6 +17,7 @@ from transformer.config import Config, ConfigError, excluded_ids
 from transformer.model import layers, models, moe, scoring
 from transformer.model.losses import chunked_cross_entropy, cross_entropy
 from transformer.train import optim
+from transformer.train.hyper import Hyper
 from transformer.train.scheduled_sampling import teacher_forcing_prob, two_pass_logits
 
 Array = jax.Array
@@ -69,10 +70,11 @@ def moe_sums(cfg: Config, sown: PyTree, weight_sum: Array) -> dict[str, Array]:
   return {k: v * weight_sum for k, v in values.items()}
 
 
-def _make_loss_sums(cfg: Config, model: nn.Module) -> Callable:
+def _make_loss_sums(cfg: Config, model: nn.Module, h: Hyper) -> Callable:
   """Returns `loss_sums(params, micro) -> (loss_sum, (weight_sum, extras))` of one micro-batch:
   `micro` holds its batch, dropout key and teacher-forcing probability; `extras` holds a mixture
-  of experts' `moe_sums` (the loss sum includes its moe_aux_loss), else nothing."""
+  of experts' `moe_sums` (the loss sum includes its moe_aux_loss), else nothing. `h`'s traced
+  label_smoothing, z_loss and dropout rates replace the config's."""
   arch, tc = cfg.model.arch, cfg.train
   use_ss = tc.scheduled_sampling.schedule != "none"
   mixture = choices.FFNS[cfg.model.ffn].mixture
@@ -80,9 +82,8 @@ def _make_loss_sums(cfg: Config, model: nn.Module) -> Callable:
     raise ConfigError("model.ffn='moe' needs train.scheduled_sampling.schedule='none' (its "
                       "auxiliary losses come from one teacher-forced pass)")
   mutable = [moe.COLLECTION] if mixture else False
-  m = cfg.model  # a rate may be an array here (transformer/train/members.py), which is never off
-  deterministic = all(layers.is_off(r) for r in (m.dropout_rate, m.attention_dropout_rate,
-                                                  m.ffn_dropout_rate))
+  rates = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate")
+  deterministic = all(layers.is_off(h.get(r, cfg.model)) for r in rates)  # a traced rate is on
   if tc.loss_chunk_tokens and (arch == "encoder_only" or use_ss):
     raise ConfigError(f"train.loss_chunk_tokens={tc.loss_chunk_tokens} needs model.arch="
                       "encoder_decoder|decoder_only and no train.scheduled_sampling")
@@ -93,7 +94,8 @@ def _make_loss_sums(cfg: Config, model: nn.Module) -> Callable:
   def loss_sums(params, micro):
     batch, key, tf_prob = micro["batch"], micro["rng"], micro["tf_prob"]
     weights, rngs = scoring.target_weights(batch), {"dropout": key}
-    kw = dict(label_smoothing=tc.label_smoothing, z_loss=tc.z_loss, excluded=excluded)
+    kw = dict(label_smoothing=h.get("label_smoothing", tc), z_loss=h.get("z_loss", tc),
+              excluded=excluded)
     sown = None
     if tc.loss_chunk_tokens:  # the output layer and the loss a chunk of tokens at a time
       hidden = models.batch_hidden(model, params, batch, deterministic=deterministic, rngs=rngs,
@@ -120,16 +122,30 @@ def _make_loss_sums(cfg: Config, model: nn.Module) -> Callable:
   return loss_sums
 
 
+def _step_parts(cfg: Config, model: nn.Module, tx: optax.GradientTransformation | None,
+                h: Hyper) -> tuple[Callable, optax.GradientTransformation, optax.Schedule]:
+  """(loss sums, optimizer, schedule) a step trains with: `model` and `tx` for a plain run; with
+  traced values `h`, the optimizer (and, for a traced dropout rate, the model) built from them."""
+  if h.traced:
+    model_cfg = h.model_config(cfg.model)
+    model = model if model_cfg is None else models.build_model(model_cfg)
+    tx = optim.make_optimizer(cfg.train, cfg.model, h)
+  return _make_loss_sums(cfg, model, h), tx, optim.make_schedule(cfg.train, cfg.model, h)
+
+
 def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformation) -> Callable:
-  """Returns `train_step(state, batch, rng=None, axis_name=None) -> (state, metrics)`: `rng`
-  overrides state.rng; the sums are `psum`med over pmap's `axis_name` before normalising. Metrics
-  stay on device: loss, weight_sum, grad_norm, learning_rate, teacher_forcing, finite."""
+  """Returns `train_step(state, batch, rng=None, axis_name=None, hyper=Hyper()) -> (state,
+  metrics)`: `rng` overrides state.rng; the sums are `psum`med over pmap's `axis_name` before
+  normalising; `hyper`'s traced values (members.py) replace cfg's, the optimizer (and, for a
+  dropout rate, the model) then built from them in place of `tx` and `model`. Metrics stay on
+  device: loss, weight_sum, grad_norm, learning_rate, teacher_forcing, finite."""
   tc = cfg.train
-  lr_fn = optim.make_schedule(tc, cfg.model)
-  grad_fn = jax.value_and_grad(_make_loss_sums(cfg, model), has_aux=True)
+  plain = _step_parts(cfg, model, tx, Hyper())  # a config error here, not at the first trace
 
   def train_step(state: TrainState, batch: dict[str, Any], rng: Array | None = None,
-                 axis_name: str | None = None):
+                 axis_name: str | None = None, hyper: Hyper = Hyper()):
+    loss_sums, step_tx, lr_fn = _step_parts(cfg, model, tx, hyper) if hyper.traced else plain
+    grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
     key = jax.random.fold_in(state.rng if rng is None else rng, state.step)
     if axis_name is not None:  # a different dropout mask on every device
       key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
@@ -149,7 +165,7 @@ def make_train_step(cfg: Config, model: nn.Module, tx: optax.GradientTransformat
                                                          axis_name)
     denom = jnp.maximum(weight_sum, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    updates, opt_state = step_tx.update(grads, state.opt_state, state.params)
     # The state keeps its dtypes (bfloat16 parameters: bfloat16 moments), so every step takes the
     # state the previous one gave (for float32 parameters the casts are no-ops).
     opt_state = jax.tree.map(lambda new, old: new.astype(old.dtype), opt_state, state.opt_state)
