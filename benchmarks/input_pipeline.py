@@ -88,11 +88,11 @@ def batch_digest(batches: list[dict]) -> str:
 def train_steps_per_s(cfg, num_steps: int) -> float:
   """Steps/s of the config's jit-compiled training step on packed batches (after compiling)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from transformer.train import loop, steps  # pylint: disable=g-import-not-at-top
+  from transformer.train import start, steps  # pylint: disable=g-import-not-at-top
   from transformer.model.models import build_model  # pylint: disable=g-import-not-at-top
   from transformer.train.optim import make_optimizer  # pylint: disable=g-import-not-at-top
   task = load_task(cfg, process_index=0, process_count=1)
-  cfg = loop.fill_vocab_sizes(cfg, task)
+  cfg = start.fill_vocab_sizes(cfg, task)
   model, tx = build_model(cfg.model), make_optimizer(cfg.train, cfg.model.d_model)
   it = task.train_iterator()
   batches = [next(it) for _ in range(num_steps + 1)]

@@ -15,7 +15,7 @@ import pytest
 from transformer.config import ConfigError, from_configdict
 from transformer.data import builders, cmudict, load_task
 from transformer.model.models import build_model
-from transformer.train.loop import fill_vocab_sizes
+from transformer.train.start import fill_vocab_sizes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 G2P_VARIANTS = ["tiny", "fast", "best", "small", "base", "ablate"]

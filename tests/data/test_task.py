@@ -8,7 +8,7 @@ from configs import base
 from transformer.config import from_configdict
 from transformer.data import load_task
 from transformer.data.tokenizers import BOS_ID, EOS_ID
-from transformer.train.loop import fill_vocab_sizes
+from transformer.train.start import fill_vocab_sizes
 import encoder_fixtures
 
 

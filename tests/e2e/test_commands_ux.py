@@ -26,7 +26,7 @@ from transformer.config import from_configdict
 from transformer.data import builders
 from transformer.run import reporting
 from transformer.run.checkpoints import CheckpointError
-from transformer.train import loop
+from transformer.train import loop, start
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
@@ -119,7 +119,7 @@ def test_warmup_longer_than_the_run_warns_in_one_line():
   it before training); none for a constant schedule or a run longer than its warmup."""
   def warning(**train):
     cfg = from_configdict(schema.get_config())
-    return loop.schedule_warning(
+    return start.schedule_warning(
         dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train)))
   got = warning(num_steps=100, warmup_steps=100, schedule="warmup_cosine")
   assert "\n" not in got and "train.num_steps=100" in got and "train.warmup_steps=100" in got

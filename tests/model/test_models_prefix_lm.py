@@ -22,7 +22,7 @@ from transformer.infer import api, decoding
 from transformer.data.tokenizers import (EOS_ID, NUM_SPECIAL, CharTokenizer, OffsetTokenizer,
                                          SymbolTokenizer)
 from transformer.model.models import batch_logits, build_model
-from transformer.train.loop import fill_vocab_sizes
+from transformer.train.start import fill_vocab_sizes
 from transformer.train.scheduled_sampling import two_pass_logits
 
 SOURCE = CharTokenizer(list("abcdefgh"))

@@ -8,7 +8,7 @@ import pytest
 
 import synthetic_task
 from transformer.config import ConfigError, from_configdict
-from transformer.train import loop
+from transformer.train import loop, start
 
 
 def _rows(workdir):
@@ -69,4 +69,4 @@ def test_steps_per_dispatch_needs_mesh_mode():
   cfg = from_configdict(synthetic_task.config(**{"train.steps_per_dispatch": 2,
                                                  "parallel.mode": "pmap"}))
   with pytest.raises(ConfigError, match="train.steps_per_dispatch=2 needs parallel.mode=mesh"):
-    loop.check_loop_config(cfg)
+    start.check_loop_config(cfg)

@@ -12,7 +12,7 @@ import synthetic_task
 from transformer.config import ConfigError, from_configdict
 from transformer.model import scoring
 from transformer.run import checkpoints, restore
-from transformer.train import hyper, loop, members
+from transformer.train import hyper, loop, members, start
 
 SPEC = "seed=0;seed=1;seed=0,train.learning_rate=1e-3,train.label_smoothing=0.2,model.dropout_rate=0"
 NAMES = ["seed=0", "seed=1",
@@ -42,7 +42,7 @@ def _losses(workdir):
 
 def _params(workdir, cd):
   cfg = from_configdict(cd)
-  cfg = loop.fill_vocab_sizes(cfg, synthetic_task.ReverseTask())
+  cfg = start.fill_vocab_sizes(cfg, synthetic_task.ReverseTask())
   return jax.device_get(restore.read_params(cfg, workdir).params)
 
 
@@ -202,7 +202,7 @@ def test_a_shared_override_reaches_the_step():
   from transformer.train import optim, steps  # pylint: disable=g-import-not-at-top
   from transformer.model.models import build_model  # pylint: disable=g-import-not-at-top
   task = synthetic_task.ReverseTask()
-  cfg = loop.fill_vocab_sizes(from_configdict(_config(**{
+  cfg = start.fill_vocab_sizes(from_configdict(_config(**{
       "train.members": "seed=0,train.learning_rate=1e-3;seed=1,train.learning_rate=1e-3"})), task)
   configs = [m.cfg for m in members.members_of(cfg)]
   build = lambda c: (build_model(c.model), optim.make_optimizer(c.train, c.model.d_model))

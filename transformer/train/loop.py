@@ -1,36 +1,32 @@
 """Training: the loop behind `train.py`, data -> steps -> eval -> checkpoints -> reporting (the
-steps are steps.py's; the runs, a plain run or train.members' members, runs.py's RunGroup). Read
-top to bottom: the helpers the entry points share,
-`train_and_evaluate`, then `_train`, the loop in named phases, and each phase in the order `_train`
-calls it (set-up, the state to start from, compiled steps and reporters, the loop's steps, the
+set-up and the state to start from are start.py's, the steps steps.py's; the runs, a plain run or
+train.members' members, runs.py's RunGroup). Read top to bottom: the helpers the entry points
+share, `train_and_evaluate`, then `_train`, the loop in named phases, and each phase in the order
+`_train` calls it (a run trained before, compiled steps and reporters, the loop's steps, the
 end)."""
 
 import contextlib
 import dataclasses
-import functools
-import importlib.util
 import itertools
 import json
 import math
 import os
 import time
-from typing import Any, Callable
+from typing import Any
 
 from absl import logging
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 from transformer import files
 from transformer.config import Config, ConfigError, from_configdict
 from transformer.infer import evaluation
 from transformer.model import scoring
 from transformer.model.models import build_model
-from transformer.run import guard, lock, provenance, reporting, wandb_logging
-from transformer.train import finetune, members, optim, parallel, preemption, prefetch, steps
-from transformer.train.runs import EarlyStopping, RunGroup, runs_of
+from transformer.run import guard, lock, provenance, reporting
+from transformer.train import finetune, members, optim, parallel, preemption, prefetch, start
+from transformer.train import steps
+from transformer.train.runs import EarlyStopping, Run, RunGroup
 
 DONE_FILE = "train_done.json"  # in the workdir once a run has ended normally; see write_done_marker
 FINISHED_BEFORE = "finished_before"  # a metric: the workdir held a finished run, nothing trained
@@ -38,59 +34,6 @@ FINISHED_BEFORE = "finished_before"  # a metric: the workdir held a finished run
 
 class TrainingDiverged(RuntimeError):
   """The loss or gradient norm became NaN/Inf; the message is one line naming the step."""
-
-
-def check_loop_config(cfg: Config) -> None:
-  """Relations the loop needs that transformer.config cannot check alone; raises ConfigError."""
-  tc = cfg.train
-  if cfg.data.batch_size % tc.grad_accum_steps:
-    raise ConfigError(f"data.batch_size={cfg.data.batch_size} must be divisible by "
-                      f"train.grad_accum_steps={tc.grad_accum_steps}")
-  if tc.steps_per_dispatch > 1 and cfg.parallel.mode != "mesh":
-    raise ConfigError(f"train.steps_per_dispatch={tc.steps_per_dispatch} needs parallel.mode=mesh "
-                      f"(got {cfg.parallel.mode!r})")
-  if cfg.model.arch == "encoder_only" and cfg.model.head == "mlm" and cfg.data.objective != "mlm":
-    raise ConfigError(f"model.head='mlm' trains on masked inputs: set data.objective='mlm' (got "
-                      f"{cfg.data.objective!r})")
-  # Before any data loads or the workdir is touched, not at the first log.
-  wandb_logging.check_wandb(tc.wandb_project, tc.wandb_mode)
-  if cfg.eval.harness_tasks and importlib.util.find_spec("lm_eval") is None:
-    raise ConfigError(f"eval.harness_tasks={cfg.eval.harness_tasks!r} needs lm-eval: "
-                      "pip install -e '.[eval]'")
-  for key, value in (("train.early_stop_metric", tc.early_stop_metric),
-                     ("checkpoint.keep_best_by", cfg.checkpoint.keep_best_by)):
-    if value and not value.startswith("eval/"):
-      raise ConfigError(f"{key}={value!r} must name an evaluation metric such as 'eval/loss'")
-    if value:
-      scoring.check_in_training_metric(cfg, key, value)
-
-
-def schedule_warning(cfg: Config) -> str:
-  """One line when a decaying schedule's warmup lasts the whole run, else ''."""
-  tc = cfg.train
-  if tc.schedule != "constant" and 0 < tc.num_steps <= tc.warmup_steps:
-    return (f"train.num_steps={tc.num_steps} <= train.warmup_steps={tc.warmup_steps}: the run ends "
-            f"inside the warmup, so train.schedule={tc.schedule!r} never decays the learning rate")
-  return ""
-
-
-def fill_vocab_sizes(cfg: Config, task: Any) -> Config:
-  """Sets model.vocab_size/source_vocab_size written 0 from the task's tokenizers."""
-  m = cfg.model
-  vocab = task.target_tokenizer.vocab_size
-  source = task.source_tokenizer.vocab_size if task.source_tokenizer is not None else vocab
-  classes = vocab if m.arch == "encoder_only" and m.head != "mlm" else 0
-  extra = getattr(task, "extra_ids", None)
-  if extra is not None:  # [MASK] and sentinels after the text's ids, on both sides
-    vocab = source = extra.total_vocab_size
-  elif m.arch == "encoder_only":  # the encoder reads source ids; the head predicts classes
-    vocab = source
-  if m.arch == "decoder_only":  # seq2seq as a prefix-LM: source ids share the one table
-    vocab = max(vocab, source)
-  vocab = m.vocab_size or vocab
-  return dataclasses.replace(cfg, model=dataclasses.replace(
-      m, vocab_size=vocab, source_vocab_size=m.source_vocab_size or source,
-      num_classes=m.num_classes or classes))
 
 
 def dispatch_size(cfg: Config, step: int) -> int:
@@ -135,7 +78,7 @@ def train_and_evaluate(config: Any, workdir: str, task: Any = None,
   cfg = config if isinstance(config, Config) else from_configdict(config)
   if init_from:
     cfg = finetune.init_from_config(cfg, init_from)
-  check_loop_config(cfg)
+  start.check_loop_config(cfg)
   try:  # a run's workdir is trained only as itself: never inside another run's
     guard.check(workdir, "--workdir", own=workdir)
   except guard.WriteRefused as e:
@@ -161,24 +104,24 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
   """The loop in named phases: set-up, the state to start from, compile, then dispatches of
   steps, each followed by the points that log, evaluate, save or stop; the cleanup; the finish."""
   if task is None:
-    task = _load_task(cfg, workdir, init_from)
-  cfg = _sized_config(cfg, task, init_from)
-  s = _setup(cfg, workdir, task, main, started)
-  state = _initial_state(s, init_from)
-  start = int(np.ravel(jax.device_get(state.step))[0])
+    task = start.load_task(cfg, workdir, init_from)
+  cfg = start.sized_config(cfg, task, init_from)
+  s = start.setup(cfg, workdir, task, main, started)
+  state = start.initial_state(s, init_from)
+  first_step = int(np.ravel(jax.device_get(state.step))[0])
   tc = cfg.train
-  if start >= tc.num_steps or s.group.first.saved.get("train/stopped_early"):
-    return _finished_before(s, start)
-  _log_start(s, start)
+  if first_step >= tc.num_steps or s.group.first.saved.get("train/stopped_early"):
+    return _finished_before(s, first_step)
+  _log_start(s, first_step)
   compiled = _compile(s)
   state = compiled.train.prepare_state(state)
-  _reporters(s, start)  # may refuse the resume (data changed since): the run is still finished
+  _reporters(s, first_step)  # may refuse the resume (data changed since): the run is still finished
   _clear_done_markers(s)
   preempt = preemption.install_preemption_handler()
 
   # ---- the loop: dispatch steps (one, or train.steps_per_dispatch in one scan), then check the
   # dispatch before it (a one-dispatch lag keeps the device busy)
-  step, stop_reason, window, pending = start, "", [], _Pending(s.group)
+  step, stop_reason, window, pending = first_step, "", [], _Pending(s.group)
   try:
     while step < tc.num_steps:
       n = dispatch_size(cfg, step)
@@ -187,8 +130,8 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
       pending.check()  # the dispatch before, while the device runs this one
       pending.hold(step, metrics)
       window.append(metrics)
-      s.group.first.reporter.progress(step, s.group.first_loss(metrics) if step - n == start
-                                      else None)  # the loss: from this process's first dispatch
+      first = step - n == first_step  # the bar shows the loss from this process's first dispatch
+      s.group.first.reporter.progress(step, s.group.first_loss(metrics) if first else None)
       if step % tc.log_every_steps == 0 or step == tc.num_steps:
         pending.check()
         _log(s, step, window)
@@ -212,141 +155,34 @@ def _train(cfg: Config, workdir: str, task: Any, init_from: str, started: float,
   return _finish(s, step, stop_reason)
 
 
-# ---- set-up
+# ---- the end of a run trained before
 
 
-def _load_task(cfg: Config, workdir: str, init_from: str) -> Any:
-  """transformer.data's task for `cfg` (fine-tuning: the run's tokenizers and converted_from.json
-  copied first); a data problem is one ConfigError line."""
-  from transformer.data import load_task  # pylint: disable=g-import-not-at-top  (TFDS)
-  from transformer.data.task import copy_tokenizers  # pylint: disable=g-import-not-at-top  (TFDS)
-  try:
-    if init_from and not files.exists(os.path.join(workdir, "tokenizers")):
-      copy_tokenizers(init_from, workdir, only_source=cfg.model.arch == "encoder_only",
-                      also_target=cfg.data.objective != "none")
-    if init_from:
-      provenance.carry_converted_from(init_from, workdir)
-    return load_task(cfg, workdir)
-  except (ValueError, OSError) as e:  # a missing file, an unprepared dataset, a bad size
-    line = str(e).strip().splitlines()[0]
-    raise ConfigError(line if line.startswith("data.") else f"data: {line}") from e
-
-
-def _sized_config(cfg: Config, task: Any, init_from: str) -> Config:
-  """`cfg` with the vocabulary sizes of `task`'s tokenizers; a fine-tuned model's table must hold
-  the tokenizer's ids."""
-  cfg = fill_vocab_sizes(cfg, task)
-  input_tok = task.source_tokenizer if cfg.model.arch == "encoder_only" else task.target_tokenizer
-  if init_from and input_tok.vocab_size > cfg.model.vocab_size:
-    raise ConfigError(f"--init_from={init_from}: its model.vocab_size={cfg.model.vocab_size} is "
-                      f"smaller than the tokenizer's {input_tok.vocab_size}")
-  return cfg
-
-
-@dataclasses.dataclass
-class _Setup:
-  """What set-up gives the rest of the loop: one program training `group`'s runs."""
-  cfg: Config
-  workdir: str
-  task: Any
-  main: bool  # this process writes the runs' files
-  started: float  # time.time() when train_and_evaluate was called
-  group: RunGroup  # each run with its checkpointer (reporters come with _reporters)
-  model: nn.Module
-  tx: optax.GradientTransformation
-  init: Callable[..., steps.TrainState]  # (rng, unbox=True) -> a fresh state of one run
-  mesh: jax.sharding.Mesh | None  # None in pmap mode
-  shardings: Any  # the group's train state's
-  abstract: Any  # one run's state as jax.ShapeDtypeStructs on its shardings: restore's target
-  train_iter: Any  # the training batches (a prefetch.Prefetch with data.prefetch)
-
-
-def _setup(cfg: Config, workdir: str, task: Any, main: bool, started: float) -> _Setup:
-  """The runs, model and optimizer, the mesh, the state's shardings and shapes (checked against
-  the memory here), each run's checkpointer and the training batches."""
-  group = RunGroup(runs_of(cfg, workdir))
-  model = build_model(cfg.model)
-  tx = optim.make_optimizer(cfg.train, cfg.model)
-  example = {k: np.asarray(v)[:1] for k, v in next(iter(task.train_iterator())).items()
-             if v is not None}
-  init = functools.partial(steps.create_train_state, cfg, model, example_batch=example, tx=tx)
-  mesh = parallel.make_mesh(cfg.parallel) if cfg.parallel.mode == "mesh" else None
-  shardings, abstract = _abstract_state(init, jax.random.key(cfg.seed), mesh)
-  parallel.check_fits(abstract, cfg.model)
-  group.open_checkpoints(cfg.checkpoint)
-  train_iter = task.train_iterator()
-  if cfg.data.prefetch:  # batches made ahead on a thread; checkpoints hold the loop's position
-    train_iter = prefetch.Prefetch(train_iter, cfg.data.prefetch)
-  return _Setup(cfg, workdir, task, main, started, group, model, tx, init, mesh,
-                group.shardings(shardings), abstract, train_iter)
-
-
-def _abstract_state(init: Callable[..., steps.TrainState], rng: jax.Array,
-                    mesh: jax.sharding.Mesh | None) -> tuple[Any, Any]:
-  """(shardings, abstract state) of one run's train state, traced without allocating it."""
-  if mesh is not None:  # the init traced once: boxed for the shardings, unboxed for the shapes
-    boxed = jax.eval_shape(lambda r: init(r, unbox=False), rng)
-    shapes, shardings = nn.meta.unbox(boxed), parallel.state_shardings(boxed, mesh)
-  else:  # pmap: the state lives on one device until prepare_state replicates it
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    shapes = jax.eval_shape(init, rng)
-    shardings = jax.tree.map(lambda _: device, shapes)
-  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          shapes, shardings)
-  return shardings, abstract
-
-
-# ---- the state to start from
-
-
-def _initial_state(s: _Setup, init_from: str) -> steps.TrainState:
-  """The newest checkpoints that verify (with the data position), else a fresh state: each
-  member's from its own seed, a plain run's from cfg.seed (fine-tuning: the run's parameters)."""
-  state = s.group.restore(s.abstract, s.shardings, s.train_iter)
-  if state is not None:
-    return state
-  state = s.group.fresh_state(s.init, s.shardings)  # a member's is its separate run's
-  return _fine_tune_start(s, state, init_from) if init_from else state
-
-
-def _fine_tune_start(s: _Setup, state: steps.TrainState, init_from: str) -> steps.TrainState:
-  """`state` with the parameters of the run in `init_from` (finetune.init_params)."""
-  logging.info("Fine-tuning: parameters from %s.", init_from)
-  fresh = jax.device_get(state.params) if s.cfg.model.arch == "encoder_only" else None
-  params = finetune.init_params(init_from, fresh, s.cfg.model.head)
-  state = state.replace(params=jax.device_put(params, s.shardings.params))
-  if state.ema_params is not None:  # the average starts where training starts; copies:
-    # float32 params cast to float32 are the same buffers, which the donating step rejects
-    state = state.replace(ema_params=jax.device_put(jax.tree.map(
-        lambda p: jnp.array(p, jnp.float32, copy=True), state.params), s.shardings.ema_params))
-  return state
-
-
-def _finished_before(s: _Setup, start: int) -> dict[str, float]:
+def _finished_before(s: start.Setup, first_step: int) -> dict[str, float]:
   """A workdir whose run had ended: its saved metrics, its done markers written if missing."""
   stopped_early = s.group.first.saved.get("train/stopped_early")
   for r in s.group.runs:
     r.ckpt.close()
     r.final = ({k: v for k, v in r.saved.items() if not k.startswith("early_stop/")}
-               | {"step": start})
+               | {"step": first_step})
     if s.main and not files.exists(os.path.join(r.workdir, DONE_FILE)):  # finished before markers
-      write_done_marker(r.workdir, start, "early_stop" if stopped_early else "num_steps", r.final,
-                        time.time() - s.started)
-  return s.group.result(start) | {FINISHED_BEFORE: 1.0}
+      write_done_marker(r.workdir, first_step, "early_stop" if stopped_early else "num_steps",
+                        r.final, time.time() - s.started)
+  return s.group.result(first_step) | {FINISHED_BEFORE: 1.0}
 
 
-def _clear_done_markers(s: _Setup) -> None:
+def _clear_done_markers(s: start.Setup) -> None:
   """A run trained further is not finished: its DONE_FILE goes."""
   for r in s.group.runs:
     if s.main and files.exists(os.path.join(r.workdir, DONE_FILE)):
       files.remove(os.path.join(r.workdir, DONE_FILE))
 
 
-def _log_start(s: _Setup, start: int) -> None:
+def _log_start(s: start.Setup, first_step: int) -> None:
   """Logs a resume and a schedule that never decays."""
-  if start:
-    logging.info("Resuming from the checkpoint of step %d in %s.", start, s.workdir)
-  if warning := schedule_warning(s.cfg):
+  if first_step:
+    logging.info("Resuming from the checkpoint of step %d in %s.", first_step, s.workdir)
+  if warning := start.schedule_warning(s.cfg):
     logging.warning(warning)
 
 
@@ -361,7 +197,7 @@ class _Compiled:
   eval: parallel.CompiledStep  # the eval sums (members: each one's, [N, ...])
 
 
-def _compile(s: _Setup) -> _Compiled:
+def _compile(s: start.Setup) -> _Compiled:
   """The group's train step, K of them in one scan, and the eval step, compiled for the parallel
   mode."""
   mode = s.cfg.parallel.mode
@@ -379,14 +215,14 @@ def _compile(s: _Setup) -> _Compiled:
   return _Compiled(run, multi, run_eval)
 
 
-def _reporters(s: _Setup, start: int) -> None:
+def _reporters(s: start.Setup, first_step: int) -> None:
   """Gives each run its reporter (one progress bar, the first run's) and its early stopping."""
   cfg = s.cfg
   fingerprint = provenance.data_fingerprint(s.task) if s.main else None
   for i, r in enumerate(s.group.runs):
     r.reporter = reporting.Reporter(
         r.workdir, r.config_dict, s.main, total_steps=cfg.train.num_steps,
-        start_step=start, mesh_shape=dict(s.mesh.shape) if s.mesh is not None else None,
+        start_step=first_step, mesh_shape=dict(s.mesh.shape) if s.mesh is not None else None,
         flops_per_step=reporting.model_flops_per_step(
             cfg.model, cfg.data.batch_size, cfg.data.max_source_len, cfg.data.max_target_len),
         peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),
@@ -397,7 +233,7 @@ def _reporters(s: _Setup, start: int) -> None:
 # ---- the loop's steps
 
 
-def _dispatch(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int, n: int
+def _dispatch(s: start.Setup, compiled: _Compiled, state: steps.TrainState, step: int, n: int
               ) -> tuple[steps.TrainState, dict[str, Any]]:
   """Runs steps step+1..step+n on the next n batches: (state, metrics still on device); first
   raises CheckpointError if an asynchronous save has failed since the last dispatch."""
@@ -434,7 +270,7 @@ class _Pending:
         raise TrainingDiverged(message)
 
 
-def _log(s: _Setup, step: int, window: list[dict[str, Any]]) -> None:
+def _log(s: start.Setup, step: int, window: list[dict[str, Any]]) -> None:
   """Writes the train scalars of the dispatches in `window` (one transfer): the mean loss and
   grad norm, the last learning rate (and teacher forcing), the throughput."""
   last = ["learning_rate"] + (["teacher_forcing"]
@@ -442,23 +278,28 @@ def _log(s: _Setup, step: int, window: list[dict[str, Any]]) -> None:
   s.group.write_train_scalars(step, jax.device_get(window), last)
 
 
-def _evaluate(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int) -> bool:
+def _evaluate(s: start.Setup, compiled: _Compiled, state: steps.TrainState, step: int) -> bool:
   """Evaluates every run (teacher-forced sums, then decoding, its progress on the bar) and writes
   its metrics; True when early stopping asks to stop."""
   cfg, bar = s.cfg, s.group.first.reporter
   bar.evaluating()
 
-  def decode(run_cfg: Any, state: steps.TrainState) -> dict[str, float]:
-    return evaluation.decode_metrics(run_cfg, s.model, steps.eval_params(state), s.task,
-                                     cfg.data.eval_split, cfg.eval.num_decode_examples,
-                                     progress=bar.evaluating)
+  def decode(run: Run, state: steps.TrainState) -> dict[str, float]:
+    metrics = evaluation.decode_metrics(run.cfg, s.model, steps.eval_params(state), s.task,
+                                        cfg.data.eval_split, cfg.eval.num_decode_examples,
+                                        progress=bar.evaluating)
+    if run.cfg.eval.harness_tasks:  # lm-eval (the `eval` extra): imported by runs that name tasks
+      from transformer.infer.harness import tasks as harness  # pylint: disable=g-import-not-at-top
+      metrics |= harness.training_metrics(run.cfg, s.model, steps.eval_params(state), s.task,
+                                          run.workdir, step)
+    return metrics
 
   sums = eval_sums(cfg, compiled.eval, state, s.task)
   return s.group.evaluate(step, sums, compiled.train.fetch_state(state), decode)
 
 
-def _save(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int, stop_reason: str,
-          evaluated: bool) -> None:
+def _save(s: start.Setup, compiled: _Compiled, state: steps.TrainState, step: int,
+          stop_reason: str, evaluated: bool) -> None:
   """Starts each run's async save of `step` with its data position and metrics."""
   extra = {"train/stopped_early": 1.0} if stop_reason == "early_stop" else {}
   s.group.save(step, compiled.train.fetch_state(state), s.train_iter, evaluated, extra)
@@ -467,7 +308,7 @@ def _save(s: _Setup, compiled: _Compiled, state: steps.TrainState, step: int, st
 # ---- the end
 
 
-def _close(s: _Setup, preempt: preemption.PreemptionHandler) -> None:
+def _close(s: start.Setup, preempt: preemption.PreemptionHandler) -> None:
   """However the loop ended: the checkpoints committed, then the reporters closed, the signal
   handlers restored and the prefetch thread stopped."""
   try:  # a Ctrl-C during this wait stops it: the save in flight is then never committed
@@ -491,7 +332,7 @@ def _close_all(closers: list[Any]) -> None:
     raise error
 
 
-def _finish(s: _Setup, step: int, stop_reason: str) -> dict[str, float]:
+def _finish(s: start.Setup, step: int, stop_reason: str) -> dict[str, float]:
   """The runs' final metrics; the done markers only now, with the last checkpoints committed (a
   stop before the last step is no end)."""
   reason = "early_stop" if stop_reason == "early_stop" else (

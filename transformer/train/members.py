@@ -121,7 +121,7 @@ def make_train_step(configs: list[Config], train_step: Callable) -> Callable:
            axis_name: str | None = None) -> Any:
     if rng is not None or axis_name is not None:
       raise ValueError("a members' train step takes no rng override and no pmap axis")
-    member = lambda s, h: train_step(s, batch, hyper=h)  # pylint: disable=unnecessary-lambda-assignment
-    return jax.vmap(member)(state, jax.tree.map(jnp.asarray, values))
+    return jax.vmap(lambda s, h: train_step(s, batch, hyper=h))(
+        state, jax.tree.map(jnp.asarray, values))
 
   return step

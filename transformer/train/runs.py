@@ -225,13 +225,13 @@ class RunGroup:
       r.final |= scalars
 
   def evaluate(self, step: int, sums: dict[str, Any], fetched_state: Any,
-               decode: Callable[[Config, Any], dict[str, float]]) -> bool:
-    """Each run's eval metrics (teacher-forced `sums`, then `decode(cfg, state)`) written; True
-    when early stopping asks to stop."""
+               decode: Callable[[Run, Any], dict[str, float]]) -> bool:
+    """Each run's eval metrics (teacher-forced `sums`, then `decode(run, its state)`) written;
+    True when early stopping asks to stop."""
     bar = self.first.reporter  # the one progress bar; its ETA does not count this
     for r in self.runs:
       r.last_eval = scoring.teacher_forced_metrics(r.item(sums), prefix="eval/") if sums else {}
-      r.last_eval |= decode(r.cfg, r.item(fetched_state))
+      r.last_eval |= decode(r, r.item(fetched_state))
     stop = False
     for r in self.runs:  # after every decode: a throughput window counts no evaluation
       r.reporter.write_scalars(step, r.last_eval)
