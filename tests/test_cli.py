@@ -78,7 +78,7 @@ def test_every_float_key_must_be_finite(value):
 
 
 @pytest.mark.parametrize("key,value,culprit", [
-    ("eval.decode.beam_size", 5000, "eval.decode.beam_size=5000 must be <= 1024"),
+    ("eval.decode.beam_size", 5000, r"eval.decode.beam_size=5000 must be in \[1, 1024\]"),
     ("eval.decode.max_decode_len", 100000, "eval.decode.max_decode_len=100000 must be <= "
      "model.max_len"),
 ])

@@ -152,10 +152,6 @@ def _check_images(m: ModelConfig) -> None:
                       f"{' and the class token' if m.pooling == 'class_token' else ''}")
 
 
-# Wider beams take minutes to compile and gigabytes of cache for no better output.
-MAX_BEAM_SIZE = 1024
-
-
 def excluded_ids(m: ModelConfig) -> tuple[int, ...]:
   """The sorted ids of model.excluded_ids ("0,2-3,54"); a ConfigError names the key if it is bad."""
   ids: set[int] = set()
@@ -182,8 +178,6 @@ def id_ranges(ids: Any) -> str:
 def _validate(cfg: Config) -> Config:
   """Checks the relations between keys; returns cfg with derived sizes filled."""
   d, m, dec = cfg.data, cfg.model, cfg.eval.decode
-  if dec.beam_size > MAX_BEAM_SIZE:
-    raise ConfigError(f"eval.decode.beam_size={dec.beam_size} must be <= {MAX_BEAM_SIZE}")
   if dec.max_decode_len > m.max_len:
     raise ConfigError(f"eval.decode.max_decode_len={dec.max_decode_len} must be <= "
                       f"model.max_len={m.max_len} (the decoding cache's length)")

@@ -42,6 +42,8 @@ RANGES: dict[str, Callable[[Any], bool]] = {
     "in (0, 1]": lambda v: 0.0 < v <= 1.0,
     "in [0, 1)": lambda v: 0.0 <= v < 1.0,
     "> 0 or -1": lambda v: v > 0 or v == -1,
+    # Wider beams take minutes to compile and gigabytes of cache for no better output.
+    "in [1, 1024]": lambda v: 1 <= v <= 1024,
 }
 
 
@@ -336,7 +338,7 @@ class TrainConfig:
 class DecodeConfig:
   """Decoding: the method and its settings (`cfg.eval.decode`)."""
   method: str = key("beam", "the decoding method", choices.DECODE_METHODS, E)
-  beam_size: int = key(4, "beams", "> 0", E)
+  beam_size: int = key(4, "beams", "in [1, 1024]", E)
   length_penalty: float = key(0.6, "GNMT alpha", roles=E)
   temperature: float = key(1.0, "sample: softmax temperature", "> 0", E)
   top_k: int = key(0, "sample: keep the k likeliest; 0 = off", ">= 0", E)

@@ -14,7 +14,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from transformer import schema
-from transformer.config import check_value, ConfigError, MAX_BEAM_SIZE
+from transformer.config import check_value, ConfigError
 from transformer.model import ensemble, kv_cache, models
 
 StepFn = Callable[[jnp.ndarray, Any, jnp.ndarray], tuple[jnp.ndarray, Any]]
@@ -53,11 +53,9 @@ def search_settings(decode_cfg: Any, vocab_size: int = 0, max_len: int = 0) -> S
   if d.max_decode_len < 0 or (max_len and d.max_decode_len > max_len):
     raise ConfigError(f"eval.decode.max_decode_len={d.max_decode_len} must be in [0, "
                       f"model.max_len={max_len or '?'}] (0 = data.max_target_len)")
-  widest = min(MAX_BEAM_SIZE, vocab_size or MAX_BEAM_SIZE)  # no more beams than the vocabulary
-  if d.method == "beam" and d.beam_size > widest:
-    what = f"the vocabulary size {vocab_size}" if widest < MAX_BEAM_SIZE else str(MAX_BEAM_SIZE)
-    raise ConfigError(f"eval.decode.beam_size={d.beam_size} must be in [1, {widest}] (at most "
-                      f"{what})")
+  if d.method == "beam" and vocab_size and d.beam_size > vocab_size:  # the schema bounds it too
+    raise ConfigError(f"eval.decode.beam_size={d.beam_size} must be in [1, {vocab_size}] (at "
+                      f"most the vocabulary size {vocab_size})")
   return METHODS[d.method](d)
 
 
