@@ -429,3 +429,14 @@ def test_damaged_orbax_metadata_of_an_older_step_is_verified_first(tmp_path, nam
   writer = checkpoints.Checkpointer(str(tmp_path), ckpt_cfg(keep_best_by="eval/loss"))
   assert writer.all_steps() == [2] and os.path.isdir(os.path.join(ckpt.directory, "1.corrupt"))
   writer.close()
+
+
+def test_the_orbax_teardown_fix_refuses_an_orbax_it_was_not_checked_on(monkeypatch):
+  """_finish_writes_first wraps a private orbax function: on another orbax version it raises one
+  line naming the version and what to check, never silently patches or skips."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(ocp, "__version__", "0.13.0")
+  with pytest.raises(RuntimeError, match=r"orbax-checkpoint 0.13.0: .*checked on 0.12.x only"):
+    checkpoints._finish_writes_first()  # pylint: disable=protected-access
+  monkeypatch.undo()  # the checked version: installed once, idempotent
+  checkpoints._finish_writes_first()  # pylint: disable=protected-access

@@ -52,6 +52,9 @@ async def _with_writes_finished(coro: Any) -> Any:
           task.exception()  # read: asyncio logs no 'Task exception was never retrieved'
 
 
+ORBAX_CHECKED = "0.12."  # the orbax-checkpoint versions _finish_writes_first was checked on
+
+
 def _finish_writes_first() -> None:
   """Lets orbax close a background save's event loop only after the save's writes have ended.
 
@@ -65,9 +68,17 @@ def _finish_writes_first() -> None:
   error. This wraps the coroutine so that the loop first waits for its other tasks; a successful
   save has none left, so it changes nothing there. A restore that fails on a damaged array file
   (tensorstore reads gathered the same way) ends the same way, so readers install it too.
-  Idempotent; a no-op on an orbax without that function (its teardown is its own)."""
+  Idempotent. It wraps a private function, so it runs only on the orbax versions it was checked
+  on (ORBAX_CHECKED, the range pyproject.toml pins) and raises on any other: a newer orbax may
+  have fixed the teardown upstream (then delete this) or renamed what it wraps."""
+  version = getattr(ocp, "__version__", "?")
   run = getattr(orbax_asyncio, "_run_sync_via_new_loop", None)
-  if run is None or getattr(run, "finishes_writes_first", False):
+  if not version.startswith(ORBAX_CHECKED) or run is None:
+    raise RuntimeError(
+        f"orbax-checkpoint {version}: transformer/run/checkpoints.py's _finish_writes_first wraps "
+        f"asyncio_utils._run_sync_via_new_loop, checked on {ORBAX_CHECKED}x only; check whether a "
+        "failed save still closes its event loop with writes in flight, then update it")
+  if getattr(run, "finishes_writes_first", False):
     return
 
   def run_sync_via_new_loop(coro: Any) -> Any:
