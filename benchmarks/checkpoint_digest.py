@@ -20,10 +20,7 @@ record.json and the raw log (with the load average at the start: the machine may
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import shlex
 import shutil
 import statistics
 import sys
@@ -146,24 +143,19 @@ def main(argv=None) -> int:
     shutil.rmtree(root, ignore_errors=True)
   wall = round(time.time() - started, 1)
   if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    command = shlex.join(["python", "benchmarks/checkpoint_digest.py",
-                          *(argv if argv is not None else sys.argv[1:])])
+    command = commands.command_line("checkpoint_digest.py",
+                                    argv if argv is not None else sys.argv[1:])
     record = {
         "name": os.path.basename(os.path.normpath(args.out)),
         "title": "Checksummed checkpoints: save and restore time with and without the digest",
         "task": "checkpoint save/restore of random train states (:fast and GPT-2 small sized)",
         "config": "configs/g2p.py:fast", "overrides": [], "command": command,
-        "commit": commands.git_commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
+        "commit": commands.git_commit(), "hardware": commands.cpu_hardware(),
         "versions": commands.versions("jax", "orbax-checkpoint", "numpy"),
         "wall_clock_s": wall, "rates": {}, "metrics": metrics, "seeds": [],
         "report": "docs/reliability.md#checksummed-checkpoints"}
-    with open(os.path.join(args.out, "record.json"), "w") as f:
-      json.dump(record, f, indent=1)
-      f.write("\n")
-    with open(os.path.join(args.out, "log.txt"), "w") as f:
-      f.write(f"$ {command}\n" + "\n".join(lines) + f"\nwall {wall} s; load average at the "
-              f"start {load[0]:.2f} (1 min)\n")
+    commands.write_record(args.out, record, f"$ {command}\n" + "\n".join(lines) + f"\nwall "
+                          f"{wall} s; load average at the start {load[0]:.2f} (1 min)\n")
   return 0
 
 

@@ -1,17 +1,22 @@
-"""Running a command for a benchmark script: its output captured, its failure told in one line.
+"""What every benchmark script shares: running a command, and what its record says and where.
 
 g2p_flagship.py (train.py and eval.py), g2p_phonetisaurus.py (the Phonetisaurus binaries),
 reproduce.py (train.py) and trees.alternate (the --compare runs) run their commands through `run`;
 `failure` is the line they report when one exits non-zero: the exit status and the last line the
-command printed (stderr first). `git_commit` and `versions` are what a record says of the tree and
-the environment that measured it.
+command printed (stderr first). `git_commit`, `versions`, `cpu_hardware` and `command_line` are
+what a record says of the tree, the environment and the machine that measured it and the command
+that did; `write_record` writes it (and the run's log) into docs/results/<name>/.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
+import platform
+import shlex
 import subprocess
+from typing import Any, Sequence
 
 
 def run(cmd: list[str], cwd: str | None = None,
@@ -49,3 +54,27 @@ def versions(*packages: str) -> dict[str, str | None]:
     except importlib.metadata.PackageNotFoundError:
       out[name] = None
   return out
+
+
+def cpu_hardware(note: str = "") -> str:
+  """A record's hardware on a CPU: '<cores>-core <machine> CPU' (e.g. '2-core x86_64 CPU')."""
+  return f"{os.cpu_count()}-core {platform.machine()} CPU" + (f" ({note})" if note else "")
+
+
+def command_line(script: str, argv: Sequence[str]) -> str:
+  """The record's command: `python benchmarks/<script> ARGV...`, quoted for a shell."""
+  return shlex.join(["python", f"benchmarks/{script}", *argv])
+
+
+def write_record(directory: str, record: dict[str, Any], log: str | None = None) -> str:
+  """Writes `record` as <directory>/record.json (and `log` as log.txt); returns the record's
+  path."""
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, "record.json")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(record, f, indent=1)
+    f.write("\n")
+  if log is not None:
+    with open(os.path.join(directory, "log.txt"), "w", encoding="utf-8") as f:
+      f.write(log)
+  return path

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import random
@@ -349,11 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                    "python": platform.python_version()},
       "wall_clock_s": round(time.time() - start, 1), "rates": {}, "metrics": metrics, "seeds": [0],
       "report": "docs/hf_conversion.md#probabilities"}
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "record.json"), "w") as f:
-    json.dump(record, f, indent=1)
-    f.write("\n")
-  print(f"wrote {os.path.join(args.out, 'record.json')}")
+  print(f"wrote {commands.write_record(args.out, record)}")
   return 0
 
 

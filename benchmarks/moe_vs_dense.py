@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -115,15 +114,12 @@ def main() -> None:
                f"{len(seeds)} seeds, same run",
       "task": "Character LM (tiny Shakespeare)", "config": "configs/lm.py:moe vs :moe_dense",
       "overrides": overrides,
-      "command": "python benchmarks/moe_vs_dense.py " + " ".join(sys.argv[1:]),
-      "commit": commands.git_commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
+      "command": commands.command_line("moe_vs_dense.py", sys.argv[1:]),
+      "commit": commands.git_commit(), "hardware": commands.cpu_hardware(),
       "versions": {"jax": jax.__version__}, "wall_clock_s": round(time.time() - started, 1),
       "rates": {"steps_per_s": round(1000.0 / metrics["moe_ms_per_step"], 3)},
       "metrics": metrics, "seeds": seeds, "report": "docs/moe.md#results", "spread": spread}
-  path = os.path.join(args.out, "record.json") if args.smoke else RECORD
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(record, f, indent=1)
+  path = commands.write_record(args.out if args.smoke else os.path.dirname(RECORD), record)
   print(json.dumps(metrics))
   print(f"wrote {os.path.relpath(path)}")
 

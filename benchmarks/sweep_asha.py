@@ -101,8 +101,8 @@ def record(args, passed: list[str], grid: dict, asha: dict, wall: float) -> dict
       "title": f"ASHA vs the full grid: {len(grid['rows'])} points of :tiny "
                f"({len(args.learning_rates)} learning rates x {len(args.seeds)} seeds)",
       "task": "G2P (CMUdict)", "config": CONFIG, "overrides": passed,
-      "command": " ".join(["python", "benchmarks/sweep_asha.py", *sys.argv[1:]]),
-      "commit": commands.git_commit(), "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU",
+      "command": commands.command_line("sweep_asha.py", sys.argv[1:]),
+      "commit": commands.git_commit(), "hardware": commands.cpu_hardware(),
       "versions": {"python": platform.python_version()} | commands.versions("jax", "flax", "ray"), "wall_clock_s": round(wall, 1), "rates": {},
       "metrics": {
           "grid_best_dev_wer": percent(grid["best_dev_wer"]),

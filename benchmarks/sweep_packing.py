@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -140,7 +139,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                       s.split(",")] if s else [], help="and each of these learning rates")
   parser.add_argument("--baseline", default="unpacked", choices=("unpacked", "one"),
                       help="unpacked: every point alone; one: the first point alone")
-  parser.add_argument("--hardware", default=f"{os.cpu_count()}-core {platform.machine()} CPU",
+  parser.add_argument("--hardware", default=commands.cpu_hardware(),
                       help="the record's hardware (name the accelerator)")
   parser.add_argument("--eval_split", default="test", help="eval.py's split; '' = none")
   parser.add_argument("--tolerance", type=float, default=1e-5)
@@ -204,8 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
   lines.append(f"{warm_text}packed {packed:.1f} s, {alone_what} {unpacked:.1f} s: "
                f"{ratio:.3f}x; largest difference {worst:.2e} (tolerance {args.tolerance:g})")
   print("\n".join(lines), flush=True)
-  command = shlex.join(["python", "benchmarks/sweep_packing.py",
-                        *(argv if argv is not None else sys.argv[1:])])
+  command = commands.command_line("sweep_packing.py", argv if argv is not None else sys.argv[1:])
   record = {
       "name": os.path.basename(os.path.normpath(args.out)) if args.out else "sweep_packing",
       "title": f"{title(args, len(sweep))} of {args.config} as one packed train.members "
@@ -237,13 +235,8 @@ def main(argv: list[str] | None = None) -> dict:
     for key in ("packed_wall_s", "unpacked_wall_s", "wall_clock_ratio", "warmup_wall_s"):
       record["metrics"].pop(key, None)
   if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "record.json"), "w") as f:
-      json.dump(record, f, indent=1)
-      f.write("\n")
-    with open(os.path.join(args.out, "log.txt"), "w") as f:
-      f.write(f"$ {command}\n" + "\n".join(lines) + f"\nload average at the start "
-              f"{load[0]:.2f} (1 min)\n")
+    commands.write_record(args.out, record, f"$ {command}\n" + "\n".join(lines) + "\nload "
+                          f"average at the start {load[0]:.2f} (1 min)\n")
   if worst > args.tolerance:
     raise SystemExit(f"sweep_packing: the packed points differ from the unpacked ones by "
                      f"{worst:.2e} > --tolerance={args.tolerance:g}")

@@ -22,14 +22,13 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
 import numpy as np
 
-from commands import git_commit  # benchmarks/ is the script's directory
+from commands import cpu_hardware, git_commit  # benchmarks/ is the script's directory
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,7 +216,7 @@ def report(runs: str, out: str, variants: tuple[str, ...] = ("tiny", "default"),
       "command": (f"python benchmarks/vit_digits.py --runs={runs} --seeds=0,1,2 "
                   f"--variants={','.join(variants)}{'' if sweep else ' --nosweep'} --out={out}"),
       "commit": git_commit(),
-      "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU (shared)",
+      "hardware": cpu_hardware("shared"),
       "versions": None,
       "wall_clock_s": round(float(sum(walls)), 1) if walls else None,
       "rates": {}, "metrics": metrics,
