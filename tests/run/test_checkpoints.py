@@ -21,7 +21,7 @@ import pytest
 from configs import base
 from transformer import cli, config as config_lib, schema
 from transformer.config import ConfigError, from_configdict, to_dict
-from transformer.run import checkpoints, digests, restore
+from transformer.run import checkpoints, digests, orbax_teardown, restore
 from transformer.train import preemption
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -432,11 +432,11 @@ def test_damaged_orbax_metadata_of_an_older_step_is_verified_first(tmp_path, nam
 
 
 def test_the_orbax_teardown_fix_refuses_an_orbax_it_was_not_checked_on(monkeypatch):
-  """_finish_writes_first wraps a private orbax function: on another orbax version it raises one
+  """orbax_teardown wraps a private orbax function: on another orbax version it raises one
   line naming the version and what to check, never silently patches or skips."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(ocp, "__version__", "0.13.0")
   with pytest.raises(RuntimeError, match=r"orbax-checkpoint 0.13.0: .*checked on 0.12.x only"):
-    checkpoints._finish_writes_first()  # pylint: disable=protected-access
+    orbax_teardown.finish_writes_first()
   monkeypatch.undo()  # the checked version: installed once, idempotent
-  checkpoints._finish_writes_first()  # pylint: disable=protected-access
+  orbax_teardown.finish_writes_first()
