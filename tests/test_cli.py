@@ -26,7 +26,7 @@ from configs import base
 from transformer import cli, config as config_lib, files
 from transformer.config import ConfigError, from_configdict
 from transformer.convert import ConvertError, read_hf
-from transformer.data import builders, inputs
+from transformer.data import builders, inputs, prepared
 from transformer.infer import decoding, predict
 from transformer.sweeps import spec
 
@@ -269,7 +269,7 @@ def test_corrupt_prepared_data_names_the_file_and_the_remedy(trained, tmp_path):
     raw[i] ^= 0xFF
   paths[0].write_bytes(bytes(raw))
   with pytest.raises(OSError) as e:
-    builders.prepared_records_sha256(paths)
+    prepared.prepared_records_sha256(paths)
   assert str(paths[0]) == e.value.filename and "rerun to prepare it again" in e.value.strerror
   assert cli.environment_error(e.value).startswith(f"{paths[0]}: corrupt prepared data (")
   ds = builders.open_dataset(from_configdict(saved).data)

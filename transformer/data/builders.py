@@ -7,7 +7,6 @@ process opening the same data waits for the first and reads what it prepared); c
 
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import glob
 import hashlib
@@ -22,35 +21,13 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
-from transformer.data import cmudict
+from transformer.data import cmudict, prepared
 
 SPLITS = ("train", "validation", "test")
 # Without data.dev_file, validation is bucket 0 of 20 of data.train_file's sources (words) under
 # this salt; CARVE_ID is part of the prepared data's name, as changing it changes the split.
 CARVE_SALT, CARVE_BUCKETS = "tsv_pairs/validation/v1:", 20
 CARVE_ID = f"validation carved: {CARVE_SALT} 1/{CARVE_BUCKETS}"
-
-
-def prepared_records_sha256(paths: Sequence[str], chunk: int = 10_000) -> tuple[int, str]:
-  """(records, sha256) of the records in prepared array_record shard files, in order, each
-  tf.Example re-serialized deterministically: protobuf (upb) writes a feature map in an order
-  that varies from process to process, so the files' bytes are not a function of the records."""
-  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-  from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
-  digest, count = hashlib.sha256(), 0
-  for path in paths:
-    with corrupt_data_errors(str(path)):  # a corrupt file raises when opened, read or closed
-      reader = array_record_module.ArrayRecordReader(str(path))
-      try:
-        n = reader.num_records()
-        for start in range(0, n, chunk):
-          for raw in reader.read(start, min(start + chunk, n)):
-            digest.update(tf_example_pb2.Example.FromString(raw).SerializeToString(
-                deterministic=True))
-        count += n
-      finally:
-        reader.close()
-  return count, digest.hexdigest()
 
 
 def _files_fingerprint(paths: Sequence[str], *extra: Any) -> str:
@@ -198,54 +175,12 @@ class Dataset:
 
   def source(self, split: str) -> Sequence[Any]:
     """Random-access source of `split` (len, __getitem__); records are dicts of str/bytes.
-    Corrupt prepared files are an OSError naming them (corrupt_data_errors)."""
+    Corrupt prepared files are an OSError naming them (prepared.corrupt_data_errors)."""
     if split not in self.splits:
       raise ValueError(f"split {split!r} of {self.name} does not exist; it has "
                        f"{', '.join(self.splits)}")
-    with corrupt_data_errors(self.root):
-      return _CheckedSource(self._open(split), self.root)
-
-
-@contextlib.contextmanager
-def corrupt_data_errors(path: str) -> Iterator[None]:
-  """Raises array_record's (Riegeli's) error on a corrupt prepared file as an OSError naming
-  `path` and how to prepare it again; any other RuntimeError as it is."""
-  try:
-    yield
-  except RuntimeError as e:
-    text = (str(e).strip().splitlines() or [""])[0]
-    if "Riegeli" not in text and "array_record" not in text.lower():
-      raise
-    directory = path if os.path.isdir(path) else os.path.dirname(path)
-    raise OSError(errno.EIO, f"corrupt prepared data ({text[:160]}); delete {directory} and "
-                  "rerun to prepare it again (a TFDS catalog dataset: build it again)",
-                  path) from e
-
-
-class _CheckedSource:
-  """A TFDS data source whose read errors on corrupt files become corrupt_data_errors'."""
-
-  def __init__(self, source: Any, root: str):
-    self._source, self._root = source, root
-    if hasattr(source, "__getitems__"):
-      self.__getitems__ = self._getitems
-
-  def __len__(self) -> int:
-    return len(self._source)
-
-  def __iter__(self) -> Iterator[Any]:
-    return (self[i] for i in range(len(self)))
-
-  def __getitem__(self, index: Any) -> Any:
-    with corrupt_data_errors(self._root):
-      return self._source[index]
-
-  def _getitems(self, indices: Sequence[int]) -> Any:
-    with corrupt_data_errors(self._root):
-      return self._source.__getitems__(indices)
-
-  def __getattr__(self, name: str) -> Any:
-    return getattr(self._source, name)
+    with prepared.corrupt_data_errors(self.root):
+      return prepared.CheckedSource(self._open(split), self.root)
 
 
 def _prepare(builder: tfds.core.DatasetBuilder) -> None:

@@ -23,7 +23,7 @@ from etils import epath
 import jax
 
 from transformer import files
-from transformer.data import builders
+from transformer.data import prepared
 
 # A converted run's Hugging Face source ({"from_hf": its directory, "config": its config.json}).
 CONVERTED_FROM = "converted_from.json"
@@ -84,7 +84,7 @@ def data_fingerprint(task: Any, splits: Sequence[str] | None = None) -> dict[str
     if size > DATA_HASH_LIMIT:
       out[split]["sha256"] = None
     elif shards and all(".array_record-" in p.name for p in shards):
-      records, sha = builders.prepared_records_sha256([str(p) for p in shards])
+      records, sha = prepared.prepared_records_sha256([str(p) for p in shards])
       out[split].update(records=records, records_sha256=sha)
     else:
       digest = hashlib.sha256()
