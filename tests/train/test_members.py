@@ -292,7 +292,7 @@ def test_mup_members_with_traced_learning_rates_equal_their_separate_steps():
   task = synthetic_task.ReverseTask()
   mup = {"model.parametrization": "mup", "model.mup_base_width": 8, "model.dropout_rate": 0.0,
          "model.use_bias": False}
-  cfg = loop.fill_vocab_sizes(from_configdict(_config(**mup, **{
+  cfg = start.fill_vocab_sizes(from_configdict(_config(**mup, **{
       "train.members": "train.learning_rate=1e-3;train.learning_rate=4e-3"})), task)
   configs = [m.cfg for m in members.members_of(cfg)]
   build = lambda c: (build_model(c.model), optim.make_optimizer(c.train, c.model))
@@ -301,7 +301,7 @@ def test_mup_members_with_traced_learning_rates_equal_their_separate_steps():
   one = steps.create_train_state(configs[0], model, jax.random.PRNGKey(0),
                                  {k: v[:1] for k, v in batch.items()}, tx)
   together = jax.tree.map(lambda x: np.stack([x, x]), one)
-  step = jax.jit(members.make_train_step(configs, build))
+  step = jax.jit(members.make_train_step(configs, steps.make_train_step(configs[0], model, tx)))
   alone = [one, one]
   singles = [jax.jit(steps.make_train_step(c, *build(c))) for c in configs]
   for _ in range(3):
