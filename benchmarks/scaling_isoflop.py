@@ -12,17 +12,23 @@ top one. Three stages, each through the project's own commands:
 
   python benchmarks/scaling_isoflop.py --workdir=runs/scaling_isoflop --out=docs/results
       # ~30 minutes on 2 shared cores; reruns skip finished runs (sweep.py resumes)
+  python benchmarks/scaling_isoflop.py --workdir=runs/scaling_isoflop --out=docs/results --rebuild
+      # trains nothing: the record from the finished runs (refused if a point is unfinished)
+
+The record is written whatever the fits say: an approach that cannot be fitted is recorded as
+refused with its reason (`refused`), and `goals` states each bound and whether it was met.
 
 The corpus is Tiny Shakespeare (../shared/data/tinyshakespeare.txt, pinned by its sha256 below;
 --text_file to use another copy), split 90/10 (train/validation). Writes
-OUT/scaling_isoflop/record.json, scaling.json (every run and both fits, the fit command's) and
-scaling.png beside it, and study.json (the scan's losses, each run's epochs over the training
+OUT/scaling_isoflop/record.json, scaling.json (every run and both fits) and, where both fits
+ran, scaling.png beside it, and study.json (the scan's losses, each run's epochs over the training
 split); the last line printed is the record's path.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
 import json
 import os
@@ -30,12 +36,18 @@ import platform
 import sys
 import time
 
-import commands  # benchmarks/ is the script's directory
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # this tree's transformer, not an installed one
+
+import commands  # noqa: E402  (benchmarks/ is the script's directory)
+from transformer.scaling import fits, observations, plots  # noqa: E402
 CONFIG = "configs/lm.py:isoflop"
 TEXT_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 HOLDOUT = 2e11  # configs/sweeps/isoflop.py's top budget
+SCAN_BUDGET = 5e10  # configs/sweeps/isoflop_lr.py's budget: the sweep's second
+GOALS = {"loss_within_2pct": ("loss_error", 0.02, "|predicted best loss / observed - 1| <= 0.02"),
+         "size_within_1.5x": ("size_ratio", 1.5,
+                              "max(predicted N* / observed, its inverse) <= 1.5")}
 
 
 def sha256(path: str) -> str:
@@ -88,31 +100,145 @@ def best_rate(rows: list[dict]) -> tuple[float, dict[str, float]]:
   return float(min(means, key=means.get)), means
 
 
+def unfinished(workdir: str) -> tuple[int, list[str]]:
+  """A sweep's point count (its sweep.json) and the points without a train_done.json."""
+  path = os.path.join(workdir, "sweep.json")
+  if not os.path.isfile(path):
+    raise SystemExit(f"scaling_isoflop: {path} not found (run the sweeps first, without --rebuild)")
+  with open(path) as f:
+    points = json.load(f)["points"]
+  return len(points), [p["name"] for p in points
+                       if not os.path.isfile(os.path.join(workdir, p["name"], "train_done.json"))]
+
+
+def pack_seconds(workdir: str) -> float:
+  """A sweep's training wall clock summed over its packs (results.csv's wall_seconds, which the
+  points of one pack share); the sweep ran two packs at a time."""
+  with open(os.path.join(workdir, "results.csv")) as f:
+    seconds = {(r["wall_seconds"], r["d_model"], r["dec_layers"]) for r in csv.DictReader(f)
+               if r["status"] == "done"}
+  return round(sum(float(w) for w, *_ in seconds), 1)
+
+
 def metrics(result: dict, rate: float, epochs: list[float]) -> dict[str, float]:
-  """The record's flat metrics: both fits, the held-out budget's observation and predictions."""
-  a2, a3 = result["approach2"], result["approach3"]
+  """The record's flat metrics: the fits that ran, the held-out budget's observation and each
+  fitted approach's prediction there with its 95% bootstrap interval."""
   name = next(iter(result["held_out"]))
   held, seen = result["held_out"][name], result["held_out"][name]["observed"]
   out = {"learning_rate": rate, "runs": len(result["runs"]),
          "budgets": len(result["fitted_budgets"]) + len(result["held_out_budgets"]),
          "held_out_budget_flops": float(name), "epochs_max": max(epochs),
-         "epochs_min": min(epochs), "a2_a": a2["a"], "a2_b": a2["b"], "a3_a": a3["a"],
-         "a3_b": a3["b"], "a3_alpha": a3["alpha"], "a3_beta": a3["beta"], "a3_E": a3["E"],
-         "observed_best_loss": seen["best_loss"],
+         "epochs_min": min(epochs), "observed_best_loss": seen["best_loss"],
          "observed_best_params": seen["vertex_params"] or seen["best_loss_params"]}
-  for tag, fit in (("a2", a2), ("a3", a3)):
-    p = fit["predictions"][name]
+  for tag in ("a2", "a3"):
+    fit = result["approach2" if tag == "a2" else "approach3"]
+    if "refused" in fit:
+      continue
+    for k in ("a", "b", "alpha", "beta", "E"):
+      if k in fit:
+        out[f"{tag}_{k}"] = fit[k]
+        if fit.get("intervals", {}).get(k):
+          out |= {f"{tag}_{k}_lo": fit["intervals"][k][0], f"{tag}_{k}_hi": fit["intervals"][k][1]}
+    p, check = fit["predictions"][name], held["approach2" if tag == "a2" else "approach3"]
     out |= {f"{tag}_pred_loss": p["loss"], f"{tag}_pred_params": p["n_opt"],
-            f"{tag}_pred_tokens": p["d_opt"],
-            f"{tag}_loss_error_pct": 100 * held["approach2" if tag == "a2" else "approach3"][
-                "loss_error"],
-            f"{tag}_size_ratio": held["approach2" if tag == "a2" else "approach3"]["size_ratio"]}
-    for k in ("loss", "n_opt"):
-      low_high = p["intervals"][k]
-      if low_high:
-        short = "loss" if k == "loss" else "params"
-        out |= {f"{tag}_pred_{short}_lo": low_high[0], f"{tag}_pred_{short}_hi": low_high[1]}
+            f"{tag}_pred_tokens": p["d_opt"], f"{tag}_loss_error_pct": 100 * check["loss_error"],
+            f"{tag}_size_ratio": check["size_ratio"]}
+    for k, short in (("loss", "loss"), ("n_opt", "params")):
+      if p["intervals"][k]:
+        out |= {f"{tag}_pred_{short}_lo": p["intervals"][k][0],
+                f"{tag}_pred_{short}_hi": p["intervals"][k][1]}
   return {k: round(v, 6) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def goals(result: dict) -> dict[str, dict]:
+  """Each goal's bound and, per approach, its value at the held-out budget and whether it was met
+  (a refused approach meets none)."""
+  held = next(iter(result["held_out"].values()))
+  out = {}
+  for goal, (measure, bound, text) in GOALS.items():
+    out[goal] = {"bound": bound, "test": text}
+    for name in ("approach2", "approach3"):
+      if "refused" in result[name]:
+        out[goal][name] = {"met": False, "refused": True}
+      else:
+        value = held[name][measure]
+        out[goal][name] = {"value": round(value, 6), "met": bool(held[name][goal])}
+  return out
+
+
+def seed_spread(result: dict) -> dict[str, list[float]]:
+  """The held-out budget's best loss over its seeds: [lowest, highest] at the size of its lowest
+  mean."""
+  seen = next(iter(result["held_out"].values()))["observed"]
+  losses = [r["loss"] for r in result["runs"] if r["budget"] >= HOLDOUT / 1.1
+            and r["params"] == seen["best_loss_params"]]
+  return {"observed_best_loss": [round(min(losses), 6), round(max(losses), 6)]}
+
+
+def fit(sweep_dir: str, directory: str, samples: int) -> dict:
+  """Both fits on the budgets below HOLDOUT, an approach that cannot be fitted recorded as
+  refused; writes scaling.json (and scaling.png where both ran)."""
+  obs = observations.read([sweep_dir], "eval/loss", "non_embedding")
+  result = fits.analyse(obs, HOLDOUT, (), samples, refusals=True) | {"params": "non_embedding"}
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, "scaling.json"), "w") as f:
+    json.dump(result, f, indent=1, default=lambda v: v.item())  # numpy scalars
+    f.write("\n")
+  refused = {n: result[n] for n in ("approach2", "approach3") if "refused" in result[n]}
+  if not refused:
+    plots.plot(result, os.path.join(directory, "scaling.png"))
+  for name, why in refused.items():
+    print(f"{name} refused: {why['refused']}", flush=True)
+  return result
+
+
+def sweeps(args: argparse.Namespace, data: list[str], scan_dir: str, sweep_dir: str
+           ) -> tuple[float | None, float | None]:
+  """Runs (or with --rebuild checks) the scan and the sweep; each one's wall clock, measured
+  here (None with --rebuild)."""
+  if args.rebuild:
+    for d in (scan_dir, sweep_dir):
+      total, missing = unfinished(d)
+      if missing:
+        raise SystemExit(f"scaling_isoflop: {d}: {len(missing)} of {total} points unfinished "
+                         f"({missing[0]}, ...); run without --rebuild to train them")
+      print(f"{d}: {total} points, all finished", flush=True)
+    return None, None
+  scan_wall = sweep("scan", "configs/sweeps/isoflop_lr.py", scan_dir, 6, data)
+  rate, _ = best_rate(final_losses(scan_dir))
+  sweep_wall = sweep("isoflop", "configs/sweeps/isoflop.py", sweep_dir, 2,
+                     data + [f"--config.train.learning_rate={rate!r}"])
+  return scan_wall, sweep_wall
+
+
+def record(result: dict, rate: float, epochs: list[float], data: list[str],
+           walls: tuple[float | None, ...]) -> dict:
+  """The study's record: provenance, the flat metrics, the refusals and the goals."""
+  scan_wall, sweep_wall, wall = walls
+  out = {
+      "name": "scaling_isoflop",
+      "title": "IsoFLOP study of a character LM: 4 budgets x 7 sizes x 2 seeds, the top budget "
+               "predicted from the lower three; one learning rate for all sizes, chosen by a "
+               f"scan at the second budget ({SCAN_BUDGET:g} FLOPs)",
+      "task": "character LM (Tiny Shakespeare, sha256 " + TEXT_SHA256[:12] + "...)",
+      "config": CONFIG, "overrides": data + [f"--config.train.learning_rate={rate!r}"],
+      "command": " ".join(["python", "benchmarks/scaling_isoflop.py", *sys.argv[1:]]),
+      "commit": commands.git_commit(),
+      "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU (shared)",
+      "versions": {"python": platform.python_version()} | commands.versions(
+          "jax", "flax", "scipy", "numpy"),
+      "wall_clock_s": None if wall is None else round(wall, 1),
+      "rates": {}, "metrics": metrics(result, rate, epochs),
+      "seeds": sorted({r["seed"] for r in result["runs"]}), "spread": seed_spread(result),
+      "goals": goals(result), "report": "docs/scaling.md#a-measured-isoflop-study"}
+  if scan_wall is not None:
+    out["metrics"] |= {"scan_wall_clock_s": round(scan_wall, 1),
+                       "sweep_wall_clock_s": round(sweep_wall, 1)}
+  refused = {n: {"reason": result[n]["refused"], "fitted_budgets": result[n]["budgets"]}
+             for n in ("approach2", "approach3") if "refused" in result[n]}
+  if refused:
+    out["refused"] = refused
+  return out
 
 
 def main() -> None:
@@ -122,6 +248,8 @@ def main() -> None:
   parser.add_argument("--text_file", default="../shared/data/tinyshakespeare.txt",
                       help="the corpus, relative to the repository root (where the runs start)")
   parser.add_argument("--bootstrap", type=int, default=200)
+  parser.add_argument("--rebuild", action="store_true",
+                      help="train nothing: the record from the finished runs")
   args = parser.parse_args()
   text_file = os.path.join(REPO, args.text_file)
   if not os.path.isfile(text_file):
@@ -132,48 +260,30 @@ def main() -> None:
   data = ["--config.data.dataset=text_files", f"--config.data.text_file={args.text_file}"]
   scan_dir, sweep_dir = (os.path.join(args.workdir, n) for n in ("lr_scan", "isoflop"))
   start = time.time()
-  scan_wall = sweep("scan", "configs/sweeps/isoflop_lr.py", scan_dir, 6, data)
+  scan_wall, sweep_wall = sweeps(args, data, scan_dir, sweep_dir)
   scan = final_losses(scan_dir)
   rate, means = best_rate(scan)
   print(f"learning rate {rate:g} (mean regret by rate: {means})", flush=True)
-  sweep_wall = sweep("isoflop", "configs/sweeps/isoflop.py", sweep_dir, 2,
-                     data + [f"--config.train.learning_rate={rate!r}"])
   directory = os.path.join(args.out, "scaling_isoflop")
-  fit = [sys.executable, "-m", "transformer.scaling", "fit", sweep_dir, f"--holdout={HOLDOUT:g}",
-         f"--bootstrap={args.bootstrap}", f"--out={directory}"]
-  proc = commands.run(fit, cwd=REPO)
-  if proc.returncode:
-    raise SystemExit(f"scaling_isoflop: the fit {commands.failure(proc)}")
-  print(proc.stdout, flush=True)
-  wall = time.time() - start
-  with open(os.path.join(directory, "scaling.json")) as f:
-    result = json.load(f)
+  result = fit(sweep_dir, directory, args.bootstrap)
+  wall = None if args.rebuild else time.time() - start
   with open(text_file, encoding="utf-8") as f:
     train_chars = int(0.9 * len(f.read()))
   epochs = [r["tokens"] / train_chars for r in result["runs"]]
-  record = {
-      "name": "scaling_isoflop",
-      "title": "IsoFLOP study of a character LM: 4 budgets x 7 sizes x 2 seeds, the top budget "
-               "predicted from the lower three",
-      "task": "character LM (Tiny Shakespeare, sha256 " + TEXT_SHA256[:12] + "...)",
-      "config": CONFIG, "overrides": data + [f"--config.train.learning_rate={rate!r}"],
-      "command": " ".join(["python", "benchmarks/scaling_isoflop.py", *sys.argv[1:]]),
-      "commit": commands.git_commit(),
-      "hardware": f"{os.cpu_count()}-core {platform.machine()} CPU (shared)",
-      "versions": {"python": platform.python_version()} | commands.versions(
-          "jax", "flax", "scipy", "numpy"),
-      "wall_clock_s": round(wall, 1),
-      "rates": {}, "metrics": metrics(result, rate, epochs) | {
-          "scan_wall_clock_s": round(scan_wall, 1), "sweep_wall_clock_s": round(sweep_wall, 1)},
-      "seeds": [0, 1], "report": "docs/scaling.md#a-measured-isoflop-study"}
-  study = {"learning_rate_scan": scan, "mean_regret_by_rate": means, "fit_command": " ".join(
-      ["python", *fit[1:]]), "epochs": {r["path"]: e for r, e in zip(result["runs"], epochs)},
-      "train_chars": train_chars, "text_sha256": TEXT_SHA256}
-  for name, content in (("record.json", record), ("study.json", study)):
+  rec = record(result, rate, epochs, data, (scan_wall, sweep_wall, wall))
+  rec["metrics"] |= {"lr_scan_budget_flops": SCAN_BUDGET, "lr_scan_runs": len(scan),
+                     "lr_scan_pack_seconds": pack_seconds(scan_dir),
+                     "sweep_pack_seconds": pack_seconds(sweep_dir)}
+  study = {"learning_rate_scan": scan, "mean_regret_by_rate": means,
+           "fit": f"transformer.scaling.fits.analyse({sweep_dir!r}'s runs, holdout={HOLDOUT:g}, "
+                  f"samples={args.bootstrap}, refusals=True)",
+           "epochs": {r["path"]: e for r, e in zip(result["runs"], epochs)},
+           "train_chars": train_chars, "text_sha256": TEXT_SHA256}
+  for name, content in (("record.json", rec), ("study.json", study)):
     with open(os.path.join(directory, name), "w") as f:
       json.dump(content, f, indent=1)
       f.write("\n")
-  print(json.dumps(record["metrics"]))
+  print(json.dumps(rec["metrics"]))
   print(os.path.join(directory, "record.json"))
 
 

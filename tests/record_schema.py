@@ -8,4 +8,6 @@ REQUIRED = {
     "versions": (dict, type(None)), "wall_clock_s": (int, float, type(None)), "rates": (dict,),
     "metrics": (dict,), "seeds": (list,), "report": (str,),
 }
-OPTIONAL = {"spread": (dict,)}
+# goals: {goal: {"bound": ..., "test": str, <approach>: {"met": bool, ...}}}; refused: {<approach>:
+# {"reason": str, ...}} (a fit that could not be made, recorded instead of dropped)
+OPTIONAL = {"spread": (dict,), "goals": (dict,), "refused": (dict,)}

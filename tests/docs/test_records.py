@@ -82,6 +82,13 @@ def test_record(path):
   for key, (lo, hi) in rec.get("spread", {}).items():
     assert key in rec["metrics"], f"{where}: spread of {key!r}, which is not a metric"
     assert lo <= rec["metrics"][key] <= hi, f"{where}: {key} outside its spread"
+  for goal, entry in rec.get("goals", {}).items():
+    assert "bound" in entry, f"{where}: goal {goal!r} states no bound"
+    for approach, outcome in entry.items():
+      if isinstance(outcome, dict):
+        assert isinstance(outcome.get("met"), bool), f"{where}: {goal}/{approach}: no met"
+  for approach, why in rec.get("refused", {}).items():
+    assert isinstance(why.get("reason"), str), f"{where}: {approach} refused without a reason"
   if rec["commit"] is not None:
     assert re.fullmatch(r"[0-9a-f]{40}", rec["commit"]), f"{where}: commit {rec['commit']!r}"
   report, _, frag = rec["report"].partition("#")

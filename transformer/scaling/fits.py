@@ -104,9 +104,11 @@ def check(prediction: dict[str, Any], seen: dict[str, Any]) -> dict[str, Any]:
 
 
 def analyse(obs: Observations, holdout: float = 0.0, predict: Sequence[float] = (),
-            samples: int = 100, seed: int = 0) -> dict[str, Any]:
+            samples: int = 100, seed: int = 0, refusals: bool = False) -> dict[str, Any]:
   """scaling.json's content: both fits on the budgets below `holdout` (all if 0), predictions
-  at the held-out budgets and at `predict`, each held-out prediction checked."""
+  at the held-out budgets and at `predict`, each held-out prediction checked. An approach that
+  cannot be fitted raises its ValueError, or with `refusals` is {"refused": why, "budgets": the
+  fitted ones} and its held-out checks are left out."""
   held = [b for b in obs.budgets if holdout and b >= holdout / 1.1]
   fitted = [b for b in obs.budgets if b not in held]
   if len(fitted) < 2:
@@ -120,13 +122,19 @@ def analyse(obs: Observations, holdout: float = 0.0, predict: Sequence[float] = 
       "metric": obs.metric, "fitted_budgets": fitted, "held_out_budgets": held,
       "flops_per_token": {"k": k, "e": e},
       "runs": [dataclasses.asdict(r) for r in obs.runs], "left_out": list(obs.left_out),
-      "approach2": _approach2(data, f, samples, seed, budgets),
-      "approach3": _approach3(data, f, samples, seed, budgets), "held_out": {}}
+      "held_out": {}}
+  for name, approach in (("approach2", _approach2), ("approach3", _approach3)):
+    try:
+      result[name] = approach(data, f, samples, seed, budgets)
+    except ValueError as error:
+      if not refusals:
+        raise
+      result[name] = {"refused": str(error).splitlines()[0], "budgets": fitted}
   for c in held:
     seen = observed(obs, c)
     result["held_out"][key(c)] = {"observed": seen} | {
         name: check(result[name]["predictions"][key(c)], seen)
-        for name in ("approach2", "approach3")}
+        for name in ("approach2", "approach3") if "refused" not in result[name]}
   return result
 
 
