@@ -23,6 +23,10 @@ from transformer.run.checkpoints import Checkpointer
 from transformer.run.digests import check_tokenizers, read_step_meta, verify_step
 
 PARAMS_CHOICES = ("auto", "ema", "raw")  # read_params: which parameters of a checkpoint
+# Keys added to format 1 after runs were saved with it, each with the value that reproduces such a
+# run: a saved config without the key gets it (the standard parametrization before µP existed).
+ADDED_KEYS = {"model": {"parametrization": "standard", "mup_base_width": 0,
+                        "mup_base_head_dim": 0}}
 
 
 class EvaluationError(ValueError):
@@ -53,6 +57,9 @@ def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Co
     raise EvaluationError(f"{path}: not a JSON config ({_first_line(e)})") from None
   if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
     raise EvaluationError(f"{path}: not a run's config (no 'model' section)")
+  for section, keys in ADDED_KEYS.items():
+    if isinstance(saved.get(section), dict):
+      saved[section] = keys | saved[section]
   if problem := config_lib.format_problem(saved, path):
     raise EvaluationError(problem)
   cd = ml_collections.ConfigDict(saved)
