@@ -24,9 +24,12 @@ from transformer.run.digests import check_tokenizers, read_step_meta, verify_ste
 
 PARAMS_CHOICES = ("auto", "ema", "raw")  # read_params: which parameters of a checkpoint
 # Keys added to format 1 after runs were saved with it, each with the value that reproduces such a
-# run: a saved config without the key gets it (the standard parametrization before µP existed).
+# run: a saved config without the key gets it (the standard parametrization before µP existed, no
+# harness tasks before the harness was wired in).
 ADDED_KEYS = {"model": {"parametrization": "standard", "mup_base_width": 0,
-                        "mup_base_head_dim": 0}}
+                        "mup_base_head_dim": 0},
+              "eval": {"harness_tasks": "", "harness_every_steps": 0, "harness_limit": 0,
+                       "harness_include_path": ""}}
 
 
 class EvaluationError(ValueError):
