@@ -812,7 +812,7 @@ CASES = [
     Case("metrics.jsonl row cut short, resume", "resume", "ok", metrics_row_cut_short,
          check=_metrics_readable, may_change=RESUME + ("run/metrics.jsonl",)),
 ]
-# issue 61: readers of metrics.jsonl, resume of a changed meaning, inputs, the one write guard
+# Beyond checkpoints and training: metrics.jsonl readers, changed meanings, inputs, the write guard
 CASES += [Case(name, item, expect, setup, culprit, check, may_change=may_change)
           for name, item, expect, setup, culprit, check, may_change in adversarial_surfaces.CASES]
 

@@ -1,5 +1,5 @@
-"""The adversarial campaign's cases on the surfaces added after the checkpoint and training paths
-(issue 61): readers of metrics.jsonl, resume of a changed model or data file, inputs checked where
+"""The adversarial campaign's cases beyond the checkpoint and training paths: readers of
+metrics.jsonl, resume of a changed model or data file, inputs checked where
 they enter, the one write guard. Each function stages its case in `ctx` (benchmarks/
 adversarial.py's Context: `dir`, `run`, `config`) and returns the command's argv; `CASES` holds
 their rows as data, read by adversarial.py."""

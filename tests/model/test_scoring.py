@@ -34,7 +34,7 @@ def test_in_training_metrics_are_what_the_evaluation_logs():
   naming another (checkpoint.keep_best_by='eval/wr') is one ConfigError listing them."""
   from configs import base, classify  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
-  from transformer.train import loop  # pylint: disable=g-import-not-at-top
+  from transformer.train import start  # pylint: disable=g-import-not-at-top
   cd = base.get_config()
   seq2seq = scoring.in_training_metrics(from_configdict(cd))
   assert seq2seq[:4] == ["eval/loss", "eval/accuracy", "eval/perplexity", "eval/scored_tokens"]
@@ -47,4 +47,4 @@ def test_in_training_metrics_are_what_the_evaluation_logs():
   cd.checkpoint.keep_best_by = "eval/wr"
   with pytest.raises(ConfigError, match=r"^checkpoint.keep_best_by='eval/wr' is not a metric this "
                      r"config's in-training evaluations log; they log eval/loss, "):
-    loop.check_loop_config(from_configdict(cd))
+    start.check_loop_config(from_configdict(cd))
