@@ -126,11 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                    "python": platform.python_version()},
       "wall_clock_s": round(time.time() - start, 1), "rates": {}, "metrics": metrics,
       "seeds": [0], "report": "docs/evaluation.md#a-harness-curve-during-training"}
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "record.json"), "w") as f:
-    json.dump(record, f, indent=1)
-    f.write("\n")
-  print(f"wrote {os.path.join(args.out, 'record.json')}")
+  print(f"wrote {commands.write_record(args.out, record)}")
   return 0
 
 
