@@ -78,3 +78,15 @@ def write_record(directory: str, record: dict[str, Any], log: str | None = None)
     with open(os.path.join(directory, "log.txt"), "w", encoding="utf-8") as f:
       f.write(log)
   return path
+
+
+def check_study_args(parser: Any, extra: Sequence[str], text_file: str, out: str) -> None:
+  """A training study's arguments: only --config.* flags pass on to train.py, `text_file` exists
+  and `out` is fresh; otherwise the parser's one-line error."""
+  bad = [e for e in extra if not e.startswith("--config.")]
+  if bad:
+    parser.error(f"unknown arguments {bad} (only --config.* flags pass on to train.py)")
+  if not os.path.isfile(text_file):
+    parser.error(f"--text_file={text_file}: no such file")
+  if os.path.exists(out) and os.listdir(out):
+    parser.error(f"--out={out} is not empty; use a fresh directory")

@@ -87,13 +87,7 @@ def main() -> None:
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--smoke", action="store_true", help="1 seed, 4 steps; record in --out")
   args, extra = parser.parse_known_args()
-  bad = [e for e in extra if not e.startswith("--config.")]
-  if bad:
-    parser.error(f"unknown arguments {bad} (only --config.* flags pass on to train.py)")
-  if not os.path.isfile(args.text_file):
-    parser.error(f"--text_file={args.text_file}: no such file")
-  if os.path.exists(args.out) and os.listdir(args.out):
-    parser.error(f"--out={args.out} is not empty; use a fresh directory")
+  commands.check_study_args(parser, extra, args.text_file, args.out)
   seeds = list(range(1 if args.smoke else args.seeds))
   overrides = ["--config.data.dataset=text_files",
                f"--config.data.text_file={os.path.abspath(args.text_file)}",

@@ -149,13 +149,7 @@ def _arguments() -> tuple[argparse.Namespace, list[str]]:
   parser.add_argument("--reuse", default="", help="an earlier --out of the same settings: its "
                       "finished programs (<parametrization>_d<width>) are read, not rerun")
   args, extra = parser.parse_known_args()
-  bad = [e for e in extra if not e.startswith("--config.")]
-  if bad:
-    parser.error(f"unknown arguments {bad} (only --config.* flags pass on to train.py)")
-  if not os.path.isfile(args.text_file):
-    parser.error(f"--text_file={args.text_file}: no such file")
-  if os.path.exists(args.out) and os.listdir(args.out):
-    parser.error(f"--out={args.out} is not empty; use a fresh directory")
+  commands.check_study_args(parser, extra, args.text_file, args.out)
   return args, extra
 
 
