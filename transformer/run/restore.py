@@ -23,13 +23,12 @@ from transformer.run.checkpoints import Checkpointer
 from transformer.run.digests import check_tokenizers, read_step_meta, verify_step
 
 PARAMS_CHOICES = ("auto", "ema", "raw")  # read_params: which parameters of a checkpoint
-# Keys added to format 1 after runs were saved with it, each with the value that reproduces such a
-# run: a saved config without the key gets it (the standard parametrization before µP existed, no
-# harness tasks before the harness was wired in).
-ADDED_KEYS = {"model": {"parametrization": "standard", "mup_base_width": 0,
-                        "mup_base_head_dim": 0},
-              "eval": {"harness_tasks": "", "harness_every_steps": 0, "harness_limit": 0,
-                       "harness_include_path": ""}}
+# Keys added to format 1 after runs were saved with it, whose schema default reproduces such a
+# run: a saved config without the key gets the default (the standard parametrization before µP
+# existed, no harness tasks before the harness was wired in).
+ADDED_KEYS = {"model": ("parametrization", "mup_base_width", "mup_base_head_dim"),
+              "eval": ("harness_tasks", "harness_every_steps", "harness_limit",
+                       "harness_include_path")}
 
 
 class EvaluationError(ValueError):
@@ -62,7 +61,8 @@ def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Co
     raise EvaluationError(f"{path}: not a run's config (no 'model' section)")
   for section, keys in ADDED_KEYS.items():
     if isinstance(saved.get(section), dict):
-      saved[section] = keys | saved[section]
+      defaults = getattr(schema.Config(), section)
+      saved[section] = {k: getattr(defaults, k) for k in keys} | saved[section]
   if problem := config_lib.format_problem(saved, path):
     raise EvaluationError(problem)
   cd = ml_collections.ConfigDict(saved)
