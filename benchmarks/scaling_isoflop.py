@@ -44,7 +44,7 @@ from transformer.scaling import fits, observations, plots  # noqa: E402
 CONFIG = "configs/lm.py:isoflop"
 TEXT_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 HOLDOUT = 2e11  # configs/sweeps/isoflop.py's top budget
-SCAN_BUDGET = 5e10  # configs/sweeps/isoflop_lr.py's budget: the sweep's second
+SCAN_BUDGET = 2.5e10  # configs/sweeps/isoflop_lr.py's budget: the sweep's smallest
 GOALS = {"loss_within_2pct": ("loss_error", 0.02, "|predicted best loss / observed - 1| <= 0.02"),
          "size_within_1.5x": ("size_ratio", 1.5,
                               "max(predicted N* / observed, its inverse) <= 1.5")}
@@ -204,7 +204,7 @@ def sweeps(args: argparse.Namespace, data: list[str], scan_dir: str, sweep_dir: 
                          f"({missing[0]}, ...); run without --rebuild to train them")
       print(f"{d}: {total} points, all finished", flush=True)
     return None, None
-  scan_wall = sweep("scan", "configs/sweeps/isoflop_lr.py", scan_dir, 6, data)
+  scan_wall = sweep("scan", "configs/sweeps/isoflop_lr.py", scan_dir, 5, data)
   rate, _ = best_rate(final_losses(scan_dir))
   sweep_wall = sweep("isoflop", "configs/sweeps/isoflop.py", sweep_dir, 2,
                      data + [f"--config.train.learning_rate={rate!r}"])

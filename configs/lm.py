@@ -49,6 +49,7 @@ def get_config(arg: str = "char"):
                      moe_expert_ffn="gelu", moe_capacity_factor=1.25)
     if variant == "isoflop":  # every run evaluates once, at its end, on all of validation
       c.data.update(batch_size=16)  # configs/sweeps/isoflop.py sets each shape and its steps
+      c.model.update(parametrization="mup", mup_base_width=16)  # one rate for every width
       c.train.update(learning_rate=1.6e-2)  # configs/sweeps/isoflop_lr.py's pick
       c.eval.update(every_steps=10**9, num_batches=0)
       c.checkpoint.update(every_steps=1000, keep=1)

@@ -2,10 +2,12 @@ r"""IsoFLOP sweep of a decoder-only LM: 4 compute budgets (2.5e10 to 2e11 traini
 apart) x 5 model sizes x seeds 0 and 1 (transformer/scaling/isoflop.py: the shape rule, the
 steps that spend each budget, warmup and decay scaled with the run).
 
-Sizes are spaced 1.7x in non-embedding parameters (an 8x window per budget), centred where a run
-sees 10 tokens per parameter, so that no run reads Tiny Shakespeare's training split more than 4
-times; shapes have d_model / layers = 16 (within a factor 2: of those, d_model a multiple of 4, the
-one nearest the target) and 4 heads. docs/scaling.md's study runs it so
+Sizes are spaced 1.5x in non-embedding parameters (an 11x window per budget), centred on
+N = sqrt(C / (6 x 150)), where these character models' optimum lies (100 to 400 tokens per
+parameter), so that each budget's window brackets its vertex and no run reads Tiny Shakespeare's
+training split more than 4 times; every shape has 2 layers and 2 heads (d_model even, the one
+nearest the target): width is the one axis, the one µP transfers a learning rate along
+(configs/lm.py:isoflop is µP at base width 16). docs/scaling.md's study runs it so
 (benchmarks/scaling_isoflop.py holds the command):
 
   python sweep.py --config=configs/lm.py:isoflop --sweep=configs/sweeps/isoflop.py \
@@ -17,8 +19,8 @@ one nearest the target) and 4 heads. docs/scaling.md's study runs it so
 from transformer.scaling import isoflop
 
 BUDGETS = tuple(2.5e10 * 2 ** i for i in range(4))
-LADDER = isoflop.Ladder(aspect_ratio=16, mlp_ratio=4, num_heads=4)
-SIZES = dict(num_sizes=7, spacing=1.7, tokens_per_param=10.0 * 1.7 ** 2)
+LADDER = isoflop.Ladder(num_layers=2, mlp_ratio=4, num_heads=2)
+SIZES = dict(num_sizes=7, spacing=1.5, tokens_per_param=150.0)
 SEEDS = (0, 1)
 VOCAB_SIZE = 69  # the char tokenizer of Tiny Shakespeare: 65 characters and 4 special tokens
 

@@ -67,3 +67,13 @@ def test_fixed_heads_give_widths_in_steps_of_the_heads():
   estimates = [ladder.estimate(s.d_model, s.num_layers) for s in shapes]
   assert all(abs(math.log(e / n)) < math.log(1.12) for e, n in zip(estimates, (7e3, 1.2e4, 2e4,
                                                                                 3.5e4, 6e4)))
+
+
+def test_fixed_depth_ladder_varies_width_only():
+  ladder = isoflop.Ladder(num_layers=2, mlp_ratio=4, num_heads=2)
+  targets = (1.5e3, 5e3, 2e4, 5e4, 1e6)
+  shapes = [ladder.shape_for(n) for n in targets]
+  assert all(s.num_layers == 2 and s.num_heads == 2 and s.d_model % 2 == 0 for s in shapes)
+  for shape, target in zip(shapes, targets):  # the even width nearest the target
+    nearest = min(range(2, 1000, 2), key=lambda d: abs(math.log(24 * d * d / target)))
+    assert shape.d_model == nearest

@@ -4,7 +4,8 @@ trained for the steps that spend the budget.
 Shapes (`Ladder.shape_for`): non-embedding parameters N ~ (4 + 2 r) L d^2 (attention's four d x d
 matrices, an FFN of two d x r d matrices, three where choices.FFNS says it is gated) for depth L,
 width d, mlp_dim = r d, heads of `head_dim`. For a target N: of the widths that are multiples of
-head_dim with d / L within a factor 2 of `aspect_ratio`, the (d, L) whose estimate is nearest N.
+head_dim with d / L within a factor 2 of `aspect_ratio` (or, with a fixed `num_layers`, at that
+depth: the ladder µP transfers a learning rate along), the (d, L) whose estimate is nearest N.
 Sizes per budget (`sizes_for`): `num_sizes` targets spaced by the factor `spacing`, centred
 (geometrically) on N_c = sqrt(C / (6 k)), where a model trained on k = tokens_per_param tokens per
 parameter spends C = 6 N D (Chinchilla's k = 20 is a prior, not a fit). Steps (`run_for`): num_steps
@@ -44,14 +45,15 @@ class Shape:
 
 @dataclasses.dataclass(frozen=True)
 class Ladder:
-  """The shape rule: fixed aspect ratio d / L, heads of head_dim (or a fixed `num_heads`, d a
-  multiple of it), mlp_dim = mlp_ratio x d; a `gated` FFN (plan sets it from choices.FFNS) has
-  three matrices."""
+  """The shape rule: fixed aspect ratio d / L (or a fixed depth `num_layers`), heads of head_dim
+  (or a fixed `num_heads`, d a multiple of it), mlp_dim = mlp_ratio x d; a `gated` FFN (plan sets
+  it from choices.FFNS) has three matrices."""
   aspect_ratio: float = 32.0
   head_dim: int = 16
   mlp_ratio: int = 4
   gated: bool = False
   num_heads: int = 0  # 0: d / head_dim heads
+  num_layers: int = 0  # 0: the depth follows the aspect ratio; else every shape has this depth
 
   def estimate(self, d_model: int, num_layers: int) -> int:
     """Non-embedding parameters of a shape under the rule's estimate (4 + m r) L d^2, m the FFN's
@@ -60,17 +62,17 @@ class Ladder:
 
   def shape_for(self, params: float) -> Shape:
     """Of the shapes with d a multiple of head_dim (of num_heads, if set) and d / L within a
-    factor 2 of the aspect ratio, the one whose estimated parameters are nearest `params` (in
-    ratio; ties: the one nearest the aspect ratio)."""
+    factor 2 of the aspect ratio (L = num_layers, if set), the one whose estimated parameters are
+    nearest `params` (in ratio; ties: the one nearest the aspect ratio)."""
     if params <= 0:
       raise ValueError(f"a model of {params} parameters has no shape")
     step = self.num_heads or self.head_dim
     candidates = []
-    for layers in range(1, 257):
+    for layers in [self.num_layers] if self.num_layers else range(1, 257):
       d = max(step, round(math.sqrt(params / self.estimate(1, layers)) / step) * step)
       for width in (d - step, d, d + step):
         ratio = width / layers
-        if width >= step and 0.5 <= ratio / self.aspect_ratio <= 2:
+        if width >= step and (self.num_layers or 0.5 <= ratio / self.aspect_ratio <= 2):
           candidates.append((abs(math.log(self.estimate(width, layers) / params)),
                              abs(math.log(ratio / self.aspect_ratio)), width, layers))
     if not candidates:
