@@ -1,9 +1,9 @@
 r"""A CPU-sized IsoFLOP study of a character LM: fit scaling laws on the lower budgets, predict the
 top one. Three stages, each through the project's own commands:
 
-  1. the learning-rate scan (configs/sweeps/isoflop_lr.py: 5 shapes x 4 rates on 5e10 FLOPs, 2
-     shapes at a fifth); the rate of the lowest mean regret (final validation loss minus the
-     best of its shape) is the study's;
+  1. the learning-rate scan (configs/sweeps/isoflop_lr.py: the smallest budget's smallest, middle
+     and largest sizes x 5 rates, under µP); the rate of the lowest mean regret (final validation
+     loss minus the best of its shape) is the study's, for every size and budget;
   2. the IsoFLOP sweep (configs/sweeps/isoflop.py: 4 budgets x 7 sizes x seeds 0, 1; the seeds of
      a size packed as members) at that rate;
   3. `python -m transformer.scaling fit SWEEP --holdout=<top budget>`: Approach 2 and Approach 3
@@ -11,7 +11,7 @@ top one. Three stages, each through the project's own commands:
      against its runs (goals: loss within 2%, size within 1.5x).
 
   python benchmarks/scaling_isoflop.py --workdir=runs/scaling_isoflop --out=docs/results
-      # ~30 minutes on 2 shared cores; reruns skip finished runs (sweep.py resumes)
+      # ~25 minutes on 2 shared cores; reruns skip finished runs (sweep.py resumes)
   python benchmarks/scaling_isoflop.py --workdir=runs/scaling_isoflop --out=docs/results --rebuild
       # trains nothing: the record from the finished runs (refused if a point is unfinished)
 
@@ -218,9 +218,10 @@ def record(result: dict, rate: float, epochs: list[float], data: list[str],
   out = {
       "name": "scaling_isoflop",
       "title": "IsoFLOP study of a character LM: 4 budgets x 7 sizes x 2 seeds, the top budget "
-               "predicted from the lower three; one learning rate for all sizes, chosen by a "
-               f"scan at the second budget ({SCAN_BUDGET:g} FLOPs)",
-      "task": "character LM (Tiny Shakespeare, sha256 " + TEXT_SHA256[:12] + "...)",
+               "predicted from the lower three; µP, one learning rate for every width, chosen "
+               f"by a scan at the smallest budget ({SCAN_BUDGET:g} FLOPs)",
+      "task": f"Character LM (tiny Shakespeare, sha256 {TEXT_SHA256[:8]}), IsoFLOP fits to "
+              f"{HOLDOUT:g} FLOPs held out",
       "config": CONFIG, "overrides": data + [f"--config.train.learning_rate={rate!r}"],
       "command": " ".join(["python", "benchmarks/scaling_isoflop.py", *sys.argv[1:]]),
       "commit": commands.git_commit(),

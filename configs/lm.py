@@ -7,7 +7,8 @@ or any local text file: add `--config.data.dataset=text_files --config.data.text
   nanogpt_cpu     nanoGPT's CPU settings (a 4-layer model, short blocks, small batches).
   bpe             `char` with a SentencePiece BPE vocabulary.
   moe, moe_dense  `nanogpt_cpu` with 8 GELU experts of 256, top-2; its dense twin (docs/moe.md).
-  isoflop         `nanogpt_cpu`'s recipe for IsoFLOP sweeps, lr 1.6e-2 (docs/scaling.md).
+  isoflop         `nanogpt_cpu`'s recipe for IsoFLOP sweeps, µP at base width 16, lr 3.2e-2
+                  (docs/scaling.md).
 
   python train.py --config=configs/lm.py:nanogpt_cpu --workdir=runs/shakespeare_char \
       --config.data.dataset=text_files --config.data.text_file=/path/to/tinyshakespeare.txt
@@ -50,7 +51,7 @@ def get_config(arg: str = "char"):
     if variant == "isoflop":  # every run evaluates once, at its end, on all of validation
       c.data.update(batch_size=16)  # configs/sweeps/isoflop.py sets each shape and its steps
       c.model.update(parametrization="mup", mup_base_width=16)  # one rate for every width
-      c.train.update(learning_rate=1.6e-2)  # configs/sweeps/isoflop_lr.py's pick
+      c.train.update(learning_rate=3.2e-2)  # configs/sweeps/isoflop_lr.py's pick
       c.eval.update(every_steps=10**9, num_batches=0)
       c.checkpoint.update(every_steps=1000, keep=1)
   else:

@@ -99,7 +99,7 @@ def test_readme_table_is_the_generated_one():
   number changes fails this test until the README is regenerated), within the row budget."""
   with open(README, encoding="utf-8") as f:
     _, written, _ = results_table.split_readme(f.read())
-  assert len(results_table.ROWS) <= 15
+  assert len(results_table.ROWS) <= 16
   generated = results_table.table()
   assert written == generated, results_table.difference(written, generated)
 

@@ -5,6 +5,7 @@ interval and the held-out budgets' observed vertices, and Approach 3's residuals
 from typing import Any, Mapping
 
 import matplotlib
+import matplotlib.ticker
 import numpy as np
 
 
@@ -83,6 +84,9 @@ def plot(result: Mapping[str, Any], save_path: str) -> None:
   isoflop_panel(axes[0], result)
   frontier_panel(axes[1], result)
   residual_panel(axes[2], result)
+  for ax in axes:  # a log axis spanning under a decade labels its minor ticks, which collide
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  axes[1].yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
   fig.tight_layout()
   fig.savefig(save_path, dpi=110)
   plt.close(fig)
