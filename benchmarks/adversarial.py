@@ -42,6 +42,7 @@ from typing import Any, Callable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
+import adversarial_conversion  # noqa: E402  (benchmarks/, the script's directory)
 import adversarial_surfaces  # noqa: E402  (benchmarks/, the script's directory)
 
 OUTCOMES = ("ok", "clear error", "unclear error", "traceback", "hang", "silent corruption",
@@ -814,7 +815,8 @@ CASES = [
 ]
 # Beyond checkpoints and training: metrics.jsonl readers, changed meanings, inputs, the write guard
 CASES += [Case(name, item, expect, setup, culprit, check, may_change=may_change)
-          for name, item, expect, setup, culprit, check, may_change in adversarial_surfaces.CASES]
+          for name, item, expect, setup, culprit, check, may_change in adversarial_surfaces.CASES
+          + adversarial_conversion.CASES]
 
 
 # ----------------------------------------------------------------------------- running

@@ -1,6 +1,7 @@
 """transformer.convert's export directory: never overwritten without --overwrite, never a run's own
 workdir, each file replaced whole, files it does not write kept, a failed export leaving the old
-files as they were; --from_hf never replaces a run."""
+files as they were; --from_hf never replaces a run or a user's file, never writes inside a run,
+and names a config.json that is no JSON object or is one of our runs'."""
 
 import errno
 import json
@@ -110,6 +111,50 @@ def test_from_hf_into_a_workdir_holding_a_run_is_refused_before_reading(tmp_path
   before = _contents(run)
   status = convert.main([f"--from_hf={tmp_path / 'no_hf'}", f"--workdir={run}"])
   err = capsys.readouterr().err.strip().splitlines()
-  assert status == 1 and err == [f"error: --workdir={run} already holds a run; give a new "
-                                 "directory"], err
+  assert status == 1 and err == [f"error: --workdir={run} already holds config.json; give a "
+                                 "new directory"], err
   assert _contents(run) == before
+  (run / "provenance.json").write_text("{}")  # now a run's files
+  assert convert.main([f"--from_hf={tmp_path / 'no_hf'}", f"--workdir={run}"]) == 1
+  assert "already holds a run;" in capsys.readouterr().err
+
+
+def _refused(argv, capsys) -> str:
+  """The one error line of convert.main(argv), which must exit 1."""
+  status = convert.main(argv)
+  err = capsys.readouterr().err.strip().splitlines()
+  assert status == 1 and len(err) == 1, err
+  return err[0]
+
+
+def test_from_hf_refuses_a_users_file_and_a_folder_inside_a_run(tmp_path, capsys):
+  """--workdir naming a file, or a folder inside a run's workdir (it used to convert into
+  RUN/checkpoints/x), is refused before the Hugging Face directory is read; nothing written."""
+  (tmp_path / "notes.txt").write_text("mine")
+  err = _refused([f"--from_hf={tmp_path / 'no_hf'}", f"--workdir={tmp_path / 'notes.txt'}"],
+                 capsys)
+  assert "notes.txt is a file, not a directory" in err, err
+  assert (tmp_path / "notes.txt").read_text() == "mine"
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  inside = run / "checkpoints" / "converted"
+  err = _refused([f"--from_hf={tmp_path / 'no_hf'}", f"--workdir={inside}"], capsys)
+  assert f"is inside the run {run}" in err and not inside.exists(), err
+
+
+@pytest.mark.parametrize("text,named", [
+    ('{"model_type": "gpt2",\n', "config.json:2: not valid JSON"),
+    ("[1, 2]", "config.json: holds a JSON list, not an object"),
+    (b"\xff\xfe{}", "config.json: not UTF-8 text"),
+    ('{"model": {"arch": "decoder_only"}, "data": {}}', "is a run's workdir, not a Hugging Face "
+     "directory (export it: --workdir="),
+])
+def test_a_config_json_that_is_no_hugging_face_config_is_named(tmp_path, capsys, text, named):
+  """config.json that is not JSON, not an object, not text, or our own run's: one line naming the
+  file (these were a bare JSON message, a traceback, or 'model_type=None is not supported')."""
+  hf = tmp_path / "hf"
+  hf.mkdir()
+  (hf / "config.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+  err = _refused([f"--from_hf={hf}", f"--workdir={tmp_path / 'out'}"], capsys)
+  assert named in err, err
+  assert not (tmp_path / "out").exists()

@@ -1,8 +1,9 @@
 """What every conversion checks of what it reads (transformer/convert/checks.py, run by
 common.params_of for every family): a config with fewer layers than the weights, a tensor of
 another shape, a tensor no parameter reads, a non-finite tensor, a sharded or foreign checkpoint,
-special-token ids outside the vocabulary, and on export a non-finite parameter. Each is one
-line naming the tensor or key, exit 1, and nothing written.
+special-token ids outside the vocabulary or on tokens that tokenizer.json (or
+tokenizer_config.json) does not give that role, an unreadable tokenizer.json, and on export a
+non-finite parameter. Each is one line naming the tensor or key, exit 1, and nothing written.
 
 Offline: each family's tiny random Hugging Face model as its own test module builds it
 (test_gpt2's tokenizer, test_t5's, test_bert's, test_llama's, test_mixtral's, test_vit's),
@@ -212,3 +213,55 @@ def test_export_of_a_non_finite_parameter_is_refused_naming_it(saved, tmp_path, 
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "decoder.layers_1.ffn.wo.kernel" in err[0], err
   assert not (tmp_path / "hf" / "model.safetensors").exists()
+
+
+def _edit_json(path, edit) -> None:
+  data = json.loads(path.read_text())
+  edit(data)
+  path.write_text(json.dumps(data))
+
+
+def _swap_bos_eos(spec) -> None:
+  vocab, added = spec["model"]["vocab"], {t["content"]: t for t in spec["added_tokens"]}
+  vocab["<s>"], vocab["</s>"] = vocab["</s>"], vocab["<s>"]
+  added["<s>"]["id"], added["</s>"]["id"] = added["</s>"]["id"], added["<s>"]["id"]
+
+
+def test_special_token_ids_on_tokens_of_another_role_are_named(saved, tmp_path, capsys):
+  """config.json's ids against tokenizer.json's special tokens (they used to convert silently,
+  our EOS then an ordinary word): an EOS id on an ordinary token; <s> and </s> swapped in
+  tokenizer.json; tokenizer_config.json naming another EOS than config.json's."""
+  ordinary = edited(saved("gpt2"), tmp_path / "ordinary", config=lambda hf: hf.update(
+      eos_token_id=9))
+  err = refused(ordinary, tmp_path, capsys)
+  assert "config.json: eos_token_id=9, but tokenizer.json's id 9 is" in err, err
+  assert "not one of its special tokens" in err, err
+  swapped = edited(saved("llama"), tmp_path / "swapped")
+  _edit_json(tmp_path / "swapped" / "tokenizer.json", _swap_bos_eos)
+  assert ("bos_token_id=1, but tokenizer.json's id 1 is '</s>', no BOS token"
+          in refused(swapped, tmp_path, capsys))
+  named = edited(saved("llama"), tmp_path / "named")
+  (tmp_path / "named" / "tokenizer_config.json").write_text(json.dumps(
+      {"bos_token": {"content": "<s>"}, "eos_token": "<unk>"}))
+  assert ("eos_token_id=2, but tokenizer_config.json's eos_token '<unk>' is id 0"
+          in refused(named, tmp_path, capsys))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "t5", "bert", "llama", "mixtral"])
+def test_every_familys_own_special_tokens_pass(family, saved):
+  """The check reads each family's real layout (GPT-2's one <|endoftext|>, T5's <pad> </s>,
+  BERT's [PAD], Llama's <s> </s>) as agreeing."""
+  from transformer.convert import checks  # pylint: disable=g-import-not-at-top
+  from transformer.data import tokenizers  # pylint: disable=g-import-not-at-top
+  directory = saved(family)
+  hf = json.loads(open(os.path.join(directory, "config.json")).read())
+  checks.check_special_tokens(hf, tokenizers.read_hf_tokenizer(directory), {
+      "bos_token": "<s>", "eos_token": {"content": "</s>"}} if family == "llama" else None)
+
+
+def test_a_tokenizer_json_that_is_no_tokenizer_is_named(saved, tmp_path, capsys):
+  """tokenizer.json holding JSON that `tokenizers` cannot read (a traceback before)."""
+  directory = edited(saved("bert"), tmp_path / "hf")
+  (tmp_path / "hf" / "tokenizer.json").write_text("{}")
+  err = refused(directory, tmp_path, capsys)
+  assert "tokenizer.json: not a Hugging Face tokenizers tokenizer.json (" in err, err

@@ -78,7 +78,10 @@ def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   path = os.path.join(directory, "config.json")
   if not files.exists(path):
     raise ConvertError(f"--from_hf={directory}: no config.json (a Hugging Face model directory?)")
-  hf = json.loads(files.read_text(path))
+  hf = _json_object(path)
+  if "model_type" not in hf and isinstance(hf.get("model"), dict):  # our workdir's config.json
+    raise ConvertError(f"--from_hf={directory} is a run's workdir, not a Hugging Face directory "
+                       f"(export it: --workdir={directory} --to_hf=DIR)")
   family_of_hf(hf).model_overrides(hf, None)  # an unsupported config is reported before any weight
   weights = checks.weights_file(directory)
   try:
@@ -96,6 +99,19 @@ def read_hf(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     raise ConvertError(f"{weights}: not a readable weights file ({type(e).__name__}: {why}); "
                        "is it complete?") from e
   return hf, {k: np.asarray(v, np.float32) for k, v in state.items()}
+
+
+def _json_object(path: str) -> dict[str, Any]:
+  """The JSON object in file `path`; ConvertError naming the file when it holds none."""
+  try:
+    value = json.loads(files.read_text(path))
+  except UnicodeDecodeError:
+    raise ConvertError(f"{path}: not UTF-8 text (a JSON file?)") from None
+  except json.JSONDecodeError as e:
+    raise ConvertError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+  if not isinstance(value, dict):
+    raise ConvertError(f"{path}: holds a JSON {type(value).__name__}, not an object of keys")
+  return value
 
 
 def check_export_dir(directory: str, overwrite: bool = False) -> None:
@@ -197,9 +213,18 @@ def write_workdir(cfg: Config, params: Any, tokenizer: Any, workdir: str,
 
 
 def _check_new_workdir(workdir: str) -> None:
-  """Raises ConvertError when `workdir` holds a run (a conversion never replaces one)."""
-  if any(files.exists(os.path.join(workdir, name)) for name in ("config.json", "checkpoints")):
-    raise ConvertError(f"--workdir={workdir} already holds a run; give a new directory")
+  """Raises ConvertError when `workdir` is a file, holds a run or a config.json (a conversion
+  never replaces one), or lies inside a run's workdir (the write guard)."""
+  if files.exists(workdir) and not files.isdir(workdir):
+    raise ConvertError(f"--workdir={workdir} is a file, not a directory")
+  held = [n for n in ("config.json", "checkpoints") if files.exists(os.path.join(workdir, n))]
+  if held:
+    what = "a run" if guard.enclosing_run(workdir) is not None else held[0]
+    raise ConvertError(f"--workdir={workdir} already holds {what}; give a new directory")
+  try:  # a folder inside another run's workdir belongs to that run
+    guard.check(workdir, "--workdir", overwrite=True)
+  except guard.WriteRefused as e:
+    raise ConvertError(str(e)) from None
 
 
 def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") -> Config:
@@ -225,6 +250,9 @@ def from_hf(hf_dir: str, workdir: str, text_file: str = "", data_dir: str = "") 
                        f"more than config.json's vocab_size={hf['vocab_size']}")
   checks.check_special_ids(hf, min(tokenizer.vocab_size - cfg.data.hf_id_offset,
                                    hf["vocab_size"]))
+  tokenizer_config = os.path.join(hf_dir, "tokenizer_config.json")
+  checks.check_special_tokens(hf, tokenizer, _json_object(tokenizer_config)
+                              if files.exists(tokenizer_config) else None)
   params = family.params_from_hf(state, cfg.model, hf, tokenizer)
   write_workdir(cfg, params, tokenizer, workdir, source)
   return cfg

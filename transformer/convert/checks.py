@@ -3,6 +3,7 @@ each tensor against the config (its shape, none missing, none left over), finite
 config.json's special-token ids against the vocabulary. Each failure is one ConvertError line
 naming the file, key or tensor."""
 
+import json
 import os
 import re
 from typing import Any, Iterator, Mapping
@@ -24,6 +25,12 @@ UNREAD = {"model.safetensors.index.json": "a sharded safetensors checkpoint",
           "tf_model.h5": "a TensorFlow checkpoint", "flax_model.msgpack": "a Flax checkpoint",
           "consolidated.00.pth": "Meta's original consolidated checkpoint"}
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+# Special tokens whose role their name says: a BOS id on an end token (or an EOS id on a start
+# token) is a config.json and a tokenizer.json of two models, or ids moved by hand.
+START_TOKENS = ("<s>", "<|begin_of_text|>", "[CLS]")
+END_TOKENS = ("</s>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "[SEP]")
+OTHER_TOKENS = ("<pad>", "[PAD]", "<unk>", "[UNK]", "[MASK]")  # never a BOS or an EOS
+NOT_A = {"bos": END_TOKENS + OTHER_TOKENS, "eos": START_TOKENS + OTHER_TOKENS, "pad": ()}
 
 
 def weights_file(directory: str) -> str:
@@ -53,6 +60,41 @@ def check_special_ids(hf: dict[str, Any], ids: int) -> None:
       if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < ids:
         raise ConvertError(f"config.json: {key}={values!r} is not an id of the vocabulary "
                            f"(0..{ids - 1}, what both tokenizer.json and the weights have)")
+
+
+def _ids(hf: dict[str, Any], key: str) -> list[int]:
+  values = hf.get(key)
+  return [v for v in (values if isinstance(values, list) else [values]) if v is not None]
+
+
+def _named_token(tokenizer_config: dict[str, Any], role: str) -> str | None:
+  """tokenizer_config.json's `role`_token: a string, or an AddedToken's dict with its content."""
+  token = tokenizer_config.get(f"{role}_token")
+  return token.get("content") if isinstance(token, dict) else token
+
+
+def check_special_tokens(hf: dict[str, Any], tokenizer: Any,
+                         tokenizer_config: dict[str, Any] | None = None) -> None:
+  """ConvertError naming config.json's first bos/eos/pad id whose token in `tokenizer` (an
+  HFTokenizer) is not one of tokenizer.json's special tokens, has the name of the other role
+  (BOS on </s>), or is not the token tokenizer_config.json names for that role."""
+  spec = json.loads(tokenizer.tokenizer_json)
+  special = {t.get("id"): t.get("content") for t in spec.get("added_tokens", [])
+             if isinstance(t, dict) and t.get("special")}
+  for role in ("bos", "eos", "pad"):
+    key, ids = f"{role}_token_id", _ids(hf, f"{role}_token_id")
+    for value in ids:
+      token = tokenizer.token(value)
+      wrong = NOT_A[role]
+      if (special and value not in special) or token in wrong:
+        kind = "not one of its special tokens" if token not in wrong else f"no {role.upper()} token"
+        raise ConvertError(f"config.json: {key}={hf[key]!r}, but tokenizer.json's id {value} is "
+                           f"{token!r}, {kind} (are config.json and tokenizer.json one model's?)")
+    named = _named_token(tokenizer_config or {}, role) if role != "pad" else None
+    named_id = tokenizer.token_id(named) if isinstance(named, str) else None
+    if ids and named_id is not None and named_id not in ids:
+      raise ConvertError(f"config.json: {key}={hf[key]!r}, but tokenizer_config.json's "
+                         f"{role}_token {named!r} is id {named_id} of tokenizer.json")
 
 
 def param_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -210,7 +210,11 @@ class HFTokenizer(Tokenizer):
     from tokenizers import Tokenizer as _HF  # pylint: disable=g-import-not-at-top  (optional)
     check_value("data.hf_id_offset", offset)
     self.tokenizer_json, self.offset = tokenizer_json, offset
-    self._tok = _HF.from_str(tokenizer_json)
+    try:
+      self._tok = _HF.from_str(tokenizer_json)
+    except Exception as e:  # pylint: disable=broad-except  (tokenizers raises a bare Exception)
+      why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      raise ValueError(f"not a Hugging Face tokenizers tokenizer.json ({why})") from None
     self._tok.encode_special_tokens = True  # text is text (the module doc); not saved in the json
     self.vocab_size = offset + self._tok.get_vocab_size(with_added_tokens=True)
     spec = json.loads(tokenizer_json)

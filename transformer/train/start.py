@@ -96,10 +96,10 @@ def load_task(cfg: Config, workdir: str, init_from: str) -> Any:
 
 def sized_config(cfg: Config, task: Any, init_from: str) -> Config:
   """`cfg` with the vocabulary sizes of `task`'s tokenizers; a fine-tuned model's table must hold
-  the tokenizer's ids."""
+  the tokenizer's ids (an image model has no input tokenizer)."""
   cfg = fill_vocab_sizes(cfg, task)
   input_tok = task.source_tokenizer if cfg.model.arch == "encoder_only" else task.target_tokenizer
-  if init_from and input_tok.vocab_size > cfg.model.vocab_size:
+  if init_from and input_tok is not None and input_tok.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"--init_from={init_from}: its model.vocab_size={cfg.model.vocab_size} is "
                       f"smaller than the tokenizer's {input_tok.vocab_size}")
   return cfg
