@@ -259,7 +259,8 @@ def gpt2_fine_tuned_round_trip(ctx):
   train = [PY, "train.py", "--config=configs/lm.py:nanogpt_cpu", f"--workdir={tuned}",
            f"--init_from={run}", "--config.data.dataset=text_files",
            f"--config.data.text_file={corpus}", f"--config.data.data_dir={ctx.dir}/tfds",
-           "--config.data.max_target_len=32", "--config.data.batch_size=4",
+           "--config.data.max_target_len=32", "--config.data.max_source_len=32",
+           "--config.data.batch_size=4",
            "--config.train.warmup_steps=0", "--config.train.schedule=constant",
            "--config.eval.every_steps=1000", "--config.eval.num_batches=1",
            "--config.checkpoint.every_steps=2"]

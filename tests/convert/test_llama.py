@@ -263,12 +263,22 @@ def _perturbed(params, seed: int = 7):
       else np.float32(rng.normal(size=np.shape(x)) * (np.std(x) or 0.1)), params)
 
 
+def exported_rows(path, x, places: np.ndarray, bos: int, untied: bool) -> np.ndarray:
+  """Parameter `x` (at tree `path`) as the export holds it: an untied embedding's row at <s>'s
+  place is our start token's (llama.py's module doc)."""
+  x = np.array(x)
+  if untied and "token_embed" in jax.tree_util.keystr(path):
+    x[places[bos]] = x[0]
+  return x
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_ours_to_hf_to_ours_is_bitwise_and_keeps_probabilities(converted, variant, tmp_path):
   """ours -> HF -> ours for a workdir whose weights are all new (as after fine-tuning): every
   parameter Hugging Face holds comes back bitwise (vocabulary rows at their places), the model
-  config is the same, and Hugging Face's model of the export scores like ours to 1e-4 (ours
-  reading <s> at its place: the new start-token row is no Hugging Face row)."""
+  config is the same, and Hugging Face's model of the export scores like ours to 1e-4 (with our
+  start token: an untied export's <s> embedding row is its row; a tied one's is <s>'s own, which
+  ours then reads in its place)."""
   _, model, _, workdir, run = converted(variant)
   params = _perturbed(run.params)
   ours = str(tmp_path / "ours")
@@ -283,10 +293,10 @@ def test_ours_to_hf_to_ours_is_bitwise_and_keeps_probabilities(converted, varian
   again = transformer.restore(str(tmp_path / "again"))
   assert again.config.model == run.config.model
   places = llama.our_ids(hf_model.config.to_dict())
-  vocab = run.config.model.vocab_size
+  vocab, untied = run.config.model.vocab_size, not run.config.model.tie_embeddings
   for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(params)[0],
                           jax.tree.leaves(again.params)):
-    a, b = np.asarray(a), np.asarray(b)
+    a, b = exported_rows(path, a, places, BOS, untied), np.asarray(b)
     if a.shape[0] == vocab:
       a, b = a[places], b[places]
     elif a.ndim == 2 and a.shape[1] == vocab:
@@ -294,7 +304,7 @@ def test_ours_to_hf_to_ours_is_bitwise_and_keeps_probabilities(converted, varian
     assert np.array_equal(a, b), jax.tree_util.keystr(path)
   got, want = log_probs(run.__class__(run.config, run.model, params, run.task, run.step,
                                       run.workdir), hf_model,
-                        *batch(hf_model.config.vocab_size), start_token=False)
+                        *batch(hf_model.config.vocab_size), start_token=untied)
   assert np.abs(got - want).max() <= 1e-4
 
 
@@ -418,7 +428,7 @@ def test_fine_tuning_a_converted_mistral_then_exporting_it(converted, tmp_path):
   run = transformer.restore(tuned)
   assert run.config.model.sliding_window == WINDOW
   model = transformers.MistralForCausalLM.from_pretrained(back).eval()
-  got, want = log_probs(run, model, *batch(model.config.vocab_size), start_token=False)
+  got, want = log_probs(run, model, *batch(model.config.vocab_size))
   assert np.abs(got - want).max() <= 1e-4
 
 

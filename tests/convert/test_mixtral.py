@@ -27,8 +27,8 @@ pytest.importorskip("tokenizers")
 # The Llama family's conversions (its tokenizer and torch training loop), batch and
 # log-probabilities (one concept in one place: Mixtral is that decoder with another feed-forward).
 from test_llama import (  # noqa: E402
-    BOS, EOS, assert_greedy_equals_generate, batch, conversions, fine_tune_and_export, log_probs,
-    _perturbed)
+    BOS, EOS, assert_greedy_equals_generate, batch, conversions, exported_rows,
+    fine_tune_and_export, log_probs, _perturbed)
 
 from bench_loader import load_benchmark  # noqa: E402
 
@@ -154,14 +154,15 @@ def test_fine_tune_step_then_export_scores_like_hugging_face(converted, tmp_path
   convert.to_hf(ours, exported)
   hf = transformers.MixtralForCausalLM.from_pretrained(exported).eval()
   tuned = run.__class__(cfg, run.model, state.params, run.task, run.step, run.workdir)
-  got, want = log_probs(tuned, hf, *batch(hf.config.vocab_size), start_token=False)
+  untied = not cfg.model.tie_embeddings
+  got, want = log_probs(tuned, hf, *batch(hf.config.vocab_size), start_token=untied)
   assert np.abs(got - want).max() <= 1e-4
   convert.from_hf(exported, str(tmp_path / "again"))
   again = transformer.restore(str(tmp_path / "again"))
   places = llama.our_ids(hf.config.to_dict())
   for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(state.params)[0],
                           jax.tree.leaves(again.params)):
-    a, b = np.asarray(a), np.asarray(b)
+    a, b = exported_rows(path, a, places, BOS, untied), np.asarray(b)
     if a.shape[0] == cfg.model.vocab_size:
       a, b = a[places], b[places]
     elif a.ndim == 2 and a.shape[1] == cfg.model.vocab_size:
@@ -182,7 +183,8 @@ def test_ours_to_hf_keeps_new_weights_bitwise(converted, tmp_path):
   convert.to_hf(ours, exported)
   hf = transformers.MixtralForCausalLM.from_pretrained(exported).eval()
   new = run.__class__(run.config, run.model, params, run.task, run.step, run.workdir)
-  got, want = log_probs(new, hf, *batch(hf.config.vocab_size), start_token=False)
+  got, want = log_probs(new, hf, *batch(hf.config.vocab_size),
+                        start_token=not run.config.model.tie_embeddings)
   assert np.abs(got - want).max() <= 1e-4
 
 
@@ -260,7 +262,7 @@ def test_fine_tuning_a_converted_mixtral_from_the_command_line(converted, tmp_pa
   run = transformer.restore(tuned)
   assert run.config.model.ffn == "moe" and run.config.model.moe_capacity_factor == 0
   model = transformers.MixtralForCausalLM.from_pretrained(back).eval()
-  got, want = log_probs(run, model, *batch(model.config.vocab_size), start_token=False)
+  got, want = log_probs(run, model, *batch(model.config.vocab_size))
   assert np.abs(got - want).max() <= 1e-4
 
 

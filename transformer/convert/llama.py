@@ -8,7 +8,9 @@ the head as ours does, so the q/k rows map as they are. A Linear weight [out, in
 transposed, split into heads; q, k and v stack into our `qkv` (multi-head) or `query` + `kv`.
 Ids: ours = Hugging Face's + 4, its end-of-sequence id at our EOS (as GPT-2's); our ids in no
 Hugging Face id's place are `model.excluded_ids`, their embedding rows copies of its BOS row, so
-our start token 0 reads as the BOS that begins its documents.
+our start token 0 reads as the BOS that begins its documents. Back, an untied model's BOS
+embedding row is our start token's (what a run fine-tuned here reads before each document, where
+Hugging Face reads BOS); a tied one's is BOS's own (its row also scores BOS as a next token).
 
 The tables are per part (`vocab_weights`, `attention_weights`, `ffn_weights`, `layer_weights`)
 and the config maps per concern (`shared_overrides`, `shared_hf_config`), so a family with
@@ -26,7 +28,7 @@ from transformer.convert.common import (CONVERTED, converted_config, ConvertErro
                                         shifted_ids, shifted_table, stacked, state_of, transpose,
                                         unmapped_ids, Weight)
 from transformer.convert.family import Family
-from transformer.data.tokenizers import NUM_SPECIAL
+from transformer.data.tokenizers import NUM_SPECIAL, PAD_ID  # PAD_ID: our start token too
 
 MODEL_TYPE, NAME, ARCH = "llama", "Llama", "decoder_only"
 MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -235,12 +237,22 @@ def _our_table(table: np.ndarray, hf: dict[str, Any]) -> np.ndarray:
   return shifted_table(table, hf, NAME, ("bos_token_id", "eos_token_id"))
 
 
+def _hf_embedding(x: Any, ours: np.ndarray, hf: dict[str, Any], m: ModelConfig) -> np.ndarray:
+  """Hugging Face's embedding rows of our table `x`: row `ours[i]` for id i, and for an untied
+  model the BOS id's row our start token's (the module doc)."""
+  rows = np.asarray(x)[ours]
+  bos = first_id(hf.get("bos_token_id"))
+  if not m.tie_embeddings and bos is not None and 0 <= bos < len(rows):
+    rows[bos] = np.asarray(x)[PAD_ID]
+  return rows
+
+
 def vocab_weights(m: ModelConfig, hf: dict[str, Any] | None) -> list[Weight]:
   """The embedding, the final norm and an untied head."""
   hf = dict(hf or {}, vocab_size=m.vocab_size - NUM_SPECIAL)
   ours = our_ids(hf)
   weights = [one("token_embed.embedding", "model.embed_tokens.weight",
-                 lambda x: _our_table(x, hf), lambda x: np.asarray(x)[ours]),
+                 lambda x: _our_table(x, hf), lambda x: _hf_embedding(x, ours, hf, m)),
              *norm("decoder.final_norm", "model.norm", bias=False)]
   if not m.tie_embeddings:
     weights.append(one("decoder.logits_dense.kernel", "lm_head.weight",
