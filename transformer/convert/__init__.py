@@ -9,7 +9,8 @@ tokenizer.json, which a ViT has not: its labels are config.json's id2label; neve
 into a workdir training could have written, plus
 `converted_from.json`; config.json's model_type picks the family (`FAMILIES`: each module's
 declared `Family`, family.py), whose checks (checks.py: format, every tensor's shape, none missing
-or left over, finite values, special-token ids) run before anything is written. Our ids in
+or left over, finite values, special-token ids against the vocabulary and tokenizer.json's special
+tokens) run before anything is written. Our ids in
 no Hugging Face id's place are `model.excluded_ids` (logit -1e30), so every consumer of the
 logits sees the original's distribution, id for id. `--to_hf` refuses a directory that is not
 empty unless `--overwrite` is given; then it replaces only the files it writes (each written whole
