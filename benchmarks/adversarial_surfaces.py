@@ -28,7 +28,7 @@ def _spoil_metrics(ctx) -> None:
 def compare_hostile_metrics(ctx):
   """compare on a run whose metrics.jsonl holds stray bytes, NaN, an infinity, a torn line."""
   _spoil_metrics(ctx)
-  return [PY, "-m", "transformer.infer.compare", ctx.run]
+  return [PY, "-m", "transformer.run.compare", ctx.run]
 
 
 def _shows_nan_and_names_the_line(ctx, proc) -> bool:
@@ -131,13 +131,13 @@ def train_inside_another_run(ctx):
 
 
 def compare_plot_into_run(ctx):
-  return [PY, "-m", "transformer.infer.compare", ctx.run, f"--plot={ctx.run}/curves.png"]
+  return [PY, "-m", "transformer.run.compare", ctx.run, f"--plot={ctx.run}/curves.png"]
 
 
 def compare_plot_over_users_file(ctx):
   with open(os.path.join(ctx.dir, "curves.png"), "wb") as f:
     f.write(b"a user's picture")
-  return [PY, "-m", "transformer.infer.compare", ctx.run, f"--plot={ctx.dir}/curves.png"]
+  return [PY, "-m", "transformer.run.compare", ctx.run, f"--plot={ctx.dir}/curves.png"]
 
 
 def init_from_corrupt_step(ctx):

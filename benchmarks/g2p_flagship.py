@@ -225,7 +225,7 @@ def ensembles(args, summary: dict) -> None:
 
 def plot(outs: list[str], save: str) -> None:
   sys.path.insert(0, REPO)
-  from transformer.infer import viz  # pylint: disable=g-import-not-at-top  (matplotlib only here)
+  from transformer.run import curves  # pylint: disable=g-import-not-at-top  (matplotlib only here)
   runs, finals = {}, {}
   summaries = []
   for out in outs:
@@ -239,7 +239,7 @@ def plot(outs: list[str], save: str) -> None:
       label = f"{name} seed {seed}"
       runs[label] = seed_dir(out, seed, summary.get("members", False))
       finals[label] = (entry["wall_clock_s"] / 60, entry["test"]["wer"])
-  viz.plot_time_to_quality(runs, key="eval/wer", finals=finals, save_path=save)
+  curves.plot_time_to_quality(runs, key="eval/wer", finals=finals, save_path=save)
   print(f"wrote {save}")
 
 

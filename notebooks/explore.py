@@ -50,6 +50,7 @@ VIT_WORKDIR = os.environ.get("EXPLORE_VIT_WORKDIR") or os.path.join(ROOT, "runs"
 # %%
 import transformer
 from transformer.infer import viz
+from transformer.run import curves
 
 if not os.path.isdir(os.path.join(WORKDIR, "checkpoints")):
   import sys
@@ -119,7 +120,7 @@ viz.plot_positional_encoding(max_len=64, d_model=run.config.model.d_model,
 # ## Learning curves
 
 # %%
-viz.plot_learning_curves(WORKDIR, save_path=os.path.join(FIG_DIR, "curves.png"));
+curves.plot_learning_curves(WORKDIR, save_path=os.path.join(FIG_DIR, "curves.png"));
 print(sorted(os.listdir(FIG_DIR)))
 
 # %% [markdown]

@@ -28,7 +28,9 @@ PACKAGE_MAY_IMPORT = {
     "transformer.model": SHARED,
     "transformer.cli": SHARED | {"transformer.model"},
     "transformer.data": SHARED | {"transformer.files"},
-    "transformer.run": SHARED | {"transformer.files", "transformer.model", "transformer.data"},
+    # compare's command line parses its flags and words its errors as every command does (cli).
+    "transformer.run": SHARED | {"transformer.files", "transformer.model", "transformer.data",
+                                 "transformer.cli"},
     "transformer.infer": SHARED | {"transformer.files", "transformer.model", "transformer.data",
                                    "transformer.run", "transformer.cli"},
 }
@@ -38,7 +40,7 @@ PACKAGE_MAY_IMPORT["transformer.sweeps"] = PACKAGE_MAY_IMPORT["transformer.train
     "transformer.train"}
 PACKAGE_MAY_IMPORT["transformer.convert"] = PACKAGE_MAY_IMPORT["transformer.sweeps"] - {
     "transformer.infer"}
-# Scaling laws read runs (infer.compare), count models (model, run's MFU count) and plan sweeps.
+# Scaling laws read runs (run.compare), count models (model, run's MFU count) and plan sweeps.
 PACKAGE_MAY_IMPORT["transformer.scaling"] = PACKAGE_MAY_IMPORT["transformer.sweeps"] | {
     "transformer.sweeps"}
 # Whose string imports are not arrows: the package facade's lazy _EXPORTS (it is the top).

@@ -13,7 +13,7 @@ _EXPORTS = {
     "transformer.train.loop": ("train_and_evaluate",),
     "transformer.infer.evaluation": ("evaluate_split",),
     "transformer.infer.api": ("restore", "Run", "Attention", "image_attention_map"),
-    "transformer.infer.compare": ("compare", "Comparison"),
+    "transformer.run.compare": ("compare", "Comparison"),
     "transformer.scaling.fits": ("fit_runs",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -100,8 +100,8 @@ def test_plot_labels_two_campaigns_of_one_config_apart(tmp_path, monkeypatch):
   def fake_plot(runs, key, finals, save_path):
     plotted.update(runs=runs, finals=finals, key=key, save=save_path)
 
-  import transformer.infer.viz  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(transformer.infer.viz, "plot_time_to_quality", fake_plot)
+  import transformer.run.curves  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(transformer.run.curves, "plot_time_to_quality", fake_plot)
   outs = []
   for name, config, wer in (("fast", "configs/g2p.py:fast", 0.27), ("fast_3600", "configs/g2p.py:fast", 0.29),
                             ("tiny", "configs/g2p.py:tiny", 0.40)):

@@ -21,7 +21,7 @@ pytest.importorskip("lm_eval")
 
 import transformer  # noqa: E402
 from configs import lm  # noqa: E402
-from transformer.infer import compare  # noqa: E402
+from transformer.run import results  # noqa: E402
 from transformer.infer.harness import tasks as harness  # noqa: E402
 from transformer.model import models  # noqa: E402
 
@@ -82,7 +82,7 @@ def test_eval_py_gives_the_logged_numbers_and_compare_shows_them(trained):
   last = [r for r in logged(trained) if "eval/harness/tiny_choice/acc" in r][-1]
   for key in ("tiny_choice/acc", "tiny_choice/acc_norm", "tiny_text/bits_per_byte"):
     assert written[key] == pytest.approx(last[f"eval/harness/{key}"], abs=1e-6)
-  row = compare.split_metrics(compare.read_run(trained))
+  row = results.split_metrics(results.read_run(trained))
   assert row["harness/tiny_choice/acc"] == written["tiny_choice/acc"]
 
 

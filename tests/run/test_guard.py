@@ -8,8 +8,9 @@ import os
 
 import pytest
 
-from tests.infer.test_compare import make_run
-from transformer.infer import compare, evaluation
+from tests.run.test_compare import make_run
+from transformer.infer import evaluation
+from transformer.run import compare
 from transformer.run import guard
 from transformer.run.restore import EvaluationError
 

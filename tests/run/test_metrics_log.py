@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from tests.infer.test_compare import make_run
-from transformer.infer import compare, viz
+from tests.run.test_compare import make_run
+from transformer.run import compare, curves, table
 from transformer.run import metrics_log, reporting
 from transformer.sweeps import report, spec, watch
 
@@ -60,8 +60,8 @@ def test_compare_shows_nan_and_never_averages_it_away(tmp_path, capsys):
   assert result.run_rows[1]["train/loss"] != result.run_rows[1]["train/loss"]
   assert result.run_rows[1]["best dev/wer"] == pytest.approx(0.6)  # 0.5 + 100/1000, not NaN
   grouped = compare.compare([a, b]).rows[0]["train/loss"]
-  assert grouped.mean != grouped.mean and compare.format_cell("train/loss", grouped) == "nan"
-  assert compare.Spread.of([1.0, float("inf")]).mean == float("inf")
+  assert grouped.mean != grouped.mean and table.format_cell("train/loss", grouped) == "nan"
+  assert table.Spread.of([1.0, float("inf")]).mean == float("inf")
 
 
 def test_the_sweep_report_never_bolds_a_nan(tmp_path):
@@ -80,8 +80,8 @@ def test_watch_viz_and_the_sweep_report_read_a_hostile_log(tmp_path):
   point = spec.Point(0, {}, "p", str(tmp_path / "p"), 10)
   assert watch.status_line("p", watch.metrics_rows(point.workdir), 10).startswith(
       "p: step 6/10  loss 1.5")
-  assert [r["step"] for r in viz.read_metrics(str(tmp_path / "p"))] == [1, 2, 3, 4, 6]
-  viz.plt.close(viz.plot_learning_curves(str(tmp_path / "p")))
+  assert [r["step"] for r in curves.read_metrics(str(tmp_path / "p"))] == [1, 2, 3, 4, 6]
+  curves.plt.close(curves.plot_learning_curves(str(tmp_path / "p")))
   assert report.collect([point])[0]["steps"] == 6
 
 

@@ -9,7 +9,7 @@ predictions there against their runs; --predict=C1,C2 predicts at more budgets.
   python -m transformer.scaling fit 'runs/isoflop/*' --params=total --bootstrap=400 --noplot
 
 Unfinished and diverged runs are left out and named; runs on other data than the others are
-refused (exit 2), as `python -m transformer.infer.compare` names them.
+refused (exit 2), as `python -m transformer.run.compare` names them.
 """
 
 import json

@@ -19,8 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.infer import compare
-from transformer.run import restore
+from transformer.run import compare, restore, results, table
 from transformer.scaling import counting
 
 BUDGET_TOLERANCE = 1.10  # runs within 10% FLOPs of a budget's first are that budget
@@ -65,7 +64,7 @@ class Observations:
     return sorted({r.budget for r in self.runs})
 
 
-def final_loss(run: compare.RunFiles, metric: str) -> float | None:
+def final_loss(run: results.RunFiles, metric: str) -> float | None:
   """The run's `metric` at its last step (None if it was not evaluated there)."""
   if metric.startswith("eval/"):
     at_end = [r for r in run.logged if metric in r and r.get("step") == run.steps]
@@ -73,15 +72,15 @@ def final_loss(run: compare.RunFiles, metric: str) -> float | None:
   else:
     split, _, name = metric.partition("/")
     value = run.evaluated.get(split, {}).get(name)
-  return float(value) if compare.is_number(value) else None
+  return float(value) if table.is_number(value) else None
 
 
-def _why_left_out(run: compare.RunFiles, loss: float | None, metric: str) -> str | None:
+def _why_left_out(run: results.RunFiles, loss: float | None, metric: str) -> str | None:
   if run.done is None:
     return f"unfinished (no train_done.json; at step {run.steps})"
   train = [r["train/loss"] for r in run.logged if "train/loss" in r]
   if (loss is not None and not math.isfinite(loss)) or not all(
-      compare.is_number(x) and math.isfinite(x) for x in train):
+      table.is_number(x) and math.isfinite(x) for x in train):
     return "diverged (a loss that is not finite)"
   if loss is None:
     return f"no {metric} at its last step {run.steps}"
@@ -106,8 +105,8 @@ def read(paths: Sequence[str], metric: str = "eval/loss", params: str = "non_emb
   if params not in ("non_embedding", "total"):
     raise ScalingError(f"params={params!r}: one of non_embedding, total")
   try:
-    files = [compare.read_run(w) for w in compare.expand(paths)]
-  except compare.CompareError as e:
+    files = [results.read_run(w) for w in results.expand(paths)]
+  except results.WorkdirError as e:
     raise ScalingError(str(e)) from None
   refused = [w for w in compare.comparison_warnings(files) if w.startswith(REFUSED)]
   if refused:

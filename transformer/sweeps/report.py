@@ -7,8 +7,7 @@ import os
 from typing import Any, Sequence
 
 from transformer import files
-from transformer.infer import compare
-from transformer.run import metrics_log
+from transformer.run import compare, metrics_log, results, table
 from transformer.sweeps import runner, spec
 
 # Metrics tried in order by metric='auto'; the first one that some point has is plotted.
@@ -47,11 +46,11 @@ def collect(points: Sequence[spec.Point], eval_split: str = "test") -> list[dict
       if record["params"] is not None:
         runner.write_record(p, record)
     row["params"] = record.get("params")
-    run = compare.read_run(p.workdir, strict=False)
+    run = results.read_run(p.workdir, strict=False)
     logged = run.logged
     row["steps"] = run.steps
-    row |= compare.last_eval(logged) | compare.split_metrics(run, eval_split)
-    row["tokens_per_sec"] = compare.median_rate(logged)
+    row |= results.last_eval(logged) | results.split_metrics(run, eval_split)
+    row["tokens_per_sec"] = results.median_rate(logged)
     row["wall_seconds"] = record.get("train_seconds")
     # Results copied without checkpoints (e.g. from a bucket) count as done by their metrics.
     finished = runner.trained_step(p) is not None or (row["steps"] or 0) >= p.num_steps
@@ -89,26 +88,26 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None,
   it. `groups`
   (compare.seed_groups of the points' overrides): where one has n > 1 points, a second table with
   one row per group, mean ± std."""
-  cols = compare.shown_columns(rows, columns(rows), keep=KEPT)
-  same = [f"{c} {compare.format_cell(c, rows[0].get(c))}" for c in columns(rows)
+  cols = table.shown_columns(rows, columns(rows), keep=KEPT)
+  same = [f"{c} {table.format_cell(c, rows[0].get(c))}" for c in columns(rows)
           if c not in cols and rows[0].get(c) not in (None, "")]
   values = [r.get(metric) for r in rows if metrics_log.is_finite(r.get(metric))]
   better = max if metric and any(h in metric for h in HIGHER_IS_BETTER) else min
   best = better(values) if metric and len(set(values)) > 1 else None  # a tie singles out none
   text = f"Same for every point: {', '.join(same)}.\n\n" if same else ""
-  text += compare.markdown_table(rows, cols, bold=None if best is None else (metric, best))
+  text += table.markdown_table(rows, cols, bold=None if best is None else (metric, best))
   if any(len(g) > 1 for g in groups):
-    grouped = [compare.group_row([rows[i] for i in g], (), name="point") for g in groups]
-    cols = [c for c in compare.shown_columns(grouped, columns(grouped), keep=("n", *KEPT))
+    grouped = [table.group_row([rows[i] for i in g], (), name="point") for g in groups]
+    cols = [c for c in table.shown_columns(grouped, columns(grouped), keep=("n", *KEPT))
             if c != "point"]  # the swept values name each group
     text += ("\nPoints that differ only in their seeds, n of them: mean ± sample standard "
-             "deviation.\n\n" + compare.markdown_table(grouped, cols))
+             "deviation.\n\n" + table.markdown_table(grouped, cols))
   return text
 
 
 def metric_figure(rows: Sequence[dict[str, Any]], metric: str) -> Any:
   """Horizontal bars: `metric` per point that has it; None for fewer than two (no comparison)."""
-  from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
+  from transformer.run.curves import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
   have = [r for r in rows if metrics_log.is_finite(r.get(metric))]
   if len(have) < 2:
     return None
@@ -126,19 +125,19 @@ def metric_figure(rows: Sequence[dict[str, Any]], metric: str) -> Any:
 def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> bool:
   """train/loss, eval/loss and the metric's eval/ curve of every point against the step, each
   panel only where two points logged it; False if none did (nothing written)."""
-  from transformer.infer import viz  # pylint: disable=g-import-not-at-top  (Agg; plots only)
+  from transformer.run import curves  # pylint: disable=g-import-not-at-top  (Agg; plots only)
   keys = ["train/loss", "eval/loss"]
   if metric and "/" in metric and metric.split("/", 1)[1] != "loss":
     keys.append("eval/" + metric.split("/", 1)[1])
-  fig = viz.plot_compared_curves({p.name: [compare.read_logged(p.workdir)] for p in points}, keys,
-                                 save_path=path)
+  fig = curves.plot_compared_curves({p.name: [results.read_logged(p.workdir)] for p in points},
+                                    keys, save_path=path)
   if fig is not None:
-    viz.plt.close(fig)
+    curves.plt.close(fig)
   return fig is not None
 
 
 def _save(fig: Any, path: str) -> None:
-  from transformer.infer.viz import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
+  from transformer.run.curves import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
   fig.savefig(path, dpi=100, bbox_inches="tight")
   plt.close(fig)
 

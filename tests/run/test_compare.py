@@ -1,4 +1,4 @@
-"""transformer.infer.compare: runs side by side, from workdirs written by hand (config.json of a
+"""transformer.run.compare: runs side by side, from workdirs written by hand (config.json of a
 validated config, metrics.jsonl, train_done.json, provenance.json, metrics.<split>.json); no
 training. The differing keys, the warnings, the seed groups' numbers, globs, bad paths, the plot,
 the command line, and the sweep report's table built with the same functions."""
@@ -13,7 +13,7 @@ import pytest
 
 import transformer
 from transformer import config as config_lib, schema
-from transformer.infer import compare
+from transformer.run import compare, results, table
 from transformer.sweeps import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -150,10 +150,10 @@ def test_seed_groups_show_mean_spread_and_n(tmp_path):
   assert result.columns[:4] == ["run", "n", "seed", "model.positional"]
   assert len(compare.compare([str(tmp_path / "members"), other], group=False).rows) == 4
   # A spread in its column's unit; a config value as written.
-  assert compare.format_cell("wall_seconds", compare.Spread.of([600, 720])) == "11.0 min ± 1.4 min"
-  assert compare.format_cell("best step", compare.Spread.of([5000, 5000, 6000])) == "5333 ± 577.4"
-  assert compare.format_cell("steps", compare.Spread.of([200, 200])) == "200"
-  assert compare.format_cell("data.label_fraction", 1.0) == "1.0"
+  assert table.format_cell("wall_seconds", table.Spread.of([600, 720])) == "11.0 min ± 1.4 min"
+  assert table.format_cell("best step", table.Spread.of([5000, 5000, 6000])) == "5333 ± 577.4"
+  assert table.format_cell("steps", table.Spread.of([200, 200])) == "200"
+  assert table.format_cell("data.label_fraction", 1.0) == "1.0"
 
 
 def test_globs_keep_workdirs_once_and_bad_paths_are_one_line(tmp_path, capsys):
@@ -162,8 +162,8 @@ def test_globs_keep_workdirs_once_and_bad_paths_are_one_line(tmp_path, capsys):
   sweep = tmp_path / "sweep"
   a, b = make_run(sweep / "lr=0.5"), make_run(sweep / "lr=1.0")
   (sweep / "results.md").write_text("|")
-  assert compare.expand([f"{sweep}/*", a]) == [a, b]
-  assert compare.expand([f"{sweep}/lr=1*"]) == [b]
+  assert results.expand([f"{sweep}/*", a]) == [a, b]
+  assert results.expand([f"{sweep}/lr=1*"]) == [b]
   for args, culprit in (([a, str(tmp_path / "nowhere")], f"{tmp_path}/nowhere is not a workdir"),
                         ([f"{tmp_path}/x*"], f"{tmp_path}/x* matches no workdir"),
                         ([str(sweep / "results.md")], "quote a glob")):
@@ -172,7 +172,7 @@ def test_globs_keep_workdirs_once_and_bad_paths_are_one_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and culprit in err, err
   (tmp_path / "broken").mkdir()
   (tmp_path / "broken" / "config.json").write_text("{not json")
-  with pytest.raises(compare.CompareError, match=r"broken/config.json: not a JSON file"):
+  with pytest.raises(results.WorkdirError, match=r"broken/config.json: not a JSON file"):
     compare.compare([str(tmp_path / "broken")])
 
 
@@ -201,13 +201,13 @@ def test_plot_overlays_only_metrics_several_runs_logged(tmp_path):
 
 
 def test_command_line_prints_warnings_above_the_table_and_plots(tmp_path):
-  """`python -m transformer.infer.compare A B --split=test --plot=F`: the warning, the table
+  """`python -m transformer.run.compare A B --split=test --plot=F`: the warning, the table
   with test/* columns, the PNG."""
   a = make_run(tmp_path / "g2p_tiny", test=0.4)
   b = make_run(tmp_path / "g2p_tiny_rope", steps=200, eval_every=100, test=0.45,
                overrides={"model.positional": "rope"})
   plot = tmp_path / "curves.png"
-  out = subprocess.run([sys.executable, "-m", "transformer.infer.compare", a, b, "--split=test",
+  out = subprocess.run([sys.executable, "-m", "transformer.run.compare", a, b, "--split=test",
                         f"--plot={plot}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, PYTHONPATH=ROOT), check=False)
   assert out.returncode == 0, out.stderr[-2000:]
@@ -221,7 +221,7 @@ def test_command_line_prints_warnings_above_the_table_and_plots(tmp_path):
 
 
 def test_the_sweep_report_leaves_out_constant_columns_and_groups_seeds(tmp_path):
-  """report.markdown (compare's functions): a swept key and counts equal in every point are left
+  """report.markdown (table's functions, as compare's): a swept key and counts equal in every point are left
   out (their values stated once above the table), params/steps/status kept; points that differ only in their seeds get a second table."""
   rows = [{"point": f"seed={s},lr={lr}", "seed": str(s), "lr": str(lr), "opt": "adam",
            "params": 1000, "steps": 3, "dev/decoded_examples": 5, "dev/wer": w,
