@@ -17,7 +17,7 @@ import sys
 import pytest
 
 import g2p_mini
-from transformer import cli, schema
+from transformer import cli, keyspec, schema
 from transformer.infer import predict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,9 +95,9 @@ def test_a_wrong_choice_gets_a_suggestion(override, hint, tmp_path):
 
 
 def test_a_far_value_gets_no_suggestion():
-  assert str(schema.not_one_of("model.ffn", "xyz", ("relu", "gelu"))) == (
+  assert str(keyspec.not_one_of("model.ffn", "xyz", ("relu", "gelu"))) == (
       "model.ffn='xyz' is not one of relu|gelu")
-  assert str(schema.not_one_of("model.norm_position", "psot", ("post", "pre"))).endswith(
+  assert str(keyspec.not_one_of("model.norm_position", "psot", ("post", "pre"))).endswith(
       "; did you mean 'post'?")
 
 

@@ -8,7 +8,7 @@ import ml_collections
 import pytest
 
 from configs import base
-from transformer import config as config_lib, schema
+from transformer import config as config_lib, keyspec, schema
 from transformer.model import positional
 
 
@@ -241,10 +241,10 @@ def test_every_key_is_declared_once_with_a_meaning_and_valid_range_and_roles():
   names = [k.name for k in schema.SCHEMA]
   assert len(names) == len(set(names))
   for k in schema.SCHEMA:
-    assert k.meaning and (not k.range or k.range in schema.RANGES), k.name
-    assert k.roles <= set(schema.ROLES), k.name
+    assert k.meaning and (not k.range or k.range in keyspec.RANGES), k.name
+    assert k.roles <= set(keyspec.ROLES), k.name
     assert not k.choices() or k.default in k.choices(), k.name
-    assert not k.range or schema.RANGES[k.range](k.default), k.name
+    assert not k.range or keyspec.RANGES[k.range](k.default), k.name
 
 
 def test_the_config_classes_are_the_declaration():

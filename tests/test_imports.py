@@ -1,7 +1,7 @@
 """The `transformer` package's imports point one way (the README's Layout; an arrow is an import):
-scaling -> sweeps -> train -> infer -> run -> data, model -> the shared modules (choices, schema,
-config, metrics); convert -> train; infer never imports train, model code never imports data,
-training or I/O code.
+scaling -> sweeps -> train -> infer -> run -> data, model -> the shared modules (choices, keyspec,
+schema, config, metrics); convert -> train; infer never imports train, model code never imports
+data, training or I/O code.
 
 Every module's imports are read with `ast`, function-level ones included, into a graph of
 `transformer.*` modules; `importlib.import_module("transformer.x")` and `__import__(...)` with a
@@ -20,8 +20,8 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "transformer"
 # What each part of the package may import besides itself: a top-level module is its own part
 # (transformer.cli's lazy import of the model sizes an out-of-memory message).
-SHARED = {"transformer.choices", "transformer.schema", "transformer.config",
-          "transformer.metrics"}
+SHARED = {"transformer.choices", "transformer.keyspec", "transformer.schema",
+          "transformer.config", "transformer.metrics"}
 PACKAGE_MAY_IMPORT = {
     "shared": SHARED,
     "transformer.files": set(),

@@ -21,7 +21,7 @@ from absl import flags
 from absl import logging
 import ml_collections
 
-from transformer import schema
+from transformer import keyspec, schema
 from transformer.config import integral_override
 
 _WRAPPED = "Error whilst parsing config file"  # ml_collections' wrapper of a config file's error
@@ -210,7 +210,7 @@ def _config_file_message(error: BaseException, path: str) -> str | None:
 
 def _unknown_override(argv: Sequence[str]) -> str | None:
   """`--config.KEY=...` whose KEY is not in configs/base.py, as a one-line message, or None."""
-  known = schema.flat_items(schema.get_config())
+  known = keyspec.flat_items(schema.get_config())
   sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
   for arg in argv:
     if arg.startswith("--config."):
@@ -283,7 +283,7 @@ def key_lines(config: ml_collections.ConfigDict) -> list[str]:
   """Every key of `config` with its default, meaning and allowed values or range, one per line,
   under its section."""
   out, section = [], None
-  for key, value in sorted(schema.flat_items(config).items(), key=lambda kv: kv[0].rpartition(".")[::2]):
+  for key, value in sorted(keyspec.flat_items(config).items(), key=lambda kv: kv[0].rpartition(".")[::2]):
     head, _, name = key.rpartition(".")
     if head != section:
       out.append(f"{head}:" if head else "(top level):")

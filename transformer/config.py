@@ -10,11 +10,12 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from transformer import choices, schema
-# The config classes and ConfigError, declared in schema.py, are imported from here by the library.
+from transformer import choices, keyspec
+# ConfigError (keyspec.py) and the config classes (schema.py) are imported from here by the library.
+from transformer.keyspec import ConfigError, RANGES
 from transformer.schema import (  # noqa: F401
-    CheckpointConfig, Config, ConfigError, DataConfig, DecodeConfig, EvalConfig, get_config, KEYS,
-    MeshShape, ModelConfig, ParallelConfig, RANGES, ScheduledSamplingConfig, TrainConfig)
+    CheckpointConfig, Config, DataConfig, DecodeConfig, EvalConfig, get_config, KEYS, MeshShape,
+    ModelConfig, ParallelConfig, ScheduledSamplingConfig, TrainConfig)
 
 # A saved config.json carries FORMAT; a run saved in another format is refused in one line.
 FORMAT = 1
@@ -34,7 +35,7 @@ def check_value(name: str, v: Any) -> Any:
     if not math.isfinite(v):
       raise ConfigError(f"{key.name}={v} must be a finite number")
   if (options := key.choices()) and v not in options:
-    raise schema.not_one_of(key.name, v, options)
+    raise keyspec.not_one_of(key.name, v, options)
   if key.range and not RANGES[key.range](v):
     raise ConfigError(f"{key.name}={v!r} must be {key.range}")
   return v

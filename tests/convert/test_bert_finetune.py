@@ -24,7 +24,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import transformer  # noqa: E402
-from transformer import convert, schema  # noqa: E402
+from transformer import convert, keyspec, schema  # noqa: E402
 from transformer.config import ConfigError, from_configdict  # noqa: E402
 from transformer.data import load_task  # noqa: E402
 from transformer.model import models, scoring
@@ -38,9 +38,9 @@ import test_bert  # noqa: E402
 STEPS = 2
 # Model keys a fine-tuning config sets itself (config role finetune) or, with a new head, the
 # head's own (roles head, vocab_head): everything else is the converted BERT's.
-FINETUNE_KEYS = schema.with_role(schema.FINETUNE, "model")
-NEW_HEAD_KEYS = (FINETUNE_KEYS + schema.with_role(schema.HEAD, "model")
-                 + schema.with_role(schema.VOCAB_HEAD, "model"))
+FINETUNE_KEYS = schema.with_role(keyspec.FINETUNE, "model")
+NEW_HEAD_KEYS = (FINETUNE_KEYS + schema.with_role(keyspec.HEAD, "model")
+                 + schema.with_role(keyspec.VOCAB_HEAD, "model"))
 
 
 def _flat(tree):

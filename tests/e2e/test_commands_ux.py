@@ -21,7 +21,7 @@ import time
 import pytest
 
 import g2p_mini
-from transformer import cli, schema
+from transformer import cli, keyspec, schema
 from transformer.config import from_configdict
 from transformer.data import builders
 from transformer.run import reporting
@@ -111,7 +111,7 @@ def test_help_keys_lists_every_key_with_its_default():
       keys[f"{section}.{name}" if section else name] = value
     else:
       section = "" if line == "(top level):" else line.rstrip(":")
-  assert keys == {k: repr(v) for k, v in schema.flat_items(schema.get_config()).items()}
+  assert keys == {k: repr(v) for k, v in keyspec.flat_items(schema.get_config()).items()}
 
 
 def test_warmup_longer_than_the_run_warns_in_one_line():

@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from transformer import files, schema
+from transformer import files, keyspec
 from transformer.config import check_value
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
@@ -316,7 +316,7 @@ class OffsetTokenizer(Tokenizer):
     self.inner.save(directory)
 
 
-TOKENIZERS: schema.Table[type[Tokenizer]] = schema.Table("data.tokenizer", {
+TOKENIZERS: keyspec.Table[type[Tokenizer]] = keyspec.Table("data.tokenizer", {
     "char": CharTokenizer,
     "byte": ByteTokenizer,
     "symbol": SymbolTokenizer,
@@ -324,7 +324,7 @@ TOKENIZERS: schema.Table[type[Tokenizer]] = schema.Table("data.tokenizer", {
     "hf": HFTokenizer,
 })
 # The values of data.source_tokenizer: "" is the target's own tokenizer.
-SOURCE_TOKENIZERS: schema.Table[type[Tokenizer] | None] = schema.Table(
+SOURCE_TOKENIZERS: keyspec.Table[type[Tokenizer] | None] = keyspec.Table(
     "data.source_tokenizer", {"": None, **TOKENIZERS})
 
 

@@ -13,7 +13,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from transformer import schema
+from transformer import keyspec
 from transformer.config import check_value, ConfigError
 from transformer.model import ensemble, kv_cache, models
 
@@ -35,7 +35,7 @@ class Search(NamedTuple):
 
 
 # The decoding methods (eval.decode.method): name -> its Search from the eval.decode section.
-METHODS: schema.Table[Callable[[Any], Search]] = schema.Table("eval.decode.method", {
+METHODS: keyspec.Table[Callable[[Any], Search]] = keyspec.Table("eval.decode.method", {
     "greedy": lambda d: Search("greedy"),
     "sample": lambda d: Search("sample", temperature=float(d.temperature), top_k=int(d.top_k),
                                top_p=float(d.top_p)),

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from absl import flags
 
-from transformer import cli, schema
+from transformer import cli, keyspec
 from transformer.data.inputs import check_input, decode_length, input_error
 
 
@@ -121,7 +121,7 @@ def _predict(args: flags.FlagValues, batches: Iterable[list[str]]) -> int:
   # After --help: importing JAX is slow.
   from transformer.infer import api, decoding  # pylint: disable=g-import-not-at-top
   if args.method is not None and args.method not in decoding.METHODS:  # before the restore
-    print(f"error: {schema.one_of_message('--method', args.method, decoding.METHODS)}",
+    print(f"error: {keyspec.one_of_message('--method', args.method, decoding.METHODS)}",
           file=sys.stderr)
     return 1
   step = int(args.step) if args.step.lstrip("-").isdigit() else args.step

@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import schema
+from transformer import keyspec
 from transformer.config import ModelConfig
 from transformer.model import kernels, kv_cache, layers, parametrization, positional
 
@@ -145,7 +145,7 @@ def _einsum_output(q, k, v, mask, bias, scale):
 
 
 # model.attention_impl: name -> out(q, k, v, mask, bias, scale), without dropout or weights.
-IMPLEMENTATIONS = schema.Table("model.attention_impl",
+IMPLEMENTATIONS = keyspec.Table("model.attention_impl",
                               {"einsum": _einsum_output, "fused": _fused_attention})
 
 

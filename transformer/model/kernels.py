@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from transformer import schema
+from transformer import keyspec
 
 Array = jax.Array
 
@@ -155,7 +155,7 @@ def use(name: str):
 
 _SAVE_MATMULS = jax.checkpoint_policies.save_only_these_names(MATMUL_NAME)
 # The remat policies (model.remat): name -> nn.remat's policy ('none': no remat).
-REMAT_POLICIES: schema.Table[Any] = schema.Table("model.remat", {
+REMAT_POLICIES: keyspec.Table[Any] = keyspec.Table("model.remat", {
     "none": None,
     "full": None,  # save nothing: recompute the whole block in the backward pass
     "dots": jax.checkpoint_policies.save_from_both_policies(

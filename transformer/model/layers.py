@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import choices, schema
+from transformer import choices, keyspec
 from transformer.config import ModelConfig
 from transformer.model import kernels, parametrization
 
@@ -72,7 +72,7 @@ _gelu_tanh = functools.partial(nn.gelu, approximate=True)
 
 
 # The activations the dense feed-forward variants name (choices.DENSE_FFNS: swiglu's is silu, ...).
-ACTIVATIONS: schema.Table[Callable[[Array], Array]] = schema.Table("activation", {
+ACTIVATIONS: keyspec.Table[Callable[[Array], Array]] = keyspec.Table("activation", {
     "relu": nn.relu,
     "gelu": _gelu_erf,
     "gelu_tanh": _gelu_tanh,
@@ -89,7 +89,7 @@ class FFN:
 
 
 # The dense feed-forward variants (model.moe_expert_ffn): name -> the maths of its facts.
-FFNS: schema.Table[FFN] = schema.Table("model.moe_expert_ffn", {
+FFNS: keyspec.Table[FFN] = keyspec.Table("model.moe_expert_ffn", {
     name: FFN(ACTIVATIONS[facts.activation], facts.gated)
     for name, facts in choices.DENSE_FFNS.items()})
 
@@ -199,7 +199,7 @@ class LayerNorm(nn.Module):
 
 
 # The norms (model.norm): name -> a module maker taking flax's norm keyword arguments.
-NORMS: schema.Table[Callable[..., nn.Module]] = schema.Table(
+NORMS: keyspec.Table[Callable[..., nn.Module]] = keyspec.Table(
     "model.norm", {"layernorm": LayerNorm, "rmsnorm": nn.RMSNorm})
 
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import choices, schema
+from transformer import choices, keyspec
 
 Array = jax.Array
 
@@ -252,7 +252,7 @@ def _shaw(cfg, q_positions, k_positions, bidirectional):
   return jnp.transpose(table(distance + clip).astype(jnp.float32), (0, 3, 1, 2))
 
 
-ENCODINGS: schema.Table[Optional[Callable[..., Array]]] = schema.Table("model.positional", {
+ENCODINGS: keyspec.Table[Optional[Callable[..., Array]]] = keyspec.Table("model.positional", {
     "sinusoidal": lambda cfg, pos: sinusoidal_lookup(pos, cfg.max_len, cfg.d_model),
     "learned": _learned,
     "rope": lambda cfg, x, pos: apply_rope(x, pos, cfg.rope_base, config_rope_frequencies(cfg)),

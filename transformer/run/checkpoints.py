@@ -20,7 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from transformer import config as config_lib, files, schema
+from transformer import config as config_lib, files, keyspec, schema
 from transformer.run import digests, orbax_teardown
 from transformer.run.digests import CheckpointError
 
@@ -365,10 +365,10 @@ def check_compatible(workdir: str, config: Any) -> None:
     raise CheckpointError(problem)
   new = config_lib.to_dict(config)
   for key in schema.kept_on_resume():
-    old, cur = schema.lookup(saved, key), schema.lookup(new, key)
+    old, cur = keyspec.lookup(saved, key), keyspec.lookup(new, key)
     roles = schema.KEYS[key].roles
-    if old is None or cur is None or (schema.DERIVED in roles and (not old or not cur)):
+    if old is None or cur is None or (keyspec.DERIVED in roles and (not old or not cur)):
       continue
-    if (bool(old) != bool(cur)) if schema.ON_OFF in roles else (old != cur):
+    if (bool(old) != bool(cur)) if keyspec.ON_OFF in roles else (old != cur):
       raise CheckpointError(f"workdir {workdir} holds a run with {key}={old!r}, this config has "
                             f"{cur!r} (from {source}); use another --workdir or the same config")

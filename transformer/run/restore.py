@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 
-from transformer import config as config_lib, files, schema
+from transformer import config as config_lib, files, keyspec, schema
 from transformer.config import Config
 from transformer.model import models, scoring
 from transformer.run.checkpoints import Checkpointer
@@ -66,7 +66,7 @@ def load_run_config(workdir: str, overrides: dict[str, Any] | None = None) -> Co
   if problem := config_lib.format_problem(saved, path):
     raise EvaluationError(problem)
   cd = ml_collections.ConfigDict(saved)
-  overridable = schema.with_role(schema.EVAL)
+  overridable = schema.with_role(keyspec.EVAL)
   for key, value in (overrides or {}).items():
     if key not in overridable:
       others = sorted(k for k in overridable if not k.startswith("eval."))
@@ -158,8 +158,8 @@ def run_config_difference(cfg: Config, trained: Mapping[str, Any]) -> str | None
     for key in sorted(set(mine[section]) | set(theirs[section])):
       name, now, then = f"{section}.{key}", mine[section].get(key), theirs[section].get(key)
       roles = schema.KEYS[name].roles if name in schema.KEYS else frozenset()
-      if schema.EVAL in roles or schema.FINETUNE in roles or (
-          schema.DERIVED in roles and not (now and then)):
+      if keyspec.EVAL in roles or keyspec.FINETUNE in roles or (
+          keyspec.DERIVED in roles and not (now and then)):
         continue
       if now != then:
         return f"{name}={now!r} (trained with {then!r})"
@@ -220,7 +220,7 @@ def read_params(cfg: Config, workdir: str, step: int | str | None = None, params
   when the run kept one, else the raw ones), 'ema' or 'raw'; average_last=N > 0: their float32
   mean over the run's N newest checkpoints (step must then be None or 'latest')."""
   if params not in PARAMS_CHOICES:
-    raise EvaluationError(schema.one_of_message("--params", params, PARAMS_CHOICES))
+    raise EvaluationError(keyspec.one_of_message("--params", params, PARAMS_CHOICES))
   if isinstance(average_last, bool) or not isinstance(average_last, int) or average_last < 0:
     raise EvaluationError(f"--average_last={average_last!r} must be an integer >= 0 (0 = off)")
   if average_last and step not in (None, "latest"):

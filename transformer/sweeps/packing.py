@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import ml_collections
 
 from transformer import files
-from transformer.schema import flat_items
+from transformer.keyspec import flat_items
 from transformer.sweeps import runner, watch
 from transformer.sweeps.spec import apply_overrides, Commands, format_value, Point
 from transformer.train import members

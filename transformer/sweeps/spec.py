@@ -22,8 +22,9 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 
 from transformer.config import ConfigError, from_configdict
+from transformer.keyspec import flat_items
 from transformer.run import guard
-from transformer.schema import flat_items, get_config
+from transformer.schema import get_config
 
 # Short labels of common keys in workdir names and table columns (others: the key's last part).
 SHORT_LABELS = {

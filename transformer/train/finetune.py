@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from transformer import config as config_lib, schema
+from transformer import config as config_lib, keyspec, schema
 from transformer.config import Config
 from transformer.run import restore
 
@@ -33,16 +33,16 @@ def _run_config(init_from: str) -> Config:
 def init_from_config(cfg: Config, init_from: str) -> Config:
   """`cfg` with the model and tokenizer keys of the run in `init_from` (see the module doc)."""
   run = _run_config(init_from)
-  keep = schema.with_role(schema.FINETUNE, "model")
+  keep = schema.with_role(keyspec.FINETUNE, "model")
   data = dataclasses.replace(cfg.data, **{
-      k: getattr(run.data, k) for k in schema.with_role(schema.RUN_TOKENIZER, "data")})
+      k: getattr(run.data, k) for k in schema.with_role(keyspec.RUN_TOKENIZER, "data")})
   if cfg.model.arch == "encoder_only":  # the pretrained encoder and its input tokenizer only
     if run.model.arch == "decoder_only":
       raise config_lib.ConfigError(f"--init_from={init_from}: a decoder_only run has no encoder "
                                    f"for model.arch='encoder_only'")
-    keep += schema.with_role(schema.HEAD, "model")
+    keep += schema.with_role(keyspec.HEAD, "model")
     if not continues_head(run, cfg.model.head):
-      keep += schema.with_role(schema.VOCAB_HEAD, "model")
+      keep += schema.with_role(keyspec.VOCAB_HEAD, "model")
     source = run.data.source_tokenizer or run.data.tokenizer
     # An objective (masked LM) predicts the input's own ids: the run's tokenizer on both sides.
     target = source if cfg.data.objective != "none" else cfg.data.tokenizer

@@ -12,7 +12,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from transformer import schema
+from transformer import keyspec
 from transformer.config import Config, ModelConfig
 
 Scalar = float | jax.Array  # a config's Python value, or a member's traced one
@@ -63,10 +63,10 @@ class Hyper:
 
 def varying_keys(configs: Sequence[Config]) -> tuple[str, ...]:
   """The FIELDS keys whose values differ between `configs`."""
-  return tuple(k for k in FIELDS if len({schema.lookup(c, k) for c in configs}) > 1)
+  return tuple(k for k in FIELDS if len({keyspec.lookup(c, k) for c in configs}) > 1)
 
 
 def stacked(configs: Sequence[Config]) -> Hyper:
   """A Hyper of float32 [N] arrays (on host): each varying key's value in each of `configs`."""
-  return Hyper(**{FIELDS[k]: np.asarray([schema.lookup(c, k) for c in configs], np.float32)
+  return Hyper(**{FIELDS[k]: np.asarray([keyspec.lookup(c, k) for c in configs], np.float32)
                   for k in varying_keys(configs)})

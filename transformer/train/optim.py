@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer import schema
+from transformer import keyspec
 from transformer.config import ModelConfig, TrainConfig
 from transformer.model import parametrization
 from transformer.train.hyper import Hyper, Scalar
@@ -75,7 +75,7 @@ def _warmup_then(decay: Callable[[jax.Array, float, float], jax.Array]):
 # The learning-rate schedules (train.schedule): name -> lr(s, train config, traced values,
 # d_model), s from 1.
 Schedule = Callable[[jax.Array, TrainConfig, Hyper, int], jax.Array]
-SCHEDULES: schema.Table[Schedule] = schema.Table("train.schedule", {
+SCHEDULES: keyspec.Table[Schedule] = keyspec.Table("train.schedule", {
     "rsqrt": _rsqrt,
     "warmup_cosine": _warmup_then(
         lambda p, peak, low: low + (peak - low) * 0.5 * (1.0 + jnp.cos(jnp.pi * p))),
@@ -111,7 +111,7 @@ def weight_decay_mask(train_cfg: TrainConfig) -> Callable[[Any], Any]:
 # clip and lr.
 Optimizer = Callable[[TrainConfig, Hyper, optax.GradientTransformation],
                      list[optax.GradientTransformation]]
-OPTIMIZERS: schema.Table[Optimizer] = schema.Table("train.optimizer", {
+OPTIMIZERS: keyspec.Table[Optimizer] = keyspec.Table("train.optimizer", {
     "adam": lambda tc, h, decay: [decay, optax.scale_by_adam(
         b1=h.get("b1", tc), b2=h.get("b2", tc), eps=tc.eps)],
     "adamw": lambda tc, h, decay: [optax.scale_by_adam(

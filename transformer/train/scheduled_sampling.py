@@ -7,14 +7,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import schema
+from transformer import keyspec
 from transformer.model.models import batch_segment_ids, decoder_prefix, shift_right
 
 Array = jax.Array
 
 # train.scheduled_sampling.schedule: name -> p(step, k, c) before the min_teacher_forcing floor.
 Schedule = Callable[[Array, float, float], Array]
-SCHEDULES: schema.Table[Schedule] = schema.Table("train.scheduled_sampling.schedule", {
+SCHEDULES: keyspec.Table[Schedule] = keyspec.Table("train.scheduled_sampling.schedule", {
     "none": lambda step, k, c: jnp.ones((), jnp.float32),
     "linear": lambda step, k, c: k - c * step,
     "exponential": lambda step, k, c: jnp.power(jnp.float32(k), step),
