@@ -9,6 +9,7 @@ asserts on them. Each scenario runs once per module (fixtures), and all of it is
 timeouts.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -78,23 +79,26 @@ def _initial_state(cfg, model, tx, batches, unbox=True):
 
 
 def _run_mode(cfg, model, tx, batches, state, mode, mesh, rows):
-  """Trains STEPS steps through parallel.compile_train_step; returns (losses, state, eval sums)."""
+  """Trains STEPS steps through parallel.compile_train_step as the loop does: the state placed on
+  the mesh (sharded by its logical axes; pmap: replicated), prepared, stepped, fetched back.
+  Returns (losses, the fetched state, eval sums, whether it is back on those shardings)."""
   import jax  # pylint: disable=g-import-not-at-top
   from transformer.train import steps  # pylint: disable=g-import-not-at-top
-  shardings = None
-  if mode == "mesh":
-    shardings = parallel.state_shardings(_initial_state(cfg, model, tx, batches, False), mesh)
+  shardings = parallel.state_shardings(_initial_state(cfg, model, tx, batches, False), mesh,
+                                       replicated=mode == "pmap")
   run = parallel.compile_train_step(steps.make_train_step(cfg, model, tx), mode, mesh, shardings)
-  ev = parallel.compile_eval_step(scoring.make_eval_step(model), mode, mesh,
-                                  None if shardings is None else shardings.params)
+  ev = parallel.compile_eval_step(scoring.make_eval_step(model), mode, mesh, shardings.params)
   # prepare_state may share buffers with its input, which the donating step then frees: copy.
-  state = run.prepare_state(jax.tree.map(lambda x: x.copy(), state))
+  state = run.prepare_state(jax.device_put(jax.tree.map(lambda x: x.copy(), state), shardings))
   losses = []
   for b in batches:
     state, metrics = run.step(state, run.prepare_batch({k: v[rows] for k, v in b.items()}))
     losses.append(float(metrics["loss"]))
   sums = ev.step(state.params, ev.prepare_batch({k: v[rows] for k, v in batches[0].items()}))
-  return losses, state, {k: float(v) for k, v in sums.items()}
+  fetched = run.fetch_state(state)
+  placed = all(x.sharding == s
+               for x, s in zip(jax.tree.leaves(fetched), jax.tree.leaves(shardings)))
+  return losses, fetched, {k: float(v) for k, v in sums.items()}, placed
 
 
 def scenario_modes() -> dict:
@@ -115,13 +119,11 @@ def scenario_modes() -> dict:
   out = dict(ref_losses=ref_losses, ref_eval=ref_eval, modes={})
   all_rows = slice(None)
   for name, mode, shape in [("mesh8x1x1", "mesh", (8, 1, 1)), ("mesh2x2x2", "mesh", (2, 2, 2)),
-                            ("pmap8", "pmap", None)]:
-    mesh = None if shape is None else parallel.make_mesh(ParallelConfig(
-        "mesh", MeshShape(*shape), "off", "", 0, -1))
-    losses, st, sums = _run_mode(cfg, model, tx, batches, state0, mode, mesh, all_rows)
-    params = st.params if mode == "mesh" else parallel.unreplicate(st.params)
-    out["modes"][name] = dict(losses=losses, eval=sums,
-                              param_diff=float(np.max(np.abs(_flat(params) - ref_params))))
+                            ("pmap8", "pmap", (2, 2, 2))]:  # pmap: every device on data
+    mesh = parallel.make_mesh(ParallelConfig(mode, MeshShape(*shape), "off", "", 0, -1))
+    losses, st, sums, placed = _run_mode(cfg, model, tx, batches, state0, mode, mesh, all_rows)
+    out["modes"][name] = dict(losses=losses, eval=sums, placed=placed, mesh=dict(mesh.shape),
+                              param_diff=float(np.max(np.abs(_flat(st.params) - ref_params))))
     if name == "mesh2x2x2":
       wi, mu = st.params["decoder"]["layers_0"]["ffn"]["wi"]["kernel"], st.opt_state[0].mu
       mu_wi = mu["decoder"]["layers_0"]["ffn"]["wi"]["kernel"]
@@ -178,13 +180,11 @@ def scenario_multihost(process_id: int, num_processes: int, port: int, modes: st
   out = dict(per_host=per_host, bad_slice_error=bad_slice_error, main=parallel.is_main_process(),
              processes=jax.process_count(), devices=jax.device_count())
   for mode in modes.split(","):
-    mesh = parallel.make_mesh(pcfg) if mode == "mesh" else None
-    losses, st, sums = _run_mode(cfg, model, tx, batches, state, mode, mesh, rows)
-    if mode == "mesh":  # global arrays: gather every process's shards
-      params = multihost_utils.process_allgather(st.params, tiled=True)
-    else:  # pmap state is replicated on every device of every process
-      params = parallel.unreplicate(st.params)
-    out[mode] = dict(losses=losses, eval=sums, params=_flat(params).tolist())
+    mesh = parallel.make_mesh(dataclasses.replace(pcfg, mode=mode))
+    losses, st, sums, placed = _run_mode(cfg, model, tx, batches, state, mode, mesh, rows)
+    # Global arrays (pmap's replicated on every device of every process): each process's shards.
+    params = multihost_utils.process_allgather(st.params, tiled=True)
+    out[mode] = dict(losses=losses, eval=sums, params=_flat(params).tolist(), placed=placed)
   return out
 
 
@@ -248,13 +248,16 @@ def test_initialize_distributed_on_without_addresses_is_a_config_error(monkeypat
 
 
 def test_single_device_mesh_and_pmap_reach_the_same_loss(modes):
-  """Mesh 8x1x1, mesh 2x2x2 and pmap over 8 train like one device (plain jit, no parallel code).
+  """Mesh 8x1x1, mesh 2x2x2 and pmap over 8 train like one device (plain jit, no parallel code);
+  each starts from and fetches back a state on the mesh (pmap's: every device on data, replicated).
 
   Same losses at every step to LOSS_RTOL, same parameters after STEPS adam steps to PARAM_ATOL,
   same eval sums: the batch split and the psum of sums are exact up to float32 summation order.
   """
   assert len(modes["modes"]) == 3
+  assert modes["modes"]["pmap8"]["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
   for name, m in modes["modes"].items():
+    assert m["placed"], name  # fetched back onto the shardings the state started on
     np.testing.assert_allclose(m["losses"], modes["ref_losses"], rtol=LOSS_RTOL, err_msg=name)
     assert m["param_diff"] < PARAM_ATOL, (name, m["param_diff"])
     for k, v in modes["ref_eval"].items():
@@ -301,6 +304,7 @@ def test_two_processes_match_one_process(multihost):
       np.testing.assert_allclose(got["params"], want["params"], atol=PARAM_ATOL, err_msg=mode)
       np.testing.assert_allclose(got["eval"]["loss_sum"], want["eval"]["loss_sum"], rtol=LOSS_RTOL)
       assert got["eval"]["weight_sum"] == want["eval"]["weight_sum"]
+      assert got["placed"], mode
 
 
 if __name__ == "__main__":

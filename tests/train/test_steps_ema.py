@@ -163,7 +163,8 @@ pairs = zip(jax.tree.leaves(shardings.ema_params), jax.tree.leaves(shardings.par
 out = dict(same_shardings=all(a == b for a, b in pairs),
            some_split=any(s.spec != jax.sharding.PartitionSpec()
                           for s in jax.tree.leaves(shardings.ema_params)))
-run = parallel.compile_train_step(steps.make_train_step(cfg, model, tx), "pmap", None, None)
+pmesh = parallel.make_mesh(t.tiny_config(**{"parallel.mode": "pmap"}).parallel)
+run = parallel.compile_train_step(steps.make_train_step(cfg, model, tx), "pmap", pmesh, None)
 state = jax.jit(init)()
 flat = lambda tree: [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(tree)]
 out["params"] = [flat(state.params)]
@@ -172,6 +173,9 @@ for b in data:
   state, _ = run.step(state, run.prepare_batch(b))
   out["params"].append(flat(run.fetch_state(state).params))
 out["ema"] = flat(run.fetch_state(state).ema_params)
+replicated = jax.sharding.NamedSharding(pmesh, jax.sharding.PartitionSpec())
+out["fetched_replicated"] = all(x.sharding == replicated
+                                for x in jax.tree.leaves(run.fetch_state(state)))
 print("RESULT" + json.dumps(out))
 """
 
@@ -189,7 +193,7 @@ def test_ema_in_pmap_mode_and_its_mesh_shardings():
                         env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.split("RESULT", 1)[1])
-  assert out["same_shardings"] and out["some_split"]
+  assert out["same_shardings"] and out["some_split"] and out["fetched_replicated"]
   ref = [np.asarray(x, np.float64) for x in out["params"][0]]
   for n, params in enumerate(out["params"][1:], start=1):
     d = min(0.5, (1 + n) / (10 + n))

@@ -222,7 +222,7 @@ def _reporters(s: start.Setup, first_step: int) -> None:
   for i, r in enumerate(s.group.runs):
     r.reporter = reporting.Reporter(
         r.workdir, r.config_dict, s.main, total_steps=cfg.train.num_steps,
-        start_step=first_step, mesh_shape=dict(s.mesh.shape) if s.mesh is not None else None,
+        start_step=first_step, mesh_shape=dict(s.mesh.shape),
         flops_per_step=reporting.model_flops_per_step(
             cfg.model, cfg.data.batch_size, cfg.data.max_source_len, cfg.data.max_target_len),
         peak_flops_per_device=reporting.peak_flops(jax.devices()[0].device_kind, cfg.peak_flops),

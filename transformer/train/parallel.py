@@ -1,8 +1,11 @@
 """Device mesh, logical partition rules, jit shardings, pmap mode, multi-host setup, memory check.
 
-A step computes sums over its batch, `psum`med over `axis_name` if given (steps.py). mode='mesh'
-jits it over a ('data', 'fsdp', 'tensor') mesh, the batch split over data*fsdp, the state sharded
-by its logical axis names and donated; mode='pmap' pmaps it, the state replicated.
+Both modes hold the train state on a ('data', 'fsdp', 'tensor') mesh between steps: created,
+restored, evaluated and saved by the same code. mode='mesh' shards it by its logical axis names
+and jits the step over the mesh, the batch split over data*fsdp, the state donated. mode='pmap'
+puts every device on the data axis and replicates the state there; its step is the same function
+(steps.py), pmapped with its sums `psum`med over `axis_name`, fed a copy of the state per device
+and a slice of the batch per device.
 """
 
 import dataclasses
@@ -98,9 +101,11 @@ def resolve_mesh_shape(mesh_shape: MeshShape, num_devices: int) -> tuple[int, in
 
 
 def make_mesh(parallel_cfg: ParallelConfig, devices: Sequence[Any] | None = None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh of Auto axes (what flax linen partitioning needs)."""
+  """A ('data', 'fsdp', 'tensor') mesh of Auto axes (what flax linen partitioning needs); pmap
+  mode: every device on the data axis (parallel.mesh_shape is the mesh mode's)."""
   devices = list(jax.devices() if devices is None else devices)
-  shape = resolve_mesh_shape(parallel_cfg.mesh_shape, len(devices))
+  shape = ((len(devices), 1, 1) if parallel_cfg.mode == "pmap"
+           else resolve_mesh_shape(parallel_cfg.mesh_shape, len(devices)))
   auto = (AxisType.Auto,) * len(MESH_AXES)
   try:  # Topology-aware device order on TPU/GPU.
     return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
@@ -162,10 +167,14 @@ def _is_box(x: Any) -> bool:
   return isinstance(x, meta.AxisMetadata)
 
 
-def state_shardings(abstract_state: Any, mesh: Mesh, boxed_params: Any = None) -> Any:
+def state_shardings(abstract_state: Any, mesh: Mesh, boxed_params: Any = None,
+                    replicated: bool = False) -> Any:
   """A pytree of NamedSharding mirroring the unboxed `abstract_state`, from the flax boxes' logical
   axis names (in the state, or in `boxed_params`). A leaf whose path ends with a param's path and
-  has its shape (params, moments, EMAs) gets that param's sharding; the rest is replicated."""
+  has its shape (params, moments, EMAs) gets that param's sharding; the rest is replicated.
+  `replicated`: every leaf is (pmap mode)."""
+  if replicated:
+    return jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract_state, is_leaf=_is_box)
   source = abstract_state if boxed_params is None else boxed_params
   boxed = [(tuple(_key_name(k) for k in path), box) for path, box in
            jax.tree_util.tree_flatten_with_path(source, is_leaf=_is_box)[0] if _is_box(box)]
@@ -213,18 +222,30 @@ def shard_batch(local_batch: dict[str, Any], mesh: Mesh, stacked: bool = False
 
 
 def replicate(tree: Any, devices: Sequence[Any]) -> Any:
-  """Puts a copy of every leaf on each of `devices`, stacked on a new leading axis (pmap layout)."""
+  """A copy of every leaf on each of `devices`, stacked on a new leading axis (pmap's layout); a
+  leaf replicated on the mesh gives the copies it holds, any other is put on each device."""
   sharding = NamedSharding(Mesh(np.asarray(devices, dtype=object), (PMAP_AXIS,)), P(PMAP_AXIS))
 
   def put(x: Any) -> jax.Array:
-    copies = [jax.device_put(x, d)[None] for d in devices]
+    held = {s.device: s.data for s in getattr(x, "addressable_shards", ())
+            if s.data.shape == np.shape(x)}
+    copies = [(held[d] if d in held else jax.device_put(x, d))[None] for d in devices]
     return jax.make_array_from_single_device_arrays((len(devices),) + np.shape(x), sharding, copies)
 
   return jax.tree.map(put, tree)
 
 
 def unreplicate(tree: Any) -> Any:
+  """The first copy of each leaf of pmap's layout."""
   return jax.tree.map(lambda x: x[0], tree)
+
+
+def gather_replicas(tree: Any, mesh: Mesh) -> Any:
+  """pmap's layout (a copy per local device on a leading axis) -> arrays replicated on `mesh`,
+  as the mesh path holds them."""
+  sharding = NamedSharding(mesh, P())
+  return jax.tree.map(lambda x: jax.make_array_from_single_device_arrays(
+      x.shape[1:], sharding, [s.data[0] for s in x.addressable_shards]), tree)
 
 
 def split_for_pmap(local_batch: dict[str, Any], n: int) -> dict[str, Any]:
@@ -276,8 +297,9 @@ def _compile_mesh(step_fn: Callable[..., Any], mesh: Mesh, state_sharding: Any,
                       fetch_state=lambda s: s)
 
 
-def _compile_pmap(step_fn: Callable[..., Any], returns_state: bool) -> CompiledStep:
-  """pmap over all processes' devices (a global psum), each process feeding its local ones."""
+def _compile_pmap(step_fn: Callable[..., Any], mesh: Mesh, returns_state: bool) -> CompiledStep:
+  """pmap over all processes' devices (a global psum), each process feeding its local ones; the
+  state goes in as a copy per device and comes back replicated on `mesh`."""
   devices = jax.local_devices()
   fn = (functools.partial(step_fn, axis_name=PMAP_AXIS) if returns_state
         else lambda *args: jax.lax.psum(step_fn(*args), PMAP_AXIS))
@@ -289,13 +311,14 @@ def _compile_pmap(step_fn: Callable[..., Any], returns_state: bool) -> CompiledS
     return (out[0], unreplicate(out[1])) if returns_state else unreplicate(out)
 
   return CompiledStep(step=step, prepare_batch=lambda b: split_for_pmap(b, len(devices)),
-                      prepare_state=lambda s: replicate(s, devices), fetch_state=unreplicate)
+                      prepare_state=lambda s: replicate(s, devices),
+                      fetch_state=lambda s: gather_replicas(s, mesh))
 
 
-def compile_train_step(step_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
+def compile_train_step(step_fn: Callable[..., Any], mode: str, mesh: Mesh,
                        state_sharding: Any) -> CompiledStep:
   """Compiles `step_fn(state, batch, axis_name=None) -> (state, metrics)` for `mode`."""
-  return (_compile_pmap(step_fn, returns_state=True) if mode == "pmap"
+  return (_compile_pmap(step_fn, mesh, returns_state=True) if mode == "pmap"
           else _compile_mesh(step_fn, mesh, state_sharding, returns_state=True))
 
 
@@ -305,8 +328,8 @@ def compile_multi_step(multi_step_fn: Callable[..., Any], mesh: Mesh, state_shar
   return _compile_mesh(multi_step_fn, mesh, state_sharding, returns_state=True, stacked=True)
 
 
-def compile_eval_step(eval_fn: Callable[..., Any], mode: str, mesh: Mesh | None,
+def compile_eval_step(eval_fn: Callable[..., Any], mode: str, mesh: Mesh,
                       state_sharding: Any) -> CompiledStep:
   """Compiles `eval_fn(state, batch) -> pytree of sums`; pmap mode adds up the devices'."""
-  return (_compile_pmap(eval_fn, returns_state=False) if mode == "pmap"
+  return (_compile_pmap(eval_fn, mesh, returns_state=False) if mode == "pmap"
           else _compile_mesh(eval_fn, mesh, state_sharding, returns_state=False))

@@ -117,7 +117,7 @@ class Setup:
   model: nn.Module
   tx: optax.GradientTransformation
   init: Callable[..., steps.TrainState]  # (rng, unbox=True) -> a fresh state of one run
-  mesh: jax.sharding.Mesh | None  # None in pmap mode
+  mesh: jax.sharding.Mesh  # the state's, in both modes (pmap: every device on the data axis)
   shardings: Any  # the group's train state's
   abstract: Any  # one run's state as jax.ShapeDtypeStructs on its shardings: restore's target
   train_iter: Any  # the training batches (a prefetch.Prefetch with data.prefetch)
@@ -132,8 +132,8 @@ def setup(cfg: Config, workdir: str, task: Any, main: bool, started: float) -> S
   example = {k: np.asarray(v)[:1] for k, v in next(iter(task.train_iterator())).items()
              if v is not None}
   init = functools.partial(steps.create_train_state, cfg, model, example_batch=example, tx=tx)
-  mesh = parallel.make_mesh(cfg.parallel) if cfg.parallel.mode == "mesh" else None
-  shardings, abstract = _abstract_state(init, jax.random.key(cfg.seed), mesh)
+  mesh = parallel.make_mesh(cfg.parallel)
+  shardings, abstract = _abstract_state(init, jax.random.key(cfg.seed), mesh, cfg.parallel.mode)
   parallel.check_fits(abstract, cfg.model)
   group.open_checkpoints(cfg.checkpoint)
   train_iter = task.train_iterator()
@@ -144,15 +144,13 @@ def setup(cfg: Config, workdir: str, task: Any, main: bool, started: float) -> S
 
 
 def _abstract_state(init: Callable[..., steps.TrainState], rng: jax.Array,
-                    mesh: jax.sharding.Mesh | None) -> tuple[Any, Any]:
-  """(shardings, abstract state) of one run's train state, traced without allocating it."""
-  if mesh is not None:  # the init traced once: boxed for the shardings, unboxed for the shapes
-    boxed = jax.eval_shape(lambda r: init(r, unbox=False), rng)
-    shapes, shardings = nn.meta.unbox(boxed), parallel.state_shardings(boxed, mesh)
-  else:  # pmap: the state lives on one device until prepare_state replicates it
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    shapes = jax.eval_shape(init, rng)
-    shardings = jax.tree.map(lambda _: device, shapes)
+                    mesh: jax.sharding.Mesh, mode: str) -> tuple[Any, Any]:
+  """(shardings, abstract state) of one run's train state, traced without allocating it: on
+  `mesh`, sharded by its logical axes (pmap mode: replicated)."""
+  # The init traced once: boxed for the shardings, unboxed for the shapes.
+  boxed = jax.eval_shape(lambda r: init(r, unbox=False), rng)
+  shapes = nn.meta.unbox(boxed)
+  shardings = parallel.state_shardings(boxed, mesh, replicated=mode == "pmap")
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           shapes, shardings)
   return shardings, abstract
