@@ -314,8 +314,9 @@ def test_grad_accumulation_averages_the_aux_losses_like_the_loss():
   tx = optim.make_optimizer(cfg.train, cfg.model.d_model)
   state = steps.create_train_state(cfg, model, jax.random.key(0), dict(targets=tokens), tx=tx)
   _, metrics = jax.jit(steps.make_train_step(cfg, model, tx))(state, dict(targets=tokens))
-  halves = [moe.aux_metrics(models.batch_logits(model, state.params, dict(targets=half),
-                                                mutable=["moe"])[1]["moe"], E)
+  # One compiled forward pass for both halves (op by op, each of its operations compiles alone).
+  sown = jax.jit(lambda p, t: models.batch_logits(model, p, dict(targets=t), mutable=["moe"])[1])
+  halves = [moe.aux_metrics(sown(state.params, half)["moe"], E)
             for half in (tokens[:2], tokens[2:])]
   for name, key in (("balance_loss", "moe_balance_loss"), ("z_loss", "moe_z_loss"),
                     ("dropped", "moe_dropped")):
