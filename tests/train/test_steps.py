@@ -76,9 +76,10 @@ def test_grad_accumulation_equals_large_batch():
 
 def test_train_step_loss_matches_reference_cross_entropy():
   """The step's reported loss is the label-smoothed cross-entropy sum over weighted tokens divided
-  by the weight sum, computed by applying the model and loss directly; the step counter advances."""
+  by the weight sum, computed by applying the model and loss directly; the step counter advances.
+  (The batch is test_grad_accumulation_equals_large_batch's: the same programs, compiled once.)"""
   cfg = tiny_config()
-  batch = make_batch()
+  batch = make_batch(b=8)
   state, new_state, metrics = one_step(cfg, batch)
   model = build_model(cfg.model)
   # Compiled whole: op by op, the forward pass compiles each of its operations on its own.
