@@ -7,8 +7,7 @@ or any local text file: add `--config.data.dataset=text_files --config.data.text
   nanogpt_cpu     nanoGPT's CPU settings (a 4-layer model, short blocks, small batches).
   bpe             `char` with a SentencePiece BPE vocabulary.
   moe, moe_dense  `nanogpt_cpu` with 8 GELU experts of 256, top-2; its dense twin (docs/moe.md).
-  isoflop         `nanogpt_cpu`'s recipe for IsoFLOP sweeps, µP at base width 16, lr 3.2e-2
-                  (docs/scaling.md).
+  isoflop         `nanogpt_cpu`'s IsoFLOP recipe, µP at base width 16, lr 3.2e-2 (docs/scaling.md).
 
   python train.py --config=configs/lm.py:nanogpt_cpu --workdir=runs/shakespeare_char \
       --config.data.dataset=text_files --config.data.text_file=/path/to/tinyshakespeare.txt

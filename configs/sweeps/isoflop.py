@@ -1,14 +1,12 @@
 r"""IsoFLOP sweep of a decoder-only LM: 4 compute budgets (2.5e10 to 2e11 training FLOPs, a factor 2
-apart) x 5 model sizes x seeds 0 and 1 (transformer/scaling/isoflop.py: the shape rule, the
+apart) x 7 model sizes x seeds 0 and 1 (transformer/scaling/isoflop.py: the shape rule, the
 steps that spend each budget, warmup and decay scaled with the run).
 
-Sizes are spaced 1.5x in non-embedding parameters (an 11x window per budget), centred on
-N = sqrt(C / (6 x 150)), where these character models' optimum lies (100 to 400 tokens per
-parameter), so that each budget's window brackets its vertex and no run reads Tiny Shakespeare's
-training split more than 4 times; every shape has 2 layers and 2 heads (d_model even, the one
-nearest the target): width is the one axis, the one µP transfers a learning rate along
-(configs/lm.py:isoflop is µP at base width 16). docs/scaling.md's study runs it so
-(benchmarks/scaling_isoflop.py holds the command):
+Sizes are spaced 1.5x in non-embedding parameters, centred on N = sqrt(C / (6 x 150)), so that
+each window brackets its budget's optimum (50 to 200 tokens per parameter for these character
+models) and no run reads Tiny Shakespeare's training split more than 4 times. Every shape has 2
+layers and 2 heads (d_model even): width is the one axis, the one µP (configs/lm.py:isoflop, base
+width 16) transfers a learning rate along. docs/scaling.md's study runs it so:
 
   python sweep.py --config=configs/lm.py:isoflop --sweep=configs/sweeps/isoflop.py \
       --workdir=runs/isoflop --pack=2 --eval_split= \
