@@ -6,6 +6,8 @@ import csv
 import json
 import os
 
+import pytest
+
 from transformer.sweeps import report, spec
 
 
@@ -64,3 +66,23 @@ def test_plots_have_only_panels_with_something_to_compare(tmp_path):
   assert report.metric_figure(rows[:1] + [rows[1] | {"test/wer": None}], "test/wer") is None
   out = report.write_report([_point(tmp_path, "d", train[:1])], str(tmp_path / "w"))
   assert "plot" not in out and os.path.exists(out["md"])  # one point: nothing to compare
+
+
+def test_the_report_never_replaces_a_file_it_did_not_write(tmp_path):
+  """results.md a user wrote in the sweep's workdir is refused before anything is read, and kept;
+  the files the report wrote itself are replaced by the next report; a workdir inside a run is
+  refused."""
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  (workdir / "results.md").write_text("my notes\n")
+  point = _point(tmp_path, "d", [{"step": 10, "train/loss": 1.0}])
+  with pytest.raises(spec.SweepError, match="results.md exists and was not written here"):
+    report.write_report([point], str(workdir))
+  assert (workdir / "results.md").read_text() == "my notes\n"
+  (workdir / "results.md").unlink()
+  first = report.write_report([point], str(workdir))["markdown"]
+  assert report.write_report([point], str(workdir), title="again")["markdown"] == first
+  assert (workdir / "results.md").read_text().startswith("again\n")
+  (tmp_path / "d" / "checkpoints").mkdir()  # d is now a run's workdir
+  with pytest.raises(spec.SweepError, match="inside the run"):
+    report.write_report([point], str(tmp_path / "d" / "sweep"))

@@ -39,6 +39,21 @@ def test_status_line_from_metrics_jsonl(tmp_path):
   assert watch.status_line("p", rows, 14600).endswith("ETA 2:00:00")
 
 
+
+def test_status_line_of_a_log_holding_nan_and_infinities(tmp_path):
+  """NaN and infinite losses are shown as such; a NaN or infinite time gives no ETA (never a
+  crash of the console's thread); an ETA past a thousand hours is not spelled out."""
+  nan, inf = float("nan"), float("inf")
+  for elapsed in (nan, inf, -inf):
+    rows = [{"step": 10, "train/loss": 1.0, "time/elapsed_s": 0.0},
+            {"step": 20, "train/loss": nan, "time/elapsed_s": elapsed},
+            {"step": 20, "eval/loss": inf}]
+    assert watch.status_line("p", rows, 100) == "p: step 20/100  loss nan  dev/loss inf"
+  slow = [{"step": 1, "train/loss": 1.0, "time/elapsed_s": 0.0},
+          {"step": 2, "train/loss": 1.0, "time/elapsed_s": 1e308}]
+  assert watch.status_line("p", slow, 100).endswith("ETA ?")  # 98 * 1e308 s: an infinity
+  assert watch.duration(3600.0 * 1000) == ">999:59:59" and watch.duration(nan) == "?"
+
 FAIL_LOUDLY = """
 import sys
 print("step 1/3 | 5.00 step/s\\r", end="")

@@ -2,12 +2,13 @@
 metric per point) and curves.png (every point's learning curves) in the sweep's workdir."""
 
 import csv
+import io
 import logging
 import os
 from typing import Any, Sequence
 
 from transformer import files
-from transformer.run import compare, metrics_log, results, table
+from transformer.run import compare, guard, metrics_log, results, table
 from transformer.sweeps import runner, spec
 
 # Metrics tried in order by metric='auto'; the first one that some point has is plotted.
@@ -72,13 +73,20 @@ def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
   return head + dev + [k for k in metrics if k not in dev] + [k for k in tail if k in seen]
 
 
+def _write(path: str, data: bytes) -> None:
+  """Writes a report file through the guard (recorded as the sweep's own, so a rerun replaces
+  it)."""
+  guard.write_bytes(os.path.dirname(os.path.abspath(path)), os.path.basename(path), data)
+
+
 def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
   """results.csv: every column, raw values, blank where a point has none."""
   cols = columns(rows)
-  with open(path, "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=cols, restval="")
-    writer.writeheader()
-    writer.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in cols} for row in rows)
+  text = io.StringIO(newline="")
+  writer = csv.DictWriter(text, fieldnames=cols, restval="")
+  writer.writeheader()
+  writer.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in cols} for row in rows)
+  _write(path, text.getvalue().encode("utf-8"))
 
 
 def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None,
@@ -130,24 +138,27 @@ def plot_curves(points: Sequence[spec.Point], metric: str | None, path: str) -> 
   if metric and "/" in metric and metric.split("/", 1)[1] != "loss":
     keys.append("eval/" + metric.split("/", 1)[1])
   fig = curves.plot_compared_curves({p.name: [results.read_logged(p.workdir)] for p in points},
-                                    keys, save_path=path)
+                                    keys)
   if fig is not None:
-    curves.plt.close(fig)
+    _save(fig, path)
   return fig is not None
 
 
 def _save(fig: Any, path: str) -> None:
   from transformer.run.curves import plt  # pylint: disable=g-import-not-at-top  (Agg; plots only)
-  fig.savefig(path, dpi=100, bbox_inches="tight")
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=100, bbox_inches="tight")
   plt.close(fig)
+  _write(path, png.getvalue())
 
 
 def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto",
                  eval_split: str = "test", title: str = "") -> dict[str, Any]:
   """Writes results.csv (every column), .md (constant columns stated above the table), .png and
   curves.png (where they have something to compare); returns {'rows', 'metric', 'markdown' (the
-  tables of results.md) and the paths}."""
-  os.makedirs(workdir, exist_ok=True)
+  tables of results.md) and the paths}; raises spec.SweepError (one line) for a workdir the
+  guard refuses (inside a run, or holding a report file the sweep did not write)."""
+  spec.check_workdir(workdir)
   rows = collect(points, eval_split or "test")
   chosen = metric if metric != "auto" else next(
       (m for m in AUTO_METRICS if any(r.get(m) is not None for r in rows)), None)
@@ -155,8 +166,7 @@ def write_report(points: Sequence[spec.Point], workdir: str, metric: str = "auto
          "md": os.path.join(workdir, "results.md")}
   write_csv(rows, out["csv"])
   out["markdown"] = markdown(rows, chosen, compare.seed_groups([p.overrides for p in points]))
-  with open(out["md"], "w") as f:
-    f.write((f"{title}\n\n" if title else "") + out["markdown"])
+  _write(out["md"], ((f"{title}\n\n" if title else "") + out["markdown"]).encode("utf-8"))
   if chosen and (fig := metric_figure(rows, chosen)) is not None:
     out["plot"] = os.path.join(workdir, "results.png")
     _save(fig, out["plot"])

@@ -22,6 +22,7 @@ import ml_collections
 
 from transformer import cli, files
 from transformer.config import from_configdict
+from transformer.run import guard
 from transformer.sweeps import watch
 from transformer.sweeps.spec import apply_overrides, Commands, Point, SweepError
 
@@ -120,8 +121,7 @@ def write_manifest(points: Sequence[Point], commands: Commands, sweep_path: str,
               "base_overrides": dict(commands.base_overrides),
               "points": [{"name": p.name, "overrides": p.overrides, "workdir": p.workdir}
                          for p in points]}
-  files.write_text_atomic(os.path.join(workdir, "sweep.json"),
-                          json.dumps(manifest, indent=1, default=str))
+  guard.write_bytes(workdir, "sweep.json", json.dumps(manifest, indent=1, default=str).encode())
 
 
 _running: set[subprocess.Popen] = set()  # children of launch_subprocess, for stop_running

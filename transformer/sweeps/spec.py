@@ -33,6 +33,8 @@ SHORT_LABELS = {
     "model.num_decoder_layers": "dec_layers", "train.scheduled_sampling.schedule": "ss",
     "train.scheduled_sampling.k": "ss_k", "train.scheduled_sampling.c": "ss_c",
     "train.scheduled_sampling.min_teacher_forcing": "ss_min"}
+# The files a sweep writes at its workdir's root (through the guard: never over a user's file).
+WRITTEN = ("sweep.json", "results.csv", "results.md", "results.png", "curves.png")
 MAX_NAME_LEN = 80  # longer names are cut and end in a hash of the overrides
 
 
@@ -156,16 +158,22 @@ def point_names(points: Sequence[Mapping[str, Any]]) -> list[str]:
   return names
 
 
-def plan(config: ml_collections.ConfigDict, config_arg: str, sweep_path: str,
-         workdir: str) -> list[Point]:
-  """Loads, checks and names a sweep's points; raises SweepError or ConfigError (one line)."""
+def check_workdir(workdir: str) -> None:
+  """Raises SweepError (one line) unless a sweep may write `workdir`: a directory (or none yet)
+  outside every run whose WRITTEN files, where they exist, are the ones a sweep wrote there."""
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise SweepError(f"--workdir={workdir} is a file, not a directory: name a directory for the "
                      "sweep's points")
-  try:
-    guard.check(workdir, "--workdir")  # a sweep owns no run: never inside one
+  try:  # a sweep owns no run: never inside one
+    guard.check(workdir, "--workdir", WRITTEN, hint=", or remove that file")
   except guard.WriteRefused as e:
     raise SweepError(str(e)) from None
+
+
+def plan(config: ml_collections.ConfigDict, config_arg: str, sweep_path: str,
+         workdir: str) -> list[Point]:
+  """Loads, checks and names a sweep's points; raises SweepError or ConfigError (one line)."""
+  check_workdir(workdir)
   overrides = load_sweep(sweep_path, config)
   check_keys(overrides, config, sweep_path, config_arg)
   seen: dict[str, int] = {}

@@ -6,6 +6,7 @@ log file) they are plain lines, a point's only when its logged step has moved.""
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -27,7 +28,12 @@ _LOG_TAIL = 65536  # bytes of a failed point's log read for its last error line
 
 
 def duration(seconds: float) -> str:
-  """'m:ss', or 'h:mm:ss' from an hour on (as the training bar's)."""
+  """'m:ss', or 'h:mm:ss' from an hour on (as the training bar's); '?' for NaN or infinity,
+  '>999:59:59' from a thousand hours on."""
+  if not math.isfinite(seconds):
+    return "?"
+  if seconds >= 1000 * 3600:
+    return ">999:59:59"
   minutes, secs = divmod(int(round(max(seconds, 0.0))), 60)
   hours, minutes = divmod(minutes, 60)
   return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
@@ -46,11 +52,13 @@ def _value(key: str, value: float) -> str:
 def eta_seconds(rows: Sequence[dict[str, Any]], num_steps: int) -> float | None:
   """Seconds to `num_steps` at the rate between the first and the latest logged training step
   (the first is logged after compilation; the evaluations between them are counted, as they
-  recur); None before two such steps."""
+  recur); None before two such steps, or where their times are not finite."""
   timed = [r for r in rows if "train/loss" in r and "time/elapsed_s" in r]
   if len(timed) < 2 or timed[-1]["step"] <= timed[0]["step"]:
     return None
   seconds = timed[-1]["time/elapsed_s"] - timed[0]["time/elapsed_s"]
+  if not math.isfinite(seconds):  # a log holding NaN or an infinity as its time
+    return None
   rate = (timed[-1]["step"] - timed[0]["step"]) / max(seconds, 1e-9)
   return max(num_steps - timed[-1]["step"], 0) / rate
 
