@@ -123,6 +123,8 @@ def run_sweep() -> None:
                        os.path.abspath(f.workdir) if on_ray else f.workdir)
   except (spec.SweepError, ConfigError) as e:
     cli.fail(str(e))
+  if not f.report_only:
+    check_points(points)
   check_asha(points)
   script = lambda name: os.path.relpath(os.path.join(ROOT, name))  # pylint: disable=unnecessary-lambda-assignment
   commands = spec.Commands(config_arg, base, python=f.python, train_script=script("train.py"),
@@ -201,12 +203,28 @@ def run_sweep() -> None:
     cli.fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")
 
 
+def check_points(points) -> None:
+  """Ends the program in one line, before anything runs, for a point train.py would refuse at its
+  start (start.check_loop_config: W&B's mode and credentials, a metric never logged, ...)."""
+  from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
+  from transformer.sweeps import spec  # pylint: disable=g-import-not-at-top
+  from transformer.train import start  # pylint: disable=g-import-not-at-top  (imports JAX)
+  for p in points:
+    try:
+      start.check_loop_config(from_configdict(spec.apply_overrides(flags.FLAGS.config,
+                                                                   p.overrides)))
+    except ConfigError as e:
+      cli.fail(f"{e} (point {p.name})")
+
+
 def check_asha(points) -> None:
   """Ends the program in one line, before anything runs, for ASHA settings no point can meet: a
-  metric some point's in-training evaluations never log, a reduction factor <= 1."""
+  metric some point's in-training evaluations never log, a mode against the metric's direction
+  (max of a loss), a reduction factor <= 1."""
   f = flags.FLAGS
   if f.early_stop != "asha":
     return
+  from transformer import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
   from transformer.model import scoring  # pylint: disable=g-import-not-at-top  (imports JAX)
   from transformer.sweeps import spec  # pylint: disable=g-import-not-at-top
@@ -221,6 +239,10 @@ def check_asha(points) -> None:
                                        "--asha_metric", f.asha_metric)
     except ConfigError as e:
       cli.fail(f"{e} (point {p.name})")
+  better = metrics_lib.better_mode(f.asha_metric)  # None: a metric of no known direction
+  if better not in (None, f.asha_mode):
+    cli.fail(f"--asha_mode={f.asha_mode} for --asha_metric={f.asha_metric!r}: "
+             f"{'higher' if better == 'max' else 'lower'} is better; give --asha_mode={better}")
 
 
 def run_on_ray(points, commands, console) -> list:

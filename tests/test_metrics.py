@@ -97,3 +97,12 @@ def test_units():
   assert metrics.bits_per_unit(math.log(2.0) * 1.5) == pytest.approx(1.5)
   assert metrics.perplexity(math.log(4.0)) == pytest.approx(4.0)
   assert metrics.perplexity(1e4) == math.inf
+
+
+def test_better_mode_knows_which_way_each_metric_improves():
+  """Losses, error rates and bits improve downwards, BLEU, accuracy and F1 upwards (a _stress
+  track as its metric); counts and unknown names have no direction."""
+  assert [metrics.better_mode(m) for m in ("eval/loss", "dev/wer_stress", "test/bits_per_char",
+                                           "eval/bleu", "test/f1", "accuracy")] == [
+      "min", "min", "min", "max", "max", "max"]
+  assert metrics.better_mode("eval/decoded_examples") is None

@@ -8,6 +8,19 @@ import numpy as np
 import sacrebleu
 
 
+# Which way a metric improves, by its name after the last '/' (a `_stress` track as its metric).
+HIGHER_IS_BETTER = ("bleu", "accuracy", "f1", "tokens_per_sec")
+LOWER_IS_BETTER = ("loss", "wer", "per", "cer", "perplexity", "bits_per_char", "bits_per_byte",
+                   "bits_per_token")
+
+
+def better_mode(metric: str) -> str | None:
+  """'max' for a metric where higher is better, 'min' where lower is, None for one that is
+  neither (counts such as decoded_examples) or unknown."""
+  name = metric.rsplit("/", 1)[-1].removesuffix("_stress")
+  return "max" if name in HIGHER_IS_BETTER else "min" if name in LOWER_IS_BETTER else None
+
+
 def bits_per_unit(loss_nats: float) -> float:
   """Mean cross-entropy in nats per unit (character, byte, token) -> bits per unit."""
   return float(loss_nats) / math.log(2.0)

@@ -35,6 +35,8 @@ def test_constant_columns_are_stated_once_above_the_table(tmp_path):
       "| lr=1.0 | 1.0 | 12,345 | 300 | 1.25 | 0.5 | done |"]
   tied = [r | {"test/wer": 0.25} for r in rows]  # every point ties: no value is singled out
   assert "**" not in report.markdown(tied, "test/wer")
+  f1 = [r | {"test/f1": v} for r, v in zip(rows, (0.4, 0.6))]
+  assert "**0.6**" in report.markdown(f1, "test/f1")  # F1: higher is better
   report.write_csv(rows, str(tmp_path / "results.csv"))
   with open(tmp_path / "results.csv") as f:
     assert next(csv.reader(f)) == report.columns(rows)

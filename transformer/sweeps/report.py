@@ -7,14 +7,13 @@ import logging
 import os
 from typing import Any, Sequence
 
-from transformer import files
+from transformer import files, metrics as metrics_lib
 from transformer.run import compare, guard, metrics_log, results, table
 from transformer.sweeps import runner, spec
 
 # Metrics tried in order by metric='auto'; the first one that some point has is plotted.
 AUTO_METRICS = ("test/wer", "test/bleu", "test/bits_per_char", "test/bits_per_byte",
                 "test/bits_per_token", "test/loss", "dev/wer", "dev/bleu", "dev/loss")
-HIGHER_IS_BETTER = ("bleu", "accuracy")
 # Columns results.md shows even when every point has the same value (others are left out).
 KEPT = ("point", "params", "steps", "status")
 
@@ -100,7 +99,7 @@ def markdown(rows: Sequence[dict[str, Any]], metric: str | None = None,
   same = [f"{c} {table.format_cell(c, rows[0].get(c))}" for c in columns(rows)
           if c not in cols and rows[0].get(c) not in (None, "")]
   values = [r.get(metric) for r in rows if metrics_log.is_finite(r.get(metric))]
-  better = max if metric and any(h in metric for h in HIGHER_IS_BETTER) else min
+  better = max if metric and metrics_lib.better_mode(metric) == "max" else min
   best = better(values) if metric and len(set(values)) > 1 else None  # a tie singles out none
   text = f"Same for every point: {', '.join(same)}.\n\n" if same else ""
   text += table.markdown_table(rows, cols, bold=None if best is None else (metric, best))
