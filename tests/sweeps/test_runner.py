@@ -181,3 +181,21 @@ def test_a_rerun_with_other_sweep_wide_overrides_is_refused_not_relabelled(fake,
     runner.write_record(p, record)
   with pytest.raises(spec.SweepError, match=r"sweep_point.json records no run \(an older sweep "):
     runner.check_same_runs(points, commands)
+
+
+def test_a_point_workdir_holding_a_run_no_sweep_started_is_checked_against_the_point(fake,
+                                                                                     tmp_path):
+  """A point's directory holding a run without the sweep's record (a run copied or trained
+  there by hand) is refused when its config.json holds another value of the point's overrides,
+  never reported as the point's result; one holding the same values (results copied back from
+  a bucket) is read as the point's."""
+  points, commands = fake
+  os.makedirs(points[0].workdir)
+  with open(os.path.join(points[0].workdir, "config.json"), "w") as f:
+    json.dump({"train": {"learning_rate": 0.005, "num_steps": 3}}, f)
+  with pytest.raises(spec.SweepError, match=r"holds a run that no sweep started, of "
+                     r"train.learning_rate=0.005 \(point lr=0.5: 0.5\)"):
+    runner.check_same_runs(points, commands)
+  with open(os.path.join(points[0].workdir, "config.json"), "w") as f:
+    json.dump({"train": {"learning_rate": 0.5, "num_steps": 3.0}, "model": {}}, f)
+  runner.check_same_runs(points, commands)

@@ -24,7 +24,7 @@ from transformer import cli, files
 from transformer.config import from_configdict
 from transformer.run import guard
 from transformer.sweeps import watch
-from transformer.sweeps.spec import apply_overrides, Commands, Point, SweepError
+from transformer.sweeps.spec import apply_overrides, Commands, differing_key, Point, SweepError
 
 RECORD = "sweep_point.json"  # per point: overrides, commands, attempts, wall time
 LOG = "sweep.log"  # per point: the output of its processes
@@ -86,6 +86,12 @@ def check_same_runs(points: Sequence[Point], commands: Commands) -> None:
   for p in points:
     record = read_record(p)
     old, new = record.get("run"), point_run(p, commands)
+    ran = read_json(os.path.join(p.workdir, "config.json")) if old is None else None
+    if isinstance(ran, dict) and (key_value := differing_key(ran, new["overrides"])):
+      key, value = key_value  # a run this sweep did not start (no RECORD), of other overrides
+      raise SweepError(f"{p.workdir} holds a run that no sweep started, of {key}={value!r} "
+                       f"(point {p.name}: {new['overrides'][key]!r}): give another --workdir, "
+                       "or remove that point's directory")
     if "overrides" in record and not isinstance(old, dict):
       raise SweepError(f"{p.workdir}/{RECORD} records no run (an older sweep runner's format); "
                        "give another --workdir, or remove that point's directory")

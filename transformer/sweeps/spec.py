@@ -191,6 +191,29 @@ def plan(config: ml_collections.ConfigDict, config_arg: str, sweep_path: str,
   return points
 
 
+_MISSING = object()  # a key a run's config.json does not hold
+
+
+def _same_value(a: Any, b: Any) -> bool:
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+  if number(a) and number(b):
+    return float(a) == float(b)
+  return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def differing_key(run_config: Mapping[str, Any], overrides: Mapping[str, Any]
+                  ) -> tuple[str, Any] | None:
+  """(key, the run's value) of the first of `overrides` that a run's config.json (nested, as
+  train.py writes it) holds with another value; None if it holds them all (or lacks the key)."""
+  for key, value in overrides.items():
+    ran: Any = run_config
+    for part in key.split("."):
+      ran = ran.get(part, _MISSING) if isinstance(ran, Mapping) else _MISSING
+    if ran is not _MISSING and not _same_value(ran, value):
+      return key, ran
+  return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Commands:
   """How a point becomes processes: `train.py` with its overrides, then `eval.py` on a split."""
