@@ -86,7 +86,10 @@ def test_bad_values_are_config_errors_naming_the_point(tmp_path):
   ConfigError naming the sweep file, the point and the key; a non-scalar value is a SweepError."""
   config = load_config_file(TINY)
   cases = {'sweep("model.positional", ["rope", "sinus"])': r"point 1 \(positional=sinus\).*model.positional",
-           'sweep("model.d_model", ["big"])': "point 0.*model.d_model='big'",
+           'sweep("model.d_model", ["big"])': "point 0.*model.d_model='big' is of type str; "
+           "the key takes int",
+           'sweep("train.warmup_steps", [63.7])': "warmup_steps=63.7 is of type float; the key "
+           "takes int",
            'sweep("model.num_heads", [5])': "point 0.*model.num_heads=5 must divide"}
   for body, pattern in cases.items():
     path = write_sweep(tmp_path, f"def get_sweep():\n  return {body}\n")

@@ -118,6 +118,10 @@ def apply_overrides(config: ml_collections.ConfigDict,
     try:
       node[leaf] = value
     except (TypeError, ValueError, KeyError, AttributeError) as e:
+      current = node.get(leaf) if isinstance(node, ml_collections.ConfigDict) else None
+      if current is not None and not isinstance(value, type(current)):
+        raise ConfigError(f"{key}={value!r} is of type {type(value).__name__}; the key takes "
+                          f"{type(current).__name__}") from None
       first = (str(e).strip().splitlines() or [type(e).__name__])[0]
       raise ConfigError(f"{key}={value!r}: {first}") from None
   return cd
