@@ -166,7 +166,8 @@ def test_globs_keep_workdirs_once_and_bad_paths_are_one_line(tmp_path, capsys):
   assert results.expand([f"{sweep}/lr=1*"]) == [b]
   for args, culprit in (([a, str(tmp_path / "nowhere")], f"{tmp_path}/nowhere is not a workdir"),
                         ([f"{tmp_path}/x*"], f"{tmp_path}/x* matches no workdir"),
-                        ([str(sweep / "results.md")], "quote a glob")):
+                        ([str(sweep / "results.md")], "results.md is a file, not a workdir"),
+                        ([str(tmp_path)], f"{tmp_path} is not a workdir (no config.json)")):
     assert compare.main(args) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and culprit in err, err

@@ -116,9 +116,12 @@ def expand(paths_or_globs: Iterable[str]) -> list[str]:
     elif is_workdir(arg):
       found = [arg]
     elif not (found := _members(arg)):
-      hint = ("; quote a glob ('dir/*') to keep only its workdirs"
-              if files.exists(arg) and not files.isdir(arg) else "")
-      raise WorkdirError(f"{arg} is not a workdir (no config.json){hint}")
+      if not files.exists(arg):
+        raise WorkdirError(f"{arg} is not a workdir: no such directory")
+      if not files.isdir(arg):
+        raise WorkdirError(f"{arg} is a file, not a workdir (a directory with config.json); "
+                           "quote a glob ('dir/*') to keep only its workdirs")
+      raise WorkdirError(f"{arg} is not a workdir (no config.json)")
     seen = {os.path.realpath(p) for p in out}
     out += [p for p in found if os.path.realpath(p) not in seen]
   if not out:
