@@ -384,3 +384,18 @@ def test_ctrl_c_stops_the_points_and_their_train_processes_save(tmp_path, mode):
   assert proc.returncode == 130 and "INTERRUPTED" in out
   saved = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")))
   assert 4 <= saved[-1] < 400 and len(open(os.path.join(workdir, "starts.jsonl")).readlines()) == 1
+
+
+def test_an_address_that_is_not_host_port_is_refused_before_ray_starts():
+  """--ray_address must be HOST:PORT (a port in 1..65535), 'auto' or ray://HOST:PORT: anything
+  else is one line naming the flag (not Ray's parse error with advice about authentication);
+  a port where nothing listens says so."""
+  for address in ("nonsense", "127.0.0.1:99999", "10.0.0.2:", "127.0.0.1:0"):
+    with pytest.raises(spec.SweepError, match=f"--ray_address={address} is not HOST:PORT"):
+      ray_launcher.check_reachable(address)
+  with socket.socket() as s:  # a free port on loopback, closed again: nothing answers there
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  with pytest.raises(spec.SweepError, match="no Ray cluster answers there"):
+    ray_launcher.check_reachable(f"127.0.0.1:{port}", timeout=2.0)
+  ray_launcher.check_reachable("auto")

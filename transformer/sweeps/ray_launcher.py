@@ -85,11 +85,15 @@ def is_loopback(address: str) -> bool:
 
 
 def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
-  """SweepError unless a TCP connection to host:port opens within `timeout` ('auto' and ray://
-  addresses are left to Ray)."""
-  match = re.match(r"^([^:/]+):(\d+)$", address)
-  if not match:
+  """SweepError unless `address` is HOST:PORT, 'auto' or ray://HOST:PORT and, for HOST:PORT, a
+  TCP connection to it opens within `timeout` (the others are left to Ray)."""
+  if address == "auto" or re.match(r"^ray://[^\s/:]+:\d+$", address):
     return
+  match = re.match(r"^([^\s:/]+):(\d+)$", address)
+  if not match or not 0 < int(match[2]) < 65536:
+    raise SweepError(f"--ray_address={address} is not HOST:PORT with a port in 1..65535 (e.g. "
+                     "10.0.0.2:6379, the head's `ray start --head --port`), 'auto' or "
+                     "ray://HOST:PORT")
   try:
     with socket.create_connection((match[1], int(match[2])), timeout=timeout):
       pass
