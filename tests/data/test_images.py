@@ -152,10 +152,14 @@ def test_image_task_has_no_text_interface():
      r"pixels of uint16 must be in \[0, 1\].*span \[4000, 4000\]$"),
     (np.where(np.eye(8)[..., None] > 0, np.nan, 0.5), r"images: pixels hold NaN or infinities"),
     (np.full((8, 8, 1), -0.5, np.float32), r"span \[-0.5, -0.5\]; divide by 255"),
+    (np.zeros((8, 8, 3), np.uint8), r"images of shape \(8, 8, 3\): this run takes an image "
+     r"\(8, 8, 1\)"),
+    ([np.zeros((8, 8, 1)), np.zeros((9, 8, 1))], r"^images of different shapes: this run takes"),
 ])
 def test_pixels_out_of_their_documented_range_are_refused(pixels, message):
   """A ViT run's classify() takes floats in [0, 1] or uint8: a float image in [0, 255], other
-  integer pixels, NaN or negative values are one ValueError, never silently scaled wrong."""
+  integer pixels, NaN or negative values, other channels or images of different shapes are one
+  ValueError, never silently scaled wrong."""
   import types  # pylint: disable=g-import-not-at-top
   from transformer.infer import api  # pylint: disable=g-import-not-at-top
   run = types.SimpleNamespace(config=from_configdict(vit.get_config()))

@@ -189,7 +189,11 @@ class Run:
     if not m.image_size:
       raise ValueError("this run reads tokens, not images (model.image_size=0)")
     shape = (m.image_size, m.image_size, m.image_channels)
-    array = np.asarray(images)
+    try:
+      array = np.asarray(images)
+    except ValueError:  # numpy's "inhomogeneous shape": a list of images of different shapes
+      raise ValueError(f"images of different shapes: this run takes images {shape} (H, W, C), "
+                       "all of them that shape") from None
     if array.dtype.kind not in "uifb":
       what = "text" if array.dtype.kind in "US" else f"{array.dtype} values"
       raise ValueError(f"this run classifies images (model.image_size={m.image_size}): give "
