@@ -39,6 +39,7 @@ says where it stopped, and a rerun without --early_stop continues it (docs/sweep
 """
 
 import functools
+import math
 import os
 import shlex
 import signal
@@ -57,9 +58,11 @@ config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/g2p.p
                                  lock_config=True)
 flags.DEFINE_string("sweep", None, "Sweep file, e.g. configs/sweeps/positional.py.")
 flags.DEFINE_string("workdir", None, "The sweep's directory; each point gets a subdirectory.")
-flags.DEFINE_integer("parallel", 1, "Points trained at the same time (each is one process).")
+flags.DEFINE_integer("parallel", 1, "Points trained at the same time (each is one process).",
+                     lower_bound=1)
 flags.DEFINE_integer("pack", 1, "Train up to N points that differ only in keys a train.members "
-                     "member may vary (seed, learning rate, ...) as one vmapped program; 1 = off.")
+                     "member may vary (seed, learning rate, ...) as one vmapped program; 1 = off.",
+                     lower_bound=1)
 flags.DEFINE_bool("dry_run", False, "Print the commands that would run, run nothing.")
 flags.DEFINE_bool("report_only", False, "Only write results.csv/.md and the plots.")
 flags.DEFINE_string("metric", "auto", "Metric for the bar plot and the bold best value, e.g. "
@@ -76,11 +79,12 @@ flags.DEFINE_string("remote_python", "python3", "tpu_vm: Python interpreter on t
 flags.DEFINE_bool("execute", False, "tpu_vm: run the gcloud commands instead of printing them.")
 flags.DEFINE_string("ray_address", "", "ray: the cluster's address, e.g. 10.0.0.2:6379 (the head's "
                     "`ray start --head --port`); '' = a local Ray on 127.0.0.1.")
-flags.DEFINE_float("ray_num_cpus", 1, "ray: CPUs each point holds while it runs.")
-flags.DEFINE_float("ray_num_gpus", 0, "ray: GPUs each point holds while it runs.")
-flags.DEFINE_float("ray_tpu", 0, "ray: TPU chips (Ray's `TPU` resource) each point holds.")
+flags.DEFINE_float("ray_num_cpus", 1, "ray: CPUs each point holds while it runs.", lower_bound=0)
+flags.DEFINE_float("ray_num_gpus", 0, "ray: GPUs each point holds while it runs.", lower_bound=0)
+flags.DEFINE_float("ray_tpu", 0, "ray: TPU chips (Ray's `TPU` resource) each point holds.",
+                   lower_bound=0)
 flags.DEFINE_integer("ray_max_retries", 3, "ray: reruns of a point whose node, worker or process "
-                     "died (each resumes from its checkpoint).")
+                     "died (each resumes from its checkpoint).", lower_bound=0)
 flags.DEFINE_enum("early_stop", "none", ["none", "asha"], "Early stopping over the points: asha = "
                   "Ray Tune's ASHA on the in-training evaluations (a local Ray unless "
                   "--launcher=ray); stopped points keep a checkpoint and resume without it.")
@@ -90,6 +94,8 @@ flags.DEFINE_integer("asha_grace_steps", 0, "asha: the first rung in training st
                      "config's eval.every_steps (the first evaluation).")
 flags.DEFINE_float("asha_reduction_factor", 2, "asha: 1/fraction of the points kept at each rung.")
 flags.mark_flags_as_required(["config", "sweep", "workdir"])
+for _name in ("ray_num_cpus", "ray_num_gpus", "ray_tpu", "asha_reduction_factor"):
+  flags.register_validator(_name, math.isfinite, message="must be a finite number")
 
 
 def main(argv):

@@ -44,6 +44,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import adversarial_conversion  # noqa: E402  (benchmarks/, the script's directory)
 import adversarial_surfaces  # noqa: E402  (benchmarks/, the script's directory)
+import adversarial_sweeps  # noqa: E402  (as adversarial_surfaces)
 
 OUTCOMES = ("ok", "clear error", "unclear error", "traceback", "hang", "silent corruption",
             "loss", "skipped")
@@ -816,7 +817,7 @@ CASES = [
 # Beyond checkpoints and training: metrics.jsonl readers, changed meanings, inputs, the write guard
 CASES += [Case(name, item, expect, setup, culprit, check, may_change=may_change)
           for name, item, expect, setup, culprit, check, may_change in adversarial_surfaces.CASES
-          + adversarial_conversion.CASES]
+          + adversarial_conversion.CASES + adversarial_sweeps.CASES]
 
 
 # ----------------------------------------------------------------------------- running

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import textwrap
@@ -98,19 +99,54 @@ def keep_best_by_unlogged(ctx):
           "--config.train.num_steps=10", "--config.checkpoint.keep_best_by=eval/wr"]
 
 
-def float_pixels_0_255(ctx):
-  """classify() given a float image in [0, 255] (documented: [0, 1] or uint8)."""
-  code = textwrap.dedent("""\
+def _pixels(images: str):
+  """classify()'s input check on `images` (Python text; numpy as np) for the ViT config's run
+  (8x8 pixels, one channel; documented: floats in [0, 1] or uint8)."""
+  code = textwrap.dedent(f"""\
       import types
       import numpy as np
       from configs import vit
       from transformer.config import from_configdict
       from transformer.infer import api
       run = types.SimpleNamespace(config=from_configdict(vit.get_config()))
-      api.Run.image_inputs(run, np.full((8, 8, 1), 255.0))
+      api.Run.image_inputs(run, {images})
       """)
-  return [PY, "-c", "import sys\ntry:\n" + textwrap.indent(code, "  ") +
-          "except ValueError as e:\n  print(f'error: {e}', file=sys.stderr); sys.exit(1)\n"]
+  return lambda ctx: [PY, "-c", "import sys\ntry:\n" + textwrap.indent(code, "  ") + (
+      "except ValueError as e:\n  print(f'error: {e}', file=sys.stderr); sys.exit(1)\n")]
+
+
+float_pixels_0_255 = _pixels("np.full((8, 8, 1), 255.0)")
+
+
+def _compare(*args: str):
+  return lambda ctx: [PY, "-m", "transformer.infer.compare", *[a.format(ctx=ctx) for a in args]]
+
+
+def compare_other_data(ctx):
+  """The run and a copy of it whose config names another training file."""
+  other = os.path.join(ctx.dir, "other")
+  shutil.copytree(ctx.run, other, symlinks=True)
+  with open(os.path.join(other, "config.json")) as f:
+    config = json.load(f)
+  config["data"]["train_file"] = os.path.join(ctx.dir, "other.tsv")
+  with open(os.path.join(other, "config.json"), "w") as f:
+    json.dump(config, f, indent=1)
+  return [PY, "-m", "transformer.infer.compare", ctx.run, other]
+
+
+def _warns_other_data(ctx, proc) -> bool:
+  return "different data: data.train_file" in proc.stdout + proc.stderr
+
+
+def _predict_stdin(content: bytes):
+  """predict reading `content` on its standard input."""
+  def setup(ctx):
+    path = os.path.join(ctx.dir, "inputs.txt")
+    with open(path, "wb") as f:
+      f.write(content)
+    argv = [PY, "-m", "transformer.infer.predict", f"--workdir={ctx.run}"]
+    return ["sh", "-c", f"{shlex.join(argv)} < {shlex.quote(path)}"]
+  return setup
 
 
 def eval_out_over_users_file(ctx):
@@ -195,4 +231,24 @@ CASES = [
      "--plot", None, ()),
     ("compare --plot over a user's file", "nothing lost", "clear error",
      compare_plot_over_users_file, "curves.png", None, ()),
+    ("classify, NaN pixels", "inputs", "clear error", _pixels("np.full((8, 8, 1), np.nan)"),
+     "NaN", None, ()),
+    ("classify, an RGB image for a grayscale run", "inputs", "clear error",
+     _pixels("np.zeros((8, 8, 3), np.uint8)"), "(8, 8, 3)", None, ()),
+    ("classify, images of different shapes", "inputs", "clear error",
+     _pixels("[np.zeros((8, 8, 1)), np.zeros((9, 8, 1))]"), "images of different shapes", None,
+     ()),
+    ("compare, no runs", "inputs", "clear error", _compare(), "no workdirs given", None, ()),
+    ("compare, a glob matching nothing", "inputs", "clear error", _compare("{ctx.dir}/nothing*"),
+     "matches no workdir", None, ()),
+    ("compare, a file", "inputs", "clear error", _compare("{ctx.run}/metrics.jsonl"),
+     "metrics.jsonl is a file", None, ()),
+    ("compare, runs on different data", "readers", "ok", compare_other_data, "",
+     _warns_other_data, ()),
+    ("predict, empty standard input", "inputs", "clear error", _predict_stdin(b""), "no input",
+     None, ()),
+    ("predict, a 5-million-character line", "inputs", "clear error",
+     _predict_stdin(b"a" * 5_000_000 + b"\n"), "too long", None, ()),
+    ("predict, blank lines", "inputs", "clear error", _predict_stdin(b"\n  \n\t\n"), "is empty",
+     None, ()),
 ]

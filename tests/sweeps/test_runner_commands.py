@@ -105,8 +105,8 @@ def test_is_done_is_the_local_runners_test(fake, capsys):
 def test_sweep_settings_no_point_can_meet_are_refused_before_anything_runs(tmp_path):
   """An ASHA metric a point's in-training evaluations never log (a typo, a decoded metric of an
   MoE-less run's moe_*), ASHA maximizing a loss, a reduction factor <= 1, W&B online without an
-  API key (what train.py refuses at its start), a --workdir that is a file: one line each, exit
-  1, nothing written."""
+  API key (what train.py refuses at its start), --parallel=0, a NaN resource, a --workdir that
+  is a file: one line each, exit 1, nothing written."""
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.ffn", ["relu", "moe"])\n')
   w = tmp_path / "w"
   cases = {("--early_stop=asha", "--asha_metric=eval/wr"): "--asha_metric='eval/wr' is not a "
@@ -117,7 +117,9 @@ def test_sweep_settings_no_point_can_meet_are_refused_before_anything_runs(tmp_p
            ("--early_stop=asha", "--asha_mode=max"): "--asha_mode=max for --asha_metric="
            "'eval/loss': lower is better; give --asha_mode=min",
            ("--config.train.wandb_project=p",): "train.wandb_project='p' logs online but W&B has "
-           "no API key"}
+           "no API key",
+           ("--parallel=0",): "--parallel=0: 0 is not a positive integer",
+           ("--launcher=ray", "--ray_num_gpus=nan"): "--ray_num_gpus=nan: must be a finite number"}
   for flags, expected in cases.items():
     out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={w}", *flags,
                     env={"WANDB_API_KEY": "", "WANDB_MODE": "", "NETRC": str(tmp_path / "none")})
