@@ -131,6 +131,7 @@ def run_sweep() -> None:
     cli.fail(str(e))
   if not f.report_only:
     check_points(points)
+  check_metric(points)
   check_asha(points)
   script = lambda name: os.path.relpath(os.path.join(ROOT, name))  # pylint: disable=unnecessary-lambda-assignment
   commands = spec.Commands(config_arg, base, python=f.python, train_script=script("train.py"),
@@ -203,6 +204,9 @@ def run_sweep() -> None:
   from transformer.sweeps import report  # pylint: disable=g-import-not-at-top
   title = f"`python sweep.py {shlex.join(report_flags())}`"
   out = report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)
+  if f.metric != "auto" and not any(f.metric in r for r in out["rows"]):
+    print(f"warning: --metric={f.metric}: no point has it yet; nothing is bolded or plotted",
+          file=sys.stderr)
   print(out["markdown"])
   print("wrote " + ", ".join(out[k] for k in ("csv", "md", "plot", "curves") if k in out))
   if failed:
@@ -221,6 +225,28 @@ def check_points(points) -> None:
                                                                    p.overrides)))
     except ConfigError as e:
       cli.fail(f"{e} (point {p.name})")
+
+
+def check_metric(points) -> None:
+  """Ends the program in one line for a --metric no point's report row can hold: dev/<name> that
+  the in-training evaluations never log, another prefix than dev/ and the evaluated split's."""
+  f = flags.FLAGS
+  if f.metric == "auto" or "/" not in f.metric:
+    return  # 'auto', or a column such as tokens_per_sec
+  prefix, split = f.metric.split("/", 1)[0], f.eval_split or "test"
+  if prefix != "dev" and prefix != split:
+    cli.fail(f"--metric={f.metric}: the report's metrics are dev/<name> (in-training "
+             f"evaluations) and {split}/<name> (eval.py's, --eval_split)")
+  if prefix == "dev":
+    from transformer.config import ConfigError, from_configdict  # pylint: disable=g-import-not-at-top
+    from transformer.model import scoring  # pylint: disable=g-import-not-at-top  (imports JAX)
+    from transformer.sweeps import spec  # pylint: disable=g-import-not-at-top
+    for p in points:
+      try:
+        scoring.check_in_training_metric(
+            from_configdict(spec.apply_overrides(f.config, p.overrides)), "--metric", f.metric)
+      except ConfigError as e:
+        cli.fail(f"{e} (point {p.name})")
 
 
 def check_asha(points) -> None:

@@ -190,6 +190,8 @@ CASES = [
     ("sweep --ray_num_gpus=nan", "inputs", "clear error",
      _flag_case(LR_SWEEP, "--launcher=ray", "--ray_num_gpus=nan"), "--ray_num_gpus=nan",
      _no_sweep_dir, ()),
+    ("sweep --metric that no report row can hold", "inputs", "clear error",
+     _flag_case(LR_SWEEP, "--metric=eval/wer"), "--metric=eval/wer", _no_sweep_dir, ()),
     ("W&B offline without an API key", "inputs", "ok", wandb_offline, "", _logged_offline, ()),
     ("WANDB_MODE that is not a mode", "inputs", "clear error", wandb_mode_not_a_mode,
      "WANDB_MODE='sometimes'", _no_new_workdir, ()),

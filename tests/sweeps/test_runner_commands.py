@@ -105,8 +105,8 @@ def test_is_done_is_the_local_runners_test(fake, capsys):
 def test_sweep_settings_no_point_can_meet_are_refused_before_anything_runs(tmp_path):
   """An ASHA metric a point's in-training evaluations never log (a typo, a decoded metric of an
   MoE-less run's moe_*), ASHA maximizing a loss, a reduction factor <= 1, W&B online without an
-  API key (what train.py refuses at its start), --parallel=0, a NaN resource, a --workdir that
-  is a file: one line each, exit 1, nothing written."""
+  API key (what train.py refuses at its start), --parallel=0, a NaN resource, a --metric no
+  report row can hold, a --workdir that is a file: one line each, exit 1, nothing written."""
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.ffn", ["relu", "moe"])\n')
   w = tmp_path / "w"
   cases = {("--early_stop=asha", "--asha_metric=eval/wr"): "--asha_metric='eval/wr' is not a "
@@ -119,6 +119,8 @@ def test_sweep_settings_no_point_can_meet_are_refused_before_anything_runs(tmp_p
            ("--config.train.wandb_project=p",): "train.wandb_project='p' logs online but W&B has "
            "no API key",
            ("--parallel=0",): "--parallel=0: 0 is not a positive integer",
+           ("--metric=eval/wer",): "--metric=eval/wer: the report's metrics are dev/<name>",
+           ("--metric=dev/wr",): "--metric='dev/wr' is not a metric",
            ("--launcher=ray", "--ray_num_gpus=nan"): "--ray_num_gpus=nan: must be a finite number"}
   for flags, expected in cases.items():
     out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={w}", *flags,
