@@ -182,3 +182,19 @@ def test_a_context_longer_than_the_model_is_cut_as_the_harness_cuts_it(both, cap
     assert abs(logp - ref_logp) <= 1e-3 and greedy == ref_greedy
   said = [r.message for r in caplog.records if r.name == "transformer.infer.harness.lm"]
   assert len(said) == 1 and said[0].startswith("2 requests are longer than model.max_len=")
+
+
+def test_harness_results_go_through_the_write_guard(tmp_path):
+  """--out inside another run, or over a metrics.harness.json a user wrote, is one line before
+  any model is restored, and the user's file is kept."""
+  other = tmp_path / "other"
+  (other / "checkpoints").mkdir(parents=True)  # a run's workdir
+  with pytest.raises(EvaluationError, match=r"--out=.*other/sub .*inside the run"):
+    harness.evaluate_workdir(str(tmp_path / "nowhere"), ["tiny_choice"],
+                             out_dir=str(other / "sub"))
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / harness.RESULTS_FILE).write_text("my notes\n")
+  with pytest.raises(EvaluationError, match=r"metrics.harness.json exists and was not written"):
+    harness.evaluate_workdir(str(tmp_path / "nowhere"), ["tiny_choice"], out_dir=str(mine))
+  assert (mine / harness.RESULTS_FILE).read_text() == "my notes\n"

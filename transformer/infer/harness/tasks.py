@@ -21,6 +21,7 @@ from lm_eval.tasks._yaml_loader import load_yaml
 
 from transformer import files
 from transformer.infer.harness.lm import RunLM
+from transformer.run import guard
 from transformer.run.provenance import CONVERTED_FROM
 from transformer.run.restore import EvaluationError
 
@@ -147,6 +148,10 @@ def evaluate_workdir(workdir: str, tasks: Sequence[str], num_fewshot: int | None
   from transformer.infer import api  # pylint: disable=g-import-not-at-top  (TFDS, the tasks)
   if ensemble and not out_dir:
     raise EvaluationError("an ensemble's harness results need their own directory: give --out")
+  try:  # the run's own workdir, or a directory outside every run, never over a user's file
+    guard.check(out_dir or workdir, "--out", [RESULTS_FILE], own=None if ensemble else workdir)
+  except guard.WriteRefused as e:
+    raise EvaluationError(str(e)) from None
   run = api.restore([workdir, *ensemble] if ensemble else workdir, step=step, params=params,
                     average_last=average_last)
   files.check_writable(out_dir or workdir)
@@ -158,8 +163,9 @@ def evaluate_workdir(workdir: str, tasks: Sequence[str], num_fewshot: int | None
                    "ensemble": list(ensemble)},
       **{k: results[k] for k in ("results", "groups", "n-shot", "versions", "configs")
          if k in results}}
+  guard.write_bytes(out_dir or workdir, RESULTS_FILE,
+                    json.dumps(written, indent=1, default=str).encode("utf-8"))
   path = os.path.join(out_dir or workdir, RESULTS_FILE)
-  files.write_text_atomic(path, json.dumps(written, indent=1, default=str))
   if verbose:
     from lm_eval.utils import make_table  # pylint: disable=g-import-not-at-top
     print(make_table(results))
