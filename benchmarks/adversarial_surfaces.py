@@ -138,6 +138,16 @@ def _warns_other_data(ctx, proc) -> bool:
   return "different data: data.train_file" in proc.stdout + proc.stderr
 
 
+def compare_garbage_evaluation(ctx):
+  with open(os.path.join(ctx.run, "metrics.test.json"), "wb") as f:
+    f.write(b"\xff\xfe[1, 2]")
+  return [PY, "-m", "transformer.infer.compare", ctx.run]
+
+
+def _names_the_evaluation_file(ctx, proc) -> bool:
+  return "metrics.test.json: not a JSON object" in proc.stderr and "| 60 |" in proc.stdout
+
+
 def _predict_stdin(content: bytes):
   """predict reading `content` on its standard input."""
   def setup(ctx):
@@ -245,6 +255,8 @@ CASES = [
      "metrics.jsonl is a file", None, ()),
     ("compare, runs on different data", "readers", "ok", compare_other_data, "",
      _warns_other_data, ()),
+    ("compare, metrics.test.json of stray bytes", "readers", "ok", compare_garbage_evaluation,
+     "", _names_the_evaluation_file, ()),
     ("predict, empty standard input", "inputs", "clear error", _predict_stdin(b""), "no input",
      None, ()),
     ("predict, a 5-million-character line", "inputs", "clear error",

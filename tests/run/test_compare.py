@@ -238,3 +238,16 @@ def test_the_sweep_report_leaves_out_constant_columns_and_groups_seeds(tmp_path)
   assert lines[9] == "| n | lr | params | steps | dev/wer | status |"  # seeds 0,1 in both
   assert lines[11] == f"| 2 | 1.0 | 1,000 | 3 | 0.15 ± {np.std([0.1, 0.2], ddof=1):.4g} | done |"
   assert lines[12] == f"| 2 | 2.0 | 1,000 | 3 | 0.4 ± {np.std([0.3, 0.5], ddof=1):.4g} | done |"
+
+
+def test_an_evaluation_file_that_holds_no_metrics_is_named_and_skipped(tmp_path, caplog):
+  """metrics.test.json of stray bytes or a JSON list: one warning naming the file; the run's
+  other columns are still shown."""
+  a = make_run(tmp_path / "a")
+  for content in (b"\xff\xfe garbage", b"[1, 2]"):
+    with open(os.path.join(a, "metrics.test.json"), "wb") as f:
+      f.write(content)
+    caplog.clear()
+    row = compare.compare([a]).rows[0]
+    assert not any(k.startswith("test/") for k in row) and row["steps"] is not None
+    assert "metrics.test.json: not a JSON object of eval.py's metrics" in caplog.text

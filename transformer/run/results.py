@@ -13,6 +13,8 @@ import re
 import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
+from absl import logging
+
 from transformer import files
 from transformer.run import metrics_log
 from transformer.run.table import is_number
@@ -87,9 +89,12 @@ def read_run(workdir: str, strict: bool = True) -> RunFiles:
   evaluated = {}
   if files.isdir(workdir):
     for name in files.listdir(workdir):
-      if (found := _METRICS_FILE.match(name)) and isinstance(
-          metrics := _read_json(os.path.join(workdir, name), False), dict):
+      if not (found := _METRICS_FILE.match(name)):
+        continue
+      if isinstance(metrics := _read_json(path := os.path.join(workdir, name), False), dict):
         evaluated[found.group(1)] = metrics
+      else:
+        logging.warning("%s: not a JSON object of eval.py's metrics; skipped", path)
   prov = _read_json(os.path.join(workdir, "provenance.json"), False)
   done = _read_json(os.path.join(workdir, "train_done.json"), False)
   return RunFiles(workdir, flatten(config) if isinstance(config, dict) else {},
