@@ -185,6 +185,8 @@ CASES = [
     ("--ray_address where nothing listens", "inputs", "clear error",
      _flag_case(LR_SWEEP, "--launcher=ray", "--ray_address=127.0.0.1:1"),
      "no Ray cluster answers", _no_sweep_dir, ()),
+    ("sweep --workdir=''", "nothing lost", "clear error", _flag_case(LR_SWEEP, "--workdir="),
+     "--workdir=''", None, ()),
     ("sweep --parallel=0", "inputs", "clear error", _flag_case(LR_SWEEP, "--parallel=0"),
      "--parallel=0", _no_sweep_dir, ()),
     ("sweep --ray_num_gpus=nan", "inputs", "clear error",

@@ -131,6 +131,9 @@ def test_sweep_settings_no_point_can_meet_are_refused_before_anything_runs(tmp_p
   out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={w}", "--dry_run",
                   "--early_stop=asha", "--asha_metric=dev/wer")
   assert out.returncode == 0, out.stderr
+  out = sweep_cli(f"--config={TINY}", f"--sweep={path}", "--workdir=", "--dry_run")
+  assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
+      "error: --workdir='' is empty: name a directory for the sweep's points")
   w.write_text("a file")
   out = sweep_cli(f"--config={TINY}", f"--sweep={path}", f"--workdir={w}", "--report_only")
   assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (

@@ -165,6 +165,8 @@ def point_names(points: Sequence[Mapping[str, Any]]) -> list[str]:
 def check_workdir(workdir: str) -> None:
   """Raises SweepError (one line) unless a sweep may write `workdir`: a directory (or none yet)
   outside every run whose WRITTEN files, where they exist, are the ones a sweep wrote there."""
+  if not workdir.strip():
+    raise SweepError(f"--workdir={workdir!r} is empty: name a directory for the sweep's points")
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise SweepError(f"--workdir={workdir} is a file, not a directory: name a directory for the "
                      "sweep's points")
