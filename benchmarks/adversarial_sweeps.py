@@ -150,6 +150,13 @@ def _no_new_workdir(ctx, proc) -> bool:
   return not os.path.exists(os.path.join(ctx.dir, "new"))
 
 
+def wandb_project_with_a_slash(ctx):
+  """A W&B project name W&B refuses (wandb.init would raise after the workdir was written)."""
+  return [PY, "train.py", f"--config={ctx.config}", f"--workdir={ctx.dir}/new",
+          "--config.train.num_steps=10", "--config.train.wandb_project=team/p",
+          "--config.train.wandb_mode=offline"]
+
+
 # (name, goal, expected, setup, culprit, check, may_change) of each case.
 CASES = [
     ("sweep over a results.md a user wrote", "nothing lost", "clear error",
@@ -195,6 +202,8 @@ CASES = [
     ("sweep --metric that no report row can hold", "inputs", "clear error",
      _flag_case(LR_SWEEP, "--metric=eval/wer"), "--metric=eval/wer", _no_sweep_dir, ()),
     ("W&B offline without an API key", "inputs", "ok", wandb_offline, "", _logged_offline, ()),
+    ("W&B project name with a slash", "inputs", "clear error", wandb_project_with_a_slash,
+     "train.wandb_project='team/p'", _no_new_workdir, ()),
     ("WANDB_MODE that is not a mode", "inputs", "clear error", wandb_mode_not_a_mode,
      "WANDB_MODE='sometimes'", _no_new_workdir, ()),
 ]

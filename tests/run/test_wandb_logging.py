@@ -133,8 +133,9 @@ def test_a_missing_package_is_one_line_naming_the_key_and_the_extra(tmp_path, mo
 def test_an_online_run_without_credentials_or_a_bad_mode_is_refused_before_the_workdir(
     tmp_path, monkeypatch):
   """Online (train.wandb_mode, else WANDB_MODE, else W&B's default) without an API key, or a
-  WANDB_MODE W&B does not know: one ConfigError before the workdir exists, not W&B's traceback
-  after it was written; offline, or a key in the netrc W&B reads, passes."""
+  WANDB_MODE W&B does not know, or a project name W&B refuses: one ConfigError before the
+  workdir exists, not W&B's traceback after it was written; offline, or a key in the netrc W&B
+  reads, passes."""
   monkeypatch.delenv("WANDB_MODE")
   monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
   workdir = tmp_path / "w"
@@ -148,6 +149,10 @@ def test_an_online_run_without_credentials_or_a_bad_mode_is_refused_before_the_w
     _train(str(workdir), 5, **{"train.wandb_project": "p"})
   assert not workdir.exists()
   wandb_logging.check_wandb("p", "offline")
+  for project, found in (("team/p", r"\(found /\)"), ("p" * 129, r"\(got 129\)")):
+    with pytest.raises(ConfigError, match=r"W&B takes at most 128 characters and none of "
+                       r"/ \\ # \? % : " + found):
+      wandb_logging.check_wandb(project, "offline")
   monkeypatch.setenv("WANDB_MODE", "online")
   (tmp_path / "netrc").write_text("machine api.wandb.ai login user password " + "k" * 40 + "\n")
   wandb_logging.check_wandb("p")

@@ -18,6 +18,10 @@ WANDB_RUN_ID = "wandb_run_id"  # in the workdir: the W&B run that a resumed run 
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 
 
+# Characters W&B refuses in a project name (wandb.init raises, after the workdir was written).
+_NOT_IN_PROJECT = "/\\#?%:"
+
+
 def _wandb_credentials() -> bool:
   """Whether W&B finds an API key without prompting: WANDB_API_KEY, an identity token file, or
   a netrc entry (NETRC, else ~/.netrc) for the host of WANDB_BASE_URL."""
@@ -33,11 +37,16 @@ def _wandb_credentials() -> bool:
 
 def check_wandb(project: str, mode: str = "") -> None:
   """Raises a one-line ConfigError when train.wandb_project (`project`) is set and W&B cannot
-  start: the wandb package missing, WANDB_MODE not a mode, or an online run (train.wandb_mode
+  start: a project name W&B refuses, the wandb package missing, WANDB_MODE not a mode, or an online run (train.wandb_mode
   `mode`, else WANDB_MODE) without credentials, where W&B would prompt or fail after the workdir
   was written."""
   if not project:
     return
+  if len(project) > 128 or (bad := sorted(set(project) & set(_NOT_IN_PROJECT))):
+    raise config_lib.ConfigError(
+        f"train.wandb_project={project[:40]!r}{'...' if len(project) > 40 else ''}: W&B takes at "
+        f"most 128 characters and none of {' '.join(_NOT_IN_PROJECT)}" +
+        (f" (found {' '.join(bad)})" if len(project) <= 128 else f" (got {len(project)})"))
   if importlib.util.find_spec("wandb") is None:
     raise config_lib.ConfigError(f"train.wandb_project={project!r} needs the wandb package: "
                                  "pip install -e '.[wandb]'")
