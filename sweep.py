@@ -42,6 +42,7 @@ import functools
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,6 +134,8 @@ def run_sweep() -> None:
     check_points(points)
   check_metric(points)
   check_asha(points)
+  if f.launcher == "local" and not f.report_only and shutil.which(f.python) is None:
+    cli.fail(f"--python={f.python}: no such executable (the interpreter the points run with)")
   script = lambda name: os.path.relpath(os.path.join(ROOT, name))  # pylint: disable=unnecessary-lambda-assignment
   commands = spec.Commands(config_arg, base, python=f.python, train_script=script("train.py"),
                              eval_script=script("eval.py"), eval_split=f.eval_split)

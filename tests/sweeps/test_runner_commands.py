@@ -119,6 +119,7 @@ def test_sweep_settings_no_point_can_meet_are_refused_before_anything_runs(tmp_p
            ("--config.train.wandb_project=p",): "train.wandb_project='p' logs online but W&B has "
            "no API key",
            ("--parallel=0",): "--parallel=0: 0 is not a positive integer",
+           ("--python=/nonexistent/python",): "--python=/nonexistent/python: no such executable",
            ("--metric=eval/wer",): "--metric=eval/wer: the report's metrics are dev/<name>",
            ("--metric=dev/wr",): "--metric='dev/wr' is not a metric",
            ("--launcher=ray", "--ray_num_gpus=nan"): "--ray_num_gpus=nan: must be a finite number"}
