@@ -130,12 +130,7 @@ def run_sweep() -> None:
                        os.path.abspath(f.workdir) if on_ray else f.workdir)
   except (spec.SweepError, ConfigError) as e:
     cli.fail(str(e))
-  if not f.report_only:
-    check_points(points)
-  check_metric(points)
-  check_asha(points)
-  if f.launcher == "local" and not f.report_only and shutil.which(f.python) is None:
-    cli.fail(f"--python={f.python}: no such executable (the interpreter the points run with)")
+  check_settings(points)
   script = lambda name: os.path.relpath(os.path.join(ROOT, name))  # pylint: disable=unnecessary-lambda-assignment
   commands = spec.Commands(config_arg, base, python=f.python, train_script=script("train.py"),
                              eval_script=script("eval.py"), eval_split=f.eval_split)
@@ -204,7 +199,15 @@ def run_sweep() -> None:
                            console=console)
     else:
       failed = runner.run(points, commands, parallel=f.parallel, console=console)
+  write_report(points)
+  if failed:
+    cli.fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")
+
+
+def write_report(points) -> None:
+  """Writes the sweep's report (transformer/sweeps/report.py) and prints its tables."""
   from transformer.sweeps import report  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
   title = f"`python sweep.py {shlex.join(report_flags())}`"
   out = report.write_report(points, f.workdir, f.metric, f.eval_split, title=title)
   if f.metric != "auto" and not any(f.metric in r for r in out["rows"]):
@@ -212,8 +215,18 @@ def run_sweep() -> None:
           file=sys.stderr)
   print(out["markdown"])
   print("wrote " + ", ".join(out[k] for k in ("csv", "md", "plot", "curves") if k in out))
-  if failed:
-    cli.fail(f"{len(failed)} point(s) failed: {', '.join(p.name for p in failed)}")
+
+
+def check_settings(points) -> None:
+  """Ends the program in one line, before anything runs, for settings or points that cannot
+  work: each point as train.py's start checks it, --metric, ASHA's settings, --python."""
+  f = flags.FLAGS
+  if not f.report_only:
+    check_points(points)
+  check_metric(points)
+  check_asha(points)
+  if f.launcher == "local" and not f.report_only and shutil.which(f.python) is None:
+    cli.fail(f"--python={f.python}: no such executable (the interpreter the points run with)")
 
 
 def check_points(points) -> None:
