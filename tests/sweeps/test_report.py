@@ -88,3 +88,21 @@ def test_the_report_never_replaces_a_file_it_did_not_write(tmp_path):
   (tmp_path / "d" / "checkpoints").mkdir()  # d is now a run's workdir
   with pytest.raises(spec.SweepError, match="inside the run"):
     report.write_report([point], str(tmp_path / "d" / "sweep"))
+
+
+def test_a_sweep_workdir_from_before_its_files_were_recorded_stays_the_sweeps(tmp_path):
+  """A workdir holding a sweep's manifest (sweep.json) and no record of what was written there
+  is a sweep's from before: its report files are replaced (and recorded from then on); a
+  sweep.json that is not a manifest protects nothing."""
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  (workdir / "results.md").write_text("an older report\n")
+  (workdir / "sweep.json").write_text('{"config": "c.py", "sweep": "s.py", "base_overrides": {}, '
+                                      '"points": []}')
+  point = _point(tmp_path, "d", [{"step": 10, "train/loss": 1.0}])
+  report.write_report([point], str(workdir))
+  assert (workdir / "results.md").read_text() != "an older report\n"
+  (workdir / ".written.json").unlink()
+  (workdir / "sweep.json").write_text('{"my": "notes"}')
+  with pytest.raises(spec.SweepError, match="sweep.json, .*curves.png exist and were not written"):
+    report.write_report([point], str(workdir))

@@ -89,7 +89,8 @@ def check(target: str, flag: str, names: Sequence[str] = (), own: str | None = N
                        "give a directory outside it")
   if run is None and not overwrite and (held := foreign_files(directory, names)):
     raise WriteRefused(f"{flag}={target}: {', '.join(os.path.join(directory, n) for n in held)} "
-                       f"exists and was not written here by this command; give a new "
+                       f"{'exist and were' if len(held) > 1 else 'exists and was'} not written "
+                       "here by this command; give a new "
                        f"{'file' if is_file else 'directory'}{hint}")
 
 

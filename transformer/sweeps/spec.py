@@ -164,16 +164,32 @@ def point_names(points: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def check_workdir(workdir: str) -> None:
   """Raises SweepError (one line) unless a sweep may write `workdir`: a directory (or none yet)
-  outside every run whose WRITTEN files, where they exist, are the ones a sweep wrote there."""
+  outside every run whose WRITTEN files, where they exist, are the ones a sweep wrote there (or
+  a sweep's workdir from before they were recorded)."""
   if not workdir.strip():
     raise SweepError(f"--workdir={workdir!r} is empty: name a directory for the sweep's points")
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise SweepError(f"--workdir={workdir} is a file, not a directory: name a directory for the "
                      "sweep's points")
   try:  # a sweep owns no run: never inside one
-    guard.check(workdir, "--workdir", WRITTEN, hint=", or remove that file")
+    guard.check(workdir, "--workdir", () if _unrecorded_sweep(workdir) else WRITTEN,
+                hint=", or move the files named aside")
   except guard.WriteRefused as e:
     raise SweepError(str(e)) from None
+
+
+def _unrecorded_sweep(workdir: str) -> bool:
+  """True for the workdir of a sweep that recorded none of its files (one run before they went
+  through the guard): no guard.RECORD, and a sweep.json that is a sweep's manifest."""
+  if os.path.exists(os.path.join(workdir, guard.RECORD)):
+    return False
+  try:
+    with open(os.path.join(workdir, "sweep.json")) as f:
+      manifest = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return isinstance(manifest, dict) and isinstance(manifest.get("points"), list) and (
+      {"config", "sweep", "base_overrides"} <= set(manifest))
 
 
 def plan(config: ml_collections.ConfigDict, config_arg: str, sweep_path: str,
