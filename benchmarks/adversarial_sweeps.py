@@ -157,6 +157,14 @@ def wandb_project_with_a_slash(ctx):
           "--config.train.wandb_mode=offline"]
 
 
+def sweep_file_of_binary(ctx):
+  """A sweep file of random bytes (null bytes among them), named as no Python file is."""
+  path = os.path.join(ctx.dir, "points.sweep")
+  with open(path, "wb") as f:
+    f.write(bytes(range(256)) * 4)
+  return [PY, "sweep.py", f"--config={ctx.config}", f"--sweep={path}", f"--workdir={ctx.dir}/sweep"]
+
+
 # (name, goal, expected, setup, culprit, check, may_change) of each case.
 CASES = [
     ("sweep over a results.md a user wrote", "nothing lost", "clear error",
@@ -178,6 +186,8 @@ CASES = [
     ("sweep value of the wrong type", "inputs", "clear error",
      _flag_case("sweep('model.d_model', ['big'])"), "model.d_model='big' is of type str",
      _no_sweep_dir, ()),
+    ("sweep file of binary bytes, not named .py", "inputs", "clear error", sweep_file_of_binary,
+     "points.sweep", _no_sweep_dir, ()),
     ("random search, log_uniform from 0", "inputs", "clear error",
      _flag_case("random_search({'train.learning_rate': log_uniform(0, 1e-3)}, num_points=2)"),
      "log_uniform(0, 0.001)", _no_sweep_dir, ()),

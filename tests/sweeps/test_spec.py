@@ -98,3 +98,16 @@ def test_bad_values_are_config_errors_naming_the_point(tmp_path):
   path = write_sweep(tmp_path, 'def get_sweep():\n  return sweep("model.d_model", [[1, 2]])\n')
   with pytest.raises(spec.SweepError, match="must be a str, int, float or bool"):
     spec.plan(config, TINY, path, "w")
+
+
+def test_a_sweep_file_of_any_name_is_read_as_python_or_named_in_one_line(tmp_path):
+  """A sweep file not ending in .py is Python source all the same; a directory, a missing path
+  and null bytes are each one SweepError naming the file."""
+  config = load_config_file(TINY)
+  (tmp_path / "lr.sweep").write_text("def get_sweep():\n  return [{'train.learning_rate': 0.5}]\n")
+  assert spec.load_sweep(str(tmp_path / "lr.sweep"), config) == [{"train.learning_rate": 0.5}]
+  (tmp_path / "bin.sweep").write_bytes(b"\x00\xff binary")
+  for path, message in ((tmp_path, "is not a file"), (tmp_path / "none.py", "not found"),
+                        (tmp_path / "bin.sweep", ": SyntaxError: source code")):
+    with pytest.raises(spec.SweepError, match=f"^sweep file {path}.*{message}"):
+      spec.load_sweep(str(path), config)

@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import difflib
 import hashlib
+import importlib.machinery
 import importlib.util
 import inspect
 import json
@@ -64,14 +65,17 @@ def raised_in(error: BaseException, path: str) -> str:
 def load_sweep(path: str, config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   """The override dicts of a sweep file's `get_sweep()` (or `get_sweep(config)`)."""
   if not os.path.isfile(path):
-    raise SweepError(f"sweep file {path} not found")
+    raise SweepError(f"sweep file {path} " + ("is not a file" if os.path.exists(path) else
+                                              "not found"))
   name = "_sweep_" + re.sub(r"\W", "_", os.path.abspath(path))
-  spec = importlib.util.spec_from_file_location(name, path)
+  # Python source whatever its name ends in (spec_from_file_location knows .py files only).
+  spec = importlib.util.spec_from_loader(name, importlib.machinery.SourceFileLoader(name, path))
   module = importlib.util.module_from_spec(spec)
   try:
     spec.loader.exec_module(module)
   except SyntaxError as e:  # one line naming the file and line, not an import traceback
-    raise SweepError(f"sweep file {path}:{e.lineno}: SyntaxError: {e.msg}") from None
+    where = f"{path}:{e.lineno}" if e.lineno else path  # none for null bytes
+    raise SweepError(f"sweep file {where}: SyntaxError: {e.msg}") from None
   except Exception as e:  # pylint: disable=broad-except  (a user's file raises anything)
     raise SweepError(raised_in(e, path)) from None
   fn = getattr(module, "get_sweep", None)
