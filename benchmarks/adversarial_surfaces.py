@@ -119,7 +119,7 @@ float_pixels_0_255 = _pixels("np.full((8, 8, 1), 255.0)")
 
 
 def _compare(*args: str):
-  return lambda ctx: [PY, "-m", "transformer.infer.compare", *[a.format(ctx=ctx) for a in args]]
+  return lambda ctx: [PY, "-m", "transformer.run.compare", *[a.format(ctx=ctx) for a in args]]
 
 
 def compare_other_data(ctx):
@@ -131,7 +131,7 @@ def compare_other_data(ctx):
   config["data"]["train_file"] = os.path.join(ctx.dir, "other.tsv")
   with open(os.path.join(other, "config.json"), "w") as f:
     json.dump(config, f, indent=1)
-  return [PY, "-m", "transformer.infer.compare", ctx.run, other]
+  return [PY, "-m", "transformer.run.compare", ctx.run, other]
 
 
 def _warns_other_data(ctx, proc) -> bool:
@@ -141,7 +141,7 @@ def _warns_other_data(ctx, proc) -> bool:
 def compare_garbage_evaluation(ctx):
   with open(os.path.join(ctx.run, "metrics.test.json"), "wb") as f:
     f.write(b"\xff\xfe[1, 2]")
-  return [PY, "-m", "transformer.infer.compare", ctx.run]
+  return [PY, "-m", "transformer.run.compare", ctx.run]
 
 
 def _names_the_evaluation_file(ctx, proc) -> bool:
