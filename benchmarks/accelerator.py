@@ -27,8 +27,8 @@ every one timed in the same alternating rounds, its ratio against the first vari
   steps_per_dispatch=K    K train steps in one lax.scan per call (steps.scan_steps); ms per step
   causal_kernel=true      model.causal_kernel (the attention kernel's own causal flag)
   loss_chunk_tokens=N     train.loss_chunk_tokens (chunked cross-entropy, no whole-batch logits)
-  kernels=NAME            the model traced with transformer/model/kernels.py's KERNELS[NAME] ('plain':
-                          the textbook PLAIN) instead of the backend's own entry
+  kernels=NAME            model.kernels: the speed paths injected into the layers ('plain': Flax's
+                          own; 'cpu': XLA:CPU's) instead of the backend's own entry ('auto')
   remat=dots, param_dtype=bfloat16, any other model.* or train.* key (model first; or spelled
   model.KEY / train.KEY)
   python benchmarks/accelerator.py --sizes=gpt2s --attention=fused \
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import json
 import os
 import statistics
@@ -72,7 +71,6 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 import train_step  # pylint: disable=g-import-not-at-top,wrong-import-position  (benchmarks/)
 from configs import lm  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer.model import kernels  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer.run import metrics_log, reporting
 
 SIZES = ("gpt2s", "gpt2m", "g2pfast", "lmtiny")
@@ -142,13 +140,13 @@ def apply_levers(cd, shapes: dict, levers: dict) -> tuple[dict, int]:
     if key == "rows":
       shapes = {f: (value, length) for f, (_, length) in shapes.items()}
       continue
-    if key in ("steps_per_dispatch", "kernels"):  # the caller's
+    if key == "steps_per_dispatch":  # the caller's
       continue
     section, name = key.split(".", 1) if "." in key else (
         "model" if key in cd.model else "train" if key in cd.train else "", key)
     if section not in ("model", "train") or name not in cd[section]:
       raise SystemExit(f"accelerator.py: --variants: unknown lever {key!r} (rows, "
-                       "steps_per_dispatch, kernels, or a model.* / train.* key)")
+                       "steps_per_dispatch, or a model.* / train.* key)")
     try:
       cd[section][name] = value
     except TypeError as e:
@@ -227,10 +225,8 @@ def main() -> None:
       dtype, impl, levers = spec
       cd, shapes = size_config(name)
       shapes, k = apply_levers(cd, shapes, levers)
-      with kernels.use(levers["kernels"]) if "kernels" in levers else contextlib.nullcontext():
-        run, record = train_step.build_sized(name, cd, shapes, keep_hlo_text=True,
-                                             steps_per_dispatch=k, dtype=dtype,
-                                             attention_impl=impl)
+      run, record = train_step.build_sized(name, cd, shapes, keep_hlo_text=True,
+                                           steps_per_dispatch=k, dtype=dtype, attention_impl=impl)
       record["cudnn_calls"] = record.pop("hlo_text").count(CUDNN_CALL)
       record.update(dtype=dtype, attention=impl, variant=variant_label(levers), steps_per_call=k,
                     rows=next(iter(shapes.values()))[0])

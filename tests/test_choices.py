@@ -25,6 +25,7 @@ TABLES = {
     "model.norm": (choices.NORMS, layers.NORMS),
     "model.attention_impl": (choices.ATTENTION_IMPLS, attention.IMPLEMENTATIONS),
     "model.remat": (choices.REMAT_POLICIES, kernels.REMAT_POLICIES),
+    "model.kernels": (choices.KERNELS, {"auto": None, **kernels.KERNELS}),
     "data.tokenizer": (choices.TOKENIZERS, tokenizers.TOKENIZERS),
     "data.source_tokenizer": (choices.SOURCE_TOKENIZERS, tokenizers.SOURCE_TOKENIZERS),
     "eval.decode.method": (choices.DECODE_METHODS, decoding.METHODS),

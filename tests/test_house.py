@@ -10,8 +10,8 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "transformer"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
-# Modules over MAX_MODULE_LINES and their line counts (to be split, never to grow).
-OVER_LIMIT = {"model/models.py": 473}
+# Modules over MAX_MODULE_LINES and their line counts (to be split, never to grow): none.
+OVER_LIMIT: dict[str, int] = {}
 
 
 def module_lines(path: pathlib.Path) -> int:

@@ -6,9 +6,9 @@ imported, and the counters (FLOPs, converters) read the same facts as the model.
 
 The implementations sit beside the maths, in tables keyed by these names (transformer/model/
 layers.py's ACTIVATIONS and NORMS, positional.py's ENCODINGS, attention.py's IMPLEMENTATIONS,
-kernels.py's REMAT_POLICIES, data/tokenizers.py's TOKENIZERS, infer/decoding.py's METHODS,
-train/optim.py's OPTIMIZERS and SCHEDULES, train/scheduled_sampling.py's SCHEDULES); a test holds
-each table's names equal to its choices here. A new choice: its facts here, its function there."""
+kernels.py's REMAT_POLICIES and KERNELS, data/tokenizers.py's TOKENIZERS, infer/decoding.py's
+METHODS, train/optim.py's OPTIMIZERS and SCHEDULES, train/scheduled_sampling.py's SCHEDULES); a
+test holds each table's names equal to its choices here. A new choice: its facts here, its function there."""
 
 import dataclasses
 
@@ -60,6 +60,7 @@ POSITIONALS: dict[str, Positional] = {
 NORMS = ("layernorm", "rmsnorm")  # model.norm
 ATTENTION_IMPLS = ("einsum", "fused")  # model.attention_impl
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")  # model.remat
+KERNELS = ("auto", "plain", "cpu")  # model.kernels
 TOKENIZERS = ("char", "byte", "symbol", "sentencepiece", "hf")  # data.tokenizer
 SOURCE_TOKENIZERS = ("", *TOKENIZERS)  # data.source_tokenizer ("": the target's own)
 DECODE_METHODS = ("greedy", "sample", "beam")  # eval.decode.method

@@ -105,9 +105,9 @@ class ModelConfig:
   dropout_rate: float = key(0.1, "dropout of the embeddings and residual branches", "in [0, 1]", FT)
   attention_dropout_rate: float = key(0.0, "dropout of the attention weights", "in [0, 1]", FT)
   ffn_dropout_rate: float = key(0.0, "dropout of the feed-forward hidden layer", "in [0, 1]", FT)
-  dropout_bits: int = key(8, "random bits per dropout decision: 8 (one threefry word decides four "
-                          "elements; rates rounded to 1/256) | 32 (Flax's nn.Dropout, bit for bit)",
-                          (8, 32), F)
+  dropout_bits: int = key(32, "random bits per dropout decision: 32 (Flax's nn.Dropout) | 8 (a "
+                          "speed option: one threefry word decides four elements; rates rounded "
+                          "to 1/256)", (8, 32), F)
   tie_embeddings: bool = key(True, "output logits from the target embedding matrix", roles=FV)
   share_src_tgt_embeddings: bool = key(True, "one embedding table for encoder and decoder", roles=F)
   scale_embeddings: bool = key(True, "multiply embeddings by sqrt(d_model), as in the paper",
@@ -149,6 +149,9 @@ class ModelConfig:
   scan_layers: bool = key(False, "nn.scan over layers: compile time flat in depth", roles=F)
   remat: str = key("none", "nn.remat policy of each block (dots*: save every matmul)",
                    choices.REMAT_POLICIES, FT)
+  kernels: str = key("auto", "backend speed paths injected into Flax's layers when the model is "
+                     "built (transformer/model/kernels.py): auto (the running backend's; cpu on a "
+                     "CPU) | plain (Flax's own maths) | cpu (XLA:CPU's)", choices.KERNELS, EF)
   dtype: str = key("float32", "compute dtype", DTYPES, EF)
   param_dtype: str = key("float32", "parameter storage dtype", DTYPES, F)
   max_len: int = key(512, "longest sequence: learned/sinusoidal tables and the decoding cache",

@@ -396,14 +396,16 @@ def test_cross_attention_cache_shared_by_groups_of_query_rows():
 
 @pytest.mark.parametrize("in_shape,out_shape", [((8,), (3, 2, 4)), ((2, 4), (8,)), ((8,), (5,))])
 def test_projection_gradients_equal_the_einsums(in_shape, out_shape):
-  """Projection folds its in/out axes into one matmul whose kernel gradient is hand-written
-  (kernels.matmul): its value and its gradients with respect to the input, kernel and bias equal
-  those of the plain einsum over the unfolded axes, differentiated by JAX, for the fused qkv
-  [d, 3, n, h], the output [n, h, d] and a plain [d, f] kernel."""
+  """A projection under the CPU kernels folds its in/out axes into one matmul whose kernel
+  gradient is hand-written (kernels.matmul): its value and its gradients with respect to the
+  input, kernel and bias equal those of the plain einsum over the unfolded axes, differentiated by
+  JAX, for the fused qkv [d, 3, n, h], the output [n, h, d] and a plain [d, f] kernel."""
   x = jnp.asarray(RNG.normal(size=(2, 3, *in_shape)), jnp.float32)
   r = jnp.asarray(RNG.normal(size=(2, 3, *out_shape)), jnp.float32)
   axes = tuple(f"a{i}" for i in range(len(in_shape) + len(out_shape)))
-  module = attention.Projection(in_shape, out_shape, axes)
+  module = attention.projection(in_shape=in_shape, features=out_shape, axes=axes,
+                                use_bias=True, dtype=jnp.float32, param_dtype=jnp.float32,
+                                kernels=kernels.BACKENDS["cpu"], name=None)
   params = jax.tree.map(lambda a: a + 0.1, module.init(jax.random.key(0), x)["params"])
   params = {k: jnp.asarray(getattr(v, "value", v)) for k, v in params.items()}
   letters = "cdefghij"
@@ -417,7 +419,7 @@ def test_projection_gradients_equal_the_einsums(in_shape, out_shape):
 
 
 def test_projection_keeps_output_axes_that_a_mesh_splits_unfolded():
-  """Projection folds its output axes into one matmul column only when no mesh axis of size > 1
+  """The CPU projection folds its output axes into one matmul column only when no mesh axis > 1
   splits them: under the project's logical rules a 'tensor' axis of 2 splits 'heads' (the fused
   qkv [d, 3, n, h] then stays unfolded, so XLA need not reshard it), a data-parallel mesh splits
   nothing, and without a mesh nothing is split."""

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from transformer.config import model_config
+from transformer.model import kernels
 from transformer.model.layers import Embed, FeedForward, FFNS, make_norm
 from transformer.model.models import build_model
 
@@ -136,14 +137,15 @@ def test_feedforward_dropout_only_when_not_deterministic():
   assert np.all(np.isclose(ratio, 0, atol=1e-3) | np.isclose(ratio, 2, atol=1e-3))
 
 
+@pytest.mark.parametrize("kernels_name", ["plain", "cpu"])
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
-def test_norms_match_formula(norm):
+def test_norms_match_formula(norm, kernels_name):
   """LayerNorm = (x - mean) / sqrt(var + eps), RMSNorm = x / sqrt(mean(x^2) + eps), eps from
-  config.norm_eps; the scale carries the 'norm' axis."""
+  config.norm_eps, with Flax's norms and with the CPU kernels; the scale carries the 'norm' axis."""
   eps = 0.5  # large so that a wrong epsilon shows
   cfg = _cfg(norm=norm, norm_eps=eps)
   x = np.random.default_rng(3).normal(size=(2, 3, 16)).astype(np.float32) * 2 + 1
-  module = make_norm(cfg)
+  module = make_norm(cfg, kernels=kernels.select(kernels_name))
   variables = module.init(jax.random.key(0), jnp.asarray(x))
   assert variables["params"]["scale"].names == ("norm",)
   got = module.apply(variables, jnp.asarray(x))
@@ -156,16 +158,16 @@ def test_norms_match_formula(norm):
 
 
 def test_layernorm_gradients_match_numpy_chain_rule():
-  """The hand-written LayerNorm backward (kernels._layer_norm_bwd) against the float64 NumPy chain
-  rule of y = (x - mean) / sqrt(var + eps) * s + b: dx = rstd (g s - mean(g s) - xhat mean(g s
-  xhat)), ds = sum(g xhat), db = sum(g); with a non-trivial scale and bias, and the forward equal
-  to flax's nn.LayerNorm (same parameters, same values)."""
+  """The CPU kernels' hand-written LayerNorm backward (kernels._layer_norm_bwd) against the
+  float64 NumPy chain rule of y = (x - mean) / sqrt(var + eps) * s + b: dx = rstd (g s - mean(g s)
+  - xhat mean(g s xhat)), ds = sum(g xhat), db = sum(g); with a non-trivial scale and bias, and
+  the forward equal to flax's nn.LayerNorm (same parameters, same values)."""
   eps = 1e-6
   cfg = _cfg(norm="layernorm", norm_eps=eps)
   rng = np.random.default_rng(5)
   x = (rng.normal(size=(2, 3, 16)) * 3 + 1).astype(np.float32)
   r = rng.normal(size=(2, 3, 16)).astype(np.float32)
-  module = make_norm(cfg)
+  module = make_norm(cfg, kernels=kernels.BACKENDS["cpu"])
   params = {"scale": jnp.asarray(rng.normal(size=16) + 1, jnp.float32),
             "bias": jnp.asarray(rng.normal(size=16), jnp.float32)}
   y = module.apply({"params": params}, jnp.asarray(x))
@@ -190,12 +192,13 @@ def test_layernorm_gradients_match_numpy_chain_rule():
 
 
 def test_layernorm_in_bfloat16_keeps_float32_statistics_and_dtypes():
-  """model.dtype=bfloat16: the norm's output (and its input gradient) is bfloat16, the parameter
-  gradients float32, both parameters carry the 'norm' axis, and the values and gradients are
-  nn.LayerNorm's with the same dtypes (the input gradient to bfloat16's precision)."""
+  """model.dtype=bfloat16 under the CPU kernels: the norm's output (and its input gradient) is
+  bfloat16, the parameter gradients float32, both parameters carry the 'norm' axis, and the values
+  and gradients are nn.LayerNorm's with the same dtypes (the input gradient to bfloat16's
+  precision)."""
   cfg = _cfg(norm="layernorm", dtype="bfloat16")
   x = jnp.asarray(np.random.default_rng(6).normal(size=(2, 3, 16)) * 2 + 1, jnp.bfloat16)
-  module = make_norm(cfg)
+  module = make_norm(cfg, kernels=kernels.BACKENDS["cpu"])
   variables = module.init(jax.random.key(0), x)
   y = module.apply(variables, x)
   ref = nn.LayerNorm(epsilon=cfg.norm_eps, dtype=jnp.bfloat16).apply(nn.meta.unbox(variables), x)

@@ -85,9 +85,18 @@ def test_thirty_two_bits_is_flax_dropout_bit_for_bit_at_the_same_module_paths():
 
 
 def test_dropout_bits_is_a_checked_config_key():
-  """model.dropout_bits accepts 8 | 32 and names itself otherwise; the default is 8."""
+  """model.dropout_bits accepts 8 | 32 and names itself otherwise; the default is 32 (Flax's)."""
   cd = base.get_config()
   cd.model.dropout_bits = 16
   with pytest.raises(ConfigError, match=r"model\.dropout_bits=16 is not one of 8\|32"):
     from_configdict(cd)
-  assert from_configdict(base.get_config()).model.dropout_bits == 8
+  assert from_configdict(base.get_config()).model.dropout_bits == 32
+
+
+def test_make_dropout_is_flax_dropout_unless_a_speed_option_or_a_traced_rate():
+  """32 bits and a Python-number rate: nn.Dropout itself; 8 bits: the byte masks; an array rate
+  (vmapped members), which nn.Dropout cannot take: layers.Dropout at the same bits."""
+  assert type(layers.make_dropout(0.1, 32)) is nn.Dropout
+  assert type(layers.make_dropout(0.1, 8)) is layers.Dropout
+  traced = layers.make_dropout(jnp.asarray(0.1), 32)
+  assert type(traced) is layers.Dropout and traced.bits == 32

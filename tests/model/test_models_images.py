@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from transformer.config import ConfigError, model_config
-from transformer.model import models, positional, scoring
+from transformer.model import models, positional, scoring, stacks
 
 C = 14  # 4 special ids + 10 classes
 BASE = dict(arch="encoder_only", head="classify", vocab_size=C, num_classes=C, d_model=32,
@@ -43,7 +43,7 @@ def test_patch_embedding_is_a_matmul_of_flattened_patches(patch):
   cfg, model, params = _setup(patch_size=patch, pooling="mean", positional="none")
   images = _images()
   out = np.asarray(model.apply({"params": params}, jnp.asarray(images),
-                               method=lambda m, x: models.PatchEmbed(cfg).apply(
+                               method=lambda m, x: stacks.PatchEmbed(cfg).apply(
                                    {"params": params["encoder"]["patch_embed"]}, x)))
   kernel = np.asarray(params["encoder"]["patch_embed"]["projection"]["kernel"])
   bias = np.asarray(params["encoder"]["patch_embed"]["projection"]["bias"])

@@ -5,7 +5,7 @@ splits the query heads into [k, g]: query head i uses kv head i // g, keys/value
 import functools
 import math
 import operator
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -13,7 +13,8 @@ import jax.numpy as jnp
 
 from transformer import keyspec
 from transformer.config import ModelConfig
-from transformer.model import kernels, kv_cache, layers, parametrization, positional
+from transformer.model import kv_cache, layers, parametrization, positional
+from transformer.model.kernels import PLAIN, Kernels
 
 Array = jax.Array
 # Replaces masked logits (not added to them), so logits + bias can never overflow to -inf.
@@ -141,7 +142,7 @@ def _fused_attention(q, k, v, mask, bias, scale, causal=False, window=0):
 
 
 def _einsum_output(q, k, v, mask, bias, scale):
-  return _einsum_attention(q, k, v, mask, bias, 0.0, None, 8, True, scale)[0]
+  return _einsum_attention(q, k, v, mask, bias, 0.0, None, 32, True, scale)[0]
 
 
 # model.attention_impl: name -> out(q, k, v, mask, bias, scale), without dropout or weights.
@@ -177,7 +178,7 @@ def _check_arguments(q, k, dropout_rate, dropout_rng, deterministic, causal) -> 
 
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
                           bias: Optional[Array] = None, dropout_rate: float = 0.0,
-                          dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
+                          dropout_rng: Optional[Array] = None, dropout_bits: int = 32,
                           deterministic: bool = True, impl: str = "einsum",
                           scale_logits: bool = True, causal: bool = False,
                           window: int = 0, scale: Optional[float] = None) -> Array:
@@ -204,7 +205,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Optional[Array]
 
 def dot_product_attention_weights(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
                                   bias: Optional[Array] = None, dropout_rate: float = 0.0,
-                                  dropout_rng: Optional[Array] = None, dropout_bits: int = 8,
+                                  dropout_rng: Optional[Array] = None, dropout_bits: int = 32,
                                   deterministic: bool = True, scale_logits: bool = True,
                                   causal: bool = False, window: int = 0,
                                   scale: Optional[float] = None) -> tuple[Array, Array]:
@@ -219,31 +220,30 @@ def dot_product_attention_weights(q: Array, k: Array, v: Array, *, mask: Optiona
                            deterministic, scale)
 
 
-class Projection(nn.Module):
-  """y = x . kernel + bias contracting x's last `len(in_shape)` axes; params 'kernel', 'bias'."""
-  in_shape: tuple
-  out_shape: tuple
-  axes: tuple  # logical names of kernel axes: in axes then out axes
-  use_bias: bool = True
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
+def _unfolded(init: Callable, shape: tuple, axes: tuple) -> Callable:
+  """nn.DenseGeneral's kernel_init or bias_init, which it calls with the parameter folded to 2-D or
+  1-D: `init` of the parameter's own `shape`, boxed with its logical `axes`, so that under a mesh
+  the sharding constraint sees the real rank (DenseGeneral's reshape to `shape` is then a no-op)."""
+  boxed = nn.with_logical_partitioning(init, axes)
+  return lambda rng, folded_shape, dtype=jnp.float32: boxed(rng, shape, dtype)
 
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    n_in, shape = len(self.in_shape), (*self.in_shape, *self.out_shape)
-    # lecun_normal over all the input axes, so the scale never depends on fusion.
-    init = nn.initializers.lecun_normal(in_axis=tuple(range(n_in)),
-                                        out_axis=tuple(range(n_in, len(shape))))
-    kernel = self.param("kernel", nn.with_logical_partitioning(init, self.axes), shape,
-                        self.param_dtype)
-    y = kernels.current().project(x.astype(self.dtype), jnp.asarray(kernel, self.dtype), n_in,
-                                  self.axes[n_in:])
-    if self.use_bias:
-      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
-                                                             self.axes[n_in:]),
-                        self.out_shape, self.param_dtype)
-      y = y + jnp.asarray(bias, self.dtype)
-    return y
+
+def projection(*, in_shape: tuple[int, ...], features: tuple[int, ...], axes: tuple,
+               use_bias: bool, dtype: Any, param_dtype: Any, kernels: Kernels,
+               name: str) -> nn.DenseGeneral:
+  """nn.DenseGeneral contracting x's last axes, `in_shape`: kernel [*in, *features] with logical
+  `axes` (lecun_normal over all the input axes), bias [*features]; `kernels.project` computes it
+  where the backend has one."""
+  n_in, out_axes = len(in_shape), axes[len(in_shape):]
+  dot_general = (None if kernels.project is None
+                 else functools.partial(kernels.project, out_axes=out_axes))
+  lecun = nn.initializers.lecun_normal(in_axis=tuple(range(n_in)),
+                                       out_axis=tuple(range(n_in, len(axes))))
+  return nn.DenseGeneral(
+      features, axis=tuple(range(-n_in, 0)), use_bias=use_bias, dtype=dtype,
+      param_dtype=param_dtype, dot_general=dot_general,
+      kernel_init=_unfolded(lecun, (*in_shape, *features), axes),
+      bias_init=_unfolded(nn.initializers.zeros_init(), features, out_axes), name=name)
 
 
 class MultiHeadAttention(nn.Module):
@@ -254,6 +254,7 @@ class MultiHeadAttention(nn.Module):
   """
   config: ModelConfig
   cross: bool = False
+  kernels: Kernels = PLAIN
 
   @nn.compact
   def __call__(self, x: Array, kv: Optional[Array] = None, *, mask: Optional[Array] = None,
@@ -289,9 +290,11 @@ class MultiHeadAttention(nn.Module):
       out, weights = cache(query, key, value, mask, bias, decode, attend)
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)
-    return Projection((cfg.num_heads, cfg.v_head_dim), (cfg.d_model,),
-                      ("heads", "head_dim", "embed"), cfg.use_bias, jnp.dtype(cfg.dtype),
-                      jnp.dtype(cfg.param_dtype), name="out")(out)
+    return projection(in_shape=(cfg.num_heads, cfg.v_head_dim), features=(cfg.d_model,),
+                      axes=("heads", "head_dim", "embed"),
+                      use_bias=cfg.use_bias, dtype=jnp.dtype(cfg.dtype),
+                      param_dtype=jnp.dtype(cfg.param_dtype), kernels=self.kernels,
+                      name="out")(out)
 
   def _project_qkv(self, x, kv):
     """-> query [b, t, n, h], keys [b, s, k, h], values [b, s, k, hv] (None: cross, kv None)."""
@@ -301,25 +304,27 @@ class MultiHeadAttention(nn.Module):
       if kv is not None:
         raise ValueError("self-attention (cross=False) takes no kv input")
       if n == cfg.num_kv_heads and h == cfg.v_head_dim:
-        qkv = self._project(x, "qkv", (3, n, h), (None, "heads", "head_dim"))
+        qkv = self._project(x, "qkv", features=(3, n, h), out_axes=(None, "heads", "head_dim"))
         return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    query = self._project(x, "query", (n, h), ("heads", "head_dim"))
+    query = self._project(x, "query", features=(n, h), out_axes=("heads", "head_dim"))
     if self.cross and kv is None:
       return query, None, None
     kv = x if kv is None else kv.astype(jnp.dtype(cfg.dtype))
     k_, hv = cfg.num_kv_heads, cfg.v_head_dim
     if h == hv:
-      both = self._project(kv, "kv", (2, k_, h), (None, "kv_heads", "head_dim"))
+      both = self._project(kv, "kv", features=(2, k_, h), out_axes=(None, "kv_heads", "head_dim"))
       return query, both[:, :, 0], both[:, :, 1]
-    key = self._project(kv, "key", (k_, h), ("kv_heads", "head_dim"))
-    value = self._project(kv, "value", (k_, hv), ("kv_heads", "head_dim"))
+    key = self._project(kv, "key", features=(k_, h), out_axes=("kv_heads", "head_dim"))
+    value = self._project(kv, "value", features=(k_, hv), out_axes=("kv_heads", "head_dim"))
     return query, key, value
 
-  def _project(self, x, name, out_shape, out_axes):
+  def _project(self, x, name, *, features, out_axes):
     """A query/key/value projection: biased with model.use_bias or model.qkv_bias."""
     cfg = self.config
-    return Projection((cfg.d_model,), out_shape, ("embed", *out_axes), cfg.use_bias or cfg.qkv_bias,
-                      jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype), name=name)(x)
+    return projection(in_shape=(cfg.d_model,), features=features, axes=("embed", *out_axes),
+                      use_bias=cfg.use_bias or cfg.qkv_bias, dtype=jnp.dtype(cfg.dtype),
+                      param_dtype=jnp.dtype(cfg.param_dtype), kernels=self.kernels,
+                      name=name)(x)
 
   def _attend(self, query, key, value, mask, bias, *, deterministic, causal=False):
     """dot_product_attention with this layer's settings -> (out, weights if sown, else None)."""

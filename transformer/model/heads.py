@@ -10,6 +10,7 @@ import numpy as np
 
 from transformer.config import excluded_ids, ModelConfig
 from transformer.model import parametrization
+from transformer.model.kernels import PLAIN, Kernels
 from transformer.model.layers import dense, dense_ffn, Embed, make_norm
 
 Array = jax.Array
@@ -67,13 +68,14 @@ class VocabHead(nn.Module):
   beside the stack's own. Alone, an unbound `embed` becomes its child 'embed'."""
   config: ModelConfig
   embed: Embed
+  kernels: Kernels = PLAIN  # the transform's norm's
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     cfg = self.config
     if cfg.head_transform:
       x = dense(cfg.d_model, ("embed", "mlp"), cfg, "transform")(x)
-      x = make_norm(cfg, "transform_norm")(dense_ffn(cfg).activation(x))
+      x = make_norm(cfg, "transform_norm", kernels=self.kernels)(dense_ffn(cfg).activation(x))
     if cfg.tie_embeddings:
       logits = self.embed.attend(readout(cfg, x))[..., :cfg.vocab_size]
     else:
@@ -97,13 +99,14 @@ class OutputHead(nn.Module):
   config: ModelConfig
   embed: Embed
   kind: str
+  kernels: Kernels = PLAIN  # the vocabulary head's
 
   @nn.compact
   def __call__(self, x: Array, segment_ids: Array | None = None,
                target_segment_ids: Array | None = None) -> Array:
     cfg = self.config
     if self.kind == "lm":
-      head = VocabHead(cfg, self.embed, name="vocab")
+      head = VocabHead(cfg, self.embed, kernels=self.kernels, name="vocab")
       nn.share_scope(self, head)  # its parameters sit beside this head's own
       return head(x)
     if cfg.num_classes <= 0:

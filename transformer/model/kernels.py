@@ -1,11 +1,10 @@
-"""Hardware-specific speed paths, chosen per backend by KERNELS (PLAIN, the textbook version,
-elsewhere): model code calls `current()` for `project` (x [b, t, *in] . kernel [*in, *out]),
-`dense_dot_general` (the widening FFN Dense's) and `layer_norm`. 'cpu' holds XLA:CPU work-arounds
-(docs/performance.md); on an H100 it runs `:fast`'s step at 0.94x (docs/results/gpu_h100_g2p_step).
-REMAT_POLICIES lives here: its dot policies must also save the CPU matmul's named outputs."""
+"""Backend speed paths beside the layers, injected when the model is built (model.kernels, as
+MaxText passes its kernels to its layers): the layers are Flax's own (nn.DenseGeneral, nn.Dense,
+nn.LayerNorm) and a `Kernels` entry swaps in a drop-in for their maths, the same function
+computed another way. PLAIN swaps nothing; 'cpu' holds XLA:CPU work-arounds (docs/performance.md);
+on an H100 it runs `:fast`'s step at 0.94x (docs/results/gpu_h100_g2p_step). REMAT_POLICIES
+lives here: its dot policies must also save the CPU matmul's named outputs."""
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import math
@@ -19,12 +18,6 @@ from jax.ad_checkpoint import checkpoint_name
 from transformer import keyspec
 
 Array = jax.Array
-
-
-def _plain_project(x: Array, kernel: Array, n_in: int, out_axes: tuple) -> Array:
-  del out_axes
-  return jax.lax.dot_general(x, kernel, ((tuple(range(2, 2 + n_in)), tuple(range(n_in))),
-                                         ((), ())))
 
 
 def _layer_norm_fwd(x, scale, bias, epsilon):
@@ -88,8 +81,16 @@ def unsplit(logical_axes: tuple) -> bool:
   return all(name is None or mesh.shape[name] == 1 for names in entries for name in names)
 
 
-def _cpu_project(x: Array, kernel: Array, n_in: int, out_axes: tuple) -> Array:
-  """One [b, t, in] x [in, out] `matmul`; output axes a mesh splits stay unfolded (no reshard)."""
+def _cpu_project(x: Array, kernel: Array, dimension_numbers, precision=None, *,
+                 out_axes: tuple) -> Array:
+  """nn.DenseGeneral's dot_general for x [b, t, *in] . kernel [*in, *out] (`out_axes`: the
+  kernel's output logical axes) as one [b, t, in] x [in, out] `matmul`; output axes a mesh splits
+  stay unfolded (no reshard). Any other contraction is lax.dot_general's."""
+  (x_axes, k_axes), batch_axes = dimension_numbers
+  n_in = len(k_axes)
+  if (tuple(x_axes) != tuple(range(2, 2 + n_in)) or tuple(k_axes) != tuple(range(n_in))
+      or batch_axes != ((), ()) or precision is not None or x.ndim != 2 + n_in):
+    return jax.lax.dot_general(x, kernel, dimension_numbers, precision=precision)
   in_shape, out_shape = kernel.shape[:n_in], kernel.shape[n_in:]
   fold_in = math.prod(in_shape)
   out = (math.prod(out_shape),) if unsplit(out_axes) else out_shape
@@ -123,34 +124,30 @@ _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-  project: Callable[[Array, Array, int, tuple], Array]
-  dense_dot_general: Optional[Callable[..., Array]]
-  layer_norm: Callable[[Array, Array, Array, float], Array]
+  """A backend's drop-ins for Flax's maths (None: Flax's own). `project`: nn.DenseGeneral's
+  dot_general for x [b, t, *in] . kernel [*in, *out], told the kernel's output logical axes by
+  the keyword `out_axes`; `dense_dot_general`: the widening feed-forward nn.Dense's dot_general;
+  `layer_norm(x, scale, bias, epsilon)`: nn.LayerNorm's function (layers.KernelLayerNorm)."""
+  project: Optional[Callable[..., Array]] = None
+  dense_dot_general: Optional[Callable[..., Array]] = None
+  layer_norm: Optional[Callable[[Array, Array, Array, float], Array]] = None
 
 
-PLAIN = Kernels(_plain_project, None, _plain_layer_norm)
-KERNELS: dict[str, Kernels] = {"cpu": Kernels(_cpu_project, _wide_out_dot_general, _layer_norm)}
+PLAIN = Kernels()
+# The backends with speed paths of their own: jax.default_backend() -> its Kernels.
+BACKENDS: dict[str, Kernels] = {
+    "cpu": Kernels(project=_cpu_project, dense_dot_general=_wide_out_dot_general,
+                   layer_norm=_layer_norm)}
+# model.kernels' fixed entries ('auto' is `select`'s: the running backend's).
+KERNELS: keyspec.Table[Kernels] = keyspec.Table("model.kernels", {"plain": PLAIN, **BACKENDS})
 
 
-_FORCED: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("kernels", default=None)
-
-
-def current() -> Kernels:
-  """The kernels of jax's default backend (PLAIN where KERNELS has no entry), or use()'s."""
-  name = _FORCED.get() or jax.default_backend()
-  return PLAIN if name == "plain" else KERNELS.get(name, PLAIN)
-
-
-@contextlib.contextmanager
-def use(name: str):
-  """Within the block (this thread), traced models get KERNELS[name] ('plain': PLAIN)."""
-  if name != "plain" and name not in KERNELS:
-    raise ValueError(f"kernels {name!r}: one of plain, {', '.join(sorted(KERNELS))}")
-  token = _FORCED.set(name)
-  try:
-    yield
-  finally:
-    _FORCED.reset(token)
+def select(name: str) -> Kernels:
+  """model.kernels' Kernels: 'auto' is jax's default backend's (PLAIN where BACKENDS has none),
+  'plain' Flax's own maths, a backend's name that backend's speed paths."""
+  if name == "auto":
+    return BACKENDS.get(jax.default_backend(), PLAIN)
+  return KERNELS[name]
 
 
 _SAVE_MATMULS = jax.checkpoint_policies.save_only_these_names(MATMUL_NAME)

@@ -1,5 +1,7 @@
 """Building blocks: token embedding (with tied output logits), dropout, feed-forward, norms.
-Parameters carry logical axis names ('vocab', 'embed', 'mlp', 'norm') for sharding."""
+Parameters carry logical axis names ('vocab', 'embed', 'mlp', 'norm') for sharding. The layers are
+Flax's (nn.Dense, nn.LayerNorm, nn.RMSNorm, nn.Dropout); a backend's speed paths come in as a
+`kernels` field set when the model is built (transformer/model/kernels.py)."""
 
 import dataclasses
 import functools
@@ -12,7 +14,8 @@ import jax.numpy as jnp
 
 from transformer import choices, keyspec
 from transformer.config import ModelConfig
-from transformer.model import kernels, parametrization
+from transformer.model import parametrization
+from transformer.model.kernels import PLAIN, Kernels
 
 Array = jax.Array
 
@@ -151,7 +154,8 @@ def _dropout_traced(x: Array, rate: Array, rng: Array, bits: int) -> Array:
 
 
 class Dropout(nn.Module):
-  """nn.Dropout's interface (and rng, by module path) over `dropout`."""
+  """nn.Dropout's interface (and rng, by module path) over `dropout`: 8-bit masks (the speed option
+  model.dropout_bits=8), or an array rate (vmapped members) that nn.Dropout cannot take."""
   rate: float  # or an array (vmapped members: `dropout` takes a traced rate)
   bits: int = 8
 
@@ -162,50 +166,68 @@ class Dropout(nn.Module):
     return dropout(x, self.rate, self.make_rng("dropout"), self.bits)
 
 
+def make_dropout(rate: float | Array, bits: int) -> nn.Module:
+  """nn.Dropout(rate) for 32 bits (model.dropout_bits' default) and a Python-number rate, else
+  `Dropout` (whose 32-bit masks are nn.Dropout's, bit for bit); both auto-name 'Dropout_i'."""
+  if bits == 32 and is_static(rate):
+    return nn.Dropout(rate)
+  return Dropout(rate, bits)
+
+
 class FeedForward(nn.Module):
   """Position-wise feed-forward dense_ffn(config), hidden size mlp_dim, ffn_dropout_rate on it."""
   config: ModelConfig
+  kernels: Kernels = PLAIN
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
     cfg = self.config
     ffn = dense_ffn(cfg)
     widen = functools.partial(dense, cfg.mlp_dim, ("embed", "mlp"), cfg,
-                              dot_general=kernels.current().dense_dot_general)
+                              dot_general=self.kernels.dense_dot_general)
     if ffn.gated:
       h = ffn.activation(widen("wi_gate")(x)) * widen("wi_up")(x)  # [b, t, f]
     else:
       h = ffn.activation(widen("wi")(x))  # [b, t, f]
-    h = Dropout(cfg.ffn_dropout_rate, cfg.dropout_bits)(h, deterministic=deterministic)
+    h = make_dropout(cfg.ffn_dropout_rate, cfg.dropout_bits)(h, deterministic=deterministic)
     return dense(cfg.d_model, ("mlp", "embed"), cfg, "wo")(h)
 
 
-class LayerNorm(nn.Module):
-  """nn.LayerNorm's parameters and values through kernels.layer_norm."""
+class KernelLayerNorm(nn.Module):
+  """nn.LayerNorm's fields, parameters and values, computed by a backend's `layer_norm(x, scale,
+  bias, epsilon)` (Kernels.layer_norm)."""
+  layer_norm: Callable[[Array, Array, Array, float], Array]
   epsilon: float = 1e-6
   dtype: Any = None
   param_dtype: Any = jnp.float32
   scale_init: Callable = nn.initializers.ones_init()
+  bias_init: Callable = nn.initializers.zeros_init()
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     """[..., d] -> [..., d] in `dtype` (None: x's, where flax would promote with the params')."""
     d = x.shape[-1]
     scale = self.param("scale", self.scale_init, (d,), self.param_dtype)
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("norm",)),
-                      (d,), self.param_dtype)
-    y = kernels.current().layer_norm(x, jnp.asarray(scale), jnp.asarray(bias), self.epsilon)
+    bias = self.param("bias", self.bias_init, (d,), self.param_dtype)
+    y = self.layer_norm(x, jnp.asarray(scale), jnp.asarray(bias), self.epsilon)
     return y.astype(self.dtype or x.dtype)
 
 
-# The norms (model.norm): name -> a module maker taking flax's norm keyword arguments.
+# The norms (model.norm): name -> Flax's module.
 NORMS: keyspec.Table[Callable[..., nn.Module]] = keyspec.Table(
-    "model.norm", {"layernorm": LayerNorm, "rmsnorm": nn.RMSNorm})
+    "model.norm", {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm})
 
 
-def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
-  """The norm NORMS[config.norm], epsilon `config.norm_eps`; scale axis 'norm'."""
-  return NORMS[config.norm](
-      epsilon=config.norm_eps, dtype=jnp.dtype(config.dtype),
-      param_dtype=jnp.dtype(config.param_dtype),
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)), name=name)
+def make_norm(config: ModelConfig, name: str | None = None, *,
+              kernels: Kernels = PLAIN) -> nn.Module:
+  """The norm NORMS[config.norm], epsilon `config.norm_eps`, parameters on axis 'norm';
+  `kernels.layer_norm` computes a layernorm's values where the backend has one."""
+  norm_axis = lambda init: nn.with_logical_partitioning(init, ("norm",))
+  settings = dict(epsilon=config.norm_eps, dtype=jnp.dtype(config.dtype),
+                  param_dtype=jnp.dtype(config.param_dtype),
+                  scale_init=norm_axis(nn.initializers.ones_init()), name=name)
+  if config.norm == "layernorm":
+    settings["bias_init"] = norm_axis(nn.initializers.zeros_init())
+    if kernels.layer_norm is not None:
+      return KernelLayerNorm(layer_norm=kernels.layer_norm, **settings)
+  return NORMS[config.norm](**settings)

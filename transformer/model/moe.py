@@ -28,6 +28,7 @@ from flax import traverse_util
 
 from transformer.config import ModelConfig
 from transformer.model import layers, parametrization
+from transformer.model.kernels import PLAIN, Kernels
 
 Array = jax.Array
 
@@ -91,6 +92,7 @@ def aux_losses(logits: Array, probs: Array, experts: Array) -> dict[str, Array]:
 class MoEFeedForward(nn.Module):
   """The mixture-of-experts feed-forward: x [b, t, d] -> [b, t, d] (see the module doc)."""
   config: ModelConfig
+  kernels: Kernels = PLAIN  # the shared experts' (layers.FeedForward)
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
@@ -112,7 +114,7 @@ class MoEFeedForward(nn.Module):
     wide = ("wi_gate", "wi_up") if ffn.gated else ("wi",)
     weights = {n: stacked(n, d, f, ("embed", "mlp")) for n in wide}
     weights["wo"] = stacked("wo", f, d, ("mlp", "embed"))
-    drop = layers.Dropout(cfg.ffn_dropout_rate, cfg.dropout_bits)
+    drop = layers.make_dropout(cfg.ffn_dropout_rate, cfg.dropout_bits)
 
     def expert_ffn(h, matmul, bias_of):
       """The experts' FFN (layers.dense_ffn's maths): `matmul(h, kernel)`, `bias_of(bias)`."""
@@ -140,7 +142,8 @@ class MoEFeedForward(nn.Module):
       self.sow(COLLECTION, name, aux[name])
     if cfg.moe_num_shared_experts:
       shared = dataclasses.replace(cfg, mlp_dim=cfg.moe_num_shared_experts * cfg.mlp_dim)
-      y = y + layers.FeedForward(shared, name="shared")(x, deterministic=deterministic)
+      shared_ffn = layers.FeedForward(shared, kernels=self.kernels, name="shared")
+      y = y + shared_ffn(x, deterministic=deterministic)
     return y
 
 
