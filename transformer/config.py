@@ -186,6 +186,9 @@ def _validate(cfg: Config) -> Config:
   if excluded and m.vocab_size and excluded[-1] >= m.vocab_size:
     raise ConfigError(f"model.excluded_ids={m.excluded_ids!r} names id {excluded[-1]}, outside "
                       f"model.vocab_size={m.vocab_size}")
+  if m.vocab_size and m.start_embedding_id >= m.vocab_size:
+    raise ConfigError(f"model.start_embedding_id={m.start_embedding_id} is outside "
+                      f"model.vocab_size={m.vocab_size}")
   too_long = [f"data.{k}={getattr(d, k)}" for k in ("max_source_len", "max_target_len")
               if getattr(d, k) > m.max_len]
   if too_long and not m.image_size:  # an image model reads no token rows

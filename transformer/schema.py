@@ -120,6 +120,8 @@ class ModelConfig:
                           "MLM)", roles=FV)
   excluded_ids: str = key("", "ids the vocabulary head never predicts (logit -1e30): ids and "
                           "ranges, e.g. '0,2-3,54'; set by transformer/convert", roles=FV)
+  start_embedding_id: int = key(0, "the embedding row the decoder's start token 0 reads (0: its "
+                                "own; set by transformer/convert to a tied decoder's BOS)", ">= 0", F)
   prefix_lm: bool = key(True, "decoder_only on a seq2seq task: bidirectional attention over the "
                         "prefix")
   head: str = key("mlm", "encoder_only: mlm (masked LM, tied per tie_embeddings) | classify | tag",

@@ -166,6 +166,28 @@ def test_logits_equal_hugging_face_with_padding(hf_dir, run, side):
   assert np.abs(got[real] - want[real]).max() <= 1e-4
 
 
+def test_start_token_reads_the_tied_bos_row(hf_dir, run):
+  """A tied GPT-2's start token (our 0) reads <|endoftext|>'s row (model.start_embedding_id, our
+  EOS): the row Hugging Face starts with and scores <|endoftext|> with, so fine-tuning trains one
+  row for both, as the export has it. Our own row 0 is read by nothing."""
+  _, model = hf_dir
+  assert run.config.model.tie_embeddings
+  assert run.config.model.start_embedding_id == gpt2.our_ids(model.config.to_dict())[
+      model.config.bos_token_id]
+  ids = np.array([[0, 7, 9, 11]])
+  positions, mask = np.arange(4)[None], np.ones((1, 4), np.int32)
+  decode = jax.jit(functools.partial(run.model.apply, method="decode"))
+  params = jax.tree_util.tree_map(np.array, run.params)
+  before = np.asarray(decode({"params": params}, ids, positions, mask))
+  table = params["token_embed"]["embedding"]
+  table[0] *= -1.0  # row 0 spoiled: nothing changes
+  assert np.array_equal(np.asarray(decode({"params": params}, ids, positions, mask)), before)
+  start = run.config.model.start_embedding_id
+  table[start] *= -1.0  # the BOS row: the start's scores of every other token move
+  after = np.asarray(decode({"params": params}, ids, positions, mask))
+  assert np.abs(np.delete(after[0, 0] - before[0, 0], start)).max() > 1e-3
+
+
 def test_greedy_generation_equals_hugging_face_generate(hf_dir, run):
   """Our cached greedy decoding (batched prompts of different lengths, start token + left-padded
   prefill) emits GPT-2's generate(do_sample=False) tokens: our start token 0 is GPT-2's

@@ -80,6 +80,14 @@ def shifted_ids(hf: dict[str, Any]) -> np.ndarray:
   return ids
 
 
+def start_embedding_id(hf: dict[str, Any], ours: np.ndarray, tied: bool) -> int:
+  """model.start_embedding_id of a decoder: our id of its BOS where its embedding is tied (the
+  start token then reads the one row Hugging Face starts with and also scores BOS with), else 0
+  (an untied export writes our start token's row as BOS's)."""
+  bos = first_id(hf.get("bos_token_id"))
+  return int(ours[bos]) if tied and bos is not None and 0 <= bos < len(ours) else 0
+
+
 def shifted_eos(m: ModelConfig) -> int | None:
   """The inverse of `shifted_ids` on export: the Hugging Face end-of-sequence id, whose shifted id
   is the one excluded id above NUM_SPECIAL (a model trained here has none: every id is its own,

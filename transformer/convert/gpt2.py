@@ -16,8 +16,8 @@ from transformer.config import Config, ModelConfig
 from transformer.convert.common import (CONVERTED, converted_config, ConvertError, dense, hf_choice,
                                         hf_ffn, norm, one, params_of, positive_ints, require,
                                         require_hf, require_unmapped_excluded, reshaped,
-                                        shifted_eos, shifted_ids, shifted_table, state_of,
-                                        unmapped_ids, Weight)
+                                        shifted_eos, shifted_ids, shifted_table, start_embedding_id,
+                                        state_of, unmapped_ids, Weight)
 from transformer.convert.family import Family
 from transformer.data.tokenizers import NUM_SPECIAL
 
@@ -56,7 +56,9 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
       norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
       dropout_rate=float(hf.get("resid_pdrop", 0.1)),
       attention_dropout_rate=float(hf.get("attn_pdrop", 0.1)),
-      tie_embeddings=bool(hf.get("tie_word_embeddings", True)), max_len=hf["n_positions"])
+      tie_embeddings=bool(hf.get("tie_word_embeddings", True)), max_len=hf["n_positions"],
+      start_embedding_id=start_embedding_id(hf, our_ids(hf),
+                                            bool(hf.get("tie_word_embeddings", True))))
 
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -25,8 +25,9 @@ from transformer.config import Config, ModelConfig
 from transformer.convert.common import (CONVERTED, converted_config, ConvertError, first_id,
                                         hf_choice, norm, one, params_of, positive_ints, require,
                                         require_hf, require_unmapped_excluded, shifted_eos,
-                                        shifted_ids, shifted_table, stacked, state_of, transpose,
-                                        unmapped_ids, Weight)
+                                        shifted_ids, shifted_table, stacked,
+                                        start_embedding_id, state_of, transpose, unmapped_ids,
+                                        Weight)
 from transformer.convert.family import Family
 from transformer.data.tokenizers import NUM_SPECIAL, PAD_ID  # PAD_ID: our start token too
 
@@ -112,7 +113,8 @@ def shared_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = N
       mlp_dim=hf["intermediate_size"], num_encoder_layers=0,
       num_decoder_layers=hf["num_hidden_layers"], norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
       dropout_rate=0.0, attention_dropout_rate=float(hf.get("attention_dropout", 0.0)),
-      tie_embeddings=_tied(hf, state), max_len=hf["max_position_embeddings"])
+      tie_embeddings=_tied(hf, state), max_len=hf["max_position_embeddings"],
+      start_embedding_id=start_embedding_id(hf, our_ids(hf), _tied(hf, state)))
 
 
 def _family_overrides(hf: dict[str, Any]) -> dict[str, Any]:

@@ -140,7 +140,11 @@ class PatchEmbed(nn.Module):
 def _embed(stack: "Encoder | Decoder", tokens: Array, positions: Array,
            deterministic: bool) -> Array:
   """Token embeddings + absolute positional encoding, embedding norm (if configured), dropout;
-  inside `stack`'s compact method."""
+  inside `stack`'s compact method. A decoder's start token 0 reads row model.start_embedding_id
+  where that is set (a converted tied decoder's BOS)."""
+  start = stack.config.start_embedding_id
+  if start and isinstance(stack, Decoder):
+    tokens = jnp.where(tokens == 0, start, tokens)
   return _add_positions(stack, stack.embed(tokens), positions, deterministic)  # [b, t, d]
 
 

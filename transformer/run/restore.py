@@ -25,8 +25,10 @@ from transformer.run.digests import check_tokenizers, read_step_meta, verify_ste
 PARAMS_CHOICES = ("auto", "ema", "raw")  # read_params: which parameters of a checkpoint
 # Keys added to format 1 after runs were saved with it, whose schema default reproduces such a
 # run: a saved config without the key gets the default (the standard parametrization before µP
-# existed, no harness tasks before the harness was wired in, the running backend's kernels).
-ADDED_KEYS = {"model": ("parametrization", "mup_base_width", "mup_base_head_dim", "kernels"),
+# existed, no harness tasks before the harness was wired in, the running backend's kernels, the
+# start token's own embedding row).
+ADDED_KEYS = {"model": ("parametrization", "mup_base_width", "mup_base_head_dim", "kernels",
+                        "start_embedding_id"),
               "eval": ("harness_tasks", "harness_every_steps", "harness_limit",
                        "harness_include_path")}
 
