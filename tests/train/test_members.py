@@ -25,6 +25,10 @@ PLAIN = [{"seed": 0}, {"seed": 1}, {"seed": 0, "train.learning_rate": 1e-3,
 BASE = {"train.num_steps": 20, "train.log_every_steps": 5, "eval.every_steps": 10,
         "checkpoint.every_steps": 10, "model.use_bias": False}
 TOL = 1e-5  # measured: <= 2.4e-7 (losses), <= 1.5e-7 (parameters) on a CPU
+# nn.Dropout's constant keep probability and a member's traced one give the same forward pass
+# bitwise, but XLA rounds their backward passes apart (1-2 ulp); Adam carries that to 3.7e-5 in
+# the parameters after 20 steps (with model.dropout_bits=8 both are <= 1.5e-7).
+PARAMS_TOL = 1e-4
 
 
 def _config(**overrides):
@@ -96,7 +100,7 @@ def test_members_equal_their_separate_runs(runs):
     np.testing.assert_allclose(evals[0], evals[1], rtol=0, atol=TOL)
     assert result[f"{name}/eval/loss"] == pytest.approx(evals[1][-1], abs=TOL)
     assert _max_diff(_params(mine, _config(**overrides)),
-                     _params(workdir, _config(**overrides))) < TOL
+                     _params(workdir, _config(**overrides))) < PARAMS_TOL
   # the members differ from each other (the test could not pass with one run copied thrice)
   a, b, c = (_losses(os.path.join(together, n)) for n in NAMES)
   assert abs(a[-1] - b[-1]) > 1e-3 and abs(a[-1] - c[-1]) > 1e-3
