@@ -4,7 +4,8 @@ transformers' own forward pass, not only against our logits.
 
 Offline: test_llama's tiny random Llama is converted to give a Llama-shaped config and
 tokenizer; an untied µP model of that shape (d_model twice its base width) trains from scratch
-for two steps, is exported with `convert.to_hf` and loaded by transformers.
+for two steps, is exported with `convert.to_hf` and loaded by transformers. `-m slow`: the fold is
+checked against our own logits in the default suite (tests/model/test_parametrization.py).
 """
 
 import json
@@ -25,6 +26,7 @@ import test_convert_round_trip  # noqa: E402
 import test_llama  # noqa: E402
 
 
+@pytest.mark.slow
 def test_untied_mup_run_exports_to_hugging_faces_scores(tmp_path):
   source = tmp_path / "llama"
   test_convert_round_trip.save("llama", source)
