@@ -140,11 +140,7 @@ class PatchEmbed(nn.Module):
 def _embed(stack: "Encoder | Decoder", tokens: Array, positions: Array,
            deterministic: bool) -> Array:
   """Token embeddings + absolute positional encoding, embedding norm (if configured), dropout;
-  inside `stack`'s compact method. A decoder's start token 0 reads row model.start_embedding_id
-  where that is set (a converted tied decoder's BOS)."""
-  start = stack.config.start_embedding_id
-  if start and isinstance(stack, Decoder):
-    tokens = jnp.where(tokens == 0, start, tokens)
+  inside `stack`'s compact method."""
   return _add_positions(stack, stack.embed(tokens), positions, deterministic)  # [b, t, d]
 
 
@@ -245,7 +241,9 @@ class Decoder(nn.Module):
     else:
       q_idx = k_idx = _default_positions(tokens)
       step, k_pos, k_seg, k_prefix = None, positions, segment_ids, prefix
-    x = _embed(self, tokens, positions, deterministic)
+    start = cfg.start_embedding_id  # a converted tied decoder's BOS row: its start token's
+    x = _embed(self, jnp.where(tokens == 0, start, tokens) if start else tokens, positions,
+               deterministic)
     self_mask = attn.prefix_lm_mask_from_positions(q_idx, k_idx, prefix, k_prefix, segment_ids,
                                                    k_seg)
     if cfg.sliding_window:
