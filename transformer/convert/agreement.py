@@ -14,7 +14,6 @@ import jax
 import numpy as np
 
 from transformer import files
-from transformer.config import Config
 from transformer.convert.common import first_id, shifted_ids
 from transformer.convert.family import ConvertError
 from transformer.data import tokenizers
@@ -42,7 +41,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
   return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def _rows(cfg: Config, workdir: str, hf: dict[str, Any], texts: Sequence[str]
+def _rows(workdir: str, hf: dict[str, Any], texts: Sequence[str]
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(our ids, Hugging Face's ids, mask), each [rows, 1 + longest]: start token / BOS first."""
   tok = tokenizers.load(f"{workdir}/tokenizers/target")
@@ -73,7 +72,7 @@ def position_differences(workdir: str, hf_dir: str, texts: Sequence[str]) -> np.
   if cfg.model.arch != "decoder_only":
     raise ConvertError(f"--check compares decoder-only models (GPT-2, Llama, Mistral, Qwen2, "
                        f"Mixtral); {workdir} is {cfg.model.arch}")
-  ours, theirs, mask = _rows(cfg, workdir, hf, texts)
+  ours, theirs, mask = _rows(workdir, hf, texts)
   params, _ = restore.restore_params(cfg, workdir)
   positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
   logits = build_model(cfg.model).apply({"params": params}, ours, positions,

@@ -47,6 +47,7 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
   positive_ints(hf, ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"))
   ffn = hf_choice(hf, "activation_function", "gelu_new", _ACTIVATIONS)
   d, heads = hf["n_embd"], hf["n_head"]
+  tied = bool(hf.get("tie_word_embeddings", True))
   return CONVERTED | FIXED | dict(
       vocab_size=hf["vocab_size"] + NUM_SPECIAL,
       excluded_ids=unmapped_ids(our_ids(hf), hf["vocab_size"] + NUM_SPECIAL),
@@ -56,9 +57,8 @@ def model_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = No
       norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
       dropout_rate=float(hf.get("resid_pdrop", 0.1)),
       attention_dropout_rate=float(hf.get("attn_pdrop", 0.1)),
-      tie_embeddings=bool(hf.get("tie_word_embeddings", True)), max_len=hf["n_positions"],
-      start_embedding_id=start_embedding_id(hf, our_ids(hf),
-                                            bool(hf.get("tie_word_embeddings", True))))
+      tie_embeddings=tied, max_len=hf["n_positions"],
+      start_embedding_id=start_embedding_id(hf, our_ids(hf), tied))
 
 
 def hf_config(m: ModelConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -105,7 +105,7 @@ def shared_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = N
                      "num_attention_heads", "max_position_embeddings"))
   heads = hf["num_attention_heads"]
   head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
-  vocab = hf["vocab_size"] + NUM_SPECIAL
+  vocab, tied = hf["vocab_size"] + NUM_SPECIAL, _tied(hf, state)
   return CONVERTED | FIXED | rope_overrides(hf) | dict(
       vocab_size=vocab, source_vocab_size=vocab, excluded_ids=unmapped_ids(our_ids(hf), vocab),
       d_model=hf["hidden_size"], num_heads=heads,
@@ -113,8 +113,8 @@ def shared_overrides(hf: dict[str, Any], state: dict[str, np.ndarray] | None = N
       mlp_dim=hf["intermediate_size"], num_encoder_layers=0,
       num_decoder_layers=hf["num_hidden_layers"], norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
       dropout_rate=0.0, attention_dropout_rate=float(hf.get("attention_dropout", 0.0)),
-      tie_embeddings=_tied(hf, state), max_len=hf["max_position_embeddings"],
-      start_embedding_id=start_embedding_id(hf, our_ids(hf), _tied(hf, state)))
+      tie_embeddings=tied, max_len=hf["max_position_embeddings"],
+      start_embedding_id=start_embedding_id(hf, our_ids(hf), tied))
 
 
 def _family_overrides(hf: dict[str, Any]) -> dict[str, Any]:
