@@ -125,7 +125,9 @@ def test_rolling_loglikelihood_equals_hf_backend(both):
   """Rolling perplexity: documents longer than the model's length (windows), each document's
   log-likelihood within 1e-3; word/byte perplexity and bits per byte within 1e-4 relative."""
   ours, ref, _ = both
-  for doc_got, doc_want in zip(responses(ours, "tiny_text"), responses(ref, "tiny_text")):
+  got, want = responses(ours, "tiny_text"), responses(ref, "tiny_text")
+  assert len(got) == len(want) > 0  # every document scored
+  for doc_got, doc_want in zip(got, want):
     assert abs(doc_got[0] - doc_want[0]) <= 1e-3
   for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
     assert ours["results"]["tiny_text"][metric] == pytest.approx(
@@ -178,6 +180,7 @@ def test_a_context_longer_than_the_model_is_cut_as_the_harness_cuts_it(both, cap
   with caplog.at_level("WARNING"):
     got = ours.loglikelihood(requests, disable_tqdm=True)
   want = reference.loglikelihood(requests, disable_tqdm=True)
+  assert len(got) == len(want) == 2
   for (logp, greedy), (ref_logp, ref_greedy) in zip(got, want):
     assert abs(logp - ref_logp) <= 1e-3 and greedy == ref_greedy
   said = [r.message for r in caplog.records if r.name == "transformer.infer.harness.lm"]

@@ -97,6 +97,7 @@ def test_loglikelihood_equals_a_teacher_forced_pass(trained):
   got = lm_.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)],
                           disable_tqdm=True)
   tok = run.target_tokenizer
+  assert len(got) == len(pairs)
   for (context, continuation), (logp, _) in zip(pairs, got):
     ids = tok.encode(context + continuation)
     n = len(tok.encode(continuation)) if not context else len(ids) - len(tok.encode(context))
@@ -116,9 +117,12 @@ def test_an_encoder_only_run_is_one_line():
 
 
 def _loglikelihoods(lm_, pairs):
+  """RunLM's (log-likelihood, greedy) of each (context, continuation): one answer per pair."""
   from lm_eval.api.instance import Instance
-  return lm_.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)],
-                           disable_tqdm=True)
+  got = lm_.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)],
+                          disable_tqdm=True)
+  assert len(got) == len(pairs)
+  return got
 
 
 def _summed(logits, targets, n):

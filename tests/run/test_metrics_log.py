@@ -70,7 +70,9 @@ def test_the_sweep_report_never_bolds_a_nan(tmp_path):
           {"point": "c", "dev/loss": 3.0}]
   text = report.markdown(rows, "dev/loss")
   assert "| b | **2** |" in text and "| a | nan |" in text
-  assert report.metric_figure(rows, "dev/loss") is not None
+  fig = report.metric_figure(rows, "dev/loss")  # bars for the finite points only
+  assert [p.get_width() for p in fig.axes[0].patches] == [2.0, 3.0]
+  curves.plt.close(fig)
 
 
 def test_watch_viz_and_the_sweep_report_read_a_hostile_log(tmp_path):
